@@ -1,0 +1,3 @@
+from rollfilter.cli import main
+
+main()

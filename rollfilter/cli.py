@@ -1,0 +1,157 @@
+"""The typer command line: parse options into a `Config`, run it, map outcomes to exit codes.
+
+`main` is the one error boundary: everything below it returns an `ExitStatus` or raises;
+here each expected condition becomes a one-line message and its documented status.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path  # noqa: TC003 - typer reads the annotation at run time
+from typing import Annotated
+
+import trio
+import typer
+
+from rollfilter import __version__
+from rollfilter import app as cli_app
+from rollfilter.config import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_RETRIES,
+    DEFAULT_RETRY_STATUSES,
+    Config,
+    agent_url,
+    parse_endpoints,
+    parse_failure_limit,
+    parse_header,
+    parse_param,
+    parse_statuses,
+)
+from rollfilter.demo import DemoOptions
+from rollfilter.errors import ExitStatus, RollfilterError
+from rollfilter.sink import OutputClosed
+
+HELP = """Collect agent rollouts: JSONL rows in (FILEs or stdin), one result line out per row as it finishes.
+
+Each row is POSTed to an agent's /run endpoint; each JSON answer is written to stdout as one
+line with _ng_task_index and _ng_rollout_index added. A metrics summary (one JSON object) goes
+to stderr when the run ends. Failed rows are reported on stderr (or in --errors FILE), never
+written as results.
+
+Exit status: 0 all rows succeeded, 1 some rows failed, 2 usage error, 3 head server
+unreachable, 130 interrupted, 141 stdout closed, 143 terminated.
+"""
+
+app = typer.Typer(
+    add_completion=True,
+    pretty_exceptions_enable=False,
+    pretty_exceptions_show_locals=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"rollfilter {__version__}")
+        raise typer.Exit()
+
+
+@app.command(help=HELP, no_args_is_help=False)
+def command(
+    files: Annotated[list[Path] | None, typer.Argument(metavar="[FILE]...", help="JSONL input files, read in order; - or none means stdin.", show_default=False)] = None,
+    url: Annotated[str | None, typer.Option("-u", "--url", help="Send every row to this agent URL (/run is appended when it has no path).", envvar="ROLLFILTER_URL")] = None,
+    endpoint: Annotated[list[str] | None, typer.Option("-e", "--endpoint", metavar="NAME=URL", help="Where the agent NAME lives; repeat, or give URL,URL, for replicas.", show_default=False)] = None,
+    agent: Annotated[str | None, typer.Option("-a", "--agent", metavar="NAME", help="Send every row to agent NAME instead of its agent_ref.name.")] = None,
+    demo: Annotated[bool, typer.Option("--demo", help="Start the built-in demo agent on a free loopback port and send every row to it.")] = False,
+    concurrency: Annotated[int, typer.Option("-j", "--concurrency", metavar="N", help="Rows in flight at once.", envvar="ROLLFILTER_CONCURRENCY", min=1)] = DEFAULT_CONCURRENCY,
+    limit: Annotated[int | None, typer.Option("-n", "--limit", metavar="N", help="Take only the first N rows.", min=0)] = None,
+    repeats: Annotated[int, typer.Option("-r", "--repeats", metavar="K", help="Run each row K times (repeats adjacent).", min=1)] = 1,
+    param: Annotated[list[str] | None, typer.Option("-p", "--param", metavar="KEY=VALUE", help="Set responses_create_params.KEY in every row; VALUE is JSON if it parses, else a string.", show_default=False)] = None,
+    ordered: Annotated[bool, typer.Option("-k", "--ordered", help="Write results in input order (holds about the concurrency in memory).")] = False,
+    output: Annotated[str | None, typer.Option("-o", "--output", metavar="FILE", help="Append results to FILE instead of stdout.")] = None,
+    errors: Annotated[str | None, typer.Option("--errors", metavar="FILE", help="Append one JSON record per failed row to FILE (default: one line each on stderr).")] = None,
+    metrics: Annotated[str | None, typer.Option("--metrics", metavar="FILE", help="Also write the summary to FILE.")] = None,
+    retries: Annotated[int, typer.Option("--retries", metavar="N", help="Retries per row for connection failures, timeouts and --retry-on statuses.", envvar="ROLLFILTER_RETRIES", min=0)] = DEFAULT_RETRIES,
+    retry_on: Annotated[str, typer.Option("--retry-on", metavar="STATUSES", help="Comma list of HTTP statuses to retry. A retried /run may replay an episode the agent did run.")] = ",".join(map(str, sorted(DEFAULT_RETRY_STATUSES))),
+    timeout: Annotated[float | None, typer.Option("--timeout", metavar="SECONDS", help="Bound on one attempt. Default: none, since episodes can take an hour.", envvar="ROLLFILTER_TIMEOUT")] = None,
+    connect_timeout: Annotated[float, typer.Option("--connect-timeout", metavar="SECONDS", help="Bound on connecting to an agent.", envvar="ROLLFILTER_CONNECT_TIMEOUT")] = DEFAULT_CONNECT_TIMEOUT,
+    max_failures: Annotated[str | None, typer.Option("--max-failures", metavar="N|P%", help="Stop once N rows (or P% of ended rows) have failed; exit 1.")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="With -o FILE: skip the (task, rollout) pairs already in FILE.")] = False,
+    header: Annotated[list[str] | None, typer.Option("-H", "--header", metavar="'NAME: VALUE'", help="Send this header with every request (its value is never printed).", show_default=False)] = None,
+    insecure: Annotated[bool, typer.Option("--insecure", help="Do not verify TLS certificates.")] = False,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="Print no summary on stderr (--metrics FILE still gets it).")] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False,
+) -> None:
+    try:
+        config = Config(
+            inputs=tuple(str(f) for f in files) if files else ("-",),
+            url=agent_url(url) if url else None,
+            endpoints=parse_endpoints(endpoint or ()),
+            agent=agent,
+            concurrency=concurrency,
+            limit=limit,
+            repeats=repeats,
+            params=tuple(parse_param(p) for p in param or ()),
+            ordered=ordered,
+            output=output,
+            errors_file=errors,
+            metrics_file=metrics,
+            retries=retries,
+            retry_statuses=parse_statuses(retry_on),
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            max_failures=parse_failure_limit(max_failures),
+            headers=tuple(parse_header(h) for h in header or ()),
+            insecure=insecure,
+            resume=resume,
+        )
+    except RollfilterError as exc:
+        raise typer.Exit(_report(exc)) from None
+    if config.inputs == ("-",) and os.isatty(0):
+        sys.stderr.write("rollfilter: reading rows from the terminal (give FILE, or pipe rows in; Ctrl-D ends)\n")
+    raise typer.Exit(execute(config, demo=DemoOptions() if demo else None, quiet=quiet))
+
+
+def _report(exc: RollfilterError) -> ExitStatus:
+    sys.stderr.write(f"rollfilter: {exc}\n")
+    return exc.exit_status
+
+
+def execute(config: Config, *, demo: DemoOptions | None = None, quiet: bool = False) -> ExitStatus:
+    """Run `config` to its end; the one place outcomes become exit statuses."""
+    status = ExitStatus.OK
+    try:
+        status = trio.run(lambda: cli_app.run(config, demo=demo, quiet=quiet))
+    except* RollfilterError as group:
+        status = _report(_first(group))  # type: ignore[arg-type]
+    except* KeyboardInterrupt:
+        status = ExitStatus.INTERRUPTED
+    except* (BrokenPipeError, OutputClosed):
+        status = ExitStatus.BROKEN_PIPE
+    if status is ExitStatus.BROKEN_PIPE:
+        _silence_stdout()
+    return status
+
+
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _silence_stdout() -> None:
+    # Python flushes sys.stdout at exit; with the reader gone that would print an error.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+    except OSError:
+        pass
+
+
+def main() -> None:
+    app(prog_name="rollfilter")

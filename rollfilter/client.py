@@ -1,0 +1,224 @@
+"""Where a row goes and how it gets there: routing, replicas, one POST with retries.
+
+Every failure becomes a `RowFailure` with an `ErrorKind`; nothing here raises for a row.
+Header values are secrets: no message built here ever contains them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import email.utils
+import math
+import random
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import httpx
+import msgspec
+import trio
+
+from rollfilter import __version__
+from rollfilter.config import Config
+from rollfilter.errors import ErrorKind
+from rollfilter.outcome import RowFailure
+
+BACKOFF_BASE = 0.5  # seconds before the first retry (times full jitter)
+BACKOFF_CAP = 30.0  # the longest jittered pause between two attempts
+COOLDOWN_BASE = 1.0  # a replica whose connections fail sits out this long, doubling
+COOLDOWN_CAP = 60.0
+ERROR_BODY_CHARS = 200  # how much of an error response's body a message quotes
+
+_decode = msgspec.json.Decoder().decode
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Replica:
+    """One URL of an agent, with the counts the least-outstanding choice needs."""
+
+    url: httpx.URL
+    outstanding: int = 0
+    requests: int = 0
+    failures: int = 0
+    cool_until: float = 0.0
+    cooldown: float = 0.0
+
+    def connection_failed(self, now: float) -> None:
+        self.cooldown = min(COOLDOWN_CAP, self.cooldown * 2 or COOLDOWN_BASE)
+        self.cool_until = now + self.cooldown
+
+    def connection_worked(self) -> None:
+        self.cooldown = 0.0
+        self.cool_until = 0.0
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Agent:
+    """An agent by name (None for -u) and its replicas."""
+
+    name: str | None
+    replicas: list[Replica]
+
+    def pick(self, now: float, avoid: Replica | None = None) -> Replica:
+        """The replica with the fewest requests outstanding among those not cooling down,
+        preferring one other than `avoid` (the replica that just failed the row)."""
+        ready = [r for r in self.replicas if r.cool_until <= now and r is not avoid]
+        if not ready:
+            ready = [r for r in self.replicas if r.cool_until <= now] or [
+                min(self.replicas, key=lambda r: r.cool_until)
+            ]
+        return min(ready, key=lambda r: r.outstanding)
+
+
+class Router:
+    """Chooses the agent for a row: -e by name (from -a or the row's agent_ref), else -u."""
+
+    def __init__(self, config: Config, endpoints: Mapping[str, tuple[str, ...]] | None = None) -> None:
+        self._forced_name = config.agent
+        self._default = Agent(None, [Replica(httpx.URL(config.url))]) if config.url else None
+        named = endpoints if endpoints is not None else config.endpoints
+        self.agents = {
+            name: Agent(name, [Replica(httpx.URL(url)) for url in urls]) for name, urls in named.items()
+        }
+
+    def route(self, row: dict[str, Any]) -> Agent | RowFailure:
+        name = self._forced_name or agent_name(row)
+        if name is not None and name in self.agents:
+            return self.agents[name]
+        if self._default is not None:
+            return self._default
+        if name is None:
+            message = "row has no agent_ref.name; give -u URL, or -a NAME with -e NAME=URL"
+        else:
+            message = f"no endpoint for agent {name!r}; give -e {name}=URL or -u URL"
+        return RowFailure(ErrorKind.NO_ROUTE, message)
+
+    def all_replicas(self) -> list[tuple[str | None, Replica]]:
+        agents = [*self.agents.values(), *([self._default] if self._default else [])]
+        return [(agent.name, replica) for agent in agents for replica in agent.replicas]
+
+
+def agent_name(row: dict[str, Any]) -> str | None:
+    ref = row.get("agent_ref")
+    name = ref.get("name") if isinstance(ref, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header: delta-seconds or an HTTP date."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def backoff_delay(attempt: int, rng: random.Random, retry_after: float | None = None) -> float:
+    """Full-jitter exponential backoff before attempt `attempt + 1`, never under Retry-After."""
+    jittered = rng.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (attempt - 1)))
+    return max(jittered, retry_after or 0.0)
+
+
+Success = tuple[dict[str, Any], int]  # the agent's JSON object and the attempts it took
+
+
+class AgentClient:
+    """POSTs rows to agents through an httpx transport, retrying what is worth retrying.
+
+    The transport is owned by the caller. `on_retry(job_label, failure, delay)` is called
+    before each pause, for counting and -v output.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        transport: httpx.AsyncBaseTransport,
+        *,
+        rng: random.Random | None = None,
+        on_retry: Callable[[RowFailure, float], None] | None = None,
+    ) -> None:
+        self._transport = transport
+        self._retries = config.retries
+        self._retry_statuses = config.retry_statuses
+        self._timeout = config.timeout if config.timeout is not None else math.inf
+        self._rng = rng or random.Random()
+        self._on_retry = on_retry
+        self._headers = [
+            ("Content-Type", "application/json"),
+            ("Accept", "application/json"),
+            ("User-Agent", f"rollfilter/{__version__}"),
+            *config.headers,
+        ]
+
+    async def run(self, body: bytes, agent: Agent) -> Success | RowFailure:
+        """Send one rollout until it succeeds or its retries are spent."""
+        replica: Replica | None = None
+        attempt = 0
+        while True:
+            attempt += 1
+            replica = agent.pick(trio.current_time(), avoid=replica)
+            replica.outstanding += 1
+            replica.requests += 1
+            try:
+                outcome, retry_after = await self._attempt(replica.url, body)
+            finally:
+                replica.outstanding -= 1
+            if not isinstance(outcome, RowFailure):
+                replica.connection_worked()
+                return outcome, attempt
+            replica.failures += 1
+            if outcome.kind is ErrorKind.CONNECT:
+                replica.connection_failed(trio.current_time())
+            failure = outcome.with_attempts(attempt)
+            if not failure.retryable or attempt > self._retries:
+                return failure
+            delay = backoff_delay(attempt, self._rng, retry_after)
+            if self._on_retry is not None:
+                self._on_retry(failure, delay)
+            await trio.sleep(delay)
+
+    async def _attempt(self, url: httpx.URL, body: bytes) -> tuple[dict[str, Any] | RowFailure, float | None]:
+        request = httpx.Request("POST", url, headers=self._headers, content=body)
+        with trio.move_on_after(self._timeout) as scope:
+            try:
+                response = await self._transport.handle_async_request(request)
+            except httpx.ConnectTimeout as exc:
+                return RowFailure(ErrorKind.CONNECT, f"cannot connect to {_origin(url)}: {exc}", retryable=True), None
+            except httpx.ConnectError as exc:
+                return RowFailure(ErrorKind.CONNECT, f"cannot connect to {_origin(url)}: {exc}", retryable=True), None
+            except httpx.TransportError as exc:
+                return RowFailure(ErrorKind.CONNECT, f"{_origin(url)}: {exc}", retryable=True), None
+        if scope.cancelled_caught:
+            return RowFailure(ErrorKind.TIMEOUT, f"no answer within --timeout {self._timeout:g} s", retryable=True), None
+        status = response.status_code
+        content = response.content
+        if status == 200:
+            try:
+                result = _decode(content)
+            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+                return RowFailure(ErrorKind.BAD_RESPONSE, f"200 with a body that is not JSON: {_snippet(content)}", status), None
+            if not isinstance(result, dict):
+                return RowFailure(ErrorKind.BAD_RESPONSE, "200 with a JSON body that is not an object", status), None
+            return result, None
+        retryable = status in self._retry_statuses
+        retry_after = parse_retry_after(response.headers.get("retry-after")) if retryable else None
+        reason = response.reason_phrase or "error"
+        message = f"HTTP {status} {reason}" + (f": {_snippet(content)}" if content else "")
+        return RowFailure(ErrorKind.HTTP_STATUS, message, status, retryable=retryable), retry_after
+
+
+def _origin(url: httpx.URL) -> str:
+    return f"{url.scheme}://{url.netloc.decode()}"
+
+
+def _snippet(content: bytes) -> str:
+    text = content[: ERROR_BODY_CHARS * 4].decode(errors="replace")
+    text = " ".join(text.split())
+    return text[:ERROR_BODY_CHARS] + ("..." if len(text) > ERROR_BODY_CHARS else "")

@@ -1,0 +1,169 @@
+"""The frozen run configuration, and the parsers that turn option text into it.
+
+The CLI and the Python API build the same `Config`; everything here is pure and raises
+`UsageError` with a one-line message for text that cannot be used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import urllib.parse
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import msgspec
+
+from rollfilter.errors import UsageError
+
+DEFAULT_CONCURRENCY = 32
+DEFAULT_RETRIES = 3
+DEFAULT_CONNECT_TIMEOUT = 10.0
+# The statuses curl's --retry treats as transient.
+DEFAULT_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+# A percentage limit judged on fewer finished rollouts than this would stop on the first failure.
+MIN_ROWS_FOR_FAILURE_RATE = 20
+# Lines longer than this are refused as bad input instead of being held in memory.
+DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FailureLimit:
+    """Stop once `count` rollouts failed, or once `fraction` of the ended ones did."""
+
+    count: int | None = None
+    fraction: float | None = None
+
+    def is_reached(self, failed: int, ended: int) -> bool:
+        if self.count is not None:
+            return failed >= self.count
+        if self.fraction is not None and ended >= MIN_ROWS_FOR_FAILURE_RATE:
+            return failed >= self.fraction * ended
+        return False
+
+    def describe(self) -> str:
+        if self.count is not None:
+            return f"--max-failures {self.count}"
+        return f"--max-failures {self.fraction * 100:g}%" if self.fraction is not None else ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Config:
+    """Everything one run needs to know, as built from the command line or the Python API."""
+
+    inputs: tuple[str, ...] = ("-",)
+    url: str | None = None
+    endpoints: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    agent: str | None = None
+    concurrency: int = DEFAULT_CONCURRENCY
+    limit: int | None = None
+    repeats: int = 1
+    params: tuple[tuple[str, Any], ...] = ()
+    ordered: bool = False
+    output: str | None = None
+    metrics_file: str | None = None
+    errors_file: str | None = None
+    retries: int = DEFAULT_RETRIES
+    retry_statuses: frozenset[int] = DEFAULT_RETRY_STATUSES
+    timeout: float | None = None
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    max_failures: FailureLimit = FailureLimit()
+    headers: tuple[tuple[str, str], ...] = ()
+    insecure: bool = False
+    resume: bool = False
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise UsageError("--concurrency must be at least 1")
+        if self.repeats < 1:
+            raise UsageError("--repeats must be at least 1")
+        if self.limit is not None and self.limit < 0:
+            raise UsageError("--limit must not be negative")
+        if self.retries < 0:
+            raise UsageError("--retries must not be negative")
+        if self.timeout is not None and not self.timeout > 0:
+            raise UsageError("--timeout must be a positive number of seconds")
+        if not self.connect_timeout > 0:
+            raise UsageError("--connect-timeout must be a positive number of seconds")
+        if self.resume and self.output is None:
+            raise UsageError("--resume needs -o/--output FILE: it skips the rows already in FILE")
+
+
+def agent_url(text: str) -> str:
+    """Validate an agent URL and append `/run` when it has no path."""
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"not an http(s) URL: {text!r}")
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        raise UsageError(f"bad port in URL {text!r}") from exc
+    if parts.path in ("", "/"):
+        parts = parts._replace(path="/run")
+    return urllib.parse.urlunsplit(parts)
+
+
+def parse_endpoints(specs: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """`NAME=URL[,URL...]`, repeatable; several URLs for one NAME are its replicas."""
+    endpoints: dict[str, tuple[str, ...]] = {}
+    for spec in specs:
+        name, sep, urls = spec.partition("=")
+        if not sep or not name or not urls:
+            raise UsageError(f"-e/--endpoint wants NAME=URL, got {spec!r}")
+        replicas = tuple(agent_url(url.strip()) for url in urls.split(",") if url.strip())
+        endpoints[name] = endpoints.get(name, ()) + replicas
+    return endpoints
+
+
+def parse_param(spec: str) -> tuple[str, Any]:
+    """`KEY=VALUE`: VALUE as JSON when it parses as JSON, else as a string."""
+    key, sep, text = spec.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise UsageError(f"-p/--param wants KEY=VALUE, got {spec!r}")
+    try:
+        value: Any = msgspec.json.decode(text)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        value = text
+    return key, value
+
+
+def parse_header(spec: str) -> tuple[str, str]:
+    """`Name: value`, as curl's -H. The value is a secret: it never appears in a message."""
+    name, sep, value = spec.partition(":")
+    name = name.strip()
+    if not sep or not name or any(c.isspace() for c in name):
+        raise UsageError("-H/--header wants 'Name: value' (the value is not shown)")
+    return name, value.strip()
+
+
+def parse_statuses(spec: str) -> frozenset[int]:
+    """A comma list of HTTP statuses, as `--retry-on 429,503`; empty retries no status."""
+    statuses: set[int] = set()
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if not item.isdigit() or not 100 <= int(item) <= 599:
+            raise UsageError(f"--retry-on wants HTTP statuses like 429,503, got {item!r}")
+        statuses.add(int(item))
+    return frozenset(statuses)
+
+
+def parse_failure_limit(spec: str | None) -> FailureLimit:
+    """`N` rollouts, or `P%` of the rollouts ended so far."""
+    if spec is None:
+        return FailureLimit()
+    text = spec.strip()
+    try:
+        if text.endswith("%"):
+            percent = float(text[:-1])
+            if not (math.isfinite(percent) and 0 < percent <= 100):
+                raise ValueError
+            return FailureLimit(fraction=percent / 100)
+        count = int(text)
+        if count < 1:
+            raise ValueError
+        return FailureLimit(count=count)
+    except ValueError:
+        raise UsageError(f"--max-failures wants a count like 10 or a rate like 5%, got {spec!r}") from None

@@ -1,0 +1,255 @@
+"""The demo agent: a small NeMo Gym agent server speaking the real `/run` protocol.
+
+`rollfilter --demo` runs it in-process; `python -m rollfilter.demo` runs it on its own,
+with faults to inject for trying pipelines (and for the tests and the benchmark).
+
+The reward is a function of the row, so a test can predict it: 1.0 when the text of
+`responses_create_params.input` (a string, or the message contents joined with no
+separator) has an even number of characters, else 0.0. A row may steer its own episode
+with a `demo` object (agents ignore unknown keys): `{"reward": 0.5}`, `{"latency": 1.5}`,
+`{"fault": "500" | "429" | "hang" | "garbage" | "drop" | "422"}`, and
+`{"fault_first": N}` (the fault applies to the first N requests for that row only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import random
+import sys
+from collections import Counter
+from typing import Any
+
+import h11
+import msgspec
+import trio
+
+FAULTS = ("500", "429", "hang", "garbage", "drop", "422")
+_decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DemoOptions:
+    """How the demo agent behaves: latency, and the rate of each injected fault (0..1)."""
+
+    latency: float = 0.0
+    jitter: float = 0.0
+    fail_rate: float = 0.0  # 500 Internal Server Error
+    throttle_rate: float = 0.0  # 429 with Retry-After
+    retry_after: float = 1.0
+    hang_rate: float = 0.0  # never answer
+    garbage_rate: float = 0.0  # 200 with a body that is not JSON
+    drop_rate: float = 0.0  # close the connection without an answer
+    seed: int | None = None
+
+
+def input_text(row: dict[str, Any]) -> str:
+    """The text of a row's `responses_create_params.input`: a string, or message contents joined."""
+    params = row.get("responses_create_params")
+    value = params.get("input") if isinstance(params, dict) else None
+    if isinstance(value, str):
+        return value
+    parts: list[str] = []
+    for item in value if isinstance(value, list) else []:
+        content = item.get("content") if isinstance(item, dict) else None
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts.extend(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return "".join(parts)
+
+
+def demo_reward(row: dict[str, Any]) -> float:
+    """The demo agent's reward for a row (see the module docstring)."""
+    steer = row.get("demo")
+    if isinstance(steer, dict) and isinstance(steer.get("reward"), (int, float)):
+        return float(steer["reward"])
+    return 1.0 if len(input_text(row)) % 2 == 0 else 0.0
+
+
+class DemoAgent:
+    """The agent's behaviour, apart from HTTP: decides each answer, counts requests."""
+
+    def __init__(self, options: DemoOptions = DemoOptions()) -> None:
+        self.options = options
+        self._rng = random.Random(options.seed)
+        self.requests = 0
+        self.by_id: Counter[str] = Counter()
+        self._seen: Counter[bytes] = Counter()
+        self._next_id = 0
+
+    def _fault(self, row: dict[str, Any], body: bytes) -> str | None:
+        steer = row.get("demo")
+        if isinstance(steer, dict) and steer.get("fault") in FAULTS:
+            first = steer.get("fault_first")
+            if isinstance(first, int):
+                key = hashlib.blake2b(body, digest_size=16).digest()
+                self._seen[key] += 1
+                return steer["fault"] if self._seen[key] <= first else None
+            return str(steer["fault"])
+        o = self.options
+        draw = self._rng.random()
+        for fault, rate in (("500", o.fail_rate), ("429", o.throttle_rate), ("hang", o.hang_rate),
+                            ("garbage", o.garbage_rate), ("drop", o.drop_rate)):
+            if draw < rate:
+                return fault
+            draw -= rate
+        return None
+
+    async def answer(self, method: str, path: str, body: bytes) -> tuple[int, list[tuple[str, str]], bytes] | str:
+        """(status, headers, body) to send, or "drop" / "hang"."""
+        if method == "GET" and path == "/stats":
+            return 200, [], _encode({"requests": self.requests, "by_id": dict(self.by_id)})
+        if path != "/run":
+            return 404, [], _encode({"detail": "Not Found"})
+        if method != "POST":
+            return 405, [], _encode({"detail": "Method Not Allowed"})
+        self.requests += 1
+        try:
+            row = _decode(body)
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            return 422, [], _encode({"detail": "body is not JSON"})
+        if not isinstance(row, dict) or not isinstance(row.get("responses_create_params"), dict):
+            return 422, [], _encode({"detail": "responses_create_params is required"})
+        if "id" in row:
+            self.by_id[str(row["id"])] += 1
+        steer = row.get("demo") if isinstance(row.get("demo"), dict) else {}
+        latency = self.options.latency + self._rng.uniform(0, self.options.jitter)
+        if isinstance(steer.get("latency"), (int, float)):
+            latency = float(steer["latency"])
+        if latency > 0:
+            await trio.sleep(latency)
+        fault = self._fault(row, body)
+        if fault in ("hang", "drop"):
+            return fault
+        if fault == "500":
+            return 500, [], _encode({"detail": "model call failed (injected)"})
+        if fault == "422":
+            return 422, [], _encode({"detail": "bad input (injected)"})
+        if fault == "429":
+            return 429, [("Retry-After", f"{self.options.retry_after:g}")], _encode({"detail": "slow down"})
+        if fault == "garbage":
+            return 200, [("Content-Type", "text/html")], b"<html>502 Bad Gateway</html>"
+        return 200, [], _encode(self._result(row))
+
+    def _result(self, row: dict[str, Any]) -> dict[str, Any]:
+        self._next_id += 1
+        reward = demo_reward(row)
+        text = input_text(row)
+        return {
+            "responses_create_params": row["responses_create_params"],
+            "response": {
+                "id": f"resp_demo_{self._next_id}",
+                "object": "response",
+                "model": "demo",
+                "output": [
+                    {
+                        "type": "message",
+                        "role": "assistant",
+                        "status": "completed",
+                        "content": [{"type": "output_text", "text": f"demo answer to {len(text)} characters"}],
+                    }
+                ],
+                "usage": {"input_tokens": len(text) // 4, "output_tokens": 5, "total_tokens": len(text) // 4 + 5},
+            },
+            "reward": reward,
+            "accuracy": reward >= 1.0,
+        }
+
+
+async def _serve_connection(stream: trio.SocketStream, agent: DemoAgent) -> None:
+    conn = h11.Connection(h11.SERVER)
+    try:
+        while True:
+            method = path = ""
+            chunks: list[bytes] = []
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    conn.receive_data(await stream.receive_some(65536))
+                elif isinstance(event, h11.Request):
+                    method, path = event.method.decode(), event.target.decode().split("?")[0]
+                elif isinstance(event, h11.Data):
+                    chunks.append(bytes(event.data))
+                elif isinstance(event, h11.EndOfMessage):
+                    break
+                elif isinstance(event, h11.ConnectionClosed):
+                    return
+            answer = await agent.answer(method, path, b"".join(chunks))
+            if answer == "hang":
+                await trio.sleep_forever()
+            if isinstance(answer, str):  # "drop"
+                return
+            status, headers, payload = answer
+            all_headers = [("Content-Type", "application/json"), *headers] if not any(
+                k == "Content-Type" for k, _ in headers) else headers
+            data = conn.send(h11.Response(status_code=status, headers=[*all_headers, ("Content-Length", str(len(payload)))]))
+            data += conn.send(h11.Data(data=payload)) + conn.send(h11.EndOfMessage())  # type: ignore[operator]
+            await stream.send_all(data)  # type: ignore[arg-type]
+            if conn.our_state is h11.MUST_CLOSE:
+                return
+            conn.start_next_cycle()
+    except (trio.BrokenResourceError, trio.ClosedResourceError, h11.RemoteProtocolError, OSError):
+        return
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+async def serve(
+    agent: DemoAgent,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve `agent` on host:port (0 picks a free port) until cancelled; reports the port."""
+    listeners = await trio.open_tcp_listeners(port, host=host, backlog=4096)
+    bound = listeners[0].socket.getsockname()[1]
+    task_status.started(bound)
+    await trio.serve_listeners(lambda stream: _serve_connection(stream, agent), listeners)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m rollfilter.demo`: run the demo agent on its own, with optional faults."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m rollfilter.demo",
+        description="Run rollfilter's demo agent (POST /run, GET /stats) with optional injected faults.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (0 picks a free one; default 8000)")
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds each episode takes")
+    parser.add_argument("--jitter", type=float, default=0.0, help="up to this many extra seconds, at random")
+    parser.add_argument("--fail-rate", type=float, default=0.0, help="share of requests answered 500")
+    parser.add_argument("--throttle-rate", type=float, default=0.0, help="share answered 429 with Retry-After")
+    parser.add_argument("--retry-after", type=float, default=1.0, help="Retry-After seconds of a 429 (default 1)")
+    parser.add_argument("--hang-rate", type=float, default=0.0, help="share never answered")
+    parser.add_argument("--garbage-rate", type=float, default=0.0, help="share answered 200 with a non-JSON body")
+    parser.add_argument("--drop-rate", type=float, default=0.0, help="share whose connection is closed unanswered")
+    parser.add_argument("--seed", type=int, default=None, help="seed for the fault and jitter draws")
+    args = parser.parse_args(argv)
+    options = DemoOptions(
+        latency=args.latency, jitter=args.jitter, fail_rate=args.fail_rate, throttle_rate=args.throttle_rate,
+        retry_after=args.retry_after, hang_rate=args.hang_rate, garbage_rate=args.garbage_rate,
+        drop_rate=args.drop_rate, seed=args.seed,
+    )
+    if sum((options.fail_rate, options.throttle_rate, options.hang_rate, options.garbage_rate, options.drop_rate)) > 1:
+        parser.error("the fault rates add up to more than 1")
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(lambda task_status: serve(DemoAgent(options), host=args.host, port=args.port, task_status=task_status))
+            print(f"demo agent listening on http://{args.host}:{port}", file=sys.stderr, flush=True)
+
+    try:
+        trio.run(run)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except OSError as exc:
+        sys.exit(f"python -m rollfilter.demo: cannot listen on {args.host}:{args.port}: {exc.strerror}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""The engine: the one nursery that takes jobs, sends them, and hands back what happened.
+
+Backpressure is the limiter: a slot is acquired *before* the next job is read, and given
+back only when the row's line has been written (the sink calls `release`), so rows in
+memory are bounded by the concurrency however fast the input or slow the output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import trio
+
+from rollfilter.client import Agent, AgentClient, Router
+from rollfilter.config import FailureLimit
+from rollfilter.errors import ExitStatus
+from rollfilter.metrics import Metrics
+from rollfilter.outcome import RowFailure
+from rollfilter.plan import ROLLOUT_INDEX, TASK_INDEX, Job, Planner
+
+Release = Callable[[], None]
+
+
+class RowSink(Protocol):
+    """Where finished rows go. Each call must arrange for `release` to run once the row is
+    out of memory (written, or handed over): until then the row holds a concurrency slot."""
+
+    def result(self, job: Job, result: dict[str, Any], release: Release) -> None: ...
+
+    def failure(self, job: Job, failure: RowFailure, release: Release) -> None: ...
+
+
+class RunControl:
+    """Stops a run from anywhere (a signal, a closed stdout, the failure limit).
+
+    The first stop wins: its status is the run's exit status and its reason is reported.
+    """
+
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
+        self.status: ExitStatus | None = None
+        self.reason: str | None = None
+
+    def stop(self, status: ExitStatus, reason: str | None = None) -> None:
+        if self.status is None:
+            self.status = status
+            self.reason = reason
+        self.scope.cancel()
+
+
+@dataclasses.dataclass(slots=True)
+class Engine:
+    """Runs every job from `planner` through `client` into `sink`, counting in `metrics`."""
+
+    planner: Planner
+    router: Router
+    client: AgentClient
+    sink: RowSink
+    metrics: Metrics
+    control: RunControl
+    concurrency: int
+    failure_limit: FailureLimit = FailureLimit()
+
+    async def run(self) -> None:
+        """Return when every job has ended, or when `control` stopped the run."""
+        limiter = trio.CapacityLimiter(self.concurrency)
+        with self.control.scope:
+            async with trio.open_nursery() as nursery:
+                while True:
+                    slot = _Slot()
+                    await limiter.acquire_on_behalf_of(slot)
+                    job = await self.planner.next_job()
+                    if job is None:
+                        limiter.release_on_behalf_of(slot)
+                        break
+                    self.metrics.taken += 1
+                    release = functools.partial(limiter.release_on_behalf_of, slot)
+                    if job.failure is not None:
+                        self._fail(job, job.failure, release)
+                        continue
+                    assert job.row is not None
+                    agent = self.router.route(job.row)
+                    if isinstance(agent, RowFailure):
+                        self._fail(job, agent, release)
+                        continue
+                    nursery.start_soon(self._run_job, job, agent, release)
+        self.metrics.skipped = self.planner.skipped
+
+    async def _run_job(self, job: Job, agent: Agent, release: Release) -> None:
+        started = trio.current_time()
+        outcome = await self.client.run(job.body, agent)
+        if isinstance(outcome, RowFailure):
+            self._fail(job, outcome, release)
+            return
+        result, _attempts = outcome
+        result[TASK_INDEX] = job.task_index
+        result[ROLLOUT_INDEX] = job.rollout_index
+        if "agent_ref" not in result:
+            routed = job.row.get("agent_ref") if job.row else None
+            if agent.name is not None:
+                routed = {"type": "responses_api_agents", "name": agent.name}
+            if routed is not None:
+                result["agent_ref"] = routed
+        self.metrics.add_result(result, trio.current_time() - started)
+        self.sink.result(job, result, release)
+
+    def _fail(self, job: Job, failure: RowFailure, release: Release) -> None:
+        self.metrics.add_failure(failure)
+        self.sink.failure(job, failure, release)
+        if self.failure_limit.is_reached(self.metrics.failed, self.metrics.ended):
+            self.control.stop(
+                ExitStatus.ROWS_FAILED,
+                f"stopped after {self.metrics.failed} failed rows ({self.failure_limit.describe()})",
+            )
+
+
+class _Slot:
+    """A borrower for the limiter: slots are taken by the feeder and given back by a sink."""
+
+    __slots__ = ()

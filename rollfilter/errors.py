@@ -1,0 +1,54 @@
+"""Exit statuses, the exception hierarchy, and the kinds of per-row failure.
+
+    RollfilterError          a condition that ends the run before or instead of sending
+    ├── UsageError           bad options or unusable files: exit 2, nothing sent
+    └── ServiceError         a service the run depends on (a head server) cannot be used: exit 3
+
+Per-row failures are not exceptions: they are `RowFailure` records (see `outcome.py`) that
+the run writes to the errors record and counts, and the run goes on.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitStatus(enum.IntEnum):
+    """Process exit statuses; `man/rollfilter.1` documents each under EXIT STATUS."""
+
+    OK = 0
+    ROWS_FAILED = 1  # the run ended, but some rows failed (or --max-failures stopped it)
+    USAGE = 2  # bad option, bad -p, unreadable FILE, unwritable -o; nothing was sent
+    SERVICE_UNAVAILABLE = 3  # the head server could not be reached or read
+    INTERRUPTED = 130  # 128+2 SIGINT
+    BROKEN_PIPE = 141  # 128+13 SIGPIPE: the reader of stdout went away
+    TERMINATED = 143  # 128+15 SIGTERM
+
+
+class ErrorKind(enum.StrEnum):
+    """Why a row failed; the `kind` of an errors-record line."""
+
+    BAD_INPUT = "bad_input"  # the input line is not a JSON object
+    NO_ROUTE = "no_route"  # no -u, -e or head-server entry names an agent for the row
+    CONNECT = "connect"  # the agent could not be reached, or dropped the connection
+    TIMEOUT = "timeout"  # an attempt took longer than --timeout
+    HTTP_STATUS = "http_status"  # the agent answered a status other than 200
+    BAD_RESPONSE = "bad_response"  # a 200 whose body is not a JSON object
+
+
+class RollfilterError(Exception):
+    """A condition that stops rollfilter as a whole; its message is one line for the user."""
+
+    exit_status = ExitStatus.USAGE
+
+
+class UsageError(RollfilterError):
+    """The command line or its files cannot be used; nothing has been sent."""
+
+    exit_status = ExitStatus.USAGE
+
+
+class ServiceError(RollfilterError):
+    """A service the run needs before sending (the head server) is unreachable or unusable."""
+
+    exit_status = ExitStatus.SERVICE_UNAVAILABLE
