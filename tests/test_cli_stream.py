@@ -1,0 +1,256 @@
+"""The streaming filter end to end: the installed command against a real demo agent."""
+
+from __future__ import annotations
+
+import json
+import random
+import select
+import signal
+import subprocess
+import time
+
+from tests.conftest import (
+    SUBPROCESS_TIMEOUT,
+    WEATHER,
+    DemoServer,
+    clean_env,
+    expected_reward,
+    result_lines,
+    rollfilter_command,
+    rows_jsonl,
+    run,
+    simple_rows,
+    summary_of,
+)
+
+
+def test_demo_runs_the_weather_example():
+    proc = run(["--demo", str(WEATHER)])
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in WEATHER.read_text().splitlines()]
+    results = sorted(result_lines(proc.stdout), key=lambda r: r["_ng_task_index"])
+    assert [r["_ng_task_index"] for r in results] == list(range(len(rows)))
+    for row, result in zip(rows, results, strict=True):
+        assert result["reward"] == expected_reward(row)
+        assert result["responses_create_params"] == row["responses_create_params"]
+        assert result["_ng_rollout_index"] == 0
+    summary = summary_of(proc.stderr)
+    assert summary["reward"] == sum(r["reward"] for r in results) / len(results)
+    assert summary["rollfilter"]["succeeded"] == 5
+    assert summary["rollfilter"]["failed"] == 0
+
+
+def test_results_and_summary_over_a_separate_agent(demo_server: DemoServer):
+    rows = simple_rows(300)
+    proc = run(["-u", demo_server.base, "-j", "16"], input=rows_jsonl(rows))
+    assert proc.returncode == 0, proc.stderr
+    results = result_lines(proc.stdout)
+    assert len(results) == 300
+    by_task = {r["_ng_task_index"]: r for r in results}
+    assert sorted(by_task) == list(range(300))
+    for row in rows:
+        assert by_task[row["id"]]["reward"] == expected_reward(row)
+    summary = summary_of(proc.stderr)
+    assert summary["reward"] == sum(r["reward"] for r in results) / 300
+    assert summary["accuracy"] == sum(r["accuracy"] for r in results) / 300  # booleans count as 0/1
+    figures = summary["rollfilter"]
+    assert (figures["rows_read"], figures["succeeded"], figures["failed"]) == (300, 300, 0)
+    assert 0 < figures["latency_s"]["p50"] <= figures["latency_s"]["p99"] <= figures["latency_s"]["max"]
+    assert demo_server.stats()["requests"] == 300
+
+
+def test_repeats_and_limit_number_the_rollouts(demo_server: DemoServer):
+    proc = run(["-u", demo_server.url, "-n", "4", "-r", "3"], input=rows_jsonl(simple_rows(10)))
+    assert proc.returncode == 0, proc.stderr
+    pairs = sorted((r["_ng_task_index"], r["_ng_rollout_index"]) for r in result_lines(proc.stdout))
+    assert pairs == [(t, k) for t in range(4) for k in range(3)]
+    assert demo_server.stats()["requests"] == 12
+
+
+def test_row_keeps_its_own_task_index(demo_server: DemoServer):
+    rows = [{"_ng_task_index": 40 + i, "responses_create_params": {"input": "x"}} for i in range(3)]
+    proc = run(["-u", demo_server.url], input=rows_jsonl(rows))
+    assert sorted(r["_ng_task_index"] for r in result_lines(proc.stdout)) == [40, 41, 42]
+
+
+def test_param_overrides_reach_the_agent(demo_server: DemoServer):
+    proc = run(
+        ["-u", demo_server.url, "-p", "temperature=0.7", "-p", "model=my-model", "-p", "reasoning.effort=high"],
+        input=rows_jsonl(simple_rows(2)),
+    )
+    assert proc.returncode == 0, proc.stderr
+    for result in result_lines(proc.stdout):
+        params = result["responses_create_params"]
+        assert params["temperature"] == 0.7
+        assert params["model"] == "my-model"
+        assert params["reasoning"] == {"effort": "high"}
+
+
+def test_ordered_output_follows_input_order_under_random_latency(demo_server: DemoServer):
+    rng = random.Random(7)
+    rows = [
+        {"id": i, "responses_create_params": {"input": "x"}, "demo": {"latency": rng.uniform(0, 0.2)}}
+        for i in range(60)
+    ]
+    unordered = run(["-u", demo_server.url, "-j", "20"], input=rows_jsonl(rows))
+    ordered = run(["-u", demo_server.url, "-j", "20", "--ordered"], input=rows_jsonl(rows))
+    assert ordered.returncode == 0, ordered.stderr
+    assert [r["_ng_task_index"] for r in result_lines(ordered.stdout)] == list(range(60))
+    # The same latencies without --ordered finish out of order, so the test above could fail.
+    assert [r["_ng_task_index"] for r in result_lines(unordered.stdout)] != list(range(60))
+
+
+def test_first_result_arrives_before_the_second_row_is_written(demo_server: DemoServer):
+    proc = subprocess.Popen(
+        [*rollfilter_command(), "-u", demo_server.url],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+    )
+    assert proc.stdin and proc.stdout
+    try:
+        proc.stdin.write(rows_jsonl(simple_rows(1)).encode())
+        proc.stdin.flush()
+        ready, _, _ = select.select([proc.stdout], [], [], 20)
+        assert ready, "no result while the producer waits with its second row"
+        first = json.loads(proc.stdout.readline())
+        assert first["_ng_task_index"] == 0
+        proc.stdin.write(rows_jsonl(simple_rows(3)[1:]).encode())
+        proc.stdin.close()
+        rest = proc.stdout.read()
+        assert proc.wait(timeout=SUBPROCESS_TIMEOUT) == 0
+        assert len(rest.splitlines()) == 2
+    finally:
+        proc.kill()
+        proc.wait(timeout=SUBPROCESS_TIMEOUT)
+        for stream in (proc.stdout, proc.stderr):
+            if stream:
+                stream.close()
+
+
+def test_closed_stdout_exits_141_quietly(tmp_path, demo_server: DemoServer):
+    big = tmp_path / "big.jsonl"
+    big.write_text(rows_jsonl(simple_rows(200_000)))
+    proc = subprocess.Popen(
+        [*rollfilter_command(), "-u", demo_server.url, str(big)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+    )
+    assert proc.stdout and proc.stderr
+    first = proc.stdout.readline()
+    proc.stdout.close()  # what `| head -n 1` does after its line
+    assert json.loads(first)["_ng_rollout_index"] == 0
+    assert proc.wait(timeout=SUBPROCESS_TIMEOUT) == 141
+    stderr = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert "Traceback" not in stderr
+    assert [line for line in stderr.splitlines() if not line.startswith("{")] == []
+    assert summary_of(stderr.encode())["rollfilter"]["succeeded"] < 200_000
+    assert demo_server.stats()["requests"] < 200_000
+
+
+def test_head_in_a_shell_pipeline(demo_server: DemoServer):
+    proc = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; seq 100000 | sed 's/.*/{{\"responses_create_params\":{{\"input\":\"&\"}}}}/' "
+         f"| {rollfilter_command()[0]} -q -u {demo_server.url} | head -n 3"],
+        capture_output=True,
+        timeout=SUBPROCESS_TIMEOUT,
+        env=clean_env(),
+    )
+    assert proc.returncode == 141
+    assert len(proc.stdout.splitlines()) == 3
+    assert proc.stderr == b""
+
+
+def test_ctrl_c_keeps_finished_results_and_prints_summary(demo_server: DemoServer):
+    rows = [{"id": i, "responses_create_params": {"input": "x"}, "demo": {"latency": 0.05 if i < 20 else 30}} for i in range(40)]
+    proc = subprocess.Popen(
+        [*rollfilter_command(), "-u", demo_server.url, "-j", "40"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+    )
+    assert proc.stdin and proc.stdout and proc.stderr
+    proc.stdin.write(rows_jsonl(rows).encode())
+    proc.stdin.close()
+    lines = [proc.stdout.readline() for _ in range(20)]  # the 20 quick rows are done
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    lines += proc.stdout.read().splitlines(keepends=True)
+    status = proc.wait(timeout=SUBPROCESS_TIMEOUT)
+    elapsed = time.monotonic() - start
+    stderr = proc.stderr.read()
+    proc.stdout.close()
+    proc.stderr.close()
+    assert status == 130
+    assert elapsed < 25  # the 30 s rows were cancelled, not waited for
+    assert sorted(json.loads(line)["_ng_task_index"] for line in lines) == list(range(20))
+    summary = summary_of(stderr)["rollfilter"]
+    assert summary["succeeded"] == 20
+    assert summary["cancelled"] == 20
+    assert b"Traceback" not in stderr
+
+
+def test_bad_line_and_unroutable_row_fail_alone(demo_server: DemoServer):
+    text = (
+        '{"responses_create_params": {"input": "ok"}, "agent_ref": {"name": "known"}}\n'
+        "{not json\n"
+        '{"responses_create_params": {"input": "ok"}, "agent_ref": {"name": "nowhere"}}\n'
+        '{"responses_create_params": {"input": "fine"}, "agent_ref": {"name": "known"}}\n'
+    )
+    proc = run(["-e", f"known={demo_server.base}"], input=text)
+    assert proc.returncode == 1
+    messages = [line for line in proc.stderr.decode().splitlines() if not line.startswith("{")]
+    assert len(messages) == 2
+    assert messages[0].startswith("rollfilter: <stdin>:2: bad_input: ")
+    assert messages[1].startswith("rollfilter: <stdin>:3: no_route: ")
+    assert "nowhere" in messages[1]
+    results = result_lines(proc.stdout)
+    assert sorted(r["_ng_task_index"] for r in results) == [0, 3]
+    assert all(r["agent_ref"]["name"] == "known" for r in results)
+    figures = summary_of(proc.stderr)["rollfilter"]
+    assert (figures["succeeded"], figures["failed"]) == (2, 2)
+    assert figures["failed_by_kind"] == {"bad_input": 1, "no_route": 1}
+    assert demo_server.stats()["requests"] == 2
+
+
+def test_output_file_appends_and_metrics_file(tmp_path, demo_server: DemoServer):
+    out, metrics = tmp_path / "out.jsonl", tmp_path / "metrics.json"
+    out.write_text('{"previous": true}\n')
+    proc = run(["-u", demo_server.url, "-o", str(out), "--metrics", str(metrics)], input=rows_jsonl(simple_rows(5)))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == b""
+    lines = out.read_text().splitlines()
+    assert json.loads(lines[0]) == {"previous": True}
+    assert len(lines) == 6
+    assert json.loads(metrics.read_text()) == summary_of(proc.stderr)
+
+
+def test_usage_errors_exit_2_before_sending(tmp_path, demo_server: DemoServer):
+    rows = rows_jsonl(simple_rows(2))
+    cases = [
+        ["-u", demo_server.url, "-p", "novalue"],
+        ["-u", demo_server.url, str(tmp_path / "missing.jsonl")],
+        ["-u", demo_server.url, "-o", str(tmp_path / "no-such-dir" / "out.jsonl")],
+        ["-u", demo_server.url, "--resume"],
+        ["-u", "ftp://example.invalid/"],
+        [],
+    ]
+    for args in cases:
+        proc = run(args, input=rows)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert proc.stdout == b""
+        assert b"Traceback" not in proc.stderr
+        assert len(proc.stderr.decode().strip().splitlines()) == 1, proc.stderr
+    assert demo_server.stats()["requests"] == 0
+
+
+def test_version_and_module_entry_point():
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "rollfilter", "--version"], capture_output=True, timeout=SUBPROCESS_TIMEOUT)
+    assert proc.returncode == 0
+    assert proc.stdout.decode().startswith("rollfilter ")
