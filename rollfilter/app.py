@@ -7,6 +7,7 @@ agent) around the engine's nursery, and returns the exit status. It raises only
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -24,7 +25,7 @@ from rollfilter.dispatch import Engine, Release, RunControl
 from rollfilter.errors import ExitStatus, UsageError
 from rollfilter.metrics import Metrics
 from rollfilter.outcome import RowFailure
-from rollfilter.plan import ROLLOUT_INDEX, TASK_INDEX, Job, Planner, ResumeIndex
+from rollfilter.plan import ROLLOUT_INDEX, TASK_INDEX, Job, Planner, ResumeIndex, drop_torn_tail
 from rollfilter.sink import BatchWriter, Reorderer
 from rollfilter.source import LineReader, check_inputs
 from rollfilter.transport import transport_for
@@ -82,7 +83,9 @@ def error_message(job: Job, failure: RowFailure, repeats: int) -> str:
 class LineSink:
     """Writes results as JSON lines and failures as records or stderr lines."""
 
-    def __init__(self, results: BatchWriter, errors: BatchWriter, *, records: bool, ordered: bool, repeats: int) -> None:
+    def __init__(
+        self, results: BatchWriter, errors: BatchWriter, *, records: bool, ordered: bool, repeats: int
+    ) -> None:
         self._results = results
         self._errors = errors
         self._records = records
@@ -148,7 +151,10 @@ async def run(
     check_inputs(config.inputs)
     if config.url is None and not config.endpoints and demo is None:
         raise UsageError("no agent to send to: give -u URL, -e NAME=URL, or --demo")
-    resume = ResumeIndex.from_file(config.output, config.repeats) if config.resume and config.output else None
+    resume = None
+    if config.resume and config.output:
+        drop_torn_tail(config.output)
+        resume = ResumeIndex.from_file(config.output, config.repeats)
     opened: list[int] = []
     try:
         out_fd = streams.stdout
@@ -185,7 +191,9 @@ async def _run_open(
     transport = transport_for(verify=not config.insecure, connect_timeout=config.connect_timeout)
     results = BatchWriter(out_fd, on_closed_output=lambda: control.stop(ExitStatus.BROKEN_PIPE))
     errors = BatchWriter(err_fd)
-    sink = LineSink(results, errors, records=config.errors_file is not None, ordered=config.ordered, repeats=config.repeats)
+    sink = LineSink(
+        results, errors, records=config.errors_file is not None, ordered=config.ordered, repeats=config.repeats
+    )
     reader = LineReader(config.inputs, max_line_bytes=config.max_line_bytes, stdin_fd=streams.stdin)
 
     def count_retry(_failure: RowFailure, _delay: float) -> None:
@@ -243,7 +251,5 @@ async def _run_open(
 
 
 def _write_stderr(fd: int, data: bytes) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.write(fd, data)
-    except OSError:
-        pass

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path  # noqa: TC003 - typer reads the annotation at run time
+from pathlib import Path
 from typing import Annotated
 
 import trio
@@ -19,6 +19,7 @@ from rollfilter import app as cli_app
 from rollfilter.config import (
     DEFAULT_CONCURRENCY,
     DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_MAX_LINE_BYTES,
     DEFAULT_RETRIES,
     DEFAULT_RETRY_STATUSES,
     Config,
@@ -61,29 +62,152 @@ def _version(value: bool) -> None:
 
 @app.command(help=HELP, no_args_is_help=False)
 def command(
-    files: Annotated[list[Path] | None, typer.Argument(metavar="[FILE]...", help="JSONL input files, read in order; - or none means stdin.", show_default=False)] = None,
-    url: Annotated[str | None, typer.Option("-u", "--url", help="Send every row to this agent URL (/run is appended when it has no path).", envvar="ROLLFILTER_URL")] = None,
-    endpoint: Annotated[list[str] | None, typer.Option("-e", "--endpoint", metavar="NAME=URL", help="Where the agent NAME lives; repeat, or give URL,URL, for replicas.", show_default=False)] = None,
-    agent: Annotated[str | None, typer.Option("-a", "--agent", metavar="NAME", help="Send every row to agent NAME instead of its agent_ref.name.")] = None,
-    demo: Annotated[bool, typer.Option("--demo", help="Start the built-in demo agent on a free loopback port and send every row to it.")] = False,
-    concurrency: Annotated[int, typer.Option("-j", "--concurrency", metavar="N", help="Rows in flight at once.", envvar="ROLLFILTER_CONCURRENCY", min=1)] = DEFAULT_CONCURRENCY,
-    limit: Annotated[int | None, typer.Option("-n", "--limit", metavar="N", help="Take only the first N rows.", min=0)] = None,
-    repeats: Annotated[int, typer.Option("-r", "--repeats", metavar="K", help="Run each row K times (repeats adjacent).", min=1)] = 1,
-    param: Annotated[list[str] | None, typer.Option("-p", "--param", metavar="KEY=VALUE", help="Set responses_create_params.KEY in every row; VALUE is JSON if it parses, else a string.", show_default=False)] = None,
-    ordered: Annotated[bool, typer.Option("-k", "--ordered", help="Write results in input order (holds about the concurrency in memory).")] = False,
-    output: Annotated[str | None, typer.Option("-o", "--output", metavar="FILE", help="Append results to FILE instead of stdout.")] = None,
-    errors: Annotated[str | None, typer.Option("--errors", metavar="FILE", help="Append one JSON record per failed row to FILE (default: one line each on stderr).")] = None,
-    metrics: Annotated[str | None, typer.Option("--metrics", metavar="FILE", help="Also write the summary to FILE.")] = None,
-    retries: Annotated[int, typer.Option("--retries", metavar="N", help="Retries per row for connection failures, timeouts and --retry-on statuses.", envvar="ROLLFILTER_RETRIES", min=0)] = DEFAULT_RETRIES,
-    retry_on: Annotated[str, typer.Option("--retry-on", metavar="STATUSES", help="Comma list of HTTP statuses to retry. A retried /run may replay an episode the agent did run.")] = ",".join(map(str, sorted(DEFAULT_RETRY_STATUSES))),
-    timeout: Annotated[float | None, typer.Option("--timeout", metavar="SECONDS", help="Bound on one attempt. Default: none, since episodes can take an hour.", envvar="ROLLFILTER_TIMEOUT")] = None,
-    connect_timeout: Annotated[float, typer.Option("--connect-timeout", metavar="SECONDS", help="Bound on connecting to an agent.", envvar="ROLLFILTER_CONNECT_TIMEOUT")] = DEFAULT_CONNECT_TIMEOUT,
-    max_failures: Annotated[str | None, typer.Option("--max-failures", metavar="N|P%", help="Stop once N rows (or P% of ended rows) have failed; exit 1.")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="With -o FILE: skip the (task, rollout) pairs already in FILE.")] = False,
-    header: Annotated[list[str] | None, typer.Option("-H", "--header", metavar="'NAME: VALUE'", help="Send this header with every request (its value is never printed).", show_default=False)] = None,
+    files: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            metavar="[FILE]...", help="JSONL input files, read in order; - or none means stdin.", show_default=False
+        ),
+    ] = None,
+    url: Annotated[
+        str | None,
+        typer.Option(
+            "-u",
+            "--url",
+            help="Send every row to this agent URL (/run is appended when it has no path).",
+            envvar="ROLLFILTER_URL",
+        ),
+    ] = None,
+    endpoint: Annotated[
+        list[str] | None,
+        typer.Option(
+            "-e",
+            "--endpoint",
+            metavar="NAME=URL",
+            help="Where the agent NAME lives; repeat, or give URL,URL, for replicas.",
+            show_default=False,
+        ),
+    ] = None,
+    agent: Annotated[
+        str | None,
+        typer.Option(
+            "-a", "--agent", metavar="NAME", help="Send every row to agent NAME instead of its agent_ref.name."
+        ),
+    ] = None,
+    demo: Annotated[
+        bool,
+        typer.Option("--demo", help="Start the built-in demo agent on a free loopback port and send every row to it."),
+    ] = False,
+    concurrency: Annotated[
+        int,
+        typer.Option(
+            "-j", "--concurrency", metavar="N", help="Rows in flight at once.", envvar="ROLLFILTER_CONCURRENCY", min=1
+        ),
+    ] = DEFAULT_CONCURRENCY,
+    limit: Annotated[
+        int | None, typer.Option("-n", "--limit", metavar="N", help="Take only the first N rows.", min=0)
+    ] = None,
+    repeats: Annotated[
+        int, typer.Option("-r", "--repeats", metavar="K", help="Run each row K times (repeats adjacent).", min=1)
+    ] = 1,
+    param: Annotated[
+        list[str] | None,
+        typer.Option(
+            "-p",
+            "--param",
+            metavar="KEY=VALUE",
+            help="Set responses_create_params.KEY in every row; VALUE is JSON if it parses, else a string.",
+            show_default=False,
+        ),
+    ] = None,
+    ordered: Annotated[
+        bool,
+        typer.Option("-k", "--ordered", help="Write results in input order (holds about the concurrency in memory)."),
+    ] = False,
+    output: Annotated[
+        str | None, typer.Option("-o", "--output", metavar="FILE", help="Append results to FILE instead of stdout.")
+    ] = None,
+    errors: Annotated[
+        str | None,
+        typer.Option(
+            "--errors",
+            metavar="FILE",
+            help="Append one JSON record per failed row to FILE (default: one line each on stderr).",
+        ),
+    ] = None,
+    metrics: Annotated[
+        str | None, typer.Option("--metrics", metavar="FILE", help="Also write the summary to FILE.")
+    ] = None,
+    retries: Annotated[
+        int,
+        typer.Option(
+            "--retries",
+            metavar="N",
+            help="Retries per row for connection failures, timeouts and --retry-on statuses.",
+            envvar="ROLLFILTER_RETRIES",
+            min=0,
+        ),
+    ] = DEFAULT_RETRIES,
+    retry_on: Annotated[
+        str,
+        typer.Option(
+            "--retry-on",
+            metavar="STATUSES",
+            help="Comma list of HTTP statuses to retry. A retried /run may replay an episode the agent did run.",
+        ),
+    ] = ",".join(map(str, sorted(DEFAULT_RETRY_STATUSES))),
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout",
+            metavar="SECONDS",
+            help="Bound on one attempt. Default: none, since episodes can take an hour.",
+            envvar="ROLLFILTER_TIMEOUT",
+        ),
+    ] = None,
+    connect_timeout: Annotated[
+        float,
+        typer.Option(
+            "--connect-timeout",
+            metavar="SECONDS",
+            help="Bound on connecting to an agent.",
+            envvar="ROLLFILTER_CONNECT_TIMEOUT",
+        ),
+    ] = DEFAULT_CONNECT_TIMEOUT,
+    max_failures: Annotated[
+        str | None,
+        typer.Option(
+            "--max-failures", metavar="N|P%", help="Stop once N rows (or P% of ended rows) have failed; exit 1."
+        ),
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="With -o FILE: skip the (task, rollout) pairs already in FILE.")
+    ] = False,
+    header: Annotated[
+        list[str] | None,
+        typer.Option(
+            "-H",
+            "--header",
+            metavar="'NAME: VALUE'",
+            help="Send this header with every request (its value is never printed).",
+            show_default=False,
+        ),
+    ] = None,
     insecure: Annotated[bool, typer.Option("--insecure", help="Do not verify TLS certificates.")] = False,
-    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="Print no summary on stderr (--metrics FILE still gets it).")] = False,
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False,
+    max_line_bytes: Annotated[
+        int,
+        typer.Option(
+            "--max-line-bytes",
+            metavar="N",
+            help="Refuse input lines longer than N bytes (each counts as a failed row).",
+            min=1,
+        ),
+    ] = DEFAULT_MAX_LINE_BYTES,
+    quiet: Annotated[
+        bool, typer.Option("-q", "--quiet", help="Print no summary on stderr (--metrics FILE still gets it).")
+    ] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
 ) -> None:
     try:
         config = Config(
@@ -107,6 +231,7 @@ def command(
             headers=tuple(parse_header(h) for h in header or ()),
             insecure=insecure,
             resume=resume,
+            max_line_bytes=max_line_bytes,
         )
     except RollfilterError as exc:
         raise typer.Exit(_report(exc)) from None

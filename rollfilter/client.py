@@ -77,9 +77,7 @@ class Router:
         self._forced_name = config.agent
         self._default = Agent(None, [Replica(httpx.URL(config.url))]) if config.url else None
         named = endpoints if endpoints is not None else config.endpoints
-        self.agents = {
-            name: Agent(name, [Replica(httpx.URL(url)) for url in urls]) for name, urls in named.items()
-        }
+        self.agents = {name: Agent(name, [Replica(httpx.URL(url)) for url in urls]) for name, urls in named.items()}
 
     def route(self, row: dict[str, Any]) -> Agent | RowFailure:
         name = self._forced_name or agent_name(row)
@@ -196,14 +194,18 @@ class AgentClient:
             except httpx.TransportError as exc:
                 return RowFailure(ErrorKind.CONNECT, f"{_origin(url)}: {exc}", retryable=True), None
         if scope.cancelled_caught:
-            return RowFailure(ErrorKind.TIMEOUT, f"no answer within --timeout {self._timeout:g} s", retryable=True), None
+            return RowFailure(
+                ErrorKind.TIMEOUT, f"no answer within --timeout {self._timeout:g} s", retryable=True
+            ), None
         status = response.status_code
         content = response.content
         if status == 200:
             try:
                 result = _decode(content)
             except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-                return RowFailure(ErrorKind.BAD_RESPONSE, f"200 with a body that is not JSON: {_snippet(content)}", status), None
+                return RowFailure(
+                    ErrorKind.BAD_RESPONSE, f"200 with a body that is not JSON: {_snippet(content)}", status
+                ), None
             if not isinstance(result, dict):
                 return RowFailure(ErrorKind.BAD_RESPONSE, "200 with a JSON body that is not an object", status), None
             return result, None

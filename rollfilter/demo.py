@@ -90,8 +90,13 @@ class DemoAgent:
             return str(steer["fault"])
         o = self.options
         draw = self._rng.random()
-        for fault, rate in (("500", o.fail_rate), ("429", o.throttle_rate), ("hang", o.hang_rate),
-                            ("garbage", o.garbage_rate), ("drop", o.drop_rate)):
+        for fault, rate in (
+            ("500", o.fail_rate),
+            ("429", o.throttle_rate),
+            ("hang", o.hang_rate),
+            ("garbage", o.garbage_rate),
+            ("drop", o.drop_rate),
+        ):
             if draw < rate:
                 return fault
             draw -= rate
@@ -114,7 +119,7 @@ class DemoAgent:
             return 422, [], _encode({"detail": "responses_create_params is required"})
         if "id" in row:
             self.by_id[str(row["id"])] += 1
-        steer = row.get("demo") if isinstance(row.get("demo"), dict) else {}
+        steer = row["demo"] if isinstance(row.get("demo"), dict) else {}
         latency = self.options.latency + self._rng.uniform(0, self.options.jitter)
         if isinstance(steer.get("latency"), (int, float)):
             latency = float(steer["latency"])
@@ -158,8 +163,8 @@ class DemoAgent:
         }
 
 
-async def _serve_connection(stream: trio.SocketStream, agent: DemoAgent) -> None:
-    conn = h11.Connection(h11.SERVER)
+async def _serve_connection(stream: trio.abc.Stream, agent: DemoAgent) -> None:
+    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=64 * 1024 * 1024)
     try:
         while True:
             method = path = ""
@@ -167,7 +172,7 @@ async def _serve_connection(stream: trio.SocketStream, agent: DemoAgent) -> None
             while True:
                 event = conn.next_event()
                 if event is h11.NEED_DATA:
-                    conn.receive_data(await stream.receive_some(65536))
+                    conn.receive_data(bytes(await stream.receive_some(65536)))
                 elif isinstance(event, h11.Request):
                     method, path = event.method.decode(), event.target.decode().split("?")[0]
                 elif isinstance(event, h11.Data):
@@ -182,11 +187,16 @@ async def _serve_connection(stream: trio.SocketStream, agent: DemoAgent) -> None
             if isinstance(answer, str):  # "drop"
                 return
             status, headers, payload = answer
-            all_headers = [("Content-Type", "application/json"), *headers] if not any(
-                k == "Content-Type" for k, _ in headers) else headers
-            data = conn.send(h11.Response(status_code=status, headers=[*all_headers, ("Content-Length", str(len(payload)))]))
-            data += conn.send(h11.Data(data=payload)) + conn.send(h11.EndOfMessage())  # type: ignore[operator]
-            await stream.send_all(data)  # type: ignore[arg-type]
+            all_headers = (
+                [("Content-Type", "application/json"), *headers]
+                if not any(k == "Content-Type" for k, _ in headers)
+                else headers
+            )
+            data = conn.send(
+                h11.Response(status_code=status, headers=[*all_headers, ("Content-Length", str(len(payload)))])
+            )
+            data += conn.send(h11.Data(data=payload)) + conn.send(h11.EndOfMessage())
+            await stream.send_all(data)
             if conn.our_state is h11.MUST_CLOSE:
                 return
             conn.start_next_cycle()
@@ -207,7 +217,11 @@ async def serve(
     listeners = await trio.open_tcp_listeners(port, host=host, backlog=4096)
     bound = listeners[0].socket.getsockname()[1]
     task_status.started(bound)
-    await trio.serve_listeners(lambda stream: _serve_connection(stream, agent), listeners)
+
+    async def handle(stream: trio.SocketStream) -> None:
+        await _serve_connection(stream, agent)
+
+    await trio.serve_listeners(handle, listeners)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -231,16 +245,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=None, help="seed for the fault and jitter draws")
     args = parser.parse_args(argv)
     options = DemoOptions(
-        latency=args.latency, jitter=args.jitter, fail_rate=args.fail_rate, throttle_rate=args.throttle_rate,
-        retry_after=args.retry_after, hang_rate=args.hang_rate, garbage_rate=args.garbage_rate,
-        drop_rate=args.drop_rate, seed=args.seed,
+        latency=args.latency,
+        jitter=args.jitter,
+        fail_rate=args.fail_rate,
+        throttle_rate=args.throttle_rate,
+        retry_after=args.retry_after,
+        hang_rate=args.hang_rate,
+        garbage_rate=args.garbage_rate,
+        drop_rate=args.drop_rate,
+        seed=args.seed,
     )
     if sum((options.fail_rate, options.throttle_rate, options.hang_rate, options.garbage_rate, options.drop_rate)) > 1:
         parser.error("the fault rates add up to more than 1")
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
-            port = await nursery.start(lambda task_status: serve(DemoAgent(options), host=args.host, port=args.port, task_status=task_status))
+            port = await nursery.start(
+                lambda task_status: serve(DemoAgent(options), host=args.host, port=args.port, task_status=task_status)
+            )
             print(f"demo agent listening on http://{args.host}:{port}", file=sys.stderr, flush=True)
 
     try:

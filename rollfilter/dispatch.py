@@ -62,7 +62,7 @@ class Engine:
     metrics: Metrics
     control: RunControl
     concurrency: int
-    failure_limit: FailureLimit = FailureLimit()
+    failure_limit: FailureLimit = dataclasses.field(default_factory=FailureLimit)
 
     async def run(self) -> None:
         """Return when every job has ended, or when `control` stopped the run."""

@@ -102,7 +102,9 @@ class Metrics:
             "failed": self.failed,
             "skipped": self.skipped,
             "cancelled": self.taken - self.ended,
-            "failed_by_kind": {kind.value: self.failed_by_kind[kind.value] for kind in ErrorKind if self.failed_by_kind[kind.value]},
+            "failed_by_kind": {
+                kind.value: self.failed_by_kind[kind.value] for kind in ErrorKind if self.failed_by_kind[kind.value]
+            },
             "retries": self.retries,
             "elapsed_s": round(elapsed, 3),
             "rows_per_s": round(self.ended / elapsed, 2),

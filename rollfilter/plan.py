@@ -61,6 +61,8 @@ def _describe_decode_error(data: bytes, exc: msgspec.DecodeError) -> str:
         data.decode()
     except UnicodeDecodeError as err:
         return f"invalid UTF-8 at byte {err.start}"
+    if b"NaN" in data or b"Infinity" in data:
+        return f"invalid JSON (NaN and Infinity are not JSON): {exc}"
     return f"invalid JSON: {exc}"
 
 
@@ -105,12 +107,7 @@ class ResumeIndex:
         self.count = 0
 
     def _slot(self, task: Any, rollout: Any) -> int | None:
-        if (
-            type(task) is int
-            and type(rollout) is int
-            and 0 <= task < 1 << 40
-            and 0 <= rollout < self._repeats
-        ):
+        if type(task) is int and type(rollout) is int and 0 <= task < 1 << 40 and 0 <= rollout < self._repeats:
             return task * self._repeats + rollout
         return None
 
@@ -158,6 +155,32 @@ class ResumeIndex:
                 if isinstance(result, dict) and TASK_INDEX in result and ROLLOUT_INDEX in result:
                     index.add(result[TASK_INDEX], result[ROLLOUT_INDEX])
         return index
+
+
+def drop_torn_tail(path: str) -> int:
+    """Cut a last line without a newline (a write cut off by a kill) off the file at `path`,
+    so that appended results start on a line of their own; returns the bytes removed."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        raise UsageError(f"cannot resume from {path}: {exc.strerror}") from None
+    try:
+        size = end = os.fstat(fd).st_size
+        if not size or os.pread(fd, 1, size - 1) == b"\n":
+            return 0
+        while end > 0:
+            start = max(0, end - 65536)
+            newline = os.pread(fd, end - start, start).rfind(b"\n")
+            if newline >= 0:
+                end = start + newline + 1
+                break
+            end = start
+        os.ftruncate(fd, end)
+        return size - end
+    finally:
+        os.close(fd)
 
 
 def _hashable(value: Any) -> Hashable:
@@ -218,8 +241,5 @@ class Planner:
             if self._resume is not None and (task_index, rollout) in self._resume:
                 self.skipped += 1
                 continue
-            self._pending.append(
-                Job(self._seq, line.source, line.number, task_index, rollout, row, body, failure)
-            )
+            self._pending.append(Job(self._seq, line.source, line.number, task_index, rollout, row, body, failure))
             self._seq += 1
-

@@ -11,7 +11,7 @@ import collections
 import dataclasses
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import trio
 
@@ -76,11 +76,13 @@ class LineReader:
         max_line_bytes: int,
         chunk_bytes: int = CHUNK_BYTES,
         stdin_fd: int = 0,
+        read: Callable[[int, int], bytes] = os.read,
     ) -> None:
         self._paths = collections.deque(paths)
         self._max_line_bytes = max_line_bytes
         self._chunk_bytes = chunk_bytes
         self._stdin_fd = stdin_fd
+        self._read = read
         self._fd: int | None = None
         self._name = ""
         self._line_number = 0
@@ -122,7 +124,7 @@ class LineReader:
     async def _fill(self) -> None:
         assert self._fd is not None
         chunk = await trio.to_thread.run_sync(
-            os.read, self._fd, self._chunk_bytes, limiter=self._limiter, abandon_on_cancel=True
+            self._read, self._fd, self._chunk_bytes, limiter=self._limiter, abandon_on_cancel=True
         )
         self.bytes_read += len(chunk)
         if not chunk:

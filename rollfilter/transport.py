@@ -19,6 +19,7 @@ import httpx
 import trio
 
 RECEIVE_BYTES = 64 * 1024
+MAX_HEADER_BYTES = 1024 * 1024  # h11's 16 KiB default refuses some proxies' headers
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 Origin = tuple[str, str, int]
 
@@ -29,7 +30,7 @@ class _Connection:
     def __init__(self, stream: trio.abc.Stream, socket: trio.socket.SocketType) -> None:
         self.stream = stream
         self.socket = socket
-        self.h11 = h11.Connection(h11.CLIENT)
+        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEADER_BYTES)
 
     def is_stale(self) -> bool:
         # An idle keep-alive connection has nothing to read; readable means the server
@@ -55,7 +56,7 @@ class _Connection:
         while True:
             event = conn.next_event()
             if event is h11.NEED_DATA:
-                conn.receive_data(await self.stream.receive_some(RECEIVE_BYTES))
+                conn.receive_data(bytes(await self.stream.receive_some(RECEIVE_BYTES)))
             elif isinstance(event, h11.Response):
                 status = event.status_code
                 response_headers = list(event.headers)

@@ -40,7 +40,13 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run(args: Sequence[str], *, input: bytes | str = b"", timeout: float = SUBPROCESS_TIMEOUT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+def run(
+    args: Sequence[str],
+    *,
+    input: bytes | str = b"",
+    timeout: float = SUBPROCESS_TIMEOUT,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[bytes]:
     data = input.encode() if isinstance(input, str) else input
     return subprocess.run(
         [*rollfilter_command(), *args], input=data, capture_output=True, timeout=timeout, env=env or clean_env()
@@ -93,7 +99,7 @@ class DemoServer:
         self.port = int(self.base.rsplit(":", 1)[1])
 
     def stats(self) -> dict[str, Any]:
-        with urllib.request.urlopen(self.base + "/stats", timeout=10) as response:  # noqa: S310 - loopback only
+        with urllib.request.urlopen(self.base + "/stats", timeout=10) as response:
             data = json.load(response)
         assert isinstance(data, dict)
         return data

@@ -108,7 +108,8 @@ def test_first_result_arrives_before_the_second_row_is_written(demo_server: Demo
         stderr=subprocess.PIPE,
         env=clean_env(),
     )
-    assert proc.stdin and proc.stdout
+    assert proc.stdin
+    assert proc.stdout
     try:
         proc.stdin.write(rows_jsonl(simple_rows(1)).encode())
         proc.stdin.flush()
@@ -138,7 +139,8 @@ def test_closed_stdout_exits_141_quietly(tmp_path, demo_server: DemoServer):
         stderr=subprocess.PIPE,
         env=clean_env(),
     )
-    assert proc.stdout and proc.stderr
+    assert proc.stdout
+    assert proc.stderr
     first = proc.stdout.readline()
     proc.stdout.close()  # what `| head -n 1` does after its line
     assert json.loads(first)["_ng_rollout_index"] == 0
@@ -153,8 +155,12 @@ def test_closed_stdout_exits_141_quietly(tmp_path, demo_server: DemoServer):
 
 def test_head_in_a_shell_pipeline(demo_server: DemoServer):
     proc = subprocess.run(
-        ["bash", "-c", f"set -o pipefail; seq 100000 | sed 's/.*/{{\"responses_create_params\":{{\"input\":\"&\"}}}}/' "
-         f"| {rollfilter_command()[0]} -q -u {demo_server.url} | head -n 3"],
+        [
+            "bash",
+            "-c",
+            f'set -o pipefail; seq 100000 | sed \'s/.*/{{"responses_create_params":{{"input":"&"}}}}/\' '
+            f"| {rollfilter_command()[0]} -q -u {demo_server.url} | head -n 3",
+        ],
         capture_output=True,
         timeout=SUBPROCESS_TIMEOUT,
         env=clean_env(),
@@ -165,7 +171,10 @@ def test_head_in_a_shell_pipeline(demo_server: DemoServer):
 
 
 def test_ctrl_c_keeps_finished_results_and_prints_summary(demo_server: DemoServer):
-    rows = [{"id": i, "responses_create_params": {"input": "x"}, "demo": {"latency": 0.05 if i < 20 else 30}} for i in range(40)]
+    rows = [
+        {"id": i, "responses_create_params": {"input": "x"}, "demo": {"latency": 0.05 if i < 20 else 30}}
+        for i in range(40)
+    ]
     proc = subprocess.Popen(
         [*rollfilter_command(), "-u", demo_server.url, "-j", "40"],
         stdin=subprocess.PIPE,
@@ -173,7 +182,9 @@ def test_ctrl_c_keeps_finished_results_and_prints_summary(demo_server: DemoServe
         stderr=subprocess.PIPE,
         env=clean_env(),
     )
-    assert proc.stdin and proc.stdout and proc.stderr
+    assert proc.stdin
+    assert proc.stdout
+    assert proc.stderr
     proc.stdin.write(rows_jsonl(rows).encode())
     proc.stdin.close()
     lines = [proc.stdout.readline() for _ in range(20)]  # the 20 quick rows are done
@@ -251,6 +262,8 @@ def test_usage_errors_exit_2_before_sending(tmp_path, demo_server: DemoServer):
 def test_version_and_module_entry_point():
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "rollfilter", "--version"], capture_output=True, timeout=SUBPROCESS_TIMEOUT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rollfilter", "--version"], capture_output=True, timeout=SUBPROCESS_TIMEOUT
+    )
     assert proc.returncode == 0
     assert proc.stdout.decode().startswith("rollfilter ")

@@ -1,0 +1,1 @@
+"""Example rows: NeMo Gym's five-row weather example (weather.jsonl)."""

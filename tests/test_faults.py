@@ -1,0 +1,222 @@
+"""Faults end to end: every row ends exactly once, in the results or in the errors record."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+from tests.conftest import (
+    SUBPROCESS_TIMEOUT,
+    DemoServer,
+    clean_env,
+    result_lines,
+    rollfilter_command,
+    rows_jsonl,
+    run,
+    simple_rows,
+    summary_of,
+    wait_for,
+)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_chaos_run_loses_and_duplicates_nothing(tmp_path, start_demo):
+    server: DemoServer = start_demo(
+        "--fail-rate", "0.1", "--hang-rate", "0.03", "--garbage-rate", "0.04", "--drop-rate", "0.05",
+        "--seed", "1",
+    )  # fmt: skip
+    errors = tmp_path / "errors.jsonl"
+    retries = 2
+    n = 3000
+    proc = run(
+        ["-u", server.url, "-j", "128", "--timeout", "0.5", "--retries", str(retries), "--errors", str(errors)],
+        input=rows_jsonl(simple_rows(n)),
+        timeout=120,
+    )
+    assert proc.returncode == 1, proc.stderr
+    results = result_lines(proc.stdout)
+    records = read_jsonl(errors)
+    seen = Counter(r["_ng_task_index"] for r in results) + Counter(r["_ng_task_index"] for r in records)
+    assert sorted(seen) == list(range(n))
+    assert set(seen.values()) == {1}  # exactly once each
+    kinds = Counter(r["error"]["kind"] for r in records)
+    assert set(kinds) <= {"http_status", "timeout", "bad_response", "connect"}
+    assert kinds["bad_response"] > 0  # garbage bodies end a row at once, on any attempt
+    assert all(1 <= r["attempts"] <= retries + 1 for r in records if r["error"]["kind"] == "bad_response")
+    assert all(r["attempts"] == retries + 1 for r in records if r["error"]["kind"] != "bad_response")
+    for record in records:
+        assert record["row"]["id"] == record["_ng_task_index"]  # the row as sent
+        assert record["line"] == record["_ng_task_index"] + 1
+    stats = server.stats()
+    assert max(stats["by_id"].values()) <= retries + 1
+    figures = summary_of(proc.stderr)["rollfilter"]
+    assert figures["rows_read"] == n == figures["succeeded"] + figures["failed"] + figures["skipped"]
+    assert figures["succeeded"] == len(results)
+    assert figures["failed_by_kind"] == dict(kinds)
+    assert figures["retries"] == stats["requests"] - n
+    assert all(isinstance(r["reward"], float) for r in results)
+
+
+def test_sigkill_then_resume_completes_without_duplicates(tmp_path, demo_server: DemoServer):
+    rows = [{"id": i, "responses_create_params": {"input": "x" * (i % 3)}, "demo": {"latency": 0.02}} for i in range(400)]
+    data = tmp_path / "rows.jsonl"
+    data.write_text(rows_jsonl(rows))
+    out = tmp_path / "out.jsonl"
+    args = ["-u", demo_server.url, "-j", "8", "-r", "2", "-o", str(out), str(data)]
+    proc = subprocess.Popen([*rollfilter_command(), *args], stderr=subprocess.DEVNULL, env=clean_env())
+    try:
+        wait_for(lambda: out.exists() and out.stat().st_size > 20_000)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=SUBPROCESS_TIMEOUT)
+    finally:
+        proc.kill()
+        proc.wait(timeout=SUBPROCESS_TIMEOUT)
+    before = out.read_text().splitlines()
+    assert 0 < len(before) < 800
+    with out.open("a") as file:  # a kill in the middle of a write leaves half a line
+        file.write(before[-1][: len(before[-1]) // 2])
+    resumed = run([*args, "--resume"])
+    assert resumed.returncode == 0, resumed.stderr
+    figures = summary_of(resumed.stderr)["rollfilter"]
+    assert figures["skipped"] == len(before)
+    assert figures["rows_read"] == 800
+    complete = read_jsonl(out)  # the torn line was cut off: every line parses
+    pairs = Counter((r["_ng_task_index"], r["_ng_rollout_index"]) for r in complete)
+    assert sorted(pairs) == [(t, k) for t in range(400) for k in range(2)]
+    assert set(pairs.values()) == {1}
+
+
+def test_max_failures_stops_early(start_demo):
+    server = start_demo("--fail-rate", "1.0")
+    proc = run(["-u", server.url, "-j", "4", "--retries", "0", "--max-failures", "5"], input=rows_jsonl(simple_rows(2000)))
+    assert proc.returncode == 1
+    assert "--max-failures 5" in proc.stderr.decode()
+    figures = summary_of(proc.stderr)["rollfilter"]
+    assert 5 <= figures["failed"] < 20
+    assert server.stats()["requests"] < 20
+
+
+def test_max_failures_as_a_rate(start_demo):
+    server = start_demo("--fail-rate", "0.5", "--seed", "3")
+    proc = run(["-u", server.url, "-j", "4", "--retries", "0", "--max-failures", "10%"], input=rows_jsonl(simple_rows(2000)))
+    assert proc.returncode == 1
+    assert "--max-failures 10%" in proc.stderr.decode()
+    assert server.stats()["requests"] < 200
+
+
+def test_retry_after_is_honoured(demo_server: DemoServer):
+    row = {"id": 1, "responses_create_params": {"input": "x"}, "demo": {"fault": "429", "fault_first": 1}}
+    start = time.monotonic()
+    proc = run(["-u", demo_server.url], input=rows_jsonl([row]))
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr
+    assert demo_server.stats()["by_id"] == {"1": 2}
+    assert elapsed >= 1.0  # the demo agent's Retry-After: 1 (backoff alone starts under 0.5 s)
+    assert summary_of(proc.stderr)["rollfilter"]["retries"] == 1
+
+
+def test_status_not_in_retry_set_is_not_retried(demo_server: DemoServer):
+    row = {"id": 1, "responses_create_params": {"input": "x"}, "demo": {"fault": "422"}}
+    proc = run(["-u", demo_server.url], input=rows_jsonl([row]))
+    assert proc.returncode == 1
+    assert demo_server.stats()["by_id"] == {"1": 1}
+    message = proc.stderr.decode().splitlines()[0]
+    assert message.startswith("rollfilter: <stdin>:1: http_status: HTTP 422")
+    proc = run(["-u", demo_server.url, "--retry-on", "422", "--retries", "1"], input=rows_jsonl([{**row, "id": 2}]))
+    assert demo_server.stats()["by_id"]["2"] == 2
+
+
+def test_dead_agent_fails_with_connect_after_retries(tmp_path):
+    errors = tmp_path / "errors.jsonl"
+    proc = run(["-u", "http://127.0.0.1:9", "--retries", "1", "--errors", str(errors)], input=rows_jsonl(simple_rows(3)))
+    assert proc.returncode == 1
+    records = read_jsonl(errors)
+    assert [r["error"]["kind"] for r in records] == ["connect"] * 3
+    assert all(r["attempts"] == 2 for r in records)
+
+
+def test_header_values_never_appear_in_output(tmp_path, start_demo):
+    secret = "s3cr3t-t0ken-value"
+    server = start_demo("--fail-rate", "1.0")
+    errors = tmp_path / "errors.jsonl"
+    for args in (
+        ["-u", server.url, "--retries", "0"],
+        ["-u", server.url, "--retries", "0", "--errors", str(errors)],
+        ["-u", "http://127.0.0.1:9", "--retries", "0"],
+        ["-u", "http://127.0.0.1:9", "--retries", "0", "--errors", str(errors)],
+        ["-u", server.url, "-H", "Authorization"],  # malformed: value-less
+    ):
+        proc = run(["-H", f"Authorization: Bearer {secret}", *args], input=rows_jsonl(simple_rows(2)))
+        assert proc.returncode in (1, 2)
+        assert secret not in (proc.stdout + proc.stderr).decode()
+    assert errors.read_text().count("\n") == 4
+    assert secret not in errors.read_text()
+
+
+def test_sigterm_exits_143_with_summary(tmp_path, demo_server: DemoServer):
+    data = tmp_path / "rows.jsonl"
+    data.write_text(rows_jsonl([{"responses_create_params": {"input": "x"}, "demo": {"latency": 30}}] * 5))
+    proc = subprocess.Popen(
+        [*rollfilter_command(), "-u", demo_server.url, str(data)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(),
+    )  # fmt: skip
+    wait_for(lambda: demo_server.stats()["requests"] == 5)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=SUBPROCESS_TIMEOUT)
+    assert proc.returncode == 143
+    assert stdout == b""
+    assert summary_of(stderr)["rollfilter"]["cancelled"] == 5
+
+
+BAD_INPUT_CASES = [
+    (b"{not json}", "invalid JSON"),
+    (b'\xef\xbb\xbf{"responses_create_params": {"input": "x"}}', "byte order mark"),
+    (b'{"responses_create_params": {"input": "\xff\xfe"}}', "invalid UTF-8"),
+    (b"[1, 2]", "not a JSON object"),
+    (b'"just a string"', "not a JSON object"),
+    (b'{"responses_create_params": {"temperature": NaN}}', "NaN and Infinity"),
+    (b'{"responses_create_params": {"temperature": Infinity}}', "NaN and Infinity"),
+    (b"[" * 100_000 + b"]" * 100_000, "invalid JSON"),
+]
+
+
+def test_each_bad_input_line_fails_alone_with_its_line_number(tmp_path, demo_server: DemoServer):
+    good = b'{"responses_create_params": {"input": "ok"}}'
+    lines = [good]
+    for bad, _ in BAD_INPUT_CASES:
+        lines += [bad, b"", good]  # an empty line between: skipped, not failed
+    data = b"\n".join(lines)  # the last line has no newline: still a normal row
+    errors = tmp_path / "errors.jsonl"
+    proc = run(["-u", demo_server.url, "--errors", str(errors)], input=data)
+    assert proc.returncode == 1
+    records = read_jsonl(errors)
+    assert [r["line"] for r in records] == [2 + 3 * i for i in range(len(BAD_INPUT_CASES))]
+    for record, (_, reason) in zip(records, BAD_INPUT_CASES, strict=True):
+        assert record["error"]["kind"] == "bad_input"
+        assert reason in record["error"]["message"]
+        assert record["attempts"] == 0
+    assert len(result_lines(proc.stdout)) == len(BAD_INPUT_CASES) + 1
+    figures = summary_of(proc.stderr)["rollfilter"]
+    assert (figures["succeeded"], figures["failed"]) == (len(BAD_INPUT_CASES) + 1, len(BAD_INPUT_CASES))
+
+
+def test_a_100_mb_line_is_refused_and_the_run_goes_on(tmp_path, demo_server: DemoServer):
+    data = tmp_path / "long.jsonl"
+    with data.open("wb") as file:
+        file.write(b'{"responses_create_params": {"input": "before"}}\n')
+        long_line = b'{"responses_create_params": {"input": "' + b"x" * (100 * 1024 * 1024) + b'"}}'
+        file.write(long_line + b"\n")
+        file.write(b'{"responses_create_params": {"input": "after"}}\n')
+    proc = run(["-u", demo_server.url, str(data)])
+    assert proc.returncode == 1
+    message = [line for line in proc.stderr.decode().splitlines() if not line.startswith("{")]
+    assert len(message) == 1
+    assert message[0].startswith(f"rollfilter: {data}:2: bad_input: line is {len(long_line)} bytes")
+    assert sorted(r["_ng_task_index"] for r in result_lines(proc.stdout)) == [0, 2]
