@@ -63,9 +63,9 @@ def _version(value: bool) -> None:
 @app.command(help=HELP, no_args_is_help=False)
 def command(
     files: Annotated[
-        list[Path] | None,
+        list[str] | None,
         typer.Argument(
-            metavar="[FILE]...", help="JSONL input files, read in order; - or none means stdin.", show_default=False
+            metavar="FILE", help="JSONL input files, read in order; - or none means stdin.", show_default=False
         ),
     ] = None,
     url: Annotated[
@@ -73,6 +73,7 @@ def command(
         typer.Option(
             "-u",
             "--url",
+            metavar="URL",
             help="Send every row to this agent URL (/run is appended when it has no path).",
             envvar="ROLLFILTER_URL",
         ),
@@ -211,7 +212,7 @@ def command(
 ) -> None:
     try:
         config = Config(
-            inputs=tuple(str(f) for f in files) if files else ("-",),
+            inputs=tuple(files) if files else ("-",),
             url=agent_url(url) if url else None,
             endpoints=parse_endpoints(endpoint or ()),
             agent=agent,

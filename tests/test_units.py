@@ -1,0 +1,256 @@
+"""Fast unit tests of the pure parts: parsing, planning, metrics, backoff, reordering."""
+
+from __future__ import annotations
+
+import json
+import random
+from email.utils import format_datetime
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rollfilter.client import Router, backoff_delay, parse_retry_after
+from rollfilter.config import (
+    Config,
+    FailureLimit,
+    agent_url,
+    parse_endpoints,
+    parse_failure_limit,
+    parse_header,
+    parse_param,
+    parse_statuses,
+)
+from rollfilter.errors import ErrorKind, UsageError
+from rollfilter.metrics import LatencyHistogram, Metrics
+from rollfilter.outcome import RowFailure
+from rollfilter.plan import Planner, ResumeIndex, apply_params, drop_torn_tail, parse_row
+from rollfilter.sink import Reorderer
+from rollfilter.source import LineReader
+
+
+def test_parse_param_takes_json_else_string():
+    assert parse_param("temperature=0.7") == ("temperature", 0.7)
+    assert parse_param("model=my-model") == ("model", "my-model")
+    assert parse_param("tools=[]") == ("tools", [])
+    assert parse_param("x=") == ("x", "")
+    assert parse_param("stop=null") == ("stop", None)
+    for bad in ("novalue", "=3", "a..b=1"):
+        with pytest.raises(UsageError):
+            parse_param(bad)
+
+
+def test_agent_url_appends_run_only_without_a_path():
+    assert agent_url("http://127.0.0.1:8000") == "http://127.0.0.1:8000/run"
+    assert agent_url("http://127.0.0.1:8000/") == "http://127.0.0.1:8000/run"
+    assert agent_url("https://h/agents/x/run") == "https://h/agents/x/run"
+    for bad in ("127.0.0.1:8000", "ftp://h/", "http://h:99999/"):
+        with pytest.raises(UsageError):
+            agent_url(bad)
+
+
+def test_endpoints_collect_replicas():
+    endpoints = parse_endpoints(["a=http://h:1", "a=http://h:2,http://h:3", "b=http://h:4/x"])
+    assert endpoints == {"a": ("http://h:1/run", "http://h:2/run", "http://h:3/run"), "b": ("http://h:4/x",)}
+    with pytest.raises(UsageError):
+        parse_endpoints(["nourl"])
+
+
+def test_header_parsing_never_echoes_the_value():
+    assert parse_header("Authorization: Bearer abc") == ("Authorization", "Bearer abc")
+    with pytest.raises(UsageError) as info:
+        parse_header("Bad Name: secret-value")
+    assert "secret-value" not in str(info.value)
+
+
+def test_statuses_and_failure_limits():
+    assert parse_statuses("429, 503") == {429, 503}
+    assert parse_statuses("") == frozenset()
+    with pytest.raises(UsageError):
+        parse_statuses("abc")
+    assert parse_failure_limit("5") == FailureLimit(count=5)
+    assert parse_failure_limit("2.5%") == FailureLimit(fraction=0.025)
+    for bad in ("0", "-1", "101%", "x%", "nan%"):
+        with pytest.raises(UsageError):
+            parse_failure_limit(bad)
+    rate = FailureLimit(fraction=0.1)
+    assert not rate.is_reached(failed=5, ended=10)  # too few ended rows to judge a rate
+    assert rate.is_reached(failed=3, ended=20)
+    assert not rate.is_reached(failed=1, ended=20)
+
+
+def test_config_refuses_resume_without_output():
+    with pytest.raises(UsageError, match="--resume"):
+        Config(url="http://h/run", resume=True)
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        (b"{", "invalid JSON"),
+        (b"\xef\xbb\xbf{}", "byte order mark"),
+        (b'{"a": "\xff"}', "invalid UTF-8"),
+        (b"[]", "a JSON array"),
+        (b"3", "a JSON number"),
+        (b"null", "a JSON null"),
+        (b'{"a": NaN}', "NaN and Infinity"),
+        (b'{"a": 1e400}', "invalid JSON"),
+        (b"[" * 50_000, "invalid JSON"),
+    ],
+)
+def test_parse_row_reasons(line: bytes, reason: str):
+    parsed = parse_row(line)
+    assert isinstance(parsed, str)
+    assert reason in parsed
+
+
+def test_parse_row_keeps_big_integers_and_key_order():
+    assert parse_row(b'{"b": 1, "a": 123456789012345678901234567890}') == {
+        "b": 1,
+        "a": 123456789012345678901234567890,
+    }
+
+
+def test_apply_params_dotted_and_conflicts():
+    row: dict[str, Any] = {"responses_create_params": {"input": "x", "reasoning": "flat"}}
+    assert apply_params(row, [("temperature", 0.5), ("text.format", "json")]) is None
+    assert row["responses_create_params"]["text"] == {"format": "json"}
+    assert apply_params(row, [("reasoning.effort", "high")]) is not None
+
+
+def test_latency_percentiles_within_one_percent():
+    histogram = LatencyHistogram()
+    values = [i / 1000 for i in range(1, 1001)]
+    random.Random(1).shuffle(values)
+    for value in values:
+        histogram.add(value)
+    for p, exact in ((50, 0.5), (90, 0.9), (99, 0.99)):
+        assert abs(histogram.percentile(p) - exact) <= exact * 0.011
+    assert histogram.max == 1.0
+
+
+def test_metrics_means_skip_non_numbers_and_count_booleans():
+    metrics = Metrics()
+    metrics.add_result({"reward": 1.0, "accuracy": True, "note": "x", "score": float("nan")}, 0.1)
+    metrics.add_result({"reward": 0, "accuracy": False, "score": 3}, 0.2)
+    metrics.add_result({"accuracy": True}, 0.3)
+    metrics.add_failure(RowFailure(ErrorKind.TIMEOUT, "slow"))
+    summary = metrics.summary()
+    assert summary["reward"] == 0.5
+    assert summary["accuracy"] == 2 / 3
+    assert summary["score"] == 3.0
+    assert "note" not in summary
+    assert summary["rollfilter"]["failed_by_kind"] == {"timeout": 1}
+    assert list(summary)[-1] == "rollfilter"
+    assert Metrics().summary()["reward"] == 0.0
+
+
+def test_retry_after_seconds_and_dates():
+    assert parse_retry_after("3") == 3.0
+    assert parse_retry_after(None) is None
+    assert parse_retry_after("soon") is None
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    date = format_datetime(now + timedelta(seconds=30), usegmt=True)
+    assert parse_retry_after(date, now=now.timestamp()) == pytest.approx(30)
+
+
+def test_backoff_is_jittered_capped_and_never_under_retry_after():
+    rng = random.Random(0)
+    delays = [backoff_delay(1, rng) for _ in range(200)]
+    assert all(0 <= d <= 0.5 for d in delays)
+    assert len(set(delays)) > 100
+    assert all(backoff_delay(30, rng) <= 30 for _ in range(50))
+    assert backoff_delay(1, rng, retry_after=2.0) >= 2.0
+
+
+def test_router_prefers_named_endpoint_then_url():
+    config = Config(url="http://d/run", endpoints={"a": ("http://a/run",)})
+    router = Router(config)
+    route = router.route({"agent_ref": {"name": "a"}})
+    assert not isinstance(route, RowFailure)
+    assert route.replicas[0].url == httpx.URL("http://a/run")
+    route = router.route({"agent_ref": {"name": "other"}})
+    assert not isinstance(route, RowFailure)
+    assert route.name is None
+    assert isinstance(Router(Config(endpoints={"a": ("http://a/run",)})).route({}), RowFailure)
+
+
+def test_reorderer_emits_in_sequence():
+    out: list[int] = []
+    reorderer = Reorderer()
+    for seq in (2, 0, 3, 1, 5):
+        reorderer.emit(seq, lambda s=seq: out.append(s))
+    assert out == [0, 1, 2, 3]
+    assert reorderer.held == 1
+    reorderer.flush()
+    assert out == [0, 1, 2, 3, 5]
+
+
+def test_resume_index_and_torn_tail(tmp_path):
+    path = tmp_path / "out.jsonl"
+    lines = [json.dumps({"_ng_task_index": t, "_ng_rollout_index": k}) for t in (0, 5, 9) for k in (0, 1)]
+    path.write_text("\n".join(lines) + "\n" + '{"_ng_task_index": 7, "_ng_rol')
+    assert drop_torn_tail(str(path)) == len('{"_ng_task_index": 7, "_ng_rol')
+    index = ResumeIndex.from_file(str(path), repeats=2)
+    assert index.count == 6
+    assert (5, 1) in index
+    assert (7, 0) not in index
+    assert (9, 2) not in index
+    index.add("odd-index", 0)
+    assert ("odd-index", 0) in index
+
+
+class ChunkedReads:
+    """Stands in for os.read: hands out predetermined chunks, then EOF."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = list(chunks)
+
+    def __call__(self, fd: int, size: int) -> bytes:
+        return self.chunks.pop(0) if self.chunks else b""
+
+
+LINES = st.lists(
+    st.one_of(
+        st.just(b'{"responses_create_params": {"input": "x"}}'),
+        st.just(b""),
+        st.just(b"   "),
+        st.just(b"{bad"),
+        st.just(b"[1]"),
+        st.just(b'{"a": "\xff"}'),
+        st.just(b'{"responses_create_params": {"input": "' + b"y" * 80 + b'"}}'),  # over the limit
+        st.binary(max_size=30).filter(lambda b: b"\n" not in b),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=LINES, cuts=st.lists(st.integers(min_value=0, max_value=2000), max_size=20), newline_at_end=st.booleans())
+def test_any_chunking_gives_the_same_jobs_and_line_numbers(lines: list[bytes], cuts: list[int], newline_at_end: bool):
+    data = b"\n".join(lines) + (b"\n" if newline_at_end and lines else b"")
+    points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
+    chunks = [data[a:b] for a, b in zip(points, points[1:], strict=False) if b > a]
+
+    async def plan() -> list[tuple[int, int, bool]]:
+        reader = LineReader(["-"], max_line_bytes=64, read=ChunkedReads(chunks))
+        planner = Planner(reader, Config(url="http://h/run", repeats=2))
+        jobs = []
+        while (job := await planner.next_job()) is not None:
+            jobs.append((job.line, job.task_index, job.rollout_index, job.failure is None))
+        return jobs
+
+    jobs = trio.run(plan)
+    expected = []
+    task = 0
+    for number, line in enumerate(data.split(b"\n") if data else [], start=1):
+        if not line.strip() or (number == len(data.split(b"\n")) and not line):
+            continue
+        ok = len(line) <= 64 and isinstance(parse_row(line.strip()), dict)
+        expected += [(number, task, 0, ok), (number, task, 1, ok)]
+        task += 1
+    assert jobs == expected
