@@ -65,7 +65,9 @@ def test_chaos_run_loses_and_duplicates_nothing(tmp_path, start_demo):
 
 
 def test_sigkill_then_resume_completes_without_duplicates(tmp_path, demo_server: DemoServer):
-    rows = [{"id": i, "responses_create_params": {"input": "x" * (i % 3)}, "demo": {"latency": 0.02}} for i in range(400)]
+    rows = [
+        {"id": i, "responses_create_params": {"input": "x" * (i % 3)}, "demo": {"latency": 0.02}} for i in range(400)
+    ]
     data = tmp_path / "rows.jsonl"
     data.write_text(rows_jsonl(rows))
     out = tmp_path / "out.jsonl"
@@ -95,7 +97,9 @@ def test_sigkill_then_resume_completes_without_duplicates(tmp_path, demo_server:
 
 def test_max_failures_stops_early(start_demo):
     server = start_demo("--fail-rate", "1.0")
-    proc = run(["-u", server.url, "-j", "4", "--retries", "0", "--max-failures", "5"], input=rows_jsonl(simple_rows(2000)))
+    proc = run(
+        ["-u", server.url, "-j", "4", "--retries", "0", "--max-failures", "5"], input=rows_jsonl(simple_rows(2000))
+    )
     assert proc.returncode == 1
     assert "--max-failures 5" in proc.stderr.decode()
     figures = summary_of(proc.stderr)["rollfilter"]
@@ -105,7 +109,9 @@ def test_max_failures_stops_early(start_demo):
 
 def test_max_failures_as_a_rate(start_demo):
     server = start_demo("--fail-rate", "0.5", "--seed", "3")
-    proc = run(["-u", server.url, "-j", "4", "--retries", "0", "--max-failures", "10%"], input=rows_jsonl(simple_rows(2000)))
+    proc = run(
+        ["-u", server.url, "-j", "4", "--retries", "0", "--max-failures", "10%"], input=rows_jsonl(simple_rows(2000))
+    )
     assert proc.returncode == 1
     assert "--max-failures 10%" in proc.stderr.decode()
     assert server.stats()["requests"] < 200
@@ -135,7 +141,9 @@ def test_status_not_in_retry_set_is_not_retried(demo_server: DemoServer):
 
 def test_dead_agent_fails_with_connect_after_retries(tmp_path):
     errors = tmp_path / "errors.jsonl"
-    proc = run(["-u", "http://127.0.0.1:9", "--retries", "1", "--errors", str(errors)], input=rows_jsonl(simple_rows(3)))
+    proc = run(
+        ["-u", "http://127.0.0.1:9", "--retries", "1", "--errors", str(errors)], input=rows_jsonl(simple_rows(3))
+    )
     assert proc.returncode == 1
     records = read_jsonl(errors)
     assert [r["error"]["kind"] for r in records] == ["connect"] * 3

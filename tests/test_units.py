@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
-from email.utils import format_datetime
 from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 from typing import Any
 
 import httpx
@@ -234,7 +235,7 @@ LINES = st.lists(
 def test_any_chunking_gives_the_same_jobs_and_line_numbers(lines: list[bytes], cuts: list[int], newline_at_end: bool):
     data = b"\n".join(lines) + (b"\n" if newline_at_end and lines else b"")
     points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
-    chunks = [data[a:b] for a, b in zip(points, points[1:], strict=False) if b > a]
+    chunks = [data[a:b] for a, b in itertools.pairwise(points) if b > a]
 
     async def plan() -> list[tuple[int, int, bool]]:
         reader = LineReader(["-"], max_line_bytes=64, read=ChunkedReads(chunks))
