@@ -19,7 +19,7 @@ import msgspec
 import trio
 
 from rollfilter import demo as demo_agent
-from rollfilter.client import AgentClient, Router
+from rollfilter.client import AgentClient, Router, request_headers
 from rollfilter.config import Config
 from rollfilter.dispatch import Engine, Release, RunControl
 from rollfilter.errors import ExitStatus, UsageError
@@ -188,7 +188,9 @@ async def _run_open(
 ) -> ExitStatus:
     control = RunControl()
     metrics = Metrics()
-    transport = transport_for(verify=not config.insecure, connect_timeout=config.connect_timeout)
+    transport = transport_for(
+        verify=not config.insecure, connect_timeout=config.connect_timeout, headers=request_headers(config)
+    )
     results = BatchWriter(out_fd, on_closed_output=lambda: control.stop(ExitStatus.BROKEN_PIPE))
     errors = BatchWriter(err_fd)
     sink = LineSink(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import email.utils
+import http
 import math
 import random
 import time
@@ -22,6 +23,7 @@ from rollfilter import __version__
 from rollfilter.config import Config
 from rollfilter.errors import ErrorKind
 from rollfilter.outcome import RowFailure
+from rollfilter.transport import HTTP11Transport
 
 BACKOFF_BASE = 0.5  # seconds before the first retry (times full jitter)
 BACKOFF_CAP = 30.0  # the longest jittered pause between two attempts
@@ -127,17 +129,27 @@ def backoff_delay(attempt: int, rng: random.Random, retry_after: float | None = 
 Success = tuple[dict[str, Any], int]  # the agent's JSON object and the attempts it took
 
 
-class AgentClient:
-    """POSTs rows to agents through an httpx transport, retrying what is worth retrying.
+def request_headers(config: Config) -> list[tuple[str, str]]:
+    """The headers sent with every row: JSON, our User-Agent, then the user's -H."""
+    return [
+        ("Content-Type", "application/json"),
+        ("Accept", "application/json"),
+        ("User-Agent", f"rollfilter/{__version__}"),
+        *config.headers,
+    ]
 
-    The transport is owned by the caller. `on_retry(job_label, failure, delay)` is called
-    before each pause, for counting and -v output.
+
+class AgentClient:
+    """POSTs rows to agents through the transport, retrying what is worth retrying.
+
+    The transport (which carries the request headers) is owned by the caller.
+    `on_retry(failure, delay)` is called before each pause, for counting and -v output.
     """
 
     def __init__(
         self,
         config: Config,
-        transport: httpx.AsyncBaseTransport,
+        transport: HTTP11Transport,
         *,
         rng: random.Random | None = None,
         on_retry: Callable[[RowFailure, float], None] | None = None,
@@ -148,12 +160,6 @@ class AgentClient:
         self._timeout = config.timeout if config.timeout is not None else math.inf
         self._rng = rng or random.Random()
         self._on_retry = on_retry
-        self._headers = [
-            ("Content-Type", "application/json"),
-            ("Accept", "application/json"),
-            ("User-Agent", f"rollfilter/{__version__}"),
-            *config.headers,
-        ]
 
     async def run(self, body: bytes, agent: Agent) -> Success | RowFailure:
         """Send one rollout until it succeeds or its retries are spent."""
@@ -169,7 +175,8 @@ class AgentClient:
             finally:
                 replica.outstanding -= 1
             if not isinstance(outcome, RowFailure):
-                replica.connection_worked()
+                if replica.cooldown:
+                    replica.connection_worked()
                 return outcome, attempt
             replica.failures += 1
             if outcome.kind is ErrorKind.CONNECT:
@@ -183,37 +190,39 @@ class AgentClient:
             await trio.sleep(delay)
 
     async def _attempt(self, url: httpx.URL, body: bytes) -> tuple[dict[str, Any] | RowFailure, float | None]:
-        request = httpx.Request("POST", url, headers=self._headers, content=body)
         with trio.move_on_after(self._timeout) as scope:
             try:
-                response = await self._transport.handle_async_request(request)
-            except httpx.ConnectTimeout as exc:
-                return RowFailure(ErrorKind.CONNECT, f"cannot connect to {_origin(url)}: {exc}", retryable=True), None
-            except httpx.ConnectError as exc:
+                reply = await self._transport.post(url, body)
+            except (httpx.ConnectTimeout, httpx.ConnectError) as exc:
                 return RowFailure(ErrorKind.CONNECT, f"cannot connect to {_origin(url)}: {exc}", retryable=True), None
             except httpx.TransportError as exc:
                 return RowFailure(ErrorKind.CONNECT, f"{_origin(url)}: {exc}", retryable=True), None
         if scope.cancelled_caught:
-            return RowFailure(
-                ErrorKind.TIMEOUT, f"no answer within --timeout {self._timeout:g} s", retryable=True
-            ), None
-        status = response.status_code
-        content = response.content
+            message = f"no answer within --timeout {self._timeout:g} s"
+            return RowFailure(ErrorKind.TIMEOUT, message, retryable=True), None
+        status = reply.status
+        content = reply.body
         if status == 200:
             try:
                 result = _decode(content)
             except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-                return RowFailure(
-                    ErrorKind.BAD_RESPONSE, f"200 with a body that is not JSON: {_snippet(content)}", status
-                ), None
+                message = f"200 with a body that is not JSON: {_snippet(content)}"
+                return RowFailure(ErrorKind.BAD_RESPONSE, message, status), None
             if not isinstance(result, dict):
                 return RowFailure(ErrorKind.BAD_RESPONSE, "200 with a JSON body that is not an object", status), None
             return result, None
         retryable = status in self._retry_statuses
-        retry_after = parse_retry_after(response.headers.get("retry-after")) if retryable else None
-        reason = response.reason_phrase or "error"
-        message = f"HTTP {status} {reason}" + (f": {_snippet(content)}" if content else "")
+        retry_header = reply.header(b"retry-after") if retryable else None
+        retry_after = parse_retry_after(retry_header.decode("latin-1")) if retry_header else None
+        message = f"HTTP {status} {_reason_phrase(status)}" + (f": {_snippet(content)}" if content else "")
         return RowFailure(ErrorKind.HTTP_STATUS, message, status, retryable=retryable), retry_after
+
+
+def _reason_phrase(status: int) -> str:
+    try:
+        return http.HTTPStatus(status).phrase
+    except ValueError:
+        return "error"
 
 
 def _origin(url: httpx.URL) -> str:

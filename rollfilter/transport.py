@@ -1,11 +1,14 @@
-"""An httpx transport that keeps plain h11 connections on trio, one per request in flight.
+"""HTTP/1.1 for rollfilter: an httpx transport with an O(1) keep-alive stack per origin.
 
-httpx's default pool (httpcore) scans its connections on every request, so its cost
-grows with the pool: at 1,000 rows in flight it served ~30 rows/s where aiohttp served
-~900 (shared/field-notes.md). Here each origin keeps a stack of idle connections:
-taking one or giving it back is O(1), a request never waits for a pool slot (there
-is no cap; the run's concurrency bounds the connections), and a request cancelled
-mid-flight closes its connection instead of leaking a slot (httpcore #1093).
+Why not httpx's own pool: httpcore scans its connections on every request, so its cost
+grows with the pool (at 1,000 rows in flight it served ~30 rows/s where aiohttp served
+~900, shared/field-notes.md), and a request cancelled while the pool is full can leak a
+slot for good (httpcore #1093). Here each origin keeps a stack of idle connections;
+taking one or giving it back is O(1), no request ever waits for a slot (the run's
+concurrency bounds the connections), and a cancelled request closes its connection.
+
+Responses are parsed by llhttp (httptools, the parser under uvicorn): parsing with h11
+cost about as much CPU as everything else in a row's life together.
 """
 
 from __future__ import annotations
@@ -14,23 +17,65 @@ import select
 import ssl
 from typing import Any
 
-import h11
+import httptools
 import httpx
 import trio
 
 RECEIVE_BYTES = 64 * 1024
-MAX_HEADER_BYTES = 1024 * 1024  # h11's 16 KiB default refuses some proxies' headers
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 Origin = tuple[str, str, int]
 
 
+class Reply:
+    """One parsed response: status, raw headers, the whole body."""
+
+    __slots__ = ("_chunks", "body", "complete", "framed", "headers", "keep_alive", "parser", "status")
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.on_message_begin()
+
+    # httptools parser callbacks
+    def on_message_begin(self) -> None:
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self._chunks: list[bytes] = []
+        self.body = b""
+        self.complete = False
+        self.keep_alive = False
+        self.framed = False  # Content-Length or chunked: the end is known without EOF
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+        lower = name.lower()
+        if lower in (b"content-length", b"transfer-encoding"):
+            self.framed = True
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+
+    def on_body(self, data: bytes) -> None:
+        self._chunks.append(data)
+
+    def on_message_complete(self) -> None:
+        self.body = b"".join(self._chunks)
+        self.complete = True
+        # llhttp forgets this once feed_data() returns.
+        self.keep_alive = self.parser.should_keep_alive()
+
+    def header(self, name: bytes) -> bytes | None:
+        for key, value in self.headers:
+            if key.lower() == name:
+                return value
+        return None
+
+
 class _Connection:
-    __slots__ = ("h11", "socket", "stream")
+    __slots__ = ("socket", "stream")
 
     def __init__(self, stream: trio.abc.Stream, socket: trio.socket.SocketType) -> None:
         self.stream = stream
         self.socket = socket
-        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEADER_BYTES)
 
     def is_stale(self) -> bool:
         # An idle keep-alive connection has nothing to read; readable means the server
@@ -41,76 +86,97 @@ class _Connection:
             return True
         return bool(readable)
 
-    async def exchange(
-        self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes
-    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        conn = self.h11
-        out = conn.send(h11.Request(method=method, target=target, headers=headers))
-        assert out is not None
-        data = conn.send(h11.Data(data=body)) if body else b""
-        end = conn.send(h11.EndOfMessage())
-        await self.stream.send_all(b"".join((out, data or b"", end or b"")))
-        status = 0
-        response_headers: list[tuple[bytes, bytes]] = []
-        chunks: list[bytes] = []
+    async def exchange(self, request: bytes) -> tuple[Reply, bool]:
+        """Send one whole request; return the reply and whether the connection can be reused."""
+        await self.stream.send_all(request)
+        reply = Reply()
+        parser = reply.parser
         while True:
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                conn.receive_data(bytes(await self.stream.receive_some(RECEIVE_BYTES)))
-            elif isinstance(event, h11.Response):
-                status = event.status_code
-                response_headers = list(event.headers)
-            elif isinstance(event, h11.Data):
-                chunks.append(bytes(event.data))
-            elif isinstance(event, h11.EndOfMessage):
-                return status, response_headers, b"".join(chunks)
-            elif isinstance(event, h11.ConnectionClosed):
-                raise h11.RemoteProtocolError("server closed the connection without a full response")
-            # InformationalResponse (100 Continue and the like): keep reading.
-
-    def reusable(self) -> bool:
-        if self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE:
-            self.h11.start_next_cycle()
-            return True
-        return False
+            data = await self.stream.receive_some(RECEIVE_BYTES)
+            if not data:
+                if reply.status and not reply.framed and not reply.complete:
+                    reply.on_message_complete()  # a body delimited by the connection's end
+                    return reply, False
+                if not reply.complete:
+                    raise httpx.RemoteProtocolError("server closed the connection without a full response")
+            try:
+                parser.feed_data(data)
+            except httptools.HttpParserError as exc:
+                raise httpx.RemoteProtocolError(f"malformed response: {exc}") from None
+            if reply.complete:
+                if 100 <= reply.status < 200:  # 100 Continue and the like: the answer follows
+                    reply.on_message_begin()
+                    continue
+                return reply, reply.keep_alive
 
 
-class H11Transport(httpx.AsyncBaseTransport):
-    """HTTP/1.1 over trio for httpx requests, with an O(1) keep-alive stack per origin.
+class HTTP11Transport(httpx.AsyncBaseTransport):
+    """HTTP/1.1 over trio with a keep-alive stack per origin; reads whole bodies.
 
-    The whole response body is read before returning (agent results are one JSON
-    object). Errors are httpx's: ConnectError, ConnectTimeout, ReadError, WriteError,
-    RemoteProtocolError. `connect_timeout` bounds TCP connect plus the TLS handshake;
-    the caller bounds the whole request with a trio cancel scope.
+    `post` is the fast path the client uses: the request head for a URL is built once.
+    `handle_async_request` serves any httpx request the same way. Errors are httpx's:
+    ConnectError, ConnectTimeout, ReadError, RemoteProtocolError. `connect_timeout`
+    bounds TCP connect plus the TLS handshake; the caller bounds the whole request.
     """
 
-    def __init__(self, *, ssl_context: ssl.SSLContext | None = None, connect_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        connect_timeout: float = 10.0,
+        headers: list[tuple[str, str]] | None = None,
+    ) -> None:
         self._ssl_context = ssl_context
         self._connect_timeout = connect_timeout
+        self._default_headers = "".join(f"{name}: {value}\r\n" for name, value in headers or ()).encode("latin-1")
+        self._heads: dict[httpx.URL, tuple[Origin, bytes]] = {}
         self._idle: dict[Origin, list[_Connection]] = {}
         self._closed = False
 
+    async def post(self, url: httpx.URL, body: bytes) -> Reply:
+        """POST `body` (JSON) to `url` with the transport's headers; the whole reply."""
+        cached = self._heads.get(url)
+        if cached is None:
+            cached = self._heads[url] = (_origin(url), self._head(b"POST", url, self._default_headers))
+        origin, head = cached
+        request = b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body)
+        return await self._round_trip(origin, request)
+
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
-        scheme = url.scheme
-        origin = (scheme, url.host, url.port or _DEFAULT_PORTS[scheme])
+        body = await request.aread()
+        extra = "".join(
+            f"{name.decode('latin-1')}: {value.decode('latin-1')}\r\n"
+            for name, value in request.headers.raw
+            if name.lower() not in (b"host", b"content-length", b"transfer-encoding")
+        ).encode("latin-1")
+        head = self._head(request.method.encode(), url, extra)
+        reply = await self._round_trip(_origin(url), b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body))
+        return httpx.Response(reply.status, headers=reply.headers, content=reply.body, request=request)
+
+    @staticmethod
+    def _head(method: bytes, url: httpx.URL, headers: bytes) -> bytes:
+        host = url.host.encode("idna") if not url.host.isascii() else url.host.encode()
+        if ":" in url.host:
+            host = b"[" + host + b"]"
+        if url.port is not None:
+            host += b":%d" % url.port
+        return b"%s %s HTTP/1.1\r\nHost: %s\r\n%s" % (method, url.raw_path, host, headers)
+
+    async def _round_trip(self, origin: Origin, request: bytes) -> Reply:
         conn = self._take_idle(origin) or await self._connect(origin)
-        body = request.content
         try:
-            status, headers, content = await conn.exchange(
-                request.method.encode(), url.raw_path, request.headers.raw, body
-            )
+            reply, reusable = await conn.exchange(request)
         except BaseException as exc:
             await trio.aclose_forcefully(conn.stream)
-            translated = _as_httpx_error(exc, request)
-            if translated is exc:
-                raise
-            raise translated from exc
-        if conn.reusable() and not self._closed:
+            if isinstance(exc, (trio.BrokenResourceError, trio.ClosedResourceError, OSError)):
+                raise httpx.ReadError(f"connection lost: {_reason(exc)}") from None
+            raise
+        if reusable and not self._closed:
             self._idle.setdefault(origin, []).append(conn)
         else:
             await trio.aclose_forcefully(conn.stream)
-        return httpx.Response(status, headers=headers, content=content, request=request)
+        return reply
 
     def _take_idle(self, origin: Origin) -> _Connection | None:
         stack = self._idle.get(origin)
@@ -139,7 +205,7 @@ class H11Transport(httpx.AsyncBaseTransport):
         except trio.TooSlowError:
             raise httpx.ConnectTimeout(f"connecting took over {self._connect_timeout:g} s") from None
         except (OSError, trio.BrokenResourceError, ssl.SSLError) as exc:
-            raise httpx.ConnectError(_reason(exc)) from exc
+            raise httpx.ConnectError(_reason(exc)) from None
         return _Connection(stream, tcp.socket)
 
     async def aclose(self) -> None:
@@ -150,28 +216,26 @@ class H11Transport(httpx.AsyncBaseTransport):
         self._idle.clear()
 
 
+def _origin(url: httpx.URL) -> Origin:
+    scheme = url.scheme
+    return scheme, url.host, url.port or _DEFAULT_PORTS[scheme]
+
+
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
-    cause = exc.__cause__
+    cause = exc.__cause__ or exc.__context__
     if isinstance(cause, OSError) and cause.strerror:
         return cause.strerror
     return str(exc) or type(exc).__name__
 
 
-def _as_httpx_error(exc: BaseException, request: httpx.Request) -> BaseException:
-    """Translate what a connection can raise into httpx's exceptions; let the rest through."""
-    if isinstance(exc, h11.RemoteProtocolError):
-        return httpx.RemoteProtocolError(str(exc) or "protocol error", request=request)
-    if isinstance(exc, (trio.BrokenResourceError, trio.ClosedResourceError, OSError)):
-        return httpx.ReadError(f"connection lost: {_reason(exc)}", request=request)
-    return exc
-
-
-def transport_for(*, verify: bool, connect_timeout: float, **_: Any) -> H11Transport:
+def transport_for(
+    *, verify: bool, connect_timeout: float, headers: list[tuple[str, str]] | None = None, **_: Any
+) -> HTTP11Transport:
     """The transport rollfilter sends through, with TLS verification as asked."""
     context = ssl.create_default_context()
     if not verify:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
-    return H11Transport(ssl_context=context, connect_timeout=connect_timeout)
+    return HTTP11Transport(ssl_context=context, connect_timeout=connect_timeout, headers=headers)
