@@ -44,17 +44,6 @@ class LatencyHistogram:
         return self.max
 
 
-def numeric_value(value: Any) -> float | None:
-    """The value a result field adds to a mean: numbers and booleans (as 0/1), finite only."""
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, int):
-        return float(value)
-    if isinstance(value, float) and math.isfinite(value):
-        return value
-    return None
-
-
 class Metrics:
     """What happened in a run, fed row by row by the dispatcher."""
 
@@ -81,10 +70,16 @@ class Metrics:
         self.latency.add(latency)
         sums, counts = self._sums, self._counts
         for key, value in result.items():
-            number = numeric_value(value)
-            if number is not None and not key.startswith("_ng_"):
-                sums[key] = sums.get(key, 0.0) + number
-                counts[key] = counts.get(key, 0) + 1
+            kind = type(value)  # exact types: msgspec gives plain bool, int, float
+            if kind is float:
+                if not math.isfinite(value):
+                    continue
+            elif kind is not int and kind is not bool:
+                continue
+            if key.startswith("_ng_"):
+                continue
+            sums[key] = sums.get(key, 0.0) + value
+            counts[key] = counts.get(key, 0) + 1
 
     def add_failure(self, failure: RowFailure) -> None:
         self.failed += 1

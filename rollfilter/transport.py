@@ -22,6 +22,7 @@ import httpx
 import trio
 
 RECEIVE_BYTES = 64 * 1024
+FRESH_SECONDS = 0.5
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 Origin = tuple[str, str, int]
 
@@ -71,15 +72,20 @@ class Reply:
 
 
 class _Connection:
-    __slots__ = ("socket", "stream")
+    __slots__ = ("idle_since", "socket", "stream")
 
     def __init__(self, stream: trio.abc.Stream, socket: trio.socket.SocketType) -> None:
         self.stream = stream
         self.socket = socket
+        self.idle_since = 0.0
 
-    def is_stale(self) -> bool:
+    def is_stale(self, now: float) -> bool:
         # An idle keep-alive connection has nothing to read; readable means the server
-        # closed it (or sent junk). One zero-timeout select() beats a failed request.
+        # closed it (or sent junk). One zero-timeout select() beats a failed request,
+        # but servers close idle connections after seconds, not milliseconds: a
+        # connection idle for less than FRESH_SECONDS is not worth the system call.
+        if now - self.idle_since < FRESH_SECONDS:
+            return False
         try:
             readable, _, _ = select.select([self.socket.fileno()], [], [], 0)
         except (OSError, ValueError):
@@ -173,6 +179,7 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
                 raise httpx.ReadError(f"connection lost: {_reason(exc)}") from None
             raise
         if reusable and not self._closed:
+            conn.idle_since = trio.current_time()
             self._idle.setdefault(origin, []).append(conn)
         else:
             await trio.aclose_forcefully(conn.stream)
@@ -180,9 +187,10 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
 
     def _take_idle(self, origin: Origin) -> _Connection | None:
         stack = self._idle.get(origin)
+        now = trio.current_time() if stack else 0.0
         while stack:
             conn = stack.pop()
-            if not conn.is_stale():
+            if not conn.is_stale(now):
                 return conn
             conn.socket.close()
         return None

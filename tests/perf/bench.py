@@ -1,0 +1,322 @@
+"""rollfilter against a NeMo Gym-style reference collector, side by side, in one run.
+
+    pip install -e '.[test,bench]' && python tests/perf/bench.py [--quick] [--json FILE]
+
+Each client runs pinned to core 0 and the demo agent, in its own process, to core 1
+(on a machine with one core both share it). The runs of rollfilter and of the reference
+alternate. Each scenario's medians go into a table with their ratios and targets, and the
+whole run is written as JSON (default tests/perf/results.json). Only loopback addresses
+are used, and every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import select
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REFERENCE = HERE / "reference_collector.py"
+RUN_TIMEOUT = 1800  # seconds: no single client run may take longer
+
+
+def pinned(core: int) -> list[str]:
+    if shutil.which("taskset") and (os.cpu_count() or 1) > core:
+        return ["taskset", "-c", str(core)]
+    return []
+
+
+def rollfilter_cmd() -> list[str]:
+    script = Path(sys.executable).parent / "rollfilter"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "rollfilter"]
+
+
+class Agent:
+    """The demo agent in its own process on 127.0.0.1."""
+
+    def __init__(self, latency: float) -> None:
+        self.process = subprocess.Popen(
+            [*pinned(1), sys.executable, "-m", "rollfilter.demo", "--port", "0", "--latency", str(latency)],
+            stderr=subprocess.PIPE,
+        )
+        assert self.process.stderr is not None
+        line = self.process.stderr.readline().decode()
+        if "listening on" not in line:
+            raise SystemExit(f"the demo agent did not start: {line!r}")
+        self.base = line.rsplit(" ", 1)[1].strip()
+        self.url = self.base + "/run"
+
+    def requests(self) -> int:
+        with urllib.request.urlopen(self.base + "/stats", timeout=30) as response:  # noqa: S310 - loopback
+            return int(json.load(response)["requests"])
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait(timeout=30)
+
+
+@dataclass
+class Measure:
+    wall_s: float
+    cpu_s: float
+    peak_rss_mb: float
+    rows: int
+
+
+def run_client(argv: Sequence[str], *, stdin_path: Path | None = None, output: Path | None = None) -> Measure:
+    """Run one client to its end: wall time, and its own CPU and peak RSS from wait4()."""
+    stdin = open(stdin_path, "rb") if stdin_path else subprocess.DEVNULL  # noqa: SIM115
+    try:
+        start = time.monotonic()
+        process = subprocess.Popen([*pinned(0), *argv], stdin=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        assert process.stderr is not None
+        stderr = process.stderr.read()
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while True:
+            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                process.kill()
+                raise SystemExit(f"{argv[0]} ran over {RUN_TIMEOUT} s")
+            time.sleep(0.005)
+        wall = time.monotonic() - start
+        process.returncode = os.waitstatus_to_exitcode(status)
+        process.stderr.close()
+    finally:
+        if stdin_path:
+            stdin.close()  # type: ignore[union-attr]
+    if process.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({process.returncode}): {stderr.decode()[-500:]}")
+    rows = sum(1 for _ in open(output, "rb")) if output else 0
+    return Measure(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, rows)
+
+
+def make_rows(path: Path, n: int) -> Path:
+    if not path.exists():
+        with open(path, "w") as file:
+            for i in range(n):
+                # ~100 bytes, as in shared/field-notes.md
+                file.write(f'{{"responses_create_params": {{"input": "task {i:08d} {"x" * (i % 7)}"}}, "id": {i}}}\n')
+    return path
+
+
+@dataclass
+class Row:
+    scenario: str
+    metric: str
+    rollfilter: float | None
+    reference: float | None
+    target: str
+    passed: bool | None
+    runs: dict[str, list[float]] = field(default_factory=dict)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+class Bench:
+    def __init__(self, workdir: Path, runs: int, quick: bool) -> None:
+        self.workdir = workdir
+        self.runs = runs
+        self.quick = quick
+        self.rows: list[Row] = []
+
+    def out(self, name: str) -> Path:
+        path = self.workdir / name
+        path.unlink(missing_ok=True)
+        return path
+
+    def rf(self, agent: Agent, concurrency: int, data: Path | None, extra: Sequence[str] = (), stdin: Path | None = None) -> Measure:
+        output = self.out("rf.jsonl")
+        argv = [*rollfilter_cmd(), "-q", "-u", agent.url, "-j", str(concurrency), "-o", str(output), *extra]
+        if data:
+            argv.append(str(data))
+        return run_client(argv, stdin_path=stdin, output=output)
+
+    def ref(self, agent: Agent, concurrency: int, data: Path | None, stdin: Path | None = None) -> Measure:
+        output = self.out("ref.jsonl")
+        argv = [sys.executable, str(REFERENCE), agent.url, str(data) if data else "-", str(output), str(concurrency)]
+        return run_client(argv, stdin_path=stdin, output=output)
+
+    def alternate(self, clients: dict[str, Callable[[], Measure]], runs: int) -> dict[str, list[Measure]]:
+        results: dict[str, list[Measure]] = {name: [] for name in clients}
+        for _ in range(runs):
+            for name, client in clients.items():
+                measure = client()
+                results[name].append(measure)
+                print(f"    {name}: {measure.rows} rows, {measure.wall_s:.2f} s, cpu {measure.cpu_s:.2f} s, "
+                      f"rss {measure.peak_rss_mb:.0f} MB", file=sys.stderr)  # fmt: skip
+        return results
+
+    def overhead(self) -> None:
+        n = 5_000 if self.quick else 20_000
+        data = make_rows(self.workdir / f"rows-{n}.jsonl", n)
+        agent = Agent(latency=0.0)
+        try:
+            print(f"overhead: instant agent, {n} rows, -j 64", file=sys.stderr)
+            results = self.alternate(
+                {
+                    "rollfilter": lambda: self.rf(agent, 64, data),
+                    "rollfilter --ordered": lambda: self.rf(agent, 64, data, ["--ordered"]),
+                    "reference": lambda: self.ref(agent, 64, data),
+                },
+                self.runs,
+            )
+        finally:
+            agent.stop()
+        ref_rate = median([n / m.wall_s for m in results["reference"]])
+        ref_cpu = median([m.cpu_s for m in results["reference"]])
+        for name in ("rollfilter", "rollfilter --ordered"):
+            rate = median([n / m.wall_s for m in results[name]])
+            cpu = median([m.cpu_s for m in results[name]])
+            self.rows.append(Row(f"overhead ({name})", "rows/s", rate, ref_rate, ">= 1.0x reference", rate >= ref_rate,
+                                 {name: [n / m.wall_s for m in results[name]], "reference": [n / m.wall_s for m in results["reference"]]}))  # fmt: skip
+            self.rows.append(Row(f"overhead ({name})", "CPU s (user+sys)", cpu, ref_cpu, "<= 1.0x reference", cpu <= ref_cpu,
+                                 {name: [m.cpu_s for m in results[name]], "reference": [m.cpu_s for m in results["reference"]]}))  # fmt: skip
+
+    def scale(self) -> None:
+        latency, concurrency = 2.0, 2000
+        n = 6_000 if self.quick else 20_000
+        data = make_rows(self.workdir / f"rows-{n}.jsonl", n)
+        ideal = concurrency / latency
+        agent = Agent(latency=latency)
+        try:
+            print(f"scale: {latency:g} s agent, {n} rows, -j {concurrency} (ideal {ideal:.0f} rows/s)", file=sys.stderr)
+            results = self.alternate(
+                {"rollfilter": lambda: self.rf(agent, concurrency, data), "reference": lambda: self.ref(agent, concurrency, data)},
+                max(1, self.runs - 1),
+            )
+        finally:
+            agent.stop()
+        rf = median([n / m.wall_s / ideal for m in results["rollfilter"]])
+        ref = median([n / m.wall_s / ideal for m in results["reference"]])
+        self.rows.append(Row("scale", "fraction of ideal rows/s", rf, ref, ">= 0.95 and >= reference", rf >= 0.95 and rf >= ref))
+
+    def memory(self) -> None:
+        sizes = (20_000, 200_000) if self.quick else (100_000, 1_000_000)
+        agent = Agent(latency=0.0)
+        try:
+            small = make_rows(self.workdir / f"rows-{sizes[0]}.jsonl", sizes[0])
+            large = make_rows(self.workdir / f"rows-{sizes[1]}.jsonl", sizes[1])
+            print(f"memory: {sizes[0]} and {sizes[1]} rows from stdin, -j 256", file=sys.stderr)
+            rf_small = self.rf(agent, 256, None, stdin=small)
+            rf_large = self.rf(agent, 256, None, stdin=large)
+            rf_ordered = self.rf(agent, 256, None, ["--ordered"], stdin=large)
+            ref_small = self.ref(agent, 256, None, stdin=small)
+        finally:
+            agent.stop()
+        for label, m in (("rollfilter", rf_small), ("rollfilter", rf_large), ("rollfilter --ordered", rf_ordered), ("reference", ref_small)):
+            print(f"    {label}: {m.rows} rows, peak RSS {m.peak_rss_mb:.1f} MB, {m.wall_s:.1f} s", file=sys.stderr)
+        self.rows.append(Row(f"memory {sizes[1]:,} rows", "peak RSS MB", rf_large.peak_rss_mb, None, "<= 100 MB", rf_large.peak_rss_mb <= 100))
+        self.rows.append(Row(f"memory {sizes[1]:,} rows --ordered", "peak RSS MB", rf_ordered.peak_rss_mb, None, "<= 100 MB", rf_ordered.peak_rss_mb <= 100))
+        growth = rf_large.peak_rss_mb / rf_small.peak_rss_mb
+        self.rows.append(Row(f"memory {sizes[0]:,} -> {sizes[1]:,} rows", "RSS growth (x)", growth, None, "<= 1.2x", growth <= 1.2))
+        self.rows.append(Row(f"memory {sizes[0]:,} rows", "peak RSS MB", rf_small.peak_rss_mb, ref_small.peak_rss_mb, "(reference holds all rows)", None))
+
+    def first_result(self) -> None:
+        agent = Agent(latency=0.0)
+        try:
+            delays = [self._first_result_delay(agent) for _ in range(self.runs)]
+        finally:
+            agent.stop()
+        value = median(delays)
+        self.rows.append(Row("first result", "s after first row written", value, None, "<= agent latency (0) + 0.2 s", value <= 0.2, {"rollfilter": delays}))
+
+    def _first_result_delay(self, agent: Agent) -> float:
+        process = subprocess.Popen([*pinned(0), *rollfilter_cmd(), "-q", "-u", agent.url], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert process.stdin is not None and process.stdout is not None
+        time.sleep(1.0)  # let it start: start-up is not what this measures
+        start = time.monotonic()
+        process.stdin.write(b'{"responses_create_params": {"input": "first"}}\n')
+        process.stdin.flush()
+        ready, _, _ = select.select([process.stdout], [], [], 3.0)
+        delay = time.monotonic() - start if ready else float("inf")
+        if ready:
+            process.stdout.readline()
+        time.sleep(max(0.0, 3.0 - (time.monotonic() - start)))
+        process.stdin.write(b'{"responses_create_params": {"input": "rest"}}\n' * 100)
+        process.stdin.close()
+        process.stdout.read()
+        process.stdout.close()
+        process.wait(timeout=60)
+        print(f"    first result after {delay:.3f} s", file=sys.stderr)
+        return delay
+
+    def early_exit(self) -> None:
+        n = 200_000 if self.quick else 1_000_000
+        concurrency = 64
+        data = make_rows(self.workdir / f"rows-{n}.jsonl", n)
+        agent = Agent(latency=0.0)
+        try:
+            exits, extra = [], []
+            for _ in range(self.runs):
+                before = agent.requests()
+                process = subprocess.Popen([*pinned(0), *rollfilter_cmd(), "-q", "-u", agent.url, "-j", str(concurrency), str(data)],
+                                           stdout=subprocess.PIPE)  # fmt: skip
+                assert process.stdout is not None
+                for _ in range(10):
+                    process.stdout.readline()
+                tenth = time.monotonic()
+                process.stdout.close()  # what `head -n 10` does
+                process.wait(timeout=60)
+                exits.append(time.monotonic() - tenth)
+                time.sleep(0.2)
+                extra.append(agent.requests() - before)
+                print(f"    exit {exits[-1]:.3f} s after the 10th result, {extra[-1]} requests, status {process.returncode}", file=sys.stderr)
+        finally:
+            agent.stop()
+        self.rows.append(Row("early exit (| head -n 10)", "s from 10th result to exit", median(exits), None, "<= 2 s", median(exits) <= 2, {"rollfilter": exits}))
+        self.rows.append(Row("early exit (| head -n 10)", "requests the agent received", max(extra), None,
+                             f"<= 10 + 2 x {concurrency}", max(extra) <= 10 + 2 * concurrency, {"rollfilter": extra}))  # fmt: skip
+
+
+def table(rows: list[Row]) -> str:
+    lines = ["| scenario | metric | rollfilter | reference | ratio | target | met |", "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        ratio = f"{row.rollfilter / row.reference:.2f}" if row.rollfilter is not None and row.reference else "-"
+        fmt = lambda v: "-" if v is None else f"{v:,.3f}" if v < 10 else f"{v:,.0f}"  # noqa: E731
+        met = {True: "yes", False: "NO", None: "-"}[row.passed]
+        lines.append(f"| {row.scenario} | {row.metric} | {fmt(row.rollfilter)} | {fmt(row.reference)} | {ratio} | {row.target} | {met} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smaller inputs, for a try-out (not the figures of record)")
+    parser.add_argument("--runs", type=int, default=3, help="alternating runs per client in each scenario")
+    parser.add_argument("--json", type=Path, default=HERE / "results.json", help="where to write the results")
+    parser.add_argument("--only", nargs="*", default=None, help="scenarios: overhead scale memory first_result early_exit")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="rollfilter-bench-") as tmp:
+        bench = Bench(Path(tmp), args.runs, args.quick)
+        for name in args.only or ["overhead", "scale", "memory", "first_result", "early_exit"]:
+            getattr(bench, name)()
+    text = table(bench.rows)
+    print(text)
+    args.json.write_text(json.dumps({
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "quick": args.quick, "runs": args.runs,
+        "rows": [row.__dict__ for row in bench.rows],
+        "table": text,
+    }, indent=2) + "\n")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
