@@ -28,7 +28,7 @@ from rollfilter.outcome import RowFailure
 from rollfilter.plan import ROLLOUT_INDEX, TASK_INDEX, Job, Planner, ResumeIndex, drop_torn_tail
 from rollfilter.sink import BatchWriter, Reorderer
 from rollfilter.source import LineReader, check_inputs
-from rollfilter.transport import transport_for
+from rollfilter.transport import HTTP11Transport
 
 _encode = msgspec.json.Encoder().encode
 APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT
@@ -188,7 +188,7 @@ async def _run_open(
 ) -> ExitStatus:
     control = RunControl()
     metrics = Metrics()
-    transport = transport_for(
+    transport = HTTP11Transport(
         verify=not config.insecure, connect_timeout=config.connect_timeout, headers=request_headers(config)
     )
     results = BatchWriter(out_fd, on_closed_output=lambda: control.stop(ExitStatus.BROKEN_PIPE))

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import http
 import random
 import sys
 from collections import Counter
 from typing import Any
 
-import h11
+import httptools
 import msgspec
 import trio
 
@@ -163,44 +164,66 @@ class DemoAgent:
         }
 
 
+class _Requests:
+    """httptools request-parser callbacks: collects whole requests as they complete."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpRequestParser(self)
+        self.done: list[tuple[str, str, bytes, bool]] = []  # method, path, body, keep-alive
+        self.expects_continue = False
+        self._url = b""
+        self._body: list[bytes] = []
+
+    def on_message_begin(self) -> None:
+        self._url = b""
+        self._body = []
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == b"expect" and value.lower() == b"100-continue":
+            self.expects_continue = True
+
+    def on_body(self, data: bytes) -> None:
+        self._body.append(data)
+
+    def on_message_complete(self) -> None:
+        method = self.parser.get_method().decode()
+        path = self._url.decode(errors="replace").split("?")[0]
+        self.done.append((method, path, b"".join(self._body), self.parser.should_keep_alive()))
+
+
+def _response(status: int, headers: list[tuple[str, str]], payload: bytes) -> bytes:
+    reason = http.HTTPStatus(status).phrase
+    if not any(name.lower() == "content-type" for name, _ in headers):
+        headers = [("Content-Type", "application/json"), *headers]
+    head = "".join(f"{name}: {value}\r\n" for name, value in headers)
+    return f"HTTP/1.1 {status} {reason}\r\n{head}Content-Length: {len(payload)}\r\n\r\n".encode() + payload
+
+
 async def _serve_connection(stream: trio.abc.Stream, agent: DemoAgent) -> None:
-    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=64 * 1024 * 1024)
+    requests = _Requests()
     try:
         while True:
-            method = path = ""
-            chunks: list[bytes] = []
-            while True:
-                event = conn.next_event()
-                if event is h11.NEED_DATA:
-                    conn.receive_data(bytes(await stream.receive_some(65536)))
-                elif isinstance(event, h11.Request):
-                    method, path = event.method.decode(), event.target.decode().split("?")[0]
-                elif isinstance(event, h11.Data):
-                    chunks.append(bytes(event.data))
-                elif isinstance(event, h11.EndOfMessage):
-                    break
-                elif isinstance(event, h11.ConnectionClosed):
+            data = await stream.receive_some(65536)
+            if not data:
+                return
+            requests.parser.feed_data(data)
+            if requests.expects_continue:
+                requests.expects_continue = False
+                await stream.send_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+            while requests.done:
+                method, path, body, keep_alive = requests.done.pop(0)
+                answer = await agent.answer(method, path, body)
+                if answer == "hang":
+                    await trio.sleep_forever()
+                if isinstance(answer, str):  # "drop"
                     return
-            answer = await agent.answer(method, path, b"".join(chunks))
-            if answer == "hang":
-                await trio.sleep_forever()
-            if isinstance(answer, str):  # "drop"
-                return
-            status, headers, payload = answer
-            all_headers = (
-                [("Content-Type", "application/json"), *headers]
-                if not any(k == "Content-Type" for k, _ in headers)
-                else headers
-            )
-            data = conn.send(
-                h11.Response(status_code=status, headers=[*all_headers, ("Content-Length", str(len(payload)))])
-            )
-            data += conn.send(h11.Data(data=payload)) + conn.send(h11.EndOfMessage())
-            await stream.send_all(data)
-            if conn.our_state is h11.MUST_CLOSE:
-                return
-            conn.start_next_cycle()
-    except (trio.BrokenResourceError, trio.ClosedResourceError, h11.RemoteProtocolError, OSError):
+                await stream.send_all(_response(*answer))
+                if not keep_alive:
+                    return
+    except (trio.BrokenResourceError, trio.ClosedResourceError, httptools.HttpParserError, OSError):
         return
     finally:
         await trio.aclose_forcefully(stream)

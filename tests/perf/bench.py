@@ -27,7 +27,6 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REFERENCE = HERE / "reference_collector.py"
@@ -61,7 +60,7 @@ class Agent:
         self.url = self.base + "/run"
 
     def requests(self) -> int:
-        with urllib.request.urlopen(self.base + "/stats", timeout=30) as response:  # noqa: S310 - loopback
+        with urllib.request.urlopen(self.base + "/stats", timeout=30) as response:
             return int(json.load(response)["requests"])
 
     def stop(self) -> None:
@@ -102,7 +101,7 @@ def run_client(argv: Sequence[str], *, stdin_path: Path | None = None, output: P
             stdin.close()  # type: ignore[union-attr]
     if process.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed ({process.returncode}): {stderr.decode()[-500:]}")
-    rows = sum(1 for _ in open(output, "rb")) if output else 0
+    rows = output.read_bytes().count(b"\n") if output else 0
     return Measure(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, rows)
 
 
@@ -142,7 +141,9 @@ class Bench:
         path.unlink(missing_ok=True)
         return path
 
-    def rf(self, agent: Agent, concurrency: int, data: Path | None, extra: Sequence[str] = (), stdin: Path | None = None) -> Measure:
+    def rf(
+        self, agent: Agent, concurrency: int, data: Path | None, extra: Sequence[str] = (), stdin: Path | None = None
+    ) -> Measure:
         output = self.out("rf.jsonl")
         argv = [*rollfilter_cmd(), "-q", "-u", agent.url, "-j", str(concurrency), "-o", str(output), *extra]
         if data:
@@ -160,8 +161,11 @@ class Bench:
             for name, client in clients.items():
                 measure = client()
                 results[name].append(measure)
-                print(f"    {name}: {measure.rows} rows, {measure.wall_s:.2f} s, cpu {measure.cpu_s:.2f} s, "
-                      f"rss {measure.peak_rss_mb:.0f} MB", file=sys.stderr)  # fmt: skip
+                print(
+                    f"    {name}: {measure.rows} rows, {measure.wall_s:.2f} s, cpu {measure.cpu_s:.2f} s, "
+                    f"rss {measure.peak_rss_mb:.0f} MB",
+                    file=sys.stderr,
+                )
         return results
 
     def overhead(self) -> None:
@@ -183,12 +187,12 @@ class Bench:
         ref_rate = median([n / m.wall_s for m in results["reference"]])
         ref_cpu = median([m.cpu_s for m in results["reference"]])
         for name in ("rollfilter", "rollfilter --ordered"):
-            rate = median([n / m.wall_s for m in results[name]])
-            cpu = median([m.cpu_s for m in results[name]])
-            self.rows.append(Row(f"overhead ({name})", "rows/s", rate, ref_rate, ">= 1.0x reference", rate >= ref_rate,
-                                 {name: [n / m.wall_s for m in results[name]], "reference": [n / m.wall_s for m in results["reference"]]}))  # fmt: skip
-            self.rows.append(Row(f"overhead ({name})", "CPU s (user+sys)", cpu, ref_cpu, "<= 1.0x reference", cpu <= ref_cpu,
-                                 {name: [m.cpu_s for m in results[name]], "reference": [m.cpu_s for m in results["reference"]]}))  # fmt: skip
+            rates = {label: [n / m.wall_s for m in results[label]] for label in (name, "reference")}
+            cpus = {label: [m.cpu_s for m in results[label]] for label in (name, "reference")}
+            rate, cpu = median(rates[name]), median(cpus[name])
+            scenario = f"overhead ({name})"
+            self.rows.append(Row(scenario, "rows/s", rate, ref_rate, ">= 1.0x reference", rate >= ref_rate, rates))
+            self.rows.append(Row(scenario, "CPU s (user+sys)", cpu, ref_cpu, "<= 1.0x reference", cpu <= ref_cpu, cpus))
 
     def scale(self) -> None:
         latency, concurrency = 2.0, 2000
@@ -199,14 +203,19 @@ class Bench:
         try:
             print(f"scale: {latency:g} s agent, {n} rows, -j {concurrency} (ideal {ideal:.0f} rows/s)", file=sys.stderr)
             results = self.alternate(
-                {"rollfilter": lambda: self.rf(agent, concurrency, data), "reference": lambda: self.ref(agent, concurrency, data)},
+                {
+                    "rollfilter": lambda: self.rf(agent, concurrency, data),
+                    "reference": lambda: self.ref(agent, concurrency, data),
+                },
                 max(1, self.runs - 1),
             )
         finally:
             agent.stop()
         rf = median([n / m.wall_s / ideal for m in results["rollfilter"]])
         ref = median([n / m.wall_s / ideal for m in results["reference"]])
-        self.rows.append(Row("scale", "fraction of ideal rows/s", rf, ref, ">= 0.95 and >= reference", rf >= 0.95 and rf >= ref))
+        self.rows.append(
+            Row("scale", "fraction of ideal rows/s", rf, ref, ">= 0.95 and >= reference", rf >= 0.95 and rf >= ref)
+        )
 
     def memory(self) -> None:
         sizes = (20_000, 200_000) if self.quick else (100_000, 1_000_000)
@@ -221,13 +230,47 @@ class Bench:
             ref_small = self.ref(agent, 256, None, stdin=small)
         finally:
             agent.stop()
-        for label, m in (("rollfilter", rf_small), ("rollfilter", rf_large), ("rollfilter --ordered", rf_ordered), ("reference", ref_small)):
+        for label, m in (
+            ("rollfilter", rf_small),
+            ("rollfilter", rf_large),
+            ("rollfilter --ordered", rf_ordered),
+            ("reference", ref_small),
+        ):
             print(f"    {label}: {m.rows} rows, peak RSS {m.peak_rss_mb:.1f} MB, {m.wall_s:.1f} s", file=sys.stderr)
-        self.rows.append(Row(f"memory {sizes[1]:,} rows", "peak RSS MB", rf_large.peak_rss_mb, None, "<= 100 MB", rf_large.peak_rss_mb <= 100))
-        self.rows.append(Row(f"memory {sizes[1]:,} rows --ordered", "peak RSS MB", rf_ordered.peak_rss_mb, None, "<= 100 MB", rf_ordered.peak_rss_mb <= 100))
+        self.rows.append(
+            Row(
+                f"memory {sizes[1]:,} rows",
+                "peak RSS MB",
+                rf_large.peak_rss_mb,
+                None,
+                "<= 100 MB",
+                rf_large.peak_rss_mb <= 100,
+            )
+        )
+        self.rows.append(
+            Row(
+                f"memory {sizes[1]:,} rows --ordered",
+                "peak RSS MB",
+                rf_ordered.peak_rss_mb,
+                None,
+                "<= 100 MB",
+                rf_ordered.peak_rss_mb <= 100,
+            )
+        )
         growth = rf_large.peak_rss_mb / rf_small.peak_rss_mb
-        self.rows.append(Row(f"memory {sizes[0]:,} -> {sizes[1]:,} rows", "RSS growth (x)", growth, None, "<= 1.2x", growth <= 1.2))
-        self.rows.append(Row(f"memory {sizes[0]:,} rows", "peak RSS MB", rf_small.peak_rss_mb, ref_small.peak_rss_mb, "(reference holds all rows)", None))
+        self.rows.append(
+            Row(f"memory {sizes[0]:,} -> {sizes[1]:,} rows", "RSS growth (x)", growth, None, "<= 1.2x", growth <= 1.2)
+        )
+        self.rows.append(
+            Row(
+                f"memory {sizes[0]:,} rows",
+                "peak RSS MB",
+                rf_small.peak_rss_mb,
+                ref_small.peak_rss_mb,
+                "(reference holds all rows)",
+                None,
+            )
+        )
 
     def first_result(self) -> None:
         agent = Agent(latency=0.0)
@@ -236,11 +279,24 @@ class Bench:
         finally:
             agent.stop()
         value = median(delays)
-        self.rows.append(Row("first result", "s after first row written", value, None, "<= agent latency (0) + 0.2 s", value <= 0.2, {"rollfilter": delays}))
+        self.rows.append(
+            Row(
+                "first result",
+                "s after first row written",
+                value,
+                None,
+                "<= agent latency (0) + 0.2 s",
+                value <= 0.2,
+                {"rollfilter": delays},
+            )
+        )
 
     def _first_result_delay(self, agent: Agent) -> float:
-        process = subprocess.Popen([*pinned(0), *rollfilter_cmd(), "-q", "-u", agent.url], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        assert process.stdin is not None and process.stdout is not None
+        process = subprocess.Popen(
+            [*pinned(0), *rollfilter_cmd(), "-q", "-u", agent.url], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        assert process.stdin is not None
+        assert process.stdout is not None
         time.sleep(1.0)  # let it start: start-up is not what this measures
         start = time.monotonic()
         process.stdin.write(b'{"responses_create_params": {"input": "first"}}\n')
@@ -267,8 +323,8 @@ class Bench:
             exits, extra = [], []
             for _ in range(self.runs):
                 before = agent.requests()
-                process = subprocess.Popen([*pinned(0), *rollfilter_cmd(), "-q", "-u", agent.url, "-j", str(concurrency), str(data)],
-                                           stdout=subprocess.PIPE)  # fmt: skip
+                argv = [*pinned(0), *rollfilter_cmd(), "-q", "-u", agent.url, "-j", str(concurrency), str(data)]
+                process = subprocess.Popen(argv, stdout=subprocess.PIPE)
                 assert process.stdout is not None
                 for _ in range(10):
                     process.stdout.readline()
@@ -278,12 +334,36 @@ class Bench:
                 exits.append(time.monotonic() - tenth)
                 time.sleep(0.2)
                 extra.append(agent.requests() - before)
-                print(f"    exit {exits[-1]:.3f} s after the 10th result, {extra[-1]} requests, status {process.returncode}", file=sys.stderr)
+                print(
+                    f"    exit {exits[-1]:.3f} s after the 10th result, {extra[-1]} requests,"
+                    f" status {process.returncode}",
+                    file=sys.stderr,
+                )
         finally:
             agent.stop()
-        self.rows.append(Row("early exit (| head -n 10)", "s from 10th result to exit", median(exits), None, "<= 2 s", median(exits) <= 2, {"rollfilter": exits}))
-        self.rows.append(Row("early exit (| head -n 10)", "requests the agent received", max(extra), None,
-                             f"<= 10 + 2 x {concurrency}", max(extra) <= 10 + 2 * concurrency, {"rollfilter": extra}))  # fmt: skip
+        self.rows.append(
+            Row(
+                "early exit (head -n 10)",
+                "s from 10th result to exit",
+                median(exits),
+                None,
+                "<= 2 s",
+                median(exits) <= 2,
+                {"rollfilter": exits},
+            )
+        )
+        bound = 10 + 2 * concurrency
+        self.rows.append(
+            Row(
+                "early exit (head -n 10)",
+                "requests the agent received",
+                max(extra),
+                None,
+                f"<= 10 + 2 x {concurrency}",
+                max(extra) <= bound,
+                {"rollfilter": extra},
+            )
+        )
 
 
 def table(rows: list[Row]) -> str:
@@ -292,16 +372,21 @@ def table(rows: list[Row]) -> str:
         ratio = f"{row.rollfilter / row.reference:.2f}" if row.rollfilter is not None and row.reference else "-"
         fmt = lambda v: "-" if v is None else f"{v:,.3f}" if v < 10 else f"{v:,.0f}"  # noqa: E731
         met = {True: "yes", False: "NO", None: "-"}[row.passed]
-        lines.append(f"| {row.scenario} | {row.metric} | {fmt(row.rollfilter)} | {fmt(row.reference)} | {ratio} | {row.target} | {met} |")
+        cells = [row.scenario, row.metric, fmt(row.rollfilter), fmt(row.reference), ratio, row.target, met]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="smaller inputs, for a try-out (not the figures of record)")
+    parser.add_argument(
+        "--quick", action="store_true", help="smaller inputs, for a try-out (not the figures of record)"
+    )
     parser.add_argument("--runs", type=int, default=3, help="alternating runs per client in each scenario")
     parser.add_argument("--json", type=Path, default=HERE / "results.json", help="where to write the results")
-    parser.add_argument("--only", nargs="*", default=None, help="scenarios: overhead scale memory first_result early_exit")
+    parser.add_argument(
+        "--only", nargs="*", default=None, help="scenarios: overhead scale memory first_result early_exit"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rollfilter-bench-") as tmp:
         bench = Bench(Path(tmp), args.runs, args.quick)
@@ -309,13 +394,24 @@ def main() -> None:
             getattr(bench, name)()
     text = table(bench.rows)
     print(text)
-    args.json.write_text(json.dumps({
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-        "quick": args.quick, "runs": args.runs,
-        "rows": [row.__dict__ for row in bench.rows],
-        "table": text,
-    }, indent=2) + "\n")  # fmt: skip
+    args.json.write_text(
+        json.dumps(
+            {
+                "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                "machine": {
+                    "cpus": os.cpu_count(),
+                    "python": platform.python_version(),
+                    "platform": platform.platform(),
+                },
+                "quick": args.quick,
+                "runs": args.runs,
+                "rows": [row.__dict__ for row in bench.rows],
+                "table": text,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":
