@@ -21,17 +21,20 @@ import trio
 from rollfilter import demo as demo_agent
 from rollfilter.client import AgentClient, Router, request_headers
 from rollfilter.config import Config
-from rollfilter.dispatch import Engine, Release, RunControl
-from rollfilter.errors import ExitStatus, UsageError
+from rollfilter.dispatch import Engine, Release, RunControl, reward_of
+from rollfilter.errors import ErrorKind, ExitStatus, ServiceError, UsageError
+from rollfilter.headserver import HeadServerAgents, fetch_agents, origin
 from rollfilter.metrics import Metrics
 from rollfilter.outcome import RowFailure
-from rollfilter.plan import ROLLOUT_INDEX, TASK_INDEX, Job, Planner, ResumeIndex, drop_torn_tail
-from rollfilter.sink import BatchWriter, Reorderer
+from rollfilter.plan import ROLLOUT_INDEX, TASK_INDEX, Job, Planner, ResumeIndex, drop_torn_tail, parse_row
+from rollfilter.sink import BatchWriter, Reorderer, write_all
 from rollfilter.source import LineReader, check_inputs
+from rollfilter.tasks import TaskStats
 from rollfilter.transport import HTTP11Transport
 
 _encode = msgspec.json.Encoder().encode
 APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+HEAD_SERVER_TIMEOUT = 30.0  # seconds for the one config fetch, connecting included
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -139,6 +142,27 @@ def _is_pipe(fd: int) -> bool:
         return False
 
 
+class OutputFiles(contextlib.ExitStack):
+    """The files a run appends to, opened (and checked) before anything is sent."""
+
+    def open(self, path: str | None, option: str) -> int | None:
+        if path is None:
+            return None
+        fd = open_for_append(path, option)
+        self.callback(os.close, fd)
+        return fd
+
+
+def _summary_bytes(metrics: Metrics, tasks: TaskStats | None, stopped: str | None) -> bytes:
+    return _encode(metrics.summary(stopped=stopped, tasks=tasks)) + b"\n"
+
+
+def _write_metrics_file(fd: int | None, summary: bytes) -> None:
+    if fd is not None:
+        os.ftruncate(fd, 0)
+        os.write(fd, summary)
+
+
 async def run(
     config: Config,
     *,
@@ -149,38 +173,57 @@ async def run(
 ) -> ExitStatus:
     """Run the rollouts `config` describes; return the exit status. Prints the summary."""
     check_inputs(config.inputs)
-    if config.url is None and not config.endpoints and demo is None:
-        raise UsageError("no agent to send to: give -u URL, -e NAME=URL, or --demo")
+    if config.url is None and not config.endpoints and config.head_server is None and demo is None:
+        raise UsageError("no agent to send to: give -u URL, -e NAME=URL, --head-server URL, or --demo")
     resume = None
     if config.resume and config.output:
         drop_torn_tail(config.output)
         resume = ResumeIndex.from_file(config.output, config.repeats)
-    opened: list[int] = []
-    try:
-        out_fd = streams.stdout
-        if config.output is not None:
-            out_fd = open_for_append(config.output, "-o")
-            opened.append(out_fd)
-        err_fd = streams.stderr
-        if config.errors_file is not None:
-            err_fd = open_for_append(config.errors_file, "--errors")
-            opened.append(err_fd)
-        metrics_fd = None
-        if config.metrics_file is not None:
-            metrics_fd = open_for_append(config.metrics_file, "--metrics")
-            opened.append(metrics_fd)
-        return await _run_open(config, streams, out_fd, err_fd, metrics_fd, resume, demo, handle_signals, quiet)
-    finally:
-        for fd in opened:
-            os.close(fd)
+    with OutputFiles() as files:
+        out_fd = files.open(config.output, "-o")
+        err_fd = files.open(config.errors_file, "--errors")
+        files_fds = _Fds(
+            out=streams.stdout if out_fd is None else out_fd,
+            err=streams.stderr if err_fd is None else err_fd,
+            metrics=files.open(config.metrics_file, "--metrics"),
+            per_task=files.open(config.per_task_file, "--per-task"),
+        )
+        return await _run_open(config, streams, files_fds, resume, demo, handle_signals, quiet)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Fds:
+    out: int
+    err: int
+    metrics: int | None
+    per_task: int | None
+
+
+async def resolve_endpoints(
+    config: Config, transport: HTTP11Transport
+) -> tuple[dict[str, tuple[str, ...]], HeadServerAgents | None]:
+    """-e endpoints, over the head server's agents when there is one (explicit -e wins)."""
+    if config.head_server is None:
+        return dict(config.endpoints), None
+    with trio.move_on_after(HEAD_SERVER_TIMEOUT) as scope:
+        head = await fetch_agents(config.head_server, transport)
+    if scope.cancelled_caught:
+        raise ServiceError(
+            f"the head server at {origin(config.head_server)} did not answer in {HEAD_SERVER_TIMEOUT:g} s"
+        )
+    endpoints: dict[str, tuple[str, ...]] = {name: (url,) for name, url in head.urls.items()}
+    endpoints.update(config.endpoints)
+    if config.agent is not None and config.agent not in endpoints and config.url is None:
+        if config.agent in head.incomplete:
+            raise UsageError(f"agent {config.agent!r} has no host and port in the head server's config")
+        raise UsageError(f"agent {config.agent!r} is not known to the head server (it knows: {head.describe_known()})")
+    return endpoints, head
 
 
 async def _run_open(
     config: Config,
     streams: Streams,
-    out_fd: int,
-    err_fd: int,
-    metrics_fd: int | None,
+    fds: _Fds,
     resume: ResumeIndex | None,
     demo: demo_agent.DemoOptions | None,
     handle_signals: bool,
@@ -191,30 +234,38 @@ async def _run_open(
     transport = HTTP11Transport(
         verify=not config.insecure, connect_timeout=config.connect_timeout, headers=request_headers(config)
     )
-    results = BatchWriter(out_fd, on_closed_output=lambda: control.stop(ExitStatus.BROKEN_PIPE))
-    errors = BatchWriter(err_fd)
+    results = BatchWriter(fds.out, on_closed_output=lambda: control.stop(ExitStatus.BROKEN_PIPE))
+    errors = BatchWriter(fds.err)
+    per_task = BatchWriter(fds.per_task) if fds.per_task is not None else None
+    writers = [w for w in (results, errors, per_task) if w is not None]
     sink = LineSink(
         results, errors, records=config.errors_file is not None, ordered=config.ordered, repeats=config.repeats
     )
+    tasks = None
+    if config.repeats > 1:
+        on_task = (lambda record: per_task.write(_encode(record) + b"\n")) if per_task is not None else None
+        tasks = TaskStats(config.repeats, config.pass_threshold, on_task)
     reader = LineReader(config.inputs, max_line_bytes=config.max_line_bytes, stdin_fd=streams.stdin)
+    router: Router | None = None
 
     def count_retry(_failure: RowFailure, _delay: float) -> None:
         metrics.retries += 1
 
     try:
         async with trio.open_nursery() as services:
-            services.start_soon(results.run)
-            services.start_soon(errors.run)
+            for writer in writers:
+                services.start_soon(writer.run)
             if handle_signals:
                 await services.start(_watch_signals, control)
-            if out_fd == streams.stdout and _is_pipe(out_fd):
-                services.start_soon(_watch_reader_gone, out_fd, lambda: control.stop(ExitStatus.BROKEN_PIPE))
+            if fds.out == streams.stdout and _is_pipe(fds.out):
+                services.start_soon(_watch_reader_gone, fds.out, lambda: control.stop(ExitStatus.BROKEN_PIPE))
             if demo is not None:
                 port = await services.start(
                     lambda task_status: demo_agent.serve(demo_agent.DemoAgent(demo), task_status=task_status)
                 )
                 config = dataclasses.replace(config, url=f"http://127.0.0.1:{port}/run")
-            router = Router(config)
+            endpoints, head = await resolve_endpoints(config, transport)
+            router = Router(config, endpoints, head)
             engine = Engine(
                 planner=Planner(reader, config, resume),
                 router=router,
@@ -224,32 +275,86 @@ async def _run_open(
                 control=control,
                 concurrency=config.concurrency,
                 failure_limit=config.max_failures,
+                tasks=tasks,
             )
             await engine.run()
-            metrics.skipped = engine.planner.skipped
             if control.status is not None:
                 sink.flush_held()
-            results.close()
-            errors.close()
-            await results.drained.wait()
-            await errors.drained.wait()
+            for writer in writers:
+                writer.close()
+            for writer in writers:
+                await writer.drained.wait()
             services.cancel_scope.cancel()
     finally:
         reader.close()
         await transport.aclose()
+    metrics.replicas = router.replica_counts() if router is not None else []
     status = control.status
     if status is None:
         status = ExitStatus.ROWS_FAILED if metrics.failed else ExitStatus.OK
     stopped = control.reason or (status.name.lower().replace("_", " ") if control.status else None)
-    summary = _encode(metrics.summary(stopped=stopped)) + b"\n"
-    if metrics_fd is not None:
-        os.ftruncate(metrics_fd, 0)
-        os.write(metrics_fd, summary)
+    summary = _summary_bytes(metrics, tasks, stopped)
+    _write_metrics_file(fds.metrics, summary)
     if control.reason:
         _write_stderr(streams.stderr, f"rollfilter: {control.reason}\n".encode())
     if not quiet:
         _write_stderr(streams.stderr, summary)
     return status
+
+
+async def summarize(config: Config, *, streams: Streams = Streams()) -> ExitStatus:
+    """Recompute the summary from result lines (and errors records) without sending anything.
+
+    Lines with an `error` object and indices count as failed rollouts; other JSON objects
+    are results. With --repeats K > 1, mean@K and pass@k are computed over tasks.
+    The summary goes to stdout (it is this mode's output) and to --metrics FILE.
+    """
+    check_inputs(config.inputs)
+    metrics = Metrics()
+    tasks = TaskStats(config.repeats, config.pass_threshold) if config.repeats > 1 else None
+    reader = LineReader(config.inputs, max_line_bytes=config.max_line_bytes, stdin_fd=streams.stdin)
+    bad = 0
+    try:
+        while (line := await reader.next_line()) is not None:
+            if line.data is None or not line.data.strip():
+                bad += line.data is None
+                continue
+            record = parse_row(line.data)
+            if isinstance(record, str):
+                bad += 1
+                continue
+            metrics.taken += 1
+            failure = failure_of(record)
+            if failure is not None:
+                metrics.add_failure(failure)
+            else:
+                metrics.add_result(record, None)
+            if tasks is not None and TASK_INDEX in record:
+                reward = None if failure is not None else reward_of(record)
+                tasks.rollout_ended(record[TASK_INDEX], config.repeats, reward)
+    finally:
+        reader.close()
+    if tasks is not None:
+        tasks.flush_open()
+    summary = _summary_bytes(metrics, tasks, None)
+    with OutputFiles() as files:
+        _write_metrics_file(files.open(config.metrics_file, "--metrics"), summary)
+    if bad:
+        _write_stderr(streams.stderr, f"rollfilter: skipped {bad} lines that are not JSON objects\n".encode())
+    write_all(streams.stdout, summary)
+    return ExitStatus.OK
+
+
+def failure_of(record: dict[str, Any]) -> RowFailure | None:
+    """The failure an errors-record line describes, or None for a result line."""
+    error = record.get("error")
+    if not isinstance(error, dict) or TASK_INDEX not in record:
+        return None
+    try:
+        kind = ErrorKind(str(error.get("kind")))
+    except ValueError:
+        kind = ErrorKind.BAD_RESPONSE
+    return RowFailure(kind, str(error.get("message", "")), error.get("status"))
 
 
 def _write_stderr(fd: int, data: bytes) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 import trio
@@ -27,6 +28,7 @@ from rollfilter.config import (
     parse_failure_limit,
     parse_header,
     parse_param,
+    parse_shard,
     parse_statuses,
 )
 from rollfilter.demo import DemoOptions
@@ -193,6 +195,38 @@ def command(
         ),
     ] = None,
     insecure: Annotated[bool, typer.Option("--insecure", help="Do not verify TLS certificates.")] = False,
+    head_server: Annotated[
+        str | None,
+        typer.Option(
+            "--head-server",
+            metavar="URL",
+            help="Resolve agent names through this NeMo Gym head server (-e NAME=URL wins over it).",
+            envvar="ROLLFILTER_HEAD_SERVER",
+        ),
+    ] = None,
+    shard: Annotated[
+        str | None,
+        typer.Option(
+            "--shard", metavar="I/N", help="Keep only the tasks whose index mod N is I (repeats stay together)."
+        ),
+    ] = None,
+    pass_threshold: Annotated[
+        float,
+        typer.Option("--pass-threshold", metavar="R", help="A rollout counts as correct for pass@k when reward >= R."),
+    ] = 1.0,
+    per_task: Annotated[
+        str | None,
+        typer.Option(
+            "--per-task", metavar="FILE", help="With -r K > 1: append one JSON line per finished task to FILE."
+        ),
+    ] = None,
+    summarize: Annotated[
+        bool,
+        typer.Option(
+            "--summarize",
+            help="Send nothing: read result lines (and errors records) from FILEs or stdin, print their summary.",
+        ),
+    ] = False,
     max_line_bytes: Annotated[
         int,
         typer.Option(
@@ -232,12 +266,19 @@ def command(
             insecure=insecure,
             resume=resume,
             max_line_bytes=max_line_bytes,
+            shard=parse_shard(shard),
+            pass_threshold=pass_threshold,
+            per_task_file=per_task,
+            head_server=head_server,
         )
     except RollfilterError as exc:
         raise typer.Exit(_report(exc)) from None
     if config.inputs == ("-",) and os.isatty(0):
-        sys.stderr.write("rollfilter: reading rows from the terminal (give FILE, or pipe rows in; Ctrl-D ends)\n")
-    raise typer.Exit(execute(config, demo=DemoOptions() if demo else None, quiet=quiet))
+        what = "result lines" if summarize else "rows"
+        sys.stderr.write(f"rollfilter: reading {what} from the terminal (give FILE, or pipe them in; Ctrl-D ends)\n")
+    if summarize:
+        raise typer.Exit(execute(lambda: cli_app.summarize(config)))
+    raise typer.Exit(execute(lambda: cli_app.run(config, demo=DemoOptions() if demo else None, quiet=quiet)))
 
 
 def _report(exc: RollfilterError) -> ExitStatus:
@@ -245,11 +286,11 @@ def _report(exc: RollfilterError) -> ExitStatus:
     return exc.exit_status
 
 
-def execute(config: Config, *, demo: DemoOptions | None = None, quiet: bool = False) -> ExitStatus:
-    """Run `config` to its end; the one place outcomes become exit statuses."""
+def execute(main: Callable[[], Awaitable[ExitStatus]]) -> ExitStatus:
+    """Run `main` under trio to its end; the one place outcomes become exit statuses."""
     status = ExitStatus.OK
     try:
-        status = trio.run(lambda: cli_app.run(config, demo=demo, quiet=quiet))
+        status = trio.run(main)
     except* RollfilterError as group:
         status = _report(_first(group))  # type: ignore[arg-type]
     except* KeyboardInterrupt:

@@ -22,6 +22,7 @@ import trio
 from rollfilter import __version__
 from rollfilter.config import Config
 from rollfilter.errors import ErrorKind
+from rollfilter.headserver import HeadServerAgents
 from rollfilter.outcome import RowFailure
 from rollfilter.transport import HTTP11Transport
 
@@ -73,13 +74,23 @@ class Agent:
 
 
 class Router:
-    """Chooses the agent for a row: -e by name (from -a or the row's agent_ref), else -u."""
+    """Chooses the agent for a row: -e by name (from -a or the row's agent_ref), else -u.
 
-    def __init__(self, config: Config, endpoints: Mapping[str, tuple[str, ...]] | None = None) -> None:
+    `endpoints` (default: config.endpoints) may hold names from a head server too;
+    `head` only makes the message for an unknown name say what the head server knows.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        endpoints: Mapping[str, tuple[str, ...]] | None = None,
+        head: HeadServerAgents | None = None,
+    ) -> None:
         self._forced_name = config.agent
         self._default = Agent(None, [Replica(httpx.URL(config.url))]) if config.url else None
         named = endpoints if endpoints is not None else config.endpoints
         self.agents = {name: Agent(name, [Replica(httpx.URL(url)) for url in urls]) for name, urls in named.items()}
+        self._head = head
 
     def route(self, row: dict[str, Any]) -> Agent | RowFailure:
         name = self._forced_name or agent_name(row)
@@ -89,13 +100,27 @@ class Router:
             return self._default
         if name is None:
             message = "row has no agent_ref.name; give -u URL, or -a NAME with -e NAME=URL"
+        elif self._head is not None and name in self._head.incomplete:
+            message = f"agent {name!r} has no host and port in the head server's config"
+        elif self._head is not None:
+            message = f"agent {name!r} is not known to the head server (it knows: {self._head.describe_known()})"
         else:
             message = f"no endpoint for agent {name!r}; give -e {name}=URL or -u URL"
         return RowFailure(ErrorKind.NO_ROUTE, message)
 
-    def all_replicas(self) -> list[tuple[str | None, Replica]]:
-        agents = [*self.agents.values(), *([self._default] if self._default else [])]
-        return [(agent.name, replica) for agent in agents for replica in agent.replicas]
+    def replica_counts(self) -> list[dict[str, Any]]:
+        """Requests and failures per replica, for agents that have more than one."""
+        return [
+            {
+                "agent": agent.name,
+                "url": str(replica.url.copy_with(username=None, password=None)),
+                "requests": replica.requests,
+                "failures": replica.failures,
+            }
+            for agent in self.agents.values()
+            if len(agent.replicas) > 1
+            for replica in agent.replicas
+        ]
 
 
 def agent_name(row: dict[str, Any]) -> str | None:

@@ -72,6 +72,10 @@ class Config:
     insecure: bool = False
     resume: bool = False
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    shard: tuple[int, int] | None = None  # (I, N): keep the tasks whose index mod N is I
+    pass_threshold: float = 1.0
+    per_task_file: str | None = None
+    head_server: str | None = None
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -86,6 +90,8 @@ class Config:
             raise UsageError("--timeout must be a positive number of seconds")
         if not self.connect_timeout > 0:
             raise UsageError("--connect-timeout must be a positive number of seconds")
+        if self.shard is not None and not 0 <= self.shard[0] < self.shard[1]:
+            raise UsageError("--shard I/N wants 0 <= I < N")
         if self.resume and self.output is None:
             raise UsageError("--resume needs -o/--output FILE: it skips the rows already in FILE")
 
@@ -148,6 +154,19 @@ def parse_statuses(spec: str) -> frozenset[int]:
             raise UsageError(f"--retry-on wants HTTP statuses like 429,503, got {item!r}")
         statuses.add(int(item))
     return frozenset(statuses)
+
+
+def parse_shard(spec: str | None) -> tuple[int, int] | None:
+    """`I/N`: this process's share of the tasks, 0 <= I < N."""
+    if spec is None:
+        return None
+    index, sep, count = spec.partition("/")
+    if not sep or not index.strip().isdigit() or not count.strip().isdigit():
+        raise UsageError(f"--shard wants I/N, like 0/4, got {spec!r}")
+    shard = int(index), int(count)
+    if not 0 <= shard[0] < shard[1]:
+        raise UsageError(f"--shard wants 0 <= I < N, got {spec!r}")
+    return shard
 
 
 def parse_failure_limit(spec: str | None) -> FailureLimit:

@@ -6,7 +6,8 @@ with faults to inject for trying pipelines (and for the tests and the benchmark)
 The reward is a function of the row, so a test can predict it: 1.0 when the text of
 `responses_create_params.input` (a string, or the message contents joined with no
 separator) has an even number of characters, else 0.0. A row may steer its own episode
-with a `demo` object (agents ignore unknown keys): `{"reward": 0.5}`, `{"latency": 1.5}`,
+with a `demo` object (agents ignore unknown keys): `{"reward": 0.5}`, `{"reward_p": 0.3}` (1.0 with
+that probability, else 0.0: rollouts of one task then differ, as pass@k needs), `{"latency": 1.5}`,
 `{"fault": "500" | "429" | "hang" | "garbage" | "drop" | "422"}`, and
 `{"fault_first": N}` (the fault applies to the first N requests for that row only).
 """
@@ -61,11 +62,13 @@ def input_text(row: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-def demo_reward(row: dict[str, Any]) -> float:
+def demo_reward(row: dict[str, Any], rng: random.Random | None = None) -> float:
     """The demo agent's reward for a row (see the module docstring)."""
     steer = row.get("demo")
     if isinstance(steer, dict) and isinstance(steer.get("reward"), (int, float)):
         return float(steer["reward"])
+    if isinstance(steer, dict) and isinstance(steer.get("reward_p"), (int, float)):
+        return 1.0 if (rng or random).random() < steer["reward_p"] else 0.0
     return 1.0 if len(input_text(row)) % 2 == 0 else 0.0
 
 
@@ -141,7 +144,7 @@ class DemoAgent:
 
     def _result(self, row: dict[str, Any]) -> dict[str, Any]:
         self._next_id += 1
-        reward = demo_reward(row)
+        reward = demo_reward(row, self._rng)
         text = input_text(row)
         return {
             "responses_create_params": row["responses_create_params"],

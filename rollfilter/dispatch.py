@@ -20,6 +20,7 @@ from rollfilter.errors import ExitStatus
 from rollfilter.metrics import Metrics
 from rollfilter.outcome import RowFailure
 from rollfilter.plan import ROLLOUT_INDEX, TASK_INDEX, Job, Planner
+from rollfilter.tasks import TaskStats
 
 Release = Callable[[], None]
 
@@ -63,6 +64,7 @@ class Engine:
     control: RunControl
     concurrency: int
     failure_limit: FailureLimit = dataclasses.field(default_factory=FailureLimit)
+    tasks: TaskStats | None = None  # mean@K and pass@k, with --repeats K > 1
 
     async def run(self) -> None:
         """Return when every job has ended, or when `control` stopped the run."""
@@ -111,16 +113,26 @@ class Engine:
             if routed is not None:
                 result["agent_ref"] = routed
         self.metrics.add_result(result, trio.current_time() - started)
+        if self.tasks is not None:
+            self.tasks.rollout_ended(job.task_index, job.task_rollouts, reward_of(result))
         self.sink.result(job, result, release)
 
     def _fail(self, job: Job, failure: RowFailure, release: Release) -> None:
         self.metrics.add_failure(failure)
+        if self.tasks is not None:
+            self.tasks.rollout_ended(job.task_index, job.task_rollouts, None)
         self.sink.failure(job, failure, release)
         if self.failure_limit.is_reached(self.metrics.failed, self.metrics.ended):
             self.control.stop(
                 ExitStatus.ROWS_FAILED,
                 f"stopped after {self.metrics.failed} failed rows ({self.failure_limit.describe()})",
             )
+
+
+def reward_of(result: dict[str, Any]) -> float:
+    """A result's reward for pass@k; a result without a numeric one counts as 0."""
+    reward = result.get("reward")
+    return float(reward) if isinstance(reward, (int, float)) else 0.0
 
 
 class _Slot:

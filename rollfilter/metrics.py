@@ -13,6 +13,7 @@ from typing import Any
 
 from rollfilter.errors import ErrorKind
 from rollfilter.outcome import RowFailure
+from rollfilter.tasks import TaskStats
 
 _BUCKET_GROWTH = math.log(1.01)
 _MIN_LATENCY = 1e-6
@@ -65,9 +66,10 @@ class Metrics:
     def ended(self) -> int:
         return self.succeeded + self.failed
 
-    def add_result(self, result: dict[str, Any], latency: float) -> None:
+    def add_result(self, result: dict[str, Any], latency: float | None) -> None:
         self.succeeded += 1
-        self.latency.add(latency)
+        if latency is not None:
+            self.latency.add(latency)
         sums, counts = self._sums, self._counts
         for key, value in result.items():
             kind = type(value)  # exact types: msgspec gives plain bool, int, float
@@ -85,8 +87,9 @@ class Metrics:
         self.failed += 1
         self.failed_by_kind[failure.kind.value] += 1
 
-    def summary(self, *, stopped: str | None = None) -> dict[str, Any]:
-        """The summary object: means of numeric result fields, then the run's own figures."""
+    def summary(self, *, stopped: str | None = None, tasks: TaskStats | None = None) -> dict[str, Any]:
+        """The summary object: means of numeric result fields (and mean@K, pass@k over
+        tasks), then the run's own figures under "rollfilter"."""
         elapsed = max(self._clock() - self.started_at, 1e-9)
         means: dict[str, Any] = {"reward": 0.0}
         for key in self._sums:
@@ -110,6 +113,9 @@ class Metrics:
                 "max": round(self.latency.max, 4),
             },
         }
+        if tasks is not None:
+            means.update(tasks.summary_fields())
+            figures.update(tasks.figures())
         if self.replicas:
             figures["replicas"] = self.replicas
         if stopped:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import zlib
 from collections.abc import Hashable, Iterable
 from typing import Any
 
@@ -37,6 +38,7 @@ class Job:
     row: dict[str, Any] | None  # None when the line is not a JSON object
     body: bytes  # the row as sent (after overrides), or the raw line for bad input
     failure: RowFailure | None = None  # known before sending: bad input
+    task_rollouts: int = 1  # how many rollouts of this task the run has (repeats less resume skips)
 
 
 def parse_row(data: bytes) -> dict[str, Any] | str:
@@ -183,6 +185,13 @@ def drop_torn_tail(path: str) -> int:
         os.close(fd)
 
 
+def shard_of(task_index: Any, shards: int) -> int:
+    """The shard a task belongs to: its index mod N (a stable hash for non-integer indices)."""
+    if type(task_index) is int:
+        return task_index % shards
+    return zlib.crc32(msgspec.json.encode(task_index)) % shards
+
+
 def _hashable(value: Any) -> Hashable:
     return value if isinstance(value, Hashable) else msgspec.json.encode(value)
 
@@ -237,9 +246,16 @@ class Planner:
                         failure = RowFailure(ErrorKind.BAD_INPUT, reason)
                     else:
                         body = msgspec.json.encode(row)
+        shard = self._config.shard
+        if shard is not None and shard_of(task_index, shard[1]) != shard[0]:
+            return
+        jobs = []
         for rollout in range(self._config.repeats):
             if self._resume is not None and (task_index, rollout) in self._resume:
                 self.skipped += 1
                 continue
-            self._pending.append(Job(self._seq, line.source, line.number, task_index, rollout, row, body, failure))
+            jobs.append(Job(self._seq, line.source, line.number, task_index, rollout, row, body, failure))
             self._seq += 1
+        for job in jobs:
+            job.task_rollouts = len(jobs)
+        self._pending.extend(jobs)

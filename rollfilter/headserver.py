@@ -1,0 +1,99 @@
+"""Agent names from a NeMo Gym head server: `GET /global_config_dict_yaml`.
+
+The answer is a JSON string holding YAML: the whole deployment config, API keys included.
+It is parsed with yaml.safe_load and never printed; messages name agents, never values.
+An agent NAME is found at config[NAME]["responses_api_agents"][<implementation>], whose
+`host` and `port` give its base URL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import httpx
+import msgspec
+import yaml
+
+from rollfilter.errors import ServiceError
+from rollfilter.transport import HTTP11Transport
+
+AGENT_SERVER_TYPE = "responses_api_agents"
+_INTERPOLATION = re.compile(r"^\$\{([^}]+)\}$")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HeadServerAgents:
+    """The agents a head server knows: name -> /run URL, and names lacking host or port."""
+
+    urls: dict[str, str]
+    incomplete: frozenset[str]
+
+    def describe_known(self, limit: int = 20) -> str:
+        names = sorted(self.urls)
+        shown = ", ".join(names[:limit]) + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+        return shown or "none"
+
+
+def _resolve(value: Any, config: dict[str, Any]) -> Any:
+    """A `${key}` or `${a.b}` value looked up in the config's top level (OmegaConf style)."""
+    match = _INTERPOLATION.match(value) if isinstance(value, str) else None
+    if match is None:
+        return value
+    node: Any = config
+    for part in match.group(1).split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def agents_from_config(config: Any) -> HeadServerAgents:
+    """Every responses_api_agents entry of a NeMo Gym config, by its top-level name."""
+    urls: dict[str, str] = {}
+    incomplete: set[str] = set()
+    if not isinstance(config, dict):
+        return HeadServerAgents(urls, frozenset())
+    for name, entry in config.items():
+        servers = entry.get(AGENT_SERVER_TYPE) if isinstance(entry, dict) else None
+        if not isinstance(servers, dict):
+            continue
+        for server in servers.values():
+            host = _resolve(server.get("host"), config) if isinstance(server, dict) else None
+            port = _resolve(server.get("port"), config) if isinstance(server, dict) else None
+            if isinstance(host, str) and host and str(port).isdigit():
+                bracketed = f"[{host}]" if ":" in host else host
+                urls[str(name)] = f"http://{bracketed}:{int(str(port))}/run"
+                break
+        else:
+            incomplete.add(str(name))
+    return HeadServerAgents(urls, frozenset(incomplete - set(urls)))
+
+
+async def fetch_agents(base_url: str, transport: HTTP11Transport) -> HeadServerAgents:
+    """Fetch and parse the head server's config once; ServiceError when it cannot be had.
+    The caller bounds the wait (a trio cancel scope)."""
+    url = base_url.rstrip("/") + "/global_config_dict_yaml"
+    where = f"the head server at {origin(base_url)}"
+    try:
+        response = await transport.handle_async_request(httpx.Request("GET", url))
+    except (httpx.TransportError, httpx.InvalidURL, KeyError) as exc:
+        raise ServiceError(f"cannot reach {where}: {exc}") from None
+    if response.status_code != 200:
+        raise ServiceError(f"{where} answered HTTP {response.status_code} for /global_config_dict_yaml")
+    try:
+        text = msgspec.json.decode(response.content)
+        config = yaml.safe_load(text) if isinstance(text, str) else text
+    except (msgspec.DecodeError, yaml.YAMLError):
+        raise ServiceError(f"{where} answered something that is not its config (JSON string of YAML)") from None
+    if not isinstance(config, dict):
+        raise ServiceError(f"{where} answered a config that is not a mapping")
+    return agents_from_config(config)
+
+
+def origin(url: str) -> str:
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:
+        return "(an invalid URL)"
+    port = f":{parsed.port}" if parsed.port else ""
+    return f"{parsed.scheme}://{parsed.host}{port}"
