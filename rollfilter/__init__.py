@@ -1,3 +1,53 @@
-"""rollfilter: collect agent rollouts as a streaming Unix filter (JSONL in, results out)."""
+"""rollfilter: collect agent rollouts as a streaming Unix filter (JSONL in, results out).
+
+From Python: `rollouts(rows, Config(...))` (any thread) or `open_rollouts(rows, config)`
+(trio); see `rollfilter.api`. Names are imported on first use, so the CLI starts fast.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from rollfilter.api import Failure, Rollout, RolloutRun, Rollouts, open_rollouts, rollouts
+    from rollfilter.config import Config
+    from rollfilter.errors import ErrorKind, RollfilterError, ServiceError, UsageError
+
+_EXPORTS = {
+    "Config": "rollfilter.config",
+    "ErrorKind": "rollfilter.errors",
+    "RollfilterError": "rollfilter.errors",
+    "UsageError": "rollfilter.errors",
+    "ServiceError": "rollfilter.errors",
+    "Failure": "rollfilter.api",
+    "Rollout": "rollfilter.api",
+    "RolloutRun": "rollfilter.api",
+    "Rollouts": "rollfilter.api",
+    "open_rollouts": "rollfilter.api",
+    "rollouts": "rollfilter.api",
+}
+__all__ = [
+    "Config",
+    "ErrorKind",
+    "Failure",
+    "RollfilterError",
+    "Rollout",
+    "RolloutRun",
+    "Rollouts",
+    "ServiceError",
+    "UsageError",
+    "__version__",
+    "open_rollouts",
+    "rollouts",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rollfilter' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

@@ -19,14 +19,13 @@ import msgspec
 import trio
 
 from rollfilter import demo as demo_agent
-from rollfilter.client import AgentClient, Router, request_headers
+from rollfilter.client import Router, request_headers
 from rollfilter.config import Config
-from rollfilter.dispatch import Engine, Release, RunControl, reward_of
-from rollfilter.errors import ErrorKind, ExitStatus, ServiceError, UsageError
-from rollfilter.headserver import HeadServerAgents, fetch_agents, origin
+from rollfilter.dispatch import Release, RunControl, prepare, reward_of
+from rollfilter.errors import ErrorKind, ExitStatus, UsageError
 from rollfilter.metrics import Metrics
 from rollfilter.outcome import RowFailure
-from rollfilter.plan import ROLLOUT_INDEX, TASK_INDEX, Job, Planner, ResumeIndex, drop_torn_tail, parse_row
+from rollfilter.plan import ROLLOUT_INDEX, TASK_INDEX, Job, ResumeIndex, drop_torn_tail, parse_row
 from rollfilter.sink import BatchWriter, Reorderer, write_all
 from rollfilter.source import LineReader, check_inputs
 from rollfilter.tasks import TaskStats
@@ -34,7 +33,6 @@ from rollfilter.transport import HTTP11Transport
 
 _encode = msgspec.json.Encoder().encode
 APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT
-HEAD_SERVER_TIMEOUT = 30.0  # seconds for the one config fetch, connecting included
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -199,27 +197,6 @@ class _Fds:
     per_task: int | None
 
 
-async def resolve_endpoints(
-    config: Config, transport: HTTP11Transport
-) -> tuple[dict[str, tuple[str, ...]], HeadServerAgents | None]:
-    """-e endpoints, over the head server's agents when there is one (explicit -e wins)."""
-    if config.head_server is None:
-        return dict(config.endpoints), None
-    with trio.move_on_after(HEAD_SERVER_TIMEOUT) as scope:
-        head = await fetch_agents(config.head_server, transport)
-    if scope.cancelled_caught:
-        raise ServiceError(
-            f"the head server at {origin(config.head_server)} did not answer in {HEAD_SERVER_TIMEOUT:g} s"
-        )
-    endpoints: dict[str, tuple[str, ...]] = {name: (url,) for name, url in head.urls.items()}
-    endpoints.update(config.endpoints)
-    if config.agent is not None and config.agent not in endpoints and config.url is None:
-        if config.agent in head.incomplete:
-            raise UsageError(f"agent {config.agent!r} has no host and port in the head server's config")
-        raise UsageError(f"agent {config.agent!r} is not known to the head server (it knows: {head.describe_known()})")
-    return endpoints, head
-
-
 async def _run_open(
     config: Config,
     streams: Streams,
@@ -248,9 +225,6 @@ async def _run_open(
     reader = LineReader(config.inputs, max_line_bytes=config.max_line_bytes, stdin_fd=streams.stdin)
     router: Router | None = None
 
-    def count_retry(_failure: RowFailure, _delay: float) -> None:
-        metrics.retries += 1
-
     try:
         async with trio.open_nursery() as services:
             for writer in writers:
@@ -264,19 +238,17 @@ async def _run_open(
                     lambda task_status: demo_agent.serve(demo_agent.DemoAgent(demo), task_status=task_status)
                 )
                 config = dataclasses.replace(config, url=f"http://127.0.0.1:{port}/run")
-            endpoints, head = await resolve_endpoints(config, transport)
-            router = Router(config, endpoints, head)
-            engine = Engine(
-                planner=Planner(reader, config, resume),
-                router=router,
-                client=AgentClient(config, transport, on_retry=count_retry),
+            engine = await prepare(
+                config,
+                source=reader,
                 sink=sink,
-                metrics=metrics,
+                transport=transport,
                 control=control,
-                concurrency=config.concurrency,
-                failure_limit=config.max_failures,
+                metrics=metrics,
                 tasks=tasks,
+                resume=resume,
             )
+            router = engine.router
             await engine.run()
             if control.status is not None:
                 sink.flush_held()

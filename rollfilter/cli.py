@@ -23,7 +23,6 @@ from rollfilter.config import (
     DEFAULT_RETRIES,
     DEFAULT_RETRY_STATUSES,
     Config,
-    agent_url,
     parse_endpoints,
     parse_failure_limit,
     parse_header,
@@ -246,7 +245,7 @@ def command(
     try:
         config = Config(
             inputs=tuple(files) if files else ("-",),
-            url=agent_url(url) if url else None,
+            url=url or None,
             endpoints=parse_endpoints(endpoint or ()),
             agent=agent,
             concurrency=concurrency,

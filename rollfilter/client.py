@@ -21,8 +21,8 @@ import trio
 
 from rollfilter import __version__
 from rollfilter.config import Config
-from rollfilter.errors import ErrorKind
-from rollfilter.headserver import HeadServerAgents
+from rollfilter.errors import ErrorKind, ServiceError, UsageError
+from rollfilter.headserver import HeadServerAgents, fetch_agents, origin
 from rollfilter.outcome import RowFailure
 from rollfilter.transport import HTTP11Transport
 
@@ -31,6 +31,7 @@ BACKOFF_CAP = 30.0  # the longest jittered pause between two attempts
 COOLDOWN_BASE = 1.0  # a replica whose connections fail sits out this long, doubling
 COOLDOWN_CAP = 60.0
 ERROR_BODY_CHARS = 200  # how much of an error response's body a message quotes
+HEAD_SERVER_TIMEOUT = 30.0  # seconds for the one config fetch, connecting included
 
 _decode = msgspec.json.Decoder().decode
 
@@ -258,3 +259,24 @@ def _snippet(content: bytes) -> str:
     text = content[: ERROR_BODY_CHARS * 4].decode(errors="replace")
     text = " ".join(text.split())
     return text[:ERROR_BODY_CHARS] + ("..." if len(text) > ERROR_BODY_CHARS else "")
+
+
+async def resolve_endpoints(
+    config: Config, transport: HTTP11Transport
+) -> tuple[dict[str, tuple[str, ...]], HeadServerAgents | None]:
+    """-e endpoints, over the head server's agents when there is one (explicit -e wins)."""
+    if config.head_server is None:
+        return dict(config.endpoints), None
+    with trio.move_on_after(HEAD_SERVER_TIMEOUT) as scope:
+        head = await fetch_agents(config.head_server, transport)
+    if scope.cancelled_caught:
+        raise ServiceError(
+            f"the head server at {origin(config.head_server)} did not answer in {HEAD_SERVER_TIMEOUT:g} s"
+        )
+    endpoints: dict[str, tuple[str, ...]] = {name: (url,) for name, url in head.urls.items()}
+    endpoints.update(config.endpoints)
+    if config.agent is not None and config.agent not in endpoints and config.url is None:
+        if config.agent in head.incomplete:
+            raise UsageError(f"agent {config.agent!r} has no host and port in the head server's config")
+        raise UsageError(f"agent {config.agent!r} is not known to the head server (it knows: {head.describe_known()})")
+    return endpoints, head

@@ -78,6 +78,15 @@ class Config:
     head_server: str | None = None
 
     def __post_init__(self) -> None:
+        # URLs are checked and completed here, so the API and the CLI agree on them.
+        if self.url is not None:
+            object.__setattr__(self, "url", agent_url(self.url))
+        endpoints = {
+            name: tuple(agent_url(u) for u in ([urls] if isinstance(urls, str) else urls))
+            for name, urls in self.endpoints.items()
+        }
+        object.__setattr__(self, "endpoints", endpoints)
+        object.__setattr__(self, "inputs", tuple(self.inputs))
         if self.concurrency < 1:
             raise UsageError("--concurrency must be at least 1")
         if self.repeats < 1:

@@ -14,13 +14,14 @@ from typing import Any, Protocol
 
 import trio
 
-from rollfilter.client import Agent, AgentClient, Router
-from rollfilter.config import FailureLimit
-from rollfilter.errors import ExitStatus
+from rollfilter.client import Agent, AgentClient, Router, resolve_endpoints
+from rollfilter.config import Config, FailureLimit
+from rollfilter.errors import ExitStatus, UsageError
 from rollfilter.metrics import Metrics
 from rollfilter.outcome import RowFailure
-from rollfilter.plan import ROLLOUT_INDEX, TASK_INDEX, Job, Planner
+from rollfilter.plan import ROLLOUT_INDEX, TASK_INDEX, Job, LineSource, Planner, ResumeIndex
 from rollfilter.tasks import TaskStats
+from rollfilter.transport import HTTP11Transport
 
 Release = Callable[[], None]
 
@@ -127,6 +128,45 @@ class Engine:
                 ExitStatus.ROWS_FAILED,
                 f"stopped after {self.metrics.failed} failed rows ({self.failure_limit.describe()})",
             )
+
+
+async def prepare(
+    config: Config,
+    *,
+    source: LineSource,
+    sink: RowSink,
+    transport: HTTP11Transport,
+    control: RunControl,
+    metrics: Metrics,
+    tasks: TaskStats | None = None,
+    resume: ResumeIndex | None = None,
+    on_retry: Callable[[RowFailure, float], None] | None = None,
+) -> Engine:
+    """Resolve the agents (one head-server fetch) and build the engine for `config`.
+
+    Raises UsageError or ServiceError, before anything is sent, when rows could not be
+    routed at all or the head server cannot be used.
+    """
+    if config.url is None and not config.endpoints and config.head_server is None:
+        raise UsageError("no agent to send to: give -u URL, -e NAME=URL, --head-server URL, or --demo")
+    endpoints, head = await resolve_endpoints(config, transport)
+
+    def count_retry(failure: RowFailure, delay: float) -> None:
+        metrics.retries += 1
+        if on_retry is not None:
+            on_retry(failure, delay)
+
+    return Engine(
+        planner=Planner(source, config, resume),
+        router=Router(config, endpoints, head),
+        client=AgentClient(config, transport, on_retry=count_retry),
+        sink=sink,
+        metrics=metrics,
+        control=control,
+        concurrency=config.concurrency,
+        failure_limit=config.max_failures,
+        tasks=tasks,
+    )
 
 
 def reward_of(result: dict[str, Any]) -> float:

@@ -11,14 +11,14 @@ import dataclasses
 import os
 import zlib
 from collections.abc import Hashable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
 from rollfilter.config import Config
 from rollfilter.errors import ErrorKind, UsageError
 from rollfilter.outcome import RowFailure
-from rollfilter.source import InputLine, LineReader
+from rollfilter.source import InputLine
 
 TASK_INDEX = "_ng_task_index"
 ROLLOUT_INDEX = "_ng_rollout_index"
@@ -196,10 +196,16 @@ def _hashable(value: Any) -> Hashable:
     return value if isinstance(value, Hashable) else msgspec.json.encode(value)
 
 
+class LineSource(Protocol):
+    """Where rows come from: a LineReader over files, or the API's feed of rows."""
+
+    async def next_line(self) -> InputLine | None: ...
+
+
 class Planner:
     """Turns input lines into jobs, one at a time, as the dispatcher asks for them."""
 
-    def __init__(self, reader: LineReader, config: Config, resume: ResumeIndex | None = None) -> None:
+    def __init__(self, reader: LineSource, config: Config, resume: ResumeIndex | None = None) -> None:
         self._reader = reader
         self._config = config
         self._resume = resume
@@ -228,10 +234,7 @@ class Planner:
         row: dict[str, Any] | None = None
         if line.data is None:
             body = b""
-            failure = RowFailure(
-                ErrorKind.BAD_INPUT,
-                f"line is {line.length} bytes, over the {self._config.max_line_bytes}-byte limit",
-            )
+            failure = RowFailure(ErrorKind.BAD_INPUT, line.problem or "unreadable line")
         else:
             body = line.data.strip()
             parsed = parse_row(body)

@@ -29,6 +29,7 @@ class InputLine:
     number: int  # 1-based line number within `source`
     data: bytes | None
     length: int
+    problem: str | None = None  # why `data` is None: too long, or (from the API) not encodable
 
 
 def display_name(path: str) -> str:
@@ -103,7 +104,8 @@ class LineReader:
         item = self._ready.popleft()
         self._line_number += 1
         if isinstance(item, _TooLong):
-            return InputLine(self._name, self._line_number, None, item.length)
+            problem = f"line is {item.length} bytes, over the {self._max_line_bytes}-byte limit"
+            return InputLine(self._name, self._line_number, None, item.length, problem)
         return InputLine(self._name, self._line_number, item, len(item))
 
     def _open_next(self) -> bool:

@@ -1,0 +1,259 @@
+"""Use rollfilter from Python: the engine the CLI runs, fed rows by your program.
+
+    async with open_rollouts(rows, Config(url="http://127.0.0.1:8000")) as run:   # trio
+        async for outcome in run:
+            ...
+    run.summary
+
+    for outcome in rollouts(rows, Config(url="http://127.0.0.1:8000")):        # any thread
+        ...
+
+Each outcome is a `Rollout` (the row as sent and the agent's result) or a `Failure` (the
+same kinds as the errors record). A failed row is data, never an exception: only
+misconfiguration raises (`UsageError`, `ServiceError`), and it does so before anything
+is sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import threading
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from typing import Any, ClassVar
+
+import msgspec
+import trio
+
+from rollfilter.client import request_headers
+from rollfilter.config import Config
+from rollfilter.dispatch import Release, RunControl, prepare
+from rollfilter.errors import ErrorKind
+from rollfilter.metrics import Metrics
+from rollfilter.outcome import RowFailure
+from rollfilter.plan import Job
+from rollfilter.source import InputLine
+from rollfilter.tasks import TaskStats
+from rollfilter.transport import HTTP11Transport
+
+Rows = Iterable[Any] | AsyncIterable[Any]
+_encode = msgspec.json.Encoder().encode
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rollout:
+    """A finished rollout: the row as sent, and the agent's result with its indices added."""
+
+    ok: ClassVar[bool] = True
+    row: dict[str, Any]
+    result: dict[str, Any]
+    task_index: Any
+    rollout_index: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Failure:
+    """A failed rollout, as in the errors record. `row` is None when the input was not an object."""
+
+    ok: ClassVar[bool] = False
+    row: dict[str, Any] | None
+    task_index: Any
+    rollout_index: int
+    kind: ErrorKind
+    message: str
+    status: int | None
+    attempts: int
+    number: int  # the row's 1-based position in the input
+
+
+Outcome = Rollout | Failure
+
+
+class _RowFeed:
+    """Hands the planner the caller's rows (dicts, or JSON lines as str or bytes) one at a time."""
+
+    def __init__(self, rows: Rows) -> None:
+        self._sync = iter(rows) if isinstance(rows, Iterable) else None
+        self._async = aiter(rows) if self._sync is None else None  # type: ignore[arg-type]
+        self._number = 0
+
+    async def next_line(self) -> InputLine | None:
+        try:
+            item = next(self._sync) if self._sync is not None else await anext(self._async)  # type: ignore[arg-type]
+        except (StopIteration, StopAsyncIteration):
+            return None
+        self._number += 1
+        if isinstance(item, str):
+            item = item.encode()
+        if isinstance(item, bytes):
+            return InputLine("<rows>", self._number, item, len(item))
+        try:
+            data = _encode(item)
+        except (TypeError, msgspec.EncodeError) as exc:
+            return InputLine("<rows>", self._number, None, 0, f"row cannot be encoded as JSON: {exc}")
+        return InputLine("<rows>", self._number, data, len(data))
+
+    async def aclose(self) -> None:
+        """Close the iterator taken from the rows (a generator left mid-way), as the run owns it."""
+        if self._async is not None and hasattr(self._async, "aclose"):
+            await self._async.aclose()
+        elif self._sync is not None and hasattr(self._sync, "close"):
+            self._sync.close()
+
+
+class _ChannelSink:
+    """Passes outcomes to the consumer; a row's slot is given back when the consumer takes it."""
+
+    def __init__(self, send: trio.MemorySendChannel[tuple[Outcome, Release]]) -> None:
+        self._send = send
+
+    def result(self, job: Job, result: dict[str, Any], release: Release) -> None:
+        assert job.row is not None
+        self._send.send_nowait((Rollout(job.row, result, job.task_index, job.rollout_index), release))
+
+    def failure(self, job: Job, failure: RowFailure, release: Release) -> None:
+        outcome = Failure(
+            job.row, job.task_index, job.rollout_index, failure.kind, failure.message,
+            failure.status, failure.attempts, job.line,
+        )  # fmt: skip
+        self._send.send_nowait((outcome, release))
+
+
+class RolloutRun:
+    """The outcomes of one run, as they finish; `summary` is set once the run has ended."""
+
+    def __init__(self, receive: trio.MemoryReceiveChannel[tuple[Outcome, Release]]) -> None:
+        self._receive = receive
+        self.summary: dict[str, Any] | None = None
+
+    def __aiter__(self) -> RolloutRun:
+        return self
+
+    async def __anext__(self) -> Outcome:
+        try:
+            outcome, release = await self._receive.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+        release()
+        return outcome
+
+
+@contextlib.asynccontextmanager
+async def open_rollouts(rows: Rows, config: Config) -> AsyncIterator[RolloutRun]:
+    """Run `rows` through the agents `config` names, inside the caller's trio run.
+
+    Rows are taken from `rows` only as capacity frees up (at most `config.concurrency`
+    outcomes are unconsumed or in flight), so an endless generator is fine. Leaving the
+    block early cancels what is in flight. The run owns its connections and the iterator
+    it takes from `rows` (a generator is closed on the way out). Raises UsageError or ServiceError on entry, before anything is sent.
+    """
+    metrics = Metrics()
+    control = RunControl()
+    tasks = TaskStats(config.repeats, config.pass_threshold) if config.repeats > 1 else None
+    send, receive = trio.open_memory_channel[tuple[Outcome, Release]](math.inf)
+    run = RolloutRun(receive)
+    transport = HTTP11Transport(
+        verify=not config.insecure, connect_timeout=config.connect_timeout, headers=request_headers(config)
+    )
+    feed = _RowFeed(rows)
+    try:
+        engine = await prepare(
+            config, source=feed, sink=_ChannelSink(send), transport=transport,
+            control=control, metrics=metrics, tasks=tasks,
+        )  # fmt: skip
+
+        async def drive() -> None:
+            try:
+                await engine.run()
+            finally:
+                metrics.replicas = engine.router.replica_counts()
+                stopped = control.reason or ("stopped early by the caller" if control.scope.cancel_called else None)
+                run.summary = metrics.summary(stopped=stopped, tasks=tasks)
+                send.close()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(drive)
+            try:
+                yield run
+            finally:
+                control.scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await transport.aclose()
+            await feed.aclose()
+
+
+class Rollouts:
+    """The same run for code that is not trio: iterate from any thread (asyncio included,
+    through an executor). A trio loop runs in a worker thread of its own.
+
+    Iterating starts the run; leaving the loop early (break, an exception, close(), or the
+    end of a `with` block) cancels what is in flight and joins the worker thread.
+    `summary` is set once the run has ended. Misconfiguration raises from the first
+    `next()`, before anything is sent.
+    """
+
+    def __init__(self, rows: Rows, config: Config) -> None:
+        self._rows = rows
+        self._config = config
+        self.summary: dict[str, Any] | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._stop: trio.Event | None = None
+        self._run: RolloutRun | None = None
+        self._error: BaseException | None = None
+
+    def __iter__(self) -> Iterator[Outcome]:
+        if self._thread is not None:
+            raise RuntimeError("a Rollouts object can be iterated only once")
+        self._thread = threading.Thread(target=trio.run, args=(self._serve,), name="rollfilter", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        try:
+            if self._error is not None:
+                raise self._error
+            while (outcome := trio.from_thread.run(self._next, trio_token=self._token)) is not None:
+                yield outcome
+        finally:
+            self.close()
+
+    async def _serve(self) -> None:
+        try:
+            async with open_rollouts(self._rows, self._config) as run:
+                self._run = run
+                self._stop = trio.Event()
+                self._token = trio.lowlevel.current_trio_token()
+                self._ready.set()
+                await self._stop.wait()
+            self.summary = run.summary
+        except BaseException as exc:  # handed to the iterating thread
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    async def _next(self) -> Outcome | None:
+        assert self._run is not None
+        return await anext(self._run, None)
+
+    def close(self) -> None:
+        """Cancel what is in flight, close connections, and join the worker thread."""
+        thread, self._thread = self._thread, self._thread or threading.Thread()
+        if thread is None or not thread.is_alive():
+            return
+        if self._stop is not None and self._token is not None:
+            with contextlib.suppress(trio.RunFinishedError):
+                trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+        thread.join()
+
+    def __enter__(self) -> Rollouts:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def rollouts(rows: Rows, config: Config) -> Rollouts:
+    """Outcomes of running `rows` through the agents `config` names, from any thread."""
+    return Rollouts(rows, config)

@@ -1,0 +1,141 @@
+"""The Python API: the same engine as the CLI, called from trio, from plain code, from asyncio."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import threading
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import trio
+
+import rollfilter
+from rollfilter import Config, Failure, Rollout, open_rollouts, rollouts
+from rollfilter.demo import DemoAgent, serve
+from rollfilter.errors import ErrorKind, ServiceError, UsageError
+from tests.conftest import WEATHER, DemoServer, expected_reward, result_lines, run, simple_rows, summary_of
+
+
+def weather_rows() -> list[dict]:
+    return [json.loads(line) for line in WEATHER.read_text().splitlines()]
+
+
+async def test_async_api_from_trio():
+    agent = DemoAgent()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(lambda task_status: serve(agent, task_status=task_status))
+        config = Config(url=f"http://127.0.0.1:{port}", repeats=2)
+        outcomes = []
+        async with open_rollouts(weather_rows(), config) as run_:
+            async for outcome in run_:
+                outcomes.append(outcome)
+        nursery.cancel_scope.cancel()
+    assert all(isinstance(o, Rollout) for o in outcomes)
+    assert sorted((o.task_index, o.rollout_index) for o in outcomes) == [(t, k) for t in range(5) for k in range(2)]
+    for outcome in outcomes:
+        assert isinstance(outcome, Rollout)
+        assert outcome.result["reward"] == expected_reward(outcome.row)
+        assert outcome.result["_ng_task_index"] == outcome.task_index
+    assert run_.summary is not None
+    assert run_.summary["rollfilter"]["succeeded"] == 10
+    assert run_.summary["reward"] == sum(o.result["reward"] for o in outcomes if isinstance(o, Rollout)) / 10
+    assert agent.requests == 10
+
+
+async def test_async_api_takes_rows_only_as_capacity_frees():
+    agent = DemoAgent()
+    taken = 0
+
+    async def endless() -> AsyncIterator[dict]:
+        nonlocal taken
+        for i in itertools.count():
+            taken += 1
+            yield {"responses_create_params": {"input": str(i)}}
+
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(lambda task_status: serve(agent, task_status=task_status))
+        consumed = 0
+        async with open_rollouts(endless(), Config(url=f"http://127.0.0.1:{port}", concurrency=4)) as run_:
+            async for _ in run_:
+                consumed += 1
+                await trio.sleep(0.01)  # a slow consumer
+                if consumed == 20:
+                    break
+        assert taken <= consumed + 4 + 1
+        assert run_.summary is not None
+        assert run_.summary["rollfilter"]["stopped"] == "stopped early by the caller"
+        nursery.cancel_scope.cancel()
+
+
+def test_sync_api_from_plain_code(demo_server: DemoServer):
+    rows = [*weather_rows(), {"responses_create_params": {"input": "x"}, "demo": {"fault": "422"}}, "{not json"]
+    with rollouts(rows, Config(url=demo_server.url)) as outcomes:
+        collected = list(outcomes)
+    failures = [o for o in collected if isinstance(o, Failure)]
+    assert len(collected) == 7
+    assert sorted((f.number, f.kind) for f in failures) == [(6, ErrorKind.HTTP_STATUS), (7, ErrorKind.BAD_INPUT)]
+    assert failures[0].row is not None or failures[1].row is not None
+    assert outcomes.summary is not None
+    assert outcomes.summary["rollfilter"]["failed"] == 2
+
+
+def test_sync_api_inside_a_running_asyncio_loop(demo_server: DemoServer):
+    async def training_loop() -> list[rollfilter.api.Outcome]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, lambda: list(rollouts(simple_rows(50), Config(url=demo_server.url))))
+
+    outcomes = asyncio.run(training_loop())
+    assert len(outcomes) == 50
+    assert all(o.ok for o in outcomes)
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_sync_api_early_exit_cancels_and_leaves_nothing_behind(demo_server: DemoServer):
+    threads, fds = threading.active_count(), open_fds()
+    concurrency = 8
+
+    def endless() -> Iterator[dict]:
+        for i in itertools.count():
+            yield {"responses_create_params": {"input": str(i)}, "demo": {"latency": 0.01}}
+
+    seen = 0
+    for _outcome in rollouts(endless(), Config(url=demo_server.url, concurrency=concurrency)):
+        seen += 1
+        if seen == 5:
+            break  # the generator's close() stops the run
+    assert threading.active_count() == threads
+    assert open_fds() == fds
+    assert demo_server.stats()["requests"] <= seen + concurrency + 1
+
+
+def test_sync_api_raises_misconfiguration_before_sending():
+    with pytest.raises(UsageError, match="no agent"):
+        list(rollouts(simple_rows(2), Config()))
+    with pytest.raises(ServiceError, match="head server"):
+        list(rollouts(simple_rows(2), Config(head_server="http://127.0.0.1:9")))
+    with pytest.raises(UsageError):
+        Config(url="not a url")
+
+
+def test_api_and_cli_agree(demo_server: DemoServer):
+    rows = [{"responses_create_params": {"input": "x" * i}} for i in range(40)]
+    rows[7] = {"responses_create_params": {"input": "x"}, "demo": {"fault": "422"}}
+    cli = run(["-u", demo_server.url, "-r", "2"], input="".join(json.dumps(r) + "\n" for r in rows))
+    with rollouts(rows, Config(url=demo_server.url, repeats=2)) as api:
+        outcomes = list(api)
+    key = lambda r: (r["_ng_task_index"], r["_ng_rollout_index"], r["reward"])  # noqa: E731
+    assert sorted(key(o.result) for o in outcomes if isinstance(o, Rollout)) == sorted(
+        map(key, result_lines(cli.stdout))
+    )
+    cli_summary, api_summary = summary_of(cli.stderr), api.summary
+    assert api_summary is not None
+    for field in ("reward", "accuracy", "mean@2", "pass@1", "pass@2"):
+        assert api_summary[field] == cli_summary[field]
+    for field in ("rows_read", "succeeded", "failed", "failed_by_kind", "tasks"):
+        assert api_summary["rollfilter"][field] == cli_summary["rollfilter"][field]
