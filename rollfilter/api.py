@@ -146,7 +146,8 @@ async def open_rollouts(rows: Rows, config: Config) -> AsyncIterator[RolloutRun]
     Rows are taken from `rows` only as capacity frees up (at most `config.concurrency`
     outcomes are unconsumed or in flight), so an endless generator is fine. Leaving the
     block early cancels what is in flight. The run owns its connections and the iterator
-    it takes from `rows` (a generator is closed on the way out). Raises UsageError or ServiceError on entry, before anything is sent.
+    it takes from `rows` (a generator is closed on the way out). Raises UsageError or
+    ServiceError on entry, before anything is sent.
     """
     metrics = Metrics()
     control = RunControl()

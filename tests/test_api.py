@@ -28,10 +28,8 @@ async def test_async_api_from_trio():
     async with trio.open_nursery() as nursery:
         port = await nursery.start(lambda task_status: serve(agent, task_status=task_status))
         config = Config(url=f"http://127.0.0.1:{port}", repeats=2)
-        outcomes = []
         async with open_rollouts(weather_rows(), config) as run_:
-            async for outcome in run_:
-                outcomes.append(outcome)
+            outcomes = [outcome async for outcome in run_]
         nursery.cancel_scope.cancel()
     assert all(isinstance(o, Rollout) for o in outcomes)
     assert sorted((o.task_index, o.rollout_index) for o in outcomes) == [(t, k) for t in range(5) for k in range(2)]
