@@ -19,15 +19,16 @@ import msgspec
 import trio
 
 from rollfilter import demo as demo_agent
+from rollfilter import progress
 from rollfilter.client import Router, request_headers
 from rollfilter.config import Config
-from rollfilter.dispatch import Release, RunControl, prepare, reward_of
+from rollfilter.dispatch import Engine, Release, RunControl, prepare, reward_of
 from rollfilter.errors import ErrorKind, ExitStatus, UsageError
 from rollfilter.metrics import Metrics
 from rollfilter.outcome import RowFailure
 from rollfilter.plan import ROLLOUT_INDEX, TASK_INDEX, Job, ResumeIndex, drop_torn_tail, parse_row
-from rollfilter.sink import BatchWriter, Reorderer, write_all
-from rollfilter.source import LineReader, check_inputs
+from rollfilter.sink import BatchWriter, LineWriter, Reorderer, write_all
+from rollfilter.source import STDIN, LineReader, check_inputs
 from rollfilter.tasks import TaskStats
 from rollfilter.transport import HTTP11Transport
 
@@ -84,9 +85,7 @@ def error_message(job: Job, failure: RowFailure, repeats: int) -> str:
 class LineSink:
     """Writes results as JSON lines and failures as records or stderr lines."""
 
-    def __init__(
-        self, results: BatchWriter, errors: BatchWriter, *, records: bool, ordered: bool, repeats: int
-    ) -> None:
+    def __init__(self, results: LineWriter, errors: LineWriter, *, records: bool, ordered: bool, repeats: int) -> None:
         self._results = results
         self._errors = errors
         self._records = records
@@ -161,17 +160,22 @@ def _write_metrics_file(fd: int | None, summary: bytes) -> None:
         os.write(fd, summary)
 
 
-async def run(
-    config: Config,
-    *,
-    streams: Streams = Streams(),
-    demo: demo_agent.DemoOptions | None = None,
-    handle_signals: bool = True,
-    quiet: bool = False,
-) -> ExitStatus:
+@dataclasses.dataclass(frozen=True, slots=True)
+class Presentation:
+    """How a command-line run talks to its user; none of it changes what is sent."""
+
+    demo: demo_agent.DemoOptions | None = None
+    handle_signals: bool = True
+    quiet: bool = False
+    progress: bool | None = None  # None: on when stderr is a terminal
+    verbose: bool = False
+    dry_run: bool = False
+
+
+async def run(config: Config, *, streams: Streams = Streams(), show: Presentation = Presentation()) -> ExitStatus:
     """Run the rollouts `config` describes; return the exit status. Prints the summary."""
     check_inputs(config.inputs)
-    if config.url is None and not config.endpoints and config.head_server is None and demo is None:
+    if config.url is None and not config.endpoints and config.head_server is None and show.demo is None:
         raise UsageError("no agent to send to: give -u URL, -e NAME=URL, --head-server URL, or --demo")
     resume = None
     if config.resume and config.output:
@@ -186,7 +190,7 @@ async def run(
             metrics=files.open(config.metrics_file, "--metrics"),
             per_task=files.open(config.per_task_file, "--per-task"),
         )
-        return await _run_open(config, streams, files_fds, resume, demo, handle_signals, quiet)
+        return await _run_open(config, streams, files_fds, resume, show)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -198,13 +202,7 @@ class _Fds:
 
 
 async def _run_open(
-    config: Config,
-    streams: Streams,
-    fds: _Fds,
-    resume: ResumeIndex | None,
-    demo: demo_agent.DemoOptions | None,
-    handle_signals: bool,
-    quiet: bool,
+    config: Config, streams: Streams, fds: _Fds, resume: ResumeIndex | None, show: Presentation
 ) -> ExitStatus:
     control = RunControl()
     metrics = Metrics()
@@ -212,11 +210,21 @@ async def _run_open(
         verify=not config.insecure, connect_timeout=config.connect_timeout, headers=request_headers(config)
     )
     results = BatchWriter(fds.out, on_closed_output=lambda: control.stop(ExitStatus.BROKEN_PIPE))
-    errors = BatchWriter(fds.err)
+    stderr_lines = BatchWriter(streams.stderr)
+    errors = BatchWriter(fds.err) if fds.err != streams.stderr else stderr_lines
     per_task = BatchWriter(fds.per_task) if fds.per_task is not None else None
-    writers = [w for w in (results, errors, per_task) if w is not None]
+    writers = list(dict.fromkeys(w for w in (results, errors, stderr_lines, per_task) if w is not None))
+    display = None
+    if not show.dry_run and progress.wanted(show.progress, quiet=show.quiet, stderr_fd=streams.stderr):
+        display = progress.ProgressDisplay(metrics, force_terminal=bool(show.progress))
+    # While the display is up, stderr lines are printed above it instead of through it.
+    log: LineWriter = display if display is not None else stderr_lines
     sink = LineSink(
-        results, errors, records=config.errors_file is not None, ordered=config.ordered, repeats=config.repeats
+        results,
+        log if errors is stderr_lines else errors,
+        records=config.errors_file is not None,
+        ordered=config.ordered,
+        repeats=config.repeats,
     )
     tasks = None
     if config.repeats > 1:
@@ -224,16 +232,18 @@ async def _run_open(
         tasks = TaskStats(config.repeats, config.pass_threshold, on_task)
     reader = LineReader(config.inputs, max_line_bytes=config.max_line_bytes, stdin_fd=streams.stdin)
     router: Router | None = None
+    events = (lambda text: log.write(f"rollfilter: {text}\n".encode(errors="replace"))) if show.verbose else None
 
     try:
         async with trio.open_nursery() as services:
             for writer in writers:
                 services.start_soon(writer.run)
-            if handle_signals:
+            if show.handle_signals:
                 await services.start(_watch_signals, control)
             if fds.out == streams.stdout and _is_pipe(fds.out):
                 services.start_soon(_watch_reader_gone, fds.out, lambda: control.stop(ExitStatus.BROKEN_PIPE))
-            if demo is not None:
+            if show.demo is not None:
+                demo = show.demo
                 port = await services.start(
                     lambda task_status: demo_agent.serve(demo_agent.DemoAgent(demo), task_status=task_status)
                 )
@@ -247,9 +257,16 @@ async def _run_open(
                 metrics=metrics,
                 tasks=tasks,
                 resume=resume,
+                on_event=events,
             )
             router = engine.router
-            await engine.run()
+            if display is not None:
+                total = _known_total(config)
+                services.start_soon(display.run, total)
+            if show.dry_run:
+                await dry_run(engine, results, log)
+            else:
+                await engine.run()
             if control.status is not None:
                 sink.flush_held()
             for writer in writers:
@@ -269,9 +286,41 @@ async def _run_open(
     _write_metrics_file(fds.metrics, summary)
     if control.reason:
         _write_stderr(streams.stderr, f"rollfilter: {control.reason}\n".encode())
-    if not quiet:
+    if not show.quiet:
         _write_stderr(streams.stderr, summary)
     return status
+
+
+def _known_total(config: Config) -> Callable[[], int | None]:
+    """How to count the run's rollouts, for the progress display's total and ETA."""
+
+    def count() -> int | None:
+        lines = None if config.limit is not None and STDIN in config.inputs else progress.count_lines(config.inputs)
+        if config.limit is not None:
+            lines = config.limit if lines is None else min(lines, config.limit)
+        if lines is None:
+            return None
+        shards = config.shard[1] if config.shard else 1
+        return -(-lines // shards) * config.repeats
+
+    return count
+
+
+async def dry_run(engine: Engine, out: BatchWriter, log: LineWriter) -> None:
+    """Write each row exactly as it would be sent, to stdout, and its route to stderr; send nothing."""
+    while (job := await engine.planner.next_job()) is not None:
+        engine.metrics.taken += 1
+        where = f"{job.source}:{job.line} task {job.task_index} rollout {job.rollout_index}"
+        route = job.failure or engine.router.route(job.row or {})
+        if isinstance(route, RowFailure):
+            engine.metrics.add_failure(route)
+            log.write(f"rollfilter: {where}: {route.kind.value}: {route.message}\n".encode(errors="replace"))
+            continue
+        out.write(job.body + b"\n")
+        url = route.replicas[0].url if len(route.replicas) == 1 else "/".join(str(r.url) for r in route.replicas)
+        log.write(f"rollfilter: {where} -> POST {url}\n".encode(errors="replace"))
+        engine.metrics.succeeded += 1
+    engine.metrics.skipped = engine.planner.skipped
 
 
 async def summarize(config: Config, *, streams: Streams = Streams()) -> ExitStatus:

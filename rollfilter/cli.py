@@ -235,6 +235,21 @@ def command(
             min=1,
         ),
     ] = DEFAULT_MAX_LINE_BYTES,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Send nothing: print each row as it would be sent, its route on stderr."),
+    ] = False,
+    verbose: Annotated[
+        bool, typer.Option("-v", "--verbose", help="One line per row event on stderr: sent, retried, finished, failed.")
+    ] = False,
+    progress: Annotated[
+        bool | None,
+        typer.Option(
+            "--progress/--no-progress",
+            help="Force the live progress display on stderr on or off (default: on when stderr is a terminal).",
+            show_default=False,
+        ),
+    ] = None,
     quiet: Annotated[
         bool, typer.Option("-q", "--quiet", help="Print no summary on stderr (--metrics FILE still gets it).")
     ] = False,
@@ -277,7 +292,10 @@ def command(
         sys.stderr.write(f"rollfilter: reading {what} from the terminal (give FILE, or pipe them in; Ctrl-D ends)\n")
     if summarize:
         raise typer.Exit(execute(lambda: cli_app.summarize(config)))
-    raise typer.Exit(execute(lambda: cli_app.run(config, demo=DemoOptions() if demo else None, quiet=quiet)))
+    show = cli_app.Presentation(
+        demo=DemoOptions() if demo else None, quiet=quiet, progress=progress, verbose=verbose, dry_run=dry_run
+    )
+    raise typer.Exit(execute(lambda: cli_app.run(config, show=show)))
 
 
 def _report(exc: RollfilterError) -> ExitStatus:

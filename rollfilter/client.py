@@ -169,7 +169,7 @@ class AgentClient:
     """POSTs rows to agents through the transport, retrying what is worth retrying.
 
     The transport (which carries the request headers) is owned by the caller.
-    `on_retry(failure, delay)` is called before each pause, for counting and -v output.
+    `on_retry(label, failure, delay)` is called before each pause, for counting and -v output.
     """
 
     def __init__(
@@ -178,7 +178,7 @@ class AgentClient:
         transport: HTTP11Transport,
         *,
         rng: random.Random | None = None,
-        on_retry: Callable[[RowFailure, float], None] | None = None,
+        on_retry: Callable[[Any, RowFailure, float], None] | None = None,
     ) -> None:
         self._transport = transport
         self._retries = config.retries
@@ -187,8 +187,8 @@ class AgentClient:
         self._rng = rng or random.Random()
         self._on_retry = on_retry
 
-    async def run(self, body: bytes, agent: Agent) -> Success | RowFailure:
-        """Send one rollout until it succeeds or its retries are spent."""
+    async def run(self, body: bytes, agent: Agent, label: Any = None) -> Success | RowFailure:
+        """Send one rollout until it succeeds or its retries are spent; `label` goes to on_retry."""
         replica: Replica | None = None
         attempt = 0
         while True:
@@ -212,7 +212,7 @@ class AgentClient:
                 return failure
             delay = backoff_delay(attempt, self._rng, retry_after)
             if self._on_retry is not None:
-                self._on_retry(failure, delay)
+                self._on_retry(label, failure, delay)
             await trio.sleep(delay)
 
     async def _attempt(self, url: httpx.URL, body: bytes) -> tuple[dict[str, Any] | RowFailure, float | None]:

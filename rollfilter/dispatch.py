@@ -66,6 +66,7 @@ class Engine:
     concurrency: int
     failure_limit: FailureLimit = dataclasses.field(default_factory=FailureLimit)
     tasks: TaskStats | None = None  # mean@K and pass@k, with --repeats K > 1
+    on_event: Callable[[str], None] | None = None  # -v: one line per row event
 
     async def run(self) -> None:
         """Return when every job has ended, or when `control` stopped the run."""
@@ -100,7 +101,9 @@ class Engine:
 
     async def _run_job(self, job: Job, agent: Agent, release: Release) -> None:
         started = trio.current_time()
-        outcome = await self.client.run(job.body, agent)
+        if self.on_event is not None:
+            self.on_event(f"{describe(job)}: sent to agent {agent.name or agent.replicas[0].url}")
+        outcome = await self.client.run(job.body, agent, job)
         if isinstance(outcome, RowFailure):
             self._fail(job, outcome, release)
             return
@@ -113,13 +116,18 @@ class Engine:
                 routed = {"type": "responses_api_agents", "name": agent.name}
             if routed is not None:
                 result["agent_ref"] = routed
-        self.metrics.add_result(result, trio.current_time() - started)
+        latency = trio.current_time() - started
+        self.metrics.add_result(result, latency)
+        if self.on_event is not None:
+            self.on_event(f"{describe(job)}: finished in {latency:.3f} s, reward {result.get('reward')}")
         if self.tasks is not None:
             self.tasks.rollout_ended(job.task_index, job.task_rollouts, reward_of(result))
         self.sink.result(job, result, release)
 
     def _fail(self, job: Job, failure: RowFailure, release: Release) -> None:
         self.metrics.add_failure(failure)
+        if self.on_event is not None:
+            self.on_event(f"{describe(job)}: failed after {failure.attempts} attempts: {failure.kind.value}")
         if self.tasks is not None:
             self.tasks.rollout_ended(job.task_index, job.task_rollouts, None)
         self.sink.failure(job, failure, release)
@@ -140,7 +148,7 @@ async def prepare(
     metrics: Metrics,
     tasks: TaskStats | None = None,
     resume: ResumeIndex | None = None,
-    on_retry: Callable[[RowFailure, float], None] | None = None,
+    on_event: Callable[[str], None] | None = None,
 ) -> Engine:
     """Resolve the agents (one head-server fetch) and build the engine for `config`.
 
@@ -151,10 +159,10 @@ async def prepare(
         raise UsageError("no agent to send to: give -u URL, -e NAME=URL, --head-server URL, or --demo")
     endpoints, head = await resolve_endpoints(config, transport)
 
-    def count_retry(failure: RowFailure, delay: float) -> None:
+    def count_retry(job: Job, failure: RowFailure, delay: float) -> None:
         metrics.retries += 1
-        if on_retry is not None:
-            on_retry(failure, delay)
+        if on_event is not None:
+            on_event(f"{describe(job)}: retry in {delay:.2f} s after {failure.kind.value}: {failure.message}")
 
     return Engine(
         planner=Planner(source, config, resume),
@@ -166,7 +174,12 @@ async def prepare(
         concurrency=config.concurrency,
         failure_limit=config.max_failures,
         tasks=tasks,
+        on_event=on_event,
     )
+
+
+def describe(job: Job) -> str:
+    return f"{job.source}:{job.line} task {job.task_index} rollout {job.rollout_index}"
 
 
 def reward_of(result: dict[str, Any]) -> float:

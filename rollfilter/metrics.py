@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rollfilter.errors import ErrorKind
@@ -48,7 +49,7 @@ class LatencyHistogram:
 class Metrics:
     """What happened in a run, fed row by row by the dispatcher."""
 
-    def __init__(self, clock: Any = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self.started_at = clock()
         self.taken = 0  # rollouts taken from the input and started
@@ -82,6 +83,14 @@ class Metrics:
                 continue
             sums[key] = sums.get(key, 0.0) + value
             counts[key] = counts.get(key, 0) + 1
+
+    def mean(self, key: str) -> float:
+        count = self._counts.get(key)
+        return self._sums[key] / count if count else 0.0
+
+    def rate(self) -> float:
+        """Rollouts ended per second so far."""
+        return self.ended / max(self._clock() - self.started_at, 1e-9)
 
     def add_failure(self, failure: RowFailure) -> None:
         self.failed += 1

@@ -15,11 +15,18 @@ import errno
 import os
 import stat
 from collections.abc import Callable
+from typing import Protocol
 
 import trio
 
 Release = Callable[[], None]
 GATHER_SECONDS = 0.002  # how long a threaded writer lets lines gather before a write
+
+
+class LineWriter(Protocol):
+    """Takes whole lines; `release` runs once the line is out of memory."""
+
+    def write(self, line: bytes, release: Release | None = None) -> None: ...
 
 
 class OutputClosed(Exception):

@@ -1,0 +1,98 @@
+"""The live progress display on a terminal's stderr (rich), refreshed a few times a second.
+
+It never writes to stdout. Lines meant for stderr while it is shown (failures, -v events)
+are printed above it through the same console, so they do not tear the display.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable, Sequence
+
+import trio
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+
+from rollfilter.metrics import Metrics
+
+REFRESH_SECONDS = 0.25
+COUNT_CHUNK = 1 << 20
+
+
+def wanted(forced: bool | None, *, quiet: bool, stderr_fd: int = 2) -> bool:
+    """Shown when stderr is a terminal (not TERM=dumb) unless -q; --progress/--no-progress decide."""
+    if forced is not None:
+        return forced
+    return not quiet and os.isatty(stderr_fd) and os.environ.get("TERM") != "dumb"
+
+
+def count_lines(paths: Sequence[str]) -> int | None:
+    """Lines in regular files (None for stdin or a pipe): the run's total, for an ETA.
+    Blank lines are counted too, so it is an estimate when the input has them."""
+    total = 0
+    for path in paths:
+        if path == "-" or not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        with open(path, "rb") as file:
+            last = b"\n"
+            while chunk := file.read(COUNT_CHUNK):
+                total += chunk.count(b"\n")
+                last = chunk[-1:]
+            total += last != b"\n"
+    return total
+
+
+class ProgressDisplay:
+    """done, failed, in flight, rows/s, mean reward, and done/total with an ETA when known."""
+
+    def __init__(self, metrics: Metrics, *, total: int | None = None, force_terminal: bool = False) -> None:
+        self._metrics = metrics
+        self.console = Console(stderr=True, force_terminal=force_terminal or None, highlight=False)
+        self._progress = Progress(
+            TextColumn("{task.completed:>8,.0f} done"),
+            TextColumn("{task.fields[failed]:>6,} failed"),
+            TextColumn("{task.fields[in_flight]:>5,} in flight"),
+            TextColumn("{task.fields[rate]:>8,.1f} rows/s"),
+            TextColumn("reward {task.fields[reward]:.3f}"),
+            BarColumn(),
+            TaskProgressColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+            auto_refresh=False,
+            transient=True,
+        )
+        self._task = self._progress.add_task("rollouts", total=total, failed=0, in_flight=0, rate=0.0, reward=0.0)
+
+    def set_total(self, total: int | None) -> None:
+        self._progress.update(self._task, total=total)
+
+    def write(self, line: bytes, release: Callable[[], None] | None = None) -> None:
+        """Print one stderr line above the display (the same interface as a BatchWriter)."""
+        self.console.print(line.decode(errors="replace").rstrip("\n"), markup=False, highlight=False, soft_wrap=True)
+        if release is not None:
+            release()
+
+    def refresh(self) -> None:
+        m = self._metrics
+        self._progress.update(
+            self._task,
+            completed=m.ended,
+            failed=m.failed,
+            in_flight=m.taken - m.ended,
+            rate=m.rate(),
+            reward=m.mean("reward"),
+        )
+        self._progress.refresh()
+
+    async def run(self, count: Callable[[], int | None] | None = None) -> None:
+        """Show and refresh the display until cancelled; `count` (run in a thread) finds the total."""
+        self._progress.start()
+        try:
+            if count is not None:
+                self.set_total(await trio.to_thread.run_sync(count, abandon_on_cancel=True))
+            while True:
+                self.refresh()
+                await trio.sleep(REFRESH_SECONDS)
+        finally:
+            self._progress.stop()

@@ -1,0 +1,86 @@
+"""The progress display, under a real pseudo-terminal: on the terminal only, never on stdout."""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import select
+import subprocess
+import time
+from pathlib import Path
+
+from tests.conftest import SUBPROCESS_TIMEOUT, clean_env, rollfilter_command, rows_jsonl, run
+
+ESC = b"\x1b["
+
+
+def rows_file(tmp_path: Path) -> Path:
+    path = tmp_path / "rows.jsonl"
+    path.write_text(rows_jsonl([{"responses_create_params": {"input": "x"}, "demo": {"latency": 0.02}}] * 200))
+    return path
+
+
+def run_on_pty(args: list[str], tmp_path: Path, **env: str) -> tuple[int, bytes, bytes]:
+    """Run with stderr on a pseudo-terminal and stdout to a file; return (status, stdout, terminal bytes)."""
+    controller, terminal = pty.openpty()
+    environment = clean_env(**{"TERM": "xterm-256color", "COLUMNS": "160", **env})
+    if "NO_COLOR" not in env:
+        environment.pop("NO_COLOR", None)
+    out = tmp_path / "stdout"
+    with out.open("wb") as stdout_file:
+        proc = subprocess.Popen([*rollfilter_command(), *args], stdout=stdout_file, stderr=terminal, env=environment)
+    os.close(terminal)
+    screen = b""
+    deadline = time.monotonic() + SUBPROCESS_TIMEOUT
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([controller], [], [], 0.2)
+        if ready:
+            try:
+                data = os.read(controller, 65536)
+            except OSError:  # the terminal closed: the process is gone
+                break
+            if not data:
+                break
+            screen += data
+        elif proc.poll() is not None:
+            break
+    status = proc.wait(timeout=SUBPROCESS_TIMEOUT)
+    os.close(controller)
+    return status, out.read_bytes(), screen
+
+
+def test_progress_shows_on_a_terminal_and_never_on_stdout(tmp_path):
+    status, stdout, screen = run_on_pty(["--demo", "-j", "4", str(rows_file(tmp_path))], tmp_path)
+    assert status == 0
+    assert b" done" in screen
+    assert b"in flight" in screen
+    assert b"rows/s" in screen
+    assert re.search(rb"\d+%", screen)  # the total is known (a regular file): a percentage and an ETA
+    assert ESC in screen
+    assert ESC not in stdout
+    assert stdout.count(b"\n") == 200
+    assert b'"reward"' in screen  # the summary follows the display
+
+
+def test_no_color_removes_colour_codes(tmp_path):
+    status, _, screen = run_on_pty(["--demo", "-j", "4", str(rows_file(tmp_path))], tmp_path, NO_COLOR="1")
+    assert status == 0
+    assert b" done" in screen
+    assert b"\x1b[38;" not in screen
+    assert b"\x1b[3" not in screen.replace(b"\x1b[2K", b"")
+
+
+def test_no_progress_and_dumb_terminals(tmp_path):
+    for args, env in ((["--no-progress"], {}), ([], {"TERM": "dumb"}), (["-q"], {})):
+        status, _, screen = run_on_pty(["--demo", *args, str(rows_file(tmp_path))], tmp_path, **env)
+        assert status == 0
+        assert b" done" not in screen, (args, env)
+
+
+def test_no_progress_when_stderr_is_a_pipe(tmp_path):
+    proc = run(["--demo", str(rows_file(tmp_path))])
+    assert proc.returncode == 0
+    assert ESC not in proc.stderr
+    assert b" done" not in proc.stderr
+    assert ESC not in proc.stdout
