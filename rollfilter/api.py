@@ -77,12 +77,30 @@ class _RowFeed:
         self._sync = iter(rows) if isinstance(rows, Iterable) else None
         self._async = aiter(rows) if self._sync is None else None  # type: ignore[arg-type]
         self._number = 0
+        self._waiting: list[Any] = []  # an item fill() took from an async iterable
+        self._done = False
 
-    async def next_line(self) -> InputLine | None:
-        try:
-            item = next(self._sync) if self._sync is not None else await anext(self._async)  # type: ignore[arg-type]
-        except (StopIteration, StopAsyncIteration):
+    def next_line_nowait(self) -> InputLine | None:
+        if self._waiting:
+            return self._line(self._waiting.pop())
+        if self._done:
             return None
+        if self._sync is None:
+            raise trio.WouldBlock
+        try:
+            return self._line(next(self._sync))
+        except StopIteration:
+            self._done = True
+            return None
+
+    async def fill(self) -> None:
+        if self._async is not None and not self._waiting and not self._done:
+            try:
+                self._waiting.append(await anext(self._async))
+            except StopAsyncIteration:
+                self._done = True
+
+    def _line(self, item: Any) -> InputLine:
         self._number += 1
         if isinstance(item, str):
             item = item.encode()

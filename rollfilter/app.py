@@ -12,14 +12,13 @@ import dataclasses
 import os
 import signal
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
 import trio
 
 from rollfilter import demo as demo_agent
-from rollfilter import progress
 from rollfilter.client import Router, request_headers
 from rollfilter.config import Config
 from rollfilter.dispatch import Engine, Release, RunControl, prepare, reward_of
@@ -215,8 +214,10 @@ async def _run_open(
     per_task = BatchWriter(fds.per_task) if fds.per_task is not None else None
     writers = list(dict.fromkeys(w for w in (results, errors, stderr_lines, per_task) if w is not None))
     display = None
-    if not show.dry_run and progress.wanted(show.progress, quiet=show.quiet, stderr_fd=streams.stderr):
-        display = progress.ProgressDisplay(metrics, force_terminal=bool(show.progress))
+    if not show.dry_run and progress_wanted(show.progress, quiet=show.quiet, stderr_fd=streams.stderr):
+        from rollfilter.progress import ProgressDisplay
+
+        display = ProgressDisplay(metrics, force_terminal=bool(show.progress))
     # While the display is up, stderr lines are printed above it instead of through it.
     log: LineWriter = display if display is not None else stderr_lines
     sink = LineSink(
@@ -291,11 +292,34 @@ async def _run_open(
     return status
 
 
+def progress_wanted(forced: bool | None, *, quiet: bool, stderr_fd: int = 2) -> bool:
+    """Shown when stderr is a terminal (not TERM=dumb) unless -q; --progress/--no-progress decide."""
+    if forced is not None:
+        return forced
+    return not quiet and os.isatty(stderr_fd) and os.environ.get("TERM") != "dumb"
+
+
+def count_lines(paths: Sequence[str]) -> int | None:
+    """Lines in regular files (None for stdin or a pipe): the run's total, for an ETA.
+    Blank lines are counted too, so it is an estimate when the input has them."""
+    total = 0
+    for path in paths:
+        if path == "-" or not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        with open(path, "rb") as file:
+            last = b"\n"
+            while chunk := file.read(1 << 20):
+                total += chunk.count(b"\n")
+                last = chunk[-1:]
+            total += last != b"\n"
+    return total
+
+
 def _known_total(config: Config) -> Callable[[], int | None]:
     """How to count the run's rollouts, for the progress display's total and ETA."""
 
     def count() -> int | None:
-        lines = None if config.limit is not None and STDIN in config.inputs else progress.count_lines(config.inputs)
+        lines = None if config.limit is not None and STDIN in config.inputs else count_lines(config.inputs)
         if config.limit is not None:
             lines = config.limit if lines is None else min(lines, config.limit)
         if lines is None:

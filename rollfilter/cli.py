@@ -6,6 +6,7 @@ here each expected condition becomes a one-line message and its documented statu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -337,4 +338,15 @@ def _silence_stdout() -> None:
 
 
 def main() -> None:
-    app(prog_name="rollfilter")
+    try:
+        app(prog_name="rollfilter")
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        if isinstance(exit_.code, str):
+            sys.stderr.write(exit_.code + "\n")
+        # Everything rollfilter writes is written by now (os.write, or flushed below);
+        # skipping the interpreter's teardown saves ~0.1 s per run, which adds up under xargs.
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(code)

@@ -14,6 +14,7 @@ that probability, else 0.0: rollouts of one task then differ, as pass@k needs), 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import http
@@ -72,6 +73,38 @@ def demo_reward(row: dict[str, Any], rng: random.Random | None = None) -> float:
     return 1.0 if len(input_text(row)) % 2 == 0 else 0.0
 
 
+class _FixedDelay:
+    """Waits of one fixed length, released in order by one timer task.
+
+    With thousands of requests waiting at once, a trio.sleep() each (a cancel scope and a
+    deadline apiece) was most of the demo agent's CPU; waits of equal length end in the
+    order they began, so one task sleeping until the oldest is due can release them all.
+    """
+
+    def __init__(self) -> None:
+        self._queue: collections.deque[tuple[float, trio.Event]] = collections.deque()
+        self._kick = trio.Event()
+
+    async def wait(self, seconds: float) -> None:
+        done = trio.Event()
+        self._queue.append((trio.current_time() + seconds, done))
+        self._kick.set()
+        await done.wait()
+
+    async def run(self) -> None:
+        while True:
+            if not self._queue:
+                await self._kick.wait()
+                self._kick = trio.Event()
+                continue
+            due = self._queue[0][0]
+            if due > trio.current_time():
+                await trio.sleep_until(due)
+            now = trio.current_time()
+            while self._queue and self._queue[0][0] <= now:
+                self._queue.popleft()[1].set()
+
+
 class DemoAgent:
     """The agent's behaviour, apart from HTTP: decides each answer, counts requests."""
 
@@ -82,6 +115,7 @@ class DemoAgent:
         self.by_id: Counter[str] = Counter()
         self._seen: Counter[bytes] = Counter()
         self._next_id = 0
+        self._fixed_delay = _FixedDelay()
 
     def _fault(self, row: dict[str, Any], body: bytes) -> str | None:
         steer = row.get("demo")
@@ -128,7 +162,10 @@ class DemoAgent:
         if isinstance(steer.get("latency"), (int, float)):
             latency = float(steer["latency"])
         if latency > 0:
-            await trio.sleep(latency)
+            if latency == self.options.latency:
+                await self._fixed_delay.wait(latency)
+            else:
+                await trio.sleep(latency)
         fault = self._fault(row, body)
         if fault in ("hang", "drop"):
             return fault
@@ -247,7 +284,9 @@ async def serve(
     async def handle(stream: trio.SocketStream) -> None:
         await _serve_connection(stream, agent)
 
-    await trio.serve_listeners(handle, listeners)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(agent._fixed_delay.run)
+        await trio.serve_listeners(handle, listeners)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,7 +14,6 @@ from typing import Any
 
 import httpx
 import msgspec
-import yaml
 
 from rollfilter.errors import ServiceError
 from rollfilter.transport import HTTP11Transport
@@ -80,6 +79,8 @@ async def fetch_agents(base_url: str, transport: HTTP11Transport) -> HeadServerA
         raise ServiceError(f"cannot reach {where}: {exc}") from None
     if response.status_code != 200:
         raise ServiceError(f"{where} answered HTTP {response.status_code} for /global_config_dict_yaml")
+    import yaml  # only a run with a head server pays for importing it
+
     try:
         text = msgspec.json.decode(response.content)
         config = yaml.safe_load(text) if isinstance(text, str) else text

@@ -14,6 +14,7 @@ from collections.abc import Hashable, Iterable
 from typing import Any, Protocol
 
 import msgspec
+import trio
 
 from rollfilter.config import Config
 from rollfilter.errors import ErrorKind, UsageError
@@ -199,7 +200,11 @@ def _hashable(value: Any) -> Hashable:
 class LineSource(Protocol):
     """Where rows come from: a LineReader over files, or the API's feed of rows."""
 
-    async def next_line(self) -> InputLine | None: ...
+    def next_line_nowait(self) -> InputLine | None:
+        """A buffered line, None at the end, or trio.WouldBlock until `fill()` has run."""
+        ...
+
+    async def fill(self) -> None: ...
 
 
 class Planner:
@@ -214,18 +219,32 @@ class Planner:
         self._seq = 0
         self.skipped = 0
 
-    async def next_job(self) -> Job | None:
-        """The next job to run, or None at the end of the input (or of --limit)."""
+    def next_job_nowait(self) -> Job | None:
+        """The next job if its line is buffered; None at the end of the input (or of --limit).
+
+        Raises trio.WouldBlock when the source must `fill()` first.
+        """
         while not self._pending:
             if self._config.limit is not None and self._rows >= self._config.limit:
                 return None
-            line = await self._reader.next_line()
+            line = self._reader.next_line_nowait()
             if line is None:
                 return None
             if line.data is not None and not line.data.strip():
                 continue  # blank lines are not rows
             self._plan_row(line)
         return self._pending.popleft()
+
+    async def fill(self) -> None:
+        await self._reader.fill()
+
+    async def next_job(self) -> Job | None:
+        """The next job to run, or None at the end of the input (or of --limit)."""
+        while True:
+            try:
+                return self.next_job_nowait()
+            except trio.WouldBlock:
+                await self.fill()
 
     def _plan_row(self, line: InputLine) -> None:
         task_index: Any = self._rows

@@ -1,14 +1,14 @@
 """The live progress display on a terminal's stderr (rich), refreshed a few times a second.
 
+Imported only when the display is shown: rich takes 30 ms to import.
+
 It never writes to stdout. Lines meant for stderr while it is shown (failures, -v events)
 are printed above it through the same console, so they do not tear the display.
 """
 
 from __future__ import annotations
 
-import os
-import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import trio
 from rich.console import Console
@@ -17,30 +17,6 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from rollfilter.metrics import Metrics
 
 REFRESH_SECONDS = 0.25
-COUNT_CHUNK = 1 << 20
-
-
-def wanted(forced: bool | None, *, quiet: bool, stderr_fd: int = 2) -> bool:
-    """Shown when stderr is a terminal (not TERM=dumb) unless -q; --progress/--no-progress decide."""
-    if forced is not None:
-        return forced
-    return not quiet and os.isatty(stderr_fd) and os.environ.get("TERM") != "dumb"
-
-
-def count_lines(paths: Sequence[str]) -> int | None:
-    """Lines in regular files (None for stdin or a pipe): the run's total, for an ETA.
-    Blank lines are counted too, so it is an estimate when the input has them."""
-    total = 0
-    for path in paths:
-        if path == "-" or not stat.S_ISREG(os.stat(path).st_mode):
-            return None
-        with open(path, "rb") as file:
-            last = b"\n"
-            while chunk := file.read(COUNT_CHUNK):
-                total += chunk.count(b"\n")
-                last = chunk[-1:]
-            total += last != b"\n"
-    return total
 
 
 class ProgressDisplay:

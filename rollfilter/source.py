@@ -95,18 +95,35 @@ class LineReader:
         self._limiter = trio.CapacityLimiter(1)
         self.bytes_read = 0
 
-    async def next_line(self) -> InputLine | None:
-        """The next line, or None once every input is exhausted."""
-        while not self._ready:
-            if self._fd is None and not self._open_next():
+    def next_line_nowait(self) -> InputLine | None:
+        """The next buffered line; None once every input is exhausted.
+
+        Raises trio.WouldBlock when `fill()` must read first.
+        """
+        if not self._ready:
+            if self._fd is None and not self._paths:
                 return None
-            await self._fill()
+            raise trio.WouldBlock
         item = self._ready.popleft()
         self._line_number += 1
         if isinstance(item, _TooLong):
             problem = f"line is {item.length} bytes, over the {self._max_line_bytes}-byte limit"
             return InputLine(self._name, self._line_number, None, item.length, problem)
         return InputLine(self._name, self._line_number, item, len(item))
+
+    async def fill(self) -> None:
+        """Read the next chunk, opening the next input once one is exhausted."""
+        if self._fd is None and not self._open_next():
+            return
+        await self._fill()
+
+    async def next_line(self) -> InputLine | None:
+        """The next line, or None once every input is exhausted."""
+        while True:
+            try:
+                return self.next_line_nowait()
+            except trio.WouldBlock:
+                await self.fill()
 
     def _open_next(self) -> bool:
         if not self._paths:
