@@ -35,7 +35,7 @@ from rollfilter.outcome import RowFailure
 from rollfilter.plan import Job
 from rollfilter.source import InputLine
 from rollfilter.tasks import TaskStats
-from rollfilter.transport import HTTP11Transport
+from rollfilter.transport import open_transport
 
 Rows = Iterable[Any] | AsyncIterable[Any]
 _encode = msgspec.json.Encoder().encode
@@ -172,8 +172,11 @@ async def open_rollouts(rows: Rows, config: Config) -> AsyncIterator[RolloutRun]
     tasks = TaskStats(config.repeats, config.pass_threshold) if config.repeats > 1 else None
     send, receive = trio.open_memory_channel[tuple[Outcome, Release]](math.inf)
     run = RolloutRun(receive)
-    transport = HTTP11Transport(
-        verify=not config.insecure, connect_timeout=config.connect_timeout, headers=request_headers(config)
+    transport = open_transport(
+        verify=not config.insecure,
+        connect_timeout=config.connect_timeout,
+        headers=request_headers(config),
+        proxy=config.proxy,
     )
     feed = _RowFeed(rows)
     try:

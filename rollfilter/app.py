@@ -29,7 +29,7 @@ from rollfilter.plan import ROLLOUT_INDEX, TASK_INDEX, Job, ResumeIndex, drop_to
 from rollfilter.sink import BatchWriter, LineWriter, Reorderer, write_all
 from rollfilter.source import STDIN, LineReader, check_inputs
 from rollfilter.tasks import TaskStats
-from rollfilter.transport import HTTP11Transport
+from rollfilter.transport import open_transport
 
 _encode = msgspec.json.Encoder().encode
 APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT
@@ -205,8 +205,11 @@ async def _run_open(
 ) -> ExitStatus:
     control = RunControl()
     metrics = Metrics()
-    transport = HTTP11Transport(
-        verify=not config.insecure, connect_timeout=config.connect_timeout, headers=request_headers(config)
+    transport = open_transport(
+        verify=not config.insecure,
+        connect_timeout=config.connect_timeout,
+        headers=request_headers(config),
+        proxy=config.proxy,
     )
     results = BatchWriter(fds.out, on_closed_output=lambda: control.stop(ExitStatus.BROKEN_PIPE))
     stderr_lines = BatchWriter(streams.stderr)

@@ -204,6 +204,15 @@ def command(
             envvar="ROLLFILTER_HEAD_SERVER",
         ),
     ] = None,
+    proxy: Annotated[
+        str | None,
+        typer.Option(
+            "--proxy",
+            metavar="URL",
+            help="Send through this HTTP proxy (HTTP_PROXY and HTTPS_PROXY are not read).",
+            envvar="ROLLFILTER_PROXY",
+        ),
+    ] = None,
     shard: Annotated[
         str | None,
         typer.Option(
@@ -285,6 +294,7 @@ def command(
             pass_threshold=pass_threshold,
             per_task_file=per_task,
             head_server=head_server,
+            proxy=proxy,
         )
     except RollfilterError as exc:
         raise typer.Exit(_report(exc)) from None

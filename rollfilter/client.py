@@ -24,7 +24,7 @@ from rollfilter.config import Config
 from rollfilter.errors import ErrorKind, ServiceError, UsageError
 from rollfilter.headserver import HeadServerAgents, fetch_agents, origin
 from rollfilter.outcome import RowFailure
-from rollfilter.transport import HTTP11Transport
+from rollfilter.transport import AgentTransport, HTTP11Transport
 
 BACKOFF_BASE = 0.5  # seconds before the first retry (times full jitter)
 BACKOFF_CAP = 30.0  # the longest jittered pause between two attempts
@@ -175,7 +175,7 @@ class AgentClient:
     def __init__(
         self,
         config: Config,
-        transport: HTTP11Transport,
+        transport: AgentTransport,
         *,
         rng: random.Random | None = None,
         on_retry: Callable[[Any, RowFailure, float], None] | None = None,
@@ -261,14 +261,16 @@ def _snippet(content: bytes) -> str:
     return text[:ERROR_BODY_CHARS] + ("..." if len(text) > ERROR_BODY_CHARS else "")
 
 
-async def resolve_endpoints(
-    config: Config, transport: HTTP11Transport
-) -> tuple[dict[str, tuple[str, ...]], HeadServerAgents | None]:
+async def resolve_endpoints(config: Config) -> tuple[dict[str, tuple[str, ...]], HeadServerAgents | None]:
     """-e endpoints, over the head server's agents when there is one (explicit -e wins)."""
     if config.head_server is None:
         return dict(config.endpoints), None
-    with trio.move_on_after(HEAD_SERVER_TIMEOUT) as scope:
-        head = await fetch_agents(config.head_server, transport)
+    transport = HTTP11Transport(verify=not config.insecure, connect_timeout=config.connect_timeout)
+    try:
+        with trio.move_on_after(HEAD_SERVER_TIMEOUT) as scope:
+            head = await fetch_agents(config.head_server, transport)
+    finally:
+        await transport.aclose()
     if scope.cancelled_caught:
         raise ServiceError(
             f"the head server at {origin(config.head_server)} did not answer in {HEAD_SERVER_TIMEOUT:g} s"

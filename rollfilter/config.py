@@ -76,6 +76,7 @@ class Config:
     pass_threshold: float = 1.0
     per_task_file: str | None = None
     head_server: str | None = None
+    proxy: str | None = None  # an http(s) proxy URL for every request to an agent
 
     def __post_init__(self) -> None:
         # URLs are checked and completed here, so the API and the CLI agree on them.
@@ -87,6 +88,8 @@ class Config:
         }
         object.__setattr__(self, "endpoints", endpoints)
         object.__setattr__(self, "inputs", tuple(self.inputs))
+        if self.proxy is not None and urllib.parse.urlsplit(self.proxy).scheme not in ("http", "https", "socks5"):
+            raise UsageError("--proxy wants a URL like http://proxy.example:3128")
         if self.concurrency < 1:
             raise UsageError("--concurrency must be at least 1")
         if self.repeats < 1:
@@ -147,9 +150,12 @@ def parse_header(spec: str) -> tuple[str, str]:
     """`Name: value`, as curl's -H. The value is a secret: it never appears in a message."""
     name, sep, value = spec.partition(":")
     name = name.strip()
-    if not sep or not name or any(c.isspace() for c in name):
+    if not sep or not name or any(c.isspace() or not c.isprintable() for c in name):
         raise UsageError("-H/--header wants 'Name: value' (the value is not shown)")
-    return name, value.strip()
+    value = value.strip()
+    if any(c in "\r\n\0" for c in value):
+        raise UsageError(f"-H/--header {name}: the value holds a line break (the value is not shown)")
+    return name, value
 
 
 def parse_statuses(spec: str) -> frozenset[int]:

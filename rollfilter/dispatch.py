@@ -22,7 +22,7 @@ from rollfilter.metrics import Metrics
 from rollfilter.outcome import RowFailure
 from rollfilter.plan import ROLLOUT_INDEX, TASK_INDEX, Job, LineSource, Planner, ResumeIndex
 from rollfilter.tasks import TaskStats
-from rollfilter.transport import HTTP11Transport
+from rollfilter.transport import AgentTransport
 
 Release = Callable[[], None]
 
@@ -95,13 +95,12 @@ class Engine:
                 release()
                 return
             self.metrics.taken += 1
-            if job.failure is not None:
-                self._fail(job, job.failure, release)
-                continue
-            assert job.row is not None
-            agent = self.router.route(job.row)
+            agent = job.failure or self.router.route(job.row or {})
             if isinstance(agent, RowFailure):
                 self._fail(job, agent, release)
+                # A run of bad lines sends nothing: without this, a stop would not be
+                # noticed until the buffered lines ran out.
+                await trio.lowlevel.checkpoint()
                 continue
             await self._run_job(job, agent, release)
 
@@ -161,7 +160,7 @@ async def prepare(
     *,
     source: LineSource,
     sink: RowSink,
-    transport: HTTP11Transport,
+    transport: AgentTransport,
     control: RunControl,
     metrics: Metrics,
     tasks: TaskStats | None = None,
@@ -175,7 +174,7 @@ async def prepare(
     """
     if config.url is None and not config.endpoints and config.head_server is None:
         raise UsageError("no agent to send to: give -u URL, -e NAME=URL, --head-server URL, or --demo")
-    endpoints, head = await resolve_endpoints(config, transport)
+    endpoints, head = await resolve_endpoints(config)
 
     def count_retry(job: Job, failure: RowFailure, delay: float) -> None:
         metrics.retries += 1

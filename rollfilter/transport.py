@@ -17,6 +17,7 @@ import ipaddress
 import select
 import socket
 import ssl
+from typing import Protocol
 
 import httptools
 import httpx
@@ -259,6 +260,58 @@ def _reason(exc: BaseException) -> str:
     if isinstance(cause, OSError) and cause.strerror:
         return cause.strerror
     return str(exc) or type(exc).__name__
+
+
+class AgentTransport(Protocol):
+    """What the client sends through: a JSON POST, whole replies, and closing."""
+
+    async def post(self, url: httpx.URL, body: bytes) -> Reply: ...
+
+    async def aclose(self) -> None: ...
+
+
+class ProxyTransport:
+    """Sends through an HTTP proxy (--proxy) with httpx's own transport.
+
+    httpx's pool does work proportional to its size per request, so this path is for
+    reaching agents behind a proxy, not for the highest rates.
+    """
+
+    def __init__(
+        self, proxy: str, *, verify: bool = True, connect_timeout: float = 10.0, headers: list[tuple[str, str]]
+    ) -> None:
+        self._headers = headers
+        self._timeout = httpx.Timeout(None, connect=connect_timeout)
+        self._transport = httpx.AsyncHTTPTransport(
+            proxy=proxy,
+            verify=tls_context(verify=verify),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+        )
+
+    async def post(self, url: httpx.URL, body: bytes) -> Reply:
+        request = httpx.Request(
+            "POST", url, headers=self._headers, content=body, extensions={"timeout": self._timeout.as_dict()}
+        )
+        response = await self._transport.handle_async_request(request)
+        reply = Reply()
+        reply.status = response.status_code
+        reply.headers = list(response.headers.raw)
+        reply.body = await response.aread()
+        reply.complete = True
+        await response.aclose()
+        return reply
+
+    async def aclose(self) -> None:
+        await self._transport.aclose()
+
+
+def open_transport(
+    *, verify: bool, connect_timeout: float, headers: list[tuple[str, str]], proxy: str | None = None
+) -> AgentTransport:
+    """The transport for a run: direct HTTP/1.1, or httpx's through --proxy."""
+    if proxy is not None:
+        return ProxyTransport(proxy, verify=verify, connect_timeout=connect_timeout, headers=headers)
+    return HTTP11Transport(verify=verify, connect_timeout=connect_timeout, headers=headers)
 
 
 def tls_context(*, verify: bool) -> ssl.SSLContext:

@@ -183,6 +183,29 @@ def test_sigterm_exits_143_with_summary(tmp_path, demo_server: DemoServer):
     assert summary_of(stderr)["rollfilter"]["cancelled"] == 5
 
 
+def test_second_interrupt_during_the_wind_down_exits_at_once(demo_server: DemoServer, tmp_path):
+    data = tmp_path / "rows.jsonl"
+    data.write_text(rows_jsonl(simple_rows(5000)))
+    # Nobody reads stdout: once the pipe is full the wind-down cannot finish writing.
+    proc = subprocess.Popen(
+        [*rollfilter_command(), "-u", demo_server.url, str(data)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(),
+    )  # fmt: skip
+    try:
+        wait_for(lambda: demo_server.stats()["requests"] > 100)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        assert proc.poll() is None  # stuck writing finished results to a full pipe
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 130
+    finally:
+        proc.kill()
+        proc.wait(timeout=SUBPROCESS_TIMEOUT)
+        for stream in (proc.stdout, proc.stderr):
+            assert stream is not None
+            stream.close()
+
+
 BAD_INPUT_CASES = [
     (b"{not json}", "invalid JSON"),
     (b'\xef\xbb\xbf{"responses_create_params": {"input": "x"}}', "byte order mark"),
