@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import http.server
 import json
 import math
 import random
 import subprocess
-import threading
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +16,8 @@ import yaml
 from tests.conftest import (
     SUBPROCESS_TIMEOUT,
     DemoServer,
+    QuietHandler,
+    ThreadedHTTPServer,
     clean_env,
     result_lines,
     rollfilter_command,
@@ -33,35 +33,20 @@ AGENT = "example_single_tool_call_simple_agent"
 SECRET = "dummy-key"  # policy_api_key in the config: must never be printed
 
 
-class HeadServer:
+class HeadServer(ThreadedHTTPServer):
     """A stand-in NeMo Gym head server: GET /global_config_dict_yaml answers a JSON string of YAML."""
 
     def __init__(self, config: dict) -> None:
         body = json.dumps(yaml.safe_dump(config)).encode()
 
-        class Handler(http.server.BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 if self.path != "/global_config_dict_yaml":
                     self.send_error(404)
                     return
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                self.send_json(200, body)
 
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=10)
+        super().__init__(Handler)
 
 
 @pytest.fixture

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import functools
-import http.server
 import shutil
 import ssl
 import subprocess
-import threading
 import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -19,7 +17,7 @@ import trio
 from rollfilter import Config, Failure, Rollout, open_rollouts
 from rollfilter.demo import DemoAgent, _serve_connection
 from rollfilter.transport import HTTP11Transport
-from tests.conftest import DemoServer, result_lines, rows_jsonl, run, simple_rows
+from tests.conftest import DemoServer, QuietHandler, ThreadedHTTPServer, result_lines, rows_jsonl, run, simple_rows
 
 Handler = Callable[[trio.SocketStream], Awaitable[None]]
 
@@ -162,14 +160,14 @@ async def test_tls_is_verified_unless_insecure(certificate: tuple[Path, Path], m
         nursery.cancel_scope.cancel()
 
 
-class ForwardProxy:
+class ForwardProxy(ThreadedHTTPServer):
     """A plain-HTTP forward proxy on 127.0.0.1 that counts what passes through it."""
 
     def __init__(self) -> None:
         self.requests = 0
         proxy = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
 
             def do_POST(self) -> None:
@@ -178,25 +176,9 @@ class ForwardProxy:
                 request = urllib.request.Request(self.path, data=body, headers={"Content-Type": "application/json"})
                 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
                 with opener.open(request, timeout=30) as response:
-                    payload = response.read()
-                self.send_response(response.status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                    self.send_json(response.status, response.read())
 
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=10)
+        super().__init__(Handler)
 
 
 def test_proxy_option_sends_through_the_proxy(demo_server: DemoServer):
