@@ -46,13 +46,9 @@ class Streams:
 
 def open_for_append(path: str, option: str) -> int:
     try:
-        fd = os.open(path, APPEND_FLAGS, 0o666)
+        return os.open(path, APPEND_FLAGS, 0o666)
     except OSError as exc:
         raise UsageError(f"cannot write {option} {path}: {exc.strerror}") from None
-    if stat.S_ISDIR(os.fstat(fd).st_mode):  # pragma: no cover - open() refuses directories for writing
-        os.close(fd)
-        raise UsageError(f"cannot write {option} {path}: Is a directory")
-    return fd
 
 
 def error_record(job: Job, failure: RowFailure) -> dict[str, Any]:
@@ -119,8 +115,8 @@ async def _watch_signals(control: RunControl, task_status: trio.TaskStatus[None]
         task_status.started()
         async for signum in signals:
             status = ExitStatus.INTERRUPTED if signum == signal.SIGINT else ExitStatus.TERMINATED
-            if control.status in (ExitStatus.INTERRUPTED, ExitStatus.TERMINATED):
-                os._exit(status)  # a second signal during the wind-down: leave now
+            if control.scope.cancel_called:
+                os._exit(status)  # a signal during the wind-down: leave now
             control.stop(status)
 
 
@@ -161,7 +157,7 @@ def _write_metrics_file(fd: int | None, summary: bytes) -> None:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Presentation:
-    """How a command-line run talks to its user; none of it changes what is sent."""
+    """What a command-line run adds around the engine: the demo agent, signals, what it shows."""
 
     demo: demo_agent.DemoOptions | None = None
     handle_signals: bool = True
