@@ -192,7 +192,15 @@ def test_second_interrupt_during_the_wind_down_exits_at_once(demo_server: DemoSe
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(),
     )  # fmt: skip
     try:
-        wait_for(lambda: demo_server.stats()["requests"] > 100)
+        seen = [-1]
+
+        def stalled() -> bool:  # the pipe is full and every slot waits on a write
+            time.sleep(0.3)
+            count = demo_server.stats()["requests"]
+            previous, seen[0] = seen[0], count
+            return count > 100 and count == previous
+
+        wait_for(stalled)
         proc.send_signal(signal.SIGINT)
         time.sleep(0.5)
         assert proc.poll() is None  # stuck writing finished results to a full pipe
