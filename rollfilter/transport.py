@@ -66,6 +66,12 @@ class Reply:
         # llhttp forgets this once feed_data() returns.
         self.keep_alive = self.parser.should_keep_alive()
 
+    def detach(self) -> None:
+        """Drop the parser once parsing is over. The parser holds this reply for its callbacks,
+        and that cycle is freed only by the cyclic GC: at a million rows, replies promoted
+        to its oldest generation held 400 MB before a full collection came round."""
+        del self.parser
+
     def header(self, name: bytes) -> bytes | None:
         for key, value in self.headers:
             if key.lower() == name:
@@ -98,15 +104,20 @@ class _Connection:
         """Send one whole request; return the reply and whether the connection can be reused."""
         await self.stream.send_all(request)
         reply = Reply()
+        try:
+            return reply, await self._read_reply(reply)
+        finally:
+            reply.detach()
+
+    async def _read_reply(self, reply: Reply) -> bool:
         parser = reply.parser
         while True:
             data = await self.stream.receive_some(RECEIVE_BYTES)
             if not data:
                 if reply.status and not reply.framed and not reply.complete:
                     reply.on_message_complete()  # a body delimited by the connection's end
-                    return reply, False
-                if not reply.complete:
-                    raise httpx.RemoteProtocolError("server closed the connection without a full response")
+                    return False
+                raise httpx.RemoteProtocolError("server closed the connection without a full response")
             try:
                 parser.feed_data(data)
             except httptools.HttpParserError as exc:
@@ -115,7 +126,7 @@ class _Connection:
                 if 100 <= reply.status < 200:  # 100 Continue and the like: the answer follows
                     reply.on_message_begin()
                     continue
-                return reply, reply.keep_alive
+                return reply.keep_alive
 
 
 class HTTP11Transport(httpx.AsyncBaseTransport):
@@ -294,6 +305,7 @@ class ProxyTransport:
         )
         response = await self._transport.handle_async_request(request)
         reply = Reply()
+        reply.detach()
         reply.status = response.status_code
         reply.headers = list(response.headers.raw)
         reply.body = await response.aread()
