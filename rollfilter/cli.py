@@ -10,7 +10,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Annotated
+from typing import Annotated, Any
 
 import trio
 import typer
@@ -349,14 +349,19 @@ def _silence_stdout() -> None:
 
 def main() -> None:
     try:
-        app(prog_name="rollfilter")
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-        if isinstance(exit_.code, str):
-            sys.stderr.write(exit_.code + "\n")
-        # Everything rollfilter writes is written by now (os.write, or flushed below);
-        # skipping the interpreter's teardown saves ~0.1 s per run, which adds up under xargs.
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):
-                stream.flush()
-        os._exit(code)
+        code: Any = app(prog_name="rollfilter", standalone_mode=False)
+    except typer.TyperException as exc:  # click's usage errors: one line, as for every other error
+        sys.stderr.write(f"rollfilter: {exc.format_message()} (see 'rollfilter --help')\n")
+        code = exc.exit_code
+    except typer.Abort:
+        code = ExitStatus.INTERRUPTED
+    except SystemExit as exit_:  # shell completion exits by itself
+        code = exit_.code
+    if not isinstance(code, int):
+        code = 0 if code is None else 1
+    # Everything rollfilter writes is written by now (os.write, or flushed below);
+    # skipping the interpreter's teardown saves ~0.1 s per run, which adds up under xargs.
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)

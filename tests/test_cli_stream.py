@@ -248,6 +248,8 @@ def test_usage_errors_exit_2_before_sending(tmp_path, demo_server: DemoServer):
         ["-u", demo_server.url, "-o", str(tmp_path / "no-such-dir" / "out.jsonl")],
         ["-u", demo_server.url, "--resume"],
         ["-u", "ftp://example.invalid/"],
+        ["-u", demo_server.url, "-j", "abc"],
+        ["-u", demo_server.url, "--no-such-option"],
         [],
     ]
     for args in cases:

@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -76,33 +77,64 @@ class Measure:
     rows: int
 
 
+def high_water_rss_kb(pid: int) -> int:
+    """The process's own peak RSS (VmHWM), 0 when /proc cannot tell."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def count_lines(path: Path) -> int:
+    lines = 0
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 20):
+            lines += chunk.count(b"\n")
+    return lines
+
+
 def run_client(argv: Sequence[str], *, stdin_path: Path | None = None, output: Path | None = None) -> Measure:
-    """Run one client to its end: wall time, and its own CPU and peak RSS from wait4()."""
+    """Run one client to its end: wall time, its CPU from wait4(), and its peak RSS.
+
+    Peak RSS is the child's VmHWM, sampled until it exits. wait4()'s ru_maxrss is not used:
+    Linux counts in it the parent's memory at fork time, so after this script had read a
+    large output file every later client seemed to peak at 400 MB.
+    """
     stdin = open(stdin_path, "rb") if stdin_path else subprocess.DEVNULL  # noqa: SIM115
     try:
         start = time.monotonic()
         process = subprocess.Popen([*pinned(0), *argv], stdin=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         assert process.stderr is not None
-        stderr = process.stderr.read()
+        stderr_chunks: list[bytes] = []
+        reader = threading.Thread(target=lambda: stderr_chunks.append(process.stderr.read()))  # type: ignore[union-attr]
+        reader.start()
         deadline = time.monotonic() + RUN_TIMEOUT
+        peak_kb = 0
         while True:
+            peak_kb = max(peak_kb, high_water_rss_kb(process.pid))
             pid, status, usage = os.wait4(process.pid, os.WNOHANG)
             if pid:
                 break
             if time.monotonic() > deadline:
                 process.kill()
                 raise SystemExit(f"{argv[0]} ran over {RUN_TIMEOUT} s")
-            time.sleep(0.005)
+            time.sleep(0.01)
         wall = time.monotonic() - start
         process.returncode = os.waitstatus_to_exitcode(status)
+        reader.join()
         process.stderr.close()
     finally:
         if stdin_path:
             stdin.close()  # type: ignore[union-attr]
+    stderr = b"".join(stderr_chunks)
     if process.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed ({process.returncode}): {stderr.decode()[-500:]}")
-    rows = output.read_bytes().count(b"\n") if output else 0
-    return Measure(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, rows)
+    rows = count_lines(output) if output else 0
+    return Measure(wall, usage.ru_utime + usage.ru_stime, (peak_kb or usage.ru_maxrss) / 1024, rows)
 
 
 def make_rows(path: Path, n: int) -> Path:
