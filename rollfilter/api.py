@@ -28,11 +28,12 @@ import trio
 
 from rollfilter.client import request_headers
 from rollfilter.config import Config
-from rollfilter.dispatch import Release, RunControl, prepare
+from rollfilter.dispatch import RunControl, prepare
 from rollfilter.errors import ErrorKind
 from rollfilter.metrics import Metrics
 from rollfilter.outcome import RowFailure
 from rollfilter.plan import Job
+from rollfilter.sink import Release
 from rollfilter.source import InputLine
 from rollfilter.tasks import TaskStats
 from rollfilter.transport import open_transport

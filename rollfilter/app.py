@@ -21,12 +21,12 @@ import trio
 from rollfilter import demo as demo_agent
 from rollfilter.client import Router, request_headers
 from rollfilter.config import Config
-from rollfilter.dispatch import Engine, Release, RunControl, prepare, reward_of
+from rollfilter.dispatch import Engine, RunControl, prepare, reward_of
 from rollfilter.errors import ErrorKind, ExitStatus, UsageError
 from rollfilter.metrics import Metrics
 from rollfilter.outcome import RowFailure
 from rollfilter.plan import ROLLOUT_INDEX, TASK_INDEX, Job, ResumeIndex, drop_torn_tail, parse_row
-from rollfilter.sink import BatchWriter, LineWriter, Reorderer, write_all
+from rollfilter.sink import BatchWriter, LineWriter, Release, Reorderer, write_all
 from rollfilter.source import STDIN, LineReader, check_inputs
 from rollfilter.tasks import TaskStats
 from rollfilter.transport import open_transport

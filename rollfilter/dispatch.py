@@ -21,10 +21,9 @@ from rollfilter.errors import ExitStatus, UsageError
 from rollfilter.metrics import Metrics
 from rollfilter.outcome import RowFailure
 from rollfilter.plan import ROLLOUT_INDEX, TASK_INDEX, Job, LineSource, Planner, ResumeIndex
+from rollfilter.sink import Release
 from rollfilter.tasks import TaskStats
 from rollfilter.transport import AgentTransport
-
-Release = Callable[[], None]
 
 
 class RowSink(Protocol):

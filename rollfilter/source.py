@@ -51,10 +51,6 @@ def check_inputs(paths: Sequence[str]) -> None:
             raise UsageError(f"cannot read {path}: Permission denied")
 
 
-def is_tty_stdin(paths: Sequence[str]) -> bool:
-    return STDIN in paths and os.isatty(0)
-
-
 class _TooLong:
     __slots__ = ("length",)
 
