@@ -66,6 +66,8 @@ class Agent:
     def pick(self, now: float, avoid: Replica | None = None) -> Replica:
         """The replica with the fewest requests outstanding among those not cooling down,
         preferring one other than `avoid` (the replica that just failed the row)."""
+        if len(self.replicas) == 1:
+            return self.replicas[0]
         ready = [r for r in self.replicas if r.cool_until <= now and r is not avoid]
         if not ready:
             ready = [r for r in self.replicas if r.cool_until <= now] or [
