@@ -380,7 +380,10 @@ async def summarize(config: Config, *, streams: Streams = Streams()) -> ExitStat
         reader.close()
     if tasks is not None:
         tasks.flush_open()
-    summary = _summary_bytes(metrics, tasks, None)
+    summary_object = metrics.summary(tasks=tasks)
+    for timing in ("elapsed_s", "rows_per_s", "latency_s"):  # the files hold no timings to recompute
+        del summary_object["rollfilter"][timing]
+    summary = _encode(summary_object) + b"\n"
     with OutputFiles() as files:
         _write_metrics_file(files.open(config.metrics_file, "--metrics"), summary)
     if bad:

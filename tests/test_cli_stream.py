@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import pty
 import random
 import select
 import signal
@@ -269,3 +271,36 @@ def test_version_and_module_entry_point():
     )
     assert proc.returncode == 0
     assert proc.stdout.decode().startswith("rollfilter ")
+
+
+def test_parallel_appends_to_one_file_never_tear_a_line(tmp_path, demo_server: DemoServer):
+    out = tmp_path / "out.jsonl"
+    data = tmp_path / "rows.jsonl"
+    data.write_text(rows_jsonl(simple_rows(2000)))
+    procs = [
+        subprocess.Popen(
+            [*rollfilter_command(), "-q", "-u", demo_server.url, "-o", str(out), str(data)], env=clean_env()
+        )
+        for _ in range(3)
+    ]
+    assert [p.wait(timeout=SUBPROCESS_TIMEOUT) for p in procs] == [0, 0, 0]
+    lines = out.read_bytes().splitlines()
+    assert len(lines) == 6000
+    assert all(json.loads(line)["_ng_rollout_index"] == 0 for line in lines)  # each line whole
+
+
+def test_a_terminal_on_stdin_gets_a_hint(demo_server: DemoServer):
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen(
+        [*rollfilter_command(), "-u", demo_server.url], stdin=terminal, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, env=clean_env(),
+    )  # fmt: skip
+    os.close(terminal)
+    assert proc.stderr is not None
+    hint = proc.stderr.readline().decode()
+    os.write(controller, b"\x04")  # Ctrl-D: the end of the input
+    stdout, _ = proc.communicate(timeout=SUBPROCESS_TIMEOUT)
+    os.close(controller)
+    assert hint.startswith("rollfilter: reading rows from the terminal")
+    assert proc.returncode == 0
+    assert stdout == b""
