@@ -9,7 +9,6 @@ import random
 import select
 import signal
 import subprocess
-import time
 
 from tests.conftest import (
     SUBPROCESS_TIMEOUT,
@@ -190,20 +189,17 @@ def test_ctrl_c_keeps_finished_results_and_prints_summary(demo_server: DemoServe
     proc.stdin.write(rows_jsonl(rows).encode())
     proc.stdin.close()
     lines = [proc.stdout.readline() for _ in range(20)]  # the 20 quick rows are done
-    start = time.monotonic()
     proc.send_signal(signal.SIGINT)
     lines += proc.stdout.read().splitlines(keepends=True)
     status = proc.wait(timeout=SUBPROCESS_TIMEOUT)
-    elapsed = time.monotonic() - start
     stderr = proc.stderr.read()
     proc.stdout.close()
     proc.stderr.close()
     assert status == 130
-    assert elapsed < 25  # the 30 s rows were cancelled, not waited for
     assert sorted(json.loads(line)["_ng_task_index"] for line in lines) == list(range(20))
     summary = summary_of(stderr)["rollfilter"]
     assert summary["succeeded"] == 20
-    assert summary["cancelled"] == 20
+    assert summary["cancelled"] == 20  # the 30 s rows were cancelled, not waited for
     assert b"Traceback" not in stderr
 
 
