@@ -7,9 +7,11 @@ here each expected condition becomes a one-line message and its documented statu
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 import trio
@@ -35,6 +37,7 @@ from rollfilter.demo import DemoOptions
 from rollfilter.errors import ExitStatus, RollfilterError
 from rollfilter.sink import OutputClosed
 
+EXAMPLE_ROWS = Path(__file__).parent / "examples" / "weather.jsonl"  # NeMo Gym's five-row example
 HELP = """Collect agent rollouts: JSONL rows in (FILEs or stdin), one result line out per row as it finishes.
 
 Each row is POSTed to an agent's /run endpoint; each JSON answer is written to stdout as one
@@ -298,9 +301,16 @@ def command(
         )
     except RollfilterError as exc:
         raise typer.Exit(_report(exc)) from None
-    if config.inputs == ("-",) and os.isatty(0):
-        what = "result lines" if summarize else "rows"
-        sys.stderr.write(f"rollfilter: reading {what} from the terminal (give FILE, or pipe them in; Ctrl-D ends)\n")
+    if not files and os.isatty(0):
+        if demo and not summarize:
+            # `rollfilter --demo` typed at a terminal shows the whole job with no setup at all.
+            config = dataclasses.replace(config, inputs=(str(EXAMPLE_ROWS),))
+            sys.stderr.write(f"rollfilter: --demo with no input: running the example rows in {EXAMPLE_ROWS}\n")
+        else:
+            what = "result lines" if summarize else "rows"
+            sys.stderr.write(
+                f"rollfilter: reading {what} from the terminal (give FILE, or pipe them in; Ctrl-D ends)\n"
+            )
     if summarize:
         raise typer.Exit(execute(lambda: cli_app.summarize(config)))
     show = cli_app.Presentation(

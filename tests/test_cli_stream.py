@@ -300,3 +300,18 @@ def test_a_terminal_on_stdin_gets_a_hint(demo_server: DemoServer):
     assert hint.startswith("rollfilter: reading rows from the terminal")
     assert proc.returncode == 0
     assert stdout == b""
+
+
+def test_demo_alone_at_a_terminal_runs_the_example_rows():
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen(
+        [*rollfilter_command(), "--demo"], stdin=terminal, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=clean_env(),
+    )  # fmt: skip
+    os.close(terminal)
+    stdout, stderr = proc.communicate(timeout=SUBPROCESS_TIMEOUT)
+    os.close(controller)
+    assert proc.returncode == 0, stderr
+    assert len(result_lines(stdout)) == 5
+    assert b"example rows" in stderr.splitlines()[0]
+    assert summary_of(stderr)["rollfilter"]["succeeded"] == 5
