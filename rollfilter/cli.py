@@ -100,7 +100,13 @@ def command(
     ] = None,
     demo: Annotated[
         bool,
-        typer.Option("--demo", help="Start the built-in demo agent on a free loopback port and send every row to it."),
+        typer.Option(
+            "--demo",
+            help=(
+                "Start the built-in demo agent on a free loopback port and send every row to it"
+                " (with no FILE at a terminal: the shipped example rows)."
+            ),
+        ),
     ] = False,
     concurrency: Annotated[
         int,
