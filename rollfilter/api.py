@@ -214,7 +214,9 @@ class Rollouts:
     Iterating starts the run; leaving the loop early (break, an exception, close(), or the
     end of a `with` block) cancels what is in flight and joins the worker thread.
     `summary` is set once the run has ended. Misconfiguration raises from the first
-    `next()`, before anything is sent.
+    `next()`, before anything is sent. Anything else that ends the run, such as an
+    exception from the caller's own rows iterator, is raised from `next()` as trio
+    raises it (an ExceptionGroup).
     """
 
     def __init__(self, rows: Rows, config: Config) -> None:
@@ -235,12 +237,21 @@ class Rollouts:
         self._thread.start()
         self._ready.wait()
         try:
-            if self._error is not None:
-                raise self._error
-            while (outcome := trio.from_thread.run(self._next, trio_token=self._token)) is not None:
+            while (outcome := self._next_from_thread()) is not None:
                 yield outcome
         finally:
             self.close()
+        if self._error is not None:  # the run ended by failing, after its last outcome
+            raise self._error
+
+    def _next_from_thread(self) -> Outcome | None:
+        if self._error is None:
+            try:
+                return trio.from_thread.run(self._next, trio_token=self._token)
+            except (trio.RunFinishedError, trio.Cancelled):
+                if self._error is None:
+                    raise
+        raise self._error  # the run failed in its thread (an exception from the caller's rows, say)
 
     async def _serve(self) -> None:
         try:
@@ -262,13 +273,12 @@ class Rollouts:
 
     def close(self) -> None:
         """Cancel what is in flight, close connections, and join the worker thread."""
-        thread, self._thread = self._thread, self._thread or threading.Thread()
-        if thread is None or not thread.is_alive():
+        if self._thread is None or not self._thread.is_alive():
             return
         if self._stop is not None and self._token is not None:
             with contextlib.suppress(trio.RunFinishedError):
                 trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
-        thread.join()
+        self._thread.join()
 
     def __enter__(self) -> Rollouts:
         return self

@@ -137,3 +137,15 @@ def test_api_and_cli_agree(demo_server: DemoServer):
         assert api_summary[field] == cli_summary[field]
     for field in ("rows_read", "succeeded", "failed", "failed_by_kind", "tasks"):
         assert api_summary["rollfilter"][field] == cli_summary["rollfilter"][field]
+
+
+def test_an_exception_from_the_callers_rows_reaches_the_caller(demo_server: DemoServer):
+    def broken_rows() -> Iterator[dict]:
+        yield {"responses_create_params": {"input": "x"}}
+        raise ValueError("the dataset is broken")
+
+    threads = threading.active_count()
+    with pytest.RaisesGroup(pytest.RaisesExc(ValueError, match="dataset is broken"), flatten_subgroups=True):
+        for _ in rollouts(broken_rows(), Config(url=demo_server.url)):
+            pass
+    assert threading.active_count() == threads
