@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import msgspec
 import trio
 
-from rollfilter.client import request_headers
+from rollfilter.client import transport_for
 from rollfilter.config import Config
 from rollfilter.dispatch import RunControl, prepare
 from rollfilter.errors import ErrorKind
@@ -36,7 +36,6 @@ from rollfilter.plan import Job
 from rollfilter.sink import Release
 from rollfilter.source import InputLine
 from rollfilter.tasks import TaskStats
-from rollfilter.transport import open_transport
 
 Rows = Iterable[Any] | AsyncIterable[Any]
 _encode = msgspec.json.Encoder().encode
@@ -173,12 +172,7 @@ async def open_rollouts(rows: Rows, config: Config) -> AsyncIterator[RolloutRun]
     tasks = TaskStats(config.repeats, config.pass_threshold) if config.repeats > 1 else None
     send, receive = trio.open_memory_channel[tuple[Outcome, Release]](math.inf)
     run = RolloutRun(receive)
-    transport = open_transport(
-        verify=not config.insecure,
-        connect_timeout=config.connect_timeout,
-        headers=request_headers(config),
-        proxy=config.proxy,
-    )
+    transport = transport_for(config)
     feed = _RowFeed(rows)
     try:
         engine = await prepare(

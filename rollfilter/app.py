@@ -19,9 +19,9 @@ import msgspec
 import trio
 
 from rollfilter import demo as demo_agent
-from rollfilter.client import Router, request_headers
+from rollfilter.client import Router, transport_for
 from rollfilter.config import Config
-from rollfilter.dispatch import Engine, RunControl, prepare, reward_of
+from rollfilter.dispatch import Engine, RunControl, describe, prepare, reward_of
 from rollfilter.errors import ErrorKind, ExitStatus, UsageError
 from rollfilter.metrics import Metrics
 from rollfilter.outcome import RowFailure
@@ -29,7 +29,6 @@ from rollfilter.plan import ROLLOUT_INDEX, TASK_INDEX, Job, ResumeIndex, drop_to
 from rollfilter.sink import BatchWriter, LineWriter, Release, Reorderer, write_all
 from rollfilter.source import STDIN, LineReader, check_inputs
 from rollfilter.tasks import TaskStats
-from rollfilter.transport import open_transport
 
 _encode = msgspec.json.Encoder().encode
 APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT
@@ -201,12 +200,7 @@ async def _run_open(
 ) -> ExitStatus:
     control = RunControl()
     metrics = Metrics()
-    transport = open_transport(
-        verify=not config.insecure,
-        connect_timeout=config.connect_timeout,
-        headers=request_headers(config),
-        proxy=config.proxy,
-    )
+    transport = transport_for(config)
     results = BatchWriter(fds.out, on_closed_output=lambda: control.stop(ExitStatus.BROKEN_PIPE))
     stderr_lines = BatchWriter(streams.stderr)
     errors = BatchWriter(fds.err) if fds.err != streams.stderr else stderr_lines
@@ -333,7 +327,7 @@ async def dry_run(engine: Engine, out: BatchWriter, log: LineWriter) -> None:
     """Write each row exactly as it would be sent, to stdout, and its route to stderr; send nothing."""
     while (job := await engine.planner.next_job()) is not None:
         engine.metrics.taken += 1
-        where = f"{job.source}:{job.line} task {job.task_index} rollout {job.rollout_index}"
+        where = describe(job)
         route = job.failure or engine.router.route(job.row or {})
         if isinstance(route, RowFailure):
             engine.metrics.add_failure(route)
@@ -380,10 +374,7 @@ async def summarize(config: Config, *, streams: Streams = Streams()) -> ExitStat
         reader.close()
     if tasks is not None:
         tasks.flush_open()
-    summary_object = metrics.summary(tasks=tasks)
-    for timing in ("elapsed_s", "rows_per_s", "latency_s"):  # the files hold no timings to recompute
-        del summary_object["rollfilter"][timing]
-    summary = _encode(summary_object) + b"\n"
+    summary = _encode(metrics.summary(tasks=tasks, timings=False)) + b"\n"  # the files hold no timings
     with OutputFiles() as files:
         _write_metrics_file(files.open(config.metrics_file, "--metrics"), summary)
     if bad:

@@ -22,9 +22,9 @@ import trio
 from rollfilter import __version__
 from rollfilter.config import Config
 from rollfilter.errors import ErrorKind, ServiceError, UsageError
-from rollfilter.headserver import HeadServerAgents, fetch_agents, origin
+from rollfilter.headserver import HeadServerAgents, fetch_agents
 from rollfilter.outcome import RowFailure
-from rollfilter.transport import AgentTransport, HTTP11Transport
+from rollfilter.transport import AgentTransport, HTTP11Transport, open_transport, origin
 
 BACKOFF_BASE = 0.5  # seconds before the first retry (times full jitter)
 BACKOFF_CAP = 30.0  # the longest jittered pause between two attempts
@@ -154,9 +154,6 @@ def backoff_delay(attempt: int, rng: random.Random, retry_after: float | None = 
     return max(jittered, retry_after or 0.0)
 
 
-Success = tuple[dict[str, Any], int]  # the agent's JSON object and the attempts it took
-
-
 def request_headers(config: Config) -> list[tuple[str, str]]:
     """The headers sent with every row: JSON, our User-Agent, then the user's -H."""
     return [
@@ -165,6 +162,16 @@ def request_headers(config: Config) -> list[tuple[str, str]]:
         ("User-Agent", f"rollfilter/{__version__}"),
         *config.headers,
     ]
+
+
+def transport_for(config: Config) -> AgentTransport:
+    """The transport a run sends through, as `config` asks (TLS checks, headers, --proxy)."""
+    return open_transport(
+        verify=not config.insecure,
+        connect_timeout=config.connect_timeout,
+        headers=request_headers(config),
+        proxy=config.proxy,
+    )
 
 
 class AgentClient:
@@ -189,7 +196,7 @@ class AgentClient:
         self._rng = rng or random.Random()
         self._on_retry = on_retry
 
-    async def run(self, body: bytes, agent: Agent, label: Any = None) -> Success | RowFailure:
+    async def run(self, body: bytes, agent: Agent, label: Any = None) -> dict[str, Any] | RowFailure:
         """Send one rollout until it succeeds or its retries are spent; `label` goes to on_retry."""
         replica: Replica | None = None
         attempt = 0
@@ -205,7 +212,7 @@ class AgentClient:
             if not isinstance(outcome, RowFailure):
                 if replica.cooldown:
                     replica.connection_worked()
-                return outcome, attempt
+                return outcome
             replica.failures += 1
             if outcome.kind is ErrorKind.CONNECT:
                 replica.connection_failed(trio.current_time())
@@ -222,9 +229,9 @@ class AgentClient:
             try:
                 reply = await self._transport.post(url, body)
             except (httpx.ConnectTimeout, httpx.ConnectError) as exc:
-                return RowFailure(ErrorKind.CONNECT, f"cannot connect to {_origin(url)}: {exc}", retryable=True), None
+                return RowFailure(ErrorKind.CONNECT, f"cannot connect to {origin(url)}: {exc}", retryable=True), None
             except httpx.TransportError as exc:
-                return RowFailure(ErrorKind.CONNECT, f"{_origin(url)}: {exc}", retryable=True), None
+                return RowFailure(ErrorKind.CONNECT, f"{origin(url)}: {exc}", retryable=True), None
         if scope.cancelled_caught:
             message = f"no answer within --timeout {self._timeout:g} s"
             return RowFailure(ErrorKind.TIMEOUT, message, retryable=True), None
@@ -251,10 +258,6 @@ def _reason_phrase(status: int) -> str:
         return http.HTTPStatus(status).phrase
     except ValueError:
         return "error"
-
-
-def _origin(url: httpx.URL) -> str:
-    return f"{url.scheme}://{url.netloc.decode()}"
 
 
 def _snippet(content: bytes) -> str:

@@ -123,7 +123,7 @@ class Engine:
         if isinstance(outcome, RowFailure):
             self._fail(job, outcome, release)
             return
-        result, _attempts = outcome
+        result = outcome
         result[TASK_INDEX] = job.task_index
         result[ROLLOUT_INDEX] = job.rollout_index
         if "agent_ref" not in result:

@@ -16,7 +16,7 @@ import httpx
 import msgspec
 
 from rollfilter.errors import ServiceError
-from rollfilter.transport import HTTP11Transport
+from rollfilter.transport import HTTP11Transport, origin
 
 AGENT_SERVER_TYPE = "responses_api_agents"
 _INTERPOLATION = re.compile(r"^\$\{([^}]+)\}$")
@@ -89,12 +89,3 @@ async def fetch_agents(base_url: str, transport: HTTP11Transport) -> HeadServerA
     if not isinstance(config, dict):
         raise ServiceError(f"{where} answered a config that is not a mapping")
     return agents_from_config(config)
-
-
-def origin(url: str) -> str:
-    try:
-        parsed = httpx.URL(url)
-    except httpx.InvalidURL:
-        return "(an invalid URL)"
-    port = f":{parsed.port}" if parsed.port else ""
-    return f"{parsed.scheme}://{parsed.host}{port}"

@@ -96,10 +96,11 @@ class Metrics:
         self.failed += 1
         self.failed_by_kind[failure.kind.value] += 1
 
-    def summary(self, *, stopped: str | None = None, tasks: TaskStats | None = None) -> dict[str, Any]:
+    def summary(
+        self, *, stopped: str | None = None, tasks: TaskStats | None = None, timings: bool = True
+    ) -> dict[str, Any]:
         """The summary object: means of numeric result fields (and mean@K, pass@k over
         tasks), then the run's own figures under "rollfilter"."""
-        elapsed = max(self._clock() - self.started_at, 1e-9)
         means: dict[str, Any] = {"reward": 0.0}
         for key in self._sums:
             means[key] = self._sums[key] / self._counts[key]
@@ -113,15 +114,16 @@ class Metrics:
                 kind.value: self.failed_by_kind[kind.value] for kind in ErrorKind if self.failed_by_kind[kind.value]
             },
             "retries": self.retries,
-            "elapsed_s": round(elapsed, 3),
-            "rows_per_s": round(self.ended / elapsed, 2),
-            "latency_s": {
+        }
+        if timings:
+            figures["elapsed_s"] = round(self._clock() - self.started_at, 3)
+            figures["rows_per_s"] = round(self.rate(), 2)
+            figures["latency_s"] = {
                 "p50": round(self.latency.percentile(50), 4),
                 "p90": round(self.latency.percentile(90), 4),
                 "p99": round(self.latency.percentile(99), 4),
                 "max": round(self.latency.max, 4),
-            },
-        }
+            }
         if tasks is not None:
             means.update(tasks.summary_fields())
             figures.update(tasks.figures())

@@ -89,7 +89,6 @@ class LineReader:
         self._partial_too_long = False
         # Reading has its own thread limiter: trio's default one is global and shared.
         self._limiter = trio.CapacityLimiter(1)
-        self.bytes_read = 0
 
     def next_line_nowait(self) -> InputLine | None:
         """The next buffered line; None once every input is exhausted.
@@ -141,7 +140,6 @@ class LineReader:
         chunk = await trio.to_thread.run_sync(
             self._read, self._fd, self._chunk_bytes, limiter=self._limiter, abandon_on_cancel=True
         )
-        self.bytes_read += len(chunk)
         if not chunk:
             if self._partial or self._partial_too_long:
                 self._finish_line(b"")  # a last line without a newline is a normal line

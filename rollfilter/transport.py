@@ -157,7 +157,7 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
         """POST `body` (JSON) to `url` with the transport's headers; the whole reply."""
         cached = self._heads.get(url)
         if cached is None:
-            cached = self._heads[url] = (_origin(url), self._head(b"POST", url, self._default_headers))
+            cached = self._heads[url] = (_origin_key(url), self._head(b"POST", url, self._default_headers))
         origin, head = cached
         request = b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body)
         return await self._round_trip(origin, request)
@@ -171,7 +171,7 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
             if name.lower() not in (b"host", b"content-length", b"transfer-encoding")
         ).encode("latin-1")
         head = self._head(request.method.encode(), url, extra)
-        reply = await self._round_trip(_origin(url), b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body))
+        reply = await self._round_trip(_origin_key(url), b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body))
         return httpx.Response(reply.status, headers=reply.headers, content=reply.body, request=request)
 
     @staticmethod
@@ -259,7 +259,17 @@ async def _open_tcp(host: str, port: int) -> trio.SocketStream:
     return trio.SocketStream(sock)
 
 
-def _origin(url: httpx.URL) -> Origin:
+def origin(url: httpx.URL | str) -> str:
+    """scheme://host:port for messages: never the path, query or credentials of a URL."""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:
+        return "(an invalid URL)"
+    port = f":{parsed.port}" if parsed.port else ""
+    return f"{parsed.scheme}://{parsed.host}{port}"
+
+
+def _origin_key(url: httpx.URL) -> Origin:
     scheme = url.scheme
     return scheme, url.host, url.port or _DEFAULT_PORTS[scheme]
 
