@@ -29,6 +29,7 @@ from rollfilter.plan import ROLLOUT_INDEX, TASK_INDEX, Job, ResumeIndex, drop_to
 from rollfilter.sink import BatchWriter, LineWriter, Release, Reorderer, write_all
 from rollfilter.source import STDIN, LineReader, check_inputs
 from rollfilter.tasks import TaskStats
+from rollfilter.transport import shown
 
 _encode = msgspec.json.Encoder().encode
 APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT
@@ -334,7 +335,7 @@ async def dry_run(engine: Engine, out: BatchWriter, log: LineWriter) -> None:
             log.write(f"rollfilter: {where}: {route.kind.value}: {route.message}\n".encode(errors="replace"))
             continue
         out.write(job.body + b"\n")
-        url = route.replicas[0].url if len(route.replicas) == 1 else "/".join(str(r.url) for r in route.replicas)
+        url = ",".join(shown(replica.url) for replica in route.replicas)
         log.write(f"rollfilter: {where} -> POST {url}\n".encode(errors="replace"))
         engine.metrics.succeeded += 1
     engine.metrics.skipped = engine.planner.skipped

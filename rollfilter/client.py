@@ -24,7 +24,7 @@ from rollfilter.config import Config
 from rollfilter.errors import ErrorKind, ServiceError, UsageError
 from rollfilter.headserver import HeadServerAgents, fetch_agents
 from rollfilter.outcome import RowFailure
-from rollfilter.transport import AgentTransport, HTTP11Transport, open_transport, origin
+from rollfilter.transport import AgentTransport, HTTP11Transport, open_transport, origin, shown
 
 BACKOFF_BASE = 0.5  # seconds before the first retry (times full jitter)
 BACKOFF_CAP = 30.0  # the longest jittered pause between two attempts
@@ -116,7 +116,7 @@ class Router:
         return [
             {
                 "agent": agent.name,
-                "url": str(replica.url.copy_with(username=None, password=None)),
+                "url": shown(replica.url),
                 "requests": replica.requests,
                 "failures": replica.failures,
             }

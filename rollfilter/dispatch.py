@@ -23,7 +23,7 @@ from rollfilter.outcome import RowFailure
 from rollfilter.plan import ROLLOUT_INDEX, TASK_INDEX, Job, LineSource, Planner, ResumeIndex
 from rollfilter.sink import Release
 from rollfilter.tasks import TaskStats
-from rollfilter.transport import AgentTransport
+from rollfilter.transport import AgentTransport, shown
 
 
 class RowSink(Protocol):
@@ -118,7 +118,7 @@ class Engine:
     async def _run_job(self, job: Job, agent: Agent, release: Release) -> None:
         started = trio.current_time()
         if self.on_event is not None:
-            self.on_event(f"{describe(job)}: sent to agent {agent.name or agent.replicas[0].url}")
+            self.on_event(f"{describe(job)}: sent to agent {agent.name or shown(agent.replicas[0].url)}")
         outcome = await self.client.run(job.body, agent, job)
         if isinstance(outcome, RowFailure):
             self._fail(job, outcome, release)

@@ -269,6 +269,11 @@ def origin(url: httpx.URL | str) -> str:
     return f"{parsed.scheme}://{parsed.host}{port}"
 
 
+def shown(url: httpx.URL) -> str:
+    """A URL as rollfilter prints it: without user, password or query, which may hold secrets."""
+    return str(url.copy_with(username=None, password=None, query=None))
+
+
 def _origin_key(url: httpx.URL) -> Origin:
     scheme = url.scheme
     return scheme, url.host, url.port or _DEFAULT_PORTS[scheme]

@@ -168,6 +168,18 @@ def test_header_values_never_appear_in_output(tmp_path, start_demo):
     assert secret not in errors.read_text()
 
 
+def test_credentials_in_an_agent_url_are_never_printed(demo_server: DemoServer):
+    url = demo_server.url.replace("http://", "http://user:pa55word@") + "?key=k3y-value"
+    rows = rows_jsonl(simple_rows(2))
+    for args in (["-v"], ["--dry-run"], ["-e", f"a={url},{url}", "-a", "a"]):
+        proc = run(["-u", url, *args], input=rows)
+        assert proc.returncode == 0, proc.stderr
+        printed = (proc.stdout + proc.stderr).decode()
+        assert demo_server.base.removeprefix("http://") in printed  # the URL is shown...
+        assert "pa55word" not in printed  # ...but not its secrets
+        assert "k3y-value" not in printed
+
+
 def test_sigterm_exits_143_with_summary(tmp_path, demo_server: DemoServer):
     data = tmp_path / "rows.jsonl"
     data.write_text(rows_jsonl([{"responses_create_params": {"input": "x"}, "demo": {"latency": 30}}] * 5))
