@@ -66,6 +66,14 @@ class Reply:
         # llhttp forgets this once feed_data() returns.
         self.keep_alive = self.parser.should_keep_alive()
 
+    @classmethod
+    def whole(cls, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> Reply:
+        """A reply that someone else parsed (httpx, for --proxy)."""
+        reply = cls.__new__(cls)
+        reply.on_message_begin()
+        reply.status, reply.headers, reply.body, reply.complete = status, headers, body, True
+        return reply
+
     def detach(self) -> None:
         """Drop the parser once parsing is over. The parser holds this reply for its callbacks,
         and that cycle is freed only by the cyclic GC: at a million rows, replies promoted
@@ -319,14 +327,9 @@ class ProxyTransport:
             "POST", url, headers=self._headers, content=body, extensions={"timeout": self._timeout.as_dict()}
         )
         response = await self._transport.handle_async_request(request)
-        reply = Reply()
-        reply.detach()
-        reply.status = response.status_code
-        reply.headers = list(response.headers.raw)
-        reply.body = await response.aread()
-        reply.complete = True
+        body = await response.aread()
         await response.aclose()
-        return reply
+        return Reply.whole(response.status_code, list(response.headers.raw), body)
 
     async def aclose(self) -> None:
         await self._transport.aclose()
