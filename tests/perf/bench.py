@@ -239,7 +239,7 @@ class Bench:
                     "rollfilter": lambda: self.rf(agent, concurrency, data),
                     "reference": lambda: self.ref(agent, concurrency, data),
                 },
-                max(1, self.runs - 1),
+                self.runs,
             )
         finally:
             agent.stop()
