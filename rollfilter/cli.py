@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -36,6 +35,7 @@ from rollfilter.config import (
 )
 from rollfilter.demo import DemoOptions
 from rollfilter.errors import ExitStatus, RollfilterError
+from rollfilter.gc_policy import collect_garbage_for_a_run
 from rollfilter.sink import OutputClosed
 
 EXAMPLE_ROWS = Path(__file__).parent / "examples" / "weather.jsonl"  # NeMo Gym's five-row example
@@ -346,19 +346,6 @@ def execute(main: Callable[[], Awaitable[ExitStatus]]) -> ExitStatus:
     if status is ExitStatus.BROKEN_PIPE:
         _silence_stdout()
     return status
-
-
-def collect_garbage_for_a_run() -> None:
-    """Fit the cyclic garbage collector to a run; only for the command, which owns its process.
-
-    A run keeps thousands of coroutines, connections and parsers alive and makes almost no
-    reference cycles (collections at -j 2000 freed next to nothing). With the defaults, the
-    collector took ~25% of the command's CPU there and stalled every row in flight for up to
-    90 ms at a time. Start-up objects are frozen out of every later pass, and young objects
-    are collected every 20,000 allocations instead of 700: cycles are still freed.
-    """
-    gc.freeze()
-    gc.set_threshold(20_000, 10, 10)
 
 
 def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -27,6 +27,8 @@ import httptools
 import msgspec
 import trio
 
+from rollfilter.gc_policy import collect_garbage_for_a_run
+
 FAULTS = ("500", "429", "hang", "garbage", "drop", "422")
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -330,6 +332,7 @@ def main(argv: list[str] | None = None) -> None:
             )
             print(f"demo agent listening on http://{args.host}:{port}", file=sys.stderr, flush=True)
 
+    collect_garbage_for_a_run()
     try:
         trio.run(run)
     except KeyboardInterrupt:
