@@ -32,6 +32,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REFERENCE = HERE / "reference_collector.py"
 RUN_TIMEOUT = 1800  # seconds: no single client run may take longer
+VARIANTS = (("rollfilter", ()), ("rollfilter --ordered", ("--ordered",)))  # the targets hold for both
 
 
 def pinned(core: int) -> list[str]:
@@ -237,17 +238,21 @@ class Bench:
             results = self.alternate(
                 {
                     "rollfilter": lambda: self.rf(agent, concurrency, data),
+                    "rollfilter --ordered": lambda: self.rf(agent, concurrency, data, ["--ordered"]),
                     "reference": lambda: self.ref(agent, concurrency, data),
                 },
                 self.runs,
             )
         finally:
             agent.stop()
-        rf = median([n / m.wall_s / ideal for m in results["rollfilter"]])
-        ref = median([n / m.wall_s / ideal for m in results["reference"]])
-        self.rows.append(
-            Row("scale", "fraction of ideal rows/s", rf, ref, ">= 0.95 and >= reference", rf >= 0.95 and rf >= ref)
-        )
+        fractions = {name: [n / m.wall_s / ideal for m in runs] for name, runs in results.items()}
+        ref = median(fractions["reference"])
+        for name in ("rollfilter", "rollfilter --ordered"):
+            rf = median(fractions[name])
+            runs = {label: fractions[label] for label in (name, "reference")}
+            scenario = "scale" if name == "rollfilter" else f"scale ({name})"
+            target = ">= 0.95 and >= reference"
+            self.rows.append(Row(scenario, "fraction of ideal rows/s", rf, ref, target, rf >= 0.95 and rf >= ref, runs))
 
     def memory(self) -> None:
         sizes = (20_000, 200_000) if self.quick else (100_000, 1_000_000)
@@ -307,25 +312,24 @@ class Bench:
     def first_result(self) -> None:
         agent = Agent(latency=0.0)
         try:
-            delays = [self._first_result_delay(agent) for _ in range(self.runs)]
+            delays = {
+                name: [self._first_result_delay(agent, extra) for _ in range(self.runs)] for name, extra in VARIANTS
+            }
         finally:
             agent.stop()
-        value = median(delays)
-        self.rows.append(
-            Row(
-                "first result",
-                "s after first row written",
-                value,
-                None,
-                "<= agent latency (0) + 0.2 s",
-                value <= 0.2,
-                {"rollfilter": delays},
+        for name, _ in VARIANTS:
+            value = median(delays[name])
+            scenario = "first result" if name == "rollfilter" else f"first result ({name})"
+            target = "<= agent latency (0) + 0.2 s"
+            self.rows.append(
+                Row(scenario, "s after first row written", value, None, target, value <= 0.2, {name: delays[name]})
             )
-        )
 
-    def _first_result_delay(self, agent: Agent) -> float:
+    def _first_result_delay(self, agent: Agent, extra: Sequence[str]) -> float:
         process = subprocess.Popen(
-            [*pinned(0), *rollfilter_cmd(), "-q", "-u", agent.url], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            [*pinned(0), *rollfilter_cmd(), "-q", "-u", agent.url, *extra],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
         )
         assert process.stdin is not None
         assert process.stdout is not None
@@ -343,7 +347,7 @@ class Bench:
         process.stdout.read()
         process.stdout.close()
         process.wait(timeout=60)
-        print(f"    first result after {delay:.3f} s", file=sys.stderr)
+        print(f"    {' '.join(['rollfilter', *extra])}: first result after {delay:.3f} s", file=sys.stderr)
         return delay
 
     def early_exit(self) -> None:
@@ -352,59 +356,72 @@ class Bench:
         data = make_rows(self.workdir / f"rows-{n}.jsonl", n)
         agent = Agent(latency=0.0)
         try:
-            exits, extra = [], []
-            for _ in range(self.runs):
-                before = agent.requests()
-                argv = [*pinned(0), *rollfilter_cmd(), "-q", "-u", agent.url, "-j", str(concurrency), str(data)]
-                process = subprocess.Popen(argv, stdout=subprocess.PIPE)
-                assert process.stdout is not None
-                for _ in range(10):
-                    process.stdout.readline()
-                tenth = time.monotonic()
-                process.stdout.close()  # what `head -n 10` does
-                process.wait(timeout=60)
-                exits.append(time.monotonic() - tenth)
-                time.sleep(0.2)
-                extra.append(agent.requests() - before)
-                print(
-                    f"    exit {exits[-1]:.3f} s after the 10th result, {extra[-1]} requests,"
-                    f" status {process.returncode}",
-                    file=sys.stderr,
-                )
+            measured = {
+                name: [self._early_exit(agent, concurrency, data, extra) for _ in range(self.runs)]
+                for name, extra in VARIANTS
+            }
         finally:
             agent.stop()
-        self.rows.append(
-            Row(
-                "early exit (head -n 10)",
-                "s from 10th result to exit",
-                median(exits),
-                None,
-                "<= 2 s",
-                median(exits) <= 2,
-                {"rollfilter": exits},
-            )
-        )
         bound = 10 + 2 * concurrency
-        self.rows.append(
-            Row(
-                "early exit (head -n 10)",
-                "requests the agent received",
-                max(extra),
-                None,
-                f"<= 10 + 2 x {concurrency}",
-                max(extra) <= bound,
-                {"rollfilter": extra},
+        for name, _ in VARIANTS:
+            exits = [exit_s for exit_s, _ in measured[name]]
+            extra = [requests for _, requests in measured[name]]
+            scenario = "early exit (head -n 10)" if name == "rollfilter" else f"early exit (head -n 10, {name})"
+            self.rows.append(
+                Row(
+                    scenario,
+                    "s from 10th result to exit",
+                    median(exits),
+                    None,
+                    "<= 2 s",
+                    median(exits) <= 2,
+                    {name: exits},
+                )
             )
+            self.rows.append(
+                Row(
+                    scenario,
+                    "requests the agent received",
+                    max(extra),
+                    None,
+                    f"<= 10 + 2 x {concurrency}",
+                    max(extra) <= bound,
+                    {name: [float(requests) for requests in extra]},
+                )
+            )
+
+    def _early_exit(self, agent: Agent, concurrency: int, data: Path, extra: Sequence[str]) -> tuple[float, int]:
+        """Read 10 results and close the pipe, as `head -n 10` does: seconds to exit, requests sent."""
+        before = agent.requests()
+        argv = [*pinned(0), *rollfilter_cmd(), "-q", "-u", agent.url, "-j", str(concurrency), *extra, str(data)]
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE)
+        assert process.stdout is not None
+        for _ in range(10):
+            process.stdout.readline()
+        tenth = time.monotonic()
+        process.stdout.close()
+        process.wait(timeout=60)
+        exit_s = time.monotonic() - tenth
+        time.sleep(0.2)
+        requests = agent.requests() - before
+        print(
+            f"    {' '.join(['rollfilter', *extra])}: exit {exit_s:.3f} s after the 10th result, {requests} requests,"
+            f" status {process.returncode}",
+            file=sys.stderr,
         )
+        return exit_s, requests
+
+
+def _cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.3f}" if value < 10 else f"{value:,.0f}"
 
 
 def table(rows: list[Row]) -> str:
     lines = ["| scenario | metric | rollfilter | reference | ratio | target | met |", "|---|---|---|---|---|---|---|"]
     for row in rows:
         ratio = f"{row.rollfilter / row.reference:.2f}" if row.rollfilter is not None and row.reference else "-"
-        fmt = lambda v: "-" if v is None else f"{v:,.3f}" if v < 10 else f"{v:,.0f}"  # noqa: E731
         met = {True: "yes", False: "NO", None: "-"}[row.passed]
-        cells = [row.scenario, row.metric, fmt(row.rollfilter), fmt(row.reference), ratio, row.target, met]
+        cells = [row.scenario, row.metric, _cell(row.rollfilter), _cell(row.reference), ratio, row.target, met]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
