@@ -158,6 +158,11 @@ class Row:
     runs: dict[str, list[float]] = field(default_factory=dict)
 
 
+def labelled(scenario: str, variant: str) -> str:
+    """A scenario's row name: the plain run keeps the bare name, other variants are named."""
+    return scenario if variant == "rollfilter" else f"{scenario} ({variant})"
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values)
 
@@ -250,7 +255,7 @@ class Bench:
         for name in ("rollfilter", "rollfilter --ordered"):
             rf = median(fractions[name])
             runs = {label: fractions[label] for label in (name, "reference")}
-            scenario = "scale" if name == "rollfilter" else f"scale ({name})"
+            scenario = labelled("scale", name)
             target = ">= 0.95 and >= reference"
             self.rows.append(Row(scenario, "fraction of ideal rows/s", rf, ref, target, rf >= 0.95 and rf >= ref, runs))
 
@@ -319,7 +324,7 @@ class Bench:
             agent.stop()
         for name, _ in VARIANTS:
             value = median(delays[name])
-            scenario = "first result" if name == "rollfilter" else f"first result ({name})"
+            scenario = labelled("first result", name)
             target = "<= agent latency (0) + 0.2 s"
             self.rows.append(
                 Row(scenario, "s after first row written", value, None, target, value <= 0.2, {name: delays[name]})
@@ -366,7 +371,7 @@ class Bench:
         for name, _ in VARIANTS:
             exits = [exit_s for exit_s, _ in measured[name]]
             extra = [requests for _, requests in measured[name]]
-            scenario = "early exit (head -n 10)" if name == "rollfilter" else f"early exit (head -n 10, {name})"
+            scenario = labelled("early exit (head -n 10)", name)
             self.rows.append(
                 Row(
                     scenario,
