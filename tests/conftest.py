@@ -55,6 +55,14 @@ def run(
     )
 
 
+def start(args: Sequence[str], **popen: Any) -> subprocess.Popen[bytes]:
+    """rollfilter in the background; stdout and stderr are pipes and the environment clean unless given."""
+    popen.setdefault("stdout", subprocess.PIPE)
+    popen.setdefault("stderr", subprocess.PIPE)
+    popen.setdefault("env", clean_env())
+    return subprocess.Popen([*rollfilter_command(), *args], **popen)
+
+
 def result_lines(stdout: bytes) -> list[dict[str, Any]]:
     return [json.loads(line) for line in stdout.splitlines()]
 

@@ -21,6 +21,7 @@ from tests.conftest import (
     rows_jsonl,
     run,
     simple_rows,
+    start,
     summary_of,
 )
 
@@ -102,13 +103,7 @@ def test_ordered_output_follows_input_order_under_random_latency(demo_server: De
 
 
 def test_first_result_arrives_before_the_second_row_is_written(demo_server: DemoServer):
-    proc = subprocess.Popen(
-        [*rollfilter_command(), "-u", demo_server.url],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=clean_env(),
-    )
+    proc = start(["-u", demo_server.url], stdin=subprocess.PIPE)
     assert proc.stdin
     assert proc.stdout
     try:
@@ -134,12 +129,7 @@ def test_first_result_arrives_before_the_second_row_is_written(demo_server: Demo
 def test_closed_stdout_exits_141_quietly(tmp_path, demo_server: DemoServer):
     big = tmp_path / "big.jsonl"
     big.write_text(rows_jsonl(simple_rows(200_000)))
-    proc = subprocess.Popen(
-        [*rollfilter_command(), "-u", demo_server.url, str(big)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=clean_env(),
-    )
+    proc = start(["-u", demo_server.url, str(big)])
     assert proc.stdout
     assert proc.stderr
     first = proc.stdout.readline()
@@ -176,13 +166,7 @@ def test_ctrl_c_keeps_finished_results_and_prints_summary(demo_server: DemoServe
         {"id": i, "responses_create_params": {"input": "x"}, "demo": {"latency": 0.05 if i < 20 else 30}}
         for i in range(40)
     ]
-    proc = subprocess.Popen(
-        [*rollfilter_command(), "-u", demo_server.url, "-j", "40"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=clean_env(),
-    )
+    proc = start(["-u", demo_server.url, "-j", "40"], stdin=subprocess.PIPE)
     assert proc.stdin
     assert proc.stdout
     assert proc.stderr
@@ -274,10 +258,7 @@ def test_parallel_appends_to_one_file_never_tear_a_line(tmp_path, demo_server: D
     data = tmp_path / "rows.jsonl"
     data.write_text(rows_jsonl(simple_rows(2000)))
     procs = [
-        subprocess.Popen(
-            [*rollfilter_command(), "-q", "-u", demo_server.url, "-o", str(out), str(data)], env=clean_env()
-        )
-        for _ in range(3)
+        start(["-q", "-u", demo_server.url, "-o", str(out), str(data)], stdout=None, stderr=None) for _ in range(3)
     ]
     assert [p.wait(timeout=SUBPROCESS_TIMEOUT) for p in procs] == [0, 0, 0]
     lines = out.read_bytes().splitlines()
@@ -287,10 +268,7 @@ def test_parallel_appends_to_one_file_never_tear_a_line(tmp_path, demo_server: D
 
 def test_a_terminal_on_stdin_gets_a_hint(demo_server: DemoServer):
     controller, terminal = pty.openpty()
-    proc = subprocess.Popen(
-        [*rollfilter_command(), "-u", demo_server.url], stdin=terminal, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, env=clean_env(),
-    )  # fmt: skip
+    proc = start(["-u", demo_server.url], stdin=terminal)
     os.close(terminal)
     assert proc.stderr is not None
     hint = proc.stderr.readline().decode()
@@ -304,10 +282,7 @@ def test_a_terminal_on_stdin_gets_a_hint(demo_server: DemoServer):
 
 def test_demo_alone_at_a_terminal_runs_the_example_rows():
     controller, terminal = pty.openpty()
-    proc = subprocess.Popen(
-        [*rollfilter_command(), "--demo"], stdin=terminal, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env=clean_env(),
-    )  # fmt: skip
+    proc = start(["--demo"], stdin=terminal)
     os.close(terminal)
     stdout, stderr = proc.communicate(timeout=SUBPROCESS_TIMEOUT)
     os.close(controller)

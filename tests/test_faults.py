@@ -12,12 +12,11 @@ from pathlib import Path
 from tests.conftest import (
     SUBPROCESS_TIMEOUT,
     DemoServer,
-    clean_env,
     result_lines,
-    rollfilter_command,
     rows_jsonl,
     run,
     simple_rows,
+    start,
     summary_of,
     wait_for,
 )
@@ -72,7 +71,7 @@ def test_sigkill_then_resume_completes_without_duplicates(tmp_path, demo_server:
     data.write_text(rows_jsonl(rows))
     out = tmp_path / "out.jsonl"
     args = ["-u", demo_server.url, "-j", "8", "-r", "2", "-o", str(out), str(data)]
-    proc = subprocess.Popen([*rollfilter_command(), *args], stderr=subprocess.DEVNULL, env=clean_env())
+    proc = start(args, stdout=None, stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: out.exists() and out.stat().st_size > 20_000)
         proc.send_signal(signal.SIGKILL)
@@ -183,10 +182,7 @@ def test_credentials_in_an_agent_url_are_never_printed(demo_server: DemoServer):
 def test_sigterm_exits_143_with_summary(tmp_path, demo_server: DemoServer):
     data = tmp_path / "rows.jsonl"
     data.write_text(rows_jsonl([{"responses_create_params": {"input": "x"}, "demo": {"latency": 30}}] * 5))
-    proc = subprocess.Popen(
-        [*rollfilter_command(), "-u", demo_server.url, str(data)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(),
-    )  # fmt: skip
+    proc = start(["-u", demo_server.url, str(data)])
     wait_for(lambda: demo_server.stats()["requests"] == 5)
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=SUBPROCESS_TIMEOUT)
@@ -199,10 +195,7 @@ def test_second_interrupt_during_the_wind_down_exits_at_once(demo_server: DemoSe
     data = tmp_path / "rows.jsonl"
     data.write_text(rows_jsonl(simple_rows(5000)))
     # Nobody reads stdout: once the pipe is full the wind-down cannot finish writing.
-    proc = subprocess.Popen(
-        [*rollfilter_command(), "-u", demo_server.url, str(data)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(),
-    )  # fmt: skip
+    proc = start(["-u", demo_server.url, str(data)])
     try:
         seen = [-1]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import subprocess
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,10 +19,10 @@ from tests.conftest import (
     ThreadedHTTPServer,
     clean_env,
     result_lines,
-    rollfilter_command,
     rows_jsonl,
     run,
     simple_rows,
+    start,
     summary_of,
     wait_for,
 )
@@ -111,10 +110,7 @@ def test_replicas_survive_one_killed_mid_run(tmp_path, start_demo, replicas: int
     data, out = tmp_path / "rows.jsonl", tmp_path / "out.jsonl"
     data.write_text(rows_jsonl(simple_rows(n)))
     urls = ",".join(server.base for server in servers)
-    proc = subprocess.Popen(
-        [*rollfilter_command(), "-e", f"a={urls}", "-a", "a", "-j", "24", "-o", str(out), str(data)],
-        stderr=subprocess.PIPE, env=clean_env(),
-    )  # fmt: skip
+    proc = start(["-e", f"a={urls}", "-a", "a", "-j", "24", "-o", str(out), str(data)], stdout=None)
     wait_for(lambda: sum(s.stats()["requests"] for s in servers) > 150)
     victim_requests = servers[0].stats()["requests"]
     servers[0].kill()

@@ -6,11 +6,10 @@ import os
 import pty
 import re
 import select
-import subprocess
 import time
 from pathlib import Path
 
-from tests.conftest import SUBPROCESS_TIMEOUT, clean_env, rollfilter_command, rows_jsonl, run
+from tests.conftest import SUBPROCESS_TIMEOUT, clean_env, rows_jsonl, run, start
 
 ESC = b"\x1b["
 
@@ -29,7 +28,7 @@ def run_on_pty(args: list[str], tmp_path: Path, **env: str) -> tuple[int, bytes,
         environment.pop("NO_COLOR", None)
     out = tmp_path / "stdout"
     with out.open("wb") as stdout_file:
-        proc = subprocess.Popen([*rollfilter_command(), *args], stdout=stdout_file, stderr=terminal, env=environment)
+        proc = start(args, stdout=stdout_file, stderr=terminal, env=environment)
     os.close(terminal)
     screen = b""
     deadline = time.monotonic() + SUBPROCESS_TIMEOUT
