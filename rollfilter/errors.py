@@ -20,6 +20,7 @@ class ExitStatus(enum.IntEnum):
     ROWS_FAILED = 1  # the run ended, but some rows failed (or --max-failures stopped it)
     USAGE = 2  # bad option, bad -p, unreadable FILE, unwritable -o; nothing was sent
     SERVICE_UNAVAILABLE = 3  # the head server could not be reached or read
+    OUTPUT_FAILED = 74  # sysexits EX_IOERR: an output file or stream could not be written
     INTERRUPTED = 130  # 128+2 SIGINT
     BROKEN_PIPE = 141  # 128+13 SIGPIPE: the reader of stdout went away
     TERMINATED = 143  # 128+15 SIGTERM
@@ -33,7 +34,9 @@ class ErrorKind(enum.StrEnum):
     CONNECT = "connect"  # the agent could not be reached, or dropped the connection
     TIMEOUT = "timeout"  # an attempt took longer than --timeout
     HTTP_STATUS = "http_status"  # the agent answered a status other than 200
-    BAD_RESPONSE = "bad_response"  # a 200 whose body is not a JSON object
+    BAD_RESPONSE = "bad_response"  # a reply that is not HTTP, or a 200 whose body is not a JSON object
+    AGENT_FAILURE = "agent_failure"  # a 2xx whose body carries the agent's own _ng_failure_class
+    INTERNAL = "internal"  # an unexpected error while handling this one row (a bug: details under -v)
 
 
 class RollfilterError(Exception):
