@@ -39,6 +39,7 @@ from rollfilter.tasks import TaskStats
 
 Rows = Iterable[Any] | AsyncIterable[Any]
 _encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -54,7 +55,13 @@ class Rollout:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Failure:
-    """A failed rollout, as in the errors record. `row` is None when the input was not an object."""
+    """A failed rollout, as in the errors record. `row` is None when the input was not an object.
+
+    `failure_class` is the agent's own `_ng_failure_class` (kind `agent_failure`), `terminal`
+    says whether running the rollout again can help, and `answer` is the agent's answer when
+    it reported the failure itself. Kind `not_persisted` is a rollout whose answer carried
+    `_ng_no_persist`: the CLI writes it nowhere, and a resumed run runs it again.
+    """
 
     ok: ClassVar[bool] = False
     row: dict[str, Any] | None
@@ -65,6 +72,9 @@ class Failure:
     status: int | None
     attempts: int
     number: int  # the row's 1-based position in the input
+    failure_class: str | None = None
+    terminal: bool = False
+    answer: dict[str, Any] | None = None
 
 
 Outcome = Rollout | Failure
@@ -127,13 +137,21 @@ class _ChannelSink:
         self._send = send
 
     def result(self, job: Job, result: dict[str, Any], release: Release) -> None:
-        assert job.row is not None
-        self._send.send_nowait((Rollout(job.row, result, job.task_index, job.rollout_index), release))
+        self._send.send_nowait((Rollout(_decode(job.body), result, job.task_index, job.rollout_index), release))
 
     def failure(self, job: Job, failure: RowFailure, release: Release) -> None:
         outcome = Failure(
-            job.row, job.task_index, job.rollout_index, failure.kind, failure.message,
-            failure.status, failure.attempts, job.line,
+            _decode(job.body) if job.row is not None else None, job.task_index, job.rollout_index, failure.kind,
+            failure.message, failure.status, failure.attempts, job.line, failure.failure_class,
+            failure.is_terminal, failure.answer,
+        )  # fmt: skip
+        self._send.send_nowait((outcome, release))
+
+    def not_persisted(self, job: Job, release: Release) -> None:
+        message = "the agent asked for this rollout not to be kept (_ng_no_persist)"
+        outcome = Failure(
+            _decode(job.body), job.task_index, job.rollout_index, ErrorKind.NOT_PERSISTED, message, None,
+            job.retries + 1, job.line,
         )  # fmt: skip
         self._send.send_nowait((outcome, release))
 
@@ -169,7 +187,7 @@ async def open_rollouts(rows: Rows, config: Config) -> AsyncIterator[RolloutRun]
     """
     metrics = Metrics()
     control = RunControl()
-    tasks = TaskStats(config.repeats, config.pass_threshold) if config.repeats > 1 else None
+    tasks = TaskStats(config.max_repeats, config.pass_threshold) if config.max_repeats > 1 else None
     send, receive = trio.open_memory_channel[tuple[Outcome, Release]](math.inf)
     run = RolloutRun(receive)
     transport = transport_for(config)

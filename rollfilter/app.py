@@ -19,13 +19,14 @@ import msgspec
 import trio
 
 from rollfilter import demo as demo_agent
-from rollfilter.client import Router, transport_for
+from rollfilter.client import transport_for
 from rollfilter.config import Config
 from rollfilter.dispatch import Engine, RunControl, describe, prepare, reward_of
 from rollfilter.errors import ErrorKind, ExitStatus, UsageError
 from rollfilter.metrics import Metrics
 from rollfilter.outcome import RowFailure
-from rollfilter.plan import ROLLOUT_INDEX, TASK_INDEX, Job, ResumeIndex, drop_torn_tail, parse_row
+from rollfilter.plan import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX, Job, parse_row
+from rollfilter.resume import ResumeState, drop_torn_tail
 from rollfilter.sink import BatchWriter, LineWriter, Release, Reorderer, write_all
 from rollfilter.source import STDIN, LineReader, check_inputs
 from rollfilter.tasks import TaskStats
@@ -44,37 +45,69 @@ class Streams:
     stderr: int = 2
 
 
-def open_for_append(path: str, option: str) -> int:
+def open_for_append(path: str, option: str, *, must_be_empty: bool = False) -> int:
+    """Open `path` to append, creating it and its missing parent folders.
+
+    With `must_be_empty`, a regular file that already holds lines is refused: a second run's
+    lines must never be mixed silently into a first run's (give --resume or --append)."""
     try:
-        return os.open(path, APPEND_FLAGS, 0o666)
+        parent = os.path.dirname(path)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        fd = os.open(path, APPEND_FLAGS, 0o666)
     except OSError as exc:
         raise UsageError(f"cannot write {option} {path}: {exc.strerror}") from None
+    if must_be_empty:
+        info = os.fstat(fd)
+        if stat.S_ISREG(info.st_mode) and info.st_size > 0:
+            os.close(fd)
+            raise UsageError(
+                f"{option} {path} already holds lines of another run: give --resume to finish that run,"
+                " --append to add to it, or a new file"
+            )
+    return fd
 
 
 def error_record(job: Job, failure: RowFailure) -> dict[str, Any]:
-    """One line of the errors record: the row as sent, where it came from, what went wrong."""
-    record: dict[str, Any] = {
-        "source": job.source,
-        "line": job.line,
-        TASK_INDEX: job.task_index,
-        ROLLOUT_INDEX: job.rollout_index,
-        "attempts": failure.attempts,
-        "error": {"kind": failure.kind.value, "status": failure.status, "message": failure.message},
-    }
+    """One line of the errors record, which is also NeMo Gym's failures sidecar: the pair's
+    indices, agent and failure class at the top level, then where the row came from, the
+    row as sent, what went wrong, and the agent's own answer when it reported the failure."""
+    record: dict[str, Any] = {TASK_INDEX: job.task_index, ROLLOUT_INDEX: job.rollout_index}
+    if job.row is not None and AGENT_REF in job.row:
+        record[AGENT_REF] = job.row[AGENT_REF]
+    if job.attempt_index is not None:
+        record[ATTEMPT_INDEX] = job.attempt_index
+    record["_ng_failure_class"] = failure.gym_class
+    if failure.is_terminal:
+        record["_ng_failure_terminal"] = True
+    record["source"] = job.source
+    record["line"] = job.line
+    record["attempts"] = failure.attempts
+    record["error"] = {"kind": failure.kind.value, "status": failure.status, "message": failure.message}
     if job.row is not None:
         record["row"] = msgspec.Raw(job.body)
     else:
         record["raw"] = job.body.decode(errors="backslashreplace")
+    if failure.answer is not None:
+        record["answer"] = failure.answer
     return record
 
 
 def error_message(job: Job, failure: RowFailure, repeats: int) -> str:
-    """The one-line stderr report of a failed row."""
+    """The one-line stderr report of a failed row, with control characters escaped."""
     where = f"{job.source}:{job.line}"
     if repeats > 1:
         where += f" (rollout {job.rollout_index})"
     tries = f" (after {failure.attempts} attempts)" if failure.attempts > 1 else ""
-    return f"rollfilter: {where}: {failure.kind.value}: {failure.message}{tries}"
+    return printable(f"rollfilter: {where}: {failure.kind.value}: {failure.message}{tries}")
+
+
+def printable(text: str) -> str:
+    """`text` with control characters (escape sequences, line breaks) written as escapes,
+    so that text from a server or an input file cannot drive the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 class LineSink:
@@ -99,6 +132,9 @@ class LineSink:
             self._errors.write(_encode(error_record(job, failure)) + b"\n")
         else:
             self._errors.write(error_message(job, failure, self._repeats).encode(errors="replace") + b"\n")
+        self.not_persisted(job, release)
+
+    def not_persisted(self, job: Job, release: Release) -> None:
         if self._reorderer is None:
             release()
         else:
@@ -137,10 +173,10 @@ def _is_pipe(fd: int) -> bool:
 class OutputFiles(contextlib.ExitStack):
     """The files a run appends to, opened (and checked) before anything is sent."""
 
-    def open(self, path: str | None, option: str) -> int | None:
+    def open(self, path: str | None, option: str, *, must_be_empty: bool = False) -> int | None:
         if path is None:
             return None
-        fd = open_for_append(path, option)
+        fd = open_for_append(path, option, must_be_empty=must_be_empty)
         self.callback(os.close, fd)
         return fd
 
@@ -174,11 +210,14 @@ async def run(config: Config, *, streams: Streams = Streams(), show: Presentatio
         raise UsageError("no agent to send to: give -u URL, -e NAME=URL, --head-server URL, or --demo")
     resume = None
     if config.resume and config.output:
-        drop_torn_tail(config.output)
-        resume = ResumeIndex.from_file(config.output, config.repeats)
+        for path in (config.output, config.errors_file):
+            if path is not None:
+                drop_torn_tail(path)
+        resume = ResumeState.from_files(config.output, config.errors_file, config.max_attempts)
+    fresh_only = not (config.resume or config.append)
     with OutputFiles() as files:
-        out_fd = files.open(config.output, "-o")
-        err_fd = files.open(config.errors_file, "--errors")
+        out_fd = files.open(config.output, "-o", must_be_empty=fresh_only)
+        err_fd = files.open(config.errors_file, "--errors", must_be_empty=fresh_only)
         files_fds = _Fds(
             out=streams.stdout if out_fd is None else out_fd,
             err=streams.stderr if err_fd is None else err_fd,
@@ -197,7 +236,7 @@ class _Fds:
 
 
 async def _run_open(
-    config: Config, streams: Streams, fds: _Fds, resume: ResumeIndex | None, show: Presentation
+    config: Config, streams: Streams, fds: _Fds, resume: ResumeState | None, show: Presentation
 ) -> ExitStatus:
     control = RunControl()
     metrics = Metrics()
@@ -219,14 +258,14 @@ async def _run_open(
         log if errors is stderr_lines else errors,
         records=config.errors_file is not None,
         ordered=config.ordered,
-        repeats=config.repeats,
+        repeats=config.max_repeats,
     )
     tasks = None
-    if config.repeats > 1:
+    if config.max_repeats > 1:
         on_task = (lambda record: per_task.write(_encode(record) + b"\n")) if per_task is not None else None
-        tasks = TaskStats(config.repeats, config.pass_threshold, on_task)
+        tasks = TaskStats(config.max_repeats, config.pass_threshold, on_task)
     reader = LineReader(config.inputs, max_line_bytes=config.max_line_bytes, stdin_fd=streams.stdin)
-    router: Router | None = None
+    engine: Engine | None = None
     events = (lambda text: log.write(f"rollfilter: {text}\n".encode(errors="replace"))) if show.verbose else None
 
     try:
@@ -254,7 +293,6 @@ async def _run_open(
                 resume=resume,
                 on_event=events,
             )
-            router = engine.router
             if display is not None:
                 total = _known_total(config)
                 services.start_soon(display.run, total)
@@ -272,15 +310,18 @@ async def _run_open(
     finally:
         reader.close()
         await transport.aclose()
-    metrics.replicas = router.replica_counts() if router is not None else []
+    metrics.replicas = engine.router.replica_counts() if engine is not None else []
     status = control.status
     if status is None:
-        status = ExitStatus.ROWS_FAILED if metrics.failed else ExitStatus.OK
+        status = ExitStatus.ROWS_FAILED if metrics.failed or metrics.not_persisted else ExitStatus.OK
     stopped = control.reason or (status.name.lower().replace("_", " ") if control.status else None)
     summary = _summary_bytes(metrics, tasks, stopped)
     _write_metrics_file(fds.metrics, summary)
     if control.reason:
         _write_stderr(streams.stderr, f"rollfilter: {control.reason}\n".encode())
+    if engine is not None and control.status is None:
+        for name in sorted(set(config.repeats_by_agent) - engine.planner.agents_seen):
+            _write_stderr(streams.stderr, f"rollfilter: -r {name}=K: no row named agent {name!r}\n".encode())
     if not show.quiet:
         _write_stderr(streams.stderr, summary)
     return status
@@ -316,7 +357,7 @@ def _known_total(config: Config) -> Callable[[], int | None]:
         lines = None if config.limit is not None and STDIN in config.inputs else count_lines(config.inputs)
         if config.limit is not None:
             lines = config.limit if lines is None else min(lines, config.limit)
-        if lines is None:
+        if lines is None or config.repeats_by_agent:
             return None
         shards = config.shard[1] if config.shard else 1
         return -(-lines // shards) * config.repeats
@@ -329,7 +370,7 @@ async def dry_run(engine: Engine, out: BatchWriter, log: LineWriter) -> None:
     while (job := await engine.planner.next_job()) is not None:
         engine.metrics.taken += 1
         where = describe(job)
-        route = job.failure or engine.router.route(job.row or {})
+        route = job.failure or engine.router.route(job.agent_name)
         if isinstance(route, RowFailure):
             engine.metrics.add_failure(route)
             log.write(f"rollfilter: {where}: {route.kind.value}: {route.message}\n".encode(errors="replace"))
@@ -339,6 +380,7 @@ async def dry_run(engine: Engine, out: BatchWriter, log: LineWriter) -> None:
         log.write(f"rollfilter: {where} -> POST {url}\n".encode(errors="replace"))
         engine.metrics.succeeded += 1
     engine.metrics.skipped = engine.planner.skipped
+    engine.metrics.not_retried = engine.planner.given_up
 
 
 async def summarize(config: Config, *, streams: Streams = Streams()) -> ExitStatus:
@@ -385,15 +427,21 @@ async def summarize(config: Config, *, streams: Streams = Streams()) -> ExitStat
 
 
 def failure_of(record: dict[str, Any]) -> RowFailure | None:
-    """The failure an errors-record line describes, or None for a result line."""
+    """The failure a line of an errors record (or of NeMo Gym's failures sidecar) describes,
+    or None for a result line."""
     error = record.get("error")
-    if not isinstance(error, dict) or TASK_INDEX not in record:
+    gym_class = record.get("_ng_failure_class")
+    if TASK_INDEX not in record or (not isinstance(error, dict) and gym_class is None):
         return None
+    error = error if isinstance(error, dict) else {}
     try:
-        kind = ErrorKind(str(error.get("kind")))
+        kind = ErrorKind(str(error.get("kind", gym_class)))
     except ValueError:
-        kind = ErrorKind.BAD_RESPONSE
-    return RowFailure(kind, str(error.get("message", "")), error.get("status"))
+        kind = ErrorKind.AGENT_FAILURE
+    agent_class = str(gym_class) if kind is ErrorKind.AGENT_FAILURE and gym_class is not None else None
+    message = str(error.get("message", f"the agent reported failure class {gym_class!r}"))
+    terminal = bool(record.get("_ng_failure_terminal"))
+    return RowFailure(kind, message, error.get("status"), failure_class=agent_class, terminal=terminal)
 
 
 def _write_stderr(fd: int, data: bytes) -> None:

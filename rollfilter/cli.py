@@ -30,12 +30,14 @@ from rollfilter.config import (
     parse_failure_limit,
     parse_header,
     parse_param,
+    parse_repeats,
     parse_shard,
     parse_statuses,
 )
 from rollfilter.demo import DemoOptions
 from rollfilter.errors import ExitStatus, RollfilterError
 from rollfilter.gc_policy import collect_garbage_for_a_run
+from rollfilter.resume import max_attempts_from_environment
 from rollfilter.sink import OutputClosed
 
 EXAMPLE_ROWS = Path(__file__).parent / "examples" / "weather.jsonl"  # NeMo Gym's five-row example
@@ -96,7 +98,10 @@ def command(
     agent: Annotated[
         str | None,
         typer.Option(
-            "-a", "--agent", metavar="NAME", help="Send every row to agent NAME instead of its agent_ref.name."
+            "-a",
+            "--agent",
+            metavar="NAME",
+            help="Agent for rows that name none (adds agent_ref); a row's own agent_ref.name wins.",
         ),
     ] = None,
     demo: Annotated[
@@ -119,8 +124,22 @@ def command(
         int | None, typer.Option("-n", "--limit", metavar="N", help="Take only the first N rows.", min=0)
     ] = None,
     repeats: Annotated[
-        int, typer.Option("-r", "--repeats", metavar="K", help="Run each row K times (repeats adjacent).", min=1)
-    ] = 1,
+        list[str] | None,
+        typer.Option(
+            "-r",
+            "--repeats",
+            metavar="K|NAME=K",
+            help="Run each row K times (repeats adjacent); NAME=K, repeatable, for the rows of agent NAME.",
+            show_default=False,
+        ),
+    ] = None,
+    repeat_seeds: Annotated[
+        bool,
+        typer.Option(
+            "--repeat-seeds",
+            help='Each rollout carries "seed": its rollout index in responses_create_params.metadata.extra_body.',
+        ),
+    ] = False,
     param: Annotated[
         list[str] | None,
         typer.Option(
@@ -136,7 +155,13 @@ def command(
         typer.Option("-k", "--ordered", help="Write results in input order (holds about the concurrency in memory)."),
     ] = False,
     output: Annotated[
-        str | None, typer.Option("-o", "--output", metavar="FILE", help="Append results to FILE instead of stdout.")
+        str | None,
+        typer.Option(
+            "-o",
+            "--output",
+            metavar="FILE",
+            help="Write results to FILE instead of stdout (a new or empty FILE, unless --resume or --append).",
+        ),
     ] = None,
     errors: Annotated[
         str | None,
@@ -192,7 +217,25 @@ def command(
         ),
     ] = None,
     resume: Annotated[
-        bool, typer.Option("--resume", help="With -o FILE: skip the (task, rollout) pairs already in FILE.")
+        bool,
+        typer.Option(
+            "--resume",
+            help="With -o FILE: skip the (task, rollout) pairs already in FILE; retry those failed in --errors FILE.",
+        ),
+    ] = False,
+    max_attempts: Annotated[
+        int | None,
+        typer.Option(
+            "--max-attempts",
+            metavar="N",
+            help="--resume gives up a pair after N failed attempts [default: $NEMO_GYM_MAX_ROLLOUT_ATTEMPTS, or 3].",
+            min=1,
+            show_default=False,
+        ),
+    ] = None,
+    append: Annotated[
+        bool,
+        typer.Option("--append", help="Let -o and --errors add to files that hold lines of another run."),
     ] = False,
     header: Annotated[
         list[str] | None,
@@ -278,6 +321,7 @@ def command(
     ] = False,
 ) -> None:
     try:
+        default_repeats, repeats_by_agent = parse_repeats(repeats or ())
         config = Config(
             inputs=tuple(files) if files else ("-",),
             url=url or None,
@@ -285,7 +329,9 @@ def command(
             agent=agent,
             concurrency=concurrency,
             limit=limit,
-            repeats=repeats,
+            repeats=default_repeats,
+            repeats_by_agent=repeats_by_agent,
+            repeat_seeds=repeat_seeds,
             params=tuple(parse_param(p) for p in param or ()),
             ordered=ordered,
             output=output,
@@ -299,6 +345,8 @@ def command(
             headers=tuple(parse_header(h) for h in header or ()),
             insecure=insecure,
             resume=resume,
+            append=append,
+            max_attempts=max_attempts if max_attempts is not None else max_attempts_from_environment(),
             max_line_bytes=max_line_bytes,
             shard=parse_shard(shard),
             pass_threshold=pass_threshold,

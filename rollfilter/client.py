@@ -77,8 +77,9 @@ class Agent:
 
 
 class Router:
-    """Chooses the agent for a row: -e by name (from -a or the row's agent_ref), else -u.
+    """Chooses the agent for a row: by its agent name (-e, or the head server), else -u.
 
+    The name is the row's `agent_ref.name`, which -a has filled for rows that named none.
     `endpoints` (default: config.endpoints) may hold names from a head server too;
     `head` only makes the message for an unknown name say what the head server knows.
     """
@@ -89,20 +90,19 @@ class Router:
         endpoints: Mapping[str, tuple[str, ...]] | None = None,
         head: HeadServerAgents | None = None,
     ) -> None:
-        self._forced_name = config.agent
         self._default = Agent(None, [Replica(httpx.URL(config.url))]) if config.url else None
         named = endpoints if endpoints is not None else config.endpoints
         self.agents = {name: Agent(name, [Replica(httpx.URL(url)) for url in urls]) for name, urls in named.items()}
         self._head = head
 
-    def route(self, row: dict[str, Any]) -> Agent | RowFailure:
-        name = self._forced_name or agent_name(row)
+    def route(self, name: str | None) -> Agent | RowFailure:
+        """The agent for a row of agent `name` (None: the row names none), or a no_route failure."""
         if name is not None and name in self.agents:
             return self.agents[name]
         if self._default is not None:
             return self._default
         if name is None:
-            message = "row has no agent_ref.name; give -u URL, or -a NAME with -e NAME=URL"
+            message = "row has no agent_ref.name; give -a NAME to name its agent, or -u URL"
         elif self._head is not None and name in self._head.incomplete:
             message = f"agent {name!r} has no host and port in the head server's config"
         elif self._head is not None:
@@ -124,12 +124,6 @@ class Router:
             if len(agent.replicas) > 1
             for replica in agent.replicas
         ]
-
-
-def agent_name(row: dict[str, Any]) -> str | None:
-    ref = row.get("agent_ref")
-    name = ref.get("name") if isinstance(ref, dict) else None
-    return name if isinstance(name, str) else None
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:

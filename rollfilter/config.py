@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from rollfilter.errors import UsageError
+from rollfilter.resume import DEFAULT_MAX_ATTEMPTS
 
 DEFAULT_CONCURRENCY = 32
 DEFAULT_RETRIES = 3
@@ -57,7 +58,9 @@ class Config:
     agent: str | None = None
     concurrency: int = DEFAULT_CONCURRENCY
     limit: int | None = None
-    repeats: int = 1
+    repeats: int = 1  # rollouts per row, for agents that repeats_by_agent does not name
+    repeats_by_agent: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    repeat_seeds: bool = False  # each rollout carries "seed": its rollout index, in metadata.extra_body
     params: tuple[tuple[str, Any], ...] = ()
     ordered: bool = False
     output: str | None = None
@@ -71,6 +74,8 @@ class Config:
     headers: tuple[tuple[str, str], ...] = ()
     insecure: bool = False
     resume: bool = False
+    append: bool = False  # -o and --errors may already hold lines of another run
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS  # failed attempts after which --resume gives a pair up
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
     shard: tuple[int, int] | None = None  # (I, N): keep the tasks whose index mod N is I
     pass_threshold: float = 1.0
@@ -92,8 +97,11 @@ class Config:
             raise UsageError("--proxy wants a URL like http://proxy.example:3128")
         if self.concurrency < 1:
             raise UsageError("--concurrency must be at least 1")
-        if self.repeats < 1:
+        object.__setattr__(self, "repeats_by_agent", dict(self.repeats_by_agent))
+        if self.repeats < 1 or any(k < 1 for k in self.repeats_by_agent.values()):
             raise UsageError("--repeats must be at least 1")
+        if self.max_attempts < 1:
+            raise UsageError("--max-attempts must be at least 1")
         if self.limit is not None and self.limit < 0:
             raise UsageError("--limit must not be negative")
         if self.retries < 0:
@@ -106,6 +114,16 @@ class Config:
             raise UsageError("--shard I/N wants 0 <= I < N")
         if self.resume and self.output is None:
             raise UsageError("--resume needs -o/--output FILE: it skips the rows already in FILE")
+
+    def repeats_for(self, agent: str | None) -> int:
+        """Rollouts per row for rows of agent `agent` (None: a row routed without a name)."""
+        if agent is None or not self.repeats_by_agent:
+            return self.repeats
+        return self.repeats_by_agent.get(agent, self.repeats)
+
+    @property
+    def max_repeats(self) -> int:
+        return max([self.repeats, *self.repeats_by_agent.values()])
 
 
 def agent_url(text: str) -> str:
@@ -132,6 +150,23 @@ def parse_endpoints(specs: Iterable[str]) -> dict[str, tuple[str, ...]]:
         replicas = tuple(agent_url(url.strip()) for url in urls.split(",") if url.strip())
         endpoints[name] = endpoints.get(name, ()) + replicas
     return endpoints
+
+
+def parse_repeats(specs: Iterable[str]) -> tuple[int, dict[str, int]]:
+    """`K` (the default for every agent) and `NAME=K` (for agent NAME), each repeatable."""
+    default: int | None = None
+    by_agent: dict[str, int] = {}
+    for spec in specs:
+        name, sep, count = spec.rpartition("=")
+        if not _is_decimal(count) or (sep and not name) or int(count) < 1:
+            raise UsageError(f"-r/--repeats wants K or NAME=K with K >= 1, got {spec!r}")
+        if sep:
+            by_agent[name] = int(count)
+        elif default is not None and default != int(count):
+            raise UsageError(f"-r/--repeats: two defaults, {default} and {count}; give one K and NAME=K for agents")
+        else:
+            default = int(count)
+    return (1 if default is None else default), by_agent
 
 
 def parse_param(spec: str) -> tuple[str, Any]:
@@ -165,7 +200,7 @@ def parse_statuses(spec: str) -> frozenset[int]:
         item = item.strip()
         if not item:
             continue
-        if not item.isdigit() or not 100 <= int(item) <= 599:
+        if not _is_decimal(item) or not 100 <= int(item) <= 599:
             raise UsageError(f"--retry-on wants HTTP statuses like 429,503, got {item!r}")
         statuses.add(int(item))
     return frozenset(statuses)
@@ -176,7 +211,7 @@ def parse_shard(spec: str | None) -> tuple[int, int] | None:
     if spec is None:
         return None
     index, sep, count = spec.partition("/")
-    if not sep or not index.strip().isdigit() or not count.strip().isdigit():
+    if not sep or not _is_decimal(index) or not _is_decimal(count):
         raise UsageError(f"--shard wants I/N, like 0/4, got {spec!r}")
     shard = int(index), int(count)
     if not 0 <= shard[0] < shard[1]:
@@ -201,3 +236,9 @@ def parse_failure_limit(spec: str | None) -> FailureLimit:
         return FailureLimit(count=count)
     except ValueError:
         raise UsageError(f"--max-failures wants a count like 10 or a rate like 5%, got {spec!r}") from None
+
+
+def _is_decimal(text: str) -> bool:
+    """ASCII digits only: str.isdigit() accepts "²", which int() refuses."""
+    text = text.strip()
+    return text.isascii() and text.isdigit()

@@ -13,17 +13,21 @@ import functools
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import msgspec
 import trio
 
 from rollfilter.client import Agent, AgentClient, Router, resolve_endpoints
 from rollfilter.config import Config, FailureLimit
-from rollfilter.errors import ExitStatus, UsageError
-from rollfilter.metrics import Metrics
+from rollfilter.errors import ErrorKind, ExitStatus, UsageError
+from rollfilter.metrics import Metrics, as_float
 from rollfilter.outcome import RowFailure
-from rollfilter.plan import ROLLOUT_INDEX, TASK_INDEX, Job, LineSource, Planner, ResumeIndex
+from rollfilter.plan import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX, Job, LineSource, Planner
+from rollfilter.resume import ResumeState
 from rollfilter.sink import Release
 from rollfilter.tasks import TaskStats
 from rollfilter.transport import AgentTransport, shown
+
+ERROR_REASON_CHARS = 200  # how much of an agent's failure_reason a message quotes
 
 
 class RowSink(Protocol):
@@ -33,6 +37,10 @@ class RowSink(Protocol):
     def result(self, job: Job, result: dict[str, Any], release: Release) -> None: ...
 
     def failure(self, job: Job, failure: RowFailure, release: Release) -> None: ...
+
+    def not_persisted(self, job: Job, release: Release) -> None:
+        """A rollout the agent asked to keep nowhere (`_ng_no_persist`): it leaves no line."""
+        ...
 
 
 class RunControl:
@@ -77,6 +85,7 @@ class Engine:
                 for _ in range(self.concurrency):
                     nursery.start_soon(self._worker, limiter, reading)
         self.metrics.skipped = self.planner.skipped
+        self.metrics.not_retried = self.planner.given_up
 
     async def _worker(self, limiter: trio.CapacityLimiter, reading: trio.Lock) -> None:
         # A worker that finishes a row takes the next one itself, in the same scheduler
@@ -94,14 +103,14 @@ class Engine:
                 release()
                 return
             self.metrics.taken += 1
-            agent = job.failure or self.router.route(job.row or {})
-            if isinstance(agent, RowFailure):
-                self._fail(job, agent, release)
+            route = job.failure or self.router.route(job.agent_name)
+            if isinstance(route, RowFailure):
+                self._fail(job, route, release)
                 # A run of bad lines sends nothing: without this, a stop would not be
                 # noticed until the buffered lines ran out.
                 await trio.lowlevel.checkpoint()
                 continue
-            await self._run_job(job, agent, release)
+            await self._run_job(job, route, release)
 
     async def _next_job(self, reading: trio.Lock) -> Job | None:
         while True:
@@ -119,39 +128,99 @@ class Engine:
         started = trio.current_time()
         if self.on_event is not None:
             self.on_event(f"{describe(job)}: sent to agent {agent.name or shown(agent.replicas[0].url)}")
-        outcome = await self.client.run(job.body, agent, job)
+        try:
+            outcome = judge(job, await self.client.run(job.body, agent, job))
+        except Exception as exc:  # a bug met by one row costs that row, never the run
+            outcome = self._internal_failure(job, exc)
         if isinstance(outcome, RowFailure):
             self._fail(job, outcome, release)
-            return
-        result = outcome
-        result[TASK_INDEX] = job.task_index
-        result[ROLLOUT_INDEX] = job.rollout_index
-        if "agent_ref" not in result:
-            routed = job.row.get("agent_ref") if job.row else None
-            if agent.name is not None:
-                routed = {"type": "responses_api_agents", "name": agent.name}
-            if routed is not None:
-                result["agent_ref"] = routed
-        latency = trio.current_time() - started
-        self.metrics.add_result(result, latency)
+        elif isinstance(outcome, _NotPersisted):
+            self.metrics.not_persisted += 1
+            if self.on_event is not None:
+                self.on_event(f"{describe(job)}: not persisted (the agent's _ng_no_persist); --resume runs it again")
+            self._ended(job, None)
+            self.sink.not_persisted(job, release)
+            self._check_failure_limit()
+        else:
+            latency = trio.current_time() - started
+            self.metrics.add_result(outcome, latency, job.agent_name)
+            if self.on_event is not None:
+                self.on_event(f"{describe(job)}: finished in {latency:.3f} s, reward {outcome.get('reward')}")
+            self._ended(job, reward_of(outcome))
+            self.sink.result(job, outcome, release)
+
+    def _internal_failure(self, job: Job, exc: Exception) -> RowFailure:
         if self.on_event is not None:
-            self.on_event(f"{describe(job)}: finished in {latency:.3f} s, reward {result.get('reward')}")
+            self.on_event(f"{describe(job)}: internal error: {type(exc).__name__}: {exc}")
+        message = f"unexpected {type(exc).__name__} while handling this row (-v shows the details)"
+        return RowFailure(ErrorKind.INTERNAL, message, attempts=job.retries + 1)
+
+    def _ended(self, job: Job, reward: float | None) -> None:
         if self.tasks is not None:
-            self.tasks.rollout_ended(job.task_index, job.task_rollouts, reward_of(result))
-        self.sink.result(job, result, release)
+            self.tasks.rollout_ended(job.task_index, job.task_rollouts, reward)
 
     def _fail(self, job: Job, failure: RowFailure, release: Release) -> None:
-        self.metrics.add_failure(failure)
+        self.metrics.add_failure(failure, job.agent_name)
         if self.on_event is not None:
             self.on_event(f"{describe(job)}: failed after {failure.attempts} attempts: {failure.kind.value}")
-        if self.tasks is not None:
-            self.tasks.rollout_ended(job.task_index, job.task_rollouts, None)
+        self._ended(job, None)
         self.sink.failure(job, failure, release)
-        if self.failure_limit.is_reached(self.metrics.failed, self.metrics.ended):
+        self._check_failure_limit()
+
+    def _check_failure_limit(self) -> None:
+        failed = self.metrics.failed + self.metrics.not_persisted
+        if self.failure_limit.is_reached(failed, self.metrics.ended):
             self.control.stop(
-                ExitStatus.ROWS_FAILED,
-                f"stopped after {self.metrics.failed} failed rows ({self.failure_limit.describe()})",
+                ExitStatus.ROWS_FAILED, f"stopped after {failed} failed rows ({self.failure_limit.describe()})"
             )
+
+
+class _NotPersisted:
+    """The outcome of a rollout whose answer carries `_ng_no_persist`."""
+
+
+NOT_PERSISTED = _NotPersisted()
+
+
+def judge(job: Job, answer: dict[str, Any] | RowFailure) -> dict[str, Any] | RowFailure | _NotPersisted:
+    """What the agent's answer makes of the rollout: a result stamped with the row's indices
+    and agent (as NeMo Gym stamps them), the agent's own failure, or not persisted."""
+    if isinstance(answer, RowFailure):
+        return answer
+    stamp(job, answer)
+    if answer.get("_ng_no_persist"):
+        return NOT_PERSISTED
+    failure_class = answer.get("_ng_failure_class")
+    if failure_class is None:
+        return answer
+    failure_class = failure_class if isinstance(failure_class, str) else msgspec_text(failure_class)
+    reason = answer.get("failure_reason")
+    message = f"the agent reported failure class {failure_class!r}" + (
+        f": {reason[:ERROR_REASON_CHARS]}" if isinstance(reason, str) and reason else ""
+    )
+    return RowFailure(
+        ErrorKind.AGENT_FAILURE,
+        message,
+        attempts=job.retries + 1,
+        failure_class=failure_class,
+        terminal=bool(answer.get("_ng_failure_terminal")),
+        answer=answer,
+    )
+
+
+def stamp(job: Job, result: dict[str, Any]) -> None:
+    """Put the row's indices, agent_ref and pass-through keys on its result."""
+    result[TASK_INDEX] = job.task_index
+    result[ROLLOUT_INDEX] = job.rollout_index
+    row = job.row or {}
+    if AGENT_REF in row:
+        result[AGENT_REF] = row[AGENT_REF]
+    if "skills_ref" in row:
+        result["skills_ref"] = row["skills_ref"]
+    if job.attempt_index is not None:
+        result[ATTEMPT_INDEX] = job.attempt_index
+    if "_ng_rollout_id" in row:
+        result["_ng_rollout_id"] = row["_ng_rollout_id"]
 
 
 async def prepare(
@@ -163,7 +232,7 @@ async def prepare(
     control: RunControl,
     metrics: Metrics,
     tasks: TaskStats | None = None,
-    resume: ResumeIndex | None = None,
+    resume: ResumeState | None = None,
     on_event: Callable[[str], None] | None = None,
 ) -> Engine:
     """Resolve the agents (one head-server fetch) and build the engine for `config`.
@@ -176,6 +245,7 @@ async def prepare(
     endpoints, head = await resolve_endpoints(config)
 
     def count_retry(job: Job, failure: RowFailure, delay: float) -> None:
+        job.retries += 1
         metrics.retries += 1
         if on_event is not None:
             on_event(f"{describe(job)}: retry in {delay:.2f} s after {failure.kind.value}: {failure.message}")
@@ -199,9 +269,13 @@ def describe(job: Job) -> str:
 
 
 def reward_of(result: dict[str, Any]) -> float:
-    """A result's reward for pass@k; a result without a numeric one counts as 0."""
-    reward = result.get("reward")
-    return float(reward) if isinstance(reward, (int, float)) else 0.0
+    """A result's reward for pass@k; a result without a finite numeric one counts as 0."""
+    reward = as_float(result.get("reward"))
+    return 0.0 if reward is None else reward
+
+
+def msgspec_text(value: Any) -> str:
+    return msgspec.json.encode(value).decode()
 
 
 class _Slot:

@@ -46,6 +46,104 @@ class LatencyHistogram:
         return self.max
 
 
+def as_float(value: Any) -> float | None:
+    """A result field as a number for a mean: bool, int or finite float (booleans count 0/1)."""
+    kind = type(value)  # exact types: msgspec gives plain bool, int, float
+    if kind is float:
+        return value if math.isfinite(value) else None
+    if kind is int or kind is bool:
+        try:
+            return float(value)
+        except OverflowError:  # an int past float's range: not a usable figure
+            return None
+    return None
+
+
+class Means:
+    """Running sums of the numeric top-level fields of results, and of `response.usage`."""
+
+    __slots__ = ("counts", "failed", "succeeded", "sums", "usage_counts", "usage_sums")
+
+    def __init__(self) -> None:
+        self.succeeded = 0
+        self.failed = 0
+        self.sums: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+        self.usage_sums: dict[str, float] = {}
+        self.usage_counts: dict[str, int] = {}
+
+    def add(self, result: dict[str, Any]) -> None:
+        self.succeeded += 1
+        _accumulate(result, self.sums, self.counts, skip_prefix="_ng_")
+        response = result.get("response")
+        usage = response.get("usage") if type(response) is dict else None
+        if type(usage) is dict:
+            _accumulate(usage, self.usage_sums, self.usage_counts, nested=True)
+
+    def merge(self, other: Means) -> None:
+        self.succeeded += other.succeeded
+        self.failed += other.failed
+        for sums, more in ((self.sums, other.sums), (self.usage_sums, other.usage_sums)):
+            for key, value in more.items():
+                sums[key] = sums.get(key, 0.0) + value
+        for counts, added in ((self.counts, other.counts), (self.usage_counts, other.usage_counts)):
+            for key, count in added.items():
+                counts[key] = counts.get(key, 0) + count
+
+    def mean(self, key: str) -> float:
+        count = self.counts.get(key)
+        return self.sums[key] / count if count else 0.0
+
+    def means(self) -> dict[str, Any]:
+        """`reward` first, then each field's mean in the order first seen."""
+        means: dict[str, Any] = {"reward": 0.0}
+        for key, total in self.sums.items():
+            means[key] = total / self.counts[key]
+        return means
+
+    def usage(self) -> dict[str, float]:
+        return {key: total / self.usage_counts[key] for key, total in self.usage_sums.items()}
+
+    def tokens(self) -> float:
+        """Tokens used so far: usage's total_tokens, or input plus output tokens."""
+        if "total_tokens" in self.usage_sums:
+            return self.usage_sums["total_tokens"]
+        return self.usage_sums.get("input_tokens", 0.0) + self.usage_sums.get("output_tokens", 0.0)
+
+
+def _accumulate(
+    fields: dict[str, Any],
+    sums: dict[str, float],
+    counts: dict[str, int],
+    *,
+    skip_prefix: str = "",
+    nested: bool = False,
+) -> None:
+    # The per-result hot path: as_float() written out inline.
+    for key, value in fields.items():
+        kind = type(value)
+        if kind is float:
+            if not math.isfinite(value):
+                continue
+        elif kind is int:
+            if not -_FLOAT_RANGE < value < _FLOAT_RANGE:
+                continue
+        elif kind is not bool:
+            if nested and kind is dict:  # usage's input_tokens_details.cached_tokens and the like
+                _accumulate({f"{key}.{inner}": v for inner, v in value.items()}, sums, counts)
+            continue
+        if skip_prefix and key.startswith(skip_prefix):
+            continue
+        sums[key] = sums.get(key, 0.0) + value
+        counts[key] = counts.get(key, 0) + 1
+
+
+_FLOAT_RANGE = 2**1023  # an int at or past this has no float near it
+
+
+UNNAMED_AGENT = "(no name)"  # the key in "agents" for rows routed by -u without an agent name
+
+
 class Metrics:
     """What happened in a run, fed row by row by the dispatcher."""
 
@@ -55,69 +153,101 @@ class Metrics:
         self.taken = 0  # rollouts taken from the input and started
         self.succeeded = 0
         self.failed = 0
-        self.skipped = 0
+        self.not_persisted = 0  # answers carrying _ng_no_persist: written nowhere, run again by --resume
+        self.skipped = 0  # pairs an earlier run finished (--resume)
+        self.not_retried = 0  # pairs --resume gave up: terminal, or out of attempts
         self.retries = 0
         self.failed_by_kind: collections.Counter[str] = collections.Counter()
+        self.failed_by_class: collections.Counter[str] = collections.Counter()  # the agents' own classes
         self.latency = LatencyHistogram()
-        self._sums: dict[str, float] = {}
-        self._counts: dict[str, int] = {}
+        self.by_agent: dict[str | None, Means] = {}
         self.replicas: list[dict[str, Any]] = []
 
     @property
     def ended(self) -> int:
-        return self.succeeded + self.failed
+        return self.succeeded + self.failed + self.not_persisted
 
-    def add_result(self, result: dict[str, Any], latency: float | None) -> None:
+    def _agent(self, agent: str | None) -> Means:
+        means = self.by_agent.get(agent)
+        if means is None:
+            means = self.by_agent[agent] = Means()
+        return means
+
+    def add_result(self, result: dict[str, Any], latency: float | None, agent: str | None = None) -> None:
         self.succeeded += 1
         if latency is not None:
             self.latency.add(latency)
-        sums, counts = self._sums, self._counts
-        for key, value in result.items():
-            kind = type(value)  # exact types: msgspec gives plain bool, int, float
-            if kind is float:
-                if not math.isfinite(value):
-                    continue
-            elif kind is not int and kind is not bool:
-                continue
-            if key.startswith("_ng_"):
-                continue
-            sums[key] = sums.get(key, 0.0) + value
-            counts[key] = counts.get(key, 0) + 1
+        self._agent(agent).add(result)
+
+    def add_failure(self, failure: RowFailure, agent: str | None = None) -> None:
+        self.failed += 1
+        self.failed_by_kind[failure.kind.value] += 1
+        if failure.failure_class is not None:
+            self.failed_by_class[failure.failure_class] += 1
+        self._agent(agent).failed += 1
+
+    def overall(self) -> Means:
+        if len(self.by_agent) == 1:
+            return next(iter(self.by_agent.values()))
+        total = Means()
+        for means in self.by_agent.values():
+            total.merge(means)
+        return total
 
     def mean(self, key: str) -> float:
-        count = self._counts.get(key)
-        return self._sums[key] / count if count else 0.0
+        return self.overall().mean(key)
+
+    def tokens(self) -> float:
+        return sum(means.tokens() for means in self.by_agent.values())
 
     def rate(self) -> float:
         """Rollouts ended per second so far."""
-        return self.ended / max(self._clock() - self.started_at, 1e-9)
+        return self.ended / max(self.elapsed(), 1e-9)
 
-    def add_failure(self, failure: RowFailure) -> None:
-        self.failed += 1
-        self.failed_by_kind[failure.kind.value] += 1
+    def elapsed(self) -> float:
+        return self._clock() - self.started_at
 
     def summary(
         self, *, stopped: str | None = None, tasks: TaskStats | None = None, timings: bool = True
     ) -> dict[str, Any]:
-        """The summary object: means of numeric result fields (and mean@K, pass@k over
-        tasks), then the run's own figures under "rollfilter"."""
-        means: dict[str, Any] = {"reward": 0.0}
-        for key in self._sums:
-            means[key] = self._sums[key] / self._counts[key]
+        """The summary object: means of numeric result fields (and mean@K, pass@k over tasks),
+        token usage, a split by agent when several served the run, then the run's own figures
+        under "rollfilter"."""
+        overall = self.overall()
+        summary = overall.means()
+        if tasks is not None:
+            summary.update(tasks.summary_fields())
+        summary["usage"] = overall.usage()
+        if len(self.by_agent) > 1:
+            summary["agents"] = {
+                UNNAMED_AGENT if name is None else name: {
+                    "succeeded": means.succeeded,
+                    "failed": means.failed,
+                    **means.means(),
+                    "usage": means.usage(),
+                }
+                for name, means in sorted(self.by_agent.items(), key=lambda item: item[0] or "")
+            }
         figures: dict[str, Any] = {
-            "rows_read": self.taken + self.skipped,
+            "rows_read": self.taken + self.skipped + self.not_retried,
             "succeeded": self.succeeded,
             "failed": self.failed,
+            "not_persisted": self.not_persisted,
             "skipped": self.skipped,
+            "not_retried": self.not_retried,
             "cancelled": self.taken - self.ended,
             "failed_by_kind": {
                 kind.value: self.failed_by_kind[kind.value] for kind in ErrorKind if self.failed_by_kind[kind.value]
             },
             "retries": self.retries,
         }
+        if self.failed_by_class:
+            figures["failed_by_class"] = dict(sorted(self.failed_by_class.items()))
         if timings:
-            figures["elapsed_s"] = round(self._clock() - self.started_at, 3)
+            elapsed = self.elapsed()
+            figures["elapsed_s"] = round(elapsed, 3)
             figures["rows_per_s"] = round(self.rate(), 2)
+            figures["tokens_per_s"] = round(self.tokens() / max(elapsed, 1e-9), 2)
             figures["latency_s"] = {
                 "p50": round(self.latency.percentile(50), 4),
                 "p90": round(self.latency.percentile(90), 4),
@@ -125,11 +255,10 @@ class Metrics:
                 "max": round(self.latency.max, 4),
             }
         if tasks is not None:
-            means.update(tasks.summary_fields())
             figures.update(tasks.figures())
         if self.replicas:
             figures["replicas"] = self.replicas
         if stopped:
             figures["stopped"] = stopped
-        means["rollfilter"] = figures
-        return means
+        summary["rollfilter"] = figures
+        return summary

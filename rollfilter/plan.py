@@ -1,30 +1,40 @@
-"""Lines to jobs: parse each row, apply limit, repeats, overrides and resume skips.
+"""Lines to jobs: parse each row, build the body NeMo Gym would send, repeat, shard, resume.
 
 A job is one rollout: one input row sent once. A row repeated K times gives K adjacent
-jobs (a a b b), numbered `(_ng_task_index, _ng_rollout_index)` as NeMo Gym numbers them.
+jobs (a a b b). Each body is the row "materialized" as NeMo Gym's collector builds it: the
+row's own keys, `agent_ref` filled from -a when the row names no agent, the -p overrides,
+`_ng_task_index`, `_ng_rollout_index`, the seed with --repeat-seeds, and `_ng_attempt_index`
+on a resumed retry.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import os
+import json
 import zlib
-from collections.abc import Hashable, Iterable
+from array import array
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 import msgspec
 import trio
 
 from rollfilter.config import Config
-from rollfilter.errors import ErrorKind, UsageError
+from rollfilter.errors import ErrorKind
+from rollfilter.keytable import KeyTable
 from rollfilter.outcome import RowFailure
+from rollfilter.resume import ResumeState
 from rollfilter.source import InputLine
 
 TASK_INDEX = "_ng_task_index"
 ROLLOUT_INDEX = "_ng_rollout_index"
+ATTEMPT_INDEX = "_ng_attempt_index"
+AGENT_REF = "agent_ref"
+PASSED_THROUGH = ("skills_ref", "_ng_rollout_id")  # copied from the row to its result, as NeMo Gym does
 
 _decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -36,10 +46,13 @@ class Job:
     line: int
     task_index: Any
     rollout_index: int
-    row: dict[str, Any] | None  # None when the line is not a JSON object
-    body: bytes  # the row as sent (after overrides), or the raw line for bad input
+    row: dict[str, Any] | None  # the row shared by the task's rollouts; None when the line is not a JSON object
+    body: bytes  # this rollout's body as sent, or the raw line for bad input
+    agent_name: str | None = None  # the row's agent_ref.name (after -a filled it), the route by name
+    attempt_index: Any = None  # _ng_attempt_index as sent, if any
     failure: RowFailure | None = None  # known before sending: bad input
     task_rollouts: int = 1  # how many rollouts of this task the run has (repeats less resume skips)
+    retries: int = 0  # retries so far, counted by the engine
 
 
 def parse_row(data: bytes) -> dict[str, Any] | str:
@@ -96,105 +109,11 @@ def apply_params(row: dict[str, Any], params: Iterable[tuple[str, Any]]) -> str 
     return None
 
 
-class ResumeIndex:
-    """The (task, rollout) pairs already in a previous run's output file.
-
-    Dense integer pairs live in a bitmap (a million pairs cost 125 KB, not 100 MB of
-    tuples); anything else (odd task indices) falls back to a set.
-    """
-
-    def __init__(self, repeats: int) -> None:
-        self._repeats = repeats
-        self._bits = bytearray()
-        self._other: set[tuple[Hashable, Hashable]] = set()
-        self.count = 0
-
-    def _slot(self, task: Any, rollout: Any) -> int | None:
-        if type(task) is int and type(rollout) is int and 0 <= task < 1 << 40 and 0 <= rollout < self._repeats:
-            return task * self._repeats + rollout
-        return None
-
-    def add(self, task: Any, rollout: Any) -> None:
-        slot = self._slot(task, rollout)
-        if slot is None:
-            key = (_hashable(task), _hashable(rollout))
-            if key not in self._other:
-                self._other.add(key)
-                self.count += 1
-            return
-        byte, bit = divmod(slot, 8)
-        if byte >= len(self._bits):
-            self._bits.extend(bytes(max(byte + 1 - len(self._bits), len(self._bits))))
-        if not self._bits[byte] & (1 << bit):
-            self._bits[byte] |= 1 << bit
-            self.count += 1
-
-    def __contains__(self, pair: tuple[Any, int]) -> bool:
-        task, rollout = pair
-        slot = self._slot(task, rollout)
-        if slot is None:
-            return (_hashable(task), _hashable(rollout)) in self._other
-        byte, bit = divmod(slot, 8)
-        return byte < len(self._bits) and bool(self._bits[byte] & (1 << bit))
-
-    @classmethod
-    def from_file(cls, path: str, repeats: int) -> ResumeIndex:
-        """Read a results file; a line cut off by a kill (no newline, or not JSON) is ignored."""
-        index = cls(repeats)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            return index
-        except OSError as exc:
-            raise UsageError(f"cannot read {path} for --resume: {exc.strerror}") from None
-        with os.fdopen(fd, "rb") as file:
-            for line in file:
-                if not line.endswith(b"\n"):
-                    break
-                try:
-                    result = _decode(line)
-                except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-                    continue
-                if isinstance(result, dict) and TASK_INDEX in result and ROLLOUT_INDEX in result:
-                    index.add(result[TASK_INDEX], result[ROLLOUT_INDEX])
-        return index
-
-
-def drop_torn_tail(path: str) -> int:
-    """Cut a last line without a newline (a write cut off by a kill) off the file at `path`,
-    so that appended results start on a line of their own; returns the bytes removed."""
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except FileNotFoundError:
-        return 0
-    except OSError as exc:
-        raise UsageError(f"cannot resume from {path}: {exc.strerror}") from None
-    try:
-        size = end = os.fstat(fd).st_size
-        if not size or os.pread(fd, 1, size - 1) == b"\n":
-            return 0
-        while end > 0:
-            start = max(0, end - 65536)
-            newline = os.pread(fd, end - start, start).rfind(b"\n")
-            if newline >= 0:
-                end = start + newline + 1
-                break
-            end = start
-        os.ftruncate(fd, end)
-        return size - end
-    finally:
-        os.close(fd)
-
-
 def shard_of(task_index: Any, shards: int) -> int:
     """The shard a task belongs to: its index mod N (a stable hash for non-integer indices)."""
     if type(task_index) is int:
         return task_index % shards
-    return zlib.crc32(msgspec.json.encode(task_index)) % shards
-
-
-def _hashable(value: Any) -> Hashable:
-    return value if isinstance(value, Hashable) else msgspec.json.encode(value)
+    return zlib.crc32(_encode(task_index)) % shards
 
 
 class LineSource(Protocol):
@@ -207,17 +126,66 @@ class LineSource(Protocol):
     async def fill(self) -> None: ...
 
 
+def agent_name(row: dict[str, Any]) -> str | None:
+    """The row's `agent_ref.name`, if it is a string."""
+    ref = row.get(AGENT_REF)
+    name = ref.get("name") if isinstance(ref, dict) else None
+    return name if isinstance(name, str) else None
+
+
+class TaskNumbering:
+    """Task and rollout indices as NeMo Gym's collector gives them, in flat memory.
+
+    A row's own `_ng_task_index` is kept. Other rows are numbered by their text:
+    byte-identical lines share one index, and the counter counts only the distinct lines
+    without an index of their own. Rollout indices are counted per task index, so a task
+    met again continues its count (0, 1, then 2, 3). About 30 bytes a distinct line.
+    """
+
+    def __init__(self) -> None:
+        self._lines = KeyTable(("Q",))  # line text -> its task index
+        self._next_rollout = array("Q")  # by numbered task index
+        self._given = KeyTable(("Q",))  # a row's own task index (as JSON) -> its next rollout index
+
+    def task_for_line(self, text: bytes) -> int:
+        handle, new = self._lines.add(text)
+        if new:
+            self._lines.set_value(handle, self.new_task())
+        return self._lines.value(handle)
+
+    def new_task(self) -> int:
+        """An index no other line shares (a line too long to keep, whose text is unknown)."""
+        self._next_rollout.append(0)
+        return len(self._next_rollout) - 1
+
+    def take_rollouts(self, task: Any, count: int) -> int:
+        """Reserve `count` rollout indices of `task`; returns the first."""
+        handle = self._given.find(_encode(task)) if self._given.count else -1
+        if handle < 0 and type(task) is int and 0 <= task < len(self._next_rollout):
+            first = self._next_rollout[task]
+            self._next_rollout[task] = first + count
+            return first
+        if handle < 0:
+            handle = self._given.add(_encode(task))[0]
+        first = self._given.value(handle)
+        self._given.set_value(handle, first + count)
+        return first
+
+
 class Planner:
     """Turns input lines into jobs, one at a time, as the dispatcher asks for them."""
 
-    def __init__(self, reader: LineSource, config: Config, resume: ResumeIndex | None = None) -> None:
+    def __init__(self, reader: LineSource, config: Config, resume: ResumeState | None = None) -> None:
         self._reader = reader
         self._config = config
         self._resume = resume
+        self._numbering = TaskNumbering()
         self._pending: collections.deque[Job] = collections.deque()
-        self._rows = 0  # non-empty lines seen: the default task index
+        self._rows = 0  # non-empty lines seen, for --limit
         self._seq = 0
-        self.skipped = 0
+        self.skipped = 0  # pairs an earlier run finished (--resume)
+        self.given_up = 0  # pairs not run again: terminal, or out of attempts (--resume)
+        self.agents_seen: set[str] = set()
 
     def next_job_nowait(self) -> Job | None:
         """The next job if its line is buffered; None at the end of the input (or of --limit).
@@ -247,37 +215,108 @@ class Planner:
                 await self.fill()
 
     def _plan_row(self, line: InputLine) -> None:
-        task_index: Any = self._rows
         self._rows += 1
-        failure: RowFailure | None = None
+        config = self._config
         row: dict[str, Any] | None = None
+        name: str | None = None
+        failure: RowFailure | None = None
         if line.data is None:
             body = b""
+            task: Any = self._numbering.new_task()
             failure = RowFailure(ErrorKind.BAD_INPUT, line.problem or "unreadable line")
         else:
             body = line.data.strip()
             parsed = parse_row(body)
             if isinstance(parsed, str):
+                task = self._numbering.task_for_line(line.data)
                 failure = RowFailure(ErrorKind.BAD_INPUT, parsed)
             else:
                 row = parsed
-                task_index = row.get(TASK_INDEX, task_index)
-                if self._config.params:
-                    reason = apply_params(row, self._config.params)
-                    if reason is not None:
-                        failure = RowFailure(ErrorKind.BAD_INPUT, reason)
-                    else:
-                        body = msgspec.json.encode(row)
-        shard = self._config.shard
-        if shard is not None and shard_of(task_index, shard[1]) != shard[0]:
+                if config.agent is not None and AGENT_REF not in row:
+                    row[AGENT_REF] = {"name": config.agent}
+                name = agent_name(row)
+                if name is not None:
+                    self.agents_seen.add(name)
+                reason = apply_params(row, config.params) if config.params else None
+                if reason is None and config.repeat_seeds:
+                    reason = _check_seedable(row)
+                if reason is not None:
+                    failure = RowFailure(ErrorKind.BAD_INPUT, reason)
+                if TASK_INDEX in row:
+                    task = row[TASK_INDEX]
+                else:
+                    task = row[TASK_INDEX] = self._numbering.task_for_line(line.data)
+        shard = config.shard
+        if shard is not None and shard_of(task, shard[1]) != shard[0]:
             return
+        repeats = config.repeats_for(name)
+        first = self._numbering.take_rollouts(task, repeats)
+        bodies = _Bodies(row, seeds=config.repeat_seeds) if row is not None and failure is None else None
+        given_attempt = row.get(ATTEMPT_INDEX) if row is not None else None
         jobs = []
-        for rollout in range(self._config.repeats):
-            if self._resume is not None and (task_index, rollout) in self._resume:
-                self.skipped += 1
-                continue
-            jobs.append(Job(self._seq, line.source, line.number, task_index, rollout, row, body, failure))
+        for rollout in range(first, first + repeats):
+            attempt = 0
+            if self._resume is not None:
+                attempt = self._resume.decide(task, rollout)
+                if attempt == ResumeState.DONE:
+                    self.skipped += 1
+                    continue
+                if attempt == ResumeState.GIVE_UP:
+                    self.given_up += 1
+                    continue
+            job = Job(self._seq, line.source, line.number, task, rollout, row, body, name, failure=failure)
+            if bodies is not None:
+                job.body = bodies.body(rollout, attempt)
+                job.attempt_index = attempt or given_attempt
+            jobs.append(job)
             self._seq += 1
         for job in jobs:
             job.task_rollouts = len(jobs)
         self._pending.extend(jobs)
+
+
+class _Bodies:
+    """The bodies of one row's rollouts: the row encoded once, each rollout's keys spliced on."""
+
+    def __init__(self, row: dict[str, Any], *, seeds: bool) -> None:
+        self._row = row
+        self._seeds = seeds
+        # Keys already in the row keep their place when set, so such rows are encoded whole.
+        self._prefix = None if seeds or ROLLOUT_INDEX in row or ATTEMPT_INDEX in row else _encode(row)[:-1]
+
+    def body(self, rollout: int, attempt: int) -> bytes:
+        if self._prefix is not None:
+            tail = b',"_ng_attempt_index":%d}' % attempt if attempt else b"}"
+            return b'%s,"_ng_rollout_index":%d%s' % (self._prefix, rollout, tail)
+        row = dict(self._row)
+        row[ROLLOUT_INDEX] = rollout
+        if self._seeds:
+            _add_seed(row, rollout)
+        if attempt:
+            row[ATTEMPT_INDEX] = attempt
+        return _encode(row)
+
+
+def _check_seedable(row: dict[str, Any]) -> str | None:
+    """Why --repeat-seeds cannot put a seed into this row, or None."""
+    params = row.get("responses_create_params", {})
+    metadata = params.get("metadata", {}) if isinstance(params, dict) else None
+    if not isinstance(metadata, dict):
+        return "--repeat-seeds: responses_create_params.metadata is not an object"
+    extra = metadata.get("extra_body", "{}")
+    try:
+        if isinstance(extra, str) and isinstance(json.loads(extra), dict):
+            return None
+    except ValueError:
+        pass
+    return "--repeat-seeds: responses_create_params.metadata.extra_body is not a JSON object in a string"
+
+
+def _add_seed(row: dict[str, Any], rollout: int) -> None:
+    """Merge "seed": rollout into metadata.extra_body, as NeMo Gym's num_repeats_add_seed does
+    (a JSON string written by Python's json.dumps), copying what it changes."""
+    params = row["responses_create_params"] = dict(row.get("responses_create_params", {}))
+    metadata = params["metadata"] = dict(params.get("metadata", {}))
+    extra = json.loads(metadata.get("extra_body", "{}"))
+    extra["seed"] = rollout
+    metadata["extra_body"] = json.dumps(extra)

@@ -76,7 +76,7 @@ def test_sync_api_from_plain_code(demo_server: DemoServer):
     assert len(collected) == 7
     assert sorted((f.number, f.kind) for f in failures) == [(6, ErrorKind.HTTP_STATUS), (7, ErrorKind.BAD_INPUT)]
     by_number = {f.number: f for f in failures}
-    assert by_number[6].row == rows[5]  # the row as sent
+    assert by_number[6].row == {**rows[5], "_ng_task_index": 5, "_ng_rollout_index": 0}  # the row as sent
     assert by_number[7].row is None  # not a JSON object
     assert outcomes.summary is not None
     assert outcomes.summary["rollfilter"]["failed"] == 2

@@ -210,10 +210,18 @@ def test_bad_line_and_unroutable_row_fail_alone(demo_server: DemoServer):
     assert demo_server.stats()["requests"] == 2
 
 
-def test_output_file_appends_and_metrics_file(tmp_path, demo_server: DemoServer):
-    out, metrics = tmp_path / "out.jsonl", tmp_path / "metrics.json"
+def test_output_file_is_never_mixed_into_unasked_and_metrics_file(tmp_path, demo_server: DemoServer):
+    out, metrics = tmp_path / "new" / "folder" / "out.jsonl", tmp_path / "metrics.json"
+    out.parent.mkdir(parents=True)
     out.write_text('{"previous": true}\n')
-    proc = run(["-u", demo_server.url, "-o", str(out), "--metrics", str(metrics)], input=rows_jsonl(simple_rows(5)))
+    refused = run(["-u", demo_server.url, "-o", str(out)], input=rows_jsonl(simple_rows(5)))
+    assert refused.returncode == 2
+    assert refused.stderr.decode().count("\n") == 1
+    assert "--resume" in refused.stderr.decode()
+    assert "--append" in refused.stderr.decode()
+    assert demo_server.stats()["requests"] == 0
+    args = ["-u", demo_server.url, "-o", str(out), "--append", "--metrics", str(metrics)]
+    proc = run(args, input=rows_jsonl(simple_rows(5)))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == b""
     lines = out.read_text().splitlines()
@@ -224,10 +232,15 @@ def test_output_file_appends_and_metrics_file(tmp_path, demo_server: DemoServer)
 
 def test_usage_errors_exit_2_before_sending(tmp_path, demo_server: DemoServer):
     rows = rows_jsonl(simple_rows(2))
+    not_a_folder = tmp_path / "file.txt"
+    not_a_folder.write_text("")
+    holds_lines = tmp_path / "errors.jsonl"
+    holds_lines.write_text("{}\n")
     cases = [
         ["-u", demo_server.url, "-p", "novalue"],
         ["-u", demo_server.url, str(tmp_path / "missing.jsonl")],
-        ["-u", demo_server.url, "-o", str(tmp_path / "no-such-dir" / "out.jsonl")],
+        ["-u", demo_server.url, "-o", str(not_a_folder / "out.jsonl")],
+        ["-u", demo_server.url, "--errors", str(holds_lines)],
         ["-u", demo_server.url, "--resume"],
         ["-u", "ftp://example.invalid/"],
         ["-u", demo_server.url, "-j", "abc"],
@@ -258,7 +271,8 @@ def test_parallel_appends_to_one_file_never_tear_a_line(tmp_path, demo_server: D
     data = tmp_path / "rows.jsonl"
     data.write_text(rows_jsonl(simple_rows(2000)))
     procs = [
-        start(["-q", "-u", demo_server.url, "-o", str(out), str(data)], stdout=None, stderr=None) for _ in range(3)
+        start(["-q", "-u", demo_server.url, "-o", str(out), "--append", str(data)], stdout=None, stderr=None)
+        for _ in range(3)
     ]
     assert [p.wait(timeout=SUBPROCESS_TIMEOUT) for p in procs] == [0, 0, 0]
     lines = out.read_bytes().splitlines()

@@ -116,9 +116,9 @@ def man_examples() -> list[str]:
     return [c for c in commands if runnable(c)]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def workdir(tmp_path_factory) -> Path:
-    """A scratch directory where rollfilter/examples/ resolves as it does in a checkout."""
+    """A scratch directory of each test's own, where rollfilter/examples/ resolves as in a checkout."""
     if not shutil.which("jq"):
         pytest.skip("the recipes use jq, which is not installed")
     path = tmp_path_factory.mktemp("recipes")

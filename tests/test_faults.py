@@ -157,7 +157,7 @@ def test_header_values_never_appear_in_output(tmp_path, start_demo):
         ["-u", server.url, "--retries", "0"],
         ["-u", server.url, "--retries", "0", "--errors", str(errors)],
         ["-u", "http://127.0.0.1:9", "--retries", "0"],
-        ["-u", "http://127.0.0.1:9", "--retries", "0", "--errors", str(errors)],
+        ["-u", "http://127.0.0.1:9", "--retries", "0", "--errors", str(errors), "--append"],
         ["-u", server.url, "-H", "Authorization"],  # malformed: value-less
     ):
         proc = run(["-H", f"Authorization: Bearer {secret}", *args], input=rows_jsonl(simple_rows(2)))

@@ -158,8 +158,8 @@ def direct_pass_at_k(results: list[dict], k: int, threshold: float = 1.0) -> flo
 def test_pass_at_k_and_mean_at_k_match_a_direct_computation(tmp_path, demo_server: DemoServer):
     rng = random.Random(5)
     rows = [
-        {"responses_create_params": {"input": "x"}, "demo": {"reward_p": rng.choice([0.1, 0.5, 0.9])}}
-        for _ in range(40)
+        {"id": i, "responses_create_params": {"input": "x"}, "demo": {"reward_p": rng.choice([0.1, 0.5, 0.9])}}
+        for i in range(40)
     ]
     per_task = tmp_path / "tasks.jsonl"
     proc = run(["-u", demo_server.url, "-r", "8", "--per-task", str(per_task)], input=rows_jsonl(rows))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import random
@@ -27,9 +28,11 @@ from rollfilter.config import (
     parse_statuses,
 )
 from rollfilter.errors import ErrorKind, UsageError
+from rollfilter.keytable import KeyTable
 from rollfilter.metrics import LatencyHistogram, Metrics
 from rollfilter.outcome import RowFailure
-from rollfilter.plan import Planner, ResumeIndex, apply_params, drop_torn_tail, parse_row
+from rollfilter.plan import Planner, TaskNumbering, apply_params, parse_row
+from rollfilter.resume import ResumeState, drop_torn_tail
 from rollfilter.sink import Reorderer
 from rollfilter.source import LineReader
 
@@ -172,13 +175,13 @@ def test_backoff_is_jittered_capped_and_never_under_retry_after():
 def test_router_prefers_named_endpoint_then_url():
     config = Config(url="http://d/run", endpoints={"a": ("http://a/run",)})
     router = Router(config)
-    route = router.route({"agent_ref": {"name": "a"}})
+    route = router.route("a")
     assert not isinstance(route, RowFailure)
     assert route.replicas[0].url == httpx.URL("http://a/run")
-    route = router.route({"agent_ref": {"name": "other"}})
+    route = router.route("other")
     assert not isinstance(route, RowFailure)
     assert route.name is None
-    assert isinstance(Router(Config(endpoints={"a": ("http://a/run",)})).route({}), RowFailure)
+    assert isinstance(Router(Config(endpoints={"a": ("http://a/run",)})).route(None), RowFailure)
 
 
 def test_reorderer_emits_in_sequence():
@@ -197,13 +200,14 @@ def test_resume_index_and_torn_tail(tmp_path):
     lines = [json.dumps({"_ng_task_index": t, "_ng_rollout_index": k}) for t in (0, 5, 9) for k in (0, 1)]
     path.write_text("\n".join(lines) + "\n" + '{"_ng_task_index": 7, "_ng_rol')
     assert drop_torn_tail(str(path)) == len('{"_ng_task_index": 7, "_ng_rol')
-    index = ResumeIndex.from_file(str(path), repeats=2)
-    assert index.count == 6
-    assert (5, 1) in index
-    assert (7, 0) not in index
-    assert (9, 2) not in index
-    index.add("odd-index", 0)
-    assert ("odd-index", 0) in index
+    state = ResumeState.from_files(str(path), None)
+    assert state.counts.done == 6
+    assert state.decide(5, 1) == ResumeState.DONE
+    assert state.decide(7, 0) == 0  # the torn line's pair runs again
+    assert state.decide(9, 2) == 0
+    state.add_done("odd-index", 0)
+    assert state.decide("odd-index", 0) == ResumeState.DONE
+    assert state.decide("odd-index", 1) == 0
 
 
 class ChunkedReads:
@@ -248,11 +252,55 @@ def test_any_chunking_gives_the_same_jobs_and_line_numbers(lines: list[bytes], c
 
     jobs = trio.run(plan)
     expected = []
-    task = 0
+    tasks: dict[bytes, int] = {}  # NeMo Gym's numbering: identical lines share a task...
+    next_task = 0
+    next_rollout: dict[int, int] = {}  # ...and its rollouts count on
     for number, line in enumerate(data.split(b"\n") if data else [], start=1):
         if not line.strip() or (number == len(data.split(b"\n")) and not line):
             continue
         ok = len(line) <= 64 and isinstance(parse_row(line.strip()), dict)
-        expected += [(number, task, 0, ok), (number, task, 1, ok)]
-        task += 1
+        # A line too long to keep gets an index of its own.
+        task = next_task if len(line) > 64 else tasks.setdefault(line, next_task)
+        next_task += task == next_task
+        first = next_rollout.get(task, 0)
+        next_rollout[task] = first + 2
+        expected += [(number, task, first, ok), (number, task, first + 1, ok)]
     assert jobs == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(st.sampled_from([b"a", b"b", b"c", b"d"]), st.one_of(st.none(), st.integers(0, 5), st.just("t"))),
+        max_size=25,
+    ),
+    repeats=st.integers(1, 3),
+)
+def test_task_numbering_matches_nemo_gyms_dicts(rows: list[tuple[bytes, Any]], repeats: int):
+    """NeMo Gym numbers with two plain dicts; the compact numbering must agree on every row."""
+    numbering = TaskNumbering()
+    row_to_task: dict[bytes, int] = {}
+    next_rollout: collections.Counter[Any] = collections.Counter()
+    for text, own in rows:
+        expected_task = own if own is not None else row_to_task.setdefault(text, len(row_to_task))
+        task = own if own is not None else numbering.task_for_line(text)
+        assert task == expected_task
+        assert numbering.take_rollouts(task, repeats) == next_rollout[task]
+        next_rollout[task] += repeats
+
+
+def test_key_table_keeps_values_per_key_and_knows_what_it_lacks():
+    table = KeyTable(("Q", "B"))
+    handles = {}
+    for i in range(20_000):
+        handle, new = table.add(b"key %d" % i)
+        assert new
+        table.set_value(handle, i * 7)
+        table.set_value(handle, i % 2, 1)
+        handles[i] = handle
+    assert table.count == 20_000
+    assert table.add(b"key 123") == (handles[123], False)
+    assert table.value(table.find(b"key 19999")) == 19999 * 7
+    assert table.value(table.find(b"key 3"), 1) == 1
+    assert table.find(b"key 20000") == -1
+    assert b"" not in table

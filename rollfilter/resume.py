@@ -1,0 +1,159 @@
+"""Resume: what earlier runs left behind, read from their results and failures files.
+
+A (task, rollout) pair found in the results file is done. Each line of the failures file
+(rollfilter's errors record, or NeMo Gym's `_failures.jsonl` sidecar) is one failed
+attempt of its pair; a pair marked terminal, or with `max_attempts` failed attempts, is not
+run again. A pair run again carries `_ng_attempt_index`: its failed attempts so far.
+Memory grows by about 30 bytes a pair, whatever the indices hold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+
+from rollfilter.errors import ErrorKind, UsageError
+from rollfilter.keytable import KeyTable
+
+DEFAULT_MAX_ATTEMPTS = 3  # NeMo Gym's NEMO_GYM_MAX_ROLLOUT_ATTEMPTS default
+MAX_ATTEMPTS_VARIABLE = "NEMO_GYM_MAX_ROLLOUT_ATTEMPTS"
+_TERMINAL_KINDS = frozenset({ErrorKind.BAD_INPUT.value, ErrorKind.NO_ROUTE.value})  # records without the flag
+_encode = msgspec.json.Encoder().encode
+
+
+class _Record(msgspec.Struct):
+    """The few fields resume reads of a result or failure line; the rest is skipped unparsed."""
+
+    task: Any = msgspec.field(name="_ng_task_index", default=msgspec.UNSET)
+    rollout: Any = msgspec.field(name="_ng_rollout_index", default=msgspec.UNSET)
+    terminal: Any = msgspec.field(name="_ng_failure_terminal", default=None)
+    error: Any = None
+
+
+_decode_record = msgspec.json.Decoder(_Record).decode
+
+
+@dataclasses.dataclass(slots=True)
+class ResumeCounts:
+    done: int = 0
+    failed_pairs: int = 0
+    failed_attempts: int = 0
+    terminal: int = 0
+
+
+class ResumeState:
+    """Pairs done and failed attempts per pair, from earlier runs' files."""
+
+    DONE = -1  # the pair is in the results: skip it
+    GIVE_UP = -2  # terminal, or out of attempts: do not run it again
+
+    def __init__(self, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> None:
+        self.max_attempts = max_attempts
+        self._done = KeyTable()
+        self._failed = KeyTable(("I", "B"))  # failed attempts, terminal
+        self.counts = ResumeCounts()
+
+    @staticmethod
+    def _key(task: Any, rollout: Any) -> bytes:
+        return _encode((task, rollout))
+
+    def add_done(self, task: Any, rollout: Any) -> None:
+        if self._done.add(self._key(task, rollout))[1]:
+            self.counts.done += 1
+
+    def add_failure(self, task: Any, rollout: Any, *, terminal: bool) -> None:
+        handle, new = self._failed.add(self._key(task, rollout))
+        self._failed.set_value(handle, self._failed.value(handle) + 1)
+        self.counts.failed_attempts += 1
+        self.counts.failed_pairs += new
+        if terminal and not self._failed.value(handle, 1):
+            self._failed.set_value(handle, 1, 1)
+            self.counts.terminal += 1
+
+    def decide(self, task: Any, rollout: int) -> int:
+        """DONE, GIVE_UP, or the pair's attempt index (0 when it never failed)."""
+        key = self._key(task, rollout)
+        if self._done.count and key in self._done:
+            return self.DONE
+        if not self._failed.count:
+            return 0
+        handle = self._failed.find(key)
+        if handle < 0:
+            return 0
+        attempts = self._failed.value(handle)
+        if self._failed.value(handle, 1) or attempts >= self.max_attempts:
+            return self.GIVE_UP
+        return attempts
+
+    @classmethod
+    def from_files(cls, results: str, failures: str | None, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> ResumeState:
+        """Read a results file and, if given, a failures file; missing files are empty."""
+        state = cls(max_attempts)
+        for record in _records(results):
+            state.add_done(record.task, record.rollout)
+        if failures is not None:
+            for record in _records(failures):
+                error = record.error if isinstance(record.error, dict) else {}
+                terminal = bool(record.terminal) or error.get("kind") in _TERMINAL_KINDS
+                state.add_failure(record.task, record.rollout, terminal=terminal)
+        return state
+
+
+def _records(path: str) -> Iterator[_Record]:
+    """The whole lines of `path` that carry both indices; a torn last line is ignored."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise UsageError(f"cannot read {path} for --resume: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as file:
+        for line in file:
+            if not line.endswith(b"\n"):
+                break
+            try:
+                record = _decode_record(line)
+            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+                continue
+            if record.task is not msgspec.UNSET and record.rollout is not msgspec.UNSET:
+                yield record
+
+
+def max_attempts_from_environment(environ: dict[str, str] | None = None) -> int:
+    """NEMO_GYM_MAX_ROLLOUT_ATTEMPTS when it holds a positive integer, else 3 (as NeMo Gym reads it)."""
+    text = (os.environ if environ is None else environ).get(MAX_ATTEMPTS_VARIABLE, "")
+    try:
+        value = int(text)
+    except ValueError:
+        return DEFAULT_MAX_ATTEMPTS
+    return value if value >= 1 else DEFAULT_MAX_ATTEMPTS
+
+
+def drop_torn_tail(path: str) -> int:
+    """Cut a last line without a newline (a write cut off by a kill) off the file at `path`,
+    so that appended lines start on a line of their own; returns the bytes removed."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        raise UsageError(f"cannot resume from {path}: {exc.strerror}") from None
+    try:
+        size = end = os.fstat(fd).st_size
+        if not size or os.pread(fd, 1, size - 1) == b"\n":
+            return 0
+        while end > 0:
+            start = max(0, end - 65536)
+            newline = os.pread(fd, end - start, start).rfind(b"\n")
+            if newline >= 0:
+                end = start + newline + 1
+                break
+            end = start
+        os.ftruncate(fd, end)
+        return size - end
+    finally:
+        os.close(fd)
