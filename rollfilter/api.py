@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 import msgspec
 import trio
 
+from rollfilter.aggregate import ResultSpool, aggregate_run
 from rollfilter.client import transport_for
 from rollfilter.config import Config
 from rollfilter.dispatch import RunControl, prepare
@@ -157,11 +158,18 @@ class _ChannelSink:
 
 
 class RolloutRun:
-    """The outcomes of one run, as they finish; `summary` is set once the run has ended."""
+    """The outcomes of one run, as they finish; `summary` is set once the run has ended.
+
+    With `Config(aggregate=True)`, `aggregate` then holds NeMo Gym's aggregate entries (one per
+    agent: agent_ref, agent_metrics, key_metrics, group_level_metrics), the summary holds each
+    agent's `key_metrics`, and `aggregate_problems` says, a line each, which agents gave none.
+    """
 
     def __init__(self, receive: trio.MemoryReceiveChannel[tuple[Outcome, Release]]) -> None:
         self._receive = receive
         self.summary: dict[str, Any] | None = None
+        self.aggregate: list[dict[str, Any]] | None = None
+        self.aggregate_problems: list[str] = []
 
     def __aiter__(self) -> RolloutRun:
         return self
@@ -192,19 +200,28 @@ async def open_rollouts(rows: Rows, config: Config) -> AsyncIterator[RolloutRun]
     run = RolloutRun(receive)
     transport = transport_for(config)
     feed = _RowFeed(rows)
+    spool = ResultSpool() if config.aggregate else None
     try:
         engine = await prepare(
             config, source=feed, sink=_ChannelSink(send), transport=transport,
-            control=control, metrics=metrics, tasks=tasks,
+            control=control, metrics=metrics, tasks=tasks, spool=spool,
         )  # fmt: skip
 
         async def drive() -> None:
+            report = None
             try:
                 await engine.run()
+                if spool is not None and not control.scope.cancel_called:
+                    with control.stoppable():
+                        report = await aggregate_run(spool, engine.router, config)
             finally:
                 metrics.replicas = engine.router.replica_counts()
                 stopped = control.reason or ("stopped early by the caller" if control.scope.cancel_called else None)
                 run.summary = metrics.summary(stopped=stopped, tasks=tasks)
+                if report is not None:
+                    run.aggregate = report.entries
+                    run.aggregate_problems = report.problems
+                    report.add_to(run.summary)
                 send.close()
 
         async with trio.open_nursery() as nursery:
@@ -212,11 +229,13 @@ async def open_rollouts(rows: Rows, config: Config) -> AsyncIterator[RolloutRun]
             try:
                 yield run
             finally:
-                control.scope.cancel()
+                control.cancel()
     finally:
         with trio.CancelScope(shield=True):
             await transport.aclose()
             await feed.aclose()
+            if spool is not None:
+                spool.close()
 
 
 class Rollouts:
@@ -235,6 +254,8 @@ class Rollouts:
         self._rows = rows
         self._config = config
         self.summary: dict[str, Any] | None = None
+        self.aggregate: list[dict[str, Any]] | None = None  # as RolloutRun.aggregate
+        self.aggregate_problems: list[str] = []
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._token: trio.lowlevel.TrioToken | None = None
@@ -274,6 +295,8 @@ class Rollouts:
                 self._ready.set()
                 await self._stop.wait()
             self.summary = run.summary
+            self.aggregate = run.aggregate
+            self.aggregate_problems = run.aggregate_problems
         except BaseException as exc:  # handed to the iterating thread
             self._error = exc
         finally:

@@ -19,14 +19,16 @@ import msgspec
 import trio
 
 from rollfilter import demo as demo_agent
-from rollfilter.client import transport_for
+from rollfilter.aggregate import AggregateReport, ResultSpool, aggregate_run
+from rollfilter.client import Router, resolve_endpoints, transport_for
 from rollfilter.config import Config
 from rollfilter.dispatch import Engine, RunControl, describe, prepare, reward_of
 from rollfilter.errors import ErrorKind, ExitStatus, UsageError
+from rollfilter.keytable import KeyTable
 from rollfilter.metrics import Metrics
 from rollfilter.outcome import RowFailure
-from rollfilter.plan import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX, Job, parse_row
-from rollfilter.resume import ResumeState, drop_torn_tail
+from rollfilter.plan import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX, Job, agent_name, parse_row
+from rollfilter.resume import ResumeState, drop_torn_tail, read_pairs, result_records
 from rollfilter.sink import BatchWriter, LineWriter, Release, Reorderer, write_all
 from rollfilter.source import STDIN, LineReader, check_inputs
 from rollfilter.tasks import TaskStats
@@ -181,8 +183,29 @@ class OutputFiles(contextlib.ExitStack):
         return fd
 
 
-def _summary_bytes(metrics: Metrics, tasks: TaskStats | None, stopped: str | None) -> bytes:
-    return _encode(metrics.summary(stopped=stopped, tasks=tasks)) + b"\n"
+def _summary_bytes(
+    metrics: Metrics, tasks: TaskStats | None, stopped: str | None, report: AggregateReport | None = None
+) -> bytes:
+    summary = metrics.summary(stopped=stopped, tasks=tasks)
+    if report is not None:
+        report.add_to(summary)
+    return _encode(summary) + b"\n"
+
+
+def _materializer(writer: BatchWriter, already: KeyTable | None) -> Callable[[Job], None]:
+    """Writes each body as it is first sent; on resume, not the pairs the file already holds."""
+
+    def write(job: Job) -> None:
+        if already is None or _encode((job.task_index, job.rollout_index)) not in already:
+            writer.write(job.body + b"\n")
+
+    return write
+
+
+def spool_results_file(spool: ResultSpool, path: str) -> None:
+    """Spool an earlier run's results (a resumed run's aggregate covers them too)."""
+    for result in result_records(path):
+        spool.add(agent_name(result), result)
 
 
 def _write_metrics_file(fd: int | None, summary: bytes) -> None:
@@ -209,11 +232,16 @@ async def run(config: Config, *, streams: Streams = Streams(), show: Presentatio
     if config.url is None and not config.endpoints and config.head_server is None and show.demo is None:
         raise UsageError("no agent to send to: give -u URL, -e NAME=URL, --head-server URL, or --demo")
     resume = None
+    earlier = _Earlier()
     if config.resume and config.output:
-        for path in (config.output, config.errors_file):
+        for path in (config.output, config.errors_file, config.materialized_file):
             if path is not None:
                 drop_torn_tail(path)
         resume = ResumeState.from_files(config.output, config.errors_file, config.max_attempts)
+        if config.materialized_file is not None:
+            earlier.materialized = read_pairs(config.materialized_file)
+        if config.aggregate:
+            earlier.results = config.output
     fresh_only = not (config.resume or config.append)
     with OutputFiles() as files:
         out_fd = files.open(config.output, "-o", must_be_empty=fresh_only)
@@ -223,8 +251,10 @@ async def run(config: Config, *, streams: Streams = Streams(), show: Presentatio
             err=streams.stderr if err_fd is None else err_fd,
             metrics=files.open(config.metrics_file, "--metrics"),
             per_task=files.open(config.per_task_file, "--per-task"),
+            materialized=files.open(config.materialized_file, "--materialized", must_be_empty=fresh_only),
+            aggregate=files.open(config.aggregate_file, "--aggregate"),
         )
-        return await _run_open(config, streams, files_fds, resume, show)
+        return await _run_open(config, streams, files_fds, resume, earlier, show)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -233,10 +263,20 @@ class _Fds:
     err: int
     metrics: int | None
     per_task: int | None
+    materialized: int | None
+    aggregate: int | None
+
+
+@dataclasses.dataclass(slots=True)
+class _Earlier:
+    """What a resumed run takes over from the runs before it, beyond the resume state."""
+
+    materialized: KeyTable | None = None  # pairs whose bodies the materialized file holds
+    results: str | None = None  # the results file whose lines the aggregate covers too
 
 
 async def _run_open(
-    config: Config, streams: Streams, fds: _Fds, resume: ResumeState | None, show: Presentation
+    config: Config, streams: Streams, fds: _Fds, resume: ResumeState | None, earlier: _Earlier, show: Presentation
 ) -> ExitStatus:
     control = RunControl()
     metrics = Metrics()
@@ -245,7 +285,9 @@ async def _run_open(
     stderr_lines = BatchWriter(streams.stderr)
     errors = BatchWriter(fds.err) if fds.err != streams.stderr else stderr_lines
     per_task = BatchWriter(fds.per_task) if fds.per_task is not None else None
-    writers = list(dict.fromkeys(w for w in (results, errors, stderr_lines, per_task) if w is not None))
+    materialized = BatchWriter(fds.materialized) if fds.materialized is not None else None
+    outputs = (results, errors, stderr_lines, per_task, materialized)
+    writers = list(dict.fromkeys(w for w in outputs if w is not None))
     display = None
     if not show.dry_run and progress_wanted(show.progress, quiet=show.quiet, stderr_fd=streams.stderr):
         from rollfilter.progress import ProgressDisplay
@@ -267,6 +309,9 @@ async def _run_open(
     reader = LineReader(config.inputs, max_line_bytes=config.max_line_bytes, stdin_fd=streams.stdin)
     engine: Engine | None = None
     events = (lambda text: log.write(f"rollfilter: {text}\n".encode(errors="replace"))) if show.verbose else None
+    on_send = _materializer(materialized, earlier.materialized) if materialized is not None else None
+    spool = ResultSpool() if config.aggregate and not show.dry_run else None
+    report: AggregateReport | None = None
 
     try:
         async with trio.open_nursery() as services:
@@ -292,16 +337,25 @@ async def _run_open(
                 tasks=tasks,
                 resume=resume,
                 on_event=events,
+                on_send=on_send,
+                spool=spool,
             )
             if display is not None:
                 total = _known_total(config)
                 services.start_soon(display.run, total)
+            if spool is not None and earlier.results is not None:
+                await trio.to_thread.run_sync(spool_results_file, spool, earlier.results)
             if show.dry_run:
                 await dry_run(engine, results, log)
             else:
                 await engine.run()
             if control.status is not None:
                 sink.flush_held()
+            elif spool is not None:
+                with control.stoppable():
+                    report = await aggregate_run(spool, engine.router, config)
+                for problem in report.problems if report is not None else ():
+                    log.write(printable(f"rollfilter: --aggregate: {problem}").encode(errors="replace") + b"\n")
             for writer in writers:
                 writer.close()
             for writer in writers:
@@ -309,14 +363,18 @@ async def _run_open(
             services.cancel_scope.cancel()
     finally:
         reader.close()
+        if spool is not None:
+            spool.close()
         await transport.aclose()
     metrics.replicas = engine.router.replica_counts() if engine is not None else []
     status = control.status
     if status is None:
         status = ExitStatus.ROWS_FAILED if metrics.failed or metrics.not_persisted else ExitStatus.OK
     stopped = control.reason or (status.name.lower().replace("_", " ") if control.status else None)
-    summary = _summary_bytes(metrics, tasks, stopped)
+    summary = _summary_bytes(metrics, tasks, stopped, report)
     _write_metrics_file(fds.metrics, summary)
+    if report is not None:
+        _write_metrics_file(fds.aggregate, report.file_bytes())
     if control.reason:
         _write_stderr(streams.stderr, f"rollfilter: {control.reason}\n".encode())
     if engine is not None and control.status is None:
@@ -386,43 +444,66 @@ async def dry_run(engine: Engine, out: BatchWriter, log: LineWriter) -> None:
 async def summarize(config: Config, *, streams: Streams = Streams()) -> ExitStatus:
     """Recompute the summary from result lines (and errors records) without sending anything.
 
-    Lines with an `error` object and indices count as failed rollouts; other JSON objects
-    are results. With --repeats K > 1, mean@K and pass@k are computed over tasks.
-    The summary goes to stdout (it is this mode's output) and to --metrics FILE.
+    Lines with an `error` object or `_ng_failure_class` and indices count as failed rollouts;
+    other JSON objects are results. With --repeats K > 1, mean@K and pass@k are computed over
+    tasks. With --aggregate, the results go to their agents' /aggregate_metrics in one call
+    per agent (shards aggregated as one). The summary goes to stdout (it is this mode's
+    output) and to --metrics FILE.
     """
     check_inputs(config.inputs)
     metrics = Metrics()
     tasks = TaskStats(config.repeats, config.pass_threshold) if config.repeats > 1 else None
     reader = LineReader(config.inputs, max_line_bytes=config.max_line_bytes, stdin_fd=streams.stdin)
+    spool = ResultSpool() if config.aggregate else None
+    report = None
     bad = 0
-    try:
-        while (line := await reader.next_line()) is not None:
-            if line.data is None or not line.data.strip():
-                bad += line.data is None
-                continue
-            record = parse_row(line.data)
-            if isinstance(record, str):
-                bad += 1
-                continue
-            metrics.taken += 1
-            failure = failure_of(record)
-            if failure is not None:
-                metrics.add_failure(failure)
-            else:
-                metrics.add_result(record, None)
-            if tasks is not None and TASK_INDEX in record:
-                reward = None if failure is not None else reward_of(record)
-                tasks.rollout_ended(record[TASK_INDEX], config.repeats, reward)
-    finally:
-        reader.close()
-    if tasks is not None:
-        tasks.flush_open()
-    summary = _encode(metrics.summary(tasks=tasks, timings=False)) + b"\n"  # the files hold no timings
     with OutputFiles() as files:
-        _write_metrics_file(files.open(config.metrics_file, "--metrics"), summary)
+        metrics_fd = files.open(config.metrics_file, "--metrics")
+        aggregate_fd = files.open(config.aggregate_file, "--aggregate")
+        try:
+            if spool is not None:
+                endpoints, head = await resolve_endpoints(config)
+                router = Router(config, endpoints, head)
+            while (line := await reader.next_line()) is not None:
+                if line.data is None or not line.data.strip():
+                    bad += line.data is None
+                    continue
+                record = parse_row(line.data)
+                if isinstance(record, str):
+                    bad += 1
+                    continue
+                metrics.taken += 1
+                failure = failure_of(record)
+                if failure is not None:
+                    metrics.add_failure(failure, agent_name(record))
+                else:
+                    metrics.add_result(record, None, agent_name(record))
+                    if spool is not None:
+                        spool.add(agent_name(record), record)
+                if tasks is not None and TASK_INDEX in record:
+                    reward = None if failure is not None else reward_of(record)
+                    tasks.rollout_ended(record[TASK_INDEX], config.repeats, reward)
+            if spool is not None:
+                report = await aggregate_run(spool, router, config)
+        finally:
+            reader.close()
+            if spool is not None:
+                spool.close()
+        if tasks is not None:
+            tasks.flush_open()
+        summary = metrics.summary(tasks=tasks, timings=False)  # the files hold no timings
+        if report is not None:
+            report.add_to(summary)
+            _write_metrics_file(aggregate_fd, report.file_bytes())
+        summary_bytes = _encode(summary) + b"\n"
+        _write_metrics_file(metrics_fd, summary_bytes)
     if bad:
         _write_stderr(streams.stderr, f"rollfilter: skipped {bad} lines that are not JSON objects\n".encode())
-    write_all(streams.stdout, summary)
+    for problem in report.problems if report is not None else ():
+        _write_stderr(
+            streams.stderr, (printable(f"rollfilter: --aggregate: {problem}") + "\n").encode(errors="replace")
+        )
+    write_all(streams.stdout, summary_bytes)
     return ExitStatus.OK
 
 

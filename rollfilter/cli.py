@@ -34,8 +34,9 @@ from rollfilter.config import (
     parse_shard,
     parse_statuses,
 )
+from rollfilter.config import gym_layout as gym_layout_files
 from rollfilter.demo import DemoOptions
-from rollfilter.errors import ExitStatus, RollfilterError
+from rollfilter.errors import ExitStatus, RollfilterError, UsageError
 from rollfilter.gc_policy import collect_garbage_for_a_run
 from rollfilter.resume import max_attempts_from_environment
 from rollfilter.sink import OutputClosed
@@ -174,6 +175,26 @@ def command(
     metrics: Annotated[
         str | None, typer.Option("--metrics", metavar="FILE", help="Also write the summary to FILE.")
     ] = None,
+    aggregate: Annotated[
+        str | None,
+        typer.Option(
+            "--aggregate",
+            metavar="FILE",
+            help="When the run ends, ask each agent for its /aggregate_metrics; write NeMo Gym's aggregate file.",
+        ),
+    ] = None,
+    materialized: Annotated[
+        str | None,
+        typer.Option("--materialized", metavar="FILE", help="Write every /run body to FILE, as sent."),
+    ] = None,
+    gym_layout: Annotated[
+        bool,
+        typer.Option(
+            "--gym-layout",
+            help="With -o OUT.jsonl: also write OUT_materialized_inputs.jsonl, OUT_failures.jsonl and"
+            " OUT_aggregate_metrics.json, as ng_collect_rollouts does.",
+        ),
+    ] = False,
     retries: Annotated[
         int,
         typer.Option(
@@ -322,6 +343,11 @@ def command(
 ) -> None:
     try:
         default_repeats, repeats_by_agent = parse_repeats(repeats or ())
+        if gym_layout:
+            if errors is not None or materialized is not None or aggregate is not None:
+                raise UsageError("--gym-layout names the errors, materialized and aggregate files itself")
+            if not summarize:
+                materialized, errors, aggregate = gym_layout_files(output)
         config = Config(
             inputs=tuple(files) if files else ("-",),
             url=url or None,
@@ -337,6 +363,8 @@ def command(
             output=output,
             errors_file=errors,
             metrics_file=metrics,
+            aggregate_file=aggregate,
+            materialized_file=materialized,
             retries=retries,
             retry_statuses=parse_statuses(retry_on),
             timeout=timeout,

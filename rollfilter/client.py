@@ -111,6 +111,11 @@ class Router:
             message = f"no endpoint for agent {name!r}; give -e {name}=URL or -u URL"
         return RowFailure(ErrorKind.NO_ROUTE, message)
 
+    def run_url(self, name: str) -> str | None:
+        """The /run URL rows of agent `name` go to (its first replica), or None."""
+        agent = self.agents.get(name) or self._default
+        return str(agent.replicas[0].url) if agent is not None else None
+
     def replica_counts(self) -> list[dict[str, Any]]:
         """Requests and failures per replica, for agents that have more than one."""
         return [

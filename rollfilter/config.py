@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import pathlib
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -82,6 +83,9 @@ class Config:
     per_task_file: str | None = None
     head_server: str | None = None
     proxy: str | None = None  # an http(s) proxy URL for every request to an agent
+    aggregate: bool = False  # ask each agent for its /aggregate_metrics when the run ends
+    aggregate_file: str | None = None  # --aggregate FILE: NeMo Gym's aggregate file (implies aggregate)
+    materialized_file: str | None = None  # --materialized FILE: every /run body as sent
 
     def __post_init__(self) -> None:
         # URLs are checked and completed here, so the API and the CLI agree on them.
@@ -112,6 +116,8 @@ class Config:
             raise UsageError("--connect-timeout must be a positive number of seconds")
         if self.shard is not None and not 0 <= self.shard[0] < self.shard[1]:
             raise UsageError("--shard I/N wants 0 <= I < N")
+        if self.aggregate_file is not None:
+            object.__setattr__(self, "aggregate", True)
         if self.resume and self.output is None:
             raise UsageError("--resume needs -o/--output FILE: it skips the rows already in FILE")
 
@@ -152,9 +158,22 @@ def parse_endpoints(specs: Iterable[str]) -> dict[str, tuple[str, ...]]:
     return endpoints
 
 
+def gym_layout(output: str | None) -> tuple[str, str, str]:
+    """The files ng_collect_rollouts writes beside OUT.jsonl: its materialized inputs, failures
+    sidecar and aggregate metrics, named as NeMo Gym names them."""
+    if output is None:
+        raise UsageError("--gym-layout needs -o OUT.jsonl: the other files are named after it")
+    path = pathlib.Path(output)
+    return (
+        str(path.with_stem(path.stem + "_materialized_inputs").with_suffix(".jsonl")),
+        str(path.with_name(path.stem + "_failures.jsonl")),
+        str(path.with_stem(path.stem + "_aggregate_metrics").with_suffix(".json")),
+    )
+
+
 def parse_repeats(specs: Iterable[str]) -> tuple[int, dict[str, int]]:
-    """`K` (the default for every agent) and `NAME=K` (for agent NAME), each repeatable."""
-    default: int | None = None
+    """`K` (the default for every agent) and `NAME=K` (for agent NAME), each repeatable; the last wins."""
+    default = 1
     by_agent: dict[str, int] = {}
     for spec in specs:
         name, sep, count = spec.rpartition("=")
@@ -162,11 +181,9 @@ def parse_repeats(specs: Iterable[str]) -> tuple[int, dict[str, int]]:
             raise UsageError(f"-r/--repeats wants K or NAME=K with K >= 1, got {spec!r}")
         if sep:
             by_agent[name] = int(count)
-        elif default is not None and default != int(count):
-            raise UsageError(f"-r/--repeats: two defaults, {default} and {count}; give one K and NAME=K for agents")
         else:
             default = int(count)
-    return (1 if default is None else default), by_agent
+    return default, by_agent
 
 
 def parse_param(spec: str) -> tuple[str, Any]:

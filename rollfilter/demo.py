@@ -47,6 +47,7 @@ class DemoOptions:
     garbage_rate: float = 0.0  # 200 with a body that is not JSON
     drop_rate: float = 0.0  # close the connection without an answer
     seed: int | None = None
+    aggregate_groups: bool = True  # /aggregate_metrics answers per-task groups (memory grows with the tasks)
 
 
 def input_text(row: dict[str, Any]) -> str:
@@ -142,10 +143,15 @@ class DemoAgent:
             draw -= rate
         return None
 
-    async def answer(self, method: str, path: str, body: bytes) -> tuple[int, list[tuple[str, str]], bytes] | str:
+    async def answer(
+        self, method: str, path: str, body: bytes | Aggregation
+    ) -> tuple[int, list[tuple[str, str]], bytes] | str:
         """(status, headers, body) to send, or "drop" / "hang"."""
         if method == "GET" and path == "/stats":
             return 200, [], _encode({"requests": self.requests, "by_id": dict(self.by_id)})
+        if isinstance(body, Aggregation):
+            return 200, [], _encode(body.answer())
+        assert isinstance(body, bytes)
         if path != "/run":
             return 404, [], _encode({"detail": "Not Found"})
         if method != "POST":
@@ -206,19 +212,112 @@ class DemoAgent:
         }
 
 
-class _Requests:
-    """httptools request-parser callbacks: collects whole requests as they complete."""
+class Aggregation:
+    """NeMo Gym's /aggregate_metrics over a body read as it streams in, never held whole.
 
-    def __init__(self) -> None:
+    rollfilter sends one verify response a line, so each line is decoded as it completes;
+    another client's body on one line is decoded whole at the end. Figures: count, mean, min,
+    max and std of reward and of the usage token counts, and per-task mean reward groups.
+    """
+
+    def __init__(self, *, groups: bool) -> None:
+        self._pending = b""
+        self._whole: list[bytes] | None = None
+        self._lines = 0
+        self.count = 0
+        self._sums: dict[str, float] = {}
+        self._squares: dict[str, float] = {}
+        self._min: dict[str, float] = {}
+        self._max: dict[str, float] = {}
+        self._groups: dict[Any, list[float]] | None = {} if groups else None
+
+    def feed(self, data: bytes) -> None:
+        if self._whole is not None:
+            self._whole.append(data)
+            return
+        *lines, self._pending = (self._pending + data).split(b"\n")
+        for line in lines:
+            self._line(line)
+
+    def _line(self, line: bytes) -> None:
+        self._lines += 1
+        line = line.strip().rstrip(b",")
+        if self._lines == 1:
+            if line != b'{"verify_responses":[':
+                self._whole = [line]
+            return
+        if line and line != b"]}":
+            self.add(_decode_entry(line))
+
+    def add(self, entry: dict[str, Any]) -> None:
+        self.count += 1
+        response = entry.get("response")
+        usage = response.get("usage") if isinstance(response, dict) else None
+        usage = usage if isinstance(usage, dict) else {}
+        figures = {"reward": entry.get("reward"), **{k: v for k, v in usage.items() if k.endswith("tokens")}}
+        for key, value in figures.items():
+            if isinstance(value, (int, float)):
+                self._sums[key] = self._sums.get(key, 0.0) + value
+                self._squares[key] = self._squares.get(key, 0.0) + value * value
+                self._min[key] = min(self._min.get(key, value), value)
+                self._max[key] = max(self._max.get(key, value), value)
+        if self._groups is not None and isinstance(entry.get("reward"), (int, float)):
+            self._groups.setdefault(entry.get("_ng_task_index"), []).append(entry["reward"])
+
+    def answer(self) -> dict[str, Any]:
+        if self._whole is not None:
+            self._whole.append(self._pending)
+            whole = _decode_entry(b"\n".join(self._whole))
+            for entry in whole.get("verify_responses", []) if isinstance(whole.get("verify_responses"), list) else []:
+                self.add(entry if isinstance(entry, dict) else {})
+        elif self._pending:
+            self._line(self._pending)
+        agent_metrics: dict[str, Any] = {}
+        for key, total in self._sums.items():
+            mean = total / self.count
+            agent_metrics[f"mean/{key}"] = mean
+            agent_metrics[f"min/{key}"] = self._min[key]
+            agent_metrics[f"max/{key}"] = self._max[key]
+            agent_metrics[f"std/{key}"] = max(0.0, self._squares[key] / self.count - mean * mean) ** 0.5
+        agent_metrics["count"] = self.count
+        groups = [
+            {"_ng_task_index": task, "mean/reward": sum(rewards) / len(rewards), "count": len(rewards)}
+            for task, rewards in (self._groups or {}).items()
+        ]
+        return {
+            "agent_metrics": agent_metrics,
+            "key_metrics": {k: v for k, v in agent_metrics.items() if k.startswith("mean/")},
+            "group_level_metrics": groups,
+        }
+
+
+def _decode_entry(data: bytes) -> dict[str, Any]:
+    """A JSON object, or {} for anything else (the demo agent answers; it does not judge)."""
+    try:
+        value = _decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+class _Requests:
+    """httptools request-parser callbacks: collects whole requests as they complete.
+
+    A POST to /aggregate_metrics is aggregated as its body streams in instead."""
+
+    def __init__(self, *, groups: bool = True) -> None:
         self.parser = httptools.HttpRequestParser(self)
-        self.done: list[tuple[str, str, bytes, bool]] = []  # method, path, body, keep-alive
+        self.done: list[tuple[str, str, bytes | Aggregation, bool]] = []  # method, path, body, keep-alive
         self.expects_continue = False
+        self._groups = groups
         self._url = b""
         self._body: list[bytes] = []
+        self._aggregation: Aggregation | None = None
 
     def on_message_begin(self) -> None:
         self._url = b""
         self._body = []
+        self._aggregation = None
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -227,13 +326,23 @@ class _Requests:
         if name.lower() == b"expect" and value.lower() == b"100-continue":
             self.expects_continue = True
 
+    def on_headers_complete(self) -> None:
+        if self._path() == "/aggregate_metrics" and self.parser.get_method() == b"POST":
+            self._aggregation = Aggregation(groups=self._groups)
+
     def on_body(self, data: bytes) -> None:
-        self._body.append(data)
+        if self._aggregation is not None:
+            self._aggregation.feed(data)
+        else:
+            self._body.append(data)
 
     def on_message_complete(self) -> None:
         method = self.parser.get_method().decode()
-        path = self._url.decode(errors="replace").split("?")[0]
-        self.done.append((method, path, b"".join(self._body), self.parser.should_keep_alive()))
+        body = self._aggregation if self._aggregation is not None else b"".join(self._body)
+        self.done.append((method, self._path(), body, self.parser.should_keep_alive()))
+
+    def _path(self) -> str:
+        return self._url.decode(errors="replace").split("?")[0]
 
 
 def _response(status: int, headers: list[tuple[str, str]], payload: bytes) -> bytes:
@@ -245,7 +354,7 @@ def _response(status: int, headers: list[tuple[str, str]], payload: bytes) -> by
 
 
 async def _serve_connection(stream: trio.abc.Stream, agent: DemoAgent) -> None:
-    requests = _Requests()
+    requests = _Requests(groups=agent.options.aggregate_groups)
     try:
         while True:
             data = await stream.receive_some(65536)
@@ -310,6 +419,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--garbage-rate", type=float, default=0.0, help="share answered 200 with a non-JSON body")
     parser.add_argument("--drop-rate", type=float, default=0.0, help="share whose connection is closed unanswered")
     parser.add_argument("--seed", type=int, default=None, help="seed for the fault and jitter draws")
+    parser.add_argument(
+        "--no-aggregate-groups",
+        action="store_true",
+        help="answer /aggregate_metrics without per-task groups (counts only what it reads)",
+    )
     args = parser.parse_args(argv)
     options = DemoOptions(
         latency=args.latency,
@@ -321,6 +435,7 @@ def main(argv: list[str] | None = None) -> None:
         garbage_rate=args.garbage_rate,
         drop_rate=args.drop_rate,
         seed=args.seed,
+        aggregate_groups=not args.no_aggregate_groups,
     )
     if sum((options.fail_rate, options.throttle_rate, options.hang_rate, options.garbage_rate, options.drop_rate)) > 1:
         parser.error("the fault rates add up to more than 1")

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import msgspec
 import trio
 
+from rollfilter.aggregate import ResultSpool
 from rollfilter.client import Agent, AgentClient, Router, resolve_endpoints
 from rollfilter.config import Config, FailureLimit
 from rollfilter.errors import ErrorKind, ExitStatus, UsageError
@@ -47,10 +48,12 @@ class RunControl:
     """Stops a run from anywhere (a signal, a closed stdout, the failure limit).
 
     The first stop wins: its status is the run's exit status and its reason is reported.
+    `scope` bounds the engine; `stoppable()` gives more scopes that a stop cancels too.
     """
 
     def __init__(self) -> None:
         self.scope = trio.CancelScope()
+        self._scopes = [self.scope]
         self.status: ExitStatus | None = None
         self.reason: str | None = None
 
@@ -58,7 +61,20 @@ class RunControl:
         if self.status is None:
             self.status = status
             self.reason = reason
-        self.scope.cancel()
+        self.cancel()
+
+    def cancel(self) -> None:
+        """Cancel the engine and what runs after it, without a stop status (the caller left)."""
+        for scope in self._scopes:
+            scope.cancel()
+
+    def stoppable(self) -> trio.CancelScope:
+        """A cancel scope for work after the engine (the aggregate calls) that a stop cancels."""
+        scope = trio.CancelScope()
+        if self.scope.cancel_called:
+            scope.cancel()
+        self._scopes.append(scope)
+        return scope
 
 
 @dataclasses.dataclass(slots=True)
@@ -75,6 +91,8 @@ class Engine:
     failure_limit: FailureLimit = dataclasses.field(default_factory=FailureLimit)
     tasks: TaskStats | None = None  # mean@K and pass@k, with --repeats K > 1
     on_event: Callable[[str], None] | None = None  # -v: one line per row event
+    on_send: Callable[[Job], None] | None = None  # each job once, as it is first sent (--materialized)
+    spool: ResultSpool | None = None  # successful results for /aggregate_metrics
 
     async def run(self) -> None:
         """Return when every job has ended, or when `control` stopped the run."""
@@ -128,6 +146,8 @@ class Engine:
         started = trio.current_time()
         if self.on_event is not None:
             self.on_event(f"{describe(job)}: sent to agent {agent.name or shown(agent.replicas[0].url)}")
+        if self.on_send is not None:
+            self.on_send(job)
         try:
             outcome = judge(job, await self.client.run(job.body, agent, job))
         except Exception as exc:  # a bug met by one row costs that row, never the run
@@ -147,6 +167,8 @@ class Engine:
             if self.on_event is not None:
                 self.on_event(f"{describe(job)}: finished in {latency:.3f} s, reward {outcome.get('reward')}")
             self._ended(job, reward_of(outcome))
+            if self.spool is not None:
+                self.spool.add(job.agent_name, outcome)
             self.sink.result(job, outcome, release)
 
     def _internal_failure(self, job: Job, exc: Exception) -> RowFailure:
@@ -234,6 +256,8 @@ async def prepare(
     tasks: TaskStats | None = None,
     resume: ResumeState | None = None,
     on_event: Callable[[str], None] | None = None,
+    on_send: Callable[[Job], None] | None = None,
+    spool: ResultSpool | None = None,
 ) -> Engine:
     """Resolve the agents (one head-server fetch) and build the engine for `config`.
 
@@ -261,6 +285,8 @@ async def prepare(
         failure_limit=config.max_failures,
         tasks=tasks,
         on_event=on_event,
+        on_send=on_send,
+        spool=spool,
     )
 
 

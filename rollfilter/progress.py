@@ -20,7 +20,7 @@ REFRESH_SECONDS = 0.25
 
 
 class ProgressDisplay:
-    """done, failed, in flight, rows/s, mean reward, and done/total with an ETA when known."""
+    """done, failed, in flight, rows/s, tokens/s, mean reward, and done/total with an ETA when known."""
 
     def __init__(self, metrics: Metrics, *, total: int | None = None, force_terminal: bool = False) -> None:
         self._metrics = metrics
@@ -30,6 +30,7 @@ class ProgressDisplay:
             TextColumn("{task.fields[failed]:>6,} failed"),
             TextColumn("{task.fields[in_flight]:>5,} in flight"),
             TextColumn("{task.fields[rate]:>8,.1f} rows/s"),
+            TextColumn("{task.fields[tokens]:>9,.0f} tokens/s"),
             TextColumn("reward {task.fields[reward]:.3f}"),
             BarColumn(),
             TaskProgressColumn(),
@@ -38,7 +39,9 @@ class ProgressDisplay:
             auto_refresh=False,
             transient=True,
         )
-        self._task = self._progress.add_task("rollouts", total=total, failed=0, in_flight=0, rate=0.0, reward=0.0)
+        self._task = self._progress.add_task(
+            "rollouts", total=total, failed=0, in_flight=0, rate=0.0, tokens=0.0, reward=0.0
+        )
 
     def set_total(self, total: int | None) -> None:
         self._progress.update(self._task, total=total)
@@ -57,6 +60,7 @@ class ProgressDisplay:
             failed=m.failed,
             in_flight=m.taken - m.ended,
             rate=m.rate(),
+            tokens=m.tokens() / max(m.elapsed(), 1e-9),
             reward=m.mean("reward"),
         )
         self._progress.refresh()

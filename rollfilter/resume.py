@@ -35,6 +35,7 @@ class _Record(msgspec.Struct):
 
 
 _decode_record = msgspec.json.Decoder(_Record).decode
+_decode = msgspec.json.Decoder().decode
 
 
 @dataclasses.dataclass(slots=True)
@@ -105,6 +106,17 @@ class ResumeState:
 
 def _records(path: str) -> Iterator[_Record]:
     """The whole lines of `path` that carry both indices; a torn last line is ignored."""
+    for line in _lines(path):
+        try:
+            record = _decode_record(line)
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            continue
+        if record.task is not msgspec.UNSET and record.rollout is not msgspec.UNSET:
+            yield record
+
+
+def _lines(path: str) -> Iterator[bytes]:
+    """The whole lines of `path` (none if it does not exist); a last line without a newline is torn."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -115,12 +127,26 @@ def _records(path: str) -> Iterator[_Record]:
         for line in file:
             if not line.endswith(b"\n"):
                 break
-            try:
-                record = _decode_record(line)
-            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-                continue
-            if record.task is not msgspec.UNSET and record.rollout is not msgspec.UNSET:
-                yield record
+            yield line
+
+
+def read_pairs(path: str) -> KeyTable:
+    """The (task, rollout) pairs of a file's lines (a materialized-inputs file, say)."""
+    pairs = KeyTable()
+    for record in _records(path):
+        pairs.add(ResumeState._key(record.task, record.rollout))
+    return pairs
+
+
+def result_records(path: str) -> Iterator[dict[str, Any]]:
+    """The whole lines of `path` that are JSON objects (a torn last line is ignored)."""
+    for line in _lines(path):
+        try:
+            value = _decode(line)
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            continue
+        if isinstance(value, dict):
+            yield value
 
 
 def max_attempts_from_environment(environ: dict[str, str] | None = None) -> int:

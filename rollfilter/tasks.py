@@ -104,11 +104,12 @@ class TaskStats:
         return len(self._open)
 
     def summary_fields(self) -> dict[str, Any]:
+        """mean@K, and pass@k for each k; null when no finished task had k rollouts to judge."""
         fields: dict[str, Any] = {
-            f"mean@{self.repeats}": self._mean_sum / self._mean_count if self._mean_count else 0.0
+            f"mean@{self.repeats}": self._mean_sum / self._mean_count if self._mean_count else None
         }
         for k in self.ks:
-            fields[f"pass@{k}"] = self._pass_sums[k] / self._pass_counts[k] if self._pass_counts[k] else 0.0
+            fields[f"pass@{k}"] = self._pass_sums[k] / self._pass_counts[k] if self._pass_counts[k] else None
         return fields
 
     def figures(self) -> dict[str, Any]:

@@ -1,0 +1,220 @@
+"""The agents' own aggregate metrics: NeMo Gym's `/aggregate_metrics`, with memory kept flat.
+
+Each successful result is stripped as NeMo Gym strips it (the heavy fields removed,
+`response.usage` kept) and spooled to a temporary file of its agent. When the run ends,
+each agent name gets one `POST /aggregate_metrics` whose body, `{"verify_responses": [...]}`,
+is streamed from that file, one entry a line. The answers make NeMo Gym's aggregate file:
+a JSON list with one `{agent_ref, agent_metrics, key_metrics, group_level_metrics}` a agent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from collections.abc import AsyncIterator, Mapping
+from typing import IO, Any
+
+import httpx
+import msgspec
+
+from rollfilter.client import Router, request_headers
+from rollfilter.config import Config
+from rollfilter.transport import origin, tls_context
+
+# What NeMo Gym's collector leaves out of each verify response (response.usage is put back).
+HEAVY_FIELDS = frozenset(
+    {"response", "responses_create_params", "ng_agent_observations", "ng_model_call_capture", "ng_trajectory"}
+)
+SPOOL_BUFFER_BYTES = 256 * 1024
+AGGREGATE_PATH = "/aggregate_metrics"
+_PREFIX = b'{"verify_responses":[\n'
+_SUFFIX = b"\n]}"
+_encode = msgspec.json.Encoder().encode
+
+
+def stripped(result: dict[str, Any]) -> dict[str, Any]:
+    """A result as NeMo Gym sends it to /aggregate_metrics."""
+    entry = {key: value for key, value in result.items() if key not in HEAVY_FIELDS}
+    response = result.get("response")
+    usage = response.get("usage") if isinstance(response, dict) else None
+    if usage:
+        entry["response"] = {"usage": usage}
+    return entry
+
+
+class _AgentSpool:
+    __slots__ = ("count", "file")
+
+    def __init__(self, file: IO[bytes]) -> None:
+        self.file = file
+        self.count = 0
+
+
+class ResultSpool:
+    """Stripped successful results, by agent name, in temporary files (unlinked at once).
+
+    A result without an agent name (a row routed by -u alone) is only counted. A spool that
+    cannot be written (a full temporary folder) stops spooling and says why in `error`.
+    """
+
+    def __init__(self, directory: str | None = None) -> None:
+        self._directory = directory
+        self._agents: dict[str, _AgentSpool] = {}
+        self.unnamed = 0
+        self.error: str | None = None
+
+    def add(self, agent: str | None, result: dict[str, Any]) -> None:
+        if agent is None:
+            self.unnamed += 1
+            return
+        if self.error is not None:
+            return
+        spool = self._agents.get(agent)
+        try:
+            if spool is None:
+                file = tempfile.TemporaryFile(dir=self._directory, buffering=SPOOL_BUFFER_BYTES)  # noqa: SIM115 - closed by close()
+                spool = self._agents[agent] = _AgentSpool(file)
+            if spool.count:
+                spool.file.write(b",\n")
+            spool.file.write(_encode(stripped(result)))
+            spool.count += 1
+        except OSError as exc:
+            self.error = f"cannot spool results for /aggregate_metrics: {exc.strerror or exc}"
+
+    @property
+    def agents(self) -> list[str]:
+        return list(self._agents)
+
+    def count(self, agent: str) -> int:
+        return self._agents[agent].count
+
+    def body_size(self, agent: str) -> int:
+        spool = self._agents[agent]
+        spool.file.flush()
+        return len(_PREFIX) + spool.file.tell() + len(_SUFFIX)
+
+    async def body(self, agent: str) -> AsyncIterator[bytes]:
+        """The request body for `agent`, streamed from its spool."""
+        spool = self._agents[agent]
+        spool.file.flush()
+        yield _PREFIX
+        fd = spool.file.fileno()
+        offset = 0
+        while chunk := os.pread(fd, SPOOL_BUFFER_BYTES, offset):
+            offset += len(chunk)
+            yield chunk
+        yield _SUFFIX
+
+    def close(self) -> None:
+        for spool in self._agents.values():
+            spool.file.close()
+        self._agents.clear()
+
+
+class _Answer(msgspec.Struct):
+    """NeMo Gym's AggregateMetrics; group_level_metrics (a line a task) is passed on unparsed."""
+
+    agent_metrics: Any = msgspec.field(default_factory=dict)
+    key_metrics: Any = msgspec.field(default_factory=dict)
+    group_level_metrics: msgspec.Raw = msgspec.Raw(b"[]")
+
+
+@dataclasses.dataclass(slots=True)
+class AggregateReport:
+    """The agents' answers (for the aggregate file) and one-line problems, by agent name."""
+
+    entries: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    problems: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def key_metrics(self) -> dict[str, Any]:
+        return {entry["agent_ref"]["name"]: entry["key_metrics"] for entry in self.entries}
+
+    def add_to(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """The run summary with each agent's key_metrics, before the run's own figures."""
+        figures = summary.pop("rollfilter", None)
+        summary["key_metrics"] = self.key_metrics
+        if figures is not None:
+            summary["rollfilter"] = figures
+        return summary
+
+    def file_bytes(self) -> bytes:
+        """NeMo Gym's `_aggregate_metrics.json`: a JSON list, one entry per agent."""
+        return msgspec.json.format(_encode(self.entries), indent=2) + b"\n"
+
+
+def aggregate_url(run_url: str) -> str:
+    """An agent's /aggregate_metrics beside its /run URL (the query, if any, kept)."""
+    url = httpx.URL(run_url)
+    path = url.path
+    base = path[: -len("/run")] if path.endswith("/run") else path.rstrip("/")
+    return str(url.copy_with(path=base + AGGREGATE_PATH))
+
+
+async def request_aggregates(
+    spool: ResultSpool, run_urls: Mapping[str, str], client: httpx.AsyncClient
+) -> AggregateReport:
+    """POST each spooled agent's results to its /aggregate_metrics; never raises for an agent."""
+    report = AggregateReport()
+    if spool.unnamed:
+        report.problems.append(
+            f"{spool.unnamed} results name no agent (rows routed by -u alone): give -a NAME to aggregate them"
+        )
+    if spool.error is not None:
+        report.problems.append(spool.error)
+        return report
+    for name in sorted(spool.agents):
+        run_url = run_urls.get(name)
+        if run_url is None:
+            report.problems.append(f"no URL for agent {name!r}: give -e {name}=URL, --head-server, or -u")
+            continue
+        url = aggregate_url(run_url)
+        where = f"agent {name!r} ({origin(url)})"
+        try:
+            response = await client.post(
+                url,
+                content=spool.body(name),
+                headers={"Content-Type": "application/json", "Content-Length": str(spool.body_size(name))},
+            )
+            content = await response.aread()
+        except httpx.HTTPError as exc:
+            report.problems.append(f"{where}: /aggregate_metrics failed: {type(exc).__name__}: {exc}")
+            continue
+        if response.status_code == 404:
+            report.problems.append(f"{where} has no /aggregate_metrics (HTTP 404)")
+            continue
+        if response.status_code != 200:
+            report.problems.append(f"{where}: /aggregate_metrics answered HTTP {response.status_code}")
+            continue
+        try:
+            answer = msgspec.json.decode(content, type=_Answer)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            report.problems.append(f"{where}: /aggregate_metrics answered something that is not its metrics")
+            continue
+        report.entries.append(
+            {
+                "agent_ref": {"name": name},
+                "agent_metrics": answer.agent_metrics,
+                "key_metrics": answer.key_metrics,
+                "group_level_metrics": answer.group_level_metrics,
+            }
+        )
+    return report
+
+
+async def aggregate_run(spool: ResultSpool, router: Router, config: Config) -> AggregateReport:
+    """Ask each agent of the run for its aggregate metrics at the URL its rows went to
+    (`router`), through httpx (a few calls a run:
+    speed does not matter here). `--timeout` bounds each call when given; the -H headers, TLS
+    checks and --proxy apply as they do to /run."""
+    timeout = httpx.Timeout(config.timeout, connect=config.connect_timeout)
+    async with httpx.AsyncClient(
+        headers=request_headers(config),
+        verify=tls_context(verify=not config.insecure),
+        timeout=timeout,
+        proxy=config.proxy,
+        trust_env=False,
+    ) as client:
+        urls = {name: router.run_url(name) for name in spool.agents}
+        return await request_aggregates(spool, {name: url for name, url in urls.items() if url}, client)
