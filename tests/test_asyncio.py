@@ -10,8 +10,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +24,14 @@ import trio
 
 from rollfilter import Config, Failure, Rollout, open_rollouts
 from rollfilter.errors import ErrorKind, ServiceError, UsageError
-from tests.conftest import DemoServer, expected_reward, simple_rows
+from tests.conftest import (
+    SUBPROCESS_TIMEOUT,
+    DemoServer,
+    clean_env,
+    expected_reward,
+    simple_rows,
+    wait_for,
+)
 
 CANCEL_BOUND = 1.0  # seconds from cancelling the consumer to no connection left open at the agent
 TICK = 0.01  # the other task's sleep, in seconds
@@ -529,3 +540,38 @@ def test_a_second_cancellation_while_leaving_still_waits_for_the_run(demo_server
         await no_connection_left(Asyncio(), demo_server.port, cancelled)
 
     Asyncio().run(scenario)
+
+
+CTRL_C_SCRIPT = """
+import asyncio, itertools, sys
+from rollfilter import Config, open_rollouts
+
+async def main(url):
+    rows = ({"responses_create_params": {"input": "x"}, "demo": {"latency": 30}} for _ in itertools.count())
+    async with open_rollouts(rows, Config(url=url, concurrency=4)) as run:
+        print("entered", flush=True)
+        async for _ in run:
+            pass
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_ctrl_c_in_an_asyncio_program_stops_the_run(demo_server: DemoServer, tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text(CTRL_C_SCRIPT)
+    process = subprocess.Popen(
+        [sys.executable, str(script), demo_server.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env()
+    )
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline() == b"entered\n"
+        wait_for(lambda: demo_server.stats()["requests"] == 4)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=SUBPROCESS_TIMEOUT)
+    finally:
+        process.kill()
+        process.communicate()
+    assert process.returncode == -signal.SIGINT  # asyncio.run re-raises KeyboardInterrupt, as without rollfilter
+    assert stderr.decode().rstrip().endswith("KeyboardInterrupt")
+    assert "guest run" not in stderr.decode()  # trio's warning for a guest run left unfinished
