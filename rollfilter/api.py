@@ -1,6 +1,6 @@
 """Use rollfilter from Python: the engine the CLI runs, fed rows by your program.
 
-    async with open_rollouts(rows, Config(url="http://127.0.0.1:8000")) as run:   # trio
+    async with open_rollouts(rows, Config(url="http://127.0.0.1:8000")) as run:   # trio or asyncio
         async for outcome in run:
             ...
     run.summary
@@ -11,7 +11,8 @@
 Each outcome is a `Rollout` (the row as sent and the agent's result) or a `Failure` (the
 same kinds as the errors record). A failed row is data, never an exception: only
 misconfiguration raises (`UsageError`, `ServiceError`), and it does so before anything
-is sent.
+is sent. Under asyncio the engine runs as a trio guest on the running loop, in the same
+thread (`rollfilter.guest`); under trio it runs in the caller's trio run.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from typing import Any, ClassVar
 
 import msgspec
+import sniffio
 import trio
 
 from rollfilter.aggregate import ResultSpool, aggregate_run
@@ -183,16 +185,36 @@ class RolloutRun:
         return outcome
 
 
-@contextlib.asynccontextmanager
-async def open_rollouts(rows: Rows, config: Config) -> AsyncIterator[RolloutRun]:
-    """Run `rows` through the agents `config` names, inside the caller's trio run.
+def open_rollouts(rows: Rows, config: Config) -> contextlib.AbstractAsyncContextManager[RolloutRun]:
+    """Run `rows` through the agents `config` names, inside the caller's trio run or asyncio loop.
 
     Rows are taken from `rows` only as capacity frees up (at most `config.concurrency`
     outcomes are unconsumed or in flight), so an endless generator is fine. Leaving the
-    block early cancels what is in flight. The run owns its connections and the iterator
-    it takes from `rows` (a generator is closed on the way out). Raises UsageError or
-    ServiceError on entry, before anything is sent.
+    block early, or cancelling the task in it, cancels what is in flight; leaving waits until
+    the run has ended. The run owns its connections and the iterator it takes from `rows` (a
+    generator is closed on the way out). Raises UsageError or ServiceError on entry, before
+    anything is sent. An exception from the caller's rows iterator ends the run: trio raises
+    it in an ExceptionGroup, asyncio as itself.
+
+    Under asyncio the engine runs as a trio guest on the running loop (`rollfilter.guest`),
+    and an async iterable of rows is stepped in asyncio, so it may await asyncio things.
     """
+    if _asyncio_is_running():
+        from rollfilter.guest import open_rollouts_as_guest  # imports this module
+
+        return open_rollouts_as_guest(rows, config, _open_rollouts_in_trio)
+    return _open_rollouts_in_trio(rows, config)
+
+
+def _asyncio_is_running() -> bool:
+    try:
+        return sniffio.current_async_library() == "asyncio"
+    except sniffio.AsyncLibraryNotFoundError:
+        return False  # trio then says what is wrong
+
+
+@contextlib.asynccontextmanager
+async def _open_rollouts_in_trio(rows: Rows, config: Config) -> AsyncIterator[RolloutRun]:
     metrics = Metrics()
     control = RunControl()
     tasks = TaskStats(config.max_repeats, config.pass_threshold) if config.max_repeats > 1 else None
@@ -239,8 +261,8 @@ async def open_rollouts(rows: Rows, config: Config) -> AsyncIterator[RolloutRun]
 
 
 class Rollouts:
-    """The same run for code that is not trio: iterate from any thread (asyncio included,
-    through an executor). A trio loop runs in a worker thread of its own.
+    """The same run for code that is not async: iterate from any thread. A trio loop runs
+    in a worker thread of its own. (Async code, asyncio included, uses `open_rollouts`.)
 
     Iterating starts the run; leaving the loop early (break, an exception, close(), or the
     end of a `with` block) cancels what is in flight and joins the worker thread.

@@ -187,3 +187,21 @@ def test_python_api_gets_the_aggregate_without_a_file(agents: dict[str, Recordin
     assert run_.summary is not None
     assert run_.summary["key_metrics"]["beta"] == agents["beta"].aggregate_answers[0]["key_metrics"]
     assert run_.aggregate_problems == []
+
+
+def test_asyncio_api_gets_the_aggregate_too(agents: dict[str, RecordingAgent]):
+    import asyncio
+
+    from rollfilter import Config, open_rollouts
+
+    config = Config(endpoints={name: (a.url,) for name, a in agents.items()}, aggregate=True)
+    data = [json.loads(line) for line in rows(2, "alpha").splitlines()]
+
+    async def main() -> Any:
+        async with open_rollouts(data, config) as run_:
+            assert [outcome.ok async for outcome in run_] == [True, True]
+        return run_
+
+    run_ = asyncio.run(main())
+    assert [entry["agent_ref"]["name"] for entry in run_.aggregate] == ["alpha"]
+    assert run_.summary["key_metrics"]["alpha"]["mean/reward"] == 0.5
