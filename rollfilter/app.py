@@ -26,7 +26,7 @@ from rollfilter.errors import ErrorKind, ExitStatus, UsageError
 from rollfilter.metrics import Metrics
 from rollfilter.outcome import RowFailure
 from rollfilter.plan import ROLLOUT_INDEX, TASK_INDEX, Job, ResumeIndex, drop_torn_tail, parse_row
-from rollfilter.sink import BatchWriter, LineWriter, Release, Reorderer, write_all
+from rollfilter.sink import BatchWriter, LineWriter, OutputClosed, OutputFailed, Release, Reorderer, write_all
 from rollfilter.source import STDIN, LineReader, check_inputs
 from rollfilter.tasks import TaskStats
 from rollfilter.transport import shown
@@ -149,10 +149,17 @@ def _summary_bytes(metrics: Metrics, tasks: TaskStats | None, stopped: str | Non
     return _encode(metrics.summary(stopped=stopped, tasks=tasks)) + b"\n"
 
 
-def _write_metrics_file(fd: int | None, summary: bytes) -> None:
-    if fd is not None:
-        os.ftruncate(fd, 0)
-        os.write(fd, summary)
+def _write_metrics_file(fd: int | None, summary: bytes, path: str | None) -> None:
+    """Replace the --metrics file's content with `summary`; OutputFailed when it cannot."""
+    if fd is None:
+        return
+    name = f"--metrics {path}"
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.ftruncate(fd, 0)
+    except OSError as exc:
+        raise OutputFailed(name, exc) from None
+    write_all(fd, summary, name)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -202,10 +209,23 @@ async def _run_open(
     control = RunControl()
     metrics = Metrics()
     transport = transport_for(config)
-    results = BatchWriter(fds.out, on_closed_output=lambda: control.stop(ExitStatus.BROKEN_PIPE))
-    stderr_lines = BatchWriter(streams.stderr)
-    errors = BatchWriter(fds.err) if fds.err != streams.stderr else stderr_lines
-    per_task = BatchWriter(fds.per_task) if fds.per_task is not None else None
+    write_failures: list[OutputFailed] = []
+
+    def output_failed(failure: OutputClosed | OutputFailed) -> None:
+        # A write that fails stops the run as Ctrl-C does; a closed pipe stops it quietly.
+        if isinstance(failure, OutputClosed):
+            control.stop(ExitStatus.BROKEN_PIPE)
+        else:
+            write_failures.append(failure)
+            control.stop(ExitStatus.OUTPUT_FAILED, str(failure))
+
+    def writer_for(fd: int, name: str) -> BatchWriter:
+        return BatchWriter(fd, name=name, on_failure=output_failed)
+
+    results = writer_for(fds.out, f"-o {config.output}" if config.output else "standard output")
+    stderr_lines = writer_for(streams.stderr, "standard error")
+    errors = writer_for(fds.err, f"--errors {config.errors_file}") if fds.err != streams.stderr else stderr_lines
+    per_task = writer_for(fds.per_task, f"--per-task {config.per_task_file}") if fds.per_task is not None else None
     writers = list(dict.fromkeys(w for w in (results, errors, stderr_lines, per_task) if w is not None))
     display = None
     if not show.dry_run and progress_wanted(show.progress, quiet=show.quiet, stderr_fd=streams.stderr):
@@ -259,7 +279,8 @@ async def _run_open(
                 total = _known_total(config)
                 services.start_soon(display.run, total)
             if show.dry_run:
-                await dry_run(engine, results, log)
+                with control.scope:
+                    await dry_run(engine, results, log)
             else:
                 await engine.run()
             if control.status is not None:
@@ -278,9 +299,15 @@ async def _run_open(
         status = ExitStatus.ROWS_FAILED if metrics.failed else ExitStatus.OK
     stopped = control.reason or (status.name.lower().replace("_", " ") if control.status else None)
     summary = _summary_bytes(metrics, tasks, stopped)
-    _write_metrics_file(fds.metrics, summary)
-    if control.reason:
-        _write_stderr(streams.stderr, f"rollfilter: {control.reason}\n".encode())
+    try:
+        _write_metrics_file(fds.metrics, summary, config.metrics_file)
+    except OutputFailed as failure:
+        write_failures.append(failure)
+    messages = list(dict.fromkeys([control.reason, *map(str, write_failures)]))
+    for message in filter(None, messages):
+        _write_stderr(streams.stderr, f"rollfilter: {message}\n".encode(errors="replace"))
+    if write_failures:  # whatever stopped the run first, what it wrote is incomplete
+        status = ExitStatus.OUTPUT_FAILED
     if not show.quiet:
         _write_stderr(streams.stderr, summary)
     return status
@@ -377,10 +404,11 @@ async def summarize(config: Config, *, streams: Streams = Streams()) -> ExitStat
         tasks.flush_open()
     summary = _encode(metrics.summary(tasks=tasks, timings=False)) + b"\n"  # the files hold no timings
     with OutputFiles() as files:
-        _write_metrics_file(files.open(config.metrics_file, "--metrics"), summary)
-    if bad:
-        _write_stderr(streams.stderr, f"rollfilter: skipped {bad} lines that are not JSON objects\n".encode())
-    write_all(streams.stdout, summary)
+        metrics_fd = files.open(config.metrics_file, "--metrics")
+        if bad:
+            _write_stderr(streams.stderr, f"rollfilter: skipped {bad} lines that are not JSON objects\n".encode())
+        write_all(streams.stdout, summary)
+        _write_metrics_file(metrics_fd, summary, config.metrics_file)
     return ExitStatus.OK
 
 
