@@ -102,7 +102,7 @@ def test_shards_follow_the_rows_own_task_index_not_the_line(tmp_path, demo_serve
 # -- --ordered ------------------------------------------------------------------------------------
 
 
-def later_rows_first(n: int, step: float = 0.05) -> list[dict[str, Any]]:
+def later_rows_first(n: int, step: float = 0.1) -> list[dict[str, Any]]:
     """Rows whose answers come in reverse: row i takes (n - i) * step seconds."""
     return [{**row, "demo": {"latency": round((n - i) * step, 3)}} for i, row in enumerate(simple_rows(n))]
 
@@ -112,8 +112,8 @@ def test_ordered_writes_in_input_order_when_later_rows_finish_first(demo_server:
     proc = run(["-u", demo_server.url, "-k", "-j", "12"], input=rows)
     assert proc.returncode == 0, proc.stderr
     assert task_indices(proc.stdout) == list(range(12))
-    unordered = run(["-u", demo_server.url, "-j", "12"], input=rows)  # the same rows do finish in reverse
-    assert task_indices(unordered.stdout)[:3] == [11, 10, 9]
+    unordered = run(["-u", demo_server.url, "-j", "12"], input=rows)  # the same rows finish out of order
+    assert task_indices(unordered.stdout) != list(range(12))
 
 
 def test_ordered_with_failures_keeps_input_order_and_reports_each_failure(tmp_path, demo_server: DemoServer):
@@ -155,7 +155,7 @@ def test_ordered_interrupt_writes_what_finished_in_input_order(demo_server: Demo
     rows = simple_rows(13)
     rows[3]["demo"] = {"latency": 600}
     for i in range(4, 13):
-        rows[i]["demo"] = {"latency": round((13 - i) * 0.05, 3)}
+        rows[i]["demo"] = {"latency": round((13 - i) * 0.1, 3)}
     proc = start(["-u", demo_server.url, "-k", "-j", "13", "-v"], stdin=subprocess.PIPE)
     assert proc.stdin
     assert proc.stdout
@@ -176,7 +176,7 @@ def test_ordered_interrupt_writes_what_finished_in_input_order(demo_server: Demo
     assert status == 130
     assert task_indices(stdout) == [0, 1, 2, *range(4, 13)]
     finished = [int(line.split(b" task ")[1].split()[0]) for line in events.splitlines() if b": finished in " in line]
-    assert finished[3:] == list(range(12, 3, -1))  # they did finish in reverse
+    assert finished[3:] != sorted(finished[3:])  # they did finish out of order
     figures = summary_of(stderr)["rollfilter"]
     assert (figures["succeeded"], figures["cancelled"]) == (12, 1)
 
