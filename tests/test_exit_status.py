@@ -258,7 +258,9 @@ def test_a_full_tmpfs_then_resume_after_space_is_freed(tmp_path, demo_server: De
 
 @pytest.mark.parametrize("option", ["-o", "--errors", "--metrics", "--per-task"])
 def test_unwritable_output_files_exit_2_before_sending(tmp_path, demo_server: DemoServer, option):
-    for path in (tmp_path / "no-such-dir" / "file.jsonl", tmp_path):  # missing directory; a directory
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for path in (a_file / "file.jsonl", tmp_path):  # under a file (no folder can be made there); a folder
         proc = run(["-u", demo_server.url, "-r", "2", option, str(path)], input=rows_jsonl(simple_rows(3)))
         assert proc.returncode == 2, proc.stderr
         assert proc.stdout == b""
