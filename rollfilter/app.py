@@ -29,7 +29,7 @@ from rollfilter.metrics import Metrics
 from rollfilter.outcome import RowFailure
 from rollfilter.plan import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX, Job, agent_name, parse_row
 from rollfilter.resume import ResumeState, drop_torn_tail, read_pairs, result_records
-from rollfilter.sink import BatchWriter, LineWriter, Release, Reorderer, write_all
+from rollfilter.sink import BatchWriter, LineWriter, OutputClosed, OutputFailed, Release, Reorderer, write_all
 from rollfilter.source import STDIN, LineReader, check_inputs
 from rollfilter.tasks import TaskStats
 from rollfilter.transport import shown
@@ -208,10 +208,16 @@ def spool_results_file(spool: ResultSpool, path: str) -> None:
         spool.add(agent_name(result), result)
 
 
-def _write_metrics_file(fd: int | None, summary: bytes) -> None:
-    if fd is not None:
-        os.ftruncate(fd, 0)
-        os.write(fd, summary)
+def _replace_content(fd: int | None, data: bytes, name: str) -> None:
+    """Replace the content of a file written whole (--metrics, --aggregate); OutputFailed when it cannot."""
+    if fd is None:
+        return
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.ftruncate(fd, 0)
+    except OSError as exc:
+        raise OutputFailed(name, exc) from None
+    write_all(fd, data, name)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -281,11 +287,26 @@ async def _run_open(
     control = RunControl()
     metrics = Metrics()
     transport = transport_for(config)
-    results = BatchWriter(fds.out, on_closed_output=lambda: control.stop(ExitStatus.BROKEN_PIPE))
-    stderr_lines = BatchWriter(streams.stderr)
-    errors = BatchWriter(fds.err) if fds.err != streams.stderr else stderr_lines
-    per_task = BatchWriter(fds.per_task) if fds.per_task is not None else None
-    materialized = BatchWriter(fds.materialized) if fds.materialized is not None else None
+    write_failures: list[OutputFailed] = []
+
+    def output_failed(failure: OutputClosed | OutputFailed) -> None:
+        # A write that fails stops the run as Ctrl-C does; a closed pipe stops it quietly.
+        if isinstance(failure, OutputClosed):
+            control.stop(ExitStatus.BROKEN_PIPE)
+        else:
+            write_failures.append(failure)
+            control.stop(ExitStatus.OUTPUT_FAILED, str(failure))
+
+    def writer_for(fd: int, name: str) -> BatchWriter:
+        return BatchWriter(fd, name=name, on_failure=output_failed)
+
+    results = writer_for(fds.out, f"-o {config.output}" if config.output else "standard output")
+    stderr_lines = writer_for(streams.stderr, "standard error")
+    errors = writer_for(fds.err, f"--errors {config.errors_file}") if fds.err != streams.stderr else stderr_lines
+    per_task = writer_for(fds.per_task, f"--per-task {config.per_task_file}") if fds.per_task is not None else None
+    materialized = None
+    if fds.materialized is not None:
+        materialized = writer_for(fds.materialized, f"--materialized {config.materialized_file}")
     outputs = (results, errors, stderr_lines, per_task, materialized)
     writers = list(dict.fromkeys(w for w in outputs if w is not None))
     display = None
@@ -346,7 +367,8 @@ async def _run_open(
             if spool is not None and earlier.results is not None:
                 await trio.to_thread.run_sync(spool_results_file, spool, earlier.results)
             if show.dry_run:
-                await dry_run(engine, results, log)
+                with control.scope:
+                    await dry_run(engine, results, log)
             else:
                 await engine.run()
             if control.status is not None:
@@ -372,11 +394,17 @@ async def _run_open(
         status = ExitStatus.ROWS_FAILED if metrics.failed or metrics.not_persisted else ExitStatus.OK
     stopped = control.reason or (status.name.lower().replace("_", " ") if control.status else None)
     summary = _summary_bytes(metrics, tasks, stopped, report)
-    _write_metrics_file(fds.metrics, summary)
-    if report is not None:
-        _write_metrics_file(fds.aggregate, report.file_bytes())
-    if control.reason:
-        _write_stderr(streams.stderr, f"rollfilter: {control.reason}\n".encode())
+    try:
+        _replace_content(fds.metrics, summary, f"--metrics {config.metrics_file}")
+        if report is not None:
+            _replace_content(fds.aggregate, report.file_bytes(), f"--aggregate {config.aggregate_file}")
+    except OutputFailed as failure:
+        write_failures.append(failure)
+    messages = list(dict.fromkeys([control.reason, *map(str, write_failures)]))
+    for message in filter(None, messages):
+        _write_stderr(streams.stderr, f"rollfilter: {message}\n".encode(errors="replace"))
+    if write_failures:  # whatever stopped the run first, what it wrote is incomplete
+        status = ExitStatus.OUTPUT_FAILED
     if engine is not None and control.status is None:
         for name in sorted(set(config.repeats_by_agent) - engine.planner.agents_seen):
             _write_stderr(streams.stderr, f"rollfilter: -r {name}=K: no row named agent {name!r}\n".encode())
@@ -494,16 +522,16 @@ async def summarize(config: Config, *, streams: Streams = Streams()) -> ExitStat
         summary = metrics.summary(tasks=tasks, timings=False)  # the files hold no timings
         if report is not None:
             report.add_to(summary)
-            _write_metrics_file(aggregate_fd, report.file_bytes())
+            _replace_content(aggregate_fd, report.file_bytes(), f"--aggregate {config.aggregate_file}")
         summary_bytes = _encode(summary) + b"\n"
-        _write_metrics_file(metrics_fd, summary_bytes)
+        write_all(streams.stdout, summary_bytes, "standard output")
+        _replace_content(metrics_fd, summary_bytes, f"--metrics {config.metrics_file}")
     if bad:
         _write_stderr(streams.stderr, f"rollfilter: skipped {bad} lines that are not JSON objects\n".encode())
     for problem in report.problems if report is not None else ():
         _write_stderr(
             streams.stderr, (printable(f"rollfilter: --aggregate: {problem}") + "\n").encode(errors="replace")
         )
-    write_all(streams.stdout, summary_bytes)
     return ExitStatus.OK
 
 

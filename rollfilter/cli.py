@@ -39,7 +39,7 @@ from rollfilter.demo import DemoOptions
 from rollfilter.errors import ExitStatus, RollfilterError, UsageError
 from rollfilter.gc_policy import collect_garbage_for_a_run
 from rollfilter.resume import max_attempts_from_environment
-from rollfilter.sink import OutputClosed
+from rollfilter.sink import OutputClosed, OutputFailed
 
 EXAMPLE_ROWS = Path(__file__).parent / "examples" / "weather.jsonl"  # NeMo Gym's five-row example
 HELP = """Collect agent rollouts: JSONL rows in (FILEs or stdin), one result line out per row as it finishes.
@@ -50,7 +50,8 @@ to stderr when the run ends. Failed rows are reported on stderr (or in --errors 
 written as results.
 
 Exit status: 0 all rows succeeded, 1 some rows failed, 2 usage error, 3 head server
-unreachable, 130 interrupted, 141 stdout closed, 143 terminated.
+unreachable, 74 an output could not be written, 130 interrupted, 141 stdout closed,
+143 terminated.
 """
 
 app = typer.Typer(
@@ -70,6 +71,7 @@ def _version(value: bool) -> None:
 
 @app.command(help=HELP, no_args_is_help=False)
 def command(
+    ctx: typer.Context,
     files: Annotated[
         list[str] | None,
         typer.Argument(
@@ -111,7 +113,7 @@ def command(
             "--demo",
             help=(
                 "Start the built-in demo agent on a free loopback port and send every row to it"
-                " (with no FILE at a terminal: the shipped example rows)."
+                " (with no FILE at a terminal: the shipped example rows). Not with -u, -e or --head-server."
             ),
         ),
     ] = False,
@@ -341,6 +343,12 @@ def command(
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
     ] = False,
 ) -> None:
+    if demo:
+        try:
+            check_demo_alone(ctx, url=url, endpoints=endpoint, head_server=head_server)
+        except RollfilterError as exc:
+            raise typer.Exit(_report(exc)) from None
+        url = head_server = None  # defaults from the environment: --demo replaces them
     try:
         default_repeats, repeats_by_agent = parse_repeats(repeats or ())
         if gym_layout:
@@ -402,6 +410,29 @@ def command(
     raise typer.Exit(execute(lambda: cli_app.run(config, show=show)))
 
 
+def check_demo_alone(
+    ctx: typer.Context, *, url: str | None, endpoints: list[str] | None, head_server: str | None
+) -> None:
+    """UsageError when the command line names an agent beside --demo, which starts its own.
+    ROLLFILTER_URL and ROLLFILTER_HEAD_SERVER are only defaults: --demo replaces them."""
+
+    def given(name: str, value: object) -> bool:
+        source = ctx.get_parameter_source(name)
+        return bool(value) and (source is None or source.name != "ENVIRONMENT")
+
+    named = [
+        flag
+        for flag, name, value in (
+            ("-u", "url", url),
+            ("-e", "endpoint", endpoints),
+            ("--head-server", "head_server", head_server),
+        )
+        if given(name, value)
+    ]
+    if named:
+        raise UsageError(f"--demo starts its own agent: it cannot be combined with {' or '.join(named)}")
+
+
 def _report(exc: RollfilterError) -> ExitStatus:
     sys.stderr.write(f"rollfilter: {exc}\n")
     return exc.exit_status
@@ -419,6 +450,9 @@ def execute(main: Callable[[], Awaitable[ExitStatus]]) -> ExitStatus:
         status = ExitStatus.INTERRUPTED
     except* (BrokenPipeError, OutputClosed):
         status = ExitStatus.BROKEN_PIPE
+    except* OutputFailed as group:
+        sys.stderr.write(f"rollfilter: {_first(group)}\n")
+        status = ExitStatus.OUTPUT_FAILED
     if status is ExitStatus.BROKEN_PIPE:
         _silence_stdout()
     return status
@@ -451,8 +485,11 @@ def main() -> None:
         code = ExitStatus.INTERRUPTED
     except SystemExit as exit_:  # shell completion exits by itself
         code = exit_.code
-    if not isinstance(code, int):
-        code = 0 if code is None else 1
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):  # sys.exit("message"): print it, as Python would
+        sys.stderr.write(f"{code}\n")
+        code = 1
     # Everything rollfilter writes is written by now (os.write, or flushed below);
     # skipping the interpreter's teardown saves ~0.1 s per run, which adds up under xargs.
     for stream in (sys.stdout, sys.stderr):

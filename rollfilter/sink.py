@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 import stat
 from collections.abc import Callable
 from typing import Protocol
@@ -33,17 +34,38 @@ class OutputClosed(Exception):
     """The reader of an output went away (EPIPE)."""
 
 
-def write_all(fd: int, data: bytes) -> None:
+class OutputFailed(Exception):
+    """An output could not be written: a full disk, a file size limit, an I/O error.
+
+    Its message is the one line for the user: which output (`name`) and why.
+    """
+
+    def __init__(self, name: str, error: OSError) -> None:
+        super().__init__(f"cannot write {name}: {error.strerror or error}")
+        self.name = name
+        self.error = error
+
+
+def write_all(fd: int, data: bytes, name: str = "standard output") -> None:
+    """Write all of `data` to `fd`, which the messages call `name`.
+
+    Raises OutputClosed when the reader of a pipe went away, OutputFailed for any other
+    error. A failure can come after part of `data` was written (a short write on a full
+    disk): the output then ends in a torn line, and its writer must write no more to it.
+    """
     view = memoryview(data)
     while view:
         try:
             written = os.write(fd, view)
-        except BrokenPipeError:
-            raise OutputClosed from None
+        except BlockingIOError:  # another process made the shared descriptor non-blocking
+            poller = select.poll()
+            poller.register(fd, select.POLLOUT)
+            poller.poll()
+            continue
         except OSError as exc:
             if exc.errno == errno.EPIPE:
-                raise OutputClosed from None
-            raise
+                raise OutputClosed(name) from None
+            raise OutputFailed(name, exc) from None
         view = view[written:]
 
 
@@ -56,17 +78,30 @@ def _never_blocks(fd: int) -> bool:
 
 
 class BatchWriter:
-    """Writes lines to one file descriptor from a task of its own (`run`)."""
+    """Writes lines to one file descriptor from a task of its own (`run`).
 
-    def __init__(self, fd: int, *, on_closed_output: Callable[[], None] | None = None) -> None:
+    The first write that fails (OutputClosed, OutputFailed) is handed to `on_failure`,
+    and the writer writes nothing more: a later write that succeeded (space freed
+    meanwhile) would leave the torn line of the failed one in the middle of the output.
+    Lines given to a failed writer are dropped, and their `release` runs at once.
+    """
+
+    def __init__(
+        self,
+        fd: int,
+        *,
+        name: str = "standard output",
+        on_failure: Callable[[OutputClosed | OutputFailed], None] | None = None,
+    ) -> None:
         self.fd = fd
+        self.name = name
         self._lines: list[bytes] = []
         self._releases: list[Release] = []
         self._wakeup = trio.Event()
         self._closing = False
         self.drained = trio.Event()
         self.broken = False
-        self._on_closed_output = on_closed_output
+        self._on_failure = on_failure
         self._limiter = trio.CapacityLimiter(1)
         self._direct = _never_blocks(fd)
 
@@ -101,15 +136,17 @@ class BatchWriter:
                 releases, self._releases = self._releases, []
                 try:
                     if self._direct:
-                        write_all(self.fd, batch)
+                        write_all(self.fd, batch, self.name)
                         await trio.lowlevel.checkpoint()
                     else:
-                        await trio.to_thread.run_sync(write_all, self.fd, batch, limiter=self._limiter)
-                except OutputClosed:
+                        await trio.to_thread.run_sync(write_all, self.fd, batch, self.name, limiter=self._limiter)
+                except (OutputClosed, OutputFailed) as failure:
                     self.broken = True
                     self._lines.clear()
-                    if self._on_closed_output is not None:
-                        self._on_closed_output()
+                    releases += self._releases
+                    self._releases = []
+                    if self._on_failure is not None:
+                        self._on_failure(failure)
                 for release in releases:
                     release()
         finally:

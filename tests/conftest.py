@@ -34,6 +34,15 @@ def rollfilter_command() -> list[str]:
     return [found]
 
 
+def require_tool(name: str) -> str:
+    """The path of a program the suite needs. A missing one fails the test (never a skip):
+    .ci/run installs it, and anywhere else the suite says what to install."""
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is not installed: the test suite needs it (.ci/run installs it with apt-get)")
+    return path
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLFILTER_")}
     for proxy in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
@@ -48,11 +57,13 @@ def run(
     input: bytes | str = b"",
     timeout: float = SUBPROCESS_TIMEOUT,
     env: dict[str, str] | None = None,
+    **popen: Any,
 ) -> subprocess.CompletedProcess[bytes]:
+    """rollfilter to its end; stdout and stderr are captured unless `popen` gives them."""
     data = input.encode() if isinstance(input, str) else input
-    return subprocess.run(
-        [*rollfilter_command(), *args], input=data, capture_output=True, timeout=timeout, env=env or clean_env()
-    )
+    popen.setdefault("stdout", subprocess.PIPE)
+    popen.setdefault("stderr", subprocess.PIPE)
+    return subprocess.run([*rollfilter_command(), *args], input=data, timeout=timeout, env=env or clean_env(), **popen)
 
 
 def start(args: Sequence[str], **popen: Any) -> subprocess.Popen[bytes]:

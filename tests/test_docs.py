@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from rollfilter.errors import ErrorKind, ExitStatus
-from tests.conftest import ROOT, clean_env, rollfilter_command
+from tests.conftest import ROOT, clean_env, require_tool, rollfilter_command
 
 README = (ROOT / "README.md").read_text()
 MAN_PAGE = ROOT / "man" / "rollfilter.1"
@@ -66,8 +65,7 @@ def test_environment_variables_are_documented():
 
 
 def test_man_page_renders_without_warnings():
-    if not shutil.which("groff"):
-        pytest.skip("groff is not installed")
+    require_tool("groff")
     proc = subprocess.run(["groff", "-ww", "-man", "-Tutf8", str(MAN_PAGE)], capture_output=True, timeout=60)
     assert proc.returncode == 0
     assert proc.stderr == b""
@@ -108,6 +106,17 @@ def runnable(command: str) -> bool:
     return not invokes_rollfilter or any(flag in command for flag in SELF_CONTAINED)
 
 
+def test_the_suite_runs_every_recipe_that_needs_only_the_demo_agent():
+    # The README says so; a recipe left out must need an agent (or hosts) of its own.
+    section = README.split("\n## Recipes\n")[1].split("\n## ")[0]
+    commands = [line[2:] for line in section.splitlines() if line.startswith("$ ")]
+    run_by_the_suite = {command for command, _ in readme_recipes()}
+    left_out = [command for command in commands if command not in run_by_the_suite]
+    assert len(commands) - len(left_out) >= 10
+    for command in left_out:
+        assert re.search(r"^(parallel|sbatch) |(-u |-e \S+=|--head-server )https?://", command), command
+
+
 def man_examples() -> list[str]:
     examples = man_text().split(".SH EXAMPLES")[1].split(".SH ")[0]
     commands = []
@@ -119,8 +128,7 @@ def man_examples() -> list[str]:
 @pytest.fixture
 def workdir(tmp_path_factory) -> Path:
     """A scratch directory of each test's own, where rollfilter/examples/ resolves as in a checkout."""
-    if not shutil.which("jq"):
-        pytest.skip("the recipes use jq, which is not installed")
+    require_tool("jq")
     path = tmp_path_factory.mktemp("recipes")
     (path / "rollfilter").mkdir()
     (path / "rollfilter" / "examples").symlink_to(ROOT / "rollfilter" / "examples")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import shutil
 import ssl
 import subprocess
 import urllib.request
@@ -17,7 +16,16 @@ import trio
 from rollfilter import Config, Failure, Rollout, open_rollouts
 from rollfilter.demo import DemoAgent, _serve_connection
 from rollfilter.transport import HTTP11Transport
-from tests.conftest import DemoServer, QuietHandler, ThreadedHTTPServer, result_lines, rows_jsonl, run, simple_rows
+from tests.conftest import (
+    DemoServer,
+    QuietHandler,
+    ThreadedHTTPServer,
+    require_tool,
+    result_lines,
+    rows_jsonl,
+    run,
+    simple_rows,
+)
 
 Handler = Callable[[trio.SocketStream], Awaitable[None]]
 
@@ -118,8 +126,7 @@ async def test_truncated_response_is_a_protocol_error():
 
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory) -> tuple[Path, Path]:
-    if not shutil.which("openssl"):
-        pytest.skip("openssl is not installed")
+    require_tool("openssl")
     path = tmp_path_factory.mktemp("tls")
     cert, key = path / "cert.pem", path / "key.pem"
     subprocess.run(
