@@ -29,6 +29,7 @@ from rollfilter.tasks import TaskStats
 from rollfilter.transport import AgentTransport, shown
 
 ERROR_REASON_CHARS = 200  # how much of an agent's failure_reason a message quotes
+START_BATCH = 64  # workers started in one scheduler step
 
 
 class RowSink(Protocol):
@@ -100,8 +101,12 @@ class Engine:
         reading = trio.Lock()
         with self.control.scope:
             async with trio.open_nursery() as nursery:
-                for _ in range(self.concurrency):
+                for started in range(1, self.concurrency + 1):
                     nursery.start_soon(self._worker, limiter, reading)
+                    if started % START_BATCH == 0:
+                        # Workers started together connect and send in one scheduler step; in
+                        # batches, a host loop (asyncio, for a guest run) gets turns in between.
+                        await trio.lowlevel.checkpoint()
         self.metrics.skipped = self.planner.skipped
         self.metrics.not_retried = self.planner.given_up
 
