@@ -1,0 +1,153 @@
+"""The adaptive window alone, on trio's MockClock: scenarios in virtual time, no real sleeps."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import trio
+import trio.testing
+
+from rollfilter.adaptive import AdaptiveWindow, Signal
+
+
+@dataclasses.dataclass
+class Agent:
+    """A stand-in agent: `latency` seconds an episode; above `capacity` in flight it answers 429 at once."""
+
+    latency: float
+    capacity: int | None = None
+    in_flight: int = 0
+    requests: int = 0
+    throttled: int = 0
+    most_in_flight: int = 0
+
+    async def run(self, window: AdaptiveWindow | None) -> bool:
+        if window is not None:
+            await window.acquire()
+        self.requests += 1
+        if self.capacity is not None and self.in_flight >= self.capacity:
+            self.throttled += 1
+            await trio.sleep(0.001)
+            if window is not None:
+                window.release(Signal.OVERLOAD)
+            return False
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        await trio.sleep(self.latency)
+        self.in_flight -= 1
+        if window is not None:
+            window.release(Signal.KEPT_UP, self.latency)
+        return True
+
+
+async def collect(agent: Agent, rows: int, concurrency: int, window: AdaptiveWindow | None) -> float:
+    """Run `rows` rollouts with `concurrency` rows in flight, each retried after a 1 s Retry-After."""
+    rows_left = iter(range(rows))
+
+    async def worker() -> None:
+        for _ in rows_left:
+            for _attempt in range(100):
+                if await agent.run(window):
+                    break
+                await trio.sleep(1.0)  # the agent's Retry-After
+
+    started = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        for _ in range(concurrency):
+            nursery.start_soon(worker)
+    return trio.current_time() - started
+
+
+def virtual(coroutine_function, *args):
+    return trio.run(coroutine_function, *args, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_an_agent_that_throttles_above_40_is_found_and_kept_busy():
+    """The issue's scenario: 429 above 40 in flight, 0.2 s episodes, 2,000 rows, -j 400: ideal 200 rows/s."""
+    agent = Agent(latency=0.2, capacity=40)
+    window = AdaptiveWindow(400)
+    elapsed = virtual(collect, agent, 2000, 400, window)
+    assert 2000 / elapsed >= 0.8 * 200
+    assert agent.throttled <= 0.05 * agent.requests
+    stats = window.stats()
+    assert stats.max <= 2 * 40  # the probe overshoots by at most a doubling
+    assert 30 <= stats.final <= 45
+
+
+def test_fixed_concurrency_over_the_capacity_is_throttled_heavily():
+    """The same agent without a window, for contrast: the scenario is a real test of the window."""
+    agent = Agent(latency=0.2, capacity=40)
+    virtual(collect, agent, 2000, 400, None)
+    assert agent.throttled > 0.5 * agent.requests
+
+
+def test_a_healthy_agent_gets_the_ceiling_at_little_cost():
+    agent = Agent(latency=2.0)
+    window = AdaptiveWindow(2000)
+    elapsed = virtual(collect, agent, 20_000, 2000, window)
+    assert window.stats().final == 2000
+    assert agent.most_in_flight == 2000
+    assert elapsed <= 1.05 * 20.0  # within 5% of a fixed -j 2000 (20 s)
+
+
+def test_latency_climbing_past_its_baseline_shrinks_the_window():
+    async def scenario() -> AdaptiveWindow:
+        window = AdaptiveWindow(100)
+        for _ in range(50):  # a steady agent
+            await window.acquire()
+            window.release(Signal.KEPT_UP, 0.1)
+        before = window.limit
+        for _ in range(20):  # then it slows down sharply
+            await trio.sleep(0.5)
+            await window.acquire()
+            window.release(Signal.KEPT_UP, 1.0)
+        assert window.limit < before
+        return window
+
+    virtual(scenario)
+
+
+def test_neutral_failures_leave_the_window_alone_and_changes_are_reported():
+    changes: list[tuple[int, int]] = []
+
+    async def scenario() -> None:
+        window = AdaptiveWindow(64, initial=8, on_change=lambda old, new: changes.append((old, new)))
+        for _ in range(5):
+            await window.acquire()
+            window.release(Signal.NEUTRAL)
+        assert window.limit == 8
+        await window.acquire()
+        window.release(Signal.KEPT_UP, 0.1)
+        assert window.limit == 9
+        await window.acquire()
+        window.release(Signal.OVERLOAD)
+        assert window.limit < 9
+
+    virtual(scenario)
+    assert changes[0] == (8, 9)
+    assert changes[-1][1] < 9
+
+
+def test_the_window_never_passes_its_ceiling_or_lets_more_in():
+    async def scenario() -> None:
+        window = AdaptiveWindow(5, initial=2)
+        inside = 0
+        most = 0
+
+        async def use() -> None:
+            nonlocal inside, most
+            for _ in range(20):
+                await window.acquire()
+                inside += 1
+                most = max(most, inside, window.in_flight)
+                assert window.in_flight <= window.limit <= 5
+                await trio.sleep(0.01)
+                inside -= 1
+                window.release(Signal.KEPT_UP, 0.01)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(10):
+                nursery.start_soon(use)
+        assert most == 5
+
+    virtual(scenario)
