@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -301,8 +302,11 @@ def describe(job: Job) -> str:
 
 def reward_of(result: dict[str, Any]) -> float:
     """A result's reward for pass@k; a result without a finite numeric one counts as 0."""
-    reward = as_float(result.get("reward"))
-    return 0.0 if reward is None else reward
+    reward = result.get("reward")
+    if type(reward) is float:  # the common case, without a call
+        return reward if math.isfinite(reward) else 0.0
+    number = as_float(reward)
+    return 0.0 if number is None else number
 
 
 def msgspec_text(value: Any) -> str:

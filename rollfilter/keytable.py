@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 DIGEST_BYTES = 16
 BUCKETS = 4096  # a bucket holds n/4096 digests: at a million keys, one find scans ~4 KB
+_BUCKET_HIGH_BITS = 0x0F  # 12 bits of the digest choose the bucket: its first byte, and 4 bits of the next
 _blake2b = hashlib.blake2b
 
 
@@ -36,12 +37,12 @@ class KeyTable:
 
     def find(self, key: bytes) -> int:
         digest = _blake2b(key, digest_size=DIGEST_BYTES).digest()
-        bucket = int.from_bytes(digest[:4], "little") % BUCKETS
+        bucket = digest[0] | (digest[1] & _BUCKET_HIGH_BITS) << 8
         return self._position(bucket, digest)
 
     def add(self, key: bytes) -> tuple[int, bool]:
         digest = _blake2b(key, digest_size=DIGEST_BYTES).digest()
-        bucket = int.from_bytes(digest[:4], "little") % BUCKETS
+        bucket = digest[0] | (digest[1] & _BUCKET_HIGH_BITS) << 8
         handle = self._position(bucket, digest)
         if handle >= 0:
             return handle, False
@@ -52,6 +53,23 @@ class KeyTable:
             values[bucket].append(0)
         self.count += 1
         return handle, True
+
+    def setdefault(self, key: bytes, value: int) -> int:
+        """The first field of `key`, which is `value` if the key is new (the hot path of numbering)."""
+        digest = _blake2b(key, digest_size=DIGEST_BYTES).digest()
+        bucket = digest[0] | (digest[1] & _BUCKET_HIGH_BITS) << 8
+        digests = self._digests[bucket]
+        offset = digests.find(digest)
+        while offset > 0 and offset % DIGEST_BYTES:
+            offset = digests.find(digest, offset + 1)
+        if offset >= 0:
+            return self._values[0][bucket][offset // DIGEST_BYTES]
+        digests += digest
+        self._values[0][bucket].append(value)
+        for values in self._values[1:]:
+            values[bucket].append(0)
+        self.count += 1
+        return value
 
     def value(self, handle: int, field: int = 0) -> int:
         position, bucket = divmod(handle, BUCKETS)

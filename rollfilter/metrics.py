@@ -73,12 +73,28 @@ class Means:
         self.usage_counts: dict[str, int] = {}
 
     def add(self, result: dict[str, Any]) -> None:
+        # The per-result hot path: as_float() written out inline.
         self.succeeded += 1
-        _accumulate(result, self.sums, self.counts, skip_prefix="_ng_")
+        sums, counts = self.sums, self.counts
+        for key, value in result.items():
+            kind = type(value)
+            if kind is float:
+                if not math.isfinite(value):
+                    continue
+            elif kind is int:
+                if not -_FLOAT_RANGE < value < _FLOAT_RANGE:
+                    continue
+            elif kind is not bool:
+                continue
+            if key.startswith("_ng_"):
+                continue
+            sums[key] = sums.get(key, 0.0) + value
+            counts[key] = counts.get(key, 0) + 1
         response = result.get("response")
-        usage = response.get("usage") if type(response) is dict else None
-        if type(usage) is dict:
-            _accumulate(usage, self.usage_sums, self.usage_counts, nested=True)
+        if type(response) is dict:
+            usage = response.get("usage")
+            if type(usage) is dict:
+                _add_usage(usage, self.usage_sums, self.usage_counts)
 
     def merge(self, other: Means) -> None:
         self.succeeded += other.succeeded
@@ -111,31 +127,19 @@ class Means:
         return self.usage_sums.get("input_tokens", 0.0) + self.usage_sums.get("output_tokens", 0.0)
 
 
-def _accumulate(
-    fields: dict[str, Any],
-    sums: dict[str, float],
-    counts: dict[str, int],
-    *,
-    skip_prefix: str = "",
-    nested: bool = False,
-) -> None:
-    # The per-result hot path: as_float() written out inline.
-    for key, value in fields.items():
+def _add_usage(usage: dict[str, Any], sums: dict[str, float], counts: dict[str, int], prefix: str = "") -> None:
+    """Numeric fields of response.usage, and of its objects one level down (input_tokens_details...)."""
+    for key, value in usage.items():
         kind = type(value)
-        if kind is float:
-            if not math.isfinite(value):
-                continue
-        elif kind is int:
-            if not -_FLOAT_RANGE < value < _FLOAT_RANGE:
-                continue
-        elif kind is not bool:
-            if nested and kind is dict:  # usage's input_tokens_details.cached_tokens and the like
-                _accumulate({f"{key}.{inner}": v for inner, v in value.items()}, sums, counts)
+        if kind is dict and not prefix:
+            _add_usage(value, sums, counts, f"{key}.")
             continue
-        if skip_prefix and key.startswith(skip_prefix):
+        number = as_float(value) if kind is not int else value
+        if number is None or (kind is int and not -_FLOAT_RANGE < value < _FLOAT_RANGE):
             continue
-        sums[key] = sums.get(key, 0.0) + value
-        counts[key] = counts.get(key, 0) + 1
+        name = prefix + key if prefix else key
+        sums[name] = sums.get(name, 0.0) + number
+        counts[name] = counts.get(name, 0) + 1
 
 
 _FLOAT_RANGE = 2**1023  # an int at or past this has no float near it
@@ -177,7 +181,8 @@ class Metrics:
         self.succeeded += 1
         if latency is not None:
             self.latency.add(latency)
-        self._agent(agent).add(result)
+        means = self.by_agent.get(agent)
+        (means if means is not None else self._agent(agent)).add(result)
 
     def add_failure(self, failure: RowFailure, agent: str | None = None) -> None:
         self.failed += 1

@@ -148,10 +148,10 @@ class TaskNumbering:
         self._given = KeyTable(("Q",))  # a row's own task index (as JSON) -> its next rollout index
 
     def task_for_line(self, text: bytes) -> int:
-        handle, new = self._lines.add(text)
-        if new:
-            self._lines.set_value(handle, self.new_task())
-        return self._lines.value(handle)
+        task = self._lines.setdefault(text, len(self._next_rollout))
+        if task == len(self._next_rollout):
+            self._next_rollout.append(0)
+        return task
 
     def new_task(self) -> int:
         """An index no other line shares (a line too long to keep, whose text is unknown)."""
@@ -251,7 +251,8 @@ class Planner:
             return
         repeats = config.repeats_for(name)
         first = self._numbering.take_rollouts(task, repeats)
-        bodies = _Bodies(row, seeds=config.repeat_seeds) if row is not None and failure is None else None
+        sent = row if failure is None else None
+        prefix = _encoded_prefix(sent, seeds=config.repeat_seeds) if sent is not None else None
         given_attempt = row.get(ATTEMPT_INDEX) if row is not None else None
         jobs = []
         for rollout in range(first, first + repeats):
@@ -265,8 +266,12 @@ class Planner:
                     self.given_up += 1
                     continue
             job = Job(self._seq, line.source, line.number, task, rollout, row, body, name, failure=failure)
-            if bodies is not None:
-                job.body = bodies.body(rollout, attempt)
+            if prefix is not None:
+                tail = b',"_ng_attempt_index":%d}' % attempt if attempt else b"}"
+                job.body = b'%s,"_ng_rollout_index":%d%s' % (prefix, rollout, tail)
+                job.attempt_index = attempt or given_attempt
+            elif sent is not None:
+                job.body = _encoded_rollout(sent, rollout, attempt, seeds=config.repeat_seeds)
                 job.attempt_index = attempt or given_attempt
             jobs.append(job)
             self._seq += 1
@@ -275,26 +280,23 @@ class Planner:
         self._pending.extend(jobs)
 
 
-class _Bodies:
-    """The bodies of one row's rollouts: the row encoded once, each rollout's keys spliced on."""
+def _encoded_prefix(row: dict[str, Any], *, seeds: bool) -> bytes | None:
+    """The row encoded once without its closing brace, for each rollout's keys to be spliced on;
+    None when a rollout's keys are already in the row (set in place, they keep their position)."""
+    if seeds or ROLLOUT_INDEX in row or ATTEMPT_INDEX in row:
+        return None
+    return _encode(row)[:-1]
 
-    def __init__(self, row: dict[str, Any], *, seeds: bool) -> None:
-        self._row = row
-        self._seeds = seeds
-        # Keys already in the row keep their place when set, so such rows are encoded whole.
-        self._prefix = None if seeds or ROLLOUT_INDEX in row or ATTEMPT_INDEX in row else _encode(row)[:-1]
 
-    def body(self, rollout: int, attempt: int) -> bytes:
-        if self._prefix is not None:
-            tail = b',"_ng_attempt_index":%d}' % attempt if attempt else b"}"
-            return b'%s,"_ng_rollout_index":%d%s' % (self._prefix, rollout, tail)
-        row = dict(self._row)
-        row[ROLLOUT_INDEX] = rollout
-        if self._seeds:
-            _add_seed(row, rollout)
-        if attempt:
-            row[ATTEMPT_INDEX] = attempt
-        return _encode(row)
+def _encoded_rollout(row: dict[str, Any], rollout: int, attempt: int, *, seeds: bool) -> bytes:
+    """One rollout's body built whole: a copy of the row with its keys set (and its seed)."""
+    copy = dict(row)
+    copy[ROLLOUT_INDEX] = rollout
+    if seeds:
+        _add_seed(copy, rollout)
+    if attempt:
+        copy[ATTEMPT_INDEX] = attempt
+    return _encode(copy)
 
 
 def _check_seedable(row: dict[str, Any]) -> str | None:
