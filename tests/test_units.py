@@ -310,8 +310,9 @@ def test_means_count_numbers_only_and_usage_one_level_down():
     from rollfilter.metrics import Means
 
     means = Means()
-    means.add({"reward": 1.0, "ok": True, "huge": 10**400, "nan": float("nan"), "_ng_task_index": 3, "text": "x",
-               "response": {"usage": {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 4}, "note": "n"}}})  # fmt: skip
+    usage = {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 4}, "note": "n"}
+    odd = {"huge": 10**400, "nan": float("nan"), "_ng_task_index": 3, "text": "x"}
+    means.add({"reward": 1.0, "ok": True, **odd, "response": {"usage": usage}})
     means.add({"reward": 0, "ok": False, "response": {"usage": {"input_tokens": 20}}})
     assert means.means() == {"reward": 0.5, "ok": 0.5}
     assert means.usage() == {"input_tokens": 15.0, "input_tokens_details.cached_tokens": 4.0}
