@@ -48,6 +48,7 @@ class DemoOptions:
     drop_rate: float = 0.0  # close the connection without an answer
     seed: int | None = None
     aggregate_groups: bool = True  # /aggregate_metrics answers per-task groups (memory grows with the tasks)
+    capacity: int | None = None  # episodes at once; more are answered 429 with Retry-After at once
 
 
 def input_text(row: dict[str, Any]) -> str:
@@ -115,6 +116,8 @@ class DemoAgent:
         self.options = options
         self._rng = random.Random(options.seed)
         self.requests = 0
+        self.throttled = 0  # answered 429 for being over --capacity
+        self.running = 0  # episodes under way
         self.by_id: Counter[str] = Counter()
         self._seen: Counter[bytes] = Counter()
         self._next_id = 0
@@ -148,7 +151,8 @@ class DemoAgent:
     ) -> tuple[int, list[tuple[str, str]], bytes] | str:
         """(status, headers, body) to send, or "drop" / "hang"."""
         if method == "GET" and path == "/stats":
-            return 200, [], _encode({"requests": self.requests, "by_id": dict(self.by_id)})
+            stats = {"requests": self.requests, "throttled": self.throttled, "by_id": dict(self.by_id)}
+            return 200, [], _encode(stats)
         if isinstance(body, Aggregation):
             return 200, [], _encode(body.answer())
         assert isinstance(body, bytes)
@@ -157,6 +161,16 @@ class DemoAgent:
         if method != "POST":
             return 405, [], _encode({"detail": "Method Not Allowed"})
         self.requests += 1
+        if self.options.capacity is not None and self.running >= self.options.capacity:
+            self.throttled += 1
+            return 429, [("Retry-After", f"{self.options.retry_after:g}")], _encode({"detail": "over capacity"})
+        self.running += 1
+        try:
+            return await self._run(body)
+        finally:
+            self.running -= 1
+
+    async def _run(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes] | str:
         try:
             row = _decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
@@ -420,6 +434,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--drop-rate", type=float, default=0.0, help="share whose connection is closed unanswered")
     parser.add_argument("--seed", type=int, default=None, help="seed for the fault and jitter draws")
     parser.add_argument(
+        "--capacity",
+        type=int,
+        default=None,
+        help="episodes at once; requests beyond are answered 429 with Retry-After (a model server's limit)",
+    )
+    parser.add_argument(
         "--no-aggregate-groups",
         action="store_true",
         help="answer /aggregate_metrics without per-task groups (counts only what it reads)",
@@ -436,6 +456,7 @@ def main(argv: list[str] | None = None) -> None:
         drop_rate=args.drop_rate,
         seed=args.seed,
         aggregate_groups=not args.no_aggregate_groups,
+        capacity=args.capacity,
     )
     if sum((options.fail_rate, options.throttle_rate, options.hang_rate, options.garbage_rate, options.drop_rate)) > 1:
         parser.error("the fault rates add up to more than 1")
