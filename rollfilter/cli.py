@@ -37,6 +37,7 @@ from rollfilter.demo import DemoOptions
 from rollfilter.errors import ExitStatus, RollfilterError
 from rollfilter.gc_policy import collect_garbage_for_a_run
 from rollfilter.sink import OutputClosed
+from rollfilter.transport import connections_that_fit, raise_open_file_limit
 
 EXAMPLE_ROWS = Path(__file__).parent / "examples" / "weather.jsonl"  # NeMo Gym's five-row example
 HELP = """Collect agent rollouts: JSONL rows in (FILEs or stdin), one result line out per row as it finishes.
@@ -205,6 +206,21 @@ def command(
         ),
     ] = None,
     insecure: Annotated[bool, typer.Option("--insecure", help="Do not verify TLS certificates.")] = False,
+    cacert: Annotated[
+        str | None,
+        typer.Option(
+            "--cacert",
+            metavar="FILE",
+            help="Trust the CA certificates in this PEM file instead of the system's (SSL_CERT_FILE does too).",
+        ),
+    ] = None,
+    cross_origin_redirects: Annotated[
+        bool,
+        typer.Option(
+            "--cross-origin-redirects",
+            help="Follow 307/308 redirects to another scheme, host or port too (without credentials).",
+        ),
+    ] = False,
     head_server: Annotated[
         str | None,
         typer.Option(
@@ -305,9 +321,13 @@ def command(
             per_task_file=per_task,
             head_server=head_server,
             proxy=proxy,
+            cacert=cacert,
+            cross_origin_redirects=cross_origin_redirects,
         )
     except RollfilterError as exc:
         raise typer.Exit(_report(exc)) from None
+    if not summarize and not dry_run:
+        config = fit_open_files(config, files_per_connection=2 if demo else 1)
     if not files and os.isatty(0):
         if demo and not summarize:
             # `rollfilter --demo` typed at a terminal shows the whole job with no setup at all.
@@ -324,6 +344,20 @@ def command(
         demo=DemoOptions() if demo else None, quiet=quiet, progress=progress, verbose=verbose, dry_run=dry_run
     )
     raise typer.Exit(execute(lambda: cli_app.run(config, show=show)))
+
+
+def fit_open_files(config: Config, *, files_per_connection: int) -> Config:
+    """Raise the open-file limit as far as it goes; if -j still does not fit under it, say so
+    once and run fewer rows at a time, so that no row fails for this machine's limit."""
+    limit = raise_open_file_limit()
+    fitted = connections_that_fit(config.concurrency, limit, files_per_connection=files_per_connection)
+    if fitted == config.concurrency:
+        return config
+    sys.stderr.write(
+        f"rollfilter: -j {config.concurrency} needs more open files than this process may have ({limit},"
+        f" see ulimit -n): running {fitted} rows at a time\n"
+    )
+    return dataclasses.replace(config, concurrency=fitted)
 
 
 def _report(exc: RollfilterError) -> ExitStatus:

@@ -77,6 +77,8 @@ class Config:
     per_task_file: str | None = None
     head_server: str | None = None
     proxy: str | None = None  # an http(s) proxy URL for every request to an agent
+    cacert: str | None = None  # a PEM file of the CAs to trust instead of the system's (--cacert)
+    cross_origin_redirects: bool = False  # follow 307/308 to another scheme, host or port too
 
     def __post_init__(self) -> None:
         # URLs are checked and completed here, so the API and the CLI agree on them.
@@ -90,6 +92,8 @@ class Config:
         object.__setattr__(self, "inputs", tuple(self.inputs))
         if self.proxy is not None and urllib.parse.urlsplit(self.proxy).scheme not in ("http", "https", "socks5"):
             raise UsageError("--proxy wants a URL like http://proxy.example:3128")
+        if self.cacert is not None:
+            check_cacert(self.cacert)
         if self.concurrency < 1:
             raise UsageError("--concurrency must be at least 1")
         if self.repeats < 1:
@@ -106,6 +110,18 @@ class Config:
             raise UsageError("--shard I/N wants 0 <= I < N")
         if self.resume and self.output is None:
             raise UsageError("--resume needs -o/--output FILE: it skips the rows already in FILE")
+
+
+def check_cacert(path: str) -> None:
+    """UsageError unless `path` is a readable PEM file of certificates (--cacert)."""
+    import ssl
+
+    try:
+        ssl.create_default_context(cafile=path)
+    except ssl.SSLError:  # an OSError too: first
+        raise UsageError(f"--cacert {path} holds no PEM certificates") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read --cacert {path}: {exc.strerror or exc}") from None
 
 
 def agent_url(text: str) -> str:
