@@ -113,7 +113,12 @@ def command(
     concurrency: Annotated[
         int,
         typer.Option(
-            "-j", "--concurrency", metavar="N", help="Rows in flight at once.", envvar="ROLLFILTER_CONCURRENCY", min=1
+            "-j",
+            "--concurrency",
+            metavar="N",
+            help="Rows in flight at once (fewer if the open-file limit cannot fit N connections).",
+            envvar="ROLLFILTER_CONCURRENCY",
+            min=1,
         ),
     ] = DEFAULT_CONCURRENCY,
     limit: Annotated[
@@ -155,7 +160,10 @@ def command(
         typer.Option(
             "--retries",
             metavar="N",
-            help="Retries per row for connection failures, timeouts and --retry-on statuses.",
+            help=(
+                "Retries per row for connection failures, timeouts and --retry-on statuses"
+                " (a Retry-After wait is capped at 120 s)."
+            ),
             envvar="ROLLFILTER_RETRIES",
             min=0,
         ),
@@ -173,7 +181,7 @@ def command(
         typer.Option(
             "--timeout",
             metavar="SECONDS",
-            help="Bound on one attempt. Default: none, since episodes can take an hour.",
+            help="Bound on one attempt and on the wait before the next. Default: none, episodes can take an hour.",
             envvar="ROLLFILTER_TIMEOUT",
         ),
     ] = None,
@@ -201,7 +209,7 @@ def command(
             "-H",
             "--header",
             metavar="'NAME: VALUE'",
-            help="Send this header with every request (its value is never printed).",
+            help="Send this header with every request, in place of rollfilter's own of that name (never printed).",
             show_default=False,
         ),
     ] = None,

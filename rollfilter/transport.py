@@ -206,14 +206,18 @@ class _Connection:
             return True
         return True
 
-    def _unacknowledged(self) -> bool:
-        # Whether the server's side never acknowledged all of the request: it closed the
-        # connection before the request arrived (its keep-alive timeout), so it cannot
-        # have read it. A server that read the request and then closed acknowledged it.
+    def _request_unread(self) -> bool:
+        # Whether the server closed the connection without reading the request: it never
+        # acknowledged all of it (it had closed before the request arrived), or it has
+        # reset the connection since (it closed with the request unread). A server that
+        # read the request and then closed did neither.
         try:
-            return _unsent_bytes(self.raw) > 0
-        except OSError:
-            return False
+            if _unacknowledged_bytes(self.raw) > 0:
+                return True
+            self.raw.recv(1, socket.MSG_DONTWAIT)
+        except OSError as exc:
+            return exc.errno in _RESET_ERRNOS
+        return False
 
     async def exchange(self, request: bytes) -> tuple[Reply, bool]:
         """Send one whole request; return the reply and whether the connection can be reused."""
@@ -243,7 +247,7 @@ class _Connection:
                     return False
                 if received:
                     raise BadReply(f"the server closed the connection after {received} bytes of its reply")
-                raise _Lost("the server closed the connection without a reply", unread=self._unacknowledged())
+                raise _Lost("the server closed the connection without a reply", unread=self._request_unread())
             received += len(data)
             try:
                 parser.feed_data(data)
@@ -373,7 +377,8 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
         except BaseException:
             self._discard(conn)
             raise
-        if reusable and not self._closed:
+        # Requests waiting for a descriptor (the open-file limit) get this one's.
+        if reusable and not self._closed and not self._file_freed:
             conn.idle_since = trio.current_time()
             stack = self._idle.get(origin)
             if stack is None:
@@ -502,7 +507,7 @@ async def _open_tcp(host: str, port: int) -> tuple[trio.SocketStream, socket.soc
     raise failure
 
 
-def _unsent_bytes(sock: socket.socket) -> int:
+def _unacknowledged_bytes(sock: socket.socket) -> int:
     """Bytes sent on `sock` that the peer has not acknowledged (Linux's SIOCOUTQ); 0 where
     the system cannot tell."""
     if not hasattr(termios, "TIOCOUTQ"):

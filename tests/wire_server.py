@@ -56,11 +56,17 @@ class Conn:
                 self.closed = True
 
     def close(self) -> None:
+        """Close as servers do: a request already received but not read is answered by a reset."""
         if not self.closed:
             self.closed = True
+            self.sock.close()
+
+    def abort(self) -> None:
+        """End the connection from another thread (the server is shutting down)."""
+        if not self.closed:
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_RDWR)
-            self.sock.close()
+            self.close()
 
 
 Script = Callable[[Request, Conn], None]
@@ -167,7 +173,7 @@ class WireServer:
         with self._lock:
             conns, threads = list(self._conns), list(self._threads)
         for conn in conns:
-            conn.close()
+            conn.abort()
         for thread in threads:
             thread.join(JOIN_SECONDS)
 
@@ -190,3 +196,28 @@ def _read_request(sock: socket.socket, buffer: bytes, connection: int, index: in
         rest += data
     request = Request(method, path, headers, rest[:length], connection, index)
     return request, rest[length:]
+
+
+# A small ASGI agent for uvicorn, the real server of the suite: POST answers the row's id
+# back, GET /stats tells how many POSTs it answered (one uvicorn worker: one counter).
+_answered = 0
+
+
+async def asgi_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    global _answered
+    if scope["type"] != "http":
+        return
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    if scope["method"] == "GET":
+        payload = json.dumps({"requests": _answered}).encode()
+    else:
+        _answered += 1
+        payload = json.dumps({"echo": json.loads(body).get("id"), "reward": 1.0}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
