@@ -307,7 +307,7 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
         self._heads: dict[httpx.URL, tuple[Origin, bytes]] = {}
         self._heads_without_credentials: dict[httpx.URL, tuple[Origin, bytes]] = {}
         self._idle: dict[Origin, list[_Connection]] = {}
-        self._open = 0  # connections open, idle or in use
+        self._open = 0  # descriptors taken for connections: idle, in use, or being opened
         self._file_freed = trio.lowlevel.ParkingLot()
         self._closed = False
 
@@ -409,6 +409,9 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
 
     def _discard(self, conn: _Connection) -> None:
         conn.socket.close()
+        self._descriptor_freed()
+
+    def _descriptor_freed(self) -> None:
         self._open -= 1
         if self._file_freed:
             self._file_freed.unpark_all()
@@ -437,6 +440,16 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
                 await self._file_freed.park()
 
     async def _dial(self, origin: Origin) -> _Connection:
+        # Counted from before its socket exists: a request waiting for a descriptor knows
+        # that this one will be freed, or become a connection that will be.
+        self._open += 1
+        try:
+            return await self._dial_counted(origin)
+        except BaseException:
+            self._descriptor_freed()
+            raise
+
+    async def _dial_counted(self, origin: Origin) -> _Connection:
         scheme, host, port = origin
         try:
             with trio.fail_after(self._connect_timeout):
@@ -455,7 +468,6 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
             if failed is not None:
                 raise CertificateError(f"certificate verify failed: {failed}") from None
             raise httpx.ConnectError(_reason(exc)) from None
-        self._open += 1
         return _Connection(stream, tcp.socket, raw)
 
     async def _handshake(self, tcp: trio.SocketStream, host: str) -> trio.SSLStream[trio.SocketStream]:
@@ -734,7 +746,7 @@ def raise_open_file_limit() -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
     except (ValueError, OSError):
         return soft
-    return wanted
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 def connections_that_fit(wanted: int, open_file_limit: int, *, files_per_connection: int = 1) -> int:
