@@ -258,45 +258,29 @@ class AgentClient:
             return RowFailure(ErrorKind.INTERNAL, message, attempts=attempt)
 
     async def _attempt(self, url: httpx.URL, body: bytes) -> tuple[dict[str, Any] | RowFailure, float | None]:
+        """One attempt within --timeout: the POST, and the 307/308 redirects it is sent on to."""
+        target, credentials, status = url, True, 0
         with trio.move_on_after(self._timeout):
-            return await self._follow(url, body)
+            for _ in range(MAX_REDIRECTS + 1):
+                try:
+                    reply = await self._transport.post(target, body, credentials=credentials)
+                except httpx.TransportError as exc:
+                    return transport_failure(target, exc), None
+                status = reply.status
+                if status not in (307, 308):
+                    return self._outcome(reply)
+                moved = redirect_target(target, reply, cross_origin=self._cross_origin_redirects)
+                if isinstance(moved, RowFailure):
+                    return moved, None
+                if _origin_of(moved) != _origin_of(target):
+                    credentials = False  # as curl and httpx: Authorization stays with its origin
+                elif credentials and not moved.userinfo and target.userinfo:
+                    moved = moved.copy_with(username=target.username, password=target.password)
+                target = moved
+            message = f"HTTP {status} {_reason_phrase(status)}: more than {MAX_REDIRECTS} redirects"
+            return RowFailure(ErrorKind.HTTP_STATUS, message, status), None
         message = f"no answer within --timeout {self._timeout:g} s"
         return RowFailure(ErrorKind.TIMEOUT, message, retryable=True), None
-
-    async def _follow(self, url: httpx.URL, body: bytes) -> tuple[dict[str, Any] | RowFailure, float | None]:
-        """One attempt: the POST, and the 307/308 redirects it is sent on to."""
-        target, credentials = url, True
-        status = 0
-        for _ in range(MAX_REDIRECTS + 1):
-            sent = await self._post(target, body, credentials)
-            if isinstance(sent, RowFailure):
-                return sent, None
-            status = sent.status
-            if status not in (307, 308):
-                return self._outcome(sent)
-            moved = redirect_target(target, sent, cross_origin=self._cross_origin_redirects)
-            if isinstance(moved, RowFailure):
-                return moved, None
-            if _origin_of(moved) != _origin_of(target):
-                credentials = False  # as curl and httpx: Authorization stays with its origin
-            elif credentials and not moved.userinfo and target.userinfo:
-                moved = moved.copy_with(username=target.username, password=target.password)
-            target = moved
-        message = f"HTTP {status} {_reason_phrase(status)}: more than {MAX_REDIRECTS} redirects"
-        return RowFailure(ErrorKind.HTTP_STATUS, message, status), None
-
-    async def _post(self, url: httpx.URL, body: bytes, credentials: bool) -> Reply | RowFailure:
-        try:
-            return await self._transport.post(url, body, credentials=credentials)
-        except CertificateError as exc:
-            message = f"cannot connect to {origin(url)}: {exc} ({TRUST_ADVICE})"
-            return RowFailure(ErrorKind.CONNECT, message)
-        except (httpx.ConnectTimeout, httpx.ConnectError) as exc:
-            return RowFailure(ErrorKind.CONNECT, f"cannot connect to {origin(url)}: {exc}", retryable=True)
-        except httpx.RemoteProtocolError as exc:  # the agent answered: sending again would replay the episode
-            return RowFailure(ErrorKind.BAD_RESPONSE, f"{origin(url)}: {printable(str(exc))}")
-        except httpx.TransportError as exc:
-            return RowFailure(ErrorKind.CONNECT, f"{origin(url)}: {exc}", retryable=True)
 
     def _outcome(self, reply: Reply) -> tuple[dict[str, Any] | RowFailure, float | None]:
         status = reply.status
@@ -320,6 +304,17 @@ class AgentClient:
         if content:
             message += f": {_snippet(content)}"
         return RowFailure(ErrorKind.HTTP_STATUS, message, status, retryable=retryable), retry_after
+
+
+def transport_failure(url: httpx.URL, exc: httpx.TransportError) -> RowFailure:
+    """What a transport error means for the row: its kind, and whether sending again can help."""
+    if isinstance(exc, CertificateError):
+        return RowFailure(ErrorKind.CONNECT, f"cannot connect to {origin(url)}: {exc} ({TRUST_ADVICE})")
+    if isinstance(exc, (httpx.ConnectTimeout, httpx.ConnectError)):
+        return RowFailure(ErrorKind.CONNECT, f"cannot connect to {origin(url)}: {exc}", retryable=True)
+    if isinstance(exc, httpx.RemoteProtocolError):  # the agent answered: sending again would replay the episode
+        return RowFailure(ErrorKind.BAD_RESPONSE, f"{origin(url)}: {printable(str(exc))}")
+    return RowFailure(ErrorKind.CONNECT, f"{origin(url)}: {printable(str(exc))}", retryable=True)
 
 
 def redirect_target(url: httpx.URL, reply: Reply, *, cross_origin: bool) -> httpx.URL | RowFailure:

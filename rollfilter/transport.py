@@ -28,13 +28,14 @@ import base64
 import errno
 import fcntl
 import ipaddress
+import select
 import socket
 import ssl
 import struct
 import termios
 import zlib
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Protocol
 
 import httptools
 import httpx
@@ -106,7 +107,6 @@ class Reply:
         "encoding",
         "framed",
         "head_bytes",
-        "head_done",
         "headers",
         "keep_alive",
         "parser",
@@ -125,7 +125,6 @@ class Reply:
         self.body = b""
         self.complete = False
         self.keep_alive = False
-        self.head_done = False
         self.head_bytes = 0
         self.framed = False  # Content-Length or chunked: the end is known without EOF
         self.encoding: bytes | None = None
@@ -151,8 +150,7 @@ class Reply:
             self.encoding = value
 
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
-        self.head_done = True
+        self.status = self.parser.get_status_code()  # not 0 from here: the head is done
 
     def on_body(self, data: bytes) -> None:
         self._chunks.append(data)
@@ -185,26 +183,22 @@ class Reply:
 
 
 class _Connection:
-    __slots__ = ("idle_since", "raw", "socket", "stream")
+    __slots__ = ("idle_since", "poller", "socket", "stream")
 
-    def __init__(self, stream: trio.abc.Stream, sock: trio.socket.SocketType, raw: socket.socket) -> None:
+    def __init__(self, stream: trio.abc.Stream, sock: trio.socket.SocketType) -> None:
         self.stream = stream
         self.socket = sock
-        self.raw = raw  # the same socket, for the one non-blocking peek before reuse
+        # For the check before reuse: poll() works at any descriptor number, where
+        # select() fails from 1024 on, and costs one system call.
+        self.poller = select.poll()
+        self.poller.register(sock.fileno(), select.POLLIN)
         self.idle_since = 0.0
 
     def is_stale(self) -> bool:
-        # An idle keep-alive connection has nothing to read. Readable means the server
-        # closed it, or sent bytes nobody asked for (a late reply, an idle 408): either
-        # way the next reply read from it could not be trusted to answer our request.
-        # recv() works at any descriptor number, where select() fails from 1024 on.
-        try:
-            self.raw.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return False
-        except OSError:
-            return True
-        return True
+        # An idle keep-alive connection has nothing to read. Readable (or hung up) means
+        # the server closed it, or sent bytes nobody asked for (a late reply, an idle 408):
+        # either way, a reply read from it could not be trusted to answer our request.
+        return bool(self.poller.poll(0))
 
     def _request_unread(self) -> bool:
         # Whether the server closed the connection without reading the request: it never
@@ -212,12 +206,11 @@ class _Connection:
         # reset the connection since (it closed with the request unread). A server that
         # read the request and then closed did neither.
         try:
-            if _unacknowledged_bytes(self.raw) > 0:
+            if _unacknowledged_bytes(self.socket.fileno()) > 0:
                 return True
-            self.raw.recv(1, socket.MSG_DONTWAIT)
-        except OSError as exc:
-            return exc.errno in _RESET_ERRNOS
-        return False
+            return self.socket.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) in _RESET_ERRNOS
+        except OSError:
+            return False
 
     async def exchange(self, request: bytes) -> tuple[Reply, bool]:
         """Send one whole request; return the reply and whether the connection can be reused."""
@@ -242,7 +235,7 @@ class _Connection:
                     raise BadReply(f"the reply was cut short after {received} bytes: {_reason(exc)}") from None
                 raise _Lost(f"connection lost: {_reason(exc)}", unread=_was_reset(exc)) from None
             if not data:
-                if reply.head_done and not reply.framed:
+                if reply.status and not reply.framed:
                     reply.on_message_complete()  # a body delimited by the connection's end
                     return False
                 if received:
@@ -266,7 +259,7 @@ class _Connection:
                     reply.reset()
                     continue
                 return reply.keep_alive
-            if not reply.head_done and received > MAX_HEAD_BYTES:
+            if not reply.status and received > MAX_HEAD_BYTES:
                 # Checked between reads too: llhttp hands over a header only once it is whole,
                 # and httptools gathers a long one by concatenation, in time quadratic in its size.
                 raise BadReply(_HEAD_TOO_LARGE)
@@ -309,6 +302,7 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
         self._idle: dict[Origin, list[_Connection]] = {}
         self._open = 0  # descriptors taken for connections: idle, in use, or being opened
         self._file_freed = trio.lowlevel.ParkingLot()
+        self._waiting_for_files = 0  # requests parked until a descriptor is freed
         self._closed = False
 
     async def post(self, url: httpx.URL, body: bytes, *, credentials: bool = True) -> Reply:
@@ -357,28 +351,26 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
 
     async def _round_trip(self, origin: Origin, request: bytes) -> Reply:
         conn = self._take_idle(origin)
-        if conn is not None:
+        reused = conn is not None
+        if conn is None:
+            conn = await self._connect(origin)
+        while True:
             try:
-                return await self._exchange(origin, conn, request)
+                reply, reusable = await conn.exchange(request)
+                break
             except _Lost as lost:
-                if not lost.unread:
+                self._discard(conn)
+                if not (reused and lost.unread):
                     raise httpx.ReadError(str(lost)) from None
                 # The server reset a kept-alive connection as the request went out
                 # (its keep-alive timeout): it never read the request. Send it again, on a new one.
-        conn = await self._connect(origin)
-        try:
-            return await self._exchange(origin, conn, request)
-        except _Lost as lost:
-            raise httpx.ReadError(str(lost)) from None
-
-    async def _exchange(self, origin: Origin, conn: _Connection, request: bytes) -> Reply:
-        try:
-            reply, reusable = await conn.exchange(request)
-        except BaseException:
-            self._discard(conn)
-            raise
+                reused = False
+                conn = await self._connect(origin)
+            except BaseException:
+                self._discard(conn)
+                raise
         # Requests waiting for a descriptor (the open-file limit) get this one's.
-        if reusable and not self._closed and not self._file_freed:
+        if reusable and not self._closed and not self._waiting_for_files:
             conn.idle_since = trio.current_time()
             stack = self._idle.get(origin)
             if stack is None:
@@ -413,7 +405,7 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
 
     def _descriptor_freed(self) -> None:
         self._open -= 1
-        if self._file_freed:
+        if self._waiting_for_files:
             self._file_freed.unpark_all()
 
     def _close_idle(self) -> bool:
@@ -437,7 +429,11 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
                     continue
                 if self._open == 0:
                     raise httpx.ConnectError("too many open files (raise the limit with ulimit -n)") from None
-                await self._file_freed.park()
+                self._waiting_for_files += 1
+                try:
+                    await self._file_freed.park()
+                finally:
+                    self._waiting_for_files -= 1
 
     async def _dial(self, origin: Origin) -> _Connection:
         # Counted from before its socket exists: a request waiting for a descriptor knows
@@ -453,7 +449,7 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
         scheme, host, port = origin
         try:
             with trio.fail_after(self._connect_timeout):
-                tcp, raw = await _open_tcp(host, port)
+                tcp = await _open_tcp(host, port)
                 stream: trio.abc.Stream = tcp
                 if scheme == "https":
                     try:
@@ -468,7 +464,7 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
             if failed is not None:
                 raise CertificateError(f"certificate verify failed: {failed}") from None
             raise httpx.ConnectError(_reason(exc)) from None
-        return _Connection(stream, tcp.socket, raw)
+        return _Connection(stream, tcp.socket)
 
     async def _handshake(self, tcp: trio.SocketStream, host: str) -> trio.SSLStream[trio.SocketStream]:
         if self._ssl_context is None:
@@ -483,51 +479,50 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
         self._idle.clear()
 
 
-async def _open_tcp(host: str, port: int) -> tuple[trio.SocketStream, socket.socket]:
-    """A TCP stream with keepalive on, and its stdlib socket (for the peek before reuse).
+async def _open_tcp(host: str, port: int) -> trio.SocketStream:
+    """A TCP stream with keepalive on; an IP address is connected to directly.
 
-    The addresses of a name are tried in turn. trio.open_tcp_stream's happy-eyeballs
-    machinery (a nursery and a resolver call per connection) cost ~0.3 ms per connection,
-    a third of a second for the first wave of -j 2000, and hides the stdlib socket.
+    trio.open_tcp_stream's happy-eyeballs machinery (a nursery and a resolver call per
+    connection) cost ~0.3 ms per connection: a third of a second for the first wave
+    of -j 2000. An IP address has nothing to race, so it gets one plain connect().
+    Running out of descriptors raises _OutOfFiles.
     """
-    addresses: list[tuple[int, Any]]
     try:
-        addresses = [(socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET, (host, port))]
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
     except ValueError:
-        found = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        addresses = [(family, address) for family, _, _, _, address in found]
-    failure: OSError = OSError(f"no address for {host}")
-    for family, address in addresses:
         try:
-            raw = socket.socket(family, socket.SOCK_STREAM)
+            stream = await trio.open_tcp_stream(host, port)
         except OSError as exc:
-            if exc.errno in _OUT_OF_FILES_ERRNOS:
+            if _errnos(exc) & _OUT_OF_FILES_ERRNOS:
                 raise _OutOfFiles from None
             raise
-        sock = trio.socket.from_stdlib_socket(raw)
-        try:
-            await sock.connect(address)
-        except OSError as exc:
-            sock.close()
-            failure = exc
-            continue
-        except BaseException:
-            sock.close()
-            raise
-        _keep_alive(raw)
-        return trio.SocketStream(sock), raw
-    raise failure
+        _keep_alive(stream.socket)
+        return stream
+    try:
+        sock = trio.socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:
+        if exc.errno in _OUT_OF_FILES_ERRNOS:
+            raise _OutOfFiles from None
+        raise
+    try:
+        await sock.connect((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    _keep_alive(sock)
+    return trio.SocketStream(sock)
 
 
-def _unacknowledged_bytes(sock: socket.socket) -> int:
-    """Bytes sent on `sock` that the peer has not acknowledged (Linux's SIOCOUTQ); 0 where
-    the system cannot tell."""
+def _unacknowledged_bytes(fd: int) -> int:
+    """Bytes sent on socket `fd` that the peer has not acknowledged (Linux's SIOCOUTQ); 0
+    where the system cannot tell."""
     if not hasattr(termios, "TIOCOUTQ"):
         return 0
-    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]  # type: ignore[no-any-return]
+    unacknowledged: int = struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+    return unacknowledged
 
 
-def _keep_alive(sock: socket.socket) -> None:
+def _keep_alive(sock: trio.socket.SocketType) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     for option, value in (
         ("TCP_KEEPIDLE", KEEPALIVE_IDLE),
@@ -609,6 +604,18 @@ def _causes(exc: BaseException) -> list[BaseException]:
     while len(chain) < 8 and (nxt := chain[-1].__cause__ or chain[-1].__context__) is not None:
         chain.append(nxt)
     return chain
+
+
+def _errnos(exc: BaseException) -> set[int]:
+    """The errnos in an exception's causes and, for trio's happy eyeballs, their groups."""
+    found: set[int] = set()
+    for cause in _causes(exc):
+        if isinstance(cause, OSError) and cause.errno is not None:
+            found.add(cause.errno)
+        if isinstance(cause, BaseExceptionGroup):
+            for member in cause.exceptions:
+                found |= _errnos(member)
+    return found
 
 
 def _reason(exc: BaseException) -> str:
