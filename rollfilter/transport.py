@@ -12,14 +12,17 @@ cost about as much CPU as everything else in a row's life together.
 
 What keeps a reply with its own request (shared/field-notes.md, "Keeping HTTP
 connections honest"):
-- an idle connection is checked before every reuse, with one non-blocking peek: a
+- an idle connection is checked before every reuse, with one non-blocking poll(): a
   readable one was closed by the server or holds bytes nobody asked for, and is dropped;
 - idle connections expire after IDLE_EXPIRY, before common server keep-alive timeouts;
 - bytes after a complete reply mean the connection is not used again;
-- a reused connection that the server reset before any reply byte is replaced at once by
-  a new one, and the request sent again: the server never read it;
+- a request that a server closed a reused connection on before reading it (it reset the
+  connection, or never acknowledged the request) is sent again at once on a new one;
 - a reply that llhttp rejects, or that breaks the protocol, raises `BadReply`: the server
   did answer, so sending again could replay an episode that ran.
+
+Under the open-file limit, a request that cannot have a descriptor waits for one of this
+transport's own to be freed (idle connections are closed first) rather than failing.
 """
 
 from __future__ import annotations
@@ -61,7 +64,8 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 _RESET_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED})
 _OUT_OF_FILES_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
 _HEAD_TOO_LARGE = f"the reply's header block is over {MAX_HEAD_BYTES // 1024} KiB"
-_RESERVED_HEADERS = frozenset({"host", "authorization", "content-length", "transfer-encoding"})
+_FRAMING_HEADERS = frozenset({"content-length", "transfer-encoding"})  # always the transport's own
+_RESERVED_HEADERS = _FRAMING_HEADERS | {"host", "authorization"}
 Origin = tuple[str, str, int]
 
 
@@ -78,7 +82,7 @@ class CertificateError(httpx.ConnectError):
 
 class _Lost(Exception):
     """The connection ended before any byte of the reply; `unread` when the server
-    reset it, which means it never read the whole request."""
+    cannot have read the whole request."""
 
     def __init__(self, reason: str, *, unread: bool) -> None:
         super().__init__(reason)
@@ -255,10 +259,9 @@ class _Connection:
                     raise BadReply("101 Switching Protocols: an upgrade that was not asked for") from None
                 raise BadReply(f"malformed reply: {exc}") from None
             if reply.complete:
-                if 100 <= reply.status < 200:  # 100 Continue and the like: the answer follows
-                    reply.reset()
-                    continue
-                return reply.keep_alive
+                if not 100 <= reply.status < 200:
+                    return reply.keep_alive
+                reply.reset()  # 100 Continue and the like: the answer follows
             if not reply.status and received > MAX_HEAD_BYTES:
                 # Checked between reads too: llhttp hands over a header only once it is whole,
                 # and httptools gathers a long one by concatenation, in time quadratic in its size.
@@ -662,7 +665,7 @@ class ProxyTransport:
         connect_timeout: float = 10.0,
         headers: list[tuple[str, str]],
     ) -> None:
-        self._headers = headers
+        self._headers = [(name, value) for name, value in headers if name.lower() not in _FRAMING_HEADERS]
         self._has_authorization = any(name.lower() == "authorization" for name, _ in headers)
         self._timeout = httpx.Timeout(None, connect=connect_timeout)
         self._transport = httpx.AsyncHTTPTransport(

@@ -14,6 +14,7 @@ import os
 import re
 import resource
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
@@ -279,6 +280,23 @@ async def test_a_reply_sent_while_the_connection_is_idle_is_never_read_as_the_ne
         await transport.aclose()
 
 
+async def test_agent_connections_have_tcp_keepalive():
+    transport = HTTP11Transport()
+    try:
+        with WireServer() as server:
+            await transport.post(httpx.URL(server.url), b'{"id": 0}')
+            (idle,) = next(iter(transport._idle.values()))
+            options = [
+                idle.socket.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+                idle.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+                idle.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+                idle.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+            ]
+            assert options == [1, 60, 10, 3]  # as NeMo Gym sets them
+    finally:
+        await transport.aclose()
+
+
 async def test_idle_connections_expire_before_the_server_times_them_out(monkeypatch):
     monkeypatch.setattr(wire, "IDLE_EXPIRY", 0.2)
     transport = HTTP11Transport()
@@ -448,6 +466,7 @@ def test_h_headers_replace_our_own_and_are_sent_once(tmp_path):
         "X-Api-Key": "k3y",
     }
     args = [arg for name, value in given.items() for arg in ("-H", f"{name}: {value}")]
+    args += ["-H", "Content-Length: 999", "-H", "Transfer-Encoding: chunked"]  # framing stays rollfilter's own
     with WireServer() as server:
         outcome = rollfilter(server.url, 2, tmp_path, *args)
         requests = list(server.requests)
@@ -456,6 +475,7 @@ def test_h_headers_replace_our_own_and_are_sent_once(tmp_path):
         for name, value in given.items():
             assert request.headers_named(name) == [value]
         assert request.headers_named("Content-Length") == [str(len(request.body))]
+        assert request.headers_named("Transfer-Encoding") == []
     with WireServer() as server, httpx.Client(trust_env=False, headers=given) as client:
         client.post(server.url, json=rows_for(1)[0])
         assert {name: server.requests[0].headers_named(name) for name in given} == {
@@ -624,26 +644,34 @@ def test_the_open_file_limit_never_fails_a_row_through_the_api_either(demo_serve
     assert proc.stdout.decode().split()[:2] == ["1200", "0"], proc.stdout
 
 
-class EndlessHeader:
-    """A stream whose reply is one header line that never ends, served a kilobyte at a time."""
+class EndlessHead:
+    """A stream that serves `first`, then `then` over and over: a head that never ends."""
 
-    def __init__(self) -> None:
+    def __init__(self, first: bytes, then: bytes) -> None:
+        self.first, self.then = first, then
         self.served = 0
 
     async def send_all(self, data: bytes) -> None:
         pass
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        chunk = b"HTTP/1.1 200 OK\r\nX-Endless: " if not self.served else b"h" * 1024
+        chunk = self.then if self.served else self.first
         self.served += len(chunk)
-        assert self.served < 100 * wire.MAX_HEAD_BYTES, "still reading a header far past the limit"
+        assert self.served < 100 * wire.MAX_HEAD_BYTES, "still reading a head far past the limit"
         return chunk
 
 
-async def test_a_header_that_never_ends_is_refused_once_past_the_limit():
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [
+        (b"HTTP/1.1 200 OK\r\nX-Endless: ", b"h" * 1024),  # one header line that never ends
+        (b"HTTP/1.1 100 Continue\r\n\r\n", b"HTTP/1.1 100 Continue\r\n\r\n" * 40),  # no end of 1xx replies
+    ],
+)
+async def test_a_head_that_never_ends_is_refused_once_past_the_limit(first: bytes, then: bytes):
     # Checked between reads: httptools gathers a header line by concatenation, in time
     # quadratic in its length, and hands it over only once it ends.
-    stream = EndlessHeader()
+    stream = EndlessHead(first, then)
     connection = wire._Connection.__new__(wire._Connection)
     connection.stream = stream  # type: ignore[assignment]
     with pytest.raises(wire.BadReply, match="header block is over 64 KiB"):
