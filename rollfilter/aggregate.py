@@ -211,7 +211,7 @@ async def aggregate_run(spool: ResultSpool, router: Router, config: Config) -> A
     timeout = httpx.Timeout(config.timeout, connect=config.connect_timeout)
     async with httpx.AsyncClient(
         headers=request_headers(config),
-        verify=tls_context(verify=not config.insecure),
+        verify=tls_context(verify=not config.insecure, cafile=config.cacert),
         timeout=timeout,
         proxy=config.proxy,
         trust_env=False,

@@ -32,7 +32,7 @@ from rollfilter.resume import ResumeState, drop_torn_tail, read_pairs, result_re
 from rollfilter.sink import BatchWriter, LineWriter, OutputClosed, OutputFailed, Release, Reorderer, write_all
 from rollfilter.source import STDIN, LineReader, check_inputs
 from rollfilter.tasks import TaskStats
-from rollfilter.transport import shown
+from rollfilter.transport import printable, shown
 
 _encode = msgspec.json.Encoder().encode
 APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT
@@ -102,14 +102,6 @@ def error_message(job: Job, failure: RowFailure, repeats: int) -> str:
         where += f" (rollout {job.rollout_index})"
     tries = f" (after {failure.attempts} attempts)" if failure.attempts > 1 else ""
     return printable(f"rollfilter: {where}: {failure.kind.value}: {failure.message}{tries}")
-
-
-def printable(text: str) -> str:
-    """`text` with control characters (escape sequences, line breaks) written as escapes,
-    so that text from a server or an input file cannot drive the terminal."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 class LineSink:

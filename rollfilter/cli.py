@@ -40,6 +40,7 @@ from rollfilter.errors import ExitStatus, RollfilterError, UsageError
 from rollfilter.gc_policy import collect_garbage_for_a_run
 from rollfilter.resume import max_attempts_from_environment
 from rollfilter.sink import OutputClosed, OutputFailed
+from rollfilter.transport import connections_that_fit, raise_open_file_limit
 
 EXAMPLE_ROWS = Path(__file__).parent / "examples" / "weather.jsonl"  # NeMo Gym's five-row example
 HELP = """Collect agent rollouts: JSONL rows in (FILEs or stdin), one result line out per row as it finishes.
@@ -120,7 +121,12 @@ def command(
     concurrency: Annotated[
         int,
         typer.Option(
-            "-j", "--concurrency", metavar="N", help="Rows in flight at once.", envvar="ROLLFILTER_CONCURRENCY", min=1
+            "-j",
+            "--concurrency",
+            metavar="N",
+            help="Rows in flight at once (fewer if the open-file limit cannot fit N connections).",
+            envvar="ROLLFILTER_CONCURRENCY",
+            min=1,
         ),
     ] = DEFAULT_CONCURRENCY,
     limit: Annotated[
@@ -202,7 +208,10 @@ def command(
         typer.Option(
             "--retries",
             metavar="N",
-            help="Retries per row for connection failures, timeouts and --retry-on statuses.",
+            help=(
+                "Retries per row for connection failures, timeouts and --retry-on statuses"
+                " (a Retry-After wait is capped at 120 s)."
+            ),
             envvar="ROLLFILTER_RETRIES",
             min=0,
         ),
@@ -220,7 +229,7 @@ def command(
         typer.Option(
             "--timeout",
             metavar="SECONDS",
-            help="Bound on one attempt. Default: none, since episodes can take an hour.",
+            help="Bound on one attempt and on the wait before the next. Default: none, episodes can take an hour.",
             envvar="ROLLFILTER_TIMEOUT",
         ),
     ] = None,
@@ -266,11 +275,26 @@ def command(
             "-H",
             "--header",
             metavar="'NAME: VALUE'",
-            help="Send this header with every request (its value is never printed).",
+            help="Send this header with every request, in place of rollfilter's own of that name (never printed).",
             show_default=False,
         ),
     ] = None,
     insecure: Annotated[bool, typer.Option("--insecure", help="Do not verify TLS certificates.")] = False,
+    cacert: Annotated[
+        str | None,
+        typer.Option(
+            "--cacert",
+            metavar="FILE",
+            help="Trust the CA certificates in this PEM file instead of the system's (SSL_CERT_FILE does too).",
+        ),
+    ] = None,
+    cross_origin_redirects: Annotated[
+        bool,
+        typer.Option(
+            "--cross-origin-redirects",
+            help="Follow 307/308 redirects to another scheme, host or port too (without credentials).",
+        ),
+    ] = False,
     head_server: Annotated[
         str | None,
         typer.Option(
@@ -389,9 +413,13 @@ def command(
             per_task_file=per_task,
             head_server=head_server,
             proxy=proxy,
+            cacert=cacert,
+            cross_origin_redirects=cross_origin_redirects,
         )
     except RollfilterError as exc:
         raise typer.Exit(_report(exc)) from None
+    if not summarize and not dry_run:
+        config = fit_open_files(config, files_per_connection=2 if demo else 1)
     if not files and os.isatty(0):
         if demo and not summarize:
             # `rollfilter --demo` typed at a terminal shows the whole job with no setup at all.
@@ -431,6 +459,20 @@ def check_demo_alone(
     ]
     if named:
         raise UsageError(f"--demo starts its own agent: it cannot be combined with {' or '.join(named)}")
+
+
+def fit_open_files(config: Config, *, files_per_connection: int) -> Config:
+    """Raise the open-file limit as far as it goes; if -j still does not fit under it, say so
+    once and run fewer rows at a time, so that no row fails for this machine's limit."""
+    limit = raise_open_file_limit()
+    fitted = connections_that_fit(config.concurrency, limit, files_per_connection=files_per_connection)
+    if fitted == config.concurrency:
+        return config
+    sys.stderr.write(
+        f"rollfilter: -j {config.concurrency} needs more open files than this process may have ({limit},"
+        f" see ulimit -n): running {fitted} rows at a time\n"
+    )
+    return dataclasses.replace(config, concurrency=fitted)
 
 
 def _report(exc: RollfilterError) -> ExitStatus:

@@ -24,13 +24,27 @@ from rollfilter.config import Config
 from rollfilter.errors import ErrorKind, ServiceError, UsageError
 from rollfilter.headserver import HeadServerAgents, fetch_agents
 from rollfilter.outcome import RowFailure
-from rollfilter.transport import AgentTransport, HTTP11Transport, open_transport, origin, shown
+from rollfilter.transport import (
+    AgentTransport,
+    CertificateError,
+    HTTP11Transport,
+    Reply,
+    open_transport,
+    origin,
+    printable,
+    shown,
+)
 
 BACKOFF_BASE = 0.5  # seconds before the first retry (times full jitter)
 BACKOFF_CAP = 30.0  # the longest jittered pause between two attempts
 COOLDOWN_BASE = 1.0  # a replica whose connections fail sits out this long, doubling
 COOLDOWN_CAP = 60.0
 ERROR_BODY_CHARS = 200  # how much of an error response's body a message quotes
+# The longest wait a Retry-After header can ask for (a day is legal); --timeout, when
+# shorter, bounds it too. Documented in the man page under --retries.
+RETRY_AFTER_CAP = 120.0
+MAX_REDIRECTS = 5  # 307/308 hops followed within one attempt
+TRUST_ADVICE = "to trust its CA, give --cacert FILE or set SSL_CERT_FILE=FILE; --insecure skips the check"
 HEAD_SERVER_TIMEOUT = 30.0  # seconds for the one config fetch, connecting included
 
 _decode = msgspec.json.Decoder().decode
@@ -132,41 +146,47 @@ class Router:
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds to wait from a Retry-After header: delta-seconds or an HTTP date."""
+    """Seconds to wait from a Retry-After header: delta-seconds or an HTTP date.
+    Anything else (it is server text: "²" is a digit to Python) counts as no header."""
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        if when.tzinfo is None:
+            return None
+        return max(0.0, when.timestamp() - (time.time() if now is None else now))
+    except (TypeError, ValueError, OverflowError, IndexError):
         return None
-    if when.tzinfo is None:
-        return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 def backoff_delay(attempt: int, rng: random.Random, retry_after: float | None = None) -> float:
-    """Full-jitter exponential backoff before attempt `attempt + 1`, never under Retry-After."""
+    """Full-jitter exponential backoff before attempt `attempt + 1`, never under Retry-After
+    (itself capped at RETRY_AFTER_CAP)."""
     jittered = rng.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (attempt - 1)))
-    return max(jittered, retry_after or 0.0)
+    return max(jittered, min(retry_after or 0.0, RETRY_AFTER_CAP))
 
 
 def request_headers(config: Config) -> list[tuple[str, str]]:
-    """The headers sent with every row: JSON, our User-Agent, then the user's -H."""
-    return [
+    """The headers sent with every row: JSON, gzip, our User-Agent, then the user's -H.
+    An -H header replaces rollfilter's own of the same name, as curl's does."""
+    given = {name.lower() for name, _ in config.headers}
+    own = [
         ("Content-Type", "application/json"),
         ("Accept", "application/json"),
+        ("Accept-Encoding", "gzip"),
         ("User-Agent", f"rollfilter/{__version__}"),
-        *config.headers,
     ]
+    return [*(header for header in own if header[0].lower() not in given), *config.headers]
 
 
 def transport_for(config: Config) -> AgentTransport:
     """The transport a run sends through, as `config` asks (TLS checks, headers, --proxy)."""
     return open_transport(
         verify=not config.insecure,
+        cafile=config.cacert,
         connect_timeout=config.connect_timeout,
         headers=request_headers(config),
         proxy=config.proxy,
@@ -178,6 +198,9 @@ class AgentClient:
 
     The transport (which carries the request headers) is owned by the caller.
     `on_retry(label, failure, delay)` is called before each pause, for counting and -v output.
+    `run` never raises for a row: an unexpected exception while sending it or handling its
+    reply ends that row as an `internal` failure, and goes to `on_internal_error(label, exc)`
+    (for -v: its text may quote the server, so it is not put in the failure's message).
     """
 
     def __init__(
@@ -187,53 +210,78 @@ class AgentClient:
         *,
         rng: random.Random | None = None,
         on_retry: Callable[[Any, RowFailure, float], None] | None = None,
+        on_internal_error: Callable[[Any, Exception], None] | None = None,
     ) -> None:
         self._transport = transport
         self._retries = config.retries
         self._retry_statuses = config.retry_statuses
         self._timeout = config.timeout if config.timeout is not None else math.inf
+        self._cross_origin_redirects = config.cross_origin_redirects
         self._rng = rng or random.Random()
         self._on_retry = on_retry
+        self._on_internal_error = on_internal_error
 
     async def run(self, body: bytes, agent: Agent, label: Any = None) -> dict[str, Any] | RowFailure:
-        """Send one rollout until it succeeds or its retries are spent; `label` goes to on_retry."""
+        """Send one rollout until it succeeds or its retries are spent; `label` goes to the callbacks."""
         replica: Replica | None = None
         attempt = 0
-        while True:
-            attempt += 1
-            replica = agent.pick(trio.current_time(), avoid=replica)
-            replica.outstanding += 1
-            replica.requests += 1
-            try:
-                outcome, retry_after = await self._attempt(replica.url, body)
-            finally:
-                replica.outstanding -= 1
-            if not isinstance(outcome, RowFailure):
-                if replica.cooldown:
-                    replica.connection_worked()
-                return outcome
-            replica.failures += 1
-            if outcome.kind is ErrorKind.CONNECT:
-                replica.connection_failed(trio.current_time())
-            failure = outcome.with_attempts(attempt)
-            if not failure.retryable or attempt > self._retries:
-                return failure
-            delay = backoff_delay(attempt, self._rng, retry_after)
-            if self._on_retry is not None:
-                self._on_retry(label, failure, delay)
-            await trio.sleep(delay)
+        try:
+            while True:
+                attempt += 1
+                replica = agent.pick(trio.current_time(), avoid=replica)
+                replica.outstanding += 1
+                replica.requests += 1
+                try:
+                    outcome, retry_after = await self._attempt(replica.url, body)
+                finally:
+                    replica.outstanding -= 1
+                if not isinstance(outcome, RowFailure):
+                    if replica.cooldown:
+                        replica.connection_worked()
+                    return outcome
+                replica.failures += 1
+                if outcome.kind is ErrorKind.CONNECT:
+                    replica.connection_failed(trio.current_time())
+                failure = outcome.with_attempts(attempt)
+                if not failure.retryable or attempt > self._retries:
+                    return failure
+                # --timeout bounds one attempt, and so the wait before the next one too.
+                delay = min(backoff_delay(attempt, self._rng, retry_after), self._timeout)
+                if self._on_retry is not None:
+                    self._on_retry(label, failure, delay)
+                await trio.sleep(delay)
+        except Exception as exc:  # one row's surprise must not end the run
+            if self._on_internal_error is not None:
+                self._on_internal_error(label, exc)
+            message = f"unexpected {type(exc).__name__} while sending the row or reading its reply (-v shows it)"
+            return RowFailure(ErrorKind.INTERNAL, message, attempts=attempt)
 
     async def _attempt(self, url: httpx.URL, body: bytes) -> tuple[dict[str, Any] | RowFailure, float | None]:
-        with trio.move_on_after(self._timeout) as scope:
-            try:
-                reply = await self._transport.post(url, body)
-            except (httpx.ConnectTimeout, httpx.ConnectError) as exc:
-                return RowFailure(ErrorKind.CONNECT, f"cannot connect to {origin(url)}: {exc}", retryable=True), None
-            except httpx.TransportError as exc:
-                return RowFailure(ErrorKind.CONNECT, f"{origin(url)}: {exc}", retryable=True), None
-        if scope.cancelled_caught:
-            message = f"no answer within --timeout {self._timeout:g} s"
-            return RowFailure(ErrorKind.TIMEOUT, message, retryable=True), None
+        """One attempt within --timeout: the POST, and the 307/308 redirects it is sent on to."""
+        target, credentials, status = url, True, 0
+        with trio.move_on_after(self._timeout):
+            for _ in range(MAX_REDIRECTS + 1):
+                try:
+                    reply = await self._transport.post(target, body, credentials=credentials)
+                except httpx.TransportError as exc:
+                    return transport_failure(target, exc), None
+                status = reply.status
+                if status not in (307, 308):
+                    return self._outcome(reply)
+                moved = redirect_target(target, reply, cross_origin=self._cross_origin_redirects)
+                if isinstance(moved, RowFailure):
+                    return moved, None
+                if _origin_of(moved) != _origin_of(target):
+                    credentials = False  # as curl and httpx: Authorization stays with its origin
+                elif credentials and not moved.userinfo and target.userinfo:
+                    moved = moved.copy_with(username=target.username, password=target.password)
+                target = moved
+            message = f"HTTP {status} {_reason_phrase(status)}: more than {MAX_REDIRECTS} redirects"
+            return RowFailure(ErrorKind.HTTP_STATUS, message, status), None
+        message = f"no answer within --timeout {self._timeout:g} s"
+        return RowFailure(ErrorKind.TIMEOUT, message, retryable=True), None
+
+    def _outcome(self, reply: Reply) -> tuple[dict[str, Any] | RowFailure, float | None]:
         status = reply.status
         content = reply.body
         if status == 200:
@@ -248,8 +296,58 @@ class AgentClient:
         retryable = status in self._retry_statuses
         retry_header = reply.header(b"retry-after") if retryable else None
         retry_after = parse_retry_after(retry_header.decode("latin-1")) if retry_header else None
-        message = f"HTTP {status} {_reason_phrase(status)}" + (f": {_snippet(content)}" if content else "")
+        message = f"HTTP {status} {_reason_phrase(status)}"
+        location = reply.header(b"location") if 300 <= status < 400 else None
+        if location is not None:
+            message += f", Location: {_shown_location(location)}"
+        if content:
+            message += f": {_snippet(content)}"
         return RowFailure(ErrorKind.HTTP_STATUS, message, status, retryable=retryable), retry_after
+
+
+def transport_failure(url: httpx.URL, exc: httpx.TransportError) -> RowFailure:
+    """What a transport error means for the row: its kind, and whether sending again can help."""
+    if isinstance(exc, CertificateError):
+        return RowFailure(ErrorKind.CONNECT, f"cannot connect to {origin(url)}: {exc} ({TRUST_ADVICE})")
+    if isinstance(exc, (httpx.ConnectTimeout, httpx.ConnectError)):
+        return RowFailure(ErrorKind.CONNECT, f"cannot connect to {origin(url)}: {exc}", retryable=True)
+    if isinstance(exc, httpx.RemoteProtocolError):  # the agent answered: sending again would replay the episode
+        return RowFailure(ErrorKind.BAD_RESPONSE, f"{origin(url)}: {printable(str(exc))}")
+    return RowFailure(ErrorKind.CONNECT, f"{origin(url)}: {printable(str(exc))}", retryable=True)
+
+
+def redirect_target(url: httpx.URL, reply: Reply, *, cross_origin: bool) -> httpx.URL | RowFailure:
+    """Where a 307/308 reply to `url` sends the request, or why it is not followed."""
+    status = f"HTTP {reply.status} {_reason_phrase(reply.status)}"
+    location = reply.header(b"location")
+    if location is None:
+        return RowFailure(ErrorKind.HTTP_STATUS, f"{status} without a Location", reply.status)
+    try:
+        target = url.join(location.decode("latin-1").strip())
+    except (httpx.InvalidURL, ValueError, UnicodeError):
+        return RowFailure(ErrorKind.HTTP_STATUS, f"{status} to a Location that is not a URL", reply.status)
+    if target.scheme not in ("http", "https") or not target.host:
+        message = f"{status} to {_shown_location(location)}, which is not an http(s) URL"
+        return RowFailure(ErrorKind.HTTP_STATUS, message, reply.status)
+    if not cross_origin and _origin_of(target) != _origin_of(url):
+        message = (
+            f"{status} to another origin, {origin(target)} (give --cross-origin-redirects to follow it):"
+            f" Location: {shown(target)}"
+        )
+        return RowFailure(ErrorKind.HTTP_STATUS, message, reply.status)
+    return target
+
+
+def _origin_of(url: httpx.URL) -> tuple[str, str, int | None]:
+    return url.scheme, url.host, url.port
+
+
+def _shown_location(location: bytes) -> str:
+    text = location.decode("latin-1").strip()
+    try:
+        return shown(httpx.URL(text))
+    except (httpx.InvalidURL, ValueError, UnicodeError):
+        return printable(text.split("?", 1)[0][:ERROR_BODY_CHARS])
 
 
 def _reason_phrase(status: int) -> str:
@@ -260,16 +358,19 @@ def _reason_phrase(status: int) -> str:
 
 
 def _snippet(content: bytes) -> str:
+    """The start of a body from the server, on one line, with control characters escaped."""
     text = content[: ERROR_BODY_CHARS * 4].decode(errors="replace")
     text = " ".join(text.split())
-    return text[:ERROR_BODY_CHARS] + ("..." if len(text) > ERROR_BODY_CHARS else "")
+    return printable(text[:ERROR_BODY_CHARS]) + ("..." if len(text) > ERROR_BODY_CHARS else "")
 
 
 async def resolve_endpoints(config: Config) -> tuple[dict[str, tuple[str, ...]], HeadServerAgents | None]:
     """-e endpoints, over the head server's agents when there is one (explicit -e wins)."""
     if config.head_server is None:
         return dict(config.endpoints), None
-    transport = HTTP11Transport(verify=not config.insecure, connect_timeout=config.connect_timeout)
+    transport = HTTP11Transport(
+        verify=not config.insecure, cafile=config.cacert, connect_timeout=config.connect_timeout
+    )
     try:
         with trio.move_on_after(HEAD_SERVER_TIMEOUT) as scope:
             head = await fetch_agents(config.head_server, transport)

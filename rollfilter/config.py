@@ -86,6 +86,8 @@ class Config:
     aggregate: bool = False  # ask each agent for its /aggregate_metrics when the run ends
     aggregate_file: str | None = None  # --aggregate FILE: NeMo Gym's aggregate file (implies aggregate)
     materialized_file: str | None = None  # --materialized FILE: every /run body as sent
+    cacert: str | None = None  # a PEM file of the CAs to trust instead of the system's (--cacert)
+    cross_origin_redirects: bool = False  # follow 307/308 to another scheme, host or port too
 
     def __post_init__(self) -> None:
         # URLs are checked and completed here, so the API and the CLI agree on them.
@@ -99,6 +101,8 @@ class Config:
         object.__setattr__(self, "inputs", tuple(self.inputs))
         if self.proxy is not None and urllib.parse.urlsplit(self.proxy).scheme not in ("http", "https", "socks5"):
             raise UsageError("--proxy wants a URL like http://proxy.example:3128")
+        if self.cacert is not None:
+            check_cacert(self.cacert)
         if self.concurrency < 1:
             raise UsageError("--concurrency must be at least 1")
         object.__setattr__(self, "repeats_by_agent", dict(self.repeats_by_agent))
@@ -130,6 +134,18 @@ class Config:
     @property
     def max_repeats(self) -> int:
         return max([self.repeats, *self.repeats_by_agent.values()])
+
+
+def check_cacert(path: str) -> None:
+    """UsageError unless `path` is a readable PEM file of certificates (--cacert)."""
+    import ssl
+
+    try:
+        ssl.create_default_context(cafile=path)
+    except ssl.SSLError:  # an OSError too: first
+        raise UsageError(f"--cacert {path} holds no PEM certificates") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read --cacert {path}: {exc.strerror or exc}") from None
 
 
 def agent_url(text: str) -> str:

@@ -27,7 +27,7 @@ from rollfilter.plan import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX,
 from rollfilter.resume import ResumeState
 from rollfilter.sink import Release
 from rollfilter.tasks import TaskStats
-from rollfilter.transport import AgentTransport, shown
+from rollfilter.transport import AgentTransport, printable, shown
 
 ERROR_REASON_CHARS = 200  # how much of an agent's failure_reason a message quotes
 START_BATCH = 64  # workers started in one scheduler step
@@ -179,7 +179,7 @@ class Engine:
 
     def _internal_failure(self, job: Job, exc: Exception) -> RowFailure:
         if self.on_event is not None:
-            self.on_event(f"{describe(job)}: internal error: {type(exc).__name__}: {exc}")
+            self.on_event(f"{describe(job)}: internal error: {type(exc).__name__}: {printable(str(exc))}")
         message = f"unexpected {type(exc).__name__} while handling this row (-v shows the details)"
         return RowFailure(ErrorKind.INTERNAL, message, attempts=job.retries + 1)
 
@@ -280,10 +280,14 @@ async def prepare(
         if on_event is not None:
             on_event(f"{describe(job)}: retry in {delay:.2f} s after {failure.kind.value}: {failure.message}")
 
+    def report_internal_error(job: Job, exc: BaseException) -> None:
+        if on_event is not None:
+            on_event(f"{describe(job)}: internal error: {type(exc).__name__}: {printable(str(exc))}")
+
     return Engine(
         planner=Planner(source, config, resume),
         router=Router(config, endpoints, head),
-        client=AgentClient(config, transport, on_retry=count_retry),
+        client=AgentClient(config, transport, on_retry=count_retry, on_internal_error=report_internal_error),
         sink=sink,
         metrics=metrics,
         control=control,

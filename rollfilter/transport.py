@@ -9,14 +9,35 @@ concurrency bounds the connections), and a cancelled request closes its connecti
 
 Responses are parsed by llhttp (httptools, the parser under uvicorn): parsing with h11
 cost about as much CPU as everything else in a row's life together.
+
+What keeps a reply with its own request (shared/field-notes.md, "Keeping HTTP
+connections honest"):
+- an idle connection is checked before every reuse, with one non-blocking poll(): a
+  readable one was closed by the server or holds bytes nobody asked for, and is dropped;
+- idle connections expire after IDLE_EXPIRY, before common server keep-alive timeouts;
+- bytes after a complete reply mean the connection is not used again;
+- a request that a server closed a reused connection on before reading it (it reset the
+  connection, or never acknowledged the request) is sent again at once on a new one;
+- a reply that llhttp rejects, or that breaks the protocol, raises `BadReply`: the server
+  did answer, so sending again could replay an episode that ran.
+
+Under the open-file limit, a request that cannot have a descriptor waits for one of this
+transport's own to be freed (idle connections are closed first) rather than failing.
 """
 
 from __future__ import annotations
 
+import base64
+import errno
+import fcntl
 import ipaddress
 import select
 import socket
 import ssl
+import struct
+import termios
+import zlib
+from collections.abc import Iterable
 from typing import Protocol
 
 import httptools
@@ -24,38 +45,116 @@ import httpx
 import trio
 
 RECEIVE_BYTES = 64 * 1024
-FRESH_SECONDS = 0.5
+MAX_HEAD_BYTES = 64 * 1024  # a reply's status line and headers; more is refused as a bad reply
+# Longer than the decoded body of any plausible agent reply; bounds what a small gzip body can grow to.
+MAX_DECODED_BYTES = 256 * 1024 * 1024
+# Seconds a connection may sit idle before it is closed on this side. Servers close idle
+# connections on their own clock (uvicorn after 5 s); closing first avoids the race.
+IDLE_EXPIRY = 4.0
+# TCP keepalive on agent connections, as NeMo Gym sets it: an episode can run for an hour
+# on a connection that a NAT or a dead peer has silently dropped.
+KEEPALIVE_IDLE = 60
+KEEPALIVE_INTERVAL = 10
+KEEPALIVE_PROBES = 3
+# Open files kept for everything but agent connections (standard streams, outputs, trio's
+# own descriptors, a head-server connection) when -j is fitted to the open-file limit.
+FILES_FOR_OTHER_USES = 64
+MAX_CACHED_HEADS = 1024  # request heads cached per URL (redirects can name new URLs)
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+_RESET_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED})
+_OUT_OF_FILES_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
+_HEAD_TOO_LARGE = f"the reply's header block is over {MAX_HEAD_BYTES // 1024} KiB"
+_FRAMING_HEADERS = frozenset({"content-length", "transfer-encoding"})  # always the transport's own
+_RESERVED_HEADERS = _FRAMING_HEADERS | {"host", "authorization"}
 Origin = tuple[str, str, int]
+
+
+class BadReply(httpx.RemoteProtocolError):
+    """The server answered, but not with an HTTP/1.1 reply rollfilter can use.
+
+    Not worth sending again: the server read the request, and may have run it.
+    """
+
+
+class CertificateError(httpx.ConnectError):
+    """The server's TLS certificate could not be verified: trying again cannot help."""
+
+
+class _Lost(Exception):
+    """The connection ended before any byte of the reply; `unread` when the server
+    cannot have read the whole request."""
+
+    def __init__(self, reason: str, *, unread: bool) -> None:
+        super().__init__(reason)
+        self.unread = unread
+
+
+class _Unsolicited(Exception):
+    """llhttp began a second reply after the one asked for."""
+
+
+class _HeadTooLarge(Exception):
+    """The reply's headers add up to more than MAX_HEAD_BYTES."""
+
+
+class _OutOfFiles(Exception):
+    """socket() failed for the process's or the system's open-file limit."""
 
 
 class Reply:
     """One parsed response: status, raw headers, the whole body."""
 
-    __slots__ = ("_chunks", "body", "complete", "framed", "headers", "keep_alive", "parser", "status")
+    __slots__ = (
+        "_chunks",
+        "body",
+        "complete",
+        "encoding",
+        "framed",
+        "head_bytes",
+        "headers",
+        "keep_alive",
+        "parser",
+        "status",
+    )
 
     def __init__(self) -> None:
         self.parser = httptools.HttpResponseParser(self)
-        self.on_message_begin()
+        self.reset()
 
-    # httptools parser callbacks
-    def on_message_begin(self) -> None:
+    def reset(self) -> None:
+        """Forget what was parsed: a new reply follows (after a 1xx)."""
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self._chunks: list[bytes] = []
         self.body = b""
         self.complete = False
         self.keep_alive = False
+        self.head_bytes = 0
         self.framed = False  # Content-Length or chunked: the end is known without EOF
+        self.encoding: bytes | None = None
+
+    # httptools parser callbacks
+    def on_message_begin(self) -> None:
+        if self.complete and self.status >= 200:
+            raise _Unsolicited  # llhttp parses on past the reply: these bytes answer nothing we sent
+        self.reset()
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.head_bytes += len(name) + len(value)
+        if self.head_bytes > MAX_HEAD_BYTES:
+            raise _HeadTooLarge
         self.headers.append((name, value))
         lower = name.lower()
-        if lower in (b"content-length", b"transfer-encoding"):
+        if lower == b"content-length":
             self.framed = True
+        elif lower == b"transfer-encoding":
+            # As llhttp reads it: chunked last is framed; anything else runs to the connection's end.
+            self.framed = value.rstrip().lower().endswith(b"chunked")
+        elif lower == b"content-encoding":
+            self.encoding = value
 
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
+        self.status = self.parser.get_status_code()  # not 0 from here: the head is done
 
     def on_body(self, data: bytes) -> None:
         self._chunks.append(data)
@@ -70,7 +169,7 @@ class Reply:
     def whole(cls, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> Reply:
         """A reply that someone else parsed (httpx, for --proxy)."""
         reply = cls.__new__(cls)
-        reply.on_message_begin()
+        reply.reset()
         reply.status, reply.headers, reply.body, reply.complete = status, headers, body, True
         return reply
 
@@ -88,29 +187,41 @@ class Reply:
 
 
 class _Connection:
-    __slots__ = ("idle_since", "socket", "stream")
+    __slots__ = ("idle_since", "poller", "socket", "stream")
 
-    def __init__(self, stream: trio.abc.Stream, socket: trio.socket.SocketType) -> None:
+    def __init__(self, stream: trio.abc.Stream, sock: trio.socket.SocketType) -> None:
         self.stream = stream
-        self.socket = socket
+        self.socket = sock
+        # For the check before reuse: poll() works at any descriptor number, where
+        # select() fails from 1024 on, and costs one system call.
+        self.poller = select.poll()
+        self.poller.register(sock.fileno(), select.POLLIN)
         self.idle_since = 0.0
 
-    def is_stale(self, now: float) -> bool:
-        # An idle keep-alive connection has nothing to read; readable means the server
-        # closed it (or sent junk). One zero-timeout select() beats a failed request,
-        # but servers close idle connections after seconds, not milliseconds: a
-        # connection idle for less than FRESH_SECONDS is not worth the system call.
-        if now - self.idle_since < FRESH_SECONDS:
-            return False
+    def is_stale(self) -> bool:
+        # An idle keep-alive connection has nothing to read. Readable (or hung up) means
+        # the server closed it, or sent bytes nobody asked for (a late reply, an idle 408):
+        # either way, a reply read from it could not be trusted to answer our request.
+        return bool(self.poller.poll(0))
+
+    def _request_unread(self) -> bool:
+        # Whether the server closed the connection without reading the request: it never
+        # acknowledged all of it (it had closed before the request arrived), or it has
+        # reset the connection since (it closed with the request unread). A server that
+        # read the request and then closed did neither.
         try:
-            readable, _, _ = select.select([self.socket.fileno()], [], [], 0)
-        except (OSError, ValueError):
-            return True
-        return bool(readable)
+            if _unacknowledged_bytes(self.socket.fileno()) > 0:
+                return True
+            return self.socket.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) in _RESET_ERRNOS
+        except OSError:
+            return False
 
     async def exchange(self, request: bytes) -> tuple[Reply, bool]:
         """Send one whole request; return the reply and whether the connection can be reused."""
-        await self.stream.send_all(request)
+        try:
+            await self.stream.send_all(request)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            raise _Lost(f"sending failed: {_reason(exc)}", unread=True) from None
         reply = Reply()
         try:
             return reply, await self._read_reply(reply)
@@ -119,22 +230,42 @@ class _Connection:
 
     async def _read_reply(self, reply: Reply) -> bool:
         parser = reply.parser
+        received = 0
         while True:
-            data = await self.stream.receive_some(RECEIVE_BYTES)
+            try:
+                data = await self.stream.receive_some(RECEIVE_BYTES)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                if received:
+                    raise BadReply(f"the reply was cut short after {received} bytes: {_reason(exc)}") from None
+                raise _Lost(f"connection lost: {_reason(exc)}", unread=_was_reset(exc)) from None
             if not data:
-                if reply.status and not reply.framed and not reply.complete:
+                if reply.status and not reply.framed:
                     reply.on_message_complete()  # a body delimited by the connection's end
                     return False
-                raise httpx.RemoteProtocolError("server closed the connection without a full response")
+                if received:
+                    raise BadReply(f"the server closed the connection after {received} bytes of its reply")
+                raise _Lost("the server closed the connection without a reply", unread=self._request_unread())
+            received += len(data)
             try:
                 parser.feed_data(data)
-            except httptools.HttpParserError as exc:
-                raise httpx.RemoteProtocolError(f"malformed response: {exc}") from None
+            except httptools.HttpParserCallbackError as exc:
+                if reply.complete and isinstance(exc.__context__, _Unsolicited):
+                    return False  # the reply is whole; the bytes after it make the connection unusable
+                if isinstance(exc.__context__, _HeadTooLarge):
+                    raise BadReply(_HEAD_TOO_LARGE) from None
+                raise BadReply(f"malformed reply: {exc}") from None
+            except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+                if reply.status == 101:
+                    raise BadReply("101 Switching Protocols: an upgrade that was not asked for") from None
+                raise BadReply(f"malformed reply: {exc}") from None
             if reply.complete:
-                if 100 <= reply.status < 200:  # 100 Continue and the like: the answer follows
-                    reply.on_message_begin()
-                    continue
-                return reply.keep_alive
+                if not 100 <= reply.status < 200:
+                    return reply.keep_alive
+                reply.reset()  # 100 Continue and the like: the answer follows
+            if not reply.status and received > MAX_HEAD_BYTES:
+                # Checked between reads too: llhttp hands over a header only once it is whole,
+                # and httptools gathers a long one by concatenation, in time quadratic in its size.
+                raise BadReply(_HEAD_TOO_LARGE)
 
 
 class HTTP11Transport(httpx.AsyncBaseTransport):
@@ -142,129 +273,305 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
 
     `post` is the fast path the client uses: the request head for a URL is built once.
     `handle_async_request` serves any httpx request the same way. Errors are httpx's:
-    ConnectError, ConnectTimeout, ReadError, RemoteProtocolError. `connect_timeout`
-    bounds TCP connect plus the TLS handshake; the caller bounds the whole request.
+    ConnectError (CertificateError when TLS verification failed), ConnectTimeout,
+    ReadError (the connection was lost before any reply byte), RemoteProtocolError
+    (BadReply: the server answered, but not usably). `connect_timeout` bounds TCP connect
+    plus the TLS handshake; the caller bounds the whole request.
+
+    `headers` go with every `post`; one the caller names replaces the transport's own
+    (Host). URL user info becomes Basic auth unless `headers` has an Authorization.
     """
 
     def __init__(
         self,
         *,
         verify: bool = True,
+        cafile: str | None = None,
         connect_timeout: float = 10.0,
         headers: list[tuple[str, str]] | None = None,
     ) -> None:
         self._verify = verify
+        self._cafile = cafile
         self._ssl_context: ssl.SSLContext | None = None  # made on the first https URL: loading CAs takes 20 ms
         self._connect_timeout = connect_timeout
-        self._default_headers = "".join(f"{name}: {value}\r\n" for name, value in headers or ()).encode("latin-1")
+        given = {name.lower(): value for name, value in headers or ()}
+        self._host = given.get("host")
+        self._authorization = given.get("authorization")
+        self._default_headers = _header_lines(
+            (name, value) for name, value in headers or () if name.lower() not in _RESERVED_HEADERS
+        )
         self._heads: dict[httpx.URL, tuple[Origin, bytes]] = {}
+        self._heads_without_credentials: dict[httpx.URL, tuple[Origin, bytes]] = {}
         self._idle: dict[Origin, list[_Connection]] = {}
+        self._open = 0  # descriptors taken for connections: idle, in use, or being opened
+        self._file_freed = trio.lowlevel.ParkingLot()
+        self._waiting_for_files = 0  # requests parked until a descriptor is freed
         self._closed = False
 
-    async def post(self, url: httpx.URL, body: bytes) -> Reply:
-        """POST `body` (JSON) to `url` with the transport's headers; the whole reply."""
-        cached = self._heads.get(url)
+    async def post(self, url: httpx.URL, body: bytes, *, credentials: bool = True) -> Reply:
+        """POST `body` (JSON) to `url` with the transport's headers; the whole reply, its
+        body decoded. Without `credentials`, no Authorization header is sent."""
+        heads = self._heads if credentials else self._heads_without_credentials
+        cached = heads.get(url)
         if cached is None:
-            cached = self._heads[url] = (_origin_key(url), self._head(b"POST", url, self._default_headers))
+            if len(heads) >= MAX_CACHED_HEADS:
+                heads.clear()
+            authorization = (self._authorization or _basic_auth(url)) if credentials else None
+            extra = self._default_headers + _header_lines([("Authorization", authorization)] if authorization else [])
+            cached = heads[url] = (_origin_key(url), self._head(b"POST", url, extra, self._host))
         origin, head = cached
         request = b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body)
-        return await self._round_trip(origin, request)
+        reply = await self._round_trip(origin, request)
+        if reply.encoding is not None:
+            reply.body = decode_body(reply.encoding, reply.body)
+        return reply
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
         body = await request.aread()
-        extra = "".join(
-            f"{name.decode('latin-1')}: {value.decode('latin-1')}\r\n"
+        extra = b"".join(
+            b"%s: %s\r\n" % (name, value)
             for name, value in request.headers.raw
             if name.lower() not in (b"host", b"content-length", b"transfer-encoding")
-        ).encode("latin-1")
-        head = self._head(request.method.encode(), url, extra)
+        )
+        if "authorization" not in request.headers and (authorization := _basic_auth(url)):
+            extra += _header_lines([("Authorization", authorization)])
+        head = self._head(request.method.encode(), url, extra, None)
         reply = await self._round_trip(_origin_key(url), b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body))
         return httpx.Response(reply.status, headers=reply.headers, content=reply.body, request=request)
 
     @staticmethod
-    def _head(method: bytes, url: httpx.URL, headers: bytes) -> bytes:
-        host = url.host.encode("idna") if not url.host.isascii() else url.host.encode()
-        if ":" in url.host:
-            host = b"[" + host + b"]"
-        if url.port is not None:
-            host += b":%d" % url.port
+    def _head(method: bytes, url: httpx.URL, headers: bytes, host_header: str | None) -> bytes:
+        if host_header is not None:
+            host = host_header.encode()
+        else:
+            host = url.raw_host
+            if b":" in host:
+                host = b"[" + host + b"]"
+            if url.port is not None:
+                host += b":%d" % url.port
         return b"%s %s HTTP/1.1\r\nHost: %s\r\n%s" % (method, url.raw_path, host, headers)
 
     async def _round_trip(self, origin: Origin, request: bytes) -> Reply:
-        conn = self._take_idle(origin) or await self._connect(origin)
-        try:
-            reply, reusable = await conn.exchange(request)
-        except BaseException as exc:
-            await trio.aclose_forcefully(conn.stream)
-            if isinstance(exc, (trio.BrokenResourceError, trio.ClosedResourceError, OSError)):
-                raise httpx.ReadError(f"connection lost: {_reason(exc)}") from None
-            raise
-        if reusable and not self._closed:
+        conn = self._take_idle(origin)
+        reused = conn is not None
+        if conn is None:
+            conn = await self._connect(origin)
+        while True:
+            try:
+                reply, reusable = await conn.exchange(request)
+                break
+            except _Lost as lost:
+                self._discard(conn)
+                if not (reused and lost.unread):
+                    raise httpx.ReadError(str(lost)) from None
+                # The server reset a kept-alive connection as the request went out
+                # (its keep-alive timeout): it never read the request. Send it again, on a new one.
+                reused = False
+                conn = await self._connect(origin)
+            except BaseException:
+                self._discard(conn)
+                raise
+        # Requests waiting for a descriptor (the open-file limit) get this one's.
+        if reusable and not self._closed and not self._waiting_for_files:
             conn.idle_since = trio.current_time()
-            self._idle.setdefault(origin, []).append(conn)
+            stack = self._idle.get(origin)
+            if stack is None:
+                stack = self._idle[origin] = []
+            stack.append(conn)
         else:
-            await trio.aclose_forcefully(conn.stream)
+            self._discard(conn)
         return reply
 
     def _take_idle(self, origin: Origin) -> _Connection | None:
         stack = self._idle.get(origin)
-        now = trio.current_time() if stack else 0.0
+        if not stack:
+            return None
+        now = trio.current_time()
         while stack:
             conn = stack.pop()
-            if not conn.is_stale(now):
+            if now - conn.idle_since > IDLE_EXPIRY:
+                # The stack is in order of use: everything under this one is older still.
+                self._discard(conn)
+                for older in stack:
+                    self._discard(older)
+                stack.clear()
+                return None
+            if not conn.is_stale():
                 return conn
-            conn.socket.close()
+            self._discard(conn)
         return None
 
+    def _discard(self, conn: _Connection) -> None:
+        conn.socket.close()
+        self._descriptor_freed()
+
+    def _descriptor_freed(self) -> None:
+        self._open -= 1
+        if self._waiting_for_files:
+            self._file_freed.unpark_all()
+
+    def _close_idle(self) -> bool:
+        """Close every idle connection; whether there was one."""
+        closed = False
+        for stack in self._idle.values():
+            for conn in stack:
+                self._discard(conn)
+                closed = True
+            stack.clear()
+        return closed
+
     async def _connect(self, origin: Origin) -> _Connection:
+        # The open-file limit is this machine's, not the agent's fault: a request waits
+        # for a descriptor (idle connections go first) instead of failing its row.
+        while True:
+            try:
+                return await self._dial(origin)
+            except _OutOfFiles:
+                if self._close_idle():
+                    continue
+                if self._open == 0:
+                    raise httpx.ConnectError("too many open files (raise the limit with ulimit -n)") from None
+                self._waiting_for_files += 1
+                try:
+                    await self._file_freed.park()
+                finally:
+                    self._waiting_for_files -= 1
+
+    async def _dial(self, origin: Origin) -> _Connection:
+        # Counted from before its socket exists: a request waiting for a descriptor knows
+        # that this one will be freed, or become a connection that will be.
+        self._open += 1
+        try:
+            return await self._dial_counted(origin)
+        except BaseException:
+            self._descriptor_freed()
+            raise
+
+    async def _dial_counted(self, origin: Origin) -> _Connection:
         scheme, host, port = origin
         try:
             with trio.fail_after(self._connect_timeout):
                 tcp = await _open_tcp(host, port)
                 stream: trio.abc.Stream = tcp
                 if scheme == "https":
-                    if self._ssl_context is None:
-                        self._ssl_context = tls_context(verify=self._verify)
-                    tls = trio.SSLStream(tcp, self._ssl_context, server_hostname=host, https_compatible=True)
                     try:
-                        await tls.do_handshake()
+                        stream = await self._handshake(tcp, host)
                     except BaseException:
-                        await trio.aclose_forcefully(tcp)
+                        tcp.socket.close()
                         raise
-                    stream = tls
         except trio.TooSlowError:
             raise httpx.ConnectTimeout(f"connecting took over {self._connect_timeout:g} s") from None
         except (OSError, trio.BrokenResourceError, ssl.SSLError) as exc:
+            failed = _certificate_failure(exc)
+            if failed is not None:
+                raise CertificateError(f"certificate verify failed: {failed}") from None
             raise httpx.ConnectError(_reason(exc)) from None
         return _Connection(stream, tcp.socket)
 
+    async def _handshake(self, tcp: trio.SocketStream, host: str) -> trio.SSLStream[trio.SocketStream]:
+        if self._ssl_context is None:
+            self._ssl_context = tls_context(verify=self._verify, cafile=self._cafile)
+        tls = trio.SSLStream(tcp, self._ssl_context, server_hostname=host, https_compatible=True)
+        await tls.do_handshake()
+        return tls
+
     async def aclose(self) -> None:
         self._closed = True
-        for stack in self._idle.values():
-            for conn in stack:
-                conn.socket.close()
+        self._close_idle()
         self._idle.clear()
 
 
 async def _open_tcp(host: str, port: int) -> trio.SocketStream:
-    """A TCP stream; an IP address is connected to directly.
+    """A TCP stream with keepalive on; an IP address is connected to directly.
 
     trio.open_tcp_stream's happy-eyeballs machinery (a nursery and a resolver call per
     connection) cost ~0.3 ms per connection: a third of a second for the first wave
     of -j 2000. An IP address has nothing to race, so it gets one plain connect().
+    Running out of descriptors raises _OutOfFiles.
     """
     try:
         family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
     except ValueError:
-        return await trio.open_tcp_stream(host, port)
-    sock = trio.socket.socket(family, socket.SOCK_STREAM)
+        try:
+            stream = await trio.open_tcp_stream(host, port)
+        except OSError as exc:
+            if _errnos(exc) & _OUT_OF_FILES_ERRNOS:
+                raise _OutOfFiles from None
+            raise
+        _keep_alive(stream.socket)
+        return stream
+    try:
+        sock = trio.socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:
+        if exc.errno in _OUT_OF_FILES_ERRNOS:
+            raise _OutOfFiles from None
+        raise
     try:
         await sock.connect((host, port))
     except BaseException:
         sock.close()
         raise
+    _keep_alive(sock)
     return trio.SocketStream(sock)
+
+
+def _unacknowledged_bytes(fd: int) -> int:
+    """Bytes sent on socket `fd` that the peer has not acknowledged (Linux's SIOCOUTQ); 0
+    where the system cannot tell."""
+    if not hasattr(termios, "TIOCOUTQ"):
+        return 0
+    unacknowledged: int = struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+    return unacknowledged
+
+
+def _keep_alive(sock: trio.socket.SocketType) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (
+        ("TCP_KEEPIDLE", KEEPALIVE_IDLE),
+        ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
+        ("TCP_KEEPCNT", KEEPALIVE_PROBES),
+    ):
+        if hasattr(socket, option):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+
+
+def decode_body(encoding: bytes, body: bytes) -> bytes:
+    """A body in its Content-Encoding (gzip, identity) decoded; BadReply for any other, for a
+    broken one, or for one that would grow past MAX_DECODED_BYTES."""
+    for coding in reversed(encoding.lower().split(b",")):
+        coding = coding.strip()
+        if coding in (b"gzip", b"x-gzip"):
+            body = _gunzip(body)
+        elif coding not in (b"identity", b""):
+            raise BadReply(f"a body in Content-Encoding {printable(coding.decode('latin-1'))}, which was not asked for")
+    return body
+
+
+def _gunzip(data: bytes) -> bytes:
+    decompressor = zlib.decompressobj(wbits=zlib.MAX_WBITS | 16)
+    try:
+        body = decompressor.decompress(data, MAX_DECODED_BYTES)
+    except zlib.error as exc:
+        raise BadReply(f"a gzip body that does not decode: {exc}") from None
+    if decompressor.unconsumed_tail:
+        raise BadReply(f"a gzip body that grows past {MAX_DECODED_BYTES // 2**20} MiB")
+    if not decompressor.eof:
+        raise BadReply("a gzip body that is cut short")
+    return body
+
+
+def _header_lines(headers: Iterable[tuple[str, str]]) -> bytes:
+    # UTF-8, as curl sends what it is given: an -H value never fails to encode.
+    return "".join(f"{name}: {value}\r\n" for name, value in headers).encode()
+
+
+def _basic_auth(url: httpx.URL) -> str | None:
+    """`Basic ...` from a URL's user info (http://user:password@host), as curl sends it."""
+    if not url.userinfo:
+        return None
+    token = base64.b64encode(f"{url.username}:{url.password}".encode()).decode("ascii")
+    return f"Basic {token}"
 
 
 def origin(url: httpx.URL | str) -> str:
@@ -274,12 +581,20 @@ def origin(url: httpx.URL | str) -> str:
     except httpx.InvalidURL:
         return "(an invalid URL)"
     port = f":{parsed.port}" if parsed.port else ""
-    return f"{parsed.scheme}://{parsed.host}{port}"
+    return printable(f"{parsed.scheme}://{parsed.host}{port}")
 
 
 def shown(url: httpx.URL) -> str:
     """A URL as rollfilter prints it: without user, password or query, which may hold secrets."""
-    return str(url.copy_with(username=None, password=None, query=None))
+    return printable(str(url.copy_with(username=None, password=None, query=None, fragment=None)))
+
+
+def printable(text: str) -> str:
+    """`text` with control and other unprintable characters escaped, so text from a server
+    cannot drive the terminal it is printed on."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 def _origin_key(url: httpx.URL) -> Origin:
@@ -287,19 +602,49 @@ def _origin_key(url: httpx.URL) -> Origin:
     return scheme, url.host, url.port or _DEFAULT_PORTS[scheme]
 
 
+def _causes(exc: BaseException) -> list[BaseException]:
+    chain = [exc]
+    while len(chain) < 8 and (nxt := chain[-1].__cause__ or chain[-1].__context__) is not None:
+        chain.append(nxt)
+    return chain
+
+
+def _errnos(exc: BaseException) -> set[int]:
+    """The errnos in an exception's causes and, for trio's happy eyeballs, their groups."""
+    found: set[int] = set()
+    for cause in _causes(exc):
+        if isinstance(cause, OSError) and cause.errno is not None:
+            found.add(cause.errno)
+        if isinstance(cause, BaseExceptionGroup):
+            for member in cause.exceptions:
+                found |= _errnos(member)
+    return found
+
+
 def _reason(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    cause = exc.__cause__ or exc.__context__
-    if isinstance(cause, OSError) and cause.strerror:
-        return cause.strerror
+    for cause in _causes(exc):
+        if isinstance(cause, OSError) and cause.strerror:
+            return cause.strerror
     return str(exc) or type(exc).__name__
 
 
-class AgentTransport(Protocol):
-    """What the client sends through: a JSON POST, whole replies, and closing."""
+def _was_reset(exc: BaseException) -> bool:
+    return any(isinstance(cause, OSError) and cause.errno in _RESET_ERRNOS for cause in _causes(exc))
 
-    async def post(self, url: httpx.URL, body: bytes) -> Reply: ...
+
+def _certificate_failure(exc: BaseException) -> str | None:
+    for cause in _causes(exc):
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return cause.verify_message or str(cause)
+    return None
+
+
+class AgentTransport(Protocol):
+    """What the client sends through: a JSON POST, whole decoded replies, and closing.
+
+    Errors are httpx's, as `HTTP11Transport` documents them."""
+
+    async def post(self, url: httpx.URL, body: bytes, *, credentials: bool = True) -> Reply: ...
 
     async def aclose(self) -> None: ...
 
@@ -312,42 +657,109 @@ class ProxyTransport:
     """
 
     def __init__(
-        self, proxy: str, *, verify: bool = True, connect_timeout: float = 10.0, headers: list[tuple[str, str]]
+        self,
+        proxy: str,
+        *,
+        verify: bool = True,
+        cafile: str | None = None,
+        connect_timeout: float = 10.0,
+        headers: list[tuple[str, str]],
     ) -> None:
-        self._headers = headers
+        self._headers = [(name, value) for name, value in headers if name.lower() not in _FRAMING_HEADERS]
+        self._has_authorization = any(name.lower() == "authorization" for name, _ in headers)
         self._timeout = httpx.Timeout(None, connect=connect_timeout)
         self._transport = httpx.AsyncHTTPTransport(
             proxy=proxy,
-            verify=tls_context(verify=verify),
+            verify=tls_context(verify=verify, cafile=cafile),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
         )
 
-    async def post(self, url: httpx.URL, body: bytes) -> Reply:
+    async def post(self, url: httpx.URL, body: bytes, *, credentials: bool = True) -> Reply:
+        headers = self._headers
+        if not credentials:
+            headers = [(name, value) for name, value in headers if name.lower() != "authorization"]
+        elif not self._has_authorization and (authorization := _basic_auth(url)):
+            headers = [*headers, ("Authorization", authorization)]
         request = httpx.Request(
-            "POST", url, headers=self._headers, content=body, extensions={"timeout": self._timeout.as_dict()}
+            "POST",
+            url.copy_with(username=None, password=None),
+            headers=headers,
+            content=body,
+            extensions={"timeout": self._timeout.as_dict()},
         )
-        response = await self._transport.handle_async_request(request)
-        body = await response.aread()
-        await response.aclose()
-        return Reply.whole(response.status_code, list(response.headers.raw), body)
+        try:
+            response = await self._transport.handle_async_request(request)
+            try:
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in response.aiter_bytes():
+                    size += len(chunk)
+                    if size > MAX_DECODED_BYTES:
+                        raise BadReply(f"a body that grows past {MAX_DECODED_BYTES // 2**20} MiB")
+                    chunks.append(chunk)
+            finally:
+                await response.aclose()
+        except httpx.DecodingError as exc:
+            raise BadReply(f"a body that does not decode: {exc}") from None
+        except httpx.RemoteProtocolError as exc:
+            if isinstance(exc, BadReply):
+                raise
+            if "without sending a response" in str(exc):  # httpcore's words for a connection lost before a reply
+                raise httpx.ReadError(str(exc)) from None
+            raise BadReply(str(exc)) from None
+        except httpx.ConnectError as exc:
+            failed = _certificate_failure(exc)
+            if failed is not None:
+                raise CertificateError(f"certificate verify failed: {failed}") from None
+            raise
+        return Reply.whole(response.status_code, list(response.headers.raw), b"".join(chunks))
 
     async def aclose(self) -> None:
         await self._transport.aclose()
 
 
 def open_transport(
-    *, verify: bool, connect_timeout: float, headers: list[tuple[str, str]], proxy: str | None = None
+    *,
+    verify: bool,
+    connect_timeout: float,
+    headers: list[tuple[str, str]],
+    proxy: str | None = None,
+    cafile: str | None = None,
 ) -> AgentTransport:
     """The transport for a run: direct HTTP/1.1, or httpx's through --proxy."""
     if proxy is not None:
-        return ProxyTransport(proxy, verify=verify, connect_timeout=connect_timeout, headers=headers)
-    return HTTP11Transport(verify=verify, connect_timeout=connect_timeout, headers=headers)
+        return ProxyTransport(proxy, verify=verify, cafile=cafile, connect_timeout=connect_timeout, headers=headers)
+    return HTTP11Transport(verify=verify, cafile=cafile, connect_timeout=connect_timeout, headers=headers)
 
 
-def tls_context(*, verify: bool) -> ssl.SSLContext:
-    """The system's trust store (SSL_CERT_FILE and SSL_CERT_DIR apply), or no checks at all."""
-    context = ssl.create_default_context()
+def tls_context(*, verify: bool, cafile: str | None = None) -> ssl.SSLContext:
+    """The system's trust store (SSL_CERT_FILE and SSL_CERT_DIR apply), the CAs in `cafile`
+    instead (--cacert, as curl's), or no checks at all."""
+    context = ssl.create_default_context(cafile=cafile)
     if not verify:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
     return context
+
+
+def raise_open_file_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit; the soft limit now."""
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return 1 << 20
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return soft if soft != resource.RLIM_INFINITY else 1 << 20
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    except (ValueError, OSError):
+        return soft
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def connections_that_fit(wanted: int, open_file_limit: int, *, files_per_connection: int = 1) -> int:
+    """How many of `wanted` connections fit under the open-file limit, beside other uses."""
+    room = (open_file_limit - FILES_FOR_OTHER_USES) // files_per_connection
+    return max(1, min(wanted, room))

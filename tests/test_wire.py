@@ -1,0 +1,679 @@
+"""The wire, case by case: a raw server misbehaves one way per case, and rollfilter must end
+every row exactly once with the right outcome (a result, or a failure of the right kind) and
+send no request it should not. Where httpx defines the right answer, httpx runs the same
+case as the oracle. uvicorn is the real server for the keep-alive cases.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import itertools
+import json
+import os
+import re
+import resource
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from rollfilter import transport as wire
+from rollfilter.transport import HTTP11Transport
+from tests.conftest import (
+    ROOT,
+    SUBPROCESS_TIMEOUT,
+    DemoServer,
+    clean_env,
+    rollfilter_command,
+    rows_jsonl,
+    run,
+    summary_of,
+)
+from tests.wire_server import Conn, Request, WireServer, echo, gzipped_echo, reply
+
+ROWS = 3  # enough for every connection to be reused at -j 1
+_runs = itertools.count()
+
+
+def rows_for(n: int) -> list[dict[str, Any]]:
+    return [{"id": i, "responses_create_params": {"input": "x"}} for i in range(n)]
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What a rollfilter run did with its rows: results and error records by task index."""
+
+    proc: subprocess.CompletedProcess[bytes]
+    results: dict[int, dict[str, Any]]
+    failures: dict[int, dict[str, Any]]
+
+    def kinds(self, n: int) -> list[str]:
+        return [
+            "ok" if i in self.results else self.failures[i]["error"]["kind"] if i in self.failures else "lost"
+            for i in range(n)
+        ]
+
+    @property
+    def stderr(self) -> str:
+        return self.proc.stderr.decode(errors="replace")
+
+
+def rollfilter(url: str, n: int, tmp_path: Path, *args: str, rows: list[dict] | None = None) -> Outcome:
+    """The real command over `n` rows, one at a time, failures into an errors record."""
+    errors = tmp_path / f"errors-{next(_runs)}.jsonl"
+    proc = run(["-u", url, "-j", "1", "--errors", str(errors), *args], input=rows_jsonl(rows or rows_for(n)))
+    results = {r["_ng_task_index"]: r for r in map(json.loads, proc.stdout.splitlines())}
+    records = [json.loads(line) for line in errors.read_text().splitlines()] if errors.exists() else []
+    failures = {r["_ng_task_index"]: r for r in records}
+    assert len(results) + len(failures) == len(results) + len(records)  # no row twice
+    assert "Traceback" not in proc.stderr.decode(errors="replace")
+    assert "rollfilter" in summary_of(proc.stderr)  # the summary is always printed
+    return Outcome(proc, results, failures)
+
+
+def httpx_kinds(url: str, n: int) -> list[str]:
+    """The oracle: what httpx makes of the same rows, as rollfilter's kinds."""
+    kinds = []
+    with httpx.Client(trust_env=False, follow_redirects=True, timeout=30) as client:
+        for row in rows_for(n):
+            try:
+                response = client.post(url, json=row)
+            except (httpx.RemoteProtocolError, httpx.DecodingError):
+                kinds.append("bad_response")
+                continue
+            except httpx.TransportError:
+                kinds.append("connect")
+                continue
+            if response.status_code != 200:
+                kinds.append("http_status")
+                continue
+            try:
+                kinds.append("ok" if isinstance(response.json(), dict) else "bad_response")
+            except ValueError:
+                kinds.append("bad_response")
+    return kinds
+
+
+# One way to misbehave per script.
+def stray_reply_after_each_answer(request: Request, conn: Conn) -> None:
+    # In the same write: an idle 408 nobody asked for follows the answer.
+    conn.send(echo(request) + reply(408, b"", "Connection: close", reason="Request Timeout"))
+
+
+def close_after_each_answer(request: Request, conn: Conn) -> None:
+    conn.send(echo(request))  # keep-alive by HTTP/1.1's default, and then closed anyway
+    conn.close()
+
+
+def switching_protocols(request: Request, conn: Conn) -> None:
+    conn.send(reply(101, b"", "Upgrade: websocket", "Connection: Upgrade", reason="Switching Protocols", length=False))
+
+
+def conflicting_lengths(request: Request, conn: Conn) -> None:
+    conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}")
+
+
+def bad_chunk_size(request: Request, conn: Conn) -> None:
+    conn.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n")
+
+
+def short_body(request: Request, conn: Conn) -> None:
+    conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{}")
+    conn.close()
+
+
+def huge_header(request: Request, conn: Conn) -> None:
+    conn.send(b"HTTP/1.1 200 OK\r\nX-Huge: " + b"h" * 200_000 + b"\r\nContent-Length: 2\r\n\r\n{}")
+
+
+def large_header(request: Request, conn: Conn) -> None:
+    conn.send(b"HTTP/1.1 200 OK\r\nX-Large: " + b"h" * 100_000 + b"\r\nContent-Length: 2\r\n\r\n{}")
+
+
+def retry_after_not_ascii(request: Request, conn: Conn) -> None:
+    conn.send(reply(503, b"busy", "Retry-After: \u00b2", reason="Service Unavailable"))  # "²".isdigit() is true
+
+
+def retry_after_a_day(request: Request, conn: Conn) -> None:
+    conn.send(reply(429, b"slow down", "Retry-After: 86400", reason="Too Many Requests"))
+
+
+def temporary_redirect(request: Request, conn: Conn) -> None:
+    moved = reply(307, b"", "Location: /run/", reason="Temporary Redirect")
+    conn.send(moved if request.path == "/run" else echo(request))
+
+
+def permanent_redirect(request: Request, conn: Conn) -> None:
+    moved = reply(308, b"", f"Location: http://127.0.0.1:{request.header('Host').split(':')[1]}/v2/run")
+    conn.send(moved if request.path == "/run" else echo(request))
+
+
+def found_redirect(request: Request, conn: Conn) -> None:
+    conn.send(reply(302, b"", "Location: /elsewhere", reason="Found"))
+
+
+def gzip_when_asked(request: Request, conn: Conn) -> None:
+    conn.send(gzipped_echo(request) if "gzip" in (request.header("Accept-Encoding") or "") else echo(request))
+
+
+def broken_gzip(request: Request, conn: Conn) -> None:
+    conn.send(reply(200, b"this is not gzip", "Content-Encoding: gzip"))
+
+
+def identity_transfer_encoding(request: Request, conn: Conn) -> None:
+    _, _, body = echo(request).partition(b"\r\n\r\n")
+    conn.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: identity\r\n\r\n" + body)  # ends with the connection
+    conn.close()
+
+
+def body_ended_by_close(request: Request, conn: Conn) -> None:
+    _, _, body = echo(request).partition(b"\r\n\r\n")
+    conn.send(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n" + body)
+    conn.close()
+
+
+def not_json(request: Request, conn: Conn) -> None:
+    conn.send(reply(200, b"<html>oops</html>"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    script: Any
+    kind: str  # "ok", or the failure kind of every row
+    requests_per_row: int = 1  # requests the server sees for each row
+    args: tuple[str, ...] = ()
+    message: str = ""  # in every failure's message
+    httpx_agrees: bool = True  # False where httpx is not the oracle (said why beside the case)
+
+
+CASES = {
+    # httpx reads the stray 408 as the next request's answer: rollfilter must not.
+    "stray reply on a kept-alive connection": Case(stray_reply_after_each_answer, "ok", httpx_agrees=False),
+    # httpx sometimes sends on a connection the server is closing, and loses the row.
+    "close after each reply, no Connection: close": Case(close_after_each_answer, "ok", httpx_agrees=False),
+    "101 Switching Protocols": Case(switching_protocols, "bad_response", message="101 Switching Protocols"),
+    "conflicting Content-Length": Case(conflicting_lengths, "bad_response", message="malformed reply"),
+    "bad chunk size": Case(bad_chunk_size, "bad_response", message="malformed reply"),
+    "short body": Case(short_body, "bad_response", message="closed the connection after"),
+    "header block over 64 KiB": Case(huge_header, "bad_response", message="header block is over 64 KiB"),
+    # httpx allows 100 KiB.
+    "header block of 100,000 bytes": Case(
+        large_header, "bad_response", message="header block is over 64 KiB", httpx_agrees=False
+    ),
+    "non-ASCII Retry-After": Case(retry_after_not_ascii, "http_status", 2, ("--retries", "1"), "HTTP 503"),
+    "Retry-After of a day, with --timeout": Case(
+        retry_after_a_day, "http_status", 2, ("--retries", "1", "--timeout", "1"), "HTTP 429"
+    ),
+    "307 followed with the same body": Case(temporary_redirect, "ok", 2),
+    "308 followed with the same body": Case(permanent_redirect, "ok", 2),
+    # httpx follows a 302 with a GET and no body: a /run that is not a /run.
+    "302 is not followed": Case(found_redirect, "http_status", message="Location: /elsewhere", httpx_agrees=False),
+    "gzip": Case(gzip_when_asked, "ok"),
+    "broken gzip": Case(broken_gzip, "bad_response", message="gzip"),
+    # h11 refuses any Transfer-Encoding but chunked; RFC 9112 reads identity to the connection's end.
+    "Transfer-Encoding: identity": Case(identity_transfer_encoding, "ok", httpx_agrees=False),
+    "body ended by the connection's close": Case(body_ended_by_close, "ok"),
+    "200 that is not JSON": Case(not_json, "bad_response", message="not JSON"),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_conformance(name: str, tmp_path):
+    case = CASES[name]
+    with WireServer(case.script) as server:
+        outcome = rollfilter(server.url, ROWS, tmp_path, "--retries", "3", *case.args)
+        requests = list(server.requests)
+    assert outcome.kinds(ROWS) == [case.kind] * ROWS, (outcome.failures, outcome.stderr)
+    assert outcome.proc.returncode == (0 if case.kind == "ok" else 1)
+    assert len(requests) == case.requests_per_row * ROWS  # nothing resent that should not be
+    if case.kind == "ok":
+        assert [outcome.results[i]["echo"] for i in range(ROWS)] == list(range(ROWS))  # each row its own answer
+    for failure in outcome.failures.values():
+        assert case.message in failure["error"]["message"]
+        assert failure["attempts"] == case.requests_per_row
+    if case.requests_per_row == 2 and case.kind == "ok":  # a redirect: the same body again
+        assert [r.body for r in requests[0::2]] == [r.body for r in requests[1::2]]
+    if case.httpx_agrees:
+        with WireServer(case.script) as server:
+            assert httpx_kinds(server.url, ROWS) == [case.kind] * ROWS
+
+
+def test_gzip_is_asked_for_and_decoded(tmp_path):
+    with WireServer(gzip_when_asked) as server:
+        outcome = rollfilter(server.url, ROWS, tmp_path)
+        assert all(r.header("Accept-Encoding") == "gzip" for r in server.requests)
+    assert outcome.results[2]["echo"] == 2
+
+
+async def test_a_reply_sent_while_the_connection_is_idle_is_never_read_as_the_next_answer():
+    first_read, sent_stray = threading.Event(), threading.Event()
+
+    def late_408(request: Request, conn: Conn) -> None:
+        conn.send(echo(request))
+        if request.connection == 0:
+            first_read.wait(10)  # the client has its answer: the connection is idle in its pool
+            conn.send(reply(408, b"", reason="Request Timeout"))  # idle too long, says the server
+            sent_stray.set()
+
+    transport = HTTP11Transport()
+    try:
+        with WireServer(late_408) as server:
+            url = httpx.URL(server.url)
+            first = await transport.post(url, b'{"id": 0}')
+            first_read.set()
+            await trio.to_thread.run_sync(sent_stray.wait, 10)
+            second = await transport.post(url, b'{"id": 1}')
+            assert (json.loads(first.body)["echo"], second.status, json.loads(second.body)["echo"]) == (0, 200, 1)
+            assert server.connections == 2
+    finally:
+        await transport.aclose()
+
+
+async def test_agent_connections_have_tcp_keepalive():
+    transport = HTTP11Transport()
+    try:
+        with WireServer() as server:
+            await transport.post(httpx.URL(server.url), b'{"id": 0}')
+            (idle,) = next(iter(transport._idle.values()))
+            options = [
+                idle.socket.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+                idle.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+                idle.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+                idle.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+            ]
+            assert options == [1, 60, 10, 3]  # as NeMo Gym sets them
+    finally:
+        await transport.aclose()
+
+
+async def test_idle_connections_expire_before_the_server_times_them_out(monkeypatch):
+    monkeypatch.setattr(wire, "IDLE_EXPIRY", 0.2)
+    transport = HTTP11Transport()
+    try:
+        with WireServer() as server:
+            url = httpx.URL(server.url)
+            await transport.post(url, b'{"id": 0}')
+            await transport.post(url, b'{"id": 1}')
+            assert server.connections == 1  # kept alive...
+            await trio.sleep(0.3)
+            await transport.post(url, b'{"id": 2}')
+            assert server.connections == 2  # ...but not past the expiry
+    finally:
+        await transport.aclose()
+
+
+@pytest.fixture
+def high_descriptors() -> Iterator[None]:
+    """Every socket opened meanwhile gets a descriptor above 1024, where select() fails."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.fail(f"the hard open-file limit ({hard}) is too low for this test")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    placeholders = [os.open(os.devnull, os.O_RDONLY) for _ in range(1030)]
+    try:
+        yield
+    finally:
+        for fd in placeholders:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def test_the_check_before_reuse_works_above_descriptor_1024(high_descriptors):
+    closed_once = threading.Event()
+
+    def close_the_third(request: Request, conn: Conn) -> None:
+        conn.send(echo(request))
+        if request.index == 2:
+            conn.close()  # a keep-alive timeout, without saying so
+            closed_once.set()
+
+    transport = HTTP11Transport()
+    try:
+        with WireServer(close_the_third) as server:
+            url = httpx.URL(server.url)
+            for i in range(3):
+                await trio.sleep(0.6)  # idle long enough that the old code checked with select()
+                assert json.loads((await transport.post(url, b'{"id": %d}' % i)).body)["echo"] == i
+            assert server.connections == 1  # a healthy idle connection is reused, not dropped
+            await trio.to_thread.run_sync(closed_once.wait, 10)
+            assert json.loads((await transport.post(url, b'{"id": 3}')).body)["echo"] == 3
+            assert server.connections == 2  # the closed one was noticed and replaced
+    finally:
+        await transport.aclose()
+
+
+def test_closing_after_every_reply_costs_no_rows(tmp_path):
+    n = 600
+    with WireServer(close_after_each_answer) as server:
+        bare = rollfilter(server.url, n, tmp_path, "-j", "16", "--retries", "0")
+        assert len(bare.failures) <= n // 100, bare.stderr
+        seen = len(server.requests)
+        outcome = rollfilter(server.url, n, tmp_path, "-j", "16")
+        assert outcome.failures == {}, outcome.stderr
+        retries = summary_of(outcome.proc.stderr)["rollfilter"]["retries"]
+        assert len(server.requests) - seen == n + retries  # only what it counted as retries was sent twice
+
+
+class Uvicorn:
+    """uvicorn serving tests.wire_server:asgi_app on a free loopback port, in its own process."""
+
+    def __init__(self, *args: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "tests.wire_server:asgi_app", "--host", "127.0.0.1", "--port", "0",
+             "--no-access-log", *args],
+            cwd=ROOT, stderr=subprocess.PIPE, env=clean_env(),
+        )  # fmt: skip
+        assert self.process.stderr is not None
+        deadline = time.monotonic() + SUBPROCESS_TIMEOUT
+        for line in self.process.stderr:
+            found = re.search(rb"running on (http://127\.0\.0\.1:\d+)", line)
+            if found:
+                self.base = found.group(1).decode()
+                break
+            assert time.monotonic() < deadline, "uvicorn did not start"
+        else:
+            pytest.fail("uvicorn exited before it listened")
+        self.url = self.base + "/run"
+        # Its log goes on; keep the pipe drained.
+        self._drain = threading.Thread(target=self.process.stderr.read, daemon=True)
+        self._drain.start()
+
+    def requests(self) -> int:
+        count = httpx.get(self.base + "/stats", timeout=10).json()["requests"]
+        assert isinstance(count, int)
+        return count
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait(SUBPROCESS_TIMEOUT)
+        self._drain.join(SUBPROCESS_TIMEOUT)
+        assert self.process.stderr is not None
+        self.process.stderr.close()
+
+
+@pytest.fixture
+def uvicorn_server() -> Iterator[Any]:
+    servers: list[Uvicorn] = []
+
+    def start_uvicorn(*args: str) -> Uvicorn:
+        servers.append(Uvicorn(*args))
+        return servers[-1]
+
+    try:
+        yield start_uvicorn
+    finally:
+        for server in servers:
+            server.close()
+
+
+def test_uvicorn_closing_after_every_reply_costs_no_rows(uvicorn_server, tmp_path):
+    server = uvicorn_server("--timeout-keep-alive", "0")
+    n = 2000
+    bare = rollfilter(server.url, n, tmp_path, "-j", "32", "--retries", "0")
+    assert len(bare.failures) <= n // 100, bare.stderr
+    outcome = rollfilter(server.url, n, tmp_path, "-j", "32")
+    assert outcome.failures == {}, outcome.stderr
+    retries = summary_of(outcome.proc.stderr)["rollfilter"]["retries"]
+    assert server.requests() == 2 * n - len(bare.failures) + retries
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("expiry", [wire.IDLE_EXPIRY, 60.0], ids=["expiry", "no expiry"])
+async def test_uvicorn_keep_alive_timeout_race_costs_no_rows(uvicorn_server, expiry: float, monkeypatch):
+    """60 connections reused after idling 4.95 to 5.05 s, around uvicorn's keep-alive timeout
+    (5 s). The client expires idle connections first; without that, the check before reuse
+    and the resend of a request the server reset must cover the race."""
+    monkeypatch.setattr(wire, "IDLE_EXPIRY", expiry)
+    server = uvicorn_server()
+    url = httpx.URL(server.url)
+    width = 60
+    answers: dict[int, list[int]] = {}
+    transport = HTTP11Transport()
+
+    async def reuse_after(i: int, idle: float) -> None:
+        first = await transport.post(url, b'{"id": %d}' % i)
+        await trio.sleep(idle)
+        second = await transport.post(url, b'{"id": %d}' % (width + i))
+        answers[i] = [json.loads(first.body)["echo"], json.loads(second.body)["echo"]]
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for i in range(width):  # all at once: each on its own connection
+                nursery.start_soon(reuse_after, i, 4.95 + 0.1 * i / width)
+    finally:
+        await transport.aclose()
+    assert answers == {i: [i, width + i] for i in range(width)}
+    assert server.requests() == 2 * width
+
+
+def test_h_headers_replace_our_own_and_are_sent_once(tmp_path):
+    given = {
+        "Host": "agent.example",
+        "User-Agent": "mine/1.0",
+        "Content-Type": "application/json; charset=utf-8",
+        "Accept": "*/*",
+        "X-Api-Key": "k3y",
+    }
+    args = [arg for name, value in given.items() for arg in ("-H", f"{name}: {value}")]
+    args += ["-H", "Content-Length: 999", "-H", "Transfer-Encoding: chunked"]  # framing stays rollfilter's own
+    with WireServer() as server:
+        outcome = rollfilter(server.url, 2, tmp_path, *args)
+        requests = list(server.requests)
+    assert outcome.proc.returncode == 0
+    for request in requests:
+        for name, value in given.items():
+            assert request.headers_named(name) == [value]
+        assert request.headers_named("Content-Length") == [str(len(request.body))]
+        assert request.headers_named("Transfer-Encoding") == []
+    with WireServer() as server, httpx.Client(trust_env=False, headers=given) as client:
+        client.post(server.url, json=rows_for(1)[0])
+        assert {name: server.requests[0].headers_named(name) for name in given} == {
+            name: [value] for name, value in given.items()
+        }
+
+
+def test_url_credentials_become_basic_auth_and_are_never_printed(tmp_path):
+    with WireServer(lambda request, conn: conn.send(reply(500, b"no"))) as server:
+        url = server.url.replace("http://", "http://us3r:pa55%40word@")
+        outcome = rollfilter(url, 2, tmp_path, "--retries", "0", "-v")
+        with httpx.Client(trust_env=False) as client:
+            client.post(url, json={})
+        sent = [r.header("Authorization") for r in server.requests]
+    expected = "Basic " + base64.b64encode(b"us3r:pa55@word").decode()
+    assert sent == [expected, expected, expected]  # the last one is httpx's: the same header
+    printed = outcome.stderr + outcome.proc.stdout.decode()
+    assert "127.0.0.1" in printed
+    for secret in ("us3r", "pa55"):
+        assert secret not in printed
+    with WireServer() as server:
+        explicit = rollfilter(
+            server.url.replace("http://", "http://us3r:pa55@"), 1, tmp_path, "-H", "Authorization: Bearer t0ken"
+        )
+        assert explicit.proc.returncode == 0
+        assert server.requests[-1].headers_named("Authorization") == ["Bearer t0ken"]  # -H wins, sent once
+
+
+def test_redirect_to_another_origin_only_when_asked_and_without_credentials(tmp_path):
+    with WireServer() as target:
+
+        def elsewhere(request: Request, conn: Conn) -> None:
+            conn.send(reply(307, b"", f"Location: {target.url}", reason="Temporary Redirect"))
+
+        with WireServer(elsewhere) as origin:
+            url = origin.url.replace("http://", "http://u:p@")
+            refused = rollfilter(url, 1, tmp_path, "-H", "X-Other: kept")
+            assert origin.requests[-1].header("Authorization") == "Basic " + base64.b64encode(b"u:p").decode()
+            assert refused.kinds(1) == ["http_status"]
+            assert "--cross-origin-redirects" in refused.failures[0]["error"]["message"]
+            assert target.requests == []
+            for given in ((url,), (origin.url, "-H", "Authorization: Bearer t0ken")):
+                followed = rollfilter(
+                    given[0], 1, tmp_path, "--cross-origin-redirects", "-H", "X-Other: kept", *given[1:]
+                )
+                assert followed.kinds(1) == ["ok"]
+                assert origin.requests[-1].header("Authorization") is not None
+                assert target.requests[-1].header("Authorization") is None  # credentials stay with their origin
+                assert target.requests[-1].header("X-Other") == "kept"
+                assert target.requests[-1].body == origin.requests[-1].body
+
+
+def test_server_text_cannot_drive_the_terminal(tmp_path):
+    def hostile(request: Request, conn: Conn) -> None:
+        conn.send(reply(500, b"\x1b[2J\x1b]0;owned\x07 oops"))
+
+    with WireServer(hostile) as server:
+        proc = run(["-u", server.url, "--retries", "0"], input=rows_jsonl(rows_for(1)))
+    assert proc.returncode == 1
+    assert b"\x1b" not in proc.stderr
+    assert b"\x07" not in proc.stderr
+    assert b"\\x1b[2J" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory) -> tuple[Path, Path]:
+    openssl = shutil.which("openssl")
+    assert openssl, "openssl is needed to make a test certificate"
+    path = tmp_path_factory.mktemp("wire-tls")
+    cert, key = path / "cert.pem", path / "key.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return cert, key
+
+
+def test_a_failed_certificate_check_is_not_retried_and_says_how_to_trust_the_ca(certificate, tmp_path):
+    cert, key = certificate
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    with WireServer(tls=context) as server:
+        untrusted = rollfilter(server.url, 2, tmp_path, "--retries", "3")
+        assert untrusted.kinds(2) == ["connect", "connect"]
+        assert server.handshakes == 2  # one per row: trying again cannot help
+        message = untrusted.failures[0]["error"]["message"]
+        assert "certificate verify failed" in message
+        assert "--cacert FILE" in message
+        assert "SSL_CERT_FILE" in message
+        trusted = rollfilter(server.url, ROWS, tmp_path, "--cacert", str(cert))
+        assert trusted.kinds(ROWS) == ["ok"] * ROWS
+        assert server.connections == 3  # the trusted run kept its one connection alive
+        by_variable = run(["-u", server.url], input=rows_jsonl(rows_for(1)), env=clean_env(SSL_CERT_FILE=str(cert)))
+        assert by_variable.returncode == 0, by_variable.stderr
+    not_pem = tmp_path / "not.pem"
+    not_pem.write_text("hello\n")
+    for path in (not_pem, tmp_path / "missing.pem"):
+        refused = run(["-u", "https://127.0.0.1:9/run", "--cacert", str(path)], input=rows_jsonl(rows_for(1)))
+        assert refused.returncode == 2
+        assert "--cacert" in refused.stderr.decode()
+
+
+def limit_open_files(soft: int, hard: int) -> Any:
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    return limit
+
+
+@pytest.mark.parametrize(("args", "fitted"), [((), 512 - 64), (("--demo",), (512 - 64) // 2)])
+def test_a_low_open_file_limit_makes_rows_wait_not_fail(args: tuple[str, ...], fitted: int, demo_server: DemoServer):
+    where = list(args) or ["-u", demo_server.url]
+    proc = subprocess.run(
+        [*rollfilter_command(), *where, "-j", "1500"],
+        input=rows_jsonl(rows_for(3000)).encode(),
+        capture_output=True,
+        timeout=SUBPROCESS_TIMEOUT * 2,
+        env=clean_env(),
+        preexec_fn=limit_open_files(512, 512),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(proc.stdout.splitlines()) == 3000
+    notes = [line for line in proc.stderr.decode().splitlines() if not line.startswith("{")]
+    assert notes == [
+        "rollfilter: -j 1500 needs more open files than this process may have (512, see ulimit -n):"
+        f" running {fitted} rows at a time"
+    ]
+
+
+def test_the_soft_open_file_limit_is_raised_to_the_hard_one(demo_server: DemoServer):
+    proc = subprocess.run(
+        [*rollfilter_command(), "-u", demo_server.url, "-j", "1500"],
+        input=rows_jsonl(rows_for(3000)).encode(),
+        capture_output=True,
+        timeout=SUBPROCESS_TIMEOUT * 2,
+        env=clean_env(),
+        preexec_fn=limit_open_files(512, 4096),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(proc.stdout.splitlines()) == 3000
+    assert [line for line in proc.stderr.decode().splitlines() if not line.startswith("{")] == []
+
+
+API_UNDER_A_LOW_LIMIT = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+from rollfilter import Config, rollouts
+rows = [{"id": i, "responses_create_params": {"input": "x"}} for i in range(1200)]
+with rollouts(rows, Config(url=sys.argv[1], concurrency=600, retries=0)) as run:
+    outcomes = list(run)
+failed = [o.message for o in outcomes if not o.ok]
+print(len(outcomes), len(failed), failed[:1])
+"""
+
+
+def test_the_open_file_limit_never_fails_a_row_through_the_api_either(demo_server: DemoServer):
+    """The API does not fit -j to the limit: the transport waits for a descriptor instead."""
+    proc = subprocess.run(
+        [sys.executable, "-c", API_UNDER_A_LOW_LIMIT, demo_server.url],
+        capture_output=True,
+        timeout=SUBPROCESS_TIMEOUT * 2,
+        env=clean_env(),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.decode().split()[:2] == ["1200", "0"], proc.stdout
+
+
+class EndlessHead:
+    """A stream that serves `first`, then `then` over and over: a head that never ends."""
+
+    def __init__(self, first: bytes, then: bytes) -> None:
+        self.first, self.then = first, then
+        self.served = 0
+
+    async def send_all(self, data: bytes) -> None:
+        pass
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        chunk = self.then if self.served else self.first
+        self.served += len(chunk)
+        assert self.served < 100 * wire.MAX_HEAD_BYTES, "still reading a head far past the limit"
+        return chunk
+
+
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [
+        (b"HTTP/1.1 200 OK\r\nX-Endless: ", b"h" * 1024),  # one header line that never ends
+        (b"HTTP/1.1 100 Continue\r\n\r\n", b"HTTP/1.1 100 Continue\r\n\r\n" * 40),  # no end of 1xx replies
+    ],
+)
+async def test_a_head_that_never_ends_is_refused_once_past_the_limit(first: bytes, then: bytes):
+    # Checked between reads: httptools gathers a header line by concatenation, in time
+    # quadratic in its length, and hands it over only once it ends.
+    stream = EndlessHead(first, then)
+    connection = wire._Connection.__new__(wire._Connection)
+    connection.stream = stream  # type: ignore[assignment]
+    with pytest.raises(wire.BadReply, match="header block is over 64 KiB"):
+        await connection.exchange(b"POST /run HTTP/1.1\r\n\r\n")
+    assert stream.served <= wire.MAX_HEAD_BYTES + 2048
