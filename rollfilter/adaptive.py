@@ -121,9 +121,8 @@ class AdaptiveWindow:
             signal = Signal.OVERLOAD
         if signal is Signal.OVERLOAD:
             self._cut(now)
-        elif signal is Signal.KEPT_UP:
-            step = 1.0 if self._probing else max(1.0, GROWTH_SHARE * self._window) / self._window
-            self._set(self._window + step)
+        elif signal is Signal.KEPT_UP and not self._probing:  # while probing, the timer doubles it
+            self._set(self._window + max(1.0, GROWTH_SHARE * self._window) / self._window)
         self._lot.unpark(count=max(0, self.limit - self.in_flight))
 
     def _cut(self, now: float) -> None:

@@ -129,6 +129,13 @@ def command(
             min=1,
         ),
     ] = DEFAULT_CONCURRENCY,
+    adaptive: Annotated[
+        bool,
+        typer.Option(
+            "--adaptive",
+            help="-j becomes a ceiling: each agent's window grows while it keeps up and shrinks on overload.",
+        ),
+    ] = False,
     limit: Annotated[
         int | None, typer.Option("-n", "--limit", metavar="N", help="Take only the first N rows.", min=0)
     ] = None,
@@ -386,6 +393,7 @@ def command(
             endpoints=parse_endpoints(endpoint or ()),
             agent=agent,
             concurrency=concurrency,
+            adaptive=adaptive,
             limit=limit,
             repeats=default_repeats,
             repeats_by_agent=repeats_by_agent,

@@ -12,7 +12,7 @@ import http
 import math
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import httpx
@@ -20,6 +20,7 @@ import msgspec
 import trio
 
 from rollfilter import __version__
+from rollfilter.adaptive import AdaptiveWindow, Signal
 from rollfilter.config import Config
 from rollfilter.errors import ErrorKind, ServiceError, UsageError
 from rollfilter.headserver import HeadServerAgents, fetch_agents
@@ -72,10 +73,11 @@ class Replica:
 
 @dataclasses.dataclass(slots=True, eq=False)
 class Agent:
-    """An agent by name (None for -u) and its replicas."""
+    """An agent by name (None for -u), its replicas, and with --adaptive its window."""
 
     name: str | None
     replicas: list[Replica]
+    window: AdaptiveWindow | None = None
 
     def pick(self, now: float, avoid: Replica | None = None) -> Replica:
         """The replica with the fewest requests outstanding among those not cooling down,
@@ -103,10 +105,16 @@ class Router:
         config: Config,
         endpoints: Mapping[str, tuple[str, ...]] | None = None,
         head: HeadServerAgents | None = None,
+        *,
+        window_for: Callable[[str | None], AdaptiveWindow] | None = None,
     ) -> None:
-        self._default = Agent(None, [Replica(httpx.URL(config.url))]) if config.url else None
+        def agent(name: str | None, urls: Iterable[str]) -> Agent:
+            window = window_for(name) if window_for is not None else None
+            return Agent(name, [Replica(httpx.URL(url)) for url in urls], window)
+
+        self._default = agent(None, [config.url]) if config.url else None
         named = endpoints if endpoints is not None else config.endpoints
-        self.agents = {name: Agent(name, [Replica(httpx.URL(url)) for url in urls]) for name, urls in named.items()}
+        self.agents = {name: agent(name, urls) for name, urls in named.items()}
         self._head = head
 
     def route(self, name: str | None) -> Agent | RowFailure:
@@ -228,13 +236,21 @@ class AgentClient:
         try:
             while True:
                 attempt += 1
+                window = agent.window
+                if window is not None:
+                    await window.acquire()
                 replica = agent.pick(trio.current_time(), avoid=replica)
                 replica.outstanding += 1
                 replica.requests += 1
+                signal = Signal.NEUTRAL  # a cancelled attempt says nothing about the agent
+                started = trio.current_time()
                 try:
                     outcome, retry_after = await self._attempt(replica.url, body)
+                    signal = load_signal(outcome)
                 finally:
                     replica.outstanding -= 1
+                    if window is not None:
+                        window.release(signal, trio.current_time() - started)
                 if not isinstance(outcome, RowFailure):
                     if replica.cooldown:
                         replica.connection_worked()
@@ -303,6 +319,18 @@ class AgentClient:
         if content:
             message += f": {_snippet(content)}"
         return RowFailure(ErrorKind.HTTP_STATUS, message, status, retryable=retryable), retry_after
+
+
+OVERLOAD_STATUSES = frozenset({429, 503})  # --adaptive: the agent asks for less
+
+
+def load_signal(outcome: dict[str, Any] | RowFailure) -> Signal:
+    """What an attempt's outcome says about the agent's load, for --adaptive."""
+    if not isinstance(outcome, RowFailure):
+        return Signal.KEPT_UP
+    if outcome.kind in (ErrorKind.TIMEOUT, ErrorKind.CONNECT) or outcome.status in OVERLOAD_STATUSES:
+        return Signal.OVERLOAD
+    return Signal.NEUTRAL
 
 
 def transport_failure(url: httpx.URL, exc: httpx.TransportError) -> RowFailure:

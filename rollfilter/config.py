@@ -83,6 +83,7 @@ class Config:
     per_task_file: str | None = None
     head_server: str | None = None
     proxy: str | None = None  # an http(s) proxy URL for every request to an agent
+    adaptive: bool = False  # concurrency is a ceiling: each agent's window finds what it keeps up with
     aggregate: bool = False  # ask each agent for its /aggregate_metrics when the run ends
     aggregate_file: str | None = None  # --aggregate FILE: NeMo Gym's aggregate file (implies aggregate)
     materialized_file: str | None = None  # --materialized FILE: every /run body as sent

@@ -17,11 +17,12 @@ from typing import Any, Protocol
 import msgspec
 import trio
 
+from rollfilter.adaptive import AdaptiveWindow
 from rollfilter.aggregate import ResultSpool
 from rollfilter.client import Agent, AgentClient, Router, resolve_endpoints
 from rollfilter.config import Config, FailureLimit
 from rollfilter.errors import ErrorKind, ExitStatus, UsageError
-from rollfilter.metrics import Metrics, as_float
+from rollfilter.metrics import UNNAMED_AGENT, Metrics, as_float
 from rollfilter.outcome import RowFailure
 from rollfilter.plan import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX, Job, LineSource, Planner
 from rollfilter.resume import ResumeState
@@ -274,6 +275,16 @@ async def prepare(
         raise UsageError("no agent to send to: give -u URL, -e NAME=URL, --head-server URL, or --demo")
     endpoints, head = await resolve_endpoints(config)
 
+    def window_for(name: str | None) -> AdaptiveWindow:
+        label = name if name is not None else UNNAMED_AGENT
+
+        def changed(old: int, new: int) -> None:
+            if on_event is not None:
+                on_event(f"agent {label}: window {old} -> {new}")
+
+        window = metrics.windows[label] = AdaptiveWindow(config.concurrency, on_change=changed)
+        return window
+
     def count_retry(job: Job, failure: RowFailure, delay: float) -> None:
         job.retries += 1
         metrics.retries += 1
@@ -286,7 +297,7 @@ async def prepare(
 
     return Engine(
         planner=Planner(source, config, resume),
-        router=Router(config, endpoints, head),
+        router=Router(config, endpoints, head, window_for=window_for if config.adaptive else None),
         client=AgentClient(config, transport, on_retry=count_retry, on_internal_error=report_internal_error),
         sink=sink,
         metrics=metrics,

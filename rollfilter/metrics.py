@@ -7,11 +7,13 @@ log-spaced buckets (1% wide), so percentiles are within 1% however many rows pas
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import time
 from collections.abc import Callable
 from typing import Any
 
+from rollfilter.adaptive import AdaptiveWindow
 from rollfilter.errors import ErrorKind
 from rollfilter.outcome import RowFailure
 from rollfilter.tasks import TaskStats
@@ -166,6 +168,7 @@ class Metrics:
         self.latency = LatencyHistogram()
         self.by_agent: dict[str | None, Means] = {}
         self.replicas: list[dict[str, Any]] = []
+        self.windows: dict[str, AdaptiveWindow] = {}  # --adaptive: each agent's window, by name
 
     @property
     def ended(self) -> int:
@@ -204,6 +207,10 @@ class Metrics:
 
     def tokens(self) -> float:
         return sum(means.tokens() for means in self.by_agent.values())
+
+    def window(self) -> int | None:
+        """The agents' windows together (--adaptive), for the progress line."""
+        return sum(w.limit for w in self.windows.values()) if self.windows else None
 
     def rate(self) -> float:
         """Rollouts ended per second so far."""
@@ -263,6 +270,8 @@ class Metrics:
             figures.update(tasks.figures())
         if self.replicas:
             figures["replicas"] = self.replicas
+        if self.windows:
+            figures["windows"] = {name: dataclasses.asdict(w.stats()) for name, w in sorted(self.windows.items())}
         if stopped:
             figures["stopped"] = stopped
         summary["rollfilter"] = figures

@@ -20,15 +20,18 @@ REFRESH_SECONDS = 0.25
 
 
 class ProgressDisplay:
-    """done, failed, in flight, rows/s, tokens/s, mean reward, and done/total with an ETA when known."""
+    """done, failed, in flight (and the --adaptive window), rows/s, tokens/s, mean reward, and
+    done/total with an ETA when known."""
 
-    def __init__(self, metrics: Metrics, *, total: int | None = None, force_terminal: bool = False) -> None:
+    def __init__(self, metrics: Metrics, *, force_terminal: bool = False, adaptive: bool = False) -> None:
         self._metrics = metrics
         self.console = Console(stderr=True, force_terminal=force_terminal or None, highlight=False)
+        window = (TextColumn("window {task.fields[window]:>5,}"),) if adaptive else ()
         self._progress = Progress(
             TextColumn("{task.completed:>8,.0f} done"),
             TextColumn("{task.fields[failed]:>6,} failed"),
             TextColumn("{task.fields[in_flight]:>5,} in flight"),
+            *window,
             TextColumn("{task.fields[rate]:>8,.1f} rows/s"),
             TextColumn("{task.fields[tokens]:>9,.0f} tokens/s"),
             TextColumn("reward {task.fields[reward]:.3f}"),
@@ -40,7 +43,7 @@ class ProgressDisplay:
             transient=True,
         )
         self._task = self._progress.add_task(
-            "rollouts", total=total, failed=0, in_flight=0, rate=0.0, tokens=0.0, reward=0.0
+            "rollouts", total=None, failed=0, in_flight=0, window=0, rate=0.0, tokens=0.0, reward=0.0
         )
 
     def set_total(self, total: int | None) -> None:
@@ -59,6 +62,7 @@ class ProgressDisplay:
             completed=m.ended,
             failed=m.failed,
             in_flight=m.taken - m.ended,
+            window=m.window() or 0,
             rate=m.rate(),
             tokens=m.tokens() / max(m.elapsed(), 1e-9),
             reward=m.mean("reward"),
