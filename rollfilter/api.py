@@ -31,7 +31,7 @@ import trio
 from rollfilter.aggregate import ResultSpool, aggregate_run
 from rollfilter.client import transport_for
 from rollfilter.config import Config
-from rollfilter.dispatch import RunControl, prepare
+from rollfilter.engine import RunControl, prepare
 from rollfilter.errors import ErrorKind
 from rollfilter.metrics import Metrics
 from rollfilter.outcome import RowFailure

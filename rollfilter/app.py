@@ -22,7 +22,7 @@ from rollfilter import demo as demo_agent
 from rollfilter.aggregate import AggregateReport, ResultSpool, aggregate_run
 from rollfilter.client import Router, resolve_endpoints, transport_for
 from rollfilter.config import Config
-from rollfilter.dispatch import Engine, RunControl, describe, prepare, reward_of
+from rollfilter.engine import Engine, RunControl, describe, prepare, reward_of
 from rollfilter.errors import ErrorKind, ExitStatus, UsageError
 from rollfilter.keytable import KeyTable
 from rollfilter.metrics import Metrics

@@ -151,7 +151,7 @@ UNNAMED_AGENT = "(no name)"  # the key in "agents" for rows routed by -u without
 
 
 class Metrics:
-    """What happened in a run, fed row by row by the dispatcher."""
+    """What happened in a run, fed row by row by the engine."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock

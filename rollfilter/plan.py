@@ -173,7 +173,7 @@ class TaskNumbering:
 
 
 class Planner:
-    """Turns input lines into jobs, one at a time, as the dispatcher asks for them."""
+    """Turns input lines into jobs, one at a time, as the engine asks for them."""
 
     def __init__(self, reader: LineSource, config: Config, resume: ResumeState | None = None) -> None:
         self._reader = reader
