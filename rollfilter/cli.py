@@ -1,4 +1,4 @@
-"""The typer command line: parse options into a `Config`, run it, map outcomes to exit codes.
+"""The command line: parse options into a `Config` (typer), run it, map outcomes to exit codes.
 
 `main` is the one error boundary: everything below it returns an `ExitStatus` or raises;
 here each expected condition becomes a one-line message and its documented status.
@@ -17,8 +17,7 @@ from typing import Annotated, Any
 import trio
 import typer
 
-from rollfilter import __version__
-from rollfilter import app as cli_app
+from rollfilter import __version__, command
 from rollfilter.config import (
     DEFAULT_CONCURRENCY,
     DEFAULT_CONNECT_TIMEOUT,
@@ -55,7 +54,7 @@ unreachable, 74 an output could not be written, 130 interrupted, 141 stdout clos
 143 terminated.
 """
 
-app = typer.Typer(
+typer_app = typer.Typer(
     add_completion=True,
     pretty_exceptions_enable=False,
     pretty_exceptions_show_locals=False,
@@ -70,8 +69,8 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.command(help=HELP, no_args_is_help=False)
-def command(
+@typer_app.command(help=HELP, no_args_is_help=False)
+def parse_and_run(
     ctx: typer.Context,
     files: Annotated[
         list[str] | None,
@@ -439,11 +438,11 @@ def command(
                 f"rollfilter: reading {what} from the terminal (give FILE, or pipe them in; Ctrl-D ends)\n"
             )
     if summarize:
-        raise typer.Exit(execute(lambda: cli_app.summarize(config)))
-    show = cli_app.Presentation(
+        raise typer.Exit(execute(lambda: command.summarize(config)))
+    show = command.Presentation(
         demo=DemoOptions() if demo else None, quiet=quiet, progress=progress, verbose=verbose, dry_run=dry_run
     )
-    raise typer.Exit(execute(lambda: cli_app.run(config, show=show)))
+    raise typer.Exit(execute(lambda: command.run(config, show=show)))
 
 
 def check_demo_alone(
@@ -527,7 +526,7 @@ def _silence_stdout() -> None:
 
 def main() -> None:
     try:
-        code: Any = app(prog_name="rollfilter", standalone_mode=False)
+        code: Any = typer_app(prog_name="rollfilter", standalone_mode=False)
     except typer.TyperException as exc:  # click's usage errors: one line, as for every other error
         sys.stderr.write(f"rollfilter: {exc.format_message()} (see 'rollfilter --help')\n")
         code = exc.exit_code

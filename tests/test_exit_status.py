@@ -333,7 +333,7 @@ def test_a_head_server_that_does_not_answer_its_config_exits_3(status: int, body
 
 def test_a_system_exit_message_is_printed_and_exits_1():
     # main() ends with os._exit, which would drop the message Python prints for sys.exit("...").
-    code = "import sys, rollfilter.cli as cli\ncli.app = lambda **_: sys.exit('rollfilter: gave up')\ncli.main()"
+    code = "import sys, rollfilter.cli as cli\ncli.typer_app = lambda **_: sys.exit('rollfilter: gave up')\ncli.main()"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=SUBPROCESS_TIMEOUT)
     assert proc.returncode == 1
     assert proc.stderr == b"rollfilter: gave up\n"
