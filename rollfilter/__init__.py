@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from rollfilter.api import Failure, Rollout, RolloutRun, Rollouts, open_rollouts, rollouts
+    from rollfilter.api import RolloutRun, Rollouts, open_rollouts, rollouts
     from rollfilter.config import Config
     from rollfilter.errors import ErrorKind, RollfilterError, ServiceError, UsageError
+    from rollfilter.outcomes import Failure, Rollout
 
 _EXPORTS = {
     "Config": "rollfilter.config",
@@ -21,8 +22,8 @@ _EXPORTS = {
     "RollfilterError": "rollfilter.errors",
     "UsageError": "rollfilter.errors",
     "ServiceError": "rollfilter.errors",
-    "Failure": "rollfilter.api",
-    "Rollout": "rollfilter.api",
+    "Failure": "rollfilter.outcomes",
+    "Rollout": "rollfilter.outcomes",
     "RolloutRun": "rollfilter.api",
     "Rollouts": "rollfilter.api",
     "open_rollouts": "rollfilter.api",

@@ -18,11 +18,10 @@ thread (`rollfilter.guest`); under trio it runs in the caller's trio run.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import threading
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
-from typing import Any, ClassVar
+from typing import Any
 
 import msgspec
 import sniffio
@@ -32,55 +31,16 @@ from rollfilter.aggregate import ResultSpool, aggregate_run
 from rollfilter.client import transport_for
 from rollfilter.config import Config
 from rollfilter.engine import RunControl, prepare
-from rollfilter.errors import ErrorKind
 from rollfilter.metrics import Metrics
-from rollfilter.outcome import RowFailure
-from rollfilter.plan import Job
-from rollfilter.sink import Release
+from rollfilter.outcomes import Outcome
+from rollfilter.sinks import ChannelSink
 from rollfilter.source import InputLine
 from rollfilter.tasks import TaskStats
+from rollfilter.writers import Release
 
 Rows = Iterable[Any] | AsyncIterable[Any]
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Rollout:
-    """A finished rollout: the row as sent, and the agent's result with its indices added."""
-
-    ok: ClassVar[bool] = True
-    row: dict[str, Any]
-    result: dict[str, Any]
-    task_index: Any
-    rollout_index: int
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Failure:
-    """A failed rollout, as in the errors record. `row` is None when the input was not an object.
-
-    `failure_class` is the agent's own `_ng_failure_class` (kind `agent_failure`), `terminal`
-    says whether running the rollout again can help, and `answer` is the agent's answer when
-    it reported the failure itself. Kind `not_persisted` is a rollout whose answer carried
-    `_ng_no_persist`: the CLI writes it nowhere, and a resumed run runs it again.
-    """
-
-    ok: ClassVar[bool] = False
-    row: dict[str, Any] | None
-    task_index: Any
-    rollout_index: int
-    kind: ErrorKind
-    message: str
-    status: int | None
-    attempts: int
-    number: int  # the row's 1-based position in the input
-    failure_class: str | None = None
-    terminal: bool = False
-    answer: dict[str, Any] | None = None
-
-
-Outcome = Rollout | Failure
 
 
 class _RowFeed:
@@ -131,32 +91,6 @@ class _RowFeed:
             await self._async.aclose()
         elif self._sync is not None and hasattr(self._sync, "close"):
             self._sync.close()
-
-
-class _ChannelSink:
-    """Passes outcomes to the consumer; a row's slot is given back when the consumer takes it."""
-
-    def __init__(self, send: trio.MemorySendChannel[tuple[Outcome, Release]]) -> None:
-        self._send = send
-
-    def result(self, job: Job, result: dict[str, Any], release: Release) -> None:
-        self._send.send_nowait((Rollout(_decode(job.body), result, job.task_index, job.rollout_index), release))
-
-    def failure(self, job: Job, failure: RowFailure, release: Release) -> None:
-        outcome = Failure(
-            _decode(job.body) if job.row is not None else None, job.task_index, job.rollout_index, failure.kind,
-            failure.message, failure.status, failure.attempts, job.line, failure.failure_class,
-            failure.is_terminal, failure.answer,
-        )  # fmt: skip
-        self._send.send_nowait((outcome, release))
-
-    def not_persisted(self, job: Job, release: Release) -> None:
-        message = "the agent asked for this rollout not to be kept (_ng_no_persist)"
-        outcome = Failure(
-            _decode(job.body), job.task_index, job.rollout_index, ErrorKind.NOT_PERSISTED, message, None,
-            job.retries + 1, job.line,
-        )  # fmt: skip
-        self._send.send_nowait((outcome, release))
 
 
 class RolloutRun:
@@ -225,7 +159,7 @@ async def _open_rollouts_in_trio(rows: Rows, config: Config) -> AsyncIterator[Ro
     spool = ResultSpool() if config.aggregate else None
     try:
         engine = await prepare(
-            config, source=feed, sink=_ChannelSink(send), transport=transport,
+            config, source=feed, sink=ChannelSink(send), transport=transport,
             control=control, metrics=metrics, tasks=tasks, spool=spool,
         )  # fmt: skip
 

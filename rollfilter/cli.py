@@ -38,8 +38,8 @@ from rollfilter.demo import DemoOptions
 from rollfilter.errors import ExitStatus, RollfilterError, UsageError
 from rollfilter.gc_policy import collect_garbage_for_a_run
 from rollfilter.resume import max_attempts_from_environment
-from rollfilter.sink import OutputClosed, OutputFailed
 from rollfilter.transport import connections_that_fit, raise_open_file_limit
+from rollfilter.writers import OutputClosed, OutputFailed
 
 EXAMPLE_ROWS = Path(__file__).parent / "examples" / "weather.jsonl"  # NeMo Gym's five-row example
 HELP = """Collect agent rollouts: JSONL rows in (FILEs or stdin), one result line out per row as it finishes.

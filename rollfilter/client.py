@@ -24,7 +24,7 @@ from rollfilter.adaptive import AdaptiveWindow, Signal
 from rollfilter.config import Config
 from rollfilter.errors import ErrorKind, ServiceError, UsageError
 from rollfilter.headserver import HeadServerAgents, fetch_agents
-from rollfilter.outcome import RowFailure
+from rollfilter.outcomes import RowFailure
 from rollfilter.transport import (
     AgentTransport,
     CertificateError,

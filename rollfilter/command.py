@@ -13,7 +13,6 @@ import os
 import signal
 import stat
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import msgspec
 import trio
@@ -23,16 +22,18 @@ from rollfilter.aggregate import AggregateReport, ResultSpool, aggregate_run
 from rollfilter.client import Router, resolve_endpoints, transport_for
 from rollfilter.config import Config
 from rollfilter.engine import Engine, RunControl, describe, prepare, reward_of
-from rollfilter.errors import ErrorKind, ExitStatus, UsageError
+from rollfilter.errors import ExitStatus, UsageError
 from rollfilter.keytable import KeyTable
 from rollfilter.metrics import Metrics
-from rollfilter.outcome import RowFailure
-from rollfilter.plan import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX, Job, agent_name, parse_row
+from rollfilter.outcomes import Failure, RowFailure, failure_of
+from rollfilter.plan import Job
 from rollfilter.resume import ResumeState, drop_torn_tail, read_pairs, result_records
-from rollfilter.sink import BatchWriter, LineWriter, OutputClosed, OutputFailed, Release, Reorderer, write_all
+from rollfilter.rows import TASK_INDEX, agent_name, parse_row
+from rollfilter.sinks import LineSink
 from rollfilter.source import STDIN, LineReader, check_inputs
 from rollfilter.tasks import TaskStats
 from rollfilter.transport import printable, shown
+from rollfilter.writers import BatchWriter, LineWriter, OutputClosed, OutputFailed, write_all
 
 _encode = msgspec.json.Encoder().encode
 APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT
@@ -68,76 +69,6 @@ def open_for_append(path: str, option: str, *, must_be_empty: bool = False) -> i
                 " --append to add to it, or a new file"
             )
     return fd
-
-
-def error_record(job: Job, failure: RowFailure) -> dict[str, Any]:
-    """One line of the errors record, which is also NeMo Gym's failures sidecar: the pair's
-    indices, agent and failure class at the top level, then where the row came from, the
-    row as sent, what went wrong, and the agent's own answer when it reported the failure."""
-    record: dict[str, Any] = {TASK_INDEX: job.task_index, ROLLOUT_INDEX: job.rollout_index}
-    if job.row is not None and AGENT_REF in job.row:
-        record[AGENT_REF] = job.row[AGENT_REF]
-    if job.attempt_index is not None:
-        record[ATTEMPT_INDEX] = job.attempt_index
-    record["_ng_failure_class"] = failure.gym_class
-    if failure.is_terminal:
-        record["_ng_failure_terminal"] = True
-    record["source"] = job.source
-    record["line"] = job.line
-    record["attempts"] = failure.attempts
-    record["error"] = {"kind": failure.kind.value, "status": failure.status, "message": failure.message}
-    if job.row is not None:
-        record["row"] = msgspec.Raw(job.body)
-    else:
-        record["raw"] = job.body.decode(errors="backslashreplace")
-    if failure.answer is not None:
-        record["answer"] = failure.answer
-    return record
-
-
-def error_message(job: Job, failure: RowFailure, repeats: int) -> str:
-    """The one-line stderr report of a failed row, with control characters escaped."""
-    where = f"{job.source}:{job.line}"
-    if repeats > 1:
-        where += f" (rollout {job.rollout_index})"
-    tries = f" (after {failure.attempts} attempts)" if failure.attempts > 1 else ""
-    return printable(f"rollfilter: {where}: {failure.kind.value}: {failure.message}{tries}")
-
-
-class LineSink:
-    """Writes results as JSON lines and failures as records or stderr lines."""
-
-    def __init__(self, results: LineWriter, errors: LineWriter, *, records: bool, ordered: bool, repeats: int) -> None:
-        self._results = results
-        self._errors = errors
-        self._records = records
-        self._repeats = repeats
-        self._reorderer = Reorderer() if ordered else None
-
-    def result(self, job: Job, result: dict[str, Any], release: Release) -> None:
-        line = _encode(result) + b"\n"
-        if self._reorderer is None:
-            self._results.write(line, release)
-        else:
-            self._reorderer.emit(job.seq, lambda: self._results.write(line, release))
-
-    def failure(self, job: Job, failure: RowFailure, release: Release) -> None:
-        if self._records:
-            self._errors.write(_encode(error_record(job, failure)) + b"\n")
-        else:
-            self._errors.write(error_message(job, failure, self._repeats).encode(errors="replace") + b"\n")
-        self.not_persisted(job, release)
-
-    def not_persisted(self, job: Job, release: Release) -> None:
-        if self._reorderer is None:
-            release()
-        else:
-            self._reorderer.emit(job.seq, release)
-
-    def flush_held(self) -> None:
-        """Write what --ordered still holds behind unfinished rows (the run was stopped)."""
-        if self._reorderer is not None:
-            self._reorderer.flush()
 
 
 async def _watch_signals(control: RunControl, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -360,7 +291,7 @@ async def _run_open(
                 await trio.to_thread.run_sync(spool_results_file, spool, earlier.results)
             if show.dry_run:
                 with control.scope:
-                    await dry_run(engine, results, log)
+                    await dry_run(engine, results, log, repeated=config.max_repeats > 1)
             else:
                 await engine.run()
             if control.status is not None:
@@ -443,19 +374,18 @@ def _known_total(config: Config) -> Callable[[], int | None]:
     return count
 
 
-async def dry_run(engine: Engine, out: BatchWriter, log: LineWriter) -> None:
+async def dry_run(engine: Engine, out: BatchWriter, log: LineWriter, *, repeated: bool) -> None:
     """Write each row exactly as it would be sent, to stdout, and its route to stderr; send nothing."""
     while (job := await engine.planner.next_job()) is not None:
         engine.metrics.taken += 1
-        where = describe(job)
         route = job.failure or engine.router.route(job.agent_name)
         if isinstance(route, RowFailure):
             engine.metrics.add_failure(route)
-            log.write(f"rollfilter: {where}: {route.kind.value}: {route.message}\n".encode(errors="replace"))
+            log.write(Failure.of(job, route).line(repeated=repeated).encode(errors="replace") + b"\n")
             continue
         out.write(job.body + b"\n")
         url = ",".join(shown(replica.url) for replica in route.replicas)
-        log.write(f"rollfilter: {where} -> POST {url}\n".encode(errors="replace"))
+        log.write(f"rollfilter: {describe(job)} -> POST {url}\n".encode(errors="replace"))
         engine.metrics.succeeded += 1
     engine.metrics.skipped = engine.planner.skipped
     engine.metrics.not_retried = engine.planner.given_up
@@ -525,24 +455,6 @@ async def summarize(config: Config, *, streams: Streams = Streams()) -> ExitStat
             streams.stderr, (printable(f"rollfilter: --aggregate: {problem}") + "\n").encode(errors="replace")
         )
     return ExitStatus.OK
-
-
-def failure_of(record: dict[str, Any]) -> RowFailure | None:
-    """The failure a line of an errors record (or of NeMo Gym's failures sidecar) describes,
-    or None for a result line."""
-    error = record.get("error")
-    gym_class = record.get("_ng_failure_class")
-    if TASK_INDEX not in record or (not isinstance(error, dict) and gym_class is None):
-        return None
-    error = error if isinstance(error, dict) else {}
-    try:
-        kind = ErrorKind(str(error.get("kind", gym_class)))
-    except ValueError:
-        kind = ErrorKind.AGENT_FAILURE
-    agent_class = str(gym_class) if kind is ErrorKind.AGENT_FAILURE and gym_class is not None else None
-    message = str(error.get("message", f"the agent reported failure class {gym_class!r}"))
-    terminal = bool(record.get("_ng_failure_terminal"))
-    return RowFailure(kind, message, error.get("status"), failure_class=agent_class, terminal=terminal)
 
 
 def _write_stderr(fd: int, data: bytes) -> None:

@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 import trio
@@ -23,28 +23,17 @@ from rollfilter.client import Agent, AgentClient, Router, resolve_endpoints
 from rollfilter.config import Config, FailureLimit
 from rollfilter.errors import ErrorKind, ExitStatus, UsageError
 from rollfilter.metrics import UNNAMED_AGENT, Metrics, as_float
-from rollfilter.outcome import RowFailure
-from rollfilter.plan import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX, Job, LineSource, Planner
+from rollfilter.outcomes import RowFailure
+from rollfilter.plan import Job, LineSource, Planner
 from rollfilter.resume import ResumeState
-from rollfilter.sink import Release
+from rollfilter.rows import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX
+from rollfilter.sinks import RowSink
 from rollfilter.tasks import TaskStats
 from rollfilter.transport import AgentTransport, printable, shown
+from rollfilter.writers import Release
 
 ERROR_REASON_CHARS = 200  # how much of an agent's failure_reason a message quotes
 START_BATCH = 64  # workers started in one scheduler step
-
-
-class RowSink(Protocol):
-    """Where finished rows go. Each call must arrange for `release` to run once the row is
-    out of memory (written, or handed over): until then the row holds a concurrency slot."""
-
-    def result(self, job: Job, result: dict[str, Any], release: Release) -> None: ...
-
-    def failure(self, job: Job, failure: RowFailure, release: Release) -> None: ...
-
-    def not_persisted(self, job: Job, release: Release) -> None:
-        """A rollout the agent asked to keep nowhere (`_ng_no_persist`): it leaves no line."""
-        ...
 
 
 class RunControl:

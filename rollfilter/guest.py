@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from rollfilter.api import Outcome, RolloutRun, Rows
+from rollfilter.api import RolloutRun, Rows
 from rollfilter.config import Config
+from rollfilter.outcomes import Outcome
 
 if TYPE_CHECKING:
     import outcome

@@ -15,7 +15,7 @@ from typing import Any
 
 from rollfilter.adaptive import AdaptiveWindow
 from rollfilter.errors import ErrorKind
-from rollfilter.outcome import RowFailure
+from rollfilter.outcomes import RowFailure
 from rollfilter.tasks import TaskStats
 
 _BUCKET_GROWTH = math.log(1.01)

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import zlib
 from array import array
-from collections.abc import Iterable
 from typing import Any, Protocol
 
 import msgspec
@@ -23,15 +21,20 @@ import trio
 from rollfilter.config import Config
 from rollfilter.errors import ErrorKind
 from rollfilter.keytable import KeyTable
-from rollfilter.outcome import RowFailure
+from rollfilter.outcomes import RowFailure
 from rollfilter.resume import ResumeState
+from rollfilter.rows import (
+    AGENT_REF,
+    ATTEMPT_INDEX,
+    ROLLOUT_INDEX,
+    TASK_INDEX,
+    add_seed,
+    agent_name,
+    apply_params,
+    check_seedable,
+    parse_row,
+)
 from rollfilter.source import InputLine
-
-TASK_INDEX = "_ng_task_index"
-ROLLOUT_INDEX = "_ng_rollout_index"
-ATTEMPT_INDEX = "_ng_attempt_index"
-AGENT_REF = "agent_ref"
-PASSED_THROUGH = ("skills_ref", "_ng_rollout_id")  # copied from the row to its result, as NeMo Gym does
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -55,60 +58,6 @@ class Job:
     retries: int = 0  # retries so far, counted by the engine
 
 
-def parse_row(data: bytes) -> dict[str, Any] | str:
-    """The row as a dict, or a short reason why the line is not a JSON object."""
-    try:
-        value = _decode(data)
-    except msgspec.DecodeError as exc:
-        return _describe_decode_error(data, exc)
-    except msgspec.ValidationError as exc:  # numbers like 1e400
-        return f"invalid JSON: {exc}"
-    except RecursionError:
-        return "invalid JSON: nested too deeply"
-    if not isinstance(value, dict):
-        return f"not a JSON object (a JSON {_json_type(value)})"
-    return value
-
-
-def _describe_decode_error(data: bytes, exc: msgspec.DecodeError) -> str:
-    if data.startswith(b"\xef\xbb\xbf"):
-        return "invalid JSON: starts with a byte order mark (BOM)"
-    try:
-        data.decode()
-    except UnicodeDecodeError as err:
-        return f"invalid UTF-8 at byte {err.start}"
-    if b"NaN" in data or b"Infinity" in data:
-        return f"invalid JSON (NaN and Infinity are not JSON): {exc}"
-    return f"invalid JSON: {exc}"
-
-
-def _json_type(value: Any) -> str:
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, bool):
-        return "boolean"
-    if value is None:
-        return "null"
-    return "number"
-
-
-def apply_params(row: dict[str, Any], params: Iterable[tuple[str, Any]]) -> str | None:
-    """Set `responses_create_params.KEY` (dotted KEYs reach into objects); a reason on failure."""
-    for key, value in params:
-        target = row.setdefault("responses_create_params", {})
-        *parents, leaf = key.split(".")
-        for part in parents:
-            if not isinstance(target, dict):
-                break
-            target = target.setdefault(part, {})
-        if not isinstance(target, dict):
-            return f"cannot set -p {key}: responses_create_params.{key.rpartition('.')[0] or key} is not an object"
-        target[leaf] = value
-    return None
-
-
 def shard_of(task_index: Any, shards: int) -> int:
     """The shard a task belongs to: its index mod N (a stable hash for non-integer indices)."""
     if type(task_index) is int:
@@ -124,13 +73,6 @@ class LineSource(Protocol):
         ...
 
     async def fill(self) -> None: ...
-
-
-def agent_name(row: dict[str, Any]) -> str | None:
-    """The row's `agent_ref.name`, if it is a string."""
-    ref = row.get(AGENT_REF)
-    name = ref.get("name") if isinstance(ref, dict) else None
-    return name if isinstance(name, str) else None
 
 
 class TaskNumbering:
@@ -239,7 +181,7 @@ class Planner:
                     self.agents_seen.add(name)
                 reason = apply_params(row, config.params) if config.params else None
                 if reason is None and config.repeat_seeds:
-                    reason = _check_seedable(row)
+                    reason = check_seedable(row)
                 if reason is not None:
                     failure = RowFailure(ErrorKind.BAD_INPUT, reason)
                 if TASK_INDEX in row:
@@ -293,32 +235,7 @@ def _encoded_rollout(row: dict[str, Any], rollout: int, attempt: int, *, seeds: 
     copy = dict(row)
     copy[ROLLOUT_INDEX] = rollout
     if seeds:
-        _add_seed(copy, rollout)
+        add_seed(copy, rollout)
     if attempt:
         copy[ATTEMPT_INDEX] = attempt
     return _encode(copy)
-
-
-def _check_seedable(row: dict[str, Any]) -> str | None:
-    """Why --repeat-seeds cannot put a seed into this row, or None."""
-    params = row.get("responses_create_params", {})
-    metadata = params.get("metadata", {}) if isinstance(params, dict) else None
-    if not isinstance(metadata, dict):
-        return "--repeat-seeds: responses_create_params.metadata is not an object"
-    extra = metadata.get("extra_body", "{}")
-    try:
-        if isinstance(extra, str) and isinstance(json.loads(extra), dict):
-            return None
-    except ValueError:
-        pass
-    return "--repeat-seeds: responses_create_params.metadata.extra_body is not a JSON object in a string"
-
-
-def _add_seed(row: dict[str, Any], rollout: int) -> None:
-    """Merge "seed": rollout into metadata.extra_body, as NeMo Gym's num_repeats_add_seed does
-    (a JSON string written by Python's json.dumps), copying what it changes."""
-    params = row["responses_create_params"] = dict(row.get("responses_create_params", {}))
-    metadata = params["metadata"] = dict(params.get("metadata", {}))
-    extra = json.loads(metadata.get("extra_body", "{}"))
-    extra["seed"] = rollout
-    metadata["extra_body"] = json.dumps(extra)

@@ -27,7 +27,7 @@ from rollfilter.client import (
 )
 from rollfilter.config import DEFAULT_RETRY_STATUSES, Config
 from rollfilter.errors import ErrorKind
-from rollfilter.outcome import RowFailure
+from rollfilter.outcomes import RowFailure
 from rollfilter.transport import BadReply, CertificateError, Reply, printable
 
 URL = "http://127.0.0.1:8000/run"

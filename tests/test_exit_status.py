@@ -18,7 +18,7 @@ import trio
 import trio.testing
 
 from rollfilter.errors import ExitStatus
-from rollfilter.sink import BatchWriter, OutputClosed, OutputFailed
+from rollfilter.writers import BatchWriter, OutputClosed, OutputFailed
 from tests.conftest import (
     SUBPROCESS_TIMEOUT,
     DemoServer,

@@ -1,12 +1,12 @@
-"""Result lines and error lines out: batched writes of whole lines, in either order.
+"""Writers of whole lines to a file descriptor: batched, and never a torn line.
 
 A regular file (or /dev/null) is written directly: the page cache takes the write at
 once. A pipe, terminal or socket can block for as long as its reader pleases, so those
 are written from a worker thread, lines gathered for a moment and while a write is under
-way: one thread hop per batch, not per line (20,000 single-line hops took ~4 s; batched,
-0.02 s). Every write holds whole lines only, so `>>` from several processes into one file
-never tears a line. A row's concurrency slot is given back once its line is written,
-which bounds what is buffered by the concurrency.
+way: one thread hop per batch, not per line (a hop per line is ruinous: see
+shared/field-notes.md, "trio"). Every write holds whole lines only, so `>>` from several
+processes into one file never tears a line. A row's concurrency slot is given back once
+its line is written, which bounds what is buffered by the concurrency.
 """
 
 from __future__ import annotations
@@ -151,33 +151,3 @@ class BatchWriter:
                     release()
         finally:
             self.drained.set()
-
-
-class Reorderer:
-    """Holds finished rows until every earlier row has finished, for --ordered.
-
-    `emit(seq, action)` runs `action` when `seq` is next; actions run in seq order.
-    """
-
-    def __init__(self) -> None:
-        self._next = 0
-        self._waiting: dict[int, Callable[[], None]] = {}
-
-    def emit(self, seq: int, action: Callable[[], None]) -> None:
-        if seq != self._next:
-            self._waiting[seq] = action
-            return
-        action()
-        self._next += 1
-        while self._next in self._waiting:
-            self._waiting.pop(self._next)()
-            self._next += 1
-
-    @property
-    def held(self) -> int:
-        return len(self._waiting)
-
-    def flush(self) -> None:
-        """Run every held action in order, skipping the gaps of rows that never finished."""
-        for seq in sorted(self._waiting):
-            self._waiting.pop(seq)()

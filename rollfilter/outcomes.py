@@ -1,0 +1,155 @@
+"""What became of one rollout, in one shape for the command line and the Python API.
+
+`Rollout` (the row as sent and the agent's result) and `Failure` (the row, where it came
+from, and why) are what the API hands out; the command writes the same objects, a result
+line for a Rollout and an errors-record line (`Failure.record()`) or a stderr line
+(`Failure.line()`) for a Failure. `RowFailure` is the engine's account of why a rollout
+failed, before it is tied to its row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import msgspec
+
+from rollfilter.errors import ErrorKind
+from rollfilter.rows import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX
+from rollfilter.transport import printable
+
+if TYPE_CHECKING:
+    from rollfilter.plan import Job
+
+_decode = msgspec.json.Decoder().decode
+
+TERMINAL_KINDS = frozenset({ErrorKind.BAD_INPUT, ErrorKind.NO_ROUTE})  # retrying cannot fix these
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RowFailure:
+    """Why a rollout failed, for the errors record; `attempts` counts requests sent.
+
+    `failure_class` is the agent's own `_ng_failure_class` (None for rollfilter's kinds),
+    `terminal` marks a failure that running the rollout again cannot fix, and `answer`
+    holds the agent's 2xx answer when the agent itself reported the failure.
+    """
+
+    kind: ErrorKind
+    message: str
+    status: int | None = None
+    attempts: int = 0
+    retryable: bool = False
+    failure_class: str | None = None
+    terminal: bool = False
+    answer: dict[str, Any] | None = None
+
+    def with_attempts(self, attempts: int) -> RowFailure:
+        return dataclasses.replace(self, attempts=attempts)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.terminal or self.kind in TERMINAL_KINDS
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rollout:
+    """A finished rollout: the row as sent, and the agent's result with its indices added."""
+
+    ok: ClassVar[bool] = True
+    row: dict[str, Any]
+    result: dict[str, Any]
+    task_index: Any
+    rollout_index: int
+
+    @classmethod
+    def of(cls, job: Job, result: dict[str, Any]) -> Rollout:
+        return cls(_decode(job.body), result, job.task_index, job.rollout_index)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Failure:
+    """A failed rollout, as the errors record holds it. `row` is the row as sent, None when the
+    input line was not a JSON object (`raw` then holds its text).
+
+    `failure_class` is the agent's own `_ng_failure_class` (kind `agent_failure`), `terminal`
+    says whether running the rollout again can help, and `answer` is the agent's answer when
+    it reported the failure itself. Kind `not_persisted` is a rollout whose answer carried
+    `_ng_no_persist`: the command writes it nowhere, and a resumed run runs it again.
+    """
+
+    ok: ClassVar[bool] = False
+    row: dict[str, Any] | None
+    task_index: Any
+    rollout_index: int
+    kind: ErrorKind
+    message: str
+    status: int | None
+    attempts: int
+    number: int  # the row's 1-based line number in `source`
+    failure_class: str | None = None
+    terminal: bool = False
+    answer: dict[str, Any] | None = None
+    source: str = "<rows>"  # the input it came from: a FILE, <stdin>, or the API's rows
+    raw: str | None = None  # the line's text, when it is not a JSON object
+    attempt_index: Any = None  # _ng_attempt_index as sent
+
+    @classmethod
+    def of(cls, job: Job, failure: RowFailure) -> Failure:
+        row = _decode(job.body) if job.row is not None else None
+        raw = job.body.decode(errors="backslashreplace") if row is None else None
+        return cls(
+            row, job.task_index, job.rollout_index, failure.kind, failure.message, failure.status, failure.attempts,
+            job.line, failure.failure_class, failure.is_terminal, failure.answer, job.source, raw, job.attempt_index,
+        )  # fmt: skip
+
+    def record(self) -> dict[str, Any]:
+        """One line of the errors record, which is also NeMo Gym's failures sidecar: the pair's
+        indices, agent and failure class at the top level, then where the row came from, the
+        row as sent, what went wrong, and the agent's own answer when it reported the failure."""
+        record: dict[str, Any] = {TASK_INDEX: self.task_index, ROLLOUT_INDEX: self.rollout_index}
+        if self.row is not None and AGENT_REF in self.row:
+            record[AGENT_REF] = self.row[AGENT_REF]
+        if self.attempt_index is not None:
+            record[ATTEMPT_INDEX] = self.attempt_index
+        record["_ng_failure_class"] = self.failure_class if self.failure_class is not None else self.kind.value
+        if self.terminal:
+            record["_ng_failure_terminal"] = True
+        record["source"] = self.source
+        record["line"] = self.number
+        record["attempts"] = self.attempts
+        record["error"] = {"kind": self.kind.value, "status": self.status, "message": self.message}
+        if self.row is not None:
+            record["row"] = self.row
+        else:
+            record["raw"] = self.raw
+        if self.answer is not None:
+            record["answer"] = self.answer
+        return record
+
+    def line(self, *, repeated: bool = False) -> str:
+        """The one-line report on stderr, with control characters escaped; `repeated` names the rollout."""
+        where = f"{self.source}:{self.number}" + (f" (rollout {self.rollout_index})" if repeated else "")
+        tries = f" (after {self.attempts} attempts)" if self.attempts > 1 else ""
+        return printable(f"rollfilter: {where}: {self.kind.value}: {self.message}{tries}")
+
+
+Outcome = Rollout | Failure
+
+
+def failure_of(record: dict[str, Any]) -> RowFailure | None:
+    """The failure a line of an errors record (or of NeMo Gym's failures sidecar) describes,
+    or None for a result line."""
+    error = record.get("error")
+    gym_class = record.get("_ng_failure_class")
+    if TASK_INDEX not in record or (not isinstance(error, dict) and gym_class is None):
+        return None
+    error = error if isinstance(error, dict) else {}
+    try:
+        kind = ErrorKind(str(error.get("kind", gym_class)))
+    except ValueError:
+        kind = ErrorKind.AGENT_FAILURE
+    agent_class = str(gym_class) if kind is ErrorKind.AGENT_FAILURE and gym_class is not None else None
+    message = str(error.get("message", f"the agent reported failure class {gym_class!r}"))
+    terminal = bool(record.get("_ng_failure_terminal"))
+    return RowFailure(kind, message, error.get("status"), failure_class=agent_class, terminal=terminal)

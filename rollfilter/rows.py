@@ -1,0 +1,103 @@
+"""What a row is: an input line parsed as a JSON object, its NeMo Gym keys, and the changes a
+run makes to it (the -p overrides, the --repeat-seeds seed)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+
+TASK_INDEX = "_ng_task_index"
+ROLLOUT_INDEX = "_ng_rollout_index"
+ATTEMPT_INDEX = "_ng_attempt_index"
+AGENT_REF = "agent_ref"
+
+_decode = msgspec.json.Decoder().decode
+
+
+def parse_row(data: bytes) -> dict[str, Any] | str:
+    """The row as a dict, or a short reason why the line is not a JSON object."""
+    try:
+        value = _decode(data)
+    except msgspec.DecodeError as exc:
+        return _describe_decode_error(data, exc)
+    except msgspec.ValidationError as exc:  # numbers like 1e400
+        return f"invalid JSON: {exc}"
+    except RecursionError:
+        return "invalid JSON: nested too deeply"
+    if not isinstance(value, dict):
+        return f"not a JSON object (a JSON {_json_type(value)})"
+    return value
+
+
+def _describe_decode_error(data: bytes, exc: msgspec.DecodeError) -> str:
+    if data.startswith(b"\xef\xbb\xbf"):
+        return "invalid JSON: starts with a byte order mark (BOM)"
+    try:
+        data.decode()
+    except UnicodeDecodeError as err:
+        return f"invalid UTF-8 at byte {err.start}"
+    if b"NaN" in data or b"Infinity" in data:
+        return f"invalid JSON (NaN and Infinity are not JSON): {exc}"
+    return f"invalid JSON: {exc}"
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    return "number"
+
+
+def apply_params(row: dict[str, Any], params: Iterable[tuple[str, Any]]) -> str | None:
+    """Set `responses_create_params.KEY` (dotted KEYs reach into objects); a reason on failure."""
+    for key, value in params:
+        target = row.setdefault("responses_create_params", {})
+        *parents, leaf = key.split(".")
+        for part in parents:
+            if not isinstance(target, dict):
+                break
+            target = target.setdefault(part, {})
+        if not isinstance(target, dict):
+            return f"cannot set -p {key}: responses_create_params.{key.rpartition('.')[0] or key} is not an object"
+        target[leaf] = value
+    return None
+
+
+def agent_name(row: dict[str, Any]) -> str | None:
+    """The row's `agent_ref.name`, if it is a string."""
+    ref = row.get(AGENT_REF)
+    name = ref.get("name") if isinstance(ref, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def check_seedable(row: dict[str, Any]) -> str | None:
+    """Why --repeat-seeds cannot put a seed into this row, or None."""
+    params = row.get("responses_create_params", {})
+    metadata = params.get("metadata", {}) if isinstance(params, dict) else None
+    if not isinstance(metadata, dict):
+        return "--repeat-seeds: responses_create_params.metadata is not an object"
+    extra = metadata.get("extra_body", "{}")
+    try:
+        if isinstance(extra, str) and isinstance(json.loads(extra), dict):
+            return None
+    except ValueError:
+        pass
+    return "--repeat-seeds: responses_create_params.metadata.extra_body is not a JSON object in a string"
+
+
+def add_seed(row: dict[str, Any], rollout: int) -> None:
+    """Merge "seed": rollout into metadata.extra_body, as NeMo Gym's num_repeats_add_seed does
+    (a JSON string written by Python's json.dumps), copying what it changes."""
+    params = row["responses_create_params"] = dict(row.get("responses_create_params", {}))
+    metadata = params["metadata"] = dict(params.get("metadata", {}))
+    extra = json.loads(metadata.get("extra_body", "{}"))
+    extra["seed"] = rollout
+    metadata["extra_body"] = json.dumps(extra)
