@@ -18,8 +18,9 @@ from typing import IO, Any
 import httpx
 import msgspec
 
-from rollfilter.client import Router, request_headers
+from rollfilter.client import request_headers
 from rollfilter.config import Config
+from rollfilter.routing import Router
 from rollfilter.transport import origin, tls_context
 
 # What NeMo Gym's collector leaves out of each verify response (response.usage is put back).

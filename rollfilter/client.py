@@ -1,4 +1,4 @@
-"""Where a row goes and how it gets there: routing, replicas, one POST with retries.
+"""How a row gets to its agent: one POST with retries, redirects, and every failure's kind.
 
 Every failure becomes a `RowFailure` with an `ErrorKind`; nothing here raises for a row.
 Header values are secrets: no message built here ever contains them.
@@ -6,13 +6,12 @@ Header values are secrets: no message built here ever contains them.
 
 from __future__ import annotations
 
-import dataclasses
 import email.utils
 import http
 import math
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -20,15 +19,14 @@ import msgspec
 import trio
 
 from rollfilter import __version__
-from rollfilter.adaptive import AdaptiveWindow, Signal
+from rollfilter.adaptive import Signal
 from rollfilter.config import Config
-from rollfilter.errors import ErrorKind, ServiceError, UsageError
-from rollfilter.headserver import HeadServerAgents, fetch_agents
+from rollfilter.errors import ErrorKind
 from rollfilter.outcomes import RowFailure
+from rollfilter.routing import Agent, Replica
 from rollfilter.transport import (
     AgentTransport,
     CertificateError,
-    HTTP11Transport,
     Reply,
     open_transport,
     origin,
@@ -38,119 +36,14 @@ from rollfilter.transport import (
 
 BACKOFF_BASE = 0.5  # seconds before the first retry (times full jitter)
 BACKOFF_CAP = 30.0  # the longest jittered pause between two attempts
-COOLDOWN_BASE = 1.0  # a replica whose connections fail sits out this long, doubling
-COOLDOWN_CAP = 60.0
 ERROR_BODY_CHARS = 200  # how much of an error response's body a message quotes
 # The longest wait a Retry-After header can ask for (a day is legal); --timeout, when
 # shorter, bounds it too. Documented in the man page under --retries.
 RETRY_AFTER_CAP = 120.0
 MAX_REDIRECTS = 5  # 307/308 hops followed within one attempt
 TRUST_ADVICE = "to trust its CA, give --cacert FILE or set SSL_CERT_FILE=FILE; --insecure skips the check"
-HEAD_SERVER_TIMEOUT = 30.0  # seconds for the one config fetch, connecting included
 
 _decode = msgspec.json.Decoder().decode
-
-
-@dataclasses.dataclass(slots=True, eq=False)
-class Replica:
-    """One URL of an agent, with the counts the least-outstanding choice needs."""
-
-    url: httpx.URL
-    outstanding: int = 0
-    requests: int = 0
-    failures: int = 0
-    cool_until: float = 0.0
-    cooldown: float = 0.0
-
-    def connection_failed(self, now: float) -> None:
-        self.cooldown = min(COOLDOWN_CAP, self.cooldown * 2 or COOLDOWN_BASE)
-        self.cool_until = now + self.cooldown
-
-    def connection_worked(self) -> None:
-        self.cooldown = 0.0
-        self.cool_until = 0.0
-
-
-@dataclasses.dataclass(slots=True, eq=False)
-class Agent:
-    """An agent by name (None for -u), its replicas, and with --adaptive its window."""
-
-    name: str | None
-    replicas: list[Replica]
-    window: AdaptiveWindow | None = None
-
-    def pick(self, now: float, avoid: Replica | None = None) -> Replica:
-        """The replica with the fewest requests outstanding among those not cooling down,
-        preferring one other than `avoid` (the replica that just failed the row)."""
-        if len(self.replicas) == 1:
-            return self.replicas[0]
-        ready = [r for r in self.replicas if r.cool_until <= now and r is not avoid]
-        if not ready:
-            ready = [r for r in self.replicas if r.cool_until <= now] or [
-                min(self.replicas, key=lambda r: r.cool_until)
-            ]
-        return min(ready, key=lambda r: r.outstanding)
-
-
-class Router:
-    """Chooses the agent for a row: by its agent name (-e, or the head server), else -u.
-
-    The name is the row's `agent_ref.name`, which -a has filled for rows that named none.
-    `endpoints` (default: config.endpoints) may hold names from a head server too;
-    `head` only makes the message for an unknown name say what the head server knows.
-    """
-
-    def __init__(
-        self,
-        config: Config,
-        endpoints: Mapping[str, tuple[str, ...]] | None = None,
-        head: HeadServerAgents | None = None,
-        *,
-        window_for: Callable[[str | None], AdaptiveWindow] | None = None,
-    ) -> None:
-        def agent(name: str | None, urls: Iterable[str]) -> Agent:
-            window = window_for(name) if window_for is not None else None
-            return Agent(name, [Replica(httpx.URL(url)) for url in urls], window)
-
-        self._default = agent(None, [config.url]) if config.url else None
-        named = endpoints if endpoints is not None else config.endpoints
-        self.agents = {name: agent(name, urls) for name, urls in named.items()}
-        self._head = head
-
-    def route(self, name: str | None) -> Agent | RowFailure:
-        """The agent for a row of agent `name` (None: the row names none), or a no_route failure."""
-        if name is not None and name in self.agents:
-            return self.agents[name]
-        if self._default is not None:
-            return self._default
-        if name is None:
-            message = "row has no agent_ref.name; give -a NAME to name its agent, or -u URL"
-        elif self._head is not None and name in self._head.incomplete:
-            message = f"agent {name!r} has no host and port in the head server's config"
-        elif self._head is not None:
-            message = f"agent {name!r} is not known to the head server (it knows: {self._head.describe_known()})"
-        else:
-            message = f"no endpoint for agent {name!r}; give -e {name}=URL or -u URL"
-        return RowFailure(ErrorKind.NO_ROUTE, message)
-
-    def run_url(self, name: str) -> str | None:
-        """The /run URL rows of agent `name` go to (its first replica), or None."""
-        agent = self.agents.get(name) or self._default
-        return str(agent.replicas[0].url) if agent is not None else None
-
-    def replica_counts(self) -> list[dict[str, Any]]:
-        """Requests and failures per replica, for agents that have more than one."""
-        return [
-            {
-                "agent": agent.name,
-                "url": shown(replica.url),
-                "requests": replica.requests,
-                "failures": replica.failures,
-            }
-            for agent in self.agents.values()
-            if len(agent.replicas) > 1
-            for replica in agent.replicas
-        ]
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -390,28 +283,3 @@ def _snippet(content: bytes) -> str:
     text = content[: ERROR_BODY_CHARS * 4].decode(errors="replace")
     text = " ".join(text.split())
     return printable(text[:ERROR_BODY_CHARS]) + ("..." if len(text) > ERROR_BODY_CHARS else "")
-
-
-async def resolve_endpoints(config: Config) -> tuple[dict[str, tuple[str, ...]], HeadServerAgents | None]:
-    """-e endpoints, over the head server's agents when there is one (explicit -e wins)."""
-    if config.head_server is None:
-        return dict(config.endpoints), None
-    transport = HTTP11Transport(
-        verify=not config.insecure, cafile=config.cacert, connect_timeout=config.connect_timeout
-    )
-    try:
-        with trio.move_on_after(HEAD_SERVER_TIMEOUT) as scope:
-            head = await fetch_agents(config.head_server, transport)
-    finally:
-        await transport.aclose()
-    if scope.cancelled_caught:
-        raise ServiceError(
-            f"the head server at {origin(config.head_server)} did not answer in {HEAD_SERVER_TIMEOUT:g} s"
-        )
-    endpoints: dict[str, tuple[str, ...]] = {name: (url,) for name, url in head.urls.items()}
-    endpoints.update(config.endpoints)
-    if config.agent is not None and config.agent not in endpoints and config.url is None:
-        if config.agent in head.incomplete:
-            raise UsageError(f"agent {config.agent!r} has no host and port in the head server's config")
-        raise UsageError(f"agent {config.agent!r} is not known to the head server (it knows: {head.describe_known()})")
-    return endpoints, head

@@ -19,15 +19,17 @@ import trio
 
 from rollfilter import demo as demo_agent
 from rollfilter.aggregate import AggregateReport, ResultSpool, aggregate_run
-from rollfilter.client import Router, resolve_endpoints, transport_for
+from rollfilter.client import transport_for
 from rollfilter.config import Config
 from rollfilter.engine import Engine, RunControl, describe, prepare, reward_of
 from rollfilter.errors import ExitStatus, UsageError
+from rollfilter.headserver import resolve_endpoints
 from rollfilter.keytable import KeyTable
 from rollfilter.metrics import Metrics
 from rollfilter.outcomes import Failure, RowFailure, failure_of
 from rollfilter.plan import Job
 from rollfilter.resume import ResumeState, drop_torn_tail, read_pairs, result_records
+from rollfilter.routing import Router
 from rollfilter.rows import TASK_INDEX, agent_name, parse_row
 from rollfilter.sinks import LineSink
 from rollfilter.source import STDIN, LineReader, check_inputs

@@ -19,13 +19,15 @@ import trio
 
 from rollfilter.adaptive import AdaptiveWindow
 from rollfilter.aggregate import ResultSpool
-from rollfilter.client import Agent, AgentClient, Router, resolve_endpoints
+from rollfilter.client import AgentClient
 from rollfilter.config import Config, FailureLimit
 from rollfilter.errors import ErrorKind, ExitStatus, UsageError
+from rollfilter.headserver import resolve_endpoints
 from rollfilter.metrics import UNNAMED_AGENT, Metrics, as_float
 from rollfilter.outcomes import RowFailure
 from rollfilter.plan import Job, LineSource, Planner
 from rollfilter.resume import ResumeState
+from rollfilter.routing import Agent, Router
 from rollfilter.rows import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX
 from rollfilter.sinks import RowSink
 from rollfilter.tasks import TaskStats

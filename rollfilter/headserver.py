@@ -14,11 +14,14 @@ from typing import Any
 
 import httpx
 import msgspec
+import trio
 
-from rollfilter.errors import ServiceError
+from rollfilter.config import Config
+from rollfilter.errors import ServiceError, UsageError
 from rollfilter.transport import HTTP11Transport, origin
 
 AGENT_SERVER_TYPE = "responses_api_agents"
+HEAD_SERVER_TIMEOUT = 30.0  # seconds for the one config fetch, connecting included
 _INTERPOLATION = re.compile(r"^\$\{([^}]+)\}$")
 
 
@@ -89,3 +92,28 @@ async def fetch_agents(base_url: str, transport: HTTP11Transport) -> HeadServerA
     if not isinstance(config, dict):
         raise ServiceError(f"{where} answered a config that is not a mapping")
     return agents_from_config(config)
+
+
+async def resolve_endpoints(config: Config) -> tuple[dict[str, tuple[str, ...]], HeadServerAgents | None]:
+    """-e endpoints, over the head server's agents when there is one (explicit -e wins)."""
+    if config.head_server is None:
+        return dict(config.endpoints), None
+    transport = HTTP11Transport(
+        verify=not config.insecure, cafile=config.cacert, connect_timeout=config.connect_timeout
+    )
+    try:
+        with trio.move_on_after(HEAD_SERVER_TIMEOUT) as scope:
+            head = await fetch_agents(config.head_server, transport)
+    finally:
+        await transport.aclose()
+    if scope.cancelled_caught:
+        raise ServiceError(
+            f"the head server at {origin(config.head_server)} did not answer in {HEAD_SERVER_TIMEOUT:g} s"
+        )
+    endpoints: dict[str, tuple[str, ...]] = {name: (url,) for name, url in head.urls.items()}
+    endpoints.update(config.endpoints)
+    if config.agent is not None and config.agent not in endpoints and config.url is None:
+        if config.agent in head.incomplete:
+            raise UsageError(f"agent {config.agent!r} has no host and port in the head server's config")
+        raise UsageError(f"agent {config.agent!r} is not known to the head server (it knows: {head.describe_known()})")
+    return endpoints, head

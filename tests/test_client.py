@@ -18,9 +18,7 @@ import trio
 from rollfilter.client import (
     MAX_REDIRECTS,
     RETRY_AFTER_CAP,
-    Agent,
     AgentClient,
-    Replica,
     backoff_delay,
     parse_retry_after,
     request_headers,
@@ -28,6 +26,7 @@ from rollfilter.client import (
 from rollfilter.config import DEFAULT_RETRY_STATUSES, Config
 from rollfilter.errors import ErrorKind
 from rollfilter.outcomes import RowFailure
+from rollfilter.routing import Agent, Replica
 from rollfilter.transport import BadReply, CertificateError, Reply, printable
 
 URL = "http://127.0.0.1:8000/run"

@@ -16,7 +16,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollfilter.client import Router, backoff_delay, parse_retry_after
+from rollfilter.client import backoff_delay, parse_retry_after
 from rollfilter.config import (
     Config,
     FailureLimit,
@@ -33,6 +33,7 @@ from rollfilter.metrics import LatencyHistogram, Metrics
 from rollfilter.outcomes import RowFailure
 from rollfilter.plan import Planner, TaskNumbering
 from rollfilter.resume import ResumeState, drop_torn_tail
+from rollfilter.routing import Router
 from rollfilter.rows import apply_params, parse_row
 from rollfilter.sinks import Reorderer
 from rollfilter.source import LineReader
