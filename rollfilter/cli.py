@@ -24,7 +24,9 @@ from rollfilter.config import (
     DEFAULT_MAX_LINE_BYTES,
     DEFAULT_RETRIES,
     DEFAULT_RETRY_STATUSES,
+    CommandConfig,
     Config,
+    ConfigError,
     parse_endpoints,
     parse_failure_limit,
     parse_header,
@@ -42,6 +44,18 @@ from rollfilter.transport import connections_that_fit, raise_open_file_limit
 from rollfilter.writers import OutputClosed, OutputFailed
 
 EXAMPLE_ROWS = Path(__file__).parent / "examples" / "weather.jsonl"  # NeMo Gym's five-row example
+# A Config error names its field; the command line names the option instead.
+OPTION_OF_FIELD = {
+    "url": "-u/--url",
+    "proxy": "--proxy",
+    "concurrency": "-j/--concurrency",
+    "repeats": "-r/--repeats",
+    "limit": "-n/--limit",
+    "retries": "--retries",
+    "timeout": "--timeout",
+    "connect_timeout": "--connect-timeout",
+    "shard": "--shard I/N",
+}
 HELP = """Collect agent rollouts: JSONL rows in (FILEs or stdin), one result line out per row as it finishes.
 
 Each row is POSTed to an agent's /run endpoint; each JSON answer is written to stdout as one
@@ -386,8 +400,7 @@ def parse_and_run(
                 raise UsageError("--gym-layout names the errors, materialized and aggregate files itself")
             if not summarize:
                 materialized, errors, aggregate = gym_layout_files(output)
-        config = Config(
-            inputs=tuple(files) if files else ("-",),
+        engine = Config(
             url=url or None,
             endpoints=parse_endpoints(endpoint or ()),
             agent=agent,
@@ -398,12 +411,6 @@ def parse_and_run(
             repeats_by_agent=repeats_by_agent,
             repeat_seeds=repeat_seeds,
             params=tuple(parse_param(p) for p in param or ()),
-            ordered=ordered,
-            output=output,
-            errors_file=errors,
-            metrics_file=metrics,
-            aggregate_file=aggregate,
-            materialized_file=materialized,
             retries=retries,
             retry_statuses=parse_statuses(retry_on),
             timeout=timeout,
@@ -411,18 +418,30 @@ def parse_and_run(
             max_failures=parse_failure_limit(max_failures),
             headers=tuple(parse_header(h) for h in header or ()),
             insecure=insecure,
-            resume=resume,
-            append=append,
-            max_attempts=max_attempts if max_attempts is not None else max_attempts_from_environment(),
-            max_line_bytes=max_line_bytes,
             shard=parse_shard(shard),
             pass_threshold=pass_threshold,
-            per_task_file=per_task,
             head_server=head_server,
             proxy=proxy,
             cacert=cacert,
             cross_origin_redirects=cross_origin_redirects,
         )
+        config = CommandConfig(
+            engine,
+            inputs=tuple(files) if files else ("-",),
+            ordered=ordered,
+            output=output,
+            errors_file=errors,
+            metrics_file=metrics,
+            per_task_file=per_task,
+            aggregate_file=aggregate,
+            materialized_file=materialized,
+            resume=resume,
+            append=append,
+            max_attempts=max_attempts if max_attempts is not None else max_attempts_from_environment(),
+            max_line_bytes=max_line_bytes,
+        )
+    except ConfigError as exc:
+        raise typer.Exit(_report(UsageError(f"{OPTION_OF_FIELD.get(exc.field, exc.field)} {exc.problem}"))) from None
     except RollfilterError as exc:
         raise typer.Exit(_report(exc)) from None
     if not summarize and not dry_run:
@@ -468,18 +487,19 @@ def check_demo_alone(
         raise UsageError(f"--demo starts its own agent: it cannot be combined with {' or '.join(named)}")
 
 
-def fit_open_files(config: Config, *, files_per_connection: int) -> Config:
+def fit_open_files(config: CommandConfig, *, files_per_connection: int) -> CommandConfig:
     """Raise the open-file limit as far as it goes; if -j still does not fit under it, say so
     once and run fewer rows at a time, so that no row fails for this machine's limit."""
     limit = raise_open_file_limit()
-    fitted = connections_that_fit(config.concurrency, limit, files_per_connection=files_per_connection)
-    if fitted == config.concurrency:
+    wanted = config.engine.concurrency
+    fitted = connections_that_fit(wanted, limit, files_per_connection=files_per_connection)
+    if fitted == wanted:
         return config
     sys.stderr.write(
-        f"rollfilter: -j {config.concurrency} needs more open files than this process may have ({limit},"
+        f"rollfilter: -j {wanted} needs more open files than this process may have ({limit},"
         f" see ulimit -n): running {fitted} rows at a time\n"
     )
-    return dataclasses.replace(config, concurrency=fitted)
+    return dataclasses.replace(config, engine=dataclasses.replace(config.engine, concurrency=fitted))
 
 
 def _report(exc: RollfilterError) -> ExitStatus:

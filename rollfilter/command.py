@@ -20,7 +20,7 @@ import trio
 from rollfilter import demo as demo_agent
 from rollfilter.aggregate import AggregateReport, ResultSpool, aggregate_run
 from rollfilter.client import transport_for
-from rollfilter.config import Config
+from rollfilter.config import CommandConfig
 from rollfilter.engine import Engine, RunControl, describe, prepare, reward_of
 from rollfilter.errors import ExitStatus, UsageError
 from rollfilter.headserver import resolve_endpoints
@@ -157,35 +157,38 @@ class Presentation:
     dry_run: bool = False
 
 
-async def run(config: Config, *, streams: Streams = Streams(), show: Presentation = Presentation()) -> ExitStatus:
-    """Run the rollouts `config` describes; return the exit status. Prints the summary."""
-    check_inputs(config.inputs)
-    if config.url is None and not config.endpoints and config.head_server is None and show.demo is None:
+async def run(
+    command: CommandConfig, *, streams: Streams = Streams(), show: Presentation = Presentation()
+) -> ExitStatus:
+    """Run the rollouts `command` describes; return the exit status. Prints the summary."""
+    config = command.engine
+    check_inputs(command.inputs)
+    if not config.names_an_agent and show.demo is None:
         raise UsageError("no agent to send to: give -u URL, -e NAME=URL, --head-server URL, or --demo")
     resume = None
     earlier = _Earlier()
-    if config.resume and config.output:
-        for path in (config.output, config.errors_file, config.materialized_file):
+    if command.resume and command.output:
+        for path in (command.output, command.errors_file, command.materialized_file):
             if path is not None:
                 drop_torn_tail(path)
-        resume = ResumeState.from_files(config.output, config.errors_file, config.max_attempts)
-        if config.materialized_file is not None:
-            earlier.materialized = read_pairs(config.materialized_file)
+        resume = ResumeState.from_files(command.output, command.errors_file, command.max_attempts)
+        if command.materialized_file is not None:
+            earlier.materialized = read_pairs(command.materialized_file)
         if config.aggregate:
-            earlier.results = config.output
-    fresh_only = not (config.resume or config.append)
+            earlier.results = command.output
+    fresh_only = not (command.resume or command.append)
     with OutputFiles() as files:
-        out_fd = files.open(config.output, "-o", must_be_empty=fresh_only)
-        err_fd = files.open(config.errors_file, "--errors", must_be_empty=fresh_only)
+        out_fd = files.open(command.output, "-o", must_be_empty=fresh_only)
+        err_fd = files.open(command.errors_file, "--errors", must_be_empty=fresh_only)
         files_fds = _Fds(
             out=streams.stdout if out_fd is None else out_fd,
             err=streams.stderr if err_fd is None else err_fd,
-            metrics=files.open(config.metrics_file, "--metrics"),
-            per_task=files.open(config.per_task_file, "--per-task"),
-            materialized=files.open(config.materialized_file, "--materialized", must_be_empty=fresh_only),
-            aggregate=files.open(config.aggregate_file, "--aggregate"),
+            metrics=files.open(command.metrics_file, "--metrics"),
+            per_task=files.open(command.per_task_file, "--per-task"),
+            materialized=files.open(command.materialized_file, "--materialized", must_be_empty=fresh_only),
+            aggregate=files.open(command.aggregate_file, "--aggregate"),
         )
-        return await _run_open(config, streams, files_fds, resume, earlier, show)
+        return await _run_open(command, streams, files_fds, resume, earlier, show)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -207,8 +210,14 @@ class _Earlier:
 
 
 async def _run_open(
-    config: Config, streams: Streams, fds: _Fds, resume: ResumeState | None, earlier: _Earlier, show: Presentation
+    command: CommandConfig,
+    streams: Streams,
+    fds: _Fds,
+    resume: ResumeState | None,
+    earlier: _Earlier,
+    show: Presentation,
 ) -> ExitStatus:
+    config = command.engine
     control = RunControl()
     metrics = Metrics()
     transport = transport_for(config)
@@ -225,13 +234,13 @@ async def _run_open(
     def writer_for(fd: int, name: str) -> BatchWriter:
         return BatchWriter(fd, name=name, on_failure=output_failed)
 
-    results = writer_for(fds.out, f"-o {config.output}" if config.output else "standard output")
+    results = writer_for(fds.out, f"-o {command.output}" if command.output else "standard output")
     stderr_lines = writer_for(streams.stderr, "standard error")
-    errors = writer_for(fds.err, f"--errors {config.errors_file}") if fds.err != streams.stderr else stderr_lines
-    per_task = writer_for(fds.per_task, f"--per-task {config.per_task_file}") if fds.per_task is not None else None
+    errors = writer_for(fds.err, f"--errors {command.errors_file}") if fds.err != streams.stderr else stderr_lines
+    per_task = writer_for(fds.per_task, f"--per-task {command.per_task_file}") if fds.per_task is not None else None
     materialized = None
     if fds.materialized is not None:
-        materialized = writer_for(fds.materialized, f"--materialized {config.materialized_file}")
+        materialized = writer_for(fds.materialized, f"--materialized {command.materialized_file}")
     outputs = (results, errors, stderr_lines, per_task, materialized)
     writers = list(dict.fromkeys(w for w in outputs if w is not None))
     display = None
@@ -244,15 +253,15 @@ async def _run_open(
     sink = LineSink(
         results,
         log if errors is stderr_lines else errors,
-        records=config.errors_file is not None,
-        ordered=config.ordered,
+        records=command.errors_file is not None,
+        ordered=command.ordered,
         repeats=config.max_repeats,
     )
     tasks = None
     if config.max_repeats > 1:
         on_task = (lambda record: per_task.write(_encode(record) + b"\n")) if per_task is not None else None
         tasks = TaskStats(config.max_repeats, config.pass_threshold, on_task)
-    reader = LineReader(config.inputs, max_line_bytes=config.max_line_bytes, stdin_fd=streams.stdin)
+    reader = LineReader(command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=streams.stdin)
     engine: Engine | None = None
     events = (lambda text: log.write(f"rollfilter: {text}\n".encode(errors="replace"))) if show.verbose else None
     on_send = _materializer(materialized, earlier.materialized) if materialized is not None else None
@@ -287,7 +296,7 @@ async def _run_open(
                 spool=spool,
             )
             if display is not None:
-                total = _known_total(config)
+                total = _known_total(command)
                 services.start_soon(display.run, total)
             if spool is not None and earlier.results is not None:
                 await trio.to_thread.run_sync(spool_results_file, spool, earlier.results)
@@ -320,9 +329,9 @@ async def _run_open(
     stopped = control.reason or (status.name.lower().replace("_", " ") if control.status else None)
     summary = _summary_bytes(metrics, tasks, stopped, report)
     try:
-        _replace_content(fds.metrics, summary, f"--metrics {config.metrics_file}")
+        _replace_content(fds.metrics, summary, f"--metrics {command.metrics_file}")
         if report is not None:
-            _replace_content(fds.aggregate, report.file_bytes(), f"--aggregate {config.aggregate_file}")
+            _replace_content(fds.aggregate, report.file_bytes(), f"--aggregate {command.aggregate_file}")
     except OutputFailed as failure:
         write_failures.append(failure)
     messages = list(dict.fromkeys([control.reason, *map(str, write_failures)]))
@@ -361,11 +370,12 @@ def count_lines(paths: Sequence[str]) -> int | None:
     return total
 
 
-def _known_total(config: Config) -> Callable[[], int | None]:
+def _known_total(command: CommandConfig) -> Callable[[], int | None]:
     """How to count the run's rollouts, for the progress display's total and ETA."""
+    config = command.engine
 
     def count() -> int | None:
-        lines = None if config.limit is not None and STDIN in config.inputs else count_lines(config.inputs)
+        lines = None if config.limit is not None and STDIN in command.inputs else count_lines(command.inputs)
         if config.limit is not None:
             lines = config.limit if lines is None else min(lines, config.limit)
         if lines is None or config.repeats_by_agent:
@@ -393,7 +403,7 @@ async def dry_run(engine: Engine, out: BatchWriter, log: LineWriter, *, repeated
     engine.metrics.not_retried = engine.planner.given_up
 
 
-async def summarize(config: Config, *, streams: Streams = Streams()) -> ExitStatus:
+async def summarize(command: CommandConfig, *, streams: Streams = Streams()) -> ExitStatus:
     """Recompute the summary from result lines (and errors records) without sending anything.
 
     Lines with an `error` object or `_ng_failure_class` and indices count as failed rollouts;
@@ -402,16 +412,17 @@ async def summarize(config: Config, *, streams: Streams = Streams()) -> ExitStat
     per agent (shards aggregated as one). The summary goes to stdout (it is this mode's
     output) and to --metrics FILE.
     """
-    check_inputs(config.inputs)
+    config = command.engine
+    check_inputs(command.inputs)
     metrics = Metrics()
     tasks = TaskStats(config.repeats, config.pass_threshold) if config.repeats > 1 else None
-    reader = LineReader(config.inputs, max_line_bytes=config.max_line_bytes, stdin_fd=streams.stdin)
+    reader = LineReader(command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=streams.stdin)
     spool = ResultSpool() if config.aggregate else None
     report = None
     bad = 0
     with OutputFiles() as files:
-        metrics_fd = files.open(config.metrics_file, "--metrics")
-        aggregate_fd = files.open(config.aggregate_file, "--aggregate")
+        metrics_fd = files.open(command.metrics_file, "--metrics")
+        aggregate_fd = files.open(command.aggregate_file, "--aggregate")
         try:
             if spool is not None:
                 endpoints, head = await resolve_endpoints(config)
@@ -446,10 +457,10 @@ async def summarize(config: Config, *, streams: Streams = Streams()) -> ExitStat
         summary = metrics.summary(tasks=tasks, timings=False)  # the files hold no timings
         if report is not None:
             report.add_to(summary)
-            _replace_content(aggregate_fd, report.file_bytes(), f"--aggregate {config.aggregate_file}")
+            _replace_content(aggregate_fd, report.file_bytes(), f"--aggregate {command.aggregate_file}")
         summary_bytes = _encode(summary) + b"\n"
         write_all(streams.stdout, summary_bytes, "standard output")
-        _replace_content(metrics_fd, summary_bytes, f"--metrics {config.metrics_file}")
+        _replace_content(metrics_fd, summary_bytes, f"--metrics {command.metrics_file}")
     if bad:
         _write_stderr(streams.stderr, f"rollfilter: skipped {bad} lines that are not JSON objects\n".encode())
     for problem in report.problems if report is not None else ():

@@ -49,11 +49,24 @@ class FailureLimit:
         return f"--max-failures {self.fraction * 100:g}%" if self.fraction is not None else ""
 
 
+class ConfigError(UsageError):
+    """A Config field that cannot be used; the message names the field (the command line
+    puts its option in the field's place)."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field} {problem}")
+        self.field = field
+        self.problem = problem
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Config:
-    """Everything one run needs to know, as built from the command line or the Python API."""
+    """What one run of the engine does: where rows go, how many, how each is sent and retried.
 
-    inputs: tuple[str, ...] = ("-",)
+    This is the Python API's whole configuration; the command line builds the same and adds
+    its files around it (`CommandConfig`). Errors name the fields, as `ConfigError`.
+    """
+
     url: str | None = None
     endpoints: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     agent: str | None = None
@@ -63,10 +76,6 @@ class Config:
     repeats_by_agent: Mapping[str, int] = dataclasses.field(default_factory=dict)
     repeat_seeds: bool = False  # each rollout carries "seed": its rollout index, in metadata.extra_body
     params: tuple[tuple[str, Any], ...] = ()
-    ordered: bool = False
-    output: str | None = None
-    metrics_file: str | None = None
-    errors_file: str | None = None
     retries: int = DEFAULT_RETRIES
     retry_statuses: frozenset[int] = DEFAULT_RETRY_STATUSES
     timeout: float | None = None
@@ -74,19 +83,12 @@ class Config:
     max_failures: FailureLimit = FailureLimit()
     headers: tuple[tuple[str, str], ...] = ()
     insecure: bool = False
-    resume: bool = False
-    append: bool = False  # -o and --errors may already hold lines of another run
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS  # failed attempts after which --resume gives a pair up
-    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
     shard: tuple[int, int] | None = None  # (I, N): keep the tasks whose index mod N is I
     pass_threshold: float = 1.0
-    per_task_file: str | None = None
     head_server: str | None = None
     proxy: str | None = None  # an http(s) proxy URL for every request to an agent
     adaptive: bool = False  # concurrency is a ceiling: each agent's window finds what it keeps up with
     aggregate: bool = False  # ask each agent for its /aggregate_metrics when the run ends
-    aggregate_file: str | None = None  # --aggregate FILE: NeMo Gym's aggregate file (implies aggregate)
-    materialized_file: str | None = None  # --materialized FILE: every /run body as sent
     cacert: str | None = None  # a PEM file of the CAs to trust instead of the system's (--cacert)
     cross_origin_redirects: bool = False  # follow 307/308 to another scheme, host or port too
 
@@ -99,32 +101,30 @@ class Config:
             for name, urls in self.endpoints.items()
         }
         object.__setattr__(self, "endpoints", endpoints)
-        object.__setattr__(self, "inputs", tuple(self.inputs))
         if self.proxy is not None and urllib.parse.urlsplit(self.proxy).scheme not in ("http", "https", "socks5"):
-            raise UsageError("--proxy wants a URL like http://proxy.example:3128")
+            raise ConfigError("proxy", "wants a URL like http://proxy.example:3128")
         if self.cacert is not None:
             check_cacert(self.cacert)
         if self.concurrency < 1:
-            raise UsageError("--concurrency must be at least 1")
+            raise ConfigError("concurrency", "must be at least 1")
         object.__setattr__(self, "repeats_by_agent", dict(self.repeats_by_agent))
         if self.repeats < 1 or any(k < 1 for k in self.repeats_by_agent.values()):
-            raise UsageError("--repeats must be at least 1")
-        if self.max_attempts < 1:
-            raise UsageError("--max-attempts must be at least 1")
+            raise ConfigError("repeats", "must be at least 1")
         if self.limit is not None and self.limit < 0:
-            raise UsageError("--limit must not be negative")
+            raise ConfigError("limit", "must not be negative")
         if self.retries < 0:
-            raise UsageError("--retries must not be negative")
+            raise ConfigError("retries", "must not be negative")
         if self.timeout is not None and not self.timeout > 0:
-            raise UsageError("--timeout must be a positive number of seconds")
+            raise ConfigError("timeout", "must be a positive number of seconds")
         if not self.connect_timeout > 0:
-            raise UsageError("--connect-timeout must be a positive number of seconds")
+            raise ConfigError("connect_timeout", "must be a positive number of seconds")
         if self.shard is not None and not 0 <= self.shard[0] < self.shard[1]:
-            raise UsageError("--shard I/N wants 0 <= I < N")
-        if self.aggregate_file is not None:
-            object.__setattr__(self, "aggregate", True)
-        if self.resume and self.output is None:
-            raise UsageError("--resume needs -o/--output FILE: it skips the rows already in FILE")
+            raise ConfigError("shard", "wants 0 <= I < N")
+
+    @property
+    def names_an_agent(self) -> bool:
+        """Whether rows can go anywhere: a url, endpoints, or a head server to ask."""
+        return self.url is not None or bool(self.endpoints) or self.head_server is not None
 
     def repeats_for(self, agent: str | None) -> int:
         """Rollouts per row for rows of agent `agent` (None: a row routed without a name)."""
@@ -135,6 +135,34 @@ class Config:
     @property
     def max_repeats(self) -> int:
         return max([self.repeats, *self.repeats_by_agent.values()])
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CommandConfig:
+    """A command-line run: the engine's `Config`, and the inputs and files around it."""
+
+    engine: Config
+    inputs: tuple[str, ...] = ("-",)
+    ordered: bool = False  # -k: results in input order
+    output: str | None = None
+    errors_file: str | None = None
+    metrics_file: str | None = None
+    per_task_file: str | None = None
+    aggregate_file: str | None = None  # --aggregate FILE: NeMo Gym's aggregate file
+    materialized_file: str | None = None  # --materialized FILE: every /run body as sent
+    resume: bool = False
+    append: bool = False  # -o and --errors may already hold lines of another run
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS  # failed attempts after which --resume gives a pair up
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        if self.aggregate_file is not None and not self.engine.aggregate:
+            object.__setattr__(self, "engine", dataclasses.replace(self.engine, aggregate=True))
+        if self.max_attempts < 1:
+            raise UsageError("--max-attempts must be at least 1")
+        if self.resume and self.output is None:
+            raise UsageError("--resume needs -o/--output FILE: it skips the rows already in FILE")
 
 
 def check_cacert(path: str) -> None:
@@ -247,10 +275,7 @@ def parse_shard(spec: str | None) -> tuple[int, int] | None:
     index, sep, count = spec.partition("/")
     if not sep or not _is_decimal(index) or not _is_decimal(count):
         raise UsageError(f"--shard wants I/N, like 0/4, got {spec!r}")
-    shard = int(index), int(count)
-    if not 0 <= shard[0] < shard[1]:
-        raise UsageError(f"--shard wants 0 <= I < N, got {spec!r}")
-    return shard
+    return int(index), int(count)  # Config checks the range
 
 
 def parse_failure_limit(spec: str | None) -> FailureLimit:

@@ -20,8 +20,8 @@ import trio
 from rollfilter.adaptive import AdaptiveWindow
 from rollfilter.aggregate import ResultSpool
 from rollfilter.client import AgentClient
-from rollfilter.config import Config, FailureLimit
-from rollfilter.errors import ErrorKind, ExitStatus, UsageError
+from rollfilter.config import Config, ConfigError, FailureLimit
+from rollfilter.errors import ErrorKind, ExitStatus
 from rollfilter.headserver import resolve_endpoints
 from rollfilter.metrics import UNNAMED_AGENT, Metrics, as_float
 from rollfilter.outcomes import RowFailure
@@ -262,8 +262,8 @@ async def prepare(
     Raises UsageError or ServiceError, before anything is sent, when rows could not be
     routed at all or the head server cannot be used.
     """
-    if config.url is None and not config.endpoints and config.head_server is None:
-        raise UsageError("no agent to send to: give -u URL, -e NAME=URL, --head-server URL, or --demo")
+    if not config.names_an_agent:
+        raise ConfigError("url", "is not given, nor endpoints or head_server: no agent to send rows to")
     endpoints, head = await resolve_endpoints(config)
 
     def window_for(name: str | None) -> AdaptiveWindow:

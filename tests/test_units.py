@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 
 from rollfilter.client import backoff_delay, parse_retry_after
 from rollfilter.config import (
+    CommandConfig,
     Config,
+    ConfigError,
     FailureLimit,
     agent_url,
     parse_endpoints,
@@ -37,6 +39,7 @@ from rollfilter.routing import Router
 from rollfilter.rows import apply_params, parse_row
 from rollfilter.sinks import Reorderer
 from rollfilter.source import LineReader
+from tests.conftest import run
 
 
 def test_parse_param_takes_json_else_string():
@@ -92,7 +95,15 @@ def test_statuses_and_failure_limits():
 
 def test_config_refuses_resume_without_output():
     with pytest.raises(UsageError, match="--resume"):
-        Config(url="http://h/run", resume=True)
+        CommandConfig(Config(url="http://h/run"), resume=True)
+
+
+def test_config_errors_name_the_field_and_the_command_line_names_the_option():
+    with pytest.raises(ConfigError, match=r"^concurrency must be at least 1$") as caught:
+        Config(url="http://h/run", concurrency=0)
+    assert caught.value.field == "concurrency"
+    proc = run(["-u", "http://127.0.0.1:9", "-j", "1", "--shard", "3/2"])
+    assert proc.stderr.decode() == "rollfilter: --shard I/N wants 0 <= I < N\n"
 
 
 @pytest.mark.parametrize(
