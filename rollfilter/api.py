@@ -78,12 +78,12 @@ class _RowFeed:
         if isinstance(item, str):
             item = item.encode()
         if isinstance(item, bytes):
-            return InputLine("<rows>", self._number, item, len(item))
+            return InputLine("<rows>", self._number, item)
         try:
             data = _encode(item)
         except (TypeError, msgspec.EncodeError) as exc:
-            return InputLine("<rows>", self._number, None, 0, f"row cannot be encoded as JSON: {exc}")
-        return InputLine("<rows>", self._number, data, len(data))
+            return InputLine("<rows>", self._number, None, f"row cannot be encoded as JSON: {exc}")
+        return InputLine("<rows>", self._number, data)
 
     async def aclose(self) -> None:
         """Close the iterator taken from the rows (a generator left mid-way), as the run owns it."""

@@ -23,6 +23,7 @@ from rollfilter.adaptive import Signal
 from rollfilter.config import Config
 from rollfilter.errors import ErrorKind
 from rollfilter.outcomes import RowFailure
+from rollfilter.plan import Job
 from rollfilter.routing import Agent, Replica
 from rollfilter.transport import (
     AgentTransport,
@@ -98,9 +99,9 @@ class AgentClient:
     """POSTs rows to agents through the transport, retrying what is worth retrying.
 
     The transport (which carries the request headers) is owned by the caller.
-    `on_retry(label, failure, delay)` is called before each pause, for counting and -v output.
+    `on_retry(job, failure, delay)` is called before each pause, for counting and -v output.
     `run` never raises for a row: an unexpected exception while sending it or handling its
-    reply ends that row as an `internal` failure, and goes to `on_internal_error(label, exc)`
+    reply ends that row as an `internal` failure, and goes to `on_internal_error(job, exc)`
     (for -v: its text may quote the server, so it is not put in the failure's message).
     """
 
@@ -110,8 +111,8 @@ class AgentClient:
         transport: AgentTransport,
         *,
         rng: random.Random | None = None,
-        on_retry: Callable[[Any, RowFailure, float], None] | None = None,
-        on_internal_error: Callable[[Any, Exception], None] | None = None,
+        on_retry: Callable[[Job, RowFailure, float], None] | None = None,
+        on_internal_error: Callable[[Job, Exception], None] | None = None,
     ) -> None:
         self._transport = transport
         self._retries = config.retries
@@ -122,8 +123,9 @@ class AgentClient:
         self._on_retry = on_retry
         self._on_internal_error = on_internal_error
 
-    async def run(self, body: bytes, agent: Agent, label: Any = None) -> dict[str, Any] | RowFailure:
-        """Send one rollout until it succeeds or its retries are spent; `label` goes to the callbacks."""
+    async def run(self, job: Job, agent: Agent) -> dict[str, Any] | RowFailure:
+        """Send `job`'s body until it succeeds or its retries are spent; `job` goes to the callbacks."""
+        body = job.body
         replica: Replica | None = None
         attempt = 0
         try:
@@ -157,11 +159,11 @@ class AgentClient:
                 # --timeout bounds one attempt, and so the wait before the next one too.
                 delay = min(backoff_delay(attempt, self._rng, retry_after), self._timeout)
                 if self._on_retry is not None:
-                    self._on_retry(label, failure, delay)
+                    self._on_retry(job, failure, delay)
                 await trio.sleep(delay)
         except Exception as exc:  # one row's surprise must not end the run
             if self._on_internal_error is not None:
-                self._on_internal_error(label, exc)
+                self._on_internal_error(job, exc)
             message = f"unexpected {type(exc).__name__} while sending the row or reading its reply (-v shows it)"
             return RowFailure(ErrorKind.INTERNAL, message, attempts=attempt)
 

@@ -113,7 +113,10 @@ class Engine:
                 limiter.acquire_on_behalf_of_nowait(slot)
             except trio.WouldBlock:
                 await limiter.acquire_on_behalf_of(slot)  # the slot comes before the row: backpressure
-            job = await self._next_job(reading)
+            try:
+                job = self.planner.next_job_nowait()  # the common case, without a coroutine
+            except trio.WouldBlock:
+                job = await self.planner.next_job(reading)
             release = functools.partial(limiter.release_on_behalf_of, slot)
             if job is None:
                 release()
@@ -128,18 +131,6 @@ class Engine:
                 continue
             await self._run_job(job, route, release)
 
-    async def _next_job(self, reading: trio.Lock) -> Job | None:
-        while True:
-            try:
-                return self.planner.next_job_nowait()
-            except trio.WouldBlock:
-                pass
-            async with reading:  # one worker reads; the others find its lines buffered
-                try:
-                    return self.planner.next_job_nowait()
-                except trio.WouldBlock:
-                    await self.planner.fill()
-
     async def _run_job(self, job: Job, agent: Agent, release: Release) -> None:
         started = trio.current_time()
         if self.on_event is not None:
@@ -147,7 +138,7 @@ class Engine:
         if self.on_send is not None:
             self.on_send(job)
         try:
-            outcome = judge(job, await self.client.run(job.body, agent, job))
+            outcome = judge(job, await self.client.run(job, agent))
         except Exception as exc:  # a bug met by one row costs that row, never the run
             outcome = self._internal_failure(job, exc)
         if isinstance(outcome, RowFailure):
@@ -282,7 +273,7 @@ async def prepare(
         if on_event is not None:
             on_event(f"{describe(job)}: retry in {delay:.2f} s after {failure.kind.value}: {failure.message}")
 
-    def report_internal_error(job: Job, exc: BaseException) -> None:
+    def report_internal_error(job: Job, exc: Exception) -> None:
         if on_event is not None:
             on_event(f"{describe(job)}: internal error: {type(exc).__name__}: {printable(str(exc))}")
 

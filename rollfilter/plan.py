@@ -34,7 +34,7 @@ from rollfilter.rows import (
     check_seedable,
     parse_row,
 )
-from rollfilter.source import InputLine
+from rollfilter.source import InputLine, next_when_ready
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -148,13 +148,10 @@ class Planner:
     async def fill(self) -> None:
         await self._reader.fill()
 
-    async def next_job(self) -> Job | None:
-        """The next job to run, or None at the end of the input (or of --limit)."""
-        while True:
-            try:
-                return self.next_job_nowait()
-            except trio.WouldBlock:
-                await self.fill()
+    async def next_job(self, filling: trio.Lock | None = None) -> Job | None:
+        """The next job to run, or None at the end of the input (or of --limit); with `filling`,
+        one task at a time reads more input."""
+        return await next_when_ready(self.next_job_nowait, self.fill, filling)
 
     def _plan_row(self, line: InputLine) -> None:
         self._rows += 1

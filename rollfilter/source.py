@@ -11,12 +11,14 @@ import collections
 import dataclasses
 import os
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import trio
 
 from rollfilter.errors import UsageError
 
+T = TypeVar("T")
 CHUNK_BYTES = 256 * 1024
 STDIN = "-"
 
@@ -28,8 +30,30 @@ class InputLine:
     source: str  # the FILE as given, "<stdin>" for standard input
     number: int  # 1-based line number within `source`
     data: bytes | None
-    length: int
     problem: str | None = None  # why `data` is None: too long, or (from the API) not encodable
+
+
+async def next_when_ready(
+    take_nowait: Callable[[], T], fill: Callable[[], Awaitable[None]], filling: trio.Lock | None = None
+) -> T:
+    """`take_nowait()` as soon as it stops raising trio.WouldBlock, calling `fill()` until it does.
+
+    With `filling`, one task fills at a time; the others wait for it and then find its lines
+    buffered. This is the one loop that the reader, the planner and the engine's workers share.
+    """
+    while True:
+        try:
+            return take_nowait()
+        except trio.WouldBlock:
+            pass
+        if filling is None:
+            await fill()
+            continue
+        async with filling:
+            try:
+                return take_nowait()
+            except trio.WouldBlock:
+                await fill()
 
 
 def display_name(path: str) -> str:
@@ -103,8 +127,8 @@ class LineReader:
         self._line_number += 1
         if isinstance(item, _TooLong):
             problem = f"line is {item.length} bytes, over the {self._max_line_bytes}-byte limit"
-            return InputLine(self._name, self._line_number, None, item.length, problem)
-        return InputLine(self._name, self._line_number, item, len(item))
+            return InputLine(self._name, self._line_number, None, problem)
+        return InputLine(self._name, self._line_number, item)
 
     async def fill(self) -> None:
         """Read the next chunk, opening the next input once one is exhausted."""
@@ -114,11 +138,7 @@ class LineReader:
 
     async def next_line(self) -> InputLine | None:
         """The next line, or None once every input is exhausted."""
-        while True:
-            try:
-                return self.next_line_nowait()
-            except trio.WouldBlock:
-                await self.fill()
+        return await next_when_ready(self.next_line_nowait, self.fill)
 
     def _open_next(self) -> bool:
         if not self._paths:

@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED_DATA = ROOT.parent / "shared" / "data"
 WEATHER = ROOT / "rollfilter" / "examples" / "weather.jsonl"
 SUBPROCESS_TIMEOUT = 60  # seconds: every subprocess wait is bounded
 

@@ -304,3 +304,27 @@ def test_demo_alone_at_a_terminal_runs_the_example_rows():
     assert len(result_lines(stdout)) == 5
     assert b"example rows" in stderr.splitlines()[0]
     assert summary_of(stderr)["rollfilter"]["succeeded"] == 5
+
+
+async def test_a_run_reads_and_writes_the_descriptors_it_is_given(tmp_path, demo_server: DemoServer):
+    """The command's streams are parameters: a run in this process, on pipes and files of the test's own."""
+    from rollfilter.command import Presentation, Streams, run
+    from rollfilter.config import CommandConfig, Config
+
+    read_end, write_end = os.pipe()
+    os.write(write_end, rows_jsonl(simple_rows(3)).encode())
+    os.close(write_end)
+    out, err = (os.open(tmp_path / name, os.O_WRONLY | os.O_CREAT) for name in ("out", "err"))
+    try:
+        config = CommandConfig(Config(url=demo_server.url))
+        status = await run(
+            config,
+            streams=Streams(stdin=read_end, stdout=out, stderr=err),
+            show=Presentation(handle_signals=False, progress=False),
+        )
+    finally:
+        for fd in (read_end, out, err):
+            os.close(fd)
+    assert status == 0
+    assert sorted(r["_ng_task_index"] for r in result_lines((tmp_path / "out").read_bytes())) == [0, 1, 2]
+    assert summary_of((tmp_path / "err").read_bytes())["rollfilter"]["succeeded"] == 3

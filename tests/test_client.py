@@ -26,6 +26,7 @@ from rollfilter.client import (
 from rollfilter.config import DEFAULT_RETRY_STATUSES, Config
 from rollfilter.errors import ErrorKind
 from rollfilter.outcomes import RowFailure
+from rollfilter.plan import Job
 from rollfilter.routing import Agent, Replica
 from rollfilter.transport import BadReply, CertificateError, Reply, printable
 
@@ -77,13 +78,18 @@ def answer(status: int = 200, body: bytes = b'{"reward": 1.0}', **headers: str) 
     return Reply.whole(status, raw, body)
 
 
+def job(body: bytes = BODY) -> Job:
+    """A rollout of one row, as the planner makes them."""
+    return Job(0, "<test>", 1, 0, 0, None, body)
+
+
 def agent(*urls: str) -> Agent:
     return Agent(None, [Replica(httpx.URL(url)) for url in urls or (URL,)])
 
 
 async def send(transport: ScriptedTransport, config: Config | None = None, **options: Any) -> dict | RowFailure:
     client = AgentClient(config or Config(url=URL), transport, rng=random.Random(1), **options)
-    return await client.run(BODY, agent())
+    return await client.run(job(), agent())
 
 
 RETRIED_BY_DEFAULT = [408, 429, 500, 502, 503, 504]  # as the man page documents them, written out again
@@ -203,14 +209,14 @@ async def test_a_replica_whose_connections_fail_cools_down(autojump_clock):
     transport = ScriptedTransport(lambda url: httpx.ConnectError("refused") if url.port == 1 else answer(200))
     client = AgentClient(Config(url=URL), transport, rng=random.Random(1))
     replicas = agent(bad, good)
-    assert await client.run(BODY, replicas) == {"reward": 1.0}
+    assert await client.run(job(), replicas) == {"reward": 1.0}
     assert [c.url.port for c in transport.calls] == [1, 2]  # the failed replica is avoided for the retry
     transport.calls.clear()
-    assert await client.run(BODY, replicas) == {"reward": 1.0}
+    assert await client.run(job(), replicas) == {"reward": 1.0}
     assert [c.url.port for c in transport.calls] == [2]  # cooling down: not tried at all
     await trio.sleep(replicas.replicas[0].cooldown + 0.01)
     transport.calls.clear()
-    assert await client.run(BODY, replicas) == {"reward": 1.0}
+    assert await client.run(job(), replicas) == {"reward": 1.0}
     assert [c.url.port for c in transport.calls] == [1, 2]  # tried again once its cool-down is over
     assert replicas.replicas[0].cooldown == 2.0  # and it failed again: the cool-down doubles
 
@@ -228,13 +234,14 @@ async def test_anything_unexpected_fails_only_its_row_as_internal(error: Excepti
     seen: list[tuple[Any, Exception]] = []
     transport = ScriptedTransport(error)
     client = AgentClient(Config(url=URL), transport, on_internal_error=lambda label, exc: seen.append((label, exc)))
-    failure = await client.run(BODY, agent(), "row 7")
+    row_7 = job()
+    failure = await client.run(row_7, agent())
     assert isinstance(failure, RowFailure)
     assert failure.kind is ErrorKind.INTERNAL
     assert failure.attempts == 1
     assert type(error).__name__ in failure.message
     assert str(error) not in failure.message or not str(error)  # the detail goes to the callback only
-    assert seen == [("row 7", error)]
+    assert seen == [(row_7, error)]
 
 
 async def test_an_unexpected_reply_object_fails_its_row_without_a_callback(autojump_clock):
@@ -251,7 +258,7 @@ async def test_an_unexpected_reply_object_fails_its_row_without_a_callback(autoj
 async def test_cancellation_is_not_swallowed(autojump_clock):
     client = AgentClient(Config(url=URL), ScriptedTransport(HANG))
     with trio.move_on_after(1) as scope:
-        await client.run(BODY, agent())
+        await client.run(job(), agent())
     assert scope.cancelled_caught
 
 
@@ -274,7 +281,7 @@ SECRET_URL = "http://us3r:pa55word@127.0.0.1:8000/run?key=k3y-value"
 async def test_messages_never_show_url_credentials_or_query(step: Step, autojump_clock):
     transport = ScriptedTransport(step)
     client = AgentClient(Config(url=SECRET_URL, retries=0), transport)
-    failure = await client.run(BODY, agent(SECRET_URL))
+    failure = await client.run(job(), agent(SECRET_URL))
     assert isinstance(failure, RowFailure)
     if not isinstance(step, Reply):
         assert "http://127.0.0.1:8000" in failure.message  # where it failed is shown...
@@ -293,7 +300,7 @@ async def test_a_same_origin_redirect_keeps_url_credentials(autojump_clock):
     url = "http://u:p@127.0.0.1:8000/run"
     transport = ScriptedTransport(answer(307, Location="http://127.0.0.1:8000/run/"), answer(200))
     client = AgentClient(Config(url=url), transport)
-    assert await client.run(BODY, agent(url)) == {"reward": 1.0}
+    assert await client.run(job(), agent(url)) == {"reward": 1.0}
     assert (transport.calls[1].url.username, transport.calls[1].url.password) == ("u", "p")
     assert transport.calls[1].credentials
 
