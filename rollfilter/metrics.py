@@ -113,8 +113,8 @@ class Means:
         return self.sums[key] / count if count else 0.0
 
     def means(self) -> dict[str, Any]:
-        """`reward` first, then each field's mean in the order first seen."""
-        means: dict[str, Any] = {"reward": 0.0}
+        """`reward` first (null when no result carried one), then each field's mean in the order first seen."""
+        means: dict[str, Any] = {"reward": None}
         for key, total in self.sums.items():
             means[key] = total / self.counts[key]
         return means

@@ -75,6 +75,13 @@ class LineSource(Protocol):
     async def fill(self) -> None: ...
 
 
+def line_key(line: InputLine) -> bytes:
+    """What numbering tells lines apart by: their text and whether it ended in a newline, as NeMo
+    Gym's collector keys on each line read with its newline."""
+    assert line.data is not None
+    return line.data if line.terminated else line.data + b"\0"
+
+
 class TaskNumbering:
     """Task and rollout indices as NeMo Gym's collector gives them, in flat memory.
 
@@ -167,7 +174,7 @@ class Planner:
             body = line.data.strip()
             parsed = parse_row(body)
             if isinstance(parsed, str):
-                task = self._numbering.task_for_line(line.data)
+                task = self._numbering.task_for_line(line_key(line))
                 failure = RowFailure(ErrorKind.BAD_INPUT, parsed)
             else:
                 row = parsed
@@ -184,7 +191,7 @@ class Planner:
                 if TASK_INDEX in row:
                     task = row[TASK_INDEX]
                 else:
-                    task = row[TASK_INDEX] = self._numbering.task_for_line(line.data)
+                    task = row[TASK_INDEX] = self._numbering.task_for_line(line_key(line))
         shard = config.shard
         if shard is not None and shard_of(task, shard[1]) != shard[0]:
             return

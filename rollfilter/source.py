@@ -31,6 +31,7 @@ class InputLine:
     number: int  # 1-based line number within `source`
     data: bytes | None
     problem: str | None = None  # why `data` is None: too long, or (from the API) not encodable
+    terminated: bool = True  # False for a file's last line without a newline
 
 
 async def next_when_ready(
@@ -73,6 +74,11 @@ def check_inputs(paths: Sequence[str]) -> None:
             raise UsageError(f"cannot read {path}: Is a directory")
         if not os.access(path, os.R_OK):
             raise UsageError(f"cannot read {path}: Permission denied")
+
+
+class _Unterminated(bytes):
+    """A file's last line, which had no newline: NeMo Gym's numbering tells it from the same text
+    with one."""
 
 
 class _TooLong:
@@ -128,6 +134,8 @@ class LineReader:
         if isinstance(item, _TooLong):
             problem = f"line is {item.length} bytes, over the {self._max_line_bytes}-byte limit"
             return InputLine(self._name, self._line_number, None, problem)
+        if type(item) is _Unterminated:
+            return InputLine(self._name, self._line_number, bytes(item), terminated=False)
         return InputLine(self._name, self._line_number, item)
 
     async def fill(self) -> None:
@@ -162,7 +170,7 @@ class LineReader:
         )
         if not chunk:
             if self._partial or self._partial_too_long:
-                self._finish_line(b"")  # a last line without a newline is a normal line
+                self._finish_line(b"", terminated=False)  # a last line without a newline is a row too
             if self._fd != self._stdin_fd:
                 os.close(self._fd)
             self._fd = None
@@ -187,15 +195,14 @@ class LineReader:
         else:
             self._partial.append(piece)
 
-    def _finish_line(self, tail: bytes) -> None:
+    def _finish_line(self, tail: bytes, *, terminated: bool = True) -> None:
         total = self._partial_bytes + len(tail)
         if self._partial_too_long or total > self._max_line_bytes:
             self._ready.append(_TooLong(total))
-        elif self._partial:
-            self._partial.append(tail)
-            self._ready.append(b"".join(self._partial))
         else:
-            self._ready.append(tail)
+            self._partial.append(tail)
+            line = b"".join(self._partial)
+            self._ready.append(line if terminated else _Unterminated(line))
         self._partial = []
         self._partial_bytes = 0
         self._partial_too_long = False

@@ -164,7 +164,7 @@ def test_metrics_means_skip_non_numbers_and_count_booleans():
     assert "note" not in summary
     assert summary["rollfilter"]["failed_by_kind"] == {"timeout": 1}
     assert list(summary)[-1] == "rollfilter"
-    assert Metrics().summary()["reward"] == 0.0
+    assert Metrics().summary()["reward"] is None  # no result: no mean, rather than a mean of 0
 
 
 def test_retry_after_seconds_and_dates():
@@ -271,8 +271,10 @@ def test_any_chunking_gives_the_same_jobs_and_line_numbers(lines: list[bytes], c
         if not line.strip() or (number == len(data.split(b"\n")) and not line):
             continue
         ok = len(line) <= 64 and isinstance(parse_row(line.strip()), dict)
-        # A line too long to keep gets an index of its own.
-        task = next_task if len(line) > 64 else tasks.setdefault(line, next_task)
+        # A line too long to keep gets an index of its own; NeMo Gym reads each line with its
+        # newline, so a last line without one is not the same text as a line with one.
+        text = line + b"\n" if number < len(data.split(b"\n")) else line
+        task = next_task if len(line) > 64 else tasks.setdefault(text, next_task)
         next_task += task == next_task
         first = next_rollout.get(task, 0)
         next_rollout[task] = first + 2
@@ -329,3 +331,16 @@ def test_means_count_numbers_only_and_usage_one_level_down():
     assert means.means() == {"reward": 0.5, "ok": 0.5}
     assert means.usage() == {"input_tokens": 15.0, "input_tokens_details.cached_tokens": 4.0}
     assert means.tokens() == 30.0
+
+
+def test_a_last_line_without_a_newline_is_not_the_line_with_one():
+    async def tasks(data: bytes) -> list[tuple[int, int]]:
+        planner = Planner(LineReader(["-"], max_line_bytes=1024, read=ChunkedReads([data])), Config(url="http://h/run"))
+        jobs = []
+        while (job := await planner.next_job()) is not None:
+            jobs.append((job.task_index, job.rollout_index))
+        return jobs
+
+    a, b = b'{"q": "a"}', b'{"q": "b"}'
+    assert trio.run(tasks, a + b"\n" + b + b"\n" + a) == [(0, 0), (1, 0), (2, 0)]  # as NeMo Gym numbers them
+    assert trio.run(tasks, a + b"\n" + b + b"\n" + a + b"\n") == [(0, 0), (1, 0), (0, 1)]
