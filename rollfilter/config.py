@@ -1,7 +1,8 @@
-"""The frozen run configuration, and the parsers that turn option text into it.
+"""What a run is told: `Config` (the engine's, all the Python API takes), `CommandConfig` (the command
+line's inputs and files around it), and the parsers that turn option text into them.
 
-The CLI and the Python API build the same `Config`; everything here is pure and raises
-`UsageError` with a one-line message for text that cannot be used.
+The command line and the Python API build the same `Config`; everything here is pure and
+raises `UsageError` (`ConfigError`, naming the field, for a Config) with a one-line message.
 """
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ class Engine:
     async def _worker(self, limiter: trio.CapacityLimiter, reading: trio.Lock) -> None:
         # A worker that finishes a row takes the next one itself, in the same scheduler
         # step: in a burst of answers each slot is refilled at once, not after the whole
-        # burst has been handled (at -j 2000 against a 2 s agent that was 3% of the time).
+        # burst has been handled (the benchmark's scale scenario measures it).
         while True:
             slot = _Slot()
             try:

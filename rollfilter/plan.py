@@ -1,4 +1,5 @@
-"""Lines to jobs: parse each row, build the body NeMo Gym would send, repeat, shard, resume.
+"""Lines to jobs: number rows as NeMo Gym does, build each rollout's body, repeat, shard, and skip
+what resume says is done.
 
 A job is one rollout: one input row sent once. A row repeated K times gives K adjacent
 jobs (a a b b). Each body is the row "materialized" as NeMo Gym's collector builds it: the

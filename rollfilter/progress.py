@@ -1,6 +1,6 @@
 """The live progress display on a terminal's stderr (rich), refreshed a few times a second.
 
-Imported only when the display is shown: rich takes 30 ms to import.
+Imported only when the display is shown: rich is slow to import.
 
 It never writes to stdout. Lines meant for stderr while it is shown (failures, -v events)
 are printed above it through the same console, so they do not tear the display.

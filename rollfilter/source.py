@@ -1,7 +1,8 @@
 """Bytes in, lines out: JSONL input read in chunks from files and stdin, in order, like `cat`.
 
-Reading happens in a worker thread, a large chunk per hop (a thread hop per line costs
-~300 us, ruinous at millions of lines), and the chunk is split into lines on the trio side.
+Reading happens in a worker thread, a large chunk per hop (a thread hop per line is ruinous
+at millions of lines: shared/field-notes.md, "trio"), and the chunk is split into lines on
+the trio side.
 Memory holds one chunk's lines plus at most one partial line, never the whole input.
 """
 

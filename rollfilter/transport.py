@@ -1,11 +1,11 @@
 """HTTP/1.1 for rollfilter: an httpx transport with an O(1) keep-alive stack per origin.
 
 Why not httpx's own pool: httpcore scans its connections on every request, so its cost
-grows with the pool (at 1,000 rows in flight it served ~30 rows/s where aiohttp served
-~900, shared/field-notes.md), and a request cancelled while the pool is full can leak a
-slot for good (httpcore #1093). Here each origin keeps a stack of idle connections;
-taking one or giving it back is O(1), no request ever waits for a slot (the run's
-concurrency bounds the connections), and a cancelled request closes its connection.
+grows with the pool (shared/field-notes.md, "httpx / httpcore", has the figures), and a
+request cancelled while the pool is full can leak a slot for good (httpcore #1093). Here
+each origin keeps a stack of idle connections; taking one or giving it back is O(1), no
+request ever waits for a slot (the run's concurrency bounds the connections), and a
+cancelled request closes its connection.
 
 Responses are parsed by llhttp (httptools, the parser under uvicorn): parsing with h11
 cost about as much CPU as everything else in a row's life together.
@@ -292,7 +292,7 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
     ) -> None:
         self._verify = verify
         self._cafile = cafile
-        self._ssl_context: ssl.SSLContext | None = None  # made on the first https URL: loading CAs takes 20 ms
+        self._ssl_context: ssl.SSLContext | None = None  # made on the first https URL: loading CAs is slow
         self._connect_timeout = connect_timeout
         given = {name.lower(): value for name, value in headers or ()}
         self._host = given.get("host")
@@ -486,8 +486,8 @@ async def _open_tcp(host: str, port: int) -> trio.SocketStream:
     """A TCP stream with keepalive on; an IP address is connected to directly.
 
     trio.open_tcp_stream's happy-eyeballs machinery (a nursery and a resolver call per
-    connection) cost ~0.3 ms per connection: a third of a second for the first wave
-    of -j 2000. An IP address has nothing to race, so it gets one plain connect().
+    connection) costs more than the connect itself, for every connection of a first wave
+    of thousands. An IP address has nothing to race, so it gets one plain connect().
     Running out of descriptors raises _OutOfFiles.
     """
     try:
