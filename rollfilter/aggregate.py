@@ -182,6 +182,9 @@ async def request_aggregates(
         except httpx.HTTPError as exc:
             report.problems.append(f"{where}: /aggregate_metrics failed: {type(exc).__name__}: {exc}")
             continue
+        except Exception as exc:  # one agent's surprise costs its aggregate, not the run (its text may hold secrets)
+            report.problems.append(f"{where}: /aggregate_metrics failed: unexpected {type(exc).__name__}")
+            continue
         if response.status_code == 404:
             report.problems.append(f"{where} has no /aggregate_metrics (HTTP 404)")
             continue
@@ -211,7 +214,7 @@ async def aggregate_run(spool: ResultSpool, router: Router, config: Config) -> A
     checks and --proxy apply as they do to /run."""
     timeout = httpx.Timeout(config.timeout, connect=config.connect_timeout)
     async with httpx.AsyncClient(
-        headers=request_headers(config),
+        headers=[(name.encode(), value.encode()) for name, value in request_headers(config)],  # -H values in UTF-8
         verify=tls_context(verify=not config.insecure, cafile=config.cacert),
         timeout=timeout,
         proxy=config.proxy,

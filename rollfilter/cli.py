@@ -48,6 +48,7 @@ EXAMPLE_ROWS = Path(__file__).parent / "examples" / "weather.jsonl"  # NeMo Gym'
 OPTION_OF_FIELD = {
     "url": "-u/--url",
     "proxy": "--proxy",
+    "head_server": "--head-server",
     "concurrency": "-j/--concurrency",
     "repeats": "-r/--repeats",
     "limit": "-n/--limit",

@@ -102,8 +102,15 @@ class Config:
             for name, urls in self.endpoints.items()
         }
         object.__setattr__(self, "endpoints", endpoints)
-        if self.proxy is not None and urllib.parse.urlsplit(self.proxy).scheme not in ("http", "https", "socks5"):
-            raise ConfigError("proxy", "wants a URL like http://proxy.example:3128")
+        for field, value, schemes in (
+            ("proxy", self.proxy, ("http", "https", "socks5")),
+            ("head_server", self.head_server, ("http", "https")),
+        ):
+            try:
+                if value is not None:
+                    checked_url(value, schemes)
+            except UsageError as exc:
+                raise ConfigError(field, f"is not usable: {exc}") from None
         if self.cacert is not None:
             check_cacert(self.cacert)
         if self.concurrency < 1:
@@ -180,16 +187,31 @@ def check_cacert(path: str) -> None:
 
 def agent_url(text: str) -> str:
     """Validate an agent URL and append `/run` when it has no path."""
-    parts = urllib.parse.urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(f"not an http(s) URL: {text!r}")
-    try:
-        parts.port  # noqa: B018 - raises ValueError on a bad port
-    except ValueError as exc:
-        raise UsageError(f"bad port in URL {text!r}") from exc
+    parts = checked_url(text)
     if parts.path in ("", "/"):
         parts = parts._replace(path="/run")
     return urllib.parse.urlunsplit(parts)
+
+
+def checked_url(text: str, schemes: tuple[str, ...] = ("http", "https")) -> urllib.parse.SplitResult:
+    """The parts of an http(s) URL with a host and a valid port; UsageError (which never shows
+    the URL's credentials or query) otherwise."""
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in schemes or not parts.hostname:
+        kind = "http(s)" if schemes == ("http", "https") else "/".join(schemes)
+        raise UsageError(f"not an {kind} URL: {shown_url(parts)!r}")
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if port is not None and not 0 < port < 65536:
+        raise UsageError(f"bad port in URL {shown_url(parts)!r}")
+    return parts
+
+
+def shown_url(parts: urllib.parse.SplitResult) -> str:
+    """A URL as a message may show it: without user, password or query."""
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2], query=""))
 
 
 def parse_endpoints(specs: Iterable[str]) -> dict[str, tuple[str, ...]]:

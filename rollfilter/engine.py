@@ -28,7 +28,7 @@ from rollfilter.outcomes import RowFailure
 from rollfilter.plan import Job, LineSource, Planner
 from rollfilter.resume import ResumeState
 from rollfilter.routing import Agent, Router
-from rollfilter.rows import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX
+from rollfilter.rows import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX, agent_name
 from rollfilter.sinks import RowSink
 from rollfilter.tasks import TaskStats
 from rollfilter.transport import AgentTransport, printable, shown
@@ -156,8 +156,8 @@ class Engine:
             if self.on_event is not None:
                 self.on_event(f"{describe(job)}: finished in {latency:.3f} s, reward {outcome.get('reward')}")
             self._ended(job, reward_of(outcome))
-            if self.spool is not None:
-                self.spool.add(job.agent_name, outcome)
+            if self.spool is not None:  # by the result's agent, as an earlier run's results are spooled
+                self.spool.add(agent_name(outcome), outcome)
             self.sink.result(job, outcome, release)
 
     def _internal_failure(self, job: Job, exc: Exception) -> RowFailure:

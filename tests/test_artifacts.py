@@ -205,3 +205,12 @@ def test_asyncio_api_gets_the_aggregate_too(agents: dict[str, RecordingAgent]):
     run_ = asyncio.run(main())
     assert [entry["agent_ref"]["name"] for entry in run_.aggregate] == ["alpha"]
     assert run_.summary["key_metrics"]["alpha"]["mean/reward"] == 0.5
+
+
+def test_a_non_ascii_header_value_reaches_the_aggregate_call_too(tmp_path: Path, agents: dict[str, RecordingAgent]):
+    aggregate = tmp_path / "agg.json"
+    args = [*endpoints(agents), "-H", "X-Key: sécret", "--aggregate", str(aggregate)]
+    proc = run(args, input=rows(2, "alpha"))
+    assert proc.returncode == 0, proc.stderr
+    assert [entry["agent_ref"]["name"] for entry in json.loads(aggregate.read_text())] == ["alpha"]
+    assert "sécret" not in proc.stderr.decode()

@@ -9,6 +9,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import (
     SUBPROCESS_TIMEOUT,
     DemoServer,
@@ -264,3 +266,32 @@ def test_a_100_mb_line_is_refused_and_the_run_goes_on(tmp_path, demo_server: Dem
     assert len(message) == 1
     assert message[0].startswith(f"rollfilter: {data}:2: bad_input: line is {len(long_line)} bytes")
     assert sorted(r["_ng_task_index"] for r in result_lines(proc.stdout)) == [0, 2]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["-u", "http://user:S3CRET@127.0.0.1:99999/run?token=S3CRET"],  # a bad port
+        ["-u", "ftp://user:S3CRET@127.0.0.1/run"],  # not http(s)
+        ["-e", "a=http://user:S3CRET@127.0.0.1:abc/run"],
+        ["--head-server", "http://user:S3CRET@127.0.0.1:99999", "-a", "a"],
+        ["--proxy", "ftp://user:S3CRET@127.0.0.1:1", "-u", "http://127.0.0.1:9"],
+    ],
+)
+def test_unusable_urls_are_one_line_without_their_secrets(args):
+    proc = run(args, input=rows_jsonl(simple_rows(1)))
+    assert proc.returncode == 2
+    assert proc.stderr.decode().count("\n") == 1
+    assert b"Traceback" not in proc.stderr
+    assert b"S3CRET" not in proc.stderr
+
+
+def test_a_socks5_proxy_is_usable(tmp_path):
+    """socks5 is accepted, so its support is installed: a dead proxy fails rows, no traceback."""
+    proc = run(
+        ["--proxy", "socks5://127.0.0.1:9", "-u", "http://127.0.0.1:9", "--retries", "0"],
+        input=rows_jsonl(simple_rows(2)),
+    )
+    assert proc.returncode == 1
+    assert b"Traceback" not in proc.stderr
+    assert summary_of(proc.stderr)["rollfilter"]["failed_by_kind"] == {"connect": 2}
