@@ -186,6 +186,19 @@ class Reply:
         return None
 
 
+def _tls_holds_bytes(stream: trio.abc.Stream) -> bool:
+    """Whether a TLS stream has bytes read off its socket but not yet asked for: a record that
+    came in with the last reply's, which poll() on the socket cannot see. trio keeps them in
+    its SSLStream (the incoming BIO, and what OpenSSL has decrypted); if those are not where
+    this looks, the connection counts as holding bytes, and is not reused."""
+    if not isinstance(stream, trio.SSLStream):
+        return False
+    try:
+        return bool(stream._incoming.pending or stream._ssl_object.pending())
+    except AttributeError:
+        return True
+
+
 class _Connection:
     __slots__ = ("idle_since", "poller", "socket", "stream")
 
@@ -202,7 +215,7 @@ class _Connection:
         # An idle keep-alive connection has nothing to read. Readable (or hung up) means
         # the server closed it, or sent bytes nobody asked for (a late reply, an idle 408):
         # either way, a reply read from it could not be trusted to answer our request.
-        return bool(self.poller.poll(0))
+        return bool(self.poller.poll(0)) or _tls_holds_bytes(self.stream)
 
     def _request_unread(self) -> bool:
         # Whether the server closed the connection without reading the request: it never

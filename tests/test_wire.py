@@ -579,6 +579,36 @@ def test_a_failed_certificate_check_is_not_retried_and_says_how_to_trust_the_ca(
         assert "--cacert" in refused.stderr.decode()
 
 
+@pytest.mark.parametrize("writes", ["one write", "two writes"])
+async def test_over_tls_a_reply_nobody_asked_for_is_never_read_as_the_next_answer(certificate, writes: str):
+    """TLS holds what it read off the socket beyond the reply asked for, where poll() cannot see it."""
+    cert, key = certificate
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    injected = reply(200, b'{"echo": "INJECTED", "reward": 0.5}')
+
+    def stray_after_the_first(request: Request, conn: Conn) -> None:
+        if request.json()["id"] != 0:
+            conn.send(echo(request))
+        elif writes == "one write":
+            conn.send(echo(request) + injected)  # one TLS record
+        else:
+            conn.send(echo(request))
+            conn.send(injected)  # a TLS record of its own
+
+    transport = HTTP11Transport(cafile=str(cert))
+    try:
+        with WireServer(stray_after_the_first, tls=context) as server:
+            url = httpx.URL(server.url)
+            first = await transport.post(url, b'{"id": 0}')
+            await trio.sleep(0.2)  # the injected reply has arrived
+            second = await transport.post(url, b'{"id": 1}')
+            assert (json.loads(first.body)["echo"], json.loads(second.body)["echo"]) == (0, 1)
+            assert server.connections == 2
+    finally:
+        await transport.aclose()
+
+
 def limit_open_files(soft: int, hard: int) -> Any:
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
