@@ -551,7 +551,10 @@ def _keep_alive(sock: trio.socket.SocketType) -> None:
 
 def decode_body(encoding: bytes, body: bytes) -> bytes:
     """A body in its Content-Encoding (gzip, identity) decoded; BadReply for any other, for a
-    broken one, or for one that would grow past MAX_DECODED_BYTES."""
+    broken one, or for one that would grow past MAX_DECODED_BYTES. An empty body has nothing to
+    decode, whatever its encoding says (as httpx and curl read it)."""
+    if not body:
+        return body
     for coding in reversed(encoding.lower().split(b",")):
         coding = coding.strip()
         if coding in (b"gzip", b"x-gzip"):

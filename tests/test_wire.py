@@ -149,6 +149,16 @@ def retry_after_a_day(request: Request, conn: Conn) -> None:
     conn.send(reply(429, b"slow down", "Retry-After: 86400", reason="Too Many Requests"))
 
 
+# Replies with no body but a Content-Encoding: nothing to decode, as httpx and curl read them.
+def empty_gzip_redirect(request: Request, conn: Conn) -> None:
+    moved = reply(307, b"", "Location: /run/", "Content-Encoding: gzip", reason="Temporary Redirect")
+    conn.send(moved if request.path == "/run" else echo(request))
+
+
+def empty_gzip_busy(request: Request, conn: Conn) -> None:
+    conn.send(reply(503, b"", "Retry-After: 0", "Content-Encoding: gzip", reason="Service Unavailable"))
+
+
 def temporary_redirect(request: Request, conn: Conn) -> None:
     moved = reply(307, b"", "Location: /run/", reason="Temporary Redirect")
     conn.send(moved if request.path == "/run" else echo(request))
@@ -220,6 +230,8 @@ CASES = {
     # httpx follows a 302 with a GET and no body: a /run that is not a /run.
     "302 is not followed": Case(found_redirect, "http_status", message="Location: /elsewhere", httpx_agrees=False),
     "gzip": Case(gzip_when_asked, "ok"),
+    "307 with an empty gzip body": Case(empty_gzip_redirect, "ok", 2),
+    "503 with an empty gzip body, retried": Case(empty_gzip_busy, "http_status", 2, ("--retries", "1"), "HTTP 503"),
     "broken gzip": Case(broken_gzip, "bad_response", message="gzip"),
     # h11 refuses any Transfer-Encoding but chunked; RFC 9112 reads identity to the connection's end.
     "Transfer-Encoding: identity": Case(identity_transfer_encoding, "ok", httpx_agrees=False),
