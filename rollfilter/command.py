@@ -28,7 +28,7 @@ from rollfilter.keytable import KeyTable
 from rollfilter.metrics import Metrics
 from rollfilter.outcomes import Failure, RowFailure, failure_of
 from rollfilter.plan import Job
-from rollfilter.resume import ResumeState, drop_torn_tail, read_pairs, result_records
+from rollfilter.resume import ResumeState, StandingFailures, drop_torn_tail, read_pairs, result_records
 from rollfilter.routing import Router
 from rollfilter.rows import TASK_INDEX, agent_name, parse_row
 from rollfilter.sinks import LineSink
@@ -169,13 +169,19 @@ async def run(
     earlier = _Earlier()
     if command.resume and command.output:
         for path in (command.output, command.errors_file, command.materialized_file):
-            if path is not None:
+            if path is not None and not show.dry_run:
                 drop_torn_tail(path)
         resume = ResumeState.from_files(command.output, command.errors_file, command.max_attempts)
         if command.materialized_file is not None:
             earlier.materialized = read_pairs(command.materialized_file)
         if config.aggregate:
             earlier.results = command.output
+    if show.dry_run:  # it changes no file: it reads what resume reads, and prints the rest
+        command = dataclasses.replace(
+            command, output=None, errors_file=None, metrics_file=None, per_task_file=None,
+            aggregate_file=None, materialized_file=None, resume=False,
+        )  # fmt: skip
+        earlier = _Earlier()
     fresh_only = not (command.resume or command.append)
     with OutputFiles() as files:
         out_fd = files.open(command.output, "-o", must_be_empty=fresh_only)
@@ -406,11 +412,12 @@ async def dry_run(engine: Engine, out: BatchWriter, log: LineWriter, *, repeated
 async def summarize(command: CommandConfig, *, streams: Streams = Streams()) -> ExitStatus:
     """Recompute the summary from result lines (and errors records) without sending anything.
 
-    Lines with an `error` object or `_ng_failure_class` and indices count as failed rollouts;
-    other JSON objects are results. With --repeats K > 1, mean@K and pass@k are computed over
-    tasks. With --aggregate, the results go to their agents' /aggregate_metrics in one call
-    per agent (shards aggregated as one). The summary goes to stdout (it is this mode's
-    output) and to --metrics FILE.
+    Lines with an `error` object or `_ng_failure_class` and indices are failed attempts; other
+    JSON objects are results. Each (task, rollout) pair counts once: as a success if any result
+    has it (an attempt that failed, then succeeded on --resume), else as one failure. With
+    --repeats K > 1, mean@K and pass@k are computed over tasks. With --aggregate, the results
+    go to their agents' /aggregate_metrics in one call per agent (shards aggregated as one).
+    The summary goes to stdout (it is this mode's output) and to --metrics FILE.
     """
     config = command.engine
     check_inputs(command.inputs)
@@ -418,6 +425,7 @@ async def summarize(command: CommandConfig, *, streams: Streams = Streams()) -> 
     tasks = TaskStats(config.repeats, config.pass_threshold) if config.repeats > 1 else None
     reader = LineReader(command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=streams.stdin)
     spool = ResultSpool() if config.aggregate else None
+    failures = StandingFailures()
     report = None
     bad = 0
     with OutputFiles() as files:
@@ -435,17 +443,23 @@ async def summarize(command: CommandConfig, *, streams: Streams = Streams()) -> 
                 if isinstance(record, str):
                     bad += 1
                     continue
+                if failure_of(record) is not None:
+                    failures.failure(line.data)  # counted once every result is known
+                    continue
+                metrics.taken += 1
+                metrics.add_result(record, None, agent_name(record))
+                failures.result(record)
+                if spool is not None:
+                    spool.add(agent_name(record), record)
+                if tasks is not None and TASK_INDEX in record:
+                    tasks.rollout_ended(record[TASK_INDEX], config.repeats, reward_of(record))
+            for record in failures.standing():
                 metrics.taken += 1
                 failure = failure_of(record)
-                if failure is not None:
-                    metrics.add_failure(failure, agent_name(record))
-                else:
-                    metrics.add_result(record, None, agent_name(record))
-                    if spool is not None:
-                        spool.add(agent_name(record), record)
-                if tasks is not None and TASK_INDEX in record:
-                    reward = None if failure is not None else reward_of(record)
-                    tasks.rollout_ended(record[TASK_INDEX], config.repeats, reward)
+                assert failure is not None
+                metrics.add_failure(failure, agent_name(record))
+                if tasks is not None:
+                    tasks.rollout_ended(record[TASK_INDEX], config.repeats, None)
             if spool is not None:
                 report = await aggregate_run(spool, router, config)
         finally:

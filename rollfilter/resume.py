@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +20,8 @@ import msgspec
 from rollfilter.errors import ErrorKind, UsageError
 from rollfilter.keytable import KeyTable
 
+TASK_INDEX = "_ng_task_index"
+ROLLOUT_INDEX = "_ng_rollout_index"
 DEFAULT_MAX_ATTEMPTS = 3  # NeMo Gym's NEMO_GYM_MAX_ROLLOUT_ATTEMPTS default
 MAX_ATTEMPTS_VARIABLE = "NEMO_GYM_MAX_ROLLOUT_ATTEMPTS"
 _TERMINAL_KINDS = frozenset({ErrorKind.BAD_INPUT.value, ErrorKind.NO_ROUTE.value})  # records without the flag
@@ -128,6 +131,33 @@ def _lines(path: str) -> Iterator[bytes]:
             if not line.endswith(b"\n"):
                 break
             yield line
+
+
+class StandingFailures:
+    """Failure records, held in a temporary file until every result has been seen, so that each
+    (task, rollout) pair counts once: as a success if any result has it (a failed attempt that a
+    later, resumed run fixed), else as one failure, its first record's."""
+
+    def __init__(self) -> None:
+        self._file = tempfile.TemporaryFile()  # noqa: SIM115 - closed by standing()
+        self._succeeded = KeyTable()
+
+    def failure(self, line: bytes) -> None:
+        self._file.write(line.strip() + b"\n")
+
+    def result(self, record: dict[str, Any]) -> None:
+        self._succeeded.add(ResumeState._key(record.get(TASK_INDEX), record.get(ROLLOUT_INDEX)))
+
+    def standing(self) -> Iterator[dict[str, Any]]:
+        """The failure records of pairs without a result, one a pair; the file is closed after."""
+        counted = KeyTable()
+        with self._file as file:
+            file.seek(0)
+            for line in file:
+                record = _decode(line)
+                key = ResumeState._key(record.get(TASK_INDEX), record.get(ROLLOUT_INDEX))
+                if key not in self._succeeded and counted.add(key)[1]:
+                    yield record
 
 
 def read_pairs(path: str) -> KeyTable:

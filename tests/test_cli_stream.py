@@ -328,3 +328,15 @@ async def test_a_run_reads_and_writes_the_descriptors_it_is_given(tmp_path, demo
     assert status == 0
     assert sorted(r["_ng_task_index"] for r in result_lines((tmp_path / "out").read_bytes())) == [0, 1, 2]
     assert summary_of((tmp_path / "err").read_bytes())["rollfilter"]["succeeded"] == 3
+
+
+def test_a_dry_run_writes_no_file_even_with_resume(tmp_path, demo_server: DemoServer):
+    out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
+    out.write_text('{"_ng_task_index": 0, "_ng_rollout_index": 0, "reward": 1}\n{"_ng_task_in')  # a torn tail
+    args = ["-u", demo_server.url, "-o", str(out), "--errors", str(errors), "--resume", "--dry-run"]
+    proc = run(args, input=rows_jsonl(simple_rows(3)))
+    assert proc.returncode == 0, proc.stderr
+    assert [json.loads(line)["id"] for line in proc.stdout.splitlines()] == [1, 2]  # what resume would send
+    assert out.read_text().endswith('{"_ng_task_in')  # untouched: not even the torn tail is cut
+    assert not errors.exists()
+    assert demo_server.stats()["requests"] == 0

@@ -297,3 +297,23 @@ def test_python_api_failure_carries_class_and_terminal(agent: RecordingAgent):
     assert outcomes["fails"].row["_ng_task_index"] == 1  # the row as sent
     assert run_.summary is not None
     assert run_.summary["rollfilter"]["not_persisted"] == 1
+
+
+def test_summarize_counts_each_pair_once_after_resumes(tmp_path: Path, agent: RecordingAgent):
+    """A failed attempt that a resumed run fixed is a success; three failed attempts are one failure."""
+    out, errors, data = tmp_path / "out.jsonl", tmp_path / "errors.jsonl", tmp_path / "rows.jsonl"
+    rows = [
+        {"id": "ok", "responses_create_params": {"input": "q"}},
+        {"id": "fixed", "responses_create_params": {"input": "q"}, "answer": FAILING, "answer_times": 1},
+        {"id": "fails", "responses_create_params": {"input": "q"}, "answer": FAILING},
+    ]
+    data.write_text("".join(map(to_line, rows)))
+    args = ["-u", agent.run_url, "-o", str(out), "--errors", str(errors), str(data)]
+    for resume in ([], ["--resume"], ["--resume"]):
+        run([*args, *resume])
+    assert len(read_jsonl(errors)) == 4  # "fixed" once, "fails" three times
+    proc = run(["--summarize", "-r", "1", str(out), str(errors)])
+    figures = json.loads(proc.stdout)["rollfilter"]
+    assert (figures["rows_read"], figures["succeeded"], figures["failed"]) == (3, 2, 1)
+    again = run(["--summarize", "-r", "1"], input=errors.read_bytes() + out.read_bytes())  # failures first
+    assert json.loads(again.stdout)["rollfilter"]["failed"] == 1
