@@ -267,7 +267,12 @@ async def _run_open(
     if config.max_repeats > 1:
         on_task = (lambda record: per_task.write(_encode(record) + b"\n")) if per_task is not None else None
         tasks = TaskStats(config.max_repeats, config.pass_threshold, on_task)
-    reader = LineReader(command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=streams.stdin)
+    reader = LineReader(
+        command.inputs,
+        max_line_bytes=command.max_line_bytes,
+        stdin_fd=streams.stdin,
+        on_problem=lambda message: log.write(f"rollfilter: {message}\n".encode(errors="replace")),
+    )
     engine: Engine | None = None
     events = (lambda text: log.write(f"rollfilter: {text}\n".encode(errors="replace"))) if show.verbose else None
     on_send = _materializer(materialized, earlier.materialized) if materialized is not None else None
@@ -331,7 +336,8 @@ async def _run_open(
     metrics.replicas = engine.router.replica_counts() if engine is not None else []
     status = control.status
     if status is None:
-        status = ExitStatus.ROWS_FAILED if metrics.failed or metrics.not_persisted else ExitStatus.OK
+        incomplete = metrics.failed or metrics.not_persisted or reader.problems  # an input lost, as cat says
+        status = ExitStatus.ROWS_FAILED if incomplete else ExitStatus.OK
     stopped = control.reason or (status.name.lower().replace("_", " ") if control.status else None)
     summary = _summary_bytes(metrics, tasks, stopped, report)
     try:
@@ -477,11 +483,13 @@ async def summarize(command: CommandConfig, *, streams: Streams = Streams()) -> 
         _replace_content(metrics_fd, summary_bytes, f"--metrics {command.metrics_file}")
     if bad:
         _write_stderr(streams.stderr, f"rollfilter: skipped {bad} lines that are not JSON objects\n".encode())
+    for problem in reader.problems:
+        _write_stderr(streams.stderr, f"rollfilter: {problem}\n".encode(errors="replace"))
     for problem in report.problems if report is not None else ():
         _write_stderr(
             streams.stderr, (printable(f"rollfilter: --aggregate: {problem}") + "\n").encode(errors="replace")
         )
-    return ExitStatus.OK
+    return ExitStatus.ROWS_FAILED if reader.problems else ExitStatus.OK
 
 
 def _write_stderr(fd: int, data: bytes) -> None:

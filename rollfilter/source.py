@@ -94,7 +94,9 @@ class LineReader:
 
     Each FILE is opened only when its turn comes; `-` is standard input (fd 0, never closed
     here). A line longer than `max_line_bytes` is dropped as it streams by and handed out
-    with `data=None`, so a 100 MB line costs no more memory than the limit.
+    with `data=None`, so a 100 MB line costs no more memory than the limit. An input that
+    cannot be opened or read when its turn comes (it vanished) is skipped, as `cat` skips it,
+    and the one-line reason is kept in `problems` and given to `on_problem`.
     """
 
     def __init__(
@@ -105,6 +107,7 @@ class LineReader:
         chunk_bytes: int = CHUNK_BYTES,
         stdin_fd: int = 0,
         read: Callable[[int, int], bytes] = os.read,
+        on_problem: Callable[[str], None] | None = None,
     ) -> None:
         self._paths = collections.deque(paths)
         self._max_line_bytes = max_line_bytes
@@ -120,6 +123,8 @@ class LineReader:
         self._partial_too_long = False
         # Reading has its own thread limiter: trio's default one is global and shared.
         self._limiter = trio.CapacityLimiter(1)
+        self.problems: list[str] = []
+        self._on_problem = on_problem
 
     def next_line_nowait(self) -> InputLine | None:
         """The next buffered line; None once every input is exhausted.
@@ -150,25 +155,35 @@ class LineReader:
         return await next_when_ready(self.next_line_nowait, self.fill)
 
     def _open_next(self) -> bool:
-        if not self._paths:
-            return False
-        path = self._paths.popleft()
-        self._name = display_name(path)
-        self._line_number = 0
-        if path == STDIN:
-            self._fd = self._stdin_fd
-        else:
+        while self._paths:
+            path = self._paths.popleft()
+            self._name = display_name(path)
+            self._line_number = 0
+            if path == STDIN:
+                self._fd = self._stdin_fd
+                return True
             try:
                 self._fd = os.open(path, os.O_RDONLY)
             except OSError as exc:  # checked at start, but files can vanish
-                raise UsageError(f"cannot read {path}: {exc.strerror}") from None
-        return True
+                self._problem(f"cannot read {path}: {exc.strerror}")
+                continue
+            return True
+        return False
+
+    def _problem(self, message: str) -> None:
+        self.problems.append(message)
+        if self._on_problem is not None:
+            self._on_problem(message)
 
     async def _fill(self) -> None:
         assert self._fd is not None
-        chunk = await trio.to_thread.run_sync(
-            self._read, self._fd, self._chunk_bytes, limiter=self._limiter, abandon_on_cancel=True
-        )
+        try:
+            chunk = await trio.to_thread.run_sync(
+                self._read, self._fd, self._chunk_bytes, limiter=self._limiter, abandon_on_cancel=True
+            )
+        except OSError as exc:  # an I/O error mid-file: the rest of this input is lost, said once
+            self._problem(f"cannot read {self._name} after line {self._line_number + len(self._ready)}: {exc.strerror}")
+            chunk = b""
         if not chunk:
             if self._partial or self._partial_too_long:
                 self._finish_line(b"", terminated=False)  # a last line without a newline is a row too

@@ -295,3 +295,24 @@ def test_a_socks5_proxy_is_usable(tmp_path):
     assert proc.returncode == 1
     assert b"Traceback" not in proc.stderr
     assert summary_of(proc.stderr)["rollfilter"]["failed_by_kind"] == {"connect": 2}
+
+
+def test_an_input_that_vanishes_mid_run_is_skipped_as_cat_skips_it(tmp_path, demo_server: DemoServer):
+    first, gone, last = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "c.jsonl"
+    slow = [{**row, "demo": {"latency": 0.05}} for row in simple_rows(40)]
+    first.write_text(rows_jsonl(slow))
+    gone.write_text(rows_jsonl(simple_rows(5)))
+    last.write_text(rows_jsonl([{**row, "id": 100 + row["id"]} for row in simple_rows(3)]))
+    out = tmp_path / "out.jsonl"
+    proc = start(["-u", demo_server.url, "-j", "2", "-o", str(out), str(first), str(gone), str(last)], stdout=None)
+    try:
+        wait_for(lambda: out.exists() and out.read_bytes().count(b"\n") >= 4)
+        gone.unlink()
+        _, stderr = proc.communicate(timeout=SUBPROCESS_TIMEOUT)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1  # an input was lost, as cat says
+    assert f"rollfilter: cannot read {gone}: No such file or directory" in stderr.decode().splitlines()
+    ids = sorted(r["_ng_task_index"] for r in read_jsonl(out))
+    assert len(ids) == 43  # every row of a.jsonl and c.jsonl, none lost in flight
+    assert summary_of(stderr)["rollfilter"]["succeeded"] == 43
