@@ -6,9 +6,12 @@ Each agent gets a window, with `-j` as its ceiling. The design is TCP's, in brie
   PROBE_SECONDS of wall time, not every round trip. Agents answer overload fast (a 429, a
   503, a refused connection), so an overshoot is caught within milliseconds; and an agent
   whose episodes take seconds still reaches a high ceiling in a fraction of a second.
-- On overload (429, 503, a timeout, a failed connection, or latency climbing to twice its
-  running baseline), cut the window to BACKOFF times what is in flight, at most once per
-  round trip: the requests already sent when the cut is decided are not a new signal.
+- On overload (429, 503, a timeout, a failed connection), cut the window to BACKOFF times
+  what is in flight, at most once per round trip (the requests already sent when the cut is
+  decided are not a new signal), and each refused request takes one more slot away. Probing
+  ends there.
+- Latency climbing to twice its running baseline is a softer signal (longer episodes may be
+  harder rows, not a busier agent): it cuts once per level, and probing only pauses.
 - Otherwise, grow by about 1/16 of the window per round trip (at least one request), so a
   window cut by 10% is back within two round trips, and one probe in a few round trips
   finds out whether the agent's capacity has grown.
@@ -118,8 +121,8 @@ class AdaptiveWindow:
         self.in_flight -= 1
         now = trio.current_time()
         if signal is Signal.KEPT_UP and latency is not None and self._latency_climbed(latency):
-            signal = Signal.OVERLOAD
-        if signal is Signal.OVERLOAD:
+            self._brake(now)
+        elif signal is Signal.OVERLOAD:
             self._cut(now)
         elif signal is Signal.KEPT_UP and not self._probing:  # while probing, the timer doubles it
             self._set(self._window + max(1.0, GROWTH_SHARE * self._window) / self._window)
@@ -136,6 +139,13 @@ class AdaptiveWindow:
             self._set(BACKOFF * min(self._window, self.in_flight + 1))
         self._set(self._window - 1)
 
+    def _brake(self, now: float) -> None:
+        # Latency is a softer signal than a refusal: longer episodes may be harder rows, not a
+        # busier agent. So it cuts once, and probing only waits a round trip, instead of ending.
+        self._set(BACKOFF * min(self._window, self.in_flight + 1))
+        if self._probing and self._baseline is not None:
+            self._next_probe = now + max(self._baseline, PROBE_SECONDS)
+
     def _latency_climbed(self, latency: float) -> bool:
         self._samples += 1
         if self._short_latency is None or self._baseline is None:
@@ -143,7 +153,13 @@ class AdaptiveWindow:
             return False
         self._short_latency += SHORT_WEIGHT * (latency - self._short_latency)
         self._baseline += LONG_WEIGHT * (latency - self._baseline)
-        return self._samples > LATENCY_SAMPLES and self._short_latency > LATENCY_FACTOR * self._baseline
+        if self._samples <= LATENCY_SAMPLES or self._short_latency <= LATENCY_FACTOR * self._baseline:
+            return False
+        # One cut per level: the new latency becomes the baseline. If the agent was overloaded,
+        # the smaller window brings latency back down; if its episodes just got longer (a harder
+        # part of the data), nothing more is cut.
+        self._baseline = self._short_latency
+        return True
 
     def _set(self, window: float) -> None:
         old = self.limit

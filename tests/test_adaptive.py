@@ -12,9 +12,11 @@ from rollfilter.adaptive import AdaptiveWindow, Signal
 
 @dataclasses.dataclass
 class Agent:
-    """A stand-in agent: `latency` seconds an episode; above `capacity` in flight it answers 429 at once."""
+    """A stand-in agent: `latency` seconds an episode (or each row's own, from `latencies` in turn);
+    above `capacity` in flight it answers 429 at once."""
 
     latency: float
+    latencies: list[float] = dataclasses.field(default_factory=list)
     capacity: int | None = None
     in_flight: int = 0
     requests: int = 0
@@ -33,10 +35,11 @@ class Agent:
             return False
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
-        await trio.sleep(self.latency)
+        latency = self.latencies[self.requests % len(self.latencies)] if self.latencies else self.latency
+        await trio.sleep(latency)
         self.in_flight -= 1
         if window is not None:
-            window.release(Signal.KEPT_UP, self.latency)
+            window.release(Signal.KEPT_UP, latency)
         return True
 
 
@@ -88,6 +91,16 @@ def test_a_healthy_agent_gets_the_ceiling_at_little_cost():
     assert window.stats().final == 2000
     assert agent.most_in_flight == 2000
     assert elapsed <= 1.05 * 20.0  # within 5% of a fixed -j 2000 (20 s)
+
+
+def test_episodes_of_mixed_lengths_are_not_taken_for_overload():
+    """Rows whose episodes differ (harder rows, later parts of the data) on an agent with room to spare."""
+    for latencies in ([0.01] * 4 + [0.3], [0.01] * 200 + [0.3] * 200):  # mixed, then a harder second half
+        fixed = virtual(collect, Agent(0, latencies=latencies), 1000, 64, None)
+        window = AdaptiveWindow(64)
+        adaptive = virtual(collect, Agent(0, latencies=latencies), 1000, 64, window)
+        assert adaptive <= 1.2 * fixed, latencies[:6]
+        assert window.stats().max == 64  # the ceiling, reached
 
 
 def test_latency_climbing_past_its_baseline_shrinks_the_window():
