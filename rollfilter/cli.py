@@ -59,14 +59,14 @@ OPTION_OF_FIELD = {
 }
 HELP = """Collect agent rollouts: JSONL rows in (FILEs or stdin), one result line out per row as it finishes.
 
-Each row is POSTed to an agent's /run endpoint; each JSON answer is written to stdout as one
-line with _ng_task_index and _ng_rollout_index added. A metrics summary (one JSON object) goes
-to stderr when the run ends. Failed rows are reported on stderr (or in --errors FILE), never
-written as results.
+Each row is POSTed to an agent's /run endpoint as NeMo Gym's collector sends it; each JSON
+answer is written to stdout as one line with the row's _ng_task_index, _ng_rollout_index
+and agent_ref. A metrics summary (one JSON object) goes to stderr when the run ends. Failed
+rows are reported on stderr (or in --errors FILE), never written as results.
 
-Exit status: 0 all rows succeeded, 1 some rows failed, 2 usage error, 3 head server
-unreachable, 74 an output could not be written, 130 interrupted, 141 stdout closed,
-143 terminated.
+Exit status: 0 all rollouts succeeded, 1 some failed or were not persisted, 2 usage error,
+3 head server unreachable, 74 an output could not be written, 130 interrupted, 141 stdout
+closed, 143 terminated.
 """
 
 typer_app = typer.Typer(
@@ -296,7 +296,8 @@ def parse_and_run(
             "-H",
             "--header",
             metavar="'NAME: VALUE'",
-            help="Send this header with every request, in place of rollfilter's own of that name (never printed).",
+            help="Send this header with every request, in place of rollfilter's own of that name; an empty"
+            " value removes ours (never printed).",
             show_default=False,
         ),
     ] = None,

@@ -73,7 +73,8 @@ def backoff_delay(attempt: int, rng: random.Random, retry_after: float | None = 
 
 def request_headers(config: Config) -> list[tuple[str, str]]:
     """The headers sent with every row: JSON, gzip, our User-Agent, then the user's -H.
-    An -H header replaces rollfilter's own of the same name, as curl's does."""
+    An -H header replaces rollfilter's own of the same name, and an empty one (`-H 'Accept:'`)
+    removes it, as curl's do."""
     given = {name.lower() for name, _ in config.headers}
     own = [
         ("Content-Type", "application/json"),
@@ -81,7 +82,10 @@ def request_headers(config: Config) -> list[tuple[str, str]]:
         ("Accept-Encoding", "gzip"),
         ("User-Agent", f"rollfilter/{__version__}"),
     ]
-    return [*(header for header in own if header[0].lower() not in given), *config.headers]
+    return [
+        *(header for header in own if header[0].lower() not in given),
+        *(header for header in config.headers if header[1]),
+    ]
 
 
 def transport_for(config: Config) -> AgentTransport:
@@ -195,7 +199,7 @@ class AgentClient:
     def _outcome(self, reply: Reply) -> tuple[dict[str, Any] | RowFailure, float | None]:
         status = reply.status
         content = reply.body
-        if status == 200:
+        if 200 <= status < 300:  # any 2xx carries the result, as NeMo Gym's raise_for_status has it
             try:
                 result = _decode(content)
             except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):

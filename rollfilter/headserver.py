@@ -71,13 +71,16 @@ def agents_from_config(config: Any) -> HeadServerAgents:
     return HeadServerAgents(urls, frozenset(incomplete - set(urls)))
 
 
-async def fetch_agents(base_url: str, transport: HTTP11Transport) -> HeadServerAgents:
+async def fetch_agents(
+    base_url: str, transport: HTTP11Transport, headers: list[tuple[str, str]] | None = None
+) -> HeadServerAgents:
     """Fetch and parse the head server's config once; ServiceError when it cannot be had.
     The caller bounds the wait (a trio cancel scope)."""
     url = base_url.rstrip("/") + "/global_config_dict_yaml"
     where = f"the head server at {origin(base_url)}"
     try:
-        response = await transport.handle_async_request(httpx.Request("GET", url))
+        raw = [(name.encode(), value.encode()) for name, value in headers or ()]
+        response = await transport.handle_async_request(httpx.Request("GET", url, headers=raw))
     except (httpx.TransportError, httpx.InvalidURL, KeyError) as exc:
         raise ServiceError(f"cannot reach {where}: {exc}") from None
     if response.status_code != 200:
@@ -103,7 +106,9 @@ async def resolve_endpoints(config: Config) -> tuple[dict[str, tuple[str, ...]],
     )
     try:
         with trio.move_on_after(HEAD_SERVER_TIMEOUT) as scope:
-            head = await fetch_agents(config.head_server, transport)
+            # The -H headers go to the head server too (an Authorization, say); Host is the agents'.
+            headers = [(name, value) for name, value in config.headers if value and name.lower() != "host"]
+            head = await fetch_agents(config.head_server, transport, headers)
     finally:
         await transport.aclose()
     if scope.cancelled_caught:

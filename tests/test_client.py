@@ -383,3 +383,14 @@ def test_h_headers_replace_rollfilters_own_of_the_same_name():
     own = dict(request_headers(Config(url=URL)))
     assert own["User-Agent"].startswith("rollfilter/")
     assert own["Accept-Encoding"] == "gzip"
+
+
+def test_an_empty_h_header_removes_rollfilters_own_as_curl_does():
+    headers = request_headers(Config(url=URL, headers=(("Accept", ""), ("Accept-Encoding", ""))))
+    assert [name for name, _ in headers] == ["Content-Type", "User-Agent"]
+
+
+@pytest.mark.parametrize("status", [200, 201, 202])
+async def test_any_2xx_carries_the_result(status: int, autojump_clock):
+    transport = ScriptedTransport(answer(status, b'{"reward": 0.5}'))
+    assert await AgentClient(Config(url=URL), transport).run(job(), agent()) == {"reward": 0.5}

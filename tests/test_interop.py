@@ -37,9 +37,12 @@ class HeadServer(ThreadedHTTPServer):
 
     def __init__(self, config: dict) -> None:
         body = json.dumps(yaml.safe_dump(config)).encode()
+        self.headers: list[dict[str, str]] = []
+        server = self
 
         class Handler(QuietHandler):
             def do_GET(self) -> None:
+                server.headers.append(dict(self.headers))
                 if self.path != "/global_config_dict_yaml":
                     self.send_error(404)
                     return
@@ -75,6 +78,14 @@ def test_head_server_resolves_agent_names(head_server: HeadServer, demo_server: 
     assert AGENT in messages[0]  # lists the names it does know
     assert "no host and port" in messages[1]
     assert SECRET not in proc.stderr.decode()
+
+
+def test_h_headers_go_to_the_head_server_too(head_server: HeadServer, demo_server: DemoServer):
+    rows = [{**row, "agent_ref": {"name": AGENT}} for row in simple_rows(1)]
+    proc = run(["--head-server", head_server.url, "-H", "Authorization: Bearer t0ken"], input=rows_jsonl(rows))
+    assert proc.returncode == 0, proc.stderr
+    assert head_server.headers[0]["Authorization"] == "Bearer t0ken"
+    assert b"t0ken" not in proc.stderr
 
 
 def test_head_server_from_the_environment_and_explicit_endpoint_wins(head_server: HeadServer, start_demo):
