@@ -20,7 +20,7 @@ from tests.conftest import QuietHandler, ThreadedHTTPServer
 
 
 class RecordingAgent(ThreadedHTTPServer):
-    def __init__(self, *, name: str = "agent", aggregate_status: int = 200) -> None:
+    def __init__(self, *, name: str | None = "agent", aggregate_status: int = 200) -> None:
         self.name = name
         self.bodies: list[dict[str, Any]] = []  # every /run body, in the order received
         self.raw_bodies: list[bytes] = []
@@ -61,8 +61,9 @@ class RecordingAgent(ThreadedHTTPServer):
                 "usage": {"input_tokens": len(text), "output_tokens": 2, "total_tokens": len(text) + 2},
             },
             "reward": row.get("reward", 1.0),
-            "agent_ref": {"type": "responses_api_agents", "name": f"{self.name}-own-name"},
         }
+        if self.name is not None:  # an agent that names itself in its results (not every one does)
+            result["agent_ref"] = {"type": "responses_api_agents", "name": f"{self.name}-own-name"}
         times = row.get("answer_times")
         if isinstance(row.get("answer"), dict) and (times is None or seen <= times):
             result.update(row["answer"])

@@ -75,7 +75,7 @@ def test_aggregate_problems_are_one_line_each_and_do_not_change_the_exit_status(
     missing, failing, unnamed = (
         RecordingAgent(aggregate_status=404),
         RecordingAgent(aggregate_status=500),
-        RecordingAgent(),
+        RecordingAgent(name=None),  # its results name no agent, and its rows named none
     )
     try:
         data = rows(2, "missing") + rows(2, "failing") + rows(2)
@@ -214,3 +214,17 @@ def test_a_non_ascii_header_value_reaches_the_aggregate_call_too(tmp_path: Path,
     assert proc.returncode == 0, proc.stderr
     assert [entry["agent_ref"]["name"] for entry in json.loads(aggregate.read_text())] == ["alpha"]
     assert "sécret" not in proc.stderr.decode()
+
+
+def test_a_resumed_aggregate_groups_earlier_and_new_results_alike(tmp_path: Path):
+    """Rows routed by -u alone, to an agent that names itself in its results: one aggregate for both runs."""
+    agent = RecordingAgent(name="self-named")
+    out, data = tmp_path / "out.jsonl", tmp_path / "in.jsonl"
+    data.write_text(rows(3))
+    try:
+        args = ["-u", agent.run_url, "-o", str(out), "--aggregate", str(tmp_path / "agg.json"), str(data)]
+        assert run(args).returncode == 0
+        assert run([*args, "--resume", "-r", "2"]).returncode == 0
+    finally:
+        agent.close()
+    assert [len(p["verify_responses"]) for p in agent.aggregate_payloads] == [3, 6]
