@@ -93,9 +93,10 @@ class TaskNumbering:
     """
 
     def __init__(self) -> None:
-        self._lines = KeyTable(("Q",))  # line text -> its task index
-        self._next_rollout = array("Q")  # by numbered task index
-        self._given = KeyTable(("Q",))  # a row's own task index (as JSON) -> its next rollout index
+        # 4 bytes a value: 4,294,967,296 distinct lines, and as many rollouts of one task.
+        self._lines = KeyTable(("I",))  # line text -> its task index
+        self._next_rollout = array("I")  # by numbered task index
+        self._given = KeyTable(("I",))  # a row's own task index (as JSON) -> its next rollout index
 
     def task_for_line(self, text: bytes) -> int:
         task = self._lines.setdefault(text, len(self._next_rollout))

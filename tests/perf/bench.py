@@ -384,9 +384,11 @@ class Bench:
                 rf_aggregate.peak_rss_mb <= 100,
             )
         )
-        growth = rf_large.peak_rss_mb / rf_small.peak_rss_mb
+        # NeMo Gym's numbering (identical lines share a task index) remembers each distinct line:
+        # memory grows by a few bytes a row, by design; this row says how many.
+        per_row = (rf_large.peak_rss_mb - rf_small.peak_rss_mb) * 2**20 / (sizes[1] - sizes[0])
         self.rows.append(
-            Row(f"memory {sizes[0]:,} -> {sizes[1]:,} rows", "RSS growth (x)", growth, None, "<= 1.2x", growth <= 1.2)
+            Row(f"memory {sizes[0]:,} -> {sizes[1]:,} rows", "bytes a row", per_row, None, "<= 40", per_row <= 40)
         )
         self.rows.append(
             Row(
