@@ -28,7 +28,14 @@ from rollfilter.keytable import KeyTable
 from rollfilter.metrics import Metrics
 from rollfilter.outcomes import Failure, RowFailure, failure_of
 from rollfilter.plan import Job
-from rollfilter.resume import ResumeState, StandingFailures, drop_torn_tail, read_pairs, result_records
+from rollfilter.resume import (
+    ResumeState,
+    StandingFailures,
+    drop_torn_tail,
+    pair_key,
+    read_pairs,
+    result_records,
+)
 from rollfilter.routing import Router
 from rollfilter.rows import TASK_INDEX, agent_name, parse_row
 from rollfilter.sinks import LineSink
@@ -121,7 +128,7 @@ def _materializer(writer: BatchWriter, already: KeyTable | None) -> Callable[[Jo
     """Writes each body as it is first sent; on resume, not the pairs the file already holds."""
 
     def write(job: Job) -> None:
-        if already is None or _encode((job.task_index, job.rollout_index)) not in already:
+        if already is None or pair_key(job.task_index, job.rollout_index) not in already:
             writer.write(job.body + b"\n")
 
     return write

@@ -19,9 +19,8 @@ import msgspec
 
 from rollfilter.errors import ErrorKind, UsageError
 from rollfilter.keytable import KeyTable
+from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX
 
-TASK_INDEX = "_ng_task_index"
-ROLLOUT_INDEX = "_ng_rollout_index"
 DEFAULT_MAX_ATTEMPTS = 3  # NeMo Gym's NEMO_GYM_MAX_ROLLOUT_ATTEMPTS default
 MAX_ATTEMPTS_VARIABLE = "NEMO_GYM_MAX_ROLLOUT_ATTEMPTS"
 _TERMINAL_KINDS = frozenset({ErrorKind.BAD_INPUT.value, ErrorKind.NO_ROUTE.value})  # records without the flag
@@ -49,6 +48,11 @@ class ResumeCounts:
     terminal: int = 0
 
 
+def pair_key(task: Any, rollout: Any) -> bytes:
+    """A (task, rollout) pair as a KeyTable key."""
+    return _encode((task, rollout))
+
+
 class ResumeState:
     """Pairs done and failed attempts per pair, from earlier runs' files."""
 
@@ -61,16 +65,12 @@ class ResumeState:
         self._failed = KeyTable(("I", "B"))  # failed attempts, terminal
         self.counts = ResumeCounts()
 
-    @staticmethod
-    def _key(task: Any, rollout: Any) -> bytes:
-        return _encode((task, rollout))
-
     def add_done(self, task: Any, rollout: Any) -> None:
-        if self._done.add(self._key(task, rollout))[1]:
+        if self._done.add(pair_key(task, rollout))[1]:
             self.counts.done += 1
 
     def add_failure(self, task: Any, rollout: Any, *, terminal: bool) -> None:
-        handle, new = self._failed.add(self._key(task, rollout))
+        handle, new = self._failed.add(pair_key(task, rollout))
         self._failed.set_value(handle, self._failed.value(handle) + 1)
         self.counts.failed_attempts += 1
         self.counts.failed_pairs += new
@@ -80,7 +80,7 @@ class ResumeState:
 
     def decide(self, task: Any, rollout: int) -> int:
         """DONE, GIVE_UP, or the pair's attempt index (0 when it never failed)."""
-        key = self._key(task, rollout)
+        key = pair_key(task, rollout)
         if self._done.count and key in self._done:
             return self.DONE
         if not self._failed.count:
@@ -146,7 +146,7 @@ class StandingFailures:
         self._file.write(line.strip() + b"\n")
 
     def result(self, record: dict[str, Any]) -> None:
-        self._succeeded.add(ResumeState._key(record.get(TASK_INDEX), record.get(ROLLOUT_INDEX)))
+        self._succeeded.add(pair_key(record.get(TASK_INDEX), record.get(ROLLOUT_INDEX)))
 
     def standing(self) -> Iterator[dict[str, Any]]:
         """The failure records of pairs without a result, one a pair; the file is closed after."""
@@ -155,7 +155,7 @@ class StandingFailures:
             file.seek(0)
             for line in file:
                 record = _decode(line)
-                key = ResumeState._key(record.get(TASK_INDEX), record.get(ROLLOUT_INDEX))
+                key = pair_key(record.get(TASK_INDEX), record.get(ROLLOUT_INDEX))
                 if key not in self._succeeded and counted.add(key)[1]:
                     yield record
 
@@ -164,7 +164,7 @@ def read_pairs(path: str) -> KeyTable:
     """The (task, rollout) pairs of a file's lines (a materialized-inputs file, say)."""
     pairs = KeyTable()
     for record in _records(path):
-        pairs.add(ResumeState._key(record.task, record.rollout))
+        pairs.add(pair_key(record.task, record.rollout))
     return pairs
 
 
