@@ -116,9 +116,14 @@ class OutputFiles(contextlib.ExitStack):
 
 
 def _summary_bytes(
-    metrics: Metrics, tasks: TaskStats | None, stopped: str | None, report: AggregateReport | None = None
+    metrics: Metrics,
+    tasks: TaskStats | None,
+    stopped: str | None,
+    report: AggregateReport | None = None,
+    *,
+    timings: bool = True,
 ) -> bytes:
-    summary = metrics.summary(stopped=stopped, tasks=tasks)
+    summary = metrics.summary(stopped=stopped, tasks=tasks, timings=timings)
     if report is not None:
         report.add_to(summary)
     return _encode(summary) + b"\n"
@@ -274,14 +279,13 @@ async def _run_open(
     if config.max_repeats > 1:
         on_task = (lambda record: per_task.write(_encode(record) + b"\n")) if per_task is not None else None
         tasks = TaskStats(config.max_repeats, config.pass_threshold, on_task)
-    reader = LineReader(
-        command.inputs,
-        max_line_bytes=command.max_line_bytes,
-        stdin_fd=streams.stdin,
-        on_problem=lambda message: log.write(f"rollfilter: {message}\n".encode(errors="replace")),
-    )
+
+    def say(text: str) -> None:
+        log.write(f"rollfilter: {text}\n".encode(errors="replace"))
+
+    reader = LineReader(command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=streams.stdin, on_problem=say)
     engine: Engine | None = None
-    events = (lambda text: log.write(f"rollfilter: {text}\n".encode(errors="replace"))) if show.verbose else None
+    events = say if show.verbose else None
     on_send = _materializer(materialized, earlier.materialized) if materialized is not None else None
     spool = ResultSpool() if config.aggregate and not show.dry_run else None
     report: AggregateReport | None = None
@@ -329,7 +333,7 @@ async def _run_open(
                 with control.stoppable():
                     report = await aggregate_run(spool, engine.router, config)
                 for problem in report.problems if report is not None else ():
-                    log.write(printable(f"rollfilter: --aggregate: {problem}").encode(errors="replace") + b"\n")
+                    say(printable(f"--aggregate: {problem}"))
             for writer in writers:
                 writer.close()
             for writer in writers:
@@ -481,11 +485,9 @@ async def summarize(command: CommandConfig, *, streams: Streams = Streams()) -> 
                 spool.close()
         if tasks is not None:
             tasks.flush_open()
-        summary = metrics.summary(tasks=tasks, timings=False)  # the files hold no timings
+        summary_bytes = _summary_bytes(metrics, tasks, None, report, timings=False)  # the files hold no timings
         if report is not None:
-            report.add_to(summary)
             _replace_content(aggregate_fd, report.file_bytes(), f"--aggregate {command.aggregate_file}")
-        summary_bytes = _encode(summary) + b"\n"
         write_all(streams.stdout, summary_bytes, "standard output")
         _replace_content(metrics_fd, summary_bytes, f"--metrics {command.metrics_file}")
     if bad:

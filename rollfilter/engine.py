@@ -162,7 +162,7 @@ class Engine:
 
     def _internal_failure(self, job: Job, exc: Exception) -> RowFailure:
         if self.on_event is not None:
-            self.on_event(f"{describe(job)}: internal error: {type(exc).__name__}: {printable(str(exc))}")
+            self.on_event(internal_error_event(job, exc))
         message = f"unexpected {type(exc).__name__} while handling this row (-v shows the details)"
         return RowFailure(ErrorKind.INTERNAL, message, attempts=job.retries + 1)
 
@@ -275,7 +275,7 @@ async def prepare(
 
     def report_internal_error(job: Job, exc: Exception) -> None:
         if on_event is not None:
-            on_event(f"{describe(job)}: internal error: {type(exc).__name__}: {printable(str(exc))}")
+            on_event(internal_error_event(job, exc))
 
     return Engine(
         planner=Planner(source, config, resume),
@@ -295,6 +295,11 @@ async def prepare(
 
 def describe(job: Job) -> str:
     return f"{job.source}:{job.line} task {job.task_index} rollout {job.rollout_index}"
+
+
+def internal_error_event(job: Job, exc: Exception) -> str:
+    """The -v line for a row's unexpected error (its text may quote a server: escaped)."""
+    return f"{describe(job)}: internal error: {type(exc).__name__}: {printable(str(exc))}"
 
 
 def reward_of(result: dict[str, Any]) -> float:

@@ -36,39 +36,21 @@ class KeyTable:
         self.count = 0
 
     def find(self, key: bytes) -> int:
-        digest = _blake2b(key, digest_size=DIGEST_BYTES).digest()
-        bucket = digest[0] | (digest[1] & _BUCKET_HIGH_BITS) << 8
-        return self._position(bucket, digest)
+        bucket, position, _ = self._locate(key)
+        return -1 if position < 0 else position * BUCKETS + bucket
 
     def add(self, key: bytes) -> tuple[int, bool]:
-        digest = _blake2b(key, digest_size=DIGEST_BYTES).digest()
-        bucket = digest[0] | (digest[1] & _BUCKET_HIGH_BITS) << 8
-        handle = self._position(bucket, digest)
-        if handle >= 0:
-            return handle, False
-        digests = self._digests[bucket]
-        handle = (len(digests) // DIGEST_BYTES) * BUCKETS + bucket
-        digests += digest
-        for values in self._values:
-            values[bucket].append(0)
-        self.count += 1
-        return handle, True
+        bucket, position, digest = self._locate(key)
+        if position >= 0:
+            return position * BUCKETS + bucket, False
+        return self._insert(bucket, digest, 0) * BUCKETS + bucket, True
 
     def setdefault(self, key: bytes, value: int) -> int:
         """The first field of `key`, which is `value` if the key is new (the hot path of numbering)."""
-        digest = _blake2b(key, digest_size=DIGEST_BYTES).digest()
-        bucket = digest[0] | (digest[1] & _BUCKET_HIGH_BITS) << 8
-        digests = self._digests[bucket]
-        offset = digests.find(digest)
-        while offset > 0 and offset % DIGEST_BYTES:
-            offset = digests.find(digest, offset + 1)
-        if offset >= 0:
-            return self._values[0][bucket][offset // DIGEST_BYTES]
-        digests += digest
-        self._values[0][bucket].append(value)
-        for values in self._values[1:]:
-            values[bucket].append(0)
-        self.count += 1
+        bucket, position, digest = self._locate(key)
+        if position >= 0:
+            return self._values[0][bucket][position]
+        self._insert(bucket, digest, value)
         return value
 
     def value(self, handle: int, field: int = 0) -> int:
@@ -82,9 +64,22 @@ class KeyTable:
     def __contains__(self, key: bytes) -> bool:
         return self.find(key) >= 0
 
-    def _position(self, bucket: int, digest: bytes) -> int:
+    def _locate(self, key: bytes) -> tuple[int, int, bytes]:
+        """The key's bucket, its position there (-1 when unknown), and its digest."""
+        digest = _blake2b(key, digest_size=DIGEST_BYTES).digest()
+        bucket = digest[0] | (digest[1] & _BUCKET_HIGH_BITS) << 8
         digests = self._digests[bucket]
         offset = digests.find(digest)
         while offset > 0 and offset % DIGEST_BYTES:  # a match straddling two digests is not one
             offset = digests.find(digest, offset + 1)
-        return -1 if offset < 0 else (offset // DIGEST_BYTES) * BUCKETS + bucket
+        return bucket, offset if offset < 0 else offset // DIGEST_BYTES, digest
+
+    def _insert(self, bucket: int, digest: bytes, first: int) -> int:
+        """Append a new key's digest to its bucket, its first field `first` and the others 0; its position."""
+        digests = self._digests[bucket]
+        position = len(digests) // DIGEST_BYTES
+        digests += digest
+        for field, values in enumerate(self._values):
+            values[bucket].append(first if field == 0 else 0)
+        self.count += 1
+        return position

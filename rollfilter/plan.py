@@ -111,13 +111,15 @@ class TaskNumbering:
 
     def take_rollouts(self, task: Any, count: int) -> int:
         """Reserve `count` rollout indices of `task`; returns the first."""
-        handle = self._given.find(_encode(task)) if self._given.count else -1
-        if handle < 0 and type(task) is int and 0 <= task < len(self._next_rollout):
-            first = self._next_rollout[task]
+        numbered = type(task) is int and 0 <= task < len(self._next_rollout)
+        key = _encode(task) if self._given.count or not numbered else b""
+        handle = self._given.find(key) if self._given.count else -1
+        if handle < 0 and numbered:
+            first: int = self._next_rollout[task]
             self._next_rollout[task] = first + count
             return first
         if handle < 0:
-            handle = self._given.add(_encode(task))[0]
+            handle = self._given.add(key)[0]
         first = self._given.value(handle)
         self._given.set_value(handle, first + count)
         return first
@@ -214,12 +216,12 @@ class Planner:
                     self.given_up += 1
                     continue
             job = Job(self._seq, line.source, line.number, task, rollout, row, body, name, failure=failure)
-            if prefix is not None:
-                tail = b',"_ng_attempt_index":%d}' % attempt if attempt else b"}"
-                job.body = b'%s,"_ng_rollout_index":%d%s' % (prefix, rollout, tail)
-                job.attempt_index = attempt or given_attempt
-            elif sent is not None:
-                job.body = _encoded_rollout(sent, rollout, attempt, seeds=config.repeat_seeds)
+            if sent is not None:
+                if prefix is not None:
+                    tail = b',"_ng_attempt_index":%d}' % attempt if attempt else b"}"
+                    job.body = b'%s,"_ng_rollout_index":%d%s' % (prefix, rollout, tail)
+                else:
+                    job.body = _encoded_rollout(sent, rollout, attempt, seeds=config.repeat_seeds)
                 job.attempt_index = attempt or given_attempt
             jobs.append(job)
             self._seq += 1

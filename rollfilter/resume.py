@@ -9,7 +9,6 @@ Memory grows by about 30 bytes a pair, whatever the indices hold.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import tempfile
 from collections.abc import Iterator
@@ -40,14 +39,6 @@ _decode_record = msgspec.json.Decoder(_Record).decode
 _decode = msgspec.json.Decoder().decode
 
 
-@dataclasses.dataclass(slots=True)
-class ResumeCounts:
-    done: int = 0
-    failed_pairs: int = 0
-    failed_attempts: int = 0
-    terminal: int = 0
-
-
 def pair_key(task: Any, rollout: Any) -> bytes:
     """A (task, rollout) pair as a KeyTable key."""
     return _encode((task, rollout))
@@ -63,20 +54,19 @@ class ResumeState:
         self.max_attempts = max_attempts
         self._done = KeyTable()
         self._failed = KeyTable(("I", "B"))  # failed attempts, terminal
-        self.counts = ResumeCounts()
+
+    @property
+    def done_pairs(self) -> int:
+        return self._done.count
 
     def add_done(self, task: Any, rollout: Any) -> None:
-        if self._done.add(pair_key(task, rollout))[1]:
-            self.counts.done += 1
+        self._done.add(pair_key(task, rollout))
 
     def add_failure(self, task: Any, rollout: Any, *, terminal: bool) -> None:
-        handle, new = self._failed.add(pair_key(task, rollout))
+        handle, _ = self._failed.add(pair_key(task, rollout))
         self._failed.set_value(handle, self._failed.value(handle) + 1)
-        self.counts.failed_attempts += 1
-        self.counts.failed_pairs += new
-        if terminal and not self._failed.value(handle, 1):
+        if terminal:
             self._failed.set_value(handle, 1, 1)
-            self.counts.terminal += 1
 
     def decide(self, task: Any, rollout: int) -> int:
         """DONE, GIVE_UP, or the pair's attempt index (0 when it never failed)."""

@@ -213,7 +213,7 @@ def test_resume_index_and_torn_tail(tmp_path):
     path.write_text("\n".join(lines) + "\n" + '{"_ng_task_index": 7, "_ng_rol')
     assert drop_torn_tail(str(path)) == len('{"_ng_task_index": 7, "_ng_rol')
     state = ResumeState.from_files(str(path), None)
-    assert state.counts.done == 6
+    assert state.done_pairs == 6
     assert state.decide(5, 1) == ResumeState.DONE
     assert state.decide(7, 0) == 0  # the torn line's pair runs again
     assert state.decide(9, 2) == 0
