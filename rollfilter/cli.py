@@ -214,14 +214,26 @@ def parse_and_run(
     ] = None,
     materialized: Annotated[
         str | None,
-        typer.Option("--materialized", metavar="FILE", help="Write every /run body to FILE, as sent."),
+        typer.Option(
+            "--materialized",
+            metavar="FILE",
+            help="Write every /run body to FILE before the first is sent (the inputs are planned in a first pass).",
+        ),
+    ] = None,
+    progress_file: Annotated[
+        str | None,
+        typer.Option(
+            "--progress-file",
+            metavar="FILE",
+            help="Keep FILE holding the number of finished rollouts (replaced at once, best effort).",
+        ),
     ] = None,
     gym_layout: Annotated[
         bool,
         typer.Option(
             "--gym-layout",
-            help="With -o OUT.jsonl: also write OUT_materialized_inputs.jsonl, OUT_failures.jsonl and"
-            " OUT_aggregate_metrics.json, as ng_collect_rollouts does.",
+            help="With -o OUT.jsonl: also write OUT_materialized_inputs.jsonl, OUT_failures.jsonl,"
+            " OUT_aggregate_metrics.json and OUT_progress, as ng_collect_rollouts does.",
         ),
     ] = False,
     retries: Annotated[
@@ -398,10 +410,10 @@ def parse_and_run(
     try:
         default_repeats, repeats_by_agent = parse_repeats(repeats or ())
         if gym_layout:
-            if errors is not None or materialized is not None or aggregate is not None:
-                raise UsageError("--gym-layout names the errors, materialized and aggregate files itself")
+            if errors is not None or materialized is not None or aggregate is not None or progress_file is not None:
+                raise UsageError("--gym-layout names the errors, materialized, aggregate and progress files itself")
             if not summarize:
-                materialized, errors, aggregate = gym_layout_files(output)
+                materialized, errors, aggregate, progress_file = gym_layout_files(output)
         engine = Config(
             url=url or None,
             endpoints=parse_endpoints(endpoint or ()),
@@ -437,6 +449,7 @@ def parse_and_run(
             per_task_file=per_task,
             aggregate_file=aggregate,
             materialized_file=materialized,
+            progress_file=progress_file,
             resume=resume,
             append=append,
             max_attempts=max_attempts if max_attempts is not None else max_attempts_from_environment(),

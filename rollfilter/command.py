@@ -12,6 +12,7 @@ import dataclasses
 import os
 import signal
 import stat
+import tempfile
 from collections.abc import Callable, Sequence
 
 import msgspec
@@ -20,19 +21,19 @@ import trio
 from rollfilter import demo as demo_agent
 from rollfilter.aggregate import AggregateReport, ResultSpool, aggregate_run
 from rollfilter.client import transport_for
-from rollfilter.config import CommandConfig
+from rollfilter.config import CommandConfig, Config
 from rollfilter.engine import Engine, RunControl, describe, prepare, reward_of
 from rollfilter.errors import ExitStatus, UsageError
 from rollfilter.headserver import resolve_endpoints
 from rollfilter.keytable import KeyTable
+from rollfilter.materialize import write_materialized
 from rollfilter.metrics import Metrics
 from rollfilter.outcomes import Failure, RowFailure, failure_of
-from rollfilter.plan import Job
+from rollfilter.plan import Planner
 from rollfilter.resume import (
     ResumeState,
     StandingFailures,
     drop_torn_tail,
-    pair_key,
     read_pairs,
     result_records,
 )
@@ -42,10 +43,11 @@ from rollfilter.sinks import LineSink
 from rollfilter.source import STDIN, LineReader, check_inputs
 from rollfilter.tasks import TaskStats
 from rollfilter.transport import printable, shown
-from rollfilter.writers import BatchWriter, LineWriter, OutputClosed, OutputFailed, write_all
+from rollfilter.writers import BatchWriter, LineWriter, OutputClosed, OutputFailed, WholeFile, write_all
 
 _encode = msgspec.json.Encoder().encode
 APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+PROGRESS_SECONDS = 0.5  # how often the progress file is brought up to date
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -55,6 +57,22 @@ class Streams:
     stdin: int = 0
     stdout: int = 1
     stderr: int = 2
+
+
+def refuse_earlier_lines(path: str, option: str) -> None:
+    """UsageError when `path` is a regular file that already holds lines: a second run's lines
+    must never be mixed silently into a first run's (give --resume or --append)."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise UsageError(f"cannot write {option} {path}: {exc.strerror}") from None
+    if stat.S_ISREG(info.st_mode) and info.st_size > 0:
+        raise UsageError(
+            f"{option} {path} already holds lines of another run: give --resume to finish that run,"
+            " --append to add to it, or a new file"
+        )
 
 
 def open_for_append(path: str, option: str, *, must_be_empty: bool = False) -> int:
@@ -70,13 +88,11 @@ def open_for_append(path: str, option: str, *, must_be_empty: bool = False) -> i
     except OSError as exc:
         raise UsageError(f"cannot write {option} {path}: {exc.strerror}") from None
     if must_be_empty:
-        info = os.fstat(fd)
-        if stat.S_ISREG(info.st_mode) and info.st_size > 0:
+        try:
+            refuse_earlier_lines(path, option)
+        except UsageError:
             os.close(fd)
-            raise UsageError(
-                f"{option} {path} already holds lines of another run: give --resume to finish that run,"
-                " --append to add to it, or a new file"
-            )
+            raise
     return fd
 
 
@@ -114,6 +130,14 @@ class OutputFiles(contextlib.ExitStack):
         self.callback(os.close, fd)
         return fd
 
+    def whole(self, path: str | None, option: str) -> WholeFile | None:
+        """A file written whole when there is content (see WholeFile), checked now."""
+        if path is None:
+            return None
+        file = WholeFile(path, option)
+        self.callback(file.close)
+        return file
+
 
 def _summary_bytes(
     metrics: Metrics,
@@ -129,14 +153,51 @@ def _summary_bytes(
     return _encode(summary) + b"\n"
 
 
-def _materializer(writer: BatchWriter, already: KeyTable | None) -> Callable[[Job], None]:
-    """Writes each body as it is first sent; on resume, not the pairs the file already holds."""
+async def _plan_first(
+    command: CommandConfig, config: Config, router: Router, reader: LineReader, streams: Streams, earlier: _Earlier
+) -> int:
+    """The first pass of a run that writes the materialized file: every body into it before the
+    first /run is sent. Standard input is read to its end first, into a temporary file that
+    both passes read. Returns the number of rollouts the inputs hold. Raises UsageError, with
+    nothing sent, when some rows have no repeat count (as NeMo Gym refuses them)."""
+    assert command.materialized_file is not None
+    stdin_fd = streams.stdin
+    if STDIN in command.inputs:
+        stdin_fd = await trio.to_thread.run_sync(_spooled, streams.stdin, abandon_on_cancel=True)
+        reader.use_stdin(stdin_fd)
+    first = LineReader(command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=stdin_fd)
+    try:
+        plan = await write_materialized(
+            Planner(first, config),
+            router,
+            command.materialized_file,
+            keep_existing=command.resume or command.append,
+            already=earlier.materialized,
+        )
+    finally:
+        first.close()
+    if stdin_fd != streams.stdin:
+        os.lseek(stdin_fd, 0, os.SEEK_SET)  # the second pass reads it again (its reader closes it)
+    if plan.agents_without_repeats:
+        names = sorted(plan.agents_without_repeats, key=lambda name: (name is not None, name or ""))
+        shown_names = ", ".join("rows naming no agent" if name is None else repr(name) for name in names)
+        given = ", ".join(f"{name}={count}" for name, count in sorted(config.repeats_by_agent.items()))
+        raise UsageError(
+            f"-r {given} gives no repeat count for {shown_names}, and no default -r K: give -r K for"
+            " the agents it does not name, or -r NAME=K for each; nothing was sent"
+        )
+    return plan.rollouts
 
-    def write(job: Job) -> None:
-        if already is None or pair_key(job.task_index, job.rollout_index) not in already:
-            writer.write(job.body + b"\n")
 
-    return write
+def _spooled(fd: int) -> int:
+    """A temporary file holding all that `fd` gives until its end, read from the start."""
+    spool = tempfile.TemporaryFile()  # noqa: SIM115 - the descriptor outlives the file object
+    spool_fd = os.dup(spool.fileno())
+    spool.close()
+    while chunk := os.read(fd, 1 << 20):
+        write_all(spool_fd, chunk, "a temporary copy of standard input")
+    os.lseek(spool_fd, 0, os.SEEK_SET)
+    return spool_fd
 
 
 def spool_results_file(spool: ResultSpool, path: str) -> None:
@@ -145,16 +206,29 @@ def spool_results_file(spool: ResultSpool, path: str) -> None:
         spool.add(agent_name(result), result)
 
 
-def _replace_content(fd: int | None, data: bytes, name: str) -> None:
+def _replace_content(file: WholeFile | None, data: bytes) -> None:
     """Replace the content of a file written whole (--metrics, --aggregate); OutputFailed when it cannot."""
-    if fd is None:
-        return
-    try:
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            os.ftruncate(fd, 0)
-    except OSError as exc:
-        raise OutputFailed(name, exc) from None
-    write_all(fd, data, name)
+    if file is not None:
+        file.replace(data)
+
+
+async def _publish_progress(
+    file: WholeFile, finished: Callable[[], int], say: Callable[[str], None], *, seconds: float = PROGRESS_SECONDS
+) -> None:
+    """Keep `file` holding the number of finished rollouts, as NeMo Gym's `_progress` artifact:
+    a plain integer, replaced at once. Best effort: a write that fails is reported once and
+    the run goes on without it."""
+    published = None
+    while True:
+        count = finished()
+        if count != published:
+            try:
+                file.replace(b"%d\n" % count)
+            except (OutputClosed, OutputFailed) as failure:
+                say(f"{failure}; the run goes on without it")
+                return
+            published = count
+        await trio.sleep(seconds)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -191,20 +265,24 @@ async def run(
     if show.dry_run:  # it changes no file: it reads what resume reads, and prints the rest
         command = dataclasses.replace(
             command, output=None, errors_file=None, metrics_file=None, per_task_file=None,
-            aggregate_file=None, materialized_file=None, resume=False,
+            aggregate_file=None, materialized_file=None, progress_file=None, resume=False,
         )  # fmt: skip
         earlier = _Earlier()
     fresh_only = not (command.resume or command.append)
+    if command.materialized_file is not None:  # written by the first pass, when it is done
+        if fresh_only:
+            refuse_earlier_lines(command.materialized_file, "--materialized")
+        WholeFile(command.materialized_file, "--materialized").close()  # its folder is made and checked
     with OutputFiles() as files:
         out_fd = files.open(command.output, "-o", must_be_empty=fresh_only)
         err_fd = files.open(command.errors_file, "--errors", must_be_empty=fresh_only)
         files_fds = _Fds(
             out=streams.stdout if out_fd is None else out_fd,
             err=streams.stderr if err_fd is None else err_fd,
-            metrics=files.open(command.metrics_file, "--metrics"),
+            metrics=files.whole(command.metrics_file, "--metrics"),
             per_task=files.open(command.per_task_file, "--per-task"),
-            materialized=files.open(command.materialized_file, "--materialized", must_be_empty=fresh_only),
-            aggregate=files.open(command.aggregate_file, "--aggregate"),
+            aggregate=files.whole(command.aggregate_file, "--aggregate"),
+            progress=files.whole(command.progress_file, "--progress-file"),
         )
         return await _run_open(command, streams, files_fds, resume, earlier, show)
 
@@ -213,10 +291,10 @@ async def run(
 class _Fds:
     out: int
     err: int
-    metrics: int | None
+    metrics: WholeFile | None
     per_task: int | None
-    materialized: int | None
-    aggregate: int | None
+    aggregate: WholeFile | None
+    progress: WholeFile | None
 
 
 @dataclasses.dataclass(slots=True)
@@ -256,10 +334,7 @@ async def _run_open(
     stderr_lines = writer_for(streams.stderr, "standard error")
     errors = writer_for(fds.err, f"--errors {command.errors_file}") if fds.err != streams.stderr else stderr_lines
     per_task = writer_for(fds.per_task, f"--per-task {command.per_task_file}") if fds.per_task is not None else None
-    materialized = None
-    if fds.materialized is not None:
-        materialized = writer_for(fds.materialized, f"--materialized {command.materialized_file}")
-    outputs = (results, errors, stderr_lines, per_task, materialized)
+    outputs = (results, errors, stderr_lines, per_task)
     writers = list(dict.fromkeys(w for w in outputs if w is not None))
     display = None
     if not show.dry_run and progress_wanted(show.progress, quiet=show.quiet, stderr_fd=streams.stderr):
@@ -286,9 +361,12 @@ async def _run_open(
     reader = LineReader(command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=streams.stdin, on_problem=say)
     engine: Engine | None = None
     events = say if show.verbose else None
-    on_send = _materializer(materialized, earlier.materialized) if materialized is not None else None
     spool = ResultSpool() if config.aggregate and not show.dry_run else None
     report: AggregateReport | None = None
+    earlier_done = resume.done_pairs if resume is not None else 0
+
+    def finished() -> int:  # the progress file's count: rollouts finished, earlier runs' included
+        return earlier_done + metrics.ended
 
     try:
         async with trio.open_nursery() as services:
@@ -314,18 +392,23 @@ async def _run_open(
                 tasks=tasks,
                 resume=resume,
                 on_event=events,
-                on_send=on_send,
                 spool=spool,
             )
+            planned: int | None = None
+            if command.materialized_file is not None:
+                with control.stoppable():
+                    planned = await _plan_first(command, config, engine.router, reader, streams, earlier)
             if display is not None:
-                total = _known_total(command)
+                total = _known_total(command) if planned is None else lambda: planned
                 services.start_soon(display.run, total)
+            if fds.progress is not None:
+                services.start_soon(_publish_progress, fds.progress, finished, say)
             if spool is not None and earlier.results is not None:
                 await trio.to_thread.run_sync(spool_results_file, spool, earlier.results)
             if show.dry_run:
                 with control.scope:
                     await dry_run(engine, results, log, repeated=config.max_repeats > 1)
-            else:
+            elif control.status is None:  # not stopped during the first pass: nothing sent then
                 await engine.run()
             if control.status is not None:
                 sink.flush_held()
@@ -351,10 +434,13 @@ async def _run_open(
         status = ExitStatus.ROWS_FAILED if incomplete else ExitStatus.OK
     stopped = control.reason or (status.name.lower().replace("_", " ") if control.status else None)
     summary = _summary_bytes(metrics, tasks, stopped, report)
+    if fds.progress is not None:
+        with contextlib.suppress(OutputClosed, OutputFailed):  # best effort, as while running
+            fds.progress.replace(b"%d\n" % finished())
     try:
-        _replace_content(fds.metrics, summary, f"--metrics {command.metrics_file}")
+        _replace_content(fds.metrics, summary)
         if report is not None:
-            _replace_content(fds.aggregate, report.file_bytes(), f"--aggregate {command.aggregate_file}")
+            _replace_content(fds.aggregate, report.file_bytes())
     except OutputFailed as failure:
         write_failures.append(failure)
     messages = list(dict.fromkeys([control.reason, *map(str, write_failures)]))
@@ -404,7 +490,7 @@ def _known_total(command: CommandConfig) -> Callable[[], int | None]:
         if lines is None or config.repeats_by_agent:
             return None
         shards = config.shard[1] if config.shard else 1
-        return -(-lines // shards) * config.repeats
+        return -(-lines // shards) * config.max_repeats
 
     return count
 
@@ -439,15 +525,15 @@ async def summarize(command: CommandConfig, *, streams: Streams = Streams()) -> 
     config = command.engine
     check_inputs(command.inputs)
     metrics = Metrics()
-    tasks = TaskStats(config.repeats, config.pass_threshold) if config.repeats > 1 else None
+    tasks = TaskStats(config.max_repeats, config.pass_threshold) if config.max_repeats > 1 else None
     reader = LineReader(command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=streams.stdin)
     spool = ResultSpool() if config.aggregate else None
     failures = StandingFailures()
     report = None
     bad = 0
     with OutputFiles() as files:
-        metrics_fd = files.open(command.metrics_file, "--metrics")
-        aggregate_fd = files.open(command.aggregate_file, "--aggregate")
+        metrics_file = files.whole(command.metrics_file, "--metrics")
+        aggregate_file = files.whole(command.aggregate_file, "--aggregate")
         try:
             if spool is not None:
                 endpoints, head = await resolve_endpoints(config)
@@ -469,14 +555,14 @@ async def summarize(command: CommandConfig, *, streams: Streams = Streams()) -> 
                 if spool is not None:
                     spool.add(agent_name(record), record)
                 if tasks is not None and TASK_INDEX in record:
-                    tasks.rollout_ended(record[TASK_INDEX], config.repeats, reward_of(record))
+                    tasks.rollout_ended(record[TASK_INDEX], config.max_repeats, reward_of(record))
             for record in failures.standing():
                 metrics.taken += 1
                 failure = failure_of(record)
                 assert failure is not None
                 metrics.add_failure(failure, agent_name(record))
                 if tasks is not None:
-                    tasks.rollout_ended(record[TASK_INDEX], config.repeats, None)
+                    tasks.rollout_ended(record[TASK_INDEX], config.max_repeats, None)
             if spool is not None:
                 report = await aggregate_run(spool, router, config)
         finally:
@@ -487,9 +573,9 @@ async def summarize(command: CommandConfig, *, streams: Streams = Streams()) -> 
             tasks.flush_open()
         summary_bytes = _summary_bytes(metrics, tasks, None, report, timings=False)  # the files hold no timings
         if report is not None:
-            _replace_content(aggregate_fd, report.file_bytes(), f"--aggregate {command.aggregate_file}")
+            _replace_content(aggregate_file, report.file_bytes())
         write_all(streams.stdout, summary_bytes, "standard output")
-        _replace_content(metrics_fd, summary_bytes, f"--metrics {command.metrics_file}")
+        _replace_content(metrics_file, summary_bytes)
     if bad:
         _write_stderr(streams.stderr, f"rollfilter: skipped {bad} lines that are not JSON objects\n".encode())
     for problem in reader.problems:

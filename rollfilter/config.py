@@ -73,7 +73,9 @@ class Config:
     agent: str | None = None
     concurrency: int = DEFAULT_CONCURRENCY
     limit: int | None = None
-    repeats: int = 1  # rollouts per row, for agents that repeats_by_agent does not name
+    # Rollouts per row, for agents that repeats_by_agent does not name. None: 1, unless
+    # repeats_by_agent is given; then, as in NeMo Gym, a row of an agent it does not name fails.
+    repeats: int | None = None
     repeats_by_agent: Mapping[str, int] = dataclasses.field(default_factory=dict)
     repeat_seeds: bool = False  # each rollout carries "seed": its rollout index, in metadata.extra_body
     params: tuple[tuple[str, Any], ...] = ()
@@ -116,7 +118,7 @@ class Config:
         if self.concurrency < 1:
             raise ConfigError("concurrency", "must be at least 1")
         object.__setattr__(self, "repeats_by_agent", dict(self.repeats_by_agent))
-        if self.repeats < 1 or any(k < 1 for k in self.repeats_by_agent.values()):
+        if (self.repeats is not None and self.repeats < 1) or any(k < 1 for k in self.repeats_by_agent.values()):
             raise ConfigError("repeats", "must be at least 1")
         if self.limit is not None and self.limit < 0:
             raise ConfigError("limit", "must not be negative")
@@ -134,15 +136,23 @@ class Config:
         """Whether rows can go anywhere: a url, endpoints, or a head server to ask."""
         return self.url is not None or bool(self.endpoints) or self.head_server is not None
 
-    def repeats_for(self, agent: str | None) -> int:
-        """Rollouts per row for rows of agent `agent` (None: a row routed without a name)."""
-        if agent is None or not self.repeats_by_agent:
+    @property
+    def default_repeats(self) -> int | None:
+        """Rollouts per row for agents that repeats_by_agent does not name; None: such a row fails."""
+        if self.repeats is not None:
             return self.repeats
-        return self.repeats_by_agent.get(agent, self.repeats)
+        return None if self.repeats_by_agent else 1
+
+    def repeats_for(self, agent: str | None) -> int | None:
+        """Rollouts per row for rows of agent `agent` (None: a row routed without a name);
+        None when neither repeats_by_agent nor a default covers it."""
+        if agent is not None and agent in self.repeats_by_agent:
+            return self.repeats_by_agent[agent]
+        return self.default_repeats
 
     @property
     def max_repeats(self) -> int:
-        return max([self.repeats, *self.repeats_by_agent.values()])
+        return max([self.default_repeats or 1, *self.repeats_by_agent.values()])
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -158,6 +168,7 @@ class CommandConfig:
     per_task_file: str | None = None
     aggregate_file: str | None = None  # --aggregate FILE: NeMo Gym's aggregate file
     materialized_file: str | None = None  # --materialized FILE: every /run body as sent
+    progress_file: str | None = None  # --progress-file FILE: the number of finished rollouts
     resume: bool = False
     append: bool = False  # -o and --errors may already hold lines of another run
     max_attempts: int = DEFAULT_MAX_ATTEMPTS  # failed attempts after which --resume gives a pair up
@@ -226,9 +237,9 @@ def parse_endpoints(specs: Iterable[str]) -> dict[str, tuple[str, ...]]:
     return endpoints
 
 
-def gym_layout(output: str | None) -> tuple[str, str, str]:
+def gym_layout(output: str | None) -> tuple[str, str, str, str]:
     """The files ng_collect_rollouts writes beside OUT.jsonl: its materialized inputs, failures
-    sidecar and aggregate metrics, named as NeMo Gym names them."""
+    sidecar, aggregate metrics and progress counter, named as NeMo Gym names them."""
     if output is None:
         raise UsageError("--gym-layout needs -o OUT.jsonl: the other files are named after it")
     path = pathlib.Path(output)
@@ -236,12 +247,14 @@ def gym_layout(output: str | None) -> tuple[str, str, str]:
         str(path.with_stem(path.stem + "_materialized_inputs").with_suffix(".jsonl")),
         str(path.with_name(path.stem + "_failures.jsonl")),
         str(path.with_stem(path.stem + "_aggregate_metrics").with_suffix(".json")),
+        str(path.with_name(path.stem + "_progress")),
     )
 
 
-def parse_repeats(specs: Iterable[str]) -> tuple[int, dict[str, int]]:
-    """`K` (the default for every agent) and `NAME=K` (for agent NAME), each repeatable; the last wins."""
-    default = 1
+def parse_repeats(specs: Iterable[str]) -> tuple[int | None, dict[str, int]]:
+    """`K` (the default for every agent) and `NAME=K` (for agent NAME), each repeatable; the last
+    wins. The default is None when no `K` is given."""
+    default = None
     by_agent: dict[str, int] = {}
     for spec in specs:
         name, sep, count = spec.rpartition("=")

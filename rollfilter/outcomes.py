@@ -104,14 +104,23 @@ class Failure:
         )  # fmt: skip
 
     def record(self) -> dict[str, Any]:
-        """One line of the errors record, which is also NeMo Gym's failures sidecar: the pair's
-        indices, agent and failure class at the top level, then where the row came from, the
-        row as sent, what went wrong, and the agent's own answer when it reported the failure."""
-        record: dict[str, Any] = {TASK_INDEX: self.task_index, ROLLOUT_INDEX: self.rollout_index}
-        if self.row is not None and AGENT_REF in self.row:
-            record[AGENT_REF] = self.row[AGENT_REF]
-        if self.attempt_index is not None:
-            record[ATTEMPT_INDEX] = self.attempt_index
+        """One line of the errors record, which is also NeMo Gym's failures sidecar.
+
+        When the agent reported the failure itself, its answer (stamped with the pair's indices
+        and agent, as a result is) stands at the top level, as NeMo Gym writes it: readers of the
+        sidecar find its `reward` and `response` there. Otherwise the pair's indices, agent and
+        failure class open the line. rollfilter's own fields follow: where the row came from,
+        the attempts, what went wrong, and the row as sent; of a field the answer holds too,
+        rollfilter's is kept."""
+        record: dict[str, Any]
+        if self.answer is not None:
+            record = dict(self.answer)
+        else:
+            record = {TASK_INDEX: self.task_index, ROLLOUT_INDEX: self.rollout_index}
+            if self.row is not None and AGENT_REF in self.row:
+                record[AGENT_REF] = self.row[AGENT_REF]
+            if self.attempt_index is not None:
+                record[ATTEMPT_INDEX] = self.attempt_index
         record["_ng_failure_class"] = self.failure_class if self.failure_class is not None else self.kind.value
         if self.terminal:
             record["_ng_failure_terminal"] = True
@@ -123,8 +132,6 @@ class Failure:
             record["row"] = self.row
         else:
             record["raw"] = self.raw
-        if self.answer is not None:
-            record["answer"] = self.answer
         return record
 
     def line(self, *, repeated: bool = False) -> str:

@@ -139,6 +139,7 @@ class Planner:
         self.skipped = 0  # pairs an earlier run finished (--resume)
         self.given_up = 0  # pairs not run again: terminal, or out of attempts (--resume)
         self.agents_seen: set[str] = set()
+        self.agents_without_repeats: set[str | None] = set()  # rows that no repeat count covers
 
     def next_job_nowait(self) -> Job | None:
         """The next job if its line is buffered; None at the end of the input (or of --limit).
@@ -200,6 +201,11 @@ class Planner:
         if shard is not None and shard_of(task, shard[1]) != shard[0]:
             return
         repeats = config.repeats_for(name)
+        if repeats is None:
+            self.agents_without_repeats.add(name)
+            repeats = 1
+            if failure is None:
+                failure = RowFailure(ErrorKind.BAD_INPUT, missing_repeats_reason(name))
         first = self._numbering.take_rollouts(task, repeats)
         sent = row if failure is None else None
         prefix = _encoded_prefix(sent, seeds=config.repeat_seeds) if sent is not None else None
@@ -228,6 +234,13 @@ class Planner:
         for job in jobs:
             job.task_rollouts = len(jobs)
         self._pending.extend(jobs)
+
+
+def missing_repeats_reason(agent: str | None) -> str:
+    """Why a row of `agent` is not run: repeat counts are given by agent, and none covers it."""
+    if agent is None:
+        return "no repeat count covers a row that names no agent: give a default count"
+    return f"no repeat count covers agent {agent!r}: give a default count, or one for {agent!r}"
 
 
 def _encoded_prefix(row: dict[str, Any], *, seeds: bool) -> bytes | None:

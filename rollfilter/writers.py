@@ -3,8 +3,8 @@
 A regular file (or /dev/null) is written directly: the page cache takes the write at
 once. A pipe, terminal or socket can block for as long as its reader pleases, so those
 are written from a worker thread, lines gathered for a moment and while a write is under
-way: one thread hop per batch, not per line (a hop per line is ruinous: see
-shared/field-notes.md, "trio"). Every write holds whole lines only, so `>>` from several
+way: one thread hop per batch, not per line (a hop per line made 20,000 writes take seconds where
+batches take milliseconds). Every write holds whole lines only, so `>>` from several
 processes into one file never tears a line. A row's concurrency slot is given back once
 its line is written, which bounds what is buffered by the concurrency.
 """
@@ -19,6 +19,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 import trio
+
+from rollfilter.errors import UsageError
 
 Release = Callable[[], None]
 GATHER_SECONDS = 0.002  # how long a threaded writer lets lines gather before a write
@@ -151,3 +153,64 @@ class BatchWriter:
                     release()
         finally:
             self.drained.set()
+
+
+class WholeFile:
+    """A file written whole, and replaced at once (--metrics, --aggregate, the progress file).
+
+    A regular file (or a path not there yet) is replaced by renaming a temporary file beside
+    it over it: a reader, or a run killed mid-write, finds the old content or the new, never
+    an empty or torn file, and nothing is created until there is content. A path that is not
+    a regular file (a terminal, a pipe, /dev/stderr) is opened now and written in place.
+    Opening checks what it can before anything is sent, and raises UsageError.
+    """
+
+    def __init__(self, path: str, option: str) -> None:
+        self.path = path
+        self.name = f"{option} {path}"
+        self._fd: int | None = None
+        try:
+            parent = os.path.dirname(path)
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+            try:
+                info = os.stat(path)
+            except FileNotFoundError:
+                info = None
+            if info is not None and not stat.S_ISREG(info.st_mode):
+                self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+            else:
+                self.path = os.path.realpath(path)  # a symlink keeps pointing at the file
+                directory = os.path.dirname(self.path)
+                if not os.access(directory, os.W_OK | os.X_OK):
+                    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        except OSError as exc:
+            raise UsageError(f"cannot write {self.name}: {exc.strerror or exc}") from None
+
+    def replace(self, data: bytes) -> None:
+        """Make `data` the file's content; OutputFailed (or OutputClosed) when it cannot."""
+        if self._fd is not None:
+            write_all(self._fd, data, self.name)
+            return
+        directory, base = os.path.split(self.path)
+        temporary = os.path.join(directory, f".{base}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+        try:
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except OSError as exc:
+            raise OutputFailed(self.name, exc) from None
+        try:
+            try:
+                write_all(fd, data, self.name)
+            finally:
+                os.close(fd)
+            os.replace(temporary, self.path)
+        except OSError as exc:
+            raise OutputFailed(self.name, exc) from None
+        finally:
+            if os.path.lexists(temporary):
+                os.unlink(temporary)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -113,7 +113,14 @@ def test_gym_layout_writes_nemo_gyms_four_files_and_resumes_from_them(
     first = run(args)
     assert first.returncode == 1  # beta's rollouts failed
     names = sorted(p.name for p in out.parent.iterdir())
-    assert names == ["OUT.jsonl", "OUT_aggregate_metrics.json", "OUT_failures.jsonl", "OUT_materialized_inputs.jsonl"]
+    assert names == [
+        "OUT.jsonl",
+        "OUT_aggregate_metrics.json",
+        "OUT_failures.jsonl",
+        "OUT_materialized_inputs.jsonl",
+        "OUT_progress",
+    ]
+    assert (out.parent / "OUT_progress").read_text() == "10\n"  # every rollout finished, failed ones too
     assert len(read_jsonl(out)) == 8
     failures = read_jsonl(out.parent / "OUT_failures.jsonl")
     assert [f["_ng_failure_class"] for f in failures] == ["model_error", "model_error"]
@@ -132,6 +139,7 @@ def test_gym_layout_writes_nemo_gyms_four_files_and_resumes_from_them(
     assert len(read_jsonl(out.parent / "OUT_failures.jsonl")) == 5
     (alpha,) = json.loads((out.parent / "OUT_aggregate_metrics.json").read_text())
     assert alpha["agent_metrics"]["count"] == 12  # the aggregate covers the earlier results too
+    assert (out.parent / "OUT_progress").read_text() == "15\n"  # seeded with the 8 earlier results, 7 more
     assert len(agents["alpha"].aggregate_payloads[-1]["verify_responses"]) == 12
 
 

@@ -196,7 +196,12 @@ def test_agent_reported_failures_and_no_persist(tmp_path: Path, agent: Recording
         assert record["agent_ref"] == {"name": "agent"}
         assert (record["_ng_task_index"], record["_ng_rollout_index"]) == (record["row"]["_ng_task_index"], 0)
         assert record["error"]["kind"] == "agent_failure"
-        assert record["answer"]["reward"] == 0.0  # the agent's own answer is kept for inspection
+        # NeMo Gym's sidecar shape: the agent's own answer at the top level, rollfilter's fields beside it
+        assert record["reward"] == 0.0
+        assert record["response"]["usage"]["output_tokens"] == 2
+        assert record["responses_create_params"] == record["row"]["responses_create_params"]
+        assert "answer" not in record
+        assert (record["source"], record["attempts"]) == ("<stdin>", 1)
 
 
 def test_three_resumes_retry_up_to_the_cap_with_attempt_indices(tmp_path: Path, agent: RecordingAgent):

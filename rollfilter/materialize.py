@@ -1,0 +1,137 @@
+"""NeMo Gym's materialized inputs file: every planned body, written whole before the first /run.
+
+NeMo Gym's collector writes this file before it sends anything, and its resume takes the file
+as the whole job: a pair missing from it is never run, and nothing says so. So a run that
+writes it plans its inputs twice. This first pass writes every body a run would send (the
+rows that cannot be sent left out), then the run plans the same inputs again as it sends.
+Memory stays flat: the first pass keeps only its numbering, dropped when it ends.
+
+The file is built beside its target and renamed over it when the pass is done, so a run
+killed during the pass leaves the file as it was (or absent): never a partial job list. A
+target that is not a regular file (a pipe, /dev/stdout) is written in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import stat
+
+import trio
+
+from rollfilter.keytable import KeyTable
+from rollfilter.outcomes import RowFailure
+from rollfilter.plan import Planner
+from rollfilter.resume import pair_key
+from rollfilter.routing import Router
+from rollfilter.writers import OutputFailed, write_all
+
+FLUSH_BYTES = 1 << 20  # bodies gathered before a write
+CHECKPOINT_JOBS = 4096  # jobs planned between two scheduler checkpoints (a signal is seen at once)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MaterializedPlan:
+    """What the first pass found: the rollouts the inputs hold, and what could not be planned."""
+
+    rollouts: int  # every (task, rollout) pair of the inputs, earlier runs' included
+    written: int  # bodies added to the file
+    agents_without_repeats: frozenset[str | None]
+
+
+async def write_materialized(
+    planner: Planner, router: Router, path: str, *, keep_existing: bool, already: KeyTable | None
+) -> MaterializedPlan:
+    """Plan every job of `planner` and write the body of each sendable one to `path`, replacing
+    it at once when done. With `keep_existing`, the file's lines stay first and only pairs not in
+    `already` are added (a resumed or appended run); the file is left alone when none is new.
+
+    Raises OutputFailed when the file cannot be written; `path` is then as it was.
+    """
+    staged = _StagedFile(path, keep_existing=keep_existing)
+    rollouts = written = 0
+    try:
+        pending: list[bytes] = []
+        size = 0
+        while (job := await planner.next_job()) is not None:
+            rollouts += 1
+            if rollouts % CHECKPOINT_JOBS == 0:
+                await trio.lowlevel.checkpoint()
+            if job.failure is not None or isinstance(router.route(job.agent_name), RowFailure):
+                continue
+            if already is not None and pair_key(job.task_index, job.rollout_index) in already:
+                continue
+            pending.append(job.body + b"\n")
+            size += len(job.body) + 1
+            written += 1
+            if size >= FLUSH_BYTES:
+                staged.write(b"".join(pending))
+                pending, size = [], 0
+        staged.write(b"".join(pending))
+        staged.commit(changed=written > 0 or not keep_existing)
+    finally:
+        staged.discard()
+    return MaterializedPlan(rollouts, written, frozenset(planner.agents_without_repeats))
+
+
+class _StagedFile:
+    """The materialized file being built: a temporary file beside the target (holding the
+    target's lines first, with `keep_existing`), renamed over it by `commit`. A target that is
+    not a regular file is written in place."""
+
+    def __init__(self, path: str, *, keep_existing: bool) -> None:
+        self.name = f"--materialized {path}"
+        self._target = os.path.realpath(path)
+        directory, base = os.path.split(self._target)
+        self._temporary: str | None = None
+        try:
+            if os.path.exists(self._target) and not stat.S_ISREG(os.stat(self._target).st_mode):
+                self._fd = os.open(self._target, os.O_WRONLY | os.O_APPEND)
+                return
+            self._temporary = os.path.join(directory, f".{base}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+            self._fd = os.open(self._temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except OSError as exc:
+            raise OutputFailed(self.name, exc) from None
+        if keep_existing:
+            try:
+                _copy_existing(self._target, self._fd, self.name)
+            except BaseException:
+                self.discard()
+                raise
+
+    def write(self, data: bytes) -> None:
+        write_all(self._fd, data, self.name)
+
+    def commit(self, *, changed: bool) -> None:
+        if self._temporary is not None and changed:
+            try:
+                os.replace(self._temporary, self._target)
+            except OSError as exc:
+                raise OutputFailed(self.name, exc) from None
+            self._temporary = None
+
+    def discard(self) -> None:
+        """Close the file; a temporary file not renamed into place is removed."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self._temporary is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._temporary)
+            self._temporary = None
+
+
+def _copy_existing(path: str, fd: int, name: str) -> None:
+    """The whole lines of the file at `path` (a torn last line is left out), written to `fd`."""
+    try:
+        source = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    with os.fdopen(source, "rb") as file:
+        tail = b""
+        while chunk := file.read(FLUSH_BYTES):
+            chunk = tail + chunk
+            cut = chunk.rfind(b"\n") + 1
+            write_all(fd, chunk[:cut], name)
+            tail = chunk[cut:]
