@@ -47,7 +47,8 @@ async def write_materialized(
     it at once when done. With `keep_existing`, the file's lines stay first and only pairs not in
     `already` are added (a resumed or appended run); the file is left alone when none is new.
 
-    Raises OutputFailed when the file cannot be written; `path` is then as it was.
+    Raises OutputFailed when the file cannot be written; `path` is then as it was. It is left
+    as it was too when some rows have no repeat count (`agents_without_repeats`).
     """
     staged = _StagedFile(path, keep_existing=keep_existing)
     rollouts = written = 0
@@ -69,7 +70,8 @@ async def write_materialized(
                 staged.write(b"".join(pending))
                 pending, size = [], 0
         staged.write(b"".join(pending))
-        staged.commit(changed=written > 0 or not keep_existing)
+        if not planner.agents_without_repeats:  # else the run is refused: the file stays as it was
+            staged.commit(changed=written > 0 or not keep_existing)
     finally:
         staged.discard()
     return MaterializedPlan(rollouts, written, frozenset(planner.agents_without_repeats))

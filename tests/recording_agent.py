@@ -29,6 +29,12 @@ class RecordingAgent(ThreadedHTTPServer):
         self.aggregate_status = aggregate_status
         self._lock = threading.Lock()
         self._seen: collections.Counter[str] = collections.Counter()
+        # A gate on the answers: `answers_left` /run requests are answered at once (None: all of
+        # them); the others wait for `release`. `answered` is set once that many have been answered.
+        self.answers_left: int | None = None
+        self.answered = threading.Event()
+        self.release = threading.Event()
+        self.drop_held = False
         agent = self
 
         class Handler(QuietHandler):
@@ -36,7 +42,17 @@ class RecordingAgent(ThreadedHTTPServer):
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 if self.path == "/run":
                     with agent._lock:
-                        agent.raw_bodies.append(body)
+                        wait = agent.answers_left is not None and agent.answers_left <= 0
+                        if agent.answers_left is not None and not wait:
+                            agent.answers_left -= 1
+                        if not (wait and agent.drop_held):
+                            agent.raw_bodies.append(body)
+                    if wait:
+                        agent.answered.set()
+                        agent.release.wait(timeout=60)
+                        if agent.drop_held:  # its client is gone: answer nothing, record nothing
+                            self.close_connection = True
+                            return
                     self.send_json(200, json.dumps(agent.run(json.loads(body))).encode())
                 elif self.path == "/aggregate_metrics":
                     status, answer = agent.aggregate(json.loads(body))
@@ -46,6 +62,18 @@ class RecordingAgent(ThreadedHTTPServer):
 
         super().__init__(Handler)
         self.run_url = self.url + "/run"
+
+    def hold_after(self, answers: int, *, drop: bool = False) -> None:
+        """Answer `answers` /run requests, then hold every other until `release` is set (and
+        then answer it, or with `drop` close its connection unanswered and unrecorded)."""
+        self.answers_left = answers
+        self.drop_held = drop
+        self.answered.clear()
+        self.release.clear()
+
+    def close(self) -> None:
+        self.release.set()
+        super().close()
 
     def run(self, row: dict[str, Any]) -> dict[str, Any]:
         with self._lock:

@@ -1,0 +1,176 @@
+"""NeMo Gym's files where the two tools meet: a run killed at any moment is finished by either.
+
+NeMo Gym's resume takes the materialized file as the whole job and runs what its results file
+and failures sidecar do not hold. `nemo_gym_resume_pairs` is a port of its `_load_from_cache`,
+written apart from rollfilter's code.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import SUBPROCESS_TIMEOUT, run, start, summary_of
+from tests.recording_agent import RecordingAgent
+from tests.test_run_contract import nemo_gym_bodies
+
+MAX_ATTEMPTS = 3  # NeMo Gym's default NEMO_GYM_MAX_ROLLOUT_ATTEMPTS
+
+
+@pytest.fixture
+def agent() -> Iterator[RecordingAgent]:
+    server = RecordingAgent(name="agent")
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def input_lines(tasks: int) -> list[str]:
+    lines = [json.dumps({"id": i, "responses_create_params": {"input": f"q{i}"}}) + "\n" for i in range(tasks)]
+    return [*lines, lines[1]]  # a line seen twice: one task, its rollouts counted on
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def pairs_of(records: list[dict[str, Any]]) -> list[tuple[Any, Any]]:
+    return [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in records]
+
+
+def nemo_gym_resume_pairs(out: Path) -> list[tuple[Any, Any]]:
+    """The pairs NeMo Gym's `+resume_from_cache=true` runs: the materialized rows, less those done,
+    terminal, or out of attempts (`RolloutCollectionHelper._load_from_cache`)."""
+    materialized = read_jsonl(out.with_name(out.stem + "_materialized_inputs.jsonl"))
+    done = set(pairs_of(read_jsonl(out)))
+    attempts: collections.Counter[tuple[Any, Any]] = collections.Counter()
+    terminal = set()
+    for failure in read_jsonl(out.with_name(out.stem + "_failures.jsonl")):
+        key = (failure["_ng_task_index"], failure["_ng_rollout_index"])
+        attempts[key] += 1
+        if failure.get("_ng_failure_terminal"):
+            terminal.add(key)
+    gated = done | terminal | {key for key, n in attempts.items() if n >= MAX_ATTEMPTS}
+    return [pair for pair in pairs_of(materialized) if pair not in gated]
+
+
+def gym_args(agent: RecordingAgent, out: Path, *extra: str) -> list[str]:
+    return ["-u", agent.run_url, "-a", "agent", "-r", "2", "-j", "4", "--gym-layout", "-o", str(out), *extra]
+
+
+@pytest.mark.parametrize("source", ["file", "stdin"])
+def test_the_materialized_file_is_whole_before_the_first_run_is_sent(
+    tmp_path: Path, agent: RecordingAgent, source: str
+):
+    lines = input_lines(6)
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(lines))
+    out = tmp_path / "OUT.jsonl"
+    agent.hold_after(0)
+    proc = start(gym_args(agent, out, *([str(data)] if source == "file" else [])), stdin=-1)
+    assert proc.stdin is not None
+    if source == "stdin":  # read to its end before anything is planned
+        proc.stdin.write(data.read_bytes())
+    proc.stdin.close()
+    proc.stdin = None  # closed: communicate() has nothing to send
+    try:
+        assert agent.answered.wait(SUBPROCESS_TIMEOUT)  # the first /run has arrived, and waits
+        materialized = out.with_name("OUT_materialized_inputs.jsonl")
+        assert read_jsonl(materialized) == nemo_gym_bodies(lines, agent_name="agent", num_repeats=2)
+    finally:
+        agent.release.set()
+        proc.communicate(timeout=SUBPROCESS_TIMEOUT)
+    assert proc.returncode == 0
+    assert sorted(pairs_of(read_jsonl(out))) == sorted(pairs_of(read_jsonl(materialized)))
+
+
+@pytest.mark.parametrize("answered", [0, 3, 9])
+def test_a_run_killed_mid_way_is_finished_by_either_tool(tmp_path: Path, agent: RecordingAgent, answered: int):
+    lines = input_lines(6)  # 6 tasks (one line twice): 14 pairs with -r 2
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(lines))
+    out = tmp_path / "results" / "OUT.jsonl"
+    args = gym_args(agent, out, str(data))
+    agent.hold_after(answered, drop=True)
+    proc = start(args)
+    try:
+        assert agent.answered.wait(SUBPROCESS_TIMEOUT)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=SUBPROCESS_TIMEOUT)
+        agent.release.set()
+    every_pair = pairs_of(nemo_gym_bodies(lines, agent_name="agent", num_repeats=2))
+    done = pairs_of(read_jsonl(out))
+    assert len(done) == len(set(done)) <= answered
+    # NeMo Gym's resume would run exactly the pairs the results lack: none is lost.
+    assert sorted(nemo_gym_resume_pairs(out) + done) == sorted(every_pair)
+    assert not out.with_name("OUT_aggregate_metrics.json").exists()  # never left empty: written whole, at the end
+    progress = out.with_name("OUT_progress")
+    assert not progress.exists() or int(progress.read_text()) <= answered
+
+    # The resume goes to an agent of its own: the killed run's last requests may still reach the first.
+    second = RecordingAgent(name="agent")
+    try:
+        again = run([*gym_args(second, out, str(data)), "--resume"])
+    finally:
+        second.close()
+    assert again.returncode == 0, again.stderr
+    assert sorted(pairs_of(read_jsonl(out))) == sorted(every_pair)  # every pair exactly once
+    assert sorted(pairs_of(second.bodies)) == sorted(set(every_pair) - set(done))
+    assert int(progress.read_text()) == len(every_pair)
+
+
+def test_a_run_killed_while_reading_stdin_leaves_no_job_list(tmp_path: Path, agent: RecordingAgent):
+    out = tmp_path / "OUT.jsonl"
+    proc = start(gym_args(agent, out), stdin=-1)
+    assert proc.stdin is not None
+    proc.stdin.write("".join(input_lines(3)).encode())
+    proc.stdin.flush()  # stdin stays open: the run is still reading it to its end
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=SUBPROCESS_TIMEOUT)
+    # No materialized file, so NeMo Gym's resume starts afresh instead of running nothing.
+    assert not out.with_name("OUT_materialized_inputs.jsonl").exists()
+    assert agent.bodies == []
+
+
+def test_a_repeat_count_by_agent_with_no_default_covers_no_other_agent(tmp_path: Path, agent: RecordingAgent):
+    data = "".join(
+        json.dumps({"responses_create_params": {"input": "q"}, "agent_ref": {"name": name}, "id": i}) + "\n"
+        for i, name in enumerate(["agent", "other", "agent"])
+    )
+    streamed = run(["-e", f"agent={agent.url}", "-e", f"other={agent.url}", "-r", "agent=2"], input=data)
+    assert streamed.returncode == 1
+    assert sorted(b["id"] for b in agent.bodies) == [0, 0, 2, 2]  # the other agent's row is not run once
+    (message,) = [line for line in streamed.stderr.decode().splitlines() if line.startswith("rollfilter: <stdin>:2")]
+    assert "no repeat count covers agent 'other'" in message
+    assert summary_of(streamed.stderr)["rollfilter"]["failed_by_kind"] == {"bad_input": 1}
+
+    sent = len(agent.bodies)
+    out = tmp_path / "OUT.jsonl"
+    planned = run(
+        ["-e", f"agent={agent.url}", "-e", f"other={agent.url}", "-r", "agent=2", "--gym-layout", "-o", str(out)],
+        input=data,
+    )
+    assert planned.returncode == 2  # as NeMo Gym refuses it, before anything is sent
+    (line,) = planned.stderr.decode().splitlines()
+    assert "'other'" in line
+    assert "nothing was sent" in line
+    assert len(agent.bodies) == sent
+    assert not out.with_name("OUT_materialized_inputs.jsonl").exists()
+
+
+def test_the_progress_file_counts_finished_rollouts(tmp_path: Path, agent: RecordingAgent):
+    progress = tmp_path / "deep" / "progress"
+    data = "".join(input_lines(4))
+    data += '{"responses_create_params": {"input": "x"}, "answer": {"_ng_failure_class": "model_error"}}\n'
+    proc = run(["-u", agent.run_url, "-r", "3", "--progress-file", str(progress)], input=data)
+    assert proc.returncode == 1  # the failing row
+    assert progress.read_text() == "18\n"  # 6 lines x 3 rollouts: failed ones finished too
+    assert not [p for p in progress.parent.iterdir() if p.name != "progress"]  # no temporary file left
