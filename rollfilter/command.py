@@ -200,10 +200,16 @@ def _spooled(fd: int) -> int:
     return spool_fd
 
 
-def spool_results_file(spool: ResultSpool, path: str) -> None:
-    """Spool an earlier run's results (a resumed run's aggregate covers them too)."""
+def take_earlier_results(path: str, metrics: Metrics, tasks: TaskStats | None, spool: ResultSpool | None) -> None:
+    """An earlier run's results, for a resumed run's summary and aggregate, which cover the
+    whole output: into the means (not this run's counters), the tasks, and the spool."""
     for result in result_records(path):
-        spool.add(agent_name(result), result)
+        agent = agent_name(result)
+        metrics.add_earlier_result(result, agent)
+        if tasks is not None and TASK_INDEX in result:
+            tasks.rollout_ended(result[TASK_INDEX], reward_of(result))
+        if spool is not None:
+            spool.add(agent, result)
 
 
 def _replace_content(file: WholeFile | None, data: bytes) -> None:
@@ -260,8 +266,7 @@ async def run(
         resume = ResumeState.from_files(command.output, command.errors_file, command.max_attempts)
         if command.materialized_file is not None:
             earlier.materialized = read_pairs(command.materialized_file)
-        if config.aggregate:
-            earlier.results = command.output
+        earlier.results = command.output
     if show.dry_run:  # it changes no file: it reads what resume reads, and prints the rest
         command = dataclasses.replace(
             command, output=None, errors_file=None, metrics_file=None, per_task_file=None,
@@ -302,7 +307,7 @@ class _Earlier:
     """What a resumed run takes over from the runs before it, beyond the resume state."""
 
     materialized: KeyTable | None = None  # pairs whose bodies the materialized file holds
-    results: str | None = None  # the results file whose lines the aggregate covers too
+    results: str | None = None  # the results file whose lines the summary and the aggregate cover too
 
 
 async def _run_open(
@@ -403,13 +408,15 @@ async def _run_open(
                 services.start_soon(display.run, total)
             if fds.progress is not None:
                 services.start_soon(_publish_progress, fds.progress, finished, say)
-            if spool is not None and earlier.results is not None:
-                await trio.to_thread.run_sync(spool_results_file, spool, earlier.results)
+            if earlier.results is not None and not show.dry_run:
+                await trio.to_thread.run_sync(take_earlier_results, earlier.results, metrics, tasks, spool)
             if show.dry_run:
                 with control.scope:
                     await dry_run(engine, results, log, repeated=config.max_repeats > 1)
             elif control.status is None:  # not stopped during the first pass: nothing sent then
                 await engine.run()
+            if tasks is not None:
+                tasks.finish()  # --per-task's lines, while its writer runs
             if control.status is not None:
                 sink.flush_held()
             elif spool is not None:
@@ -555,14 +562,14 @@ async def summarize(command: CommandConfig, *, streams: Streams = Streams()) -> 
                 if spool is not None:
                     spool.add(agent_name(record), record)
                 if tasks is not None and TASK_INDEX in record:
-                    tasks.rollout_ended(record[TASK_INDEX], config.max_repeats, reward_of(record))
+                    tasks.rollout_ended(record[TASK_INDEX], reward_of(record))
             for record in failures.standing():
                 metrics.taken += 1
                 failure = failure_of(record)
                 assert failure is not None
                 metrics.add_failure(failure, agent_name(record))
                 if tasks is not None:
-                    tasks.rollout_ended(record[TASK_INDEX], config.max_repeats, None)
+                    tasks.rollout_ended(record[TASK_INDEX], None)
             if spool is not None:
                 report = await aggregate_run(spool, router, config)
         finally:
@@ -570,7 +577,7 @@ async def summarize(command: CommandConfig, *, streams: Streams = Streams()) -> 
             if spool is not None:
                 spool.close()
         if tasks is not None:
-            tasks.flush_open()
+            tasks.finish()
         summary_bytes = _summary_bytes(metrics, tasks, None, report, timings=False)  # the files hold no timings
         if report is not None:
             _replace_content(aggregate_file, report.file_bytes())

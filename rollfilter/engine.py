@@ -168,7 +168,7 @@ class Engine:
 
     def _ended(self, job: Job, reward: float | None) -> None:
         if self.tasks is not None:
-            self.tasks.rollout_ended(job.task_index, job.task_rollouts, reward)
+            self.tasks.rollout_ended(job.task_index, reward)
 
     def _fail(self, job: Job, failure: RowFailure, release: Release) -> None:
         self.metrics.add_failure(failure, job.agent_name)
@@ -278,7 +278,7 @@ async def prepare(
             on_event(internal_error_event(job, exc))
 
     return Engine(
-        planner=Planner(source, config, resume),
+        planner=Planner(source, config, resume, tasks),
         router=Router(config, endpoints, head, window_for=window_for if config.adaptive else None),
         client=AgentClient(config, transport, on_retry=count_retry, on_internal_error=report_internal_error),
         sink=sink,

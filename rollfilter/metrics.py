@@ -167,6 +167,7 @@ class Metrics:
         self.failed_by_class: collections.Counter[str] = collections.Counter()  # the agents' own classes
         self.latency = LatencyHistogram()
         self.by_agent: dict[str | None, Means] = {}
+        self.earlier_by_agent: dict[str | None, Means] = {}  # earlier runs' results (--resume): figures only
         self.replicas: list[dict[str, Any]] = []
         self.windows: dict[str, AdaptiveWindow] = {}  # --adaptive: each agent's window, by name
 
@@ -187,6 +188,23 @@ class Metrics:
         means = self.by_agent.get(agent)
         (means if means is not None else self._agent(agent)).add(result)
 
+    def add_earlier_result(self, result: dict[str, Any], agent: str | None = None) -> None:
+        """An earlier run's result: in the means and usage (the summary covers the whole output),
+        never in this run's counters or rates."""
+        means = self.earlier_by_agent.get(agent)
+        if means is None:
+            means = self.earlier_by_agent[agent] = Means()
+        means.add(result)
+
+    def _figures_by_agent(self) -> dict[str | None, Means]:
+        if not self.earlier_by_agent:
+            return self.by_agent
+        combined: dict[str | None, Means] = {}
+        for source in (self.by_agent, self.earlier_by_agent):
+            for agent, means in source.items():
+                combined.setdefault(agent, Means()).merge(means)
+        return combined
+
     def add_failure(self, failure: RowFailure, agent: str | None = None) -> None:
         self.failed += 1
         self.failed_by_kind[failure.kind.value] += 1
@@ -195,10 +213,11 @@ class Metrics:
         self._agent(agent).failed += 1
 
     def overall(self) -> Means:
-        if len(self.by_agent) == 1:
-            return next(iter(self.by_agent.values()))
+        by_agent = self._figures_by_agent()
+        if len(by_agent) == 1:
+            return next(iter(by_agent.values()))
         total = Means()
-        for means in self.by_agent.values():
+        for means in by_agent.values():
             total.merge(means)
         return total
 
@@ -230,7 +249,8 @@ class Metrics:
         if tasks is not None:
             summary.update(tasks.summary_fields())
         summary["usage"] = overall.usage()
-        if len(self.by_agent) > 1:
+        by_agent = self._figures_by_agent()
+        if len(by_agent) > 1:
             summary["agents"] = {
                 UNNAMED_AGENT if name is None else name: {
                     "succeeded": means.succeeded,
@@ -238,7 +258,7 @@ class Metrics:
                     **means.means(),
                     "usage": means.usage(),
                 }
-                for name, means in sorted(self.by_agent.items(), key=lambda item: item[0] or "")
+                for name, means in sorted(by_agent.items(), key=lambda item: item[0] or "")
             }
         figures: dict[str, Any] = {
             "rows_read": self.taken + self.skipped + self.not_retried,

@@ -36,6 +36,7 @@ from rollfilter.rows import (
     parse_row,
 )
 from rollfilter.source import InputLine, next_when_ready
+from rollfilter.tasks import TaskStats
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -55,7 +56,6 @@ class Job:
     agent_name: str | None = None  # the row's agent_ref.name (after -a filled it), the route by name
     attempt_index: Any = None  # _ng_attempt_index as sent, if any
     failure: RowFailure | None = None  # known before sending: bad input
-    task_rollouts: int = 1  # how many rollouts of this task the run has (repeats less resume skips)
     retries: int = 0  # retries so far, counted by the engine
 
 
@@ -128,8 +128,11 @@ class TaskNumbering:
 class Planner:
     """Turns input lines into jobs, one at a time, as the engine asks for them."""
 
-    def __init__(self, reader: LineSource, config: Config, resume: ResumeState | None = None) -> None:
+    def __init__(
+        self, reader: LineSource, config: Config, resume: ResumeState | None = None, tasks: TaskStats | None = None
+    ) -> None:
         self._reader = reader
+        self._tasks = tasks  # told each task's rollouts, and the failed ones resume gives up
         self._config = config
         self._resume = resume
         self._numbering = TaskNumbering()
@@ -207,6 +210,8 @@ class Planner:
             if failure is None:
                 failure = RowFailure(ErrorKind.BAD_INPUT, missing_repeats_reason(name))
         first = self._numbering.take_rollouts(task, repeats)
+        if self._tasks is not None:
+            self._tasks.planned(task, repeats)
         sent = row if failure is None else None
         prefix = _encoded_prefix(sent, seeds=config.repeat_seeds) if sent is not None else None
         given_attempt = row.get(ATTEMPT_INDEX) if row is not None else None
@@ -220,6 +225,8 @@ class Planner:
                     continue
                 if attempt == ResumeState.GIVE_UP:
                     self.given_up += 1
+                    if self._tasks is not None:
+                        self._tasks.rollout_ended(task, None)  # an earlier run's failure that stands
                     continue
             job = Job(self._seq, line.source, line.number, task, rollout, row, body, name, failure=failure)
             if sent is not None:
@@ -231,8 +238,6 @@ class Planner:
                 job.attempt_index = attempt or given_attempt
             jobs.append(job)
             self._seq += 1
-        for job in jobs:
-            job.task_rollouts = len(jobs)
         self._pending.extend(jobs)
 
 

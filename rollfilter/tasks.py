@@ -1,12 +1,10 @@
-"""Per-task figures for repeated rollouts: mean@K and the unbiased pass@k estimator.
-
-A task's state lives only until its last rollout of the run has ended, so memory is
-bounded by the tasks in flight, not by the input.
-"""
+"""Per-task figures for repeated rollouts: mean@K and the unbiased pass@k estimator."""
 
 from __future__ import annotations
 
+import itertools
 import math
+from array import array
 from collections.abc import Callable
 from typing import Any
 
@@ -26,22 +24,19 @@ def ks_for(repeats: int) -> list[int]:
     return ks if ks[-1] == repeats else [*ks, repeats]
 
 
-class _Task:
-    __slots__ = ("correct", "ended", "expected", "failed", "reward_sum", "rewarded")
-
-    def __init__(self, expected: int) -> None:
-        self.expected = expected
-        self.ended = 0
-        self.failed = 0
-        self.correct = 0
-        self.rewarded = 0
-        self.reward_sum = 0.0
+# A task's counts, one array each (4 bytes a count, 8 for the sum): planned rollouts, ended,
+# failed, correct (reward at or over the threshold), rewarded, and the sum of rewards.
+_COUNTS = ("planned", "ended", "failed", "correct", "rewarded")
+_DENSE_GAP = 1 << 16  # a numbered task at most this far past the last one extends the arrays
 
 
 class TaskStats:
-    """Aggregates finished tasks into mean@K and pass@k, optionally reporting each task.
+    """mean@K and pass@k over tasks, grouped by NeMo Gym's `_ng_task_index`, as its reward
+    profiler groups them: a line seen twice is one task, and its rollouts are counted together.
 
-    `on_task(record)` receives one dict per finished task (for --per-task).
+    A later line may add rollouts to any task, so each task's counts are kept until `finish()`
+    (about 28 bytes a task, in flat arrays for tasks numbered 0, 1, 2, ...). `finish()` computes
+    the figures and gives `on_task(record)` one dict a task, in task order (for --per-task).
     """
 
     def __init__(self, repeats: int, threshold: float, on_task: Callable[[dict[str, Any]], None] | None = None) -> None:
@@ -49,73 +44,107 @@ class TaskStats:
         self.threshold = threshold
         self.ks = ks_for(repeats)
         self._on_task = on_task
-        self._open: dict[Any, _Task] = {}
-        self.tasks = 0
-        self.tasks_with_failures = 0
-        self._pass_sums = dict.fromkeys(self.ks, 0.0)
-        self._pass_counts = dict.fromkeys(self.ks, 0)
-        self._mean_sum = 0.0
-        self._mean_count = 0
+        self._counts = {name: array("I") for name in _COUNTS}
+        self._reward_sums = array("d")
+        self._numbered = 0  # tasks 0 .. _numbered-1 have the slot of their own index
+        self._others: dict[Any, int] = {}  # any other task -> its slot, after the numbered ones
+        self._other_keys: list[Any] = []
+        self._finished: dict[str, Any] | None = None
 
-    def rollout_ended(self, task: Any, expected: int, reward: float | None) -> None:
-        """Count one rollout of `task` (None: it failed); `expected` rollouts of it run in all."""
-        key = task if isinstance(task, (int, str)) else repr(task)
-        state = self._open.get(key)
-        if state is None:
-            state = self._open[key] = _Task(expected)
-        state.ended += 1
+    def _slot(self, task: Any) -> int:
+        if type(task) is int and 0 <= task < self._numbered:
+            return task
+        if type(task) is int and not self._others and self._numbered <= task <= self._numbered + _DENSE_GAP:
+            self._grow(task + 1 - self._numbered)
+            self._numbered = task + 1
+            return task
+        key = _key(task)
+        slot = self._others.get(key)
+        if slot is None:
+            slot = self._others[key] = len(self._reward_sums)
+            self._other_keys.append(task)
+            self._grow(1)
+        return slot
+
+    def _grow(self, count: int) -> None:
+        for values in self._counts.values():
+            values.frombytes(bytes(values.itemsize * count))
+        self._reward_sums.frombytes(bytes(self._reward_sums.itemsize * count))
+
+    def planned(self, task: Any, count: int) -> None:
+        """`count` more rollouts of `task` belong to the run (a task with fewer ended is unfinished)."""
+        self._counts["planned"][self._slot(task)] += count
+
+    def rollout_ended(self, task: Any, reward: float | None) -> None:
+        """Count one rollout of `task` (None: it failed, and counts as not correct)."""
+        slot = self._slot(task)
+        counts = self._counts
+        counts["ended"][slot] += 1
         if reward is None:
-            state.failed += 1
-        else:
-            state.rewarded += 1
-            state.reward_sum += reward
-            if reward >= self.threshold:
-                state.correct += 1
-        if state.ended >= state.expected:
-            del self._open[key]
-            self._finish(task, state)
+            counts["failed"][slot] += 1
+            return
+        counts["rewarded"][slot] += 1
+        self._reward_sums[slot] += reward
+        if reward >= self.threshold:
+            counts["correct"][slot] += 1
 
-    def _finish(self, task: Any, state: _Task) -> None:
-        self.tasks += 1
-        if state.failed:
-            self.tasks_with_failures += 1
-        mean = state.reward_sum / state.rewarded if state.rewarded else None
-        if mean is not None:
-            self._mean_sum += mean
-            self._mean_count += 1
-        record: dict[str, Any] = {"_ng_task_index": task, "n": state.ended, "failed": state.failed, "mean_reward": mean}
+    def finish(self) -> None:
+        """Compute the figures over every task, and report each task; later calls do nothing."""
+        if self._finished is not None:
+            return
+        counts = self._counts
+        tasks = with_failures = unfinished = 0
+        mean_of_means = 0.0
+        means = 0
+        pass_means = dict.fromkeys(self.ks, 0.0)
+        pass_counts = dict.fromkeys(self.ks, 0)
+        slots = itertools.chain(range(self._numbered), (self._others[_key(task)] for task in self._other_keys))
+        names = itertools.chain(range(self._numbered), self._other_keys)
+        for slot, task in zip(slots, names, strict=True):
+            ended, planned = counts["ended"][slot], counts["planned"][slot]
+            if not ended and not planned:
+                continue
+            tasks += 1
+            failed, rewarded = counts["failed"][slot], counts["rewarded"][slot]
+            with_failures += failed > 0
+            unfinished += ended < planned
+            mean = self._reward_sums[slot] / rewarded if rewarded else None
+            if mean is not None:
+                means += 1
+                mean_of_means += (mean - mean_of_means) / means  # a running mean stays finite
+            record: dict[str, Any] = {"_ng_task_index": task, "n": ended, "failed": failed, "mean_reward": mean}
+            for k in self.ks:
+                if k <= ended:
+                    value = pass_at_k(ended, counts["correct"][slot], k)
+                    pass_counts[k] += 1
+                    pass_means[k] += (value - pass_means[k]) / pass_counts[k]
+                    record[f"pass@{k}"] = value
+            if self._on_task is not None and ended:
+                self._on_task(record)
+        fields: dict[str, Any] = {f"mean@{self.repeats}": mean_of_means if means else None}
         for k in self.ks:
-            if k <= state.ended:
-                value = pass_at_k(state.ended, state.correct, k)
-                self._pass_sums[k] += value
-                self._pass_counts[k] += 1
-                record[f"pass@{k}"] = value
-        if self._on_task is not None:
-            self._on_task(record)
-
-    def flush_open(self) -> None:
-        """Finish the tasks whose rollouts did not all end (a recompute over partial files)."""
-        for key, state in list(self._open.items()):
-            del self._open[key]
-            self._finish(key, state)
-
-    @property
-    def unfinished(self) -> int:
-        return len(self._open)
+            fields[f"pass@{k}"] = pass_means[k] if pass_counts[k] else None
+        self._finished = {
+            "fields": fields,
+            "figures": {
+                "tasks": tasks,
+                "tasks_with_failed_rollouts": with_failures,
+                "tasks_unfinished": unfinished,
+                "pass_threshold": self.threshold,
+            },
+        }
 
     def summary_fields(self) -> dict[str, Any]:
-        """mean@K, and pass@k for each k; null when no finished task had k rollouts to judge."""
-        fields: dict[str, Any] = {
-            f"mean@{self.repeats}": self._mean_sum / self._mean_count if self._mean_count else None
-        }
-        for k in self.ks:
-            fields[f"pass@{k}"] = self._pass_sums[k] / self._pass_counts[k] if self._pass_counts[k] else None
-        return fields
+        """mean@K, and pass@k for each k; null when no task had k rollouts to judge."""
+        self.finish()
+        assert self._finished is not None
+        return dict(self._finished["fields"])
 
     def figures(self) -> dict[str, Any]:
-        return {
-            "tasks": self.tasks,
-            "tasks_with_failed_rollouts": self.tasks_with_failures,
-            "tasks_unfinished": self.unfinished,
-            "pass_threshold": self.threshold,
-        }
+        self.finish()
+        assert self._finished is not None
+        return dict(self._finished["figures"])
+
+
+def _key(task: Any) -> Any:
+    return task if isinstance(task, (int, str)) else repr(task)

@@ -174,3 +174,48 @@ def test_the_progress_file_counts_finished_rollouts(tmp_path: Path, agent: Recor
     assert proc.returncode == 1  # the failing row
     assert progress.read_text() == "18\n"  # 6 lines x 3 rollouts: failed ones finished too
     assert not [p for p in progress.parent.iterdir() if p.name != "progress"]  # no temporary file left
+
+
+def test_a_line_seen_twice_is_one_task_everywhere(tmp_path: Path, agent: RecordingAgent):
+    lines = [
+        json.dumps({"id": i, "responses_create_params": {"input": "q"}, "reward": reward}) + "\n"
+        for i, reward in enumerate([1.0, 0.0, 1.0])
+    ]
+    data = "".join([lines[0], lines[1], lines[0], lines[2]])  # 4 lines, 3 tasks
+    per_task, out = tmp_path / "tasks.jsonl", tmp_path / "out.jsonl"
+    proc = run(["-u", agent.run_url, "-r", "2", "--per-task", str(per_task), "-o", str(out)], input=data)
+    assert proc.returncode == 0, proc.stderr
+    summary = summary_of(proc.stderr)
+    assert summary["rollfilter"]["tasks"] == 3  # NeMo Gym's numbering: the repeated line is task 0 again
+    assert summary["rollfilter"]["tasks_unfinished"] == 0
+    records = read_jsonl(per_task)
+    assert [(r["_ng_task_index"], r["n"]) for r in records] == [(0, 4), (1, 2), (2, 2)]  # in task order
+    assert summary["mean@2"] == pytest.approx(2 / 3)
+    assert summary["pass@2"] == pytest.approx(2 / 3)
+    recomputed = run(["--summarize", "-r", "2", str(out)])
+    assert recomputed.returncode == 0, recomputed.stderr
+    figures = json.loads(recomputed.stdout)
+    assert figures["rollfilter"]["tasks"] == 3
+    assert (figures["mean@2"], figures["pass@2"]) == (summary["mean@2"], summary["pass@2"])
+
+
+def test_a_resumed_summary_covers_the_whole_output(tmp_path: Path, agent: RecordingAgent):
+    rows = [
+        {"id": i, "responses_create_params": {"input": "q" * (i + 1)}, "reward": i % 2} for i in range(5)
+    ] + [
+        {"id": 9, "responses_create_params": {"input": "flaky"}, "reward": 1.0, "answer_times": 1,
+         "answer": {"_ng_failure_class": "model_error"}},
+    ]  # fmt: skip
+    out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
+    args = ["-u", agent.run_url, "-r", "3", "-o", str(out), "--errors", str(errors)]
+    first = run(args, input="".join(json.dumps(r) + "\n" for r in rows))
+    assert first.returncode == 1  # the flaky row's rollouts failed once each
+    again = run([*args, "--resume"], input="".join(json.dumps(r) + "\n" for r in rows))
+    assert again.returncode == 0, again.stderr
+    resumed = summary_of(again.stderr)
+    assert (resumed["rollfilter"]["succeeded"], resumed["rollfilter"]["skipped"]) == (3, 15)  # this run's counts
+    whole = json.loads(run(["--summarize", "-r", "3", str(out)]).stdout)  # the whole output, recomputed
+    for key in ("reward", "usage", "mean@3", "pass@1", "pass@3"):
+        assert resumed[key] == pytest.approx(whole[key]), key
+    assert resumed["rollfilter"]["tasks"] == whole["rollfilter"]["tasks"] == 6
+    assert resumed["rollfilter"]["tasks_unfinished"] == 0
