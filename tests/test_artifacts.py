@@ -140,7 +140,10 @@ def test_gym_layout_writes_nemo_gyms_four_files_and_resumes_from_them(
     (alpha,) = json.loads((out.parent / "OUT_aggregate_metrics.json").read_text())
     assert alpha["agent_metrics"]["count"] == 12  # the aggregate covers the earlier results too
     assert (out.parent / "OUT_progress").read_text() == "15\n"  # seeded with the 8 earlier results, 7 more
-    assert len(agents["alpha"].aggregate_payloads[-1]["verify_responses"]) == 12
+    sent = agents["alpha"].aggregate_payloads[-1]["verify_responses"]
+    assert len(sent) == 12
+    # Sorted by (task, rollout) as NeMo Gym sends them, though rollout 2 of each task came last.
+    assert [(e["_ng_task_index"], e["_ng_rollout_index"]) for e in sent] == [(t, r) for t in range(4) for r in range(3)]
 
 
 def test_summarize_aggregates_shards_in_one_call_per_agent(tmp_path: Path, agents: dict[str, RecordingAgent]):
