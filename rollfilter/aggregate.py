@@ -3,8 +3,9 @@
 Each successful result is stripped as NeMo Gym strips it (the heavy fields removed,
 `response.usage` kept) and spooled to a temporary file of its agent. When the run ends,
 each agent name gets one `POST /aggregate_metrics` whose body, `{"verify_responses": [...]}`,
-is streamed from that file, one entry a line, sorted by (task, rollout) as NeMo Gym sends them. The answers make NeMo Gym's aggregate file:
-a JSON list with one `{agent_ref, agent_metrics, key_metrics, group_level_metrics}` a agent.
+is streamed from that file, one entry a line, sorted by (task, rollout) as NeMo Gym sends
+them. The answers make NeMo Gym's aggregate file: a JSON list with one
+`{agent_ref, agent_metrics, key_metrics, group_level_metrics}` a agent.
 """
 
 from __future__ import annotations

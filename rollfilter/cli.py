@@ -18,6 +18,7 @@ import trio
 import typer
 
 from rollfilter import __version__, command
+from rollfilter.budget import DEFAULT_RATIO
 from rollfilter.config import (
     DEFAULT_CONCURRENCY,
     DEFAULT_CONNECT_TIMEOUT,
@@ -32,6 +33,7 @@ from rollfilter.config import (
     parse_header,
     parse_param,
     parse_repeats,
+    parse_retry_budget,
     parse_shard,
     parse_statuses,
 )
@@ -249,6 +251,17 @@ def parse_and_run(
             min=0,
         ),
     ] = DEFAULT_RETRIES,
+    retry_budget: Annotated[
+        str,
+        typer.Option(
+            "--retry-budget",
+            metavar="R|off",
+            help=(
+                "Retries an agent may receive per row sent to it, beyond a reserve of 10"
+                " (an outage costs about 1+R requests a row); off: every failure gets its retries."
+            ),
+        ),
+    ] = str(DEFAULT_RATIO),
     retry_on: Annotated[
         str,
         typer.Option(
@@ -426,6 +439,7 @@ def parse_and_run(
             repeat_seeds=repeat_seeds,
             params=tuple(parse_param(p) for p in param or ()),
             retries=retries,
+            retry_budget=parse_retry_budget(retry_budget),
             retry_statuses=parse_statuses(retry_on),
             timeout=timeout,
             connect_timeout=connect_timeout,

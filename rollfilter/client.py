@@ -6,6 +6,7 @@ Header values are secrets: no message built here ever contains them.
 
 from __future__ import annotations
 
+import dataclasses
 import email.utils
 import http
 import math
@@ -42,6 +43,7 @@ ERROR_BODY_CHARS = 200  # how much of an error response's body a message quotes
 # shorter, bounds it too. Documented in the man page under --retries.
 RETRY_AFTER_CAP = 120.0
 MAX_REDIRECTS = 5  # 307/308 hops followed within one attempt
+BUDGET_SPENT = "not retried: the agent's retry budget is spent"
 TRUST_ADVICE = "to trust its CA, give --cacert FILE or set SSL_CERT_FILE=FILE; --insecure skips the check"
 
 _decode = msgspec.json.Decoder().decode
@@ -138,6 +140,8 @@ class AgentClient:
                 window = agent.window
                 if window is not None:
                     await window.acquire()
+                if attempt == 1 and agent.budget is not None:
+                    agent.budget.deposit()
                 replica = agent.pick(trio.current_time(), avoid=replica)
                 replica.outstanding += 1
                 replica.requests += 1
@@ -160,6 +164,8 @@ class AgentClient:
                 failure = outcome.with_attempts(attempt)
                 if not failure.retryable or attempt > self._retries:
                     return failure
+                if agent.budget is not None and not agent.budget.withdraw():
+                    return dataclasses.replace(failure, message=f"{failure.message} ({BUDGET_SPENT})")
                 # --timeout bounds one attempt, and so the wait before the next one too.
                 delay = min(backoff_delay(attempt, self._rng, retry_after), self._timeout)
                 if self._on_retry is not None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from rollfilter.budget import DEFAULT_RATIO
 from rollfilter.errors import UsageError
 from rollfilter.resume import DEFAULT_MAX_ATTEMPTS
 
@@ -80,6 +81,9 @@ class Config:
     repeat_seeds: bool = False  # each rollout carries "seed": its rollout index, in metadata.extra_body
     params: tuple[tuple[str, Any], ...] = ()
     retries: int = DEFAULT_RETRIES
+    # Retries an agent may receive per row sent to it, beyond a small reserve (see budget.py);
+    # None: no budget, every failure gets its retries.
+    retry_budget: float | None = DEFAULT_RATIO
     retry_statuses: frozenset[int] = DEFAULT_RETRY_STATUSES
     timeout: float | None = None
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
@@ -124,6 +128,8 @@ class Config:
             raise ConfigError("limit", "must not be negative")
         if self.retries < 0:
             raise ConfigError("retries", "must not be negative")
+        if self.retry_budget is not None and not 0 <= self.retry_budget < math.inf:
+            raise ConfigError("retry_budget", "must be a finite number of retries a row, 0 or more (None: no budget)")
         if self.timeout is not None and not self.timeout > 0:
             raise ConfigError("timeout", "must be a positive number of seconds")
         if not self.connect_timeout > 0:
@@ -249,6 +255,19 @@ def gym_layout(output: str | None) -> tuple[str, str, str, str]:
         str(path.with_stem(path.stem + "_aggregate_metrics").with_suffix(".json")),
         str(path.with_name(path.stem + "_progress")),
     )
+
+
+def parse_retry_budget(spec: str) -> float | None:
+    """`--retry-budget R`: a number of retries a row, 0 or more; `off` for no budget."""
+    if spec.strip().lower() == "off":
+        return None
+    try:
+        ratio = float(spec)
+    except ValueError:
+        ratio = math.nan
+    if not 0 <= ratio < math.inf:
+        raise UsageError(f"--retry-budget wants R (retries a row, 0 or more) or off, got {spec!r}")
+    return ratio
 
 
 def parse_repeats(specs: Iterable[str]) -> tuple[int | None, dict[str, int]]:

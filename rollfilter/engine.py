@@ -102,6 +102,7 @@ class Engine:
                         await trio.lowlevel.checkpoint()
         self.metrics.skipped = self.planner.skipped
         self.metrics.not_retried = self.planner.given_up
+        self.metrics.retries_withheld = self.router.retries_withheld()
 
     async def _worker(self, limiter: trio.CapacityLimiter, reading: trio.Lock) -> None:
         # A worker that finishes a row takes the next one itself, in the same scheduler

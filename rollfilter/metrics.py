@@ -163,6 +163,7 @@ class Metrics:
         self.skipped = 0  # pairs an earlier run finished (--resume)
         self.not_retried = 0  # pairs --resume gave up: terminal, or out of attempts
         self.retries = 0
+        self.retries_withheld = 0  # retries the agents' retry budgets did not send
         self.failed_by_kind: collections.Counter[str] = collections.Counter()
         self.failed_by_class: collections.Counter[str] = collections.Counter()  # the agents' own classes
         self.latency = LatencyHistogram()
@@ -272,6 +273,7 @@ class Metrics:
                 kind.value: self.failed_by_kind[kind.value] for kind in ErrorKind if self.failed_by_kind[kind.value]
             },
             "retries": self.retries,
+            "retries_withheld": self.retries_withheld,
         }
         if self.failed_by_class:
             figures["failed_by_class"] = dict(sorted(self.failed_by_class.items()))

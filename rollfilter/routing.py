@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from rollfilter.adaptive import AdaptiveWindow
+from rollfilter.budget import RetryBudget
 from rollfilter.config import Config
 from rollfilter.errors import ErrorKind
 from rollfilter.headserver import HeadServerAgents
@@ -50,6 +51,7 @@ class Agent:
     name: str | None
     replicas: list[Replica]
     window: AdaptiveWindow | None = None
+    budget: RetryBudget | None = None  # None: every failure gets its retries
 
     def pick(self, now: float, avoid: Replica | None = None) -> Replica:
         """The replica with the fewest requests outstanding among those not cooling down,
@@ -82,7 +84,8 @@ class Router:
     ) -> None:
         def agent(name: str | None, urls: Iterable[str]) -> Agent:
             window = window_for(name) if window_for is not None else None
-            return Agent(name, [Replica(httpx.URL(url)) for url in urls], window)
+            budget = RetryBudget(config.retry_budget) if config.retry_budget is not None else None
+            return Agent(name, [Replica(httpx.URL(url)) for url in urls], window, budget)
 
         self._default = agent(None, [config.url]) if config.url else None
         named = endpoints if endpoints is not None else config.endpoints
@@ -109,6 +112,11 @@ class Router:
         """The /run URL rows of agent `name` go to (its first replica), or None."""
         agent = self.agents.get(name) or self._default
         return str(agent.replicas[0].url) if agent is not None else None
+
+    def retries_withheld(self) -> int:
+        """Retries the agents' budgets did not send, over the run."""
+        agents = [*self.agents.values(), *([self._default] if self._default is not None else [])]
+        return sum(agent.budget.withheld for agent in agents if agent.budget is not None)
 
     def replica_counts(self) -> list[dict[str, Any]]:
         """Requests and failures per replica, for agents that have more than one."""

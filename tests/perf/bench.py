@@ -330,6 +330,41 @@ class Bench:
             self.rows.append(Row(scenario, "share of requests throttled", throttled, None, target, passed))
             self.rows.append(Row(scenario, "rows failed", failed, None, target, passed))
 
+    def retry_budget(self) -> None:
+        """Requests an agent receives a row, --retries 3: under a total outage, and under 5% failures."""
+        n = 500 if self.quick else 2_000
+        data = make_rows(self.workdir / f"rows-{n}.jsonl", n)
+
+        def outage_target(per_row: float, failed: float) -> bool:
+            return per_row <= 1.2
+
+        def rare_target(per_row: float, failed: float) -> bool:
+            return failed == 0
+
+        cases: tuple[tuple[str, float, str, tuple[str, ...], Callable[[float, float], bool] | None], ...] = (
+            ("outage", 1.0, "--retry-budget 0.1 (default)", (), outage_target),
+            ("outage", 1.0, "--retry-budget off", ("--retry-budget", "off"), None),
+            ("5% failures", 0.05, "--retry-budget 0.1 (default)", (), rare_target),
+        )
+        for name, rate, label, extra, check in cases:
+            agent = Agent(latency=0.0, extra=["--fail-rate", str(rate)])
+            try:
+                measures = []
+                for _ in range(self.runs):
+                    before = agent.requests()
+                    measure = self.rf(agent, 64, data, ["--retries", "3", *extra], may_fail_rows=True)
+                    measures.append(((agent.requests() - before) / n, float(n - measure.rows)))
+            finally:
+                agent.stop()
+            per_row = median([m[0] for m in measures])
+            failed = median([m[1] for m in measures])
+            print(f"    {name}, {label}: {per_row:.3f} requests a row, {failed:.0f} rows failed", file=sys.stderr)
+            passed = check(per_row, failed) if check is not None else None
+            target = "<= 1.2" if name == "outage" and check else "no row failed" if check else "-"
+            scenario = f"retry budget: {name}, {label}"
+            self.rows.append(Row(scenario, "requests a row", per_row, None, target, passed))
+            self.rows.append(Row(scenario, "rows failed", failed, None, target, passed))
+
     def memory(self) -> None:
         sizes = (20_000, 200_000) if self.quick else (100_000, 1_000_000)
         # Its /aggregate_metrics only counts what it reads: the figure is rollfilter's spooling and streaming.
@@ -343,6 +378,9 @@ class Bench:
             rf_ordered = self.rf(agent, 256, None, ["--ordered"], stdin=large)
             aggregate = ["-a", "bench", "--aggregate", str(self.out("aggregate.json"))]
             rf_aggregate = self.rf(agent, 256, None, aggregate, stdin=large)
+            # NeMo Gym's four files: the materialized file is written by a first planning pass over
+            # the whole input (read to its end first, from stdin), before anything is sent.
+            rf_gym = self.rf(agent, 256, None, ["-a", "bench", "--gym-layout"], stdin=large)
             ref_small = self.ref(agent, 256, None, stdin=small)
         finally:
             agent.stop()
@@ -351,6 +389,7 @@ class Bench:
             ("rollfilter", rf_large),
             ("rollfilter --ordered", rf_ordered),
             ("rollfilter --aggregate", rf_aggregate),
+            ("rollfilter --gym-layout", rf_gym),
             ("reference", ref_small),
         ):
             print(f"    {label}: {m.rows} rows, peak RSS {m.peak_rss_mb:.1f} MB, {m.wall_s:.1f} s", file=sys.stderr)
@@ -383,6 +422,22 @@ class Bench:
                 "<= 100 MB",
                 rf_aggregate.peak_rss_mb <= 100,
             )
+        )
+        self.rows.append(
+            Row(
+                f"memory {sizes[1]:,} rows --gym-layout",
+                "peak RSS MB",
+                rf_gym.peak_rss_mb,
+                None,
+                "<= 100 MB",
+                rf_gym.peak_rss_mb <= 100,
+            )
+        )
+        # What the first planning pass costs: --gym-layout against --aggregate, which differ by it
+        # (and by writing the materialized and progress files).
+        first_pass = (rf_gym.cpu_s - rf_aggregate.cpu_s) * 1e6 / sizes[1]
+        self.rows.append(
+            Row("first planning pass (--gym-layout)", "CPU us a row", first_pass, None, "(reported)", None)
         )
         # NeMo Gym's numbering (identical lines share a task index) remembers each distinct line:
         # memory grows by a few bytes a row, by design; this row says how many.
@@ -526,12 +581,23 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="alternating runs per client in each scenario")
     parser.add_argument("--json", type=Path, default=HERE / "results.json", help="where to write the results")
     parser.add_argument(
-        "--only", nargs="*", default=None, help="scenarios: overhead scale adaptive memory first_result early_exit"
+        "--only",
+        nargs="*",
+        default=None,
+        help="scenarios: overhead scale adaptive retry_budget memory first_result early_exit",
     )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rollfilter-bench-") as tmp:
         bench = Bench(Path(tmp), args.runs, args.quick)
-        for name in args.only or ["overhead", "scale", "adaptive", "memory", "first_result", "early_exit"]:
+        for name in args.only or [
+            "overhead",
+            "scale",
+            "adaptive",
+            "retry_budget",
+            "memory",
+            "first_result",
+            "early_exit",
+        ]:
             getattr(bench, name)()
     text = table(bench.rows)
     print(text)
