@@ -32,6 +32,7 @@ from rollfilter.config import (
     parse_failure_limit,
     parse_header,
     parse_param,
+    parse_prices,
     parse_repeats,
     parse_retry_budget,
     parse_shard,
@@ -47,17 +48,34 @@ from rollfilter.writers import OutputClosed, OutputFailed
 
 EXAMPLE_ROWS = Path(__file__).parent / "examples" / "weather.jsonl"  # NeMo Gym's five-row example
 # A Config error names its field; the command line names the option instead.
-OPTION_OF_FIELD = {
+OPTION_OF_FIELD = {  # every Config field, as the command line names it
     "url": "-u/--url",
-    "proxy": "--proxy",
-    "head_server": "--head-server",
+    "endpoints": "-e/--endpoint",
+    "agent": "-a/--agent",
     "concurrency": "-j/--concurrency",
-    "repeats": "-r/--repeats",
     "limit": "-n/--limit",
+    "repeats": "-r/--repeats",
+    "repeats_by_agent": "-r/--repeats NAME=K",
+    "repeat_seeds": "--repeat-seeds",
+    "params": "-p/--param",
     "retries": "--retries",
+    "retry_budget": "--retry-budget",
+    "retry_statuses": "--retry-on",
     "timeout": "--timeout",
     "connect_timeout": "--connect-timeout",
+    "max_failures": "--max-failures",
+    "prices": "--price/--prices",
+    "max_cost": "--max-cost",
+    "headers": "-H/--header",
+    "insecure": "--insecure",
     "shard": "--shard I/N",
+    "pass_threshold": "--pass-threshold",
+    "head_server": "--head-server",
+    "proxy": "--proxy",
+    "adaptive": "--adaptive",
+    "aggregate": "--aggregate",
+    "cacert": "--cacert",
+    "cross_origin_redirects": "--cross-origin-redirects",
 }
 HELP = """Collect agent rollouts: JSONL rows in (FILEs or stdin), one result line out per row as it finishes.
 
@@ -294,6 +312,22 @@ def parse_and_run(
             "--max-failures", metavar="N|P%", help="Stop once N rows (or P% of ended rows) have failed; exit 1."
         ),
     ] = None,
+    price: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--price",
+            metavar="[AGENT=]IN,OUT[,CACHED]",
+            help="USD per million input, output and cached-input tokens (of response.usage); repeatable.",
+        ),
+    ] = None,
+    prices: Annotated[
+        str | None,
+        typer.Option("--prices", metavar="FILE", help="A YAML or JSON map of agent names (or _default) to prices."),
+    ] = None,
+    max_cost: Annotated[
+        float | None,
+        typer.Option("--max-cost", metavar="USD", help="Stop once the run has spent USD (needs prices); exit 1."),
+    ] = None,
     resume: Annotated[
         bool,
         typer.Option(
@@ -444,6 +478,8 @@ def parse_and_run(
             timeout=timeout,
             connect_timeout=connect_timeout,
             max_failures=parse_failure_limit(max_failures),
+            prices=parse_prices(price or (), prices),
+            max_cost=max_cost,
             headers=tuple(parse_header(h) for h in header or ()),
             insecure=insecure,
             shard=parse_shard(shard),

@@ -345,7 +345,9 @@ async def _run_open(
     if not show.dry_run and progress_wanted(show.progress, quiet=show.quiet, stderr_fd=streams.stderr):
         from rollfilter.progress import ProgressDisplay
 
-        display = ProgressDisplay(metrics, force_terminal=bool(show.progress), adaptive=config.adaptive)
+        display = ProgressDisplay(
+            metrics, force_terminal=bool(show.progress), adaptive=config.adaptive, priced=bool(config.prices)
+        )
     # While the display is up, stderr lines are printed above it instead of through it.
     log: LineWriter = display if display is not None else stderr_lines
     sink = LineSink(

@@ -15,8 +15,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import msgspec
+import yaml
 
 from rollfilter.budget import DEFAULT_RATIO
+from rollfilter.cost import Price, PriceError, parse_price, prices_from_mapping
 from rollfilter.errors import UsageError
 from rollfilter.resume import DEFAULT_MAX_ATTEMPTS
 
@@ -88,6 +90,8 @@ class Config:
     timeout: float | None = None
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     max_failures: FailureLimit = FailureLimit()
+    prices: tuple[tuple[str | None, Price], ...] = ()  # USD per million tokens, by agent (None: the rest)
+    max_cost: float | None = None  # stop the run once it has spent this many USD
     headers: tuple[tuple[str, str], ...] = ()
     insecure: bool = False
     shard: tuple[int, int] | None = None  # (I, N): keep the tasks whose index mod N is I
@@ -128,6 +132,10 @@ class Config:
             raise ConfigError("limit", "must not be negative")
         if self.retries < 0:
             raise ConfigError("retries", "must not be negative")
+        if self.max_cost is not None and not 0 < self.max_cost < math.inf:
+            raise ConfigError("max_cost", "must be a positive, finite number of USD")
+        if self.max_cost is not None and not self.prices:
+            raise ConfigError("max_cost", "needs prices: without them nothing is spent")
         if self.retry_budget is not None and not 0 <= self.retry_budget < math.inf:
             raise ConfigError("retry_budget", "must be a finite number of retries a row, 0 or more (None: no budget)")
         if self.timeout is not None and not self.timeout > 0:
@@ -255,6 +263,27 @@ def gym_layout(output: str | None) -> tuple[str, str, str, str]:
         str(path.with_stem(path.stem + "_aggregate_metrics").with_suffix(".json")),
         str(path.with_name(path.stem + "_progress")),
     )
+
+
+def parse_prices(specs: Iterable[str], path: str | None) -> tuple[tuple[str | None, Price], ...]:
+    """`--prices FILE` (YAML or JSON), then each `--price [AGENT=]IN,OUT[,CACHED]`; the last for an agent wins."""
+    prices: dict[str | None, Price] = {}
+    try:
+        if path is not None:
+            try:
+                with open(path, encoding="utf-8") as file:
+                    data = yaml.safe_load(file)
+            except OSError as exc:
+                raise UsageError(f"cannot read --prices {path}: {exc.strerror}") from None
+            except (yaml.YAMLError, UnicodeDecodeError):
+                raise UsageError(f"--prices {path} is not YAML or JSON") from None
+            prices.update(prices_from_mapping(data))
+        for spec in specs:
+            agent, price = parse_price(spec)
+            prices[agent] = price
+    except PriceError as exc:
+        raise UsageError(f"--prices {path}: {exc}" if path and "--price" not in str(exc) else str(exc)) from None
+    return tuple(prices.items())
 
 
 def parse_retry_budget(spec: str) -> float | None:

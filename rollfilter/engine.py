@@ -21,6 +21,7 @@ from rollfilter.adaptive import AdaptiveWindow
 from rollfilter.aggregate import ResultSpool
 from rollfilter.client import AgentClient
 from rollfilter.config import Config, ConfigError, FailureLimit
+from rollfilter.cost import Spending
 from rollfilter.errors import ErrorKind, ExitStatus
 from rollfilter.headserver import resolve_endpoints
 from rollfilter.metrics import UNNAMED_AGENT, Metrics, as_float
@@ -87,6 +88,7 @@ class Engine:
     on_event: Callable[[str], None] | None = None  # -v: one line per row event
     on_send: Callable[[Job], None] | None = None  # each job once, as it is first sent (--materialized)
     spool: ResultSpool | None = None  # successful results for /aggregate_metrics
+    max_cost: float | None = None  # USD: the run stops once it has spent this much
 
     async def run(self) -> None:
         """Return when every job has ended, or when `control` stopped the run."""
@@ -139,7 +141,10 @@ class Engine:
         if self.on_send is not None:
             self.on_send(job)
         try:
-            outcome = judge(job, await self.client.run(job, agent))
+            answer = await self.client.run(job, agent)
+            if self.metrics.spending is not None and not isinstance(answer, RowFailure):
+                self._spend(job, answer)
+            outcome = judge(job, answer)
         except Exception as exc:  # a bug met by one row costs that row, never the run
             outcome = self._internal_failure(job, exc)
         if isinstance(outcome, RowFailure):
@@ -160,6 +165,16 @@ class Engine:
             if self.spool is not None:  # by the result's agent, as an earlier run's results are spooled
                 self.spool.add(agent_name(outcome), outcome)
             self.sink.result(job, outcome, release)
+
+    def _spend(self, job: Job, answer: dict[str, Any]) -> None:
+        """Count what an agent's answer cost (an agent-reported failure's too); stop at the budget."""
+        spending = self.metrics.spending
+        assert spending is not None
+        spending.add(job.agent_name, answer)
+        if self.max_cost is not None and spending.total >= self.max_cost:
+            self.control.stop(
+                ExitStatus.ROWS_FAILED, f"stopped after spending ${spending.total:.4f} of a ${self.max_cost:g} budget"
+            )
 
     def _internal_failure(self, job: Job, exc: Exception) -> RowFailure:
         if self.on_event is not None:
@@ -257,6 +272,8 @@ async def prepare(
     if not config.names_an_agent:
         raise ConfigError("url", "is not given, nor endpoints or head_server: no agent to send rows to")
     endpoints, head = await resolve_endpoints(config)
+    if config.prices:
+        metrics.spending = Spending(config.prices)
 
     def window_for(name: str | None) -> AdaptiveWindow:
         label = name if name is not None else UNNAMED_AGENT
@@ -287,6 +304,7 @@ async def prepare(
         control=control,
         concurrency=config.concurrency,
         failure_limit=config.max_failures,
+        max_cost=config.max_cost,
         tasks=tasks,
         on_event=on_event,
         on_send=on_send,

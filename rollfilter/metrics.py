@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rollfilter.adaptive import AdaptiveWindow
+from rollfilter.cost import Spending
 from rollfilter.errors import ErrorKind
 from rollfilter.outcomes import RowFailure
 from rollfilter.tasks import TaskStats
@@ -164,6 +165,7 @@ class Metrics:
         self.not_retried = 0  # pairs --resume gave up: terminal, or out of attempts
         self.retries = 0
         self.retries_withheld = 0  # retries the agents' retry budgets did not send
+        self.spending: Spending | None = None  # with prices: what the run spent
         self.failed_by_kind: collections.Counter[str] = collections.Counter()
         self.failed_by_class: collections.Counter[str] = collections.Counter()  # the agents' own classes
         self.latency = LatencyHistogram()
@@ -277,6 +279,8 @@ class Metrics:
         }
         if self.failed_by_class:
             figures["failed_by_class"] = dict(sorted(self.failed_by_class.items()))
+        if self.spending is not None:
+            figures.update(self.spending.figures())
         if timings:
             elapsed = self.elapsed()
             figures["elapsed_s"] = round(elapsed, 3)

@@ -23,10 +23,13 @@ class ProgressDisplay:
     """done, failed, in flight (and the --adaptive window), rows/s, tokens/s, mean reward, and
     done/total with an ETA when known."""
 
-    def __init__(self, metrics: Metrics, *, force_terminal: bool = False, adaptive: bool = False) -> None:
+    def __init__(
+        self, metrics: Metrics, *, force_terminal: bool = False, adaptive: bool = False, priced: bool = False
+    ) -> None:
         self._metrics = metrics
         self.console = Console(stderr=True, force_terminal=force_terminal or None, highlight=False)
         window = (TextColumn("window {task.fields[window]:>5,}"),) if adaptive else ()
+        cost = (TextColumn("${task.fields[cost]:,.4f}"),) if priced else ()
         self._progress = Progress(
             TextColumn("{task.completed:>8,.0f} done"),
             TextColumn("{task.fields[failed]:>6,} failed"),
@@ -35,6 +38,7 @@ class ProgressDisplay:
             TextColumn("{task.fields[rate]:>8,.1f} rows/s"),
             TextColumn("{task.fields[tokens]:>9,.0f} tokens/s"),
             TextColumn("reward {task.fields[reward]:.3f}"),
+            *cost,
             BarColumn(),
             TaskProgressColumn(),
             TimeRemainingColumn(),
@@ -43,7 +47,7 @@ class ProgressDisplay:
             transient=True,
         )
         self._task = self._progress.add_task(
-            "rollouts", total=None, failed=0, in_flight=0, window=0, rate=0.0, tokens=0.0, reward=0.0
+            "rollouts", total=None, failed=0, in_flight=0, window=0, rate=0.0, tokens=0.0, reward=0.0, cost=0.0
         )
 
     def set_total(self, total: int | None) -> None:
@@ -66,6 +70,7 @@ class ProgressDisplay:
             rate=m.rate(),
             tokens=m.tokens() / max(m.elapsed(), 1e-9),
             reward=m.mean("reward"),
+            cost=m.spending.total if m.spending is not None else 0.0,
         )
         self._progress.refresh()
 

@@ -1,0 +1,121 @@
+"""What a run spends: the tokens of each answer's `response.usage`, priced per agent.
+
+A price is USD per million tokens: input, output, and cached input (which OpenAI's usage counts
+within `input_tokens`, as `input_tokens_details.cached_tokens`; priced as input when no cached
+price is given). Every answer an agent gave counts, failed rollouts' answers too: their tokens
+were spent. An answer without usage costs nothing, and is counted as such.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+PER_TOKENS = 1_000_000  # prices are per million tokens
+DEFAULT_AGENT = "_default"  # in a prices file: the price of agents it does not name
+
+
+class PriceError(ValueError):
+    """A price that is not usable; the message says which and why."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Price:
+    """USD per million input, output and cached-input tokens (cached None: as input)."""
+
+    input: float
+    output: float
+    cached: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("input", "output", "cached"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and 0 <= value < math.inf):
+                raise PriceError(f"the {name} price must be a finite number of USD, 0 or more, got {value!r}")
+
+    def of(self, usage: Mapping[str, Any]) -> float | None:
+        """The cost of one answer's usage, or None when it reports no tokens."""
+        tokens_in, tokens_out = _count(usage.get("input_tokens")), _count(usage.get("output_tokens"))
+        if tokens_in is None and tokens_out is None:
+            return None
+        details = usage.get("input_tokens_details")
+        cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
+        cached = min(cached or 0, tokens_in or 0)
+        cached_price = self.input if self.cached is None else self.cached
+        spent = ((tokens_in or 0) - cached) * self.input + cached * cached_price + (tokens_out or 0) * self.output
+        return spent / PER_TOKENS
+
+
+def _count(value: Any) -> int | None:
+    return value if type(value) is int and value >= 0 else None
+
+
+def parse_price(spec: str) -> tuple[str | None, Price]:
+    """`[AGENT=]IN,OUT[,CACHED]`: the agent (None: every agent not priced by name) and its price."""
+    name, sep, numbers = spec.rpartition("=")
+    parts = numbers.split(",")
+    try:
+        values = [float(part) for part in parts]
+        if len(values) not in (2, 3) or (sep and not name):
+            raise ValueError
+        return (name if sep else None), Price(*values)
+    except (ValueError, PriceError):
+        raise PriceError(f"--price wants [AGENT=]IN,OUT[,CACHED] in USD per million tokens, got {spec!r}") from None
+
+
+def prices_from_mapping(data: Any) -> list[tuple[str | None, Price]]:
+    """A prices file's content: {AGENT or "_default": [IN, OUT(, CACHED)] or {input, output, cached}}."""
+    if not isinstance(data, dict):
+        raise PriceError("a prices file holds a map of agent names to prices")
+    prices: list[tuple[str | None, Price]] = []
+    for agent, value in data.items():
+        name = None if agent == DEFAULT_AGENT else str(agent)
+        try:
+            if isinstance(value, list) and len(value) in (2, 3):
+                price = Price(*value)
+            elif isinstance(value, dict) and set(value) <= {"input", "output", "cached"}:
+                price = Price(value["input"], value["output"], value.get("cached"))
+            else:
+                raise PriceError("want [IN, OUT] or [IN, OUT, CACHED], or {input, output, cached}")
+        except (KeyError, TypeError, PriceError) as exc:
+            raise PriceError(f"the price of {agent!r}: {exc}") from None
+        prices.append((name, price))
+    return prices
+
+
+class Spending:
+    """What a run has spent, in total and by agent name; which answers reported no usage."""
+
+    def __init__(self, prices: Iterable[tuple[str | None, Price]]) -> None:
+        self._prices = dict(prices)
+        self._default = self._prices.get(None)
+        self.total = 0.0
+        self.by_agent: dict[str, float] = {}
+        self.without_usage = 0
+
+    def add(self, agent: str | None, answer: Mapping[str, Any]) -> None:
+        """Count one answer of `agent` (None: a row that names no agent)."""
+        response = answer.get("response")
+        usage = response.get("usage") if isinstance(response, dict) else None
+        if not isinstance(usage, dict):
+            self.without_usage += 1
+            return
+        price = self._prices.get(agent, self._default) if agent is not None else self._default
+        if price is None:  # an agent no price names costs nothing
+            return
+        cost = price.of(usage)
+        if cost is None:
+            self.without_usage += 1
+            return
+        self.total += cost
+        label = agent if agent is not None else "(no name)"
+        self.by_agent[label] = self.by_agent.get(label, 0.0) + cost
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "cost_usd": round(self.total, 6),
+            "cost_usd_by_agent": {name: round(cost, 6) for name, cost in sorted(self.by_agent.items())},
+            "rollouts_without_usage": self.without_usage,
+        }
