@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
 import msgspec
@@ -30,7 +30,7 @@ import trio
 from rollfilter.aggregate import ResultSpool, aggregate_run
 from rollfilter.client import transport_for
 from rollfilter.config import Config
-from rollfilter.engine import RunControl, prepare
+from rollfilter.engine import RunControl, RunStatus, prepare
 from rollfilter.metrics import Metrics
 from rollfilter.outcomes import Outcome
 from rollfilter.sinks import ChannelSink
@@ -106,6 +106,15 @@ class RolloutRun:
         self.summary: dict[str, Any] | None = None
         self.aggregate: list[dict[str, Any]] | None = None
         self.aggregate_problems: list[str] = []
+        self._status: Callable[[], RunStatus] | None = None
+
+    def status(self) -> RunStatus:
+        """A snapshot of the run so far: done, failed, in flight, rows/s, and its oldest rollouts
+        in flight (where each came from, its indices, agent, attempt and age), as `kill -USR1`
+        shows the command's."""
+        if self._status is None:
+            return RunStatus(0, 0, 0, 0.0, 0.0, ())
+        return self._status()
 
     def __aiter__(self) -> RolloutRun:
         return self
@@ -162,6 +171,7 @@ async def _open_rollouts_in_trio(rows: Rows, config: Config) -> AsyncIterator[Ro
             config, source=feed, sink=ChannelSink(send), transport=transport,
             control=control, metrics=metrics, tasks=tasks, spool=spool,
         )  # fmt: skip
+        run._status = engine.status
 
         async def drive() -> None:
             report = None

@@ -22,7 +22,7 @@ from rollfilter import demo as demo_agent
 from rollfilter.aggregate import AggregateReport, ResultSpool, aggregate_run
 from rollfilter.client import transport_for
 from rollfilter.config import CommandConfig, Config
-from rollfilter.engine import Engine, RunControl, describe, prepare, reward_of
+from rollfilter.engine import Engine, RunControl, RunStatus, describe, prepare, reward_of
 from rollfilter.errors import ExitStatus, UsageError
 from rollfilter.headserver import resolve_endpoints
 from rollfilter.keytable import KeyTable
@@ -96,10 +96,21 @@ def open_for_append(path: str, option: str, *, must_be_empty: bool = False) -> i
     return fd
 
 
-async def _watch_signals(control: RunControl, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+# A status on demand, as dd prints one: SIGUSR1, and SIGINFO (Ctrl-T) where the system has it.
+STATUS_SIGNALS = tuple(getattr(signal, name) for name in ("SIGUSR1", "SIGINFO") if hasattr(signal, name))
+
+
+async def _watch_signals(
+    control: RunControl,
+    show_status: Callable[[], None],
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, *STATUS_SIGNALS) as signals:
         task_status.started()
         async for signum in signals:
+            if signum in STATUS_SIGNALS:
+                show_status()
+                continue
             status = ExitStatus.INTERRUPTED if signum == signal.SIGINT else ExitStatus.TERMINATED
             if control.scope.cancel_called:
                 os._exit(status)  # a signal during the wind-down: leave now
@@ -375,12 +386,16 @@ async def _run_open(
     def finished() -> int:  # the progress file's count: rollouts finished, earlier runs' included
         return earlier_done + metrics.ended
 
+    def show_status() -> None:
+        for line in status_lines(engine.status() if engine is not None else None):
+            say(line)
+
     try:
         async with trio.open_nursery() as services:
             for writer in writers:
                 services.start_soon(writer.run)
             if show.handle_signals:
-                await services.start(_watch_signals, control)
+                await services.start(_watch_signals, control, show_status)
             if fds.out == streams.stdout and _is_pipe(fds.out):
                 services.start_soon(_watch_reader_gone, fds.out, lambda: control.stop(ExitStatus.BROKEN_PIPE))
             if show.demo is not None:
@@ -463,6 +478,25 @@ async def _run_open(
     if not show.quiet:
         _write_stderr(streams.stderr, summary)
     return status
+
+
+def status_lines(status: RunStatus | None) -> list[str]:
+    """The status block that SIGUSR1 prints: the run's figures, then its oldest rollouts in flight."""
+    if status is None:
+        return ["status: starting, nothing sent yet"]
+    lines = [
+        f"status: {status.done:,} done, {status.failed:,} failed, {status.in_flight:,} in flight,"
+        f" {status.rows_per_s:,.1f} rows/s, {status.elapsed_s:,.1f} s"
+    ]
+    for rollout in status.oldest:
+        agent = rollout.agent if rollout.agent is not None else "(no name)"
+        lines.append(
+            printable(
+                f"  in flight {rollout.age_s:,.1f} s: {rollout.source}:{rollout.line} task {rollout.task_index}"
+                f" rollout {rollout.rollout_index} agent {agent} attempt {rollout.attempt}"
+            )
+        )
+    return lines
 
 
 def progress_wanted(forced: bool | None, *, quiet: bool, stderr_fd: int = 2) -> bool:

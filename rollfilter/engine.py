@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +39,32 @@ from rollfilter.writers import Release
 
 ERROR_REASON_CHARS = 200  # how much of an agent's failure_reason a message quotes
 START_BATCH = 64  # workers started in one scheduler step
+STATUS_OLDEST = 5  # rollouts in flight that a status names, oldest first
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class InFlight:
+    """One rollout in flight, as a status shows it."""
+
+    source: str
+    line: int
+    task_index: Any
+    rollout_index: int
+    agent: str | None
+    attempt: int  # this run's attempt at it, 1 for the first
+    age_s: float  # since it was first sent in this run
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunStatus:
+    """A snapshot of a run in progress: its figures, and the oldest rollouts still in flight."""
+
+    done: int
+    failed: int
+    in_flight: int
+    rows_per_s: float
+    elapsed_s: float
+    oldest: tuple[InFlight, ...]
 
 
 class RunControl:
@@ -89,6 +117,17 @@ class Engine:
     on_send: Callable[[Job], None] | None = None  # each job once, as it is first sent (--materialized)
     spool: ResultSpool | None = None  # successful results for /aggregate_metrics
     max_cost: float | None = None  # USD: the run stops once it has spent this much
+    _in_flight: dict[Job, float] = dataclasses.field(default_factory=dict)  # in the order sent: when
+
+    def status(self) -> RunStatus:
+        """What the run has done so far, and its oldest rollouts in flight (any thread of the run's loop)."""
+        now = time.monotonic()
+        oldest = tuple(
+            InFlight(job.source, job.line, job.task_index, job.rollout_index, job.agent_name, job.retries + 1, now - at)
+            for job, at in itertools.islice(self._in_flight.items(), STATUS_OLDEST)
+        )
+        m = self.metrics
+        return RunStatus(m.ended, m.failed, len(self._in_flight), m.rate(), m.elapsed(), oldest)
 
     async def run(self) -> None:
         """Return when every job has ended, or when `control` stopped the run."""
@@ -136,6 +175,7 @@ class Engine:
 
     async def _run_job(self, job: Job, agent: Agent, release: Release) -> None:
         started = trio.current_time()
+        self._in_flight[job] = time.monotonic()
         if self.on_event is not None:
             self.on_event(f"{describe(job)}: sent to agent {agent.name or shown(agent.replicas[0].url)}")
         if self.on_send is not None:
@@ -147,6 +187,8 @@ class Engine:
             outcome = judge(job, answer)
         except Exception as exc:  # a bug met by one row costs that row, never the run
             outcome = self._internal_failure(job, exc)
+        finally:
+            del self._in_flight[job]
         if isinstance(outcome, RowFailure):
             self._fail(job, outcome, release)
         elif isinstance(outcome, _NotPersisted):

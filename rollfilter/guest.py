@@ -216,6 +216,7 @@ class GuestRolloutRun(RolloutRun):
         self.summary: dict[str, Any] | None = None
         self.aggregate: list[dict[str, Any]] | None = None
         self.aggregate_problems: list[str] = []
+        self._status = None
         self._config = config
         self._rows = _RowsInTrio(rows) if isinstance(rows, Iterable) else _RowsFromHost(rows, loop)
         self._loop = loop
@@ -249,6 +250,7 @@ class GuestRolloutRun(RolloutRun):
         try:
             with self._scope:
                 async with open_in_trio(self._rows, self._config) as run:
+                    self._status = run.status
                     _resolve(self._entered, None)
                     await self._answer_asks(run)
         except BaseException as exc:  # handed to the asyncio side

@@ -35,6 +35,8 @@ class RecordingAgent(ThreadedHTTPServer):
         self.answered = threading.Event()
         self.release = threading.Event()
         self.drop_held = False
+        self.held = 0  # requests waiting for `release`
+        self.hold_target = 1  # `answered` is set once this many wait
         agent = self
 
         class Handler(QuietHandler):
@@ -48,7 +50,10 @@ class RecordingAgent(ThreadedHTTPServer):
                         if not (wait and agent.drop_held):
                             agent.raw_bodies.append(body)
                     if wait:
-                        agent.answered.set()
+                        with agent._lock:
+                            agent.held += 1
+                            if agent.held >= agent.hold_target:
+                                agent.answered.set()
                         agent.release.wait(timeout=60)
                         if agent.drop_held:  # its client is gone: answer nothing, record nothing
                             self.close_connection = True
@@ -63,11 +68,14 @@ class RecordingAgent(ThreadedHTTPServer):
         super().__init__(Handler)
         self.run_url = self.url + "/run"
 
-    def hold_after(self, answers: int, *, drop: bool = False) -> None:
+    def hold_after(self, answers: int, *, drop: bool = False, held: int = 1) -> None:
         """Answer `answers` /run requests, then hold every other until `release` is set (and
-        then answer it, or with `drop` close its connection unanswered and unrecorded)."""
+        then answer it, or with `drop` close its connection unanswered and unrecorded);
+        `answered` is set once `held` requests wait."""
         self.answers_left = answers
         self.drop_held = drop
+        self.held = 0
+        self.hold_target = held
         self.answered.clear()
         self.release.clear()
 

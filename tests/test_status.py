@@ -1,0 +1,92 @@
+"""Status on demand: kill -USR1 prints the run's figures and its oldest rollouts in flight."""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rollfilter import Config, open_rollouts
+from tests.conftest import SUBPROCESS_TIMEOUT, result_lines, start, summary_of
+from tests.recording_agent import RecordingAgent
+
+
+@pytest.fixture
+def agent() -> Iterator[RecordingAgent]:
+    server = RecordingAgent(name="agent")
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def lines_of(stream: object) -> queue.Queue[bytes]:
+    """The lines of a pipe, read by a thread of their own, as they come."""
+    lines: queue.Queue[bytes] = queue.Queue()
+
+    def read() -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            lines.put(line)
+        lines.put(b"")
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def test_sigusr1_prints_a_status_block_and_changes_nothing_else(tmp_path: Path, agent: RecordingAgent):
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(json.dumps({"id": i, "responses_create_params": {"input": "q"}}) + "\n" for i in range(8)))
+    agent.hold_after(2, held=6)  # two answered, the other six wait in flight
+    proc = start(["-u", agent.run_url, "-a", "agent", "-j", "6", "-r", "1", str(data)])
+    assert proc.stderr is not None
+    stderr = lines_of(proc.stderr)
+    try:
+        assert agent.answered.wait(SUBPROCESS_TIMEOUT)
+        proc.send_signal(signal.SIGUSR1)
+        head = stderr.get(timeout=SUBPROCESS_TIMEOUT).decode()
+        assert head.startswith("rollfilter: status: ")
+        assert " in flight," in head
+        block = [stderr.get(timeout=SUBPROCESS_TIMEOUT).decode() for _ in range(5)]  # the oldest 5 of 6
+    finally:
+        agent.release.set()
+    assert proc.stdout is not None
+    stdout = proc.stdout.read()  # stderr is the reader thread's
+    proc.wait(timeout=SUBPROCESS_TIMEOUT)
+    rest = b""
+    while (line := stderr.get(timeout=SUBPROCESS_TIMEOUT)) != b"":
+        rest += line
+    proc.stdout.close()
+    proc.stderr.close()
+    assert proc.returncode == 0  # the run went on as before
+    assert len(result_lines(stdout)) == 8
+    assert summary_of(rest)["rollfilter"]["succeeded"] == 8
+    for line in block:
+        assert line.startswith("rollfilter:   in flight ")
+        assert f"{data}:" in line
+        assert " agent agent attempt 1" in line
+    lines_named = [int(line.split(f"{data}:")[1].split()[0]) for line in block]
+    assert len(set(lines_named)) == 5
+    answered = {json.loads(body)["id"] + 1 for body in agent.raw_bodies[:2]}  # their line numbers
+    assert not set(lines_named) & answered  # the held rows only
+
+
+async def test_the_python_api_gives_the_same_status(agent: RecordingAgent):
+    agent.hold_after(1, held=3)
+    rows = [{"id": i, "responses_create_params": {"input": "q"}} for i in range(4)]
+    async with open_rollouts(rows, Config(url=agent.run_url, agent="agent", concurrency=4)) as run:
+        first = await run.__anext__()
+        assert first.ok
+        assert agent.answered.wait(SUBPROCESS_TIMEOUT)
+        status = run.status()
+        assert (status.done, status.in_flight) == (1, 3)
+        assert len({r.task_index for r in status.oldest} | {first.task_index}) == 4
+        assert all(r.attempt == 1 and r.age_s >= 0 and r.agent == "agent" for r in status.oldest)
+        agent.release.set()
+        rest = [outcome async for outcome in run]
+    assert len(rest) == 3
+    assert run.status().in_flight == 0
