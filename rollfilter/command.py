@@ -434,6 +434,9 @@ async def _run_open(
                 await engine.run()
             if tasks is not None:
                 tasks.finish()  # --per-task's lines, while its writer runs
+            metrics.expected = planned
+            if planned is None and control.status is None and not show.dry_run:
+                metrics.expected = metrics.taken + metrics.skipped + metrics.not_retried  # all of it was read
             if control.status is not None:
                 sink.flush_held()
             elif spool is not None:

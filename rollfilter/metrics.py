@@ -163,6 +163,7 @@ class Metrics:
         self.not_persisted = 0  # answers carrying _ng_no_persist: written nowhere, run again by --resume
         self.skipped = 0  # pairs an earlier run finished (--resume)
         self.not_retried = 0  # pairs --resume gave up: terminal, or out of attempts
+        self.expected: int | None = None  # every (task, rollout) pair of the input, when it is known
         self.retries = 0
         self.retries_withheld = 0  # retries the agents' retry budgets did not send
         self.spending: Spending | None = None  # with prices: what the run spent
@@ -263,14 +264,17 @@ class Metrics:
                 }
                 for name, means in sorted(by_agent.items(), key=lambda item: item[0] or "")
             }
-        figures: dict[str, Any] = {
-            "rows_read": self.taken + self.skipped + self.not_retried,
+        read = self.taken + self.skipped + self.not_retried
+        never_started = max(0, self.expected - read) if self.expected is not None else 0
+        figures: dict[str, Any] = {} if self.expected is None else {"expected": self.expected}
+        figures |= {
+            "rows_read": read,
             "succeeded": self.succeeded,
             "failed": self.failed,
             "not_persisted": self.not_persisted,
             "skipped": self.skipped,
             "not_retried": self.not_retried,
-            "cancelled": self.taken - self.ended,
+            "cancelled": self.taken - self.ended + never_started,  # and, when expected is known, never started
             "failed_by_kind": {
                 kind.value: self.failed_by_kind[kind.value] for kind in ErrorKind if self.failed_by_kind[kind.value]
             },

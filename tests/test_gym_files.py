@@ -219,3 +219,34 @@ def test_a_resumed_summary_covers_the_whole_output(tmp_path: Path, agent: Record
         assert resumed[key] == pytest.approx(whole[key]), key
     assert resumed["rollfilter"]["tasks"] == whole["rollfilter"]["tasks"] == 6
     assert resumed["rollfilter"]["tasks_unfinished"] == 0
+
+
+def test_expected_pairs_add_up_when_a_run_is_stopped_mid_way(tmp_path: Path, agent: RecordingAgent):
+    lines = input_lines(6)  # 14 pairs with -r 2
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(lines))
+    out = tmp_path / "OUT.jsonl"
+    agent.hold_after(3, held=4, drop=True)  # 3 answered, 4 in flight when the run is stopped
+    proc = start(gym_args(agent, out, str(data)))
+    try:
+        assert agent.answered.wait(SUBPROCESS_TIMEOUT)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=SUBPROCESS_TIMEOUT)
+    finally:
+        agent.release.set()
+    assert proc.returncode == 143
+    figures = summary_of(stderr)["rollfilter"]
+    assert figures["expected"] == 14  # planned by the first pass, though the run read less of it
+    parts = ("succeeded", "failed", "not_persisted", "skipped", "not_retried", "cancelled")
+    assert sum(figures[name] for name in parts) == figures["expected"]
+    assert figures["cancelled"] >= 14 - 3 - 4  # never started ones included
+
+    second = RecordingAgent(name="agent")
+    try:
+        again = run([*gym_args(second, out, str(data)), "--resume"])
+    finally:
+        second.close()
+    figures = summary_of(again.stderr)["rollfilter"]
+    assert figures["expected"] == 14
+    assert figures["skipped"] == len(read_jsonl(out)) - figures["succeeded"]
+    assert sum(figures[name] for name in parts) == 14
