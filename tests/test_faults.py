@@ -51,7 +51,12 @@ def test_chaos_run_loses_and_duplicates_nothing(tmp_path, start_demo):
     assert set(kinds) <= {"http_status", "timeout", "bad_response", "connect"}
     assert kinds["bad_response"] > 0  # garbage bodies end a row at once, on any attempt
     assert all(1 <= r["attempts"] <= retries + 1 for r in records if r["error"]["kind"] == "bad_response")
-    assert all(r["attempts"] == retries + 1 for r in records if r["error"]["kind"] != "bad_response")
+    # Every other failure had all its retries, unless the agent's retry budget was spent (22% of requests fail).
+    for record in records:
+        if record["error"]["kind"] != "bad_response":
+            assert record["attempts"] == retries + 1 or "retry budget is spent" in record["error"]["message"]
+    withheld = sum("retry budget" in r["error"]["message"] for r in records)
+    assert summary_of(proc.stderr)["rollfilter"]["retries_withheld"] == withheld
     for record in records:
         assert record["row"]["id"] == record["_ng_task_index"]  # the row as sent
         assert record["line"] == record["_ng_task_index"] + 1
