@@ -80,7 +80,9 @@ def line_key(line: InputLine) -> bytes:
     """What numbering tells lines apart by: their text and whether it ended in a newline, as NeMo
     Gym's collector keys on each line read with its newline."""
     assert line.data is not None
-    return line.data if line.terminated else line.data + b"\0"
+    # A line that ended in a newline holds none, so marking the one without a newline by
+    # appending one tells every distinct line apart (any other byte could be in the text).
+    return line.data if line.terminated else line.data + b"\n"
 
 
 class TaskNumbering:

@@ -238,6 +238,7 @@ LINES = st.lists(
         st.just(b""),
         st.just(b"   "),
         st.just(b"{bad"),
+        st.just(b"{bad\0"),  # the same text with a NUL: another line, with a newline or without
         st.just(b"[1]"),
         st.just(b'{"a": "\xff"}'),
         st.just(b'{"responses_create_params": {"input": "' + b"y" * 80 + b'"}}'),  # over the limit
@@ -344,6 +345,8 @@ def test_a_last_line_without_a_newline_is_not_the_line_with_one():
     a, b = b'{"q": "a"}', b'{"q": "b"}'
     assert trio.run(tasks, a + b"\n" + b + b"\n" + a) == [(0, 0), (1, 0), (2, 0)]  # as NeMo Gym numbers them
     assert trio.run(tasks, a + b"\n" + b + b"\n" + a + b"\n") == [(0, 0), (1, 0), (0, 1)]
+    assert trio.run(tasks, a + b"\0\n" + a) == [(0, 0), (1, 0)]  # a trailing NUL is text, not a mark
+    assert trio.run(tasks, a + b"\n" + a + b"\0") == [(0, 0), (1, 0)]
 
 
 async def test_the_aggregate_spool_hands_out_results_sorted_by_task_and_rollout_from_many_runs():
