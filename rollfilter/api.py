@@ -75,14 +75,13 @@ class _RowFeed:
 
     def _line(self, item: Any) -> InputLine:
         self._number += 1
-        if isinstance(item, str):
-            item = item.encode()
         if isinstance(item, bytes):
             return InputLine("<rows>", self._number, item)
         try:
-            data = _encode(item)
-        except (TypeError, msgspec.EncodeError) as exc:
-            return InputLine("<rows>", self._number, None, f"row cannot be encoded as JSON: {exc}")
+            data = item.encode() if isinstance(item, str) else _encode(item)
+        except Exception as exc:  # a lone surrogate, an object msgspec cannot encode, a cycle: that row's failure
+            problem = f"row cannot be encoded as {'UTF-8' if isinstance(item, str) else 'JSON'}: {exc}"
+            return InputLine("<rows>", self._number, None, problem)
         return InputLine("<rows>", self._number, data)
 
     async def aclose(self) -> None:

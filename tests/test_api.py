@@ -8,9 +8,12 @@ import json
 import os
 import threading
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import rollfilter
 from rollfilter import Config, Failure, Rollout, open_rollouts, rollouts
@@ -151,3 +154,39 @@ def test_an_exception_from_the_callers_rows_reaches_the_caller(demo_server: Demo
         for _ in rollouts(broken_rows(), Config(url=demo_server.url)):
             pass
     assert threading.active_count() == threads
+
+
+# Any text, with lone surrogates (json.loads gives one for "\\ud800") as likely as the rest.
+ANY_TEXT = st.text(st.characters(), max_size=4) | st.text(st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF))
+JSON_LIKE = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | ANY_TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(ANY_TEXT, inner, max_size=3),
+    max_leaves=6,
+)
+ANY_ROW = st.one_of(
+    JSON_LIKE.map(lambda value: {"responses_create_params": {"input": "x"}, "extra": value}),
+    JSON_LIKE,
+    JSON_LIKE.map(lambda v: json.dumps({"responses_create_params": {"input": "x"}, "v": v}, ensure_ascii=False)),
+    st.binary(max_size=20),
+    st.builds(object),
+)
+
+
+def is_blank(row: Any) -> bool:
+    """A blank line is not a row, from a file or from the API."""
+    return isinstance(row, str | bytes) and not (row.encode(errors="replace") if isinstance(row, str) else row).strip()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(ANY_ROW, max_size=6))
+def test_any_row_ends_as_exactly_one_outcome_and_never_raises(demo_server: DemoServer, rows: list[Any]):
+    with rollouts(rows, Config(url=demo_server.url, concurrency=4)) as run_:
+        outcomes = list(run_)
+    numbered = [number for number, row in enumerate(rows, start=1) if not is_blank(row)]
+    assert len(outcomes) == len(numbered)
+    failed_lines = [o.number for o in outcomes if isinstance(o, Failure)]
+    assert len(set(failed_lines)) == len(failed_lines)
+    assert set(failed_lines) <= set(numbered)
+    assert run_.summary is not None
+    figures = run_.summary["rollfilter"]
+    assert figures["rows_read"] == figures["succeeded"] + figures["failed"] == len(numbered)

@@ -231,6 +231,28 @@ def test_rows_from_a_list_come_back_as_outcomes_with_a_summary(lib: Library, dem
     assert demo_server.stats()["requests"] == 62
 
 
+def test_a_row_that_cannot_be_encoded_is_a_failure_and_the_run_goes_on(lib: Library, demo_server: DemoServer):
+    cyclic: dict[str, Any] = {}
+    cyclic["self"] = cyclic
+    unencodable: list[Any] = [
+        '{"responses_create_params": {"input": "\ud800"}}',  # a lone surrogate, as json.loads gives it
+        {"responses_create_params": {"input": "\udc80"}},
+        {"\ud800": 1},
+        cyclic,
+        object(),
+    ]
+    rows = [item for bad in unencodable for item in (row(0), bad)]
+
+    async def scenario() -> list[Any]:
+        async with open_rollouts(rows, Config(url=demo_server.url, concurrency=4)) as run:
+            return [outcome async for outcome in run]
+
+    outcomes = lib.run(scenario)
+    failures = sorted((o.number, o.kind) for o in outcomes if isinstance(o, Failure))
+    assert failures == [(n, ErrorKind.BAD_INPUT) for n in range(2, 2 * len(unencodable) + 1, 2)]
+    assert sum(o.ok for o in outcomes) == len(unencodable)
+
+
 def test_async_rows_are_stepped_in_the_callers_library(lib: Library, demo_server: DemoServer):
     stepped_in: set[str] = set()
 
