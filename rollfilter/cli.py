@@ -85,8 +85,8 @@ and agent_ref. A metrics summary (one JSON object) goes to stderr when the run e
 rows are reported on stderr (or in --errors FILE), never written as results.
 
 Exit status: 0 all rollouts succeeded, 1 some failed or were not persisted, 2 usage error,
-3 head server unreachable, 74 an output could not be written, 130 interrupted, 141 stdout
-closed, 143 terminated.
+3 head server unreachable, 74 an output could not be written, 129 hung up, 130 interrupted,
+141 stdout closed, 143 terminated.
 """
 
 typer_app = typer.Typer(

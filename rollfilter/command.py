@@ -98,6 +98,11 @@ def open_for_append(path: str, option: str, *, must_be_empty: bool = False) -> i
 
 # A status on demand, as dd prints one: SIGUSR1, and SIGINFO (Ctrl-T) where the system has it.
 STATUS_SIGNALS = tuple(getattr(signal, name) for name in ("SIGUSR1", "SIGINFO") if hasattr(signal, name))
+STATUS_OF_SIGNAL = {
+    signal.SIGINT: ExitStatus.INTERRUPTED,
+    signal.SIGTERM: ExitStatus.TERMINATED,
+    signal.SIGHUP: ExitStatus.HUNG_UP,
+}
 
 
 async def _watch_signals(
@@ -105,13 +110,13 @@ async def _watch_signals(
     show_status: Callable[[], None],
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, *STATUS_SIGNALS) as signals:
+    with trio.open_signal_receiver(*STATUS_OF_SIGNAL, *STATUS_SIGNALS) as signals:
         task_status.started()
         async for signum in signals:
             if signum in STATUS_SIGNALS:
                 show_status()
                 continue
-            status = ExitStatus.INTERRUPTED if signum == signal.SIGINT else ExitStatus.TERMINATED
+            status = STATUS_OF_SIGNAL[signal.Signals(signum)]
             if control.scope.cancel_called:
                 os._exit(status)  # a signal during the wind-down: leave now
             control.stop(status)

@@ -21,6 +21,7 @@ class ExitStatus(enum.IntEnum):
     USAGE = 2  # bad option, bad -p, unreadable FILE, unwritable -o; nothing was sent
     SERVICE_UNAVAILABLE = 3  # the head server could not be reached or read
     OUTPUT_FAILED = 74  # sysexits EX_IOERR: an output file or stream could not be written
+    HUNG_UP = 129  # 128+1 SIGHUP: the terminal closed or the ssh session ended; handled as SIGTERM
     INTERRUPTED = 130  # 128+2 SIGINT
     BROKEN_PIPE = 141  # 128+13 SIGPIPE: the reader of stdout went away
     TERMINATED = 143  # 128+15 SIGTERM

@@ -186,16 +186,23 @@ def test_credentials_in_an_agent_url_are_never_printed(demo_server: DemoServer):
         assert "k3y-value" not in printed
 
 
-def test_sigterm_exits_143_with_summary(tmp_path, demo_server: DemoServer):
+@pytest.mark.parametrize(
+    ("signum", "status", "stopped"), [(signal.SIGTERM, 143, "terminated"), (signal.SIGHUP, 129, "hung up")]
+)
+def test_sigterm_and_sighup_cancel_in_flight_and_print_the_summary(
+    tmp_path, demo_server: DemoServer, signum: int, status: int, stopped: str
+):
     data = tmp_path / "rows.jsonl"
     data.write_text(rows_jsonl([{"responses_create_params": {"input": "x"}, "demo": {"latency": 30}}] * 5))
     proc = start(["-u", demo_server.url, str(data)])
     wait_for(lambda: demo_server.stats()["requests"] == 5)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     stdout, stderr = proc.communicate(timeout=SUBPROCESS_TIMEOUT)
-    assert proc.returncode == 143
+    assert proc.returncode == status
     assert stdout == b""
-    assert summary_of(stderr)["rollfilter"]["cancelled"] == 5
+    figures = summary_of(stderr)["rollfilter"]
+    assert figures["cancelled"] == 5
+    assert figures["stopped"] == stopped
 
 
 def test_second_interrupt_during_the_wind_down_exits_at_once(demo_server: DemoServer, tmp_path):
