@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import os
+import signal
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -44,7 +46,7 @@ from rollfilter.errors import ExitStatus, RollfilterError, UsageError
 from rollfilter.gc_policy import collect_garbage_for_a_run
 from rollfilter.resume import max_attempts_from_environment
 from rollfilter.transport import connections_that_fit, raise_open_file_limit
-from rollfilter.writers import OutputClosed, OutputFailed
+from rollfilter.writers import OutputClosed, OutputFailed, write_all
 
 EXAMPLE_ROWS = Path(__file__).parent / "examples" / "weather.jsonl"  # NeMo Gym's five-row example
 # A Config error names its field; the command line names the option instead.
@@ -515,12 +517,10 @@ def parse_and_run(
         if demo and not summarize:
             # `rollfilter --demo` typed at a terminal shows the whole job with no setup at all.
             config = dataclasses.replace(config, inputs=(str(EXAMPLE_ROWS),))
-            sys.stderr.write(f"rollfilter: --demo with no input: running the example rows in {EXAMPLE_ROWS}\n")
+            say(f"--demo with no input: running the example rows in {EXAMPLE_ROWS}")
         else:
             what = "result lines" if summarize else "rows"
-            sys.stderr.write(
-                f"rollfilter: reading {what} from the terminal (give FILE, or pipe them in; Ctrl-D ends)\n"
-            )
+            say(f"reading {what} from the terminal (give FILE, or pipe them in; Ctrl-D ends)")
     if summarize:
         raise typer.Exit(execute(lambda: command.summarize(config)))
     show = command.Presentation(
@@ -560,15 +560,21 @@ def fit_open_files(config: CommandConfig, *, files_per_connection: int) -> Comma
     fitted = connections_that_fit(wanted, limit, files_per_connection=files_per_connection)
     if fitted == wanted:
         return config
-    sys.stderr.write(
-        f"rollfilter: -j {wanted} needs more open files than this process may have ({limit},"
-        f" see ulimit -n): running {fitted} rows at a time\n"
+    say(
+        f"-j {wanted} needs more open files than this process may have ({limit},"
+        f" see ulimit -n): running {fitted} rows at a time"
     )
     return dataclasses.replace(config, engine=dataclasses.replace(config.engine, concurrency=fitted))
 
 
+def say(text: str) -> None:
+    """One line on stderr, which may be closed or full: then it is lost, and the exit status tells."""
+    with contextlib.suppress(OSError):
+        os.write(2, f"rollfilter: {text}\n".encode(errors="backslashreplace"))
+
+
 def _report(exc: RollfilterError) -> ExitStatus:
-    sys.stderr.write(f"rollfilter: {exc}\n")
+    say(str(exc))
     return exc.exit_status
 
 
@@ -585,7 +591,7 @@ def execute(main: Callable[[], Awaitable[ExitStatus]]) -> ExitStatus:
     except* (BrokenPipeError, OutputClosed):
         status = ExitStatus.BROKEN_PIPE
     except* OutputFailed as group:
-        sys.stderr.write(f"rollfilter: {_first(group)}\n")
+        say(str(_first(group)))
         status = ExitStatus.OUTPUT_FAILED
     if status is ExitStatus.BROKEN_PIPE:
         _silence_stdout()
@@ -609,24 +615,64 @@ def _silence_stdout() -> None:
         pass
 
 
+class _StandardOutput(io.RawIOBase):
+    """Descriptor 1 as typer writes to it (--help, --version, completion scripts): a failed write
+    raises OutputClosed or OutputFailed, as the command's own writes do, so `main` reports it."""
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return 1
+
+    def write(self, data: Any) -> int:
+        chunk = bytes(data)
+        write_all(1, chunk)
+        return len(chunk)
+
+
+def _checked_stdout() -> io.TextIOWrapper:
+    given = sys.stdout  # None when the command was started with descriptor 1 closed
+    encoding = given.encoding if given is not None else "utf-8"
+    errors = given.errors if given is not None else "strict"
+    return io.TextIOWrapper(io.BufferedWriter(_StandardOutput()), encoding=encoding, errors=errors)
+
+
+def _exit_interrupted(signum: int, frame: object) -> None:
+    os._exit(ExitStatus.INTERRUPTED)
+
+
 def main() -> None:
+    """The command: parse the options, run, exit. Whatever the moment of a Ctrl-C, and whatever
+    state stdout and stderr are in, it ends with its documented status and at most one line."""
+    # trio takes Ctrl-C over only from Python's own handler (the start-up one exits at once).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.stdout = _checked_stdout()
     try:
         code: Any = typer_app(prog_name="rollfilter", standalone_mode=False)
+        sys.stdout.flush()
     except typer.TyperException as exc:  # click's usage errors: one line, as for every other error
-        sys.stderr.write(f"rollfilter: {exc.format_message()} (see 'rollfilter --help')\n")
+        say(f"{exc.format_message()} (see 'rollfilter --help')")
         code = exc.exit_code
-    except typer.Abort:
+    except (typer.Abort, KeyboardInterrupt):  # click turns a Ctrl-C in its parsing into Abort
         code = ExitStatus.INTERRUPTED
     except SystemExit as exit_:  # shell completion exits by itself
         code = exit_.code
+    except OutputClosed:  # the reader of --help went away, as `| head` does: no message
+        code = ExitStatus.BROKEN_PIPE
+    except OutputFailed as exc:
+        say(str(exc))
+        code = ExitStatus.OUTPUT_FAILED
+    signal.signal(signal.SIGINT, _exit_interrupted)
     if code is None:
         code = 0
     elif not isinstance(code, int):  # sys.exit("message"): print it, as Python would
-        sys.stderr.write(f"{code}\n")
+        with contextlib.suppress(OSError):
+            os.write(2, f"{code}\n".encode(errors="backslashreplace"))
         code = 1
-    # Everything rollfilter writes is written by now (os.write, or flushed below);
+    # Everything rollfilter writes is written by now (os.write, or flushed above);
     # skipping the interpreter's teardown saves time on every run, which adds up under xargs.
-    for stream in (sys.stdout, sys.stderr):
+    if sys.stderr is not None:  # None when started with descriptor 2 closed
         with contextlib.suppress(OSError, ValueError):
-            stream.flush()
+            sys.stderr.flush()
     os._exit(code)

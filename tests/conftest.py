@@ -56,13 +56,15 @@ def run(
     input: bytes | str = b"",
     timeout: float = SUBPROCESS_TIMEOUT,
     env: dict[str, str] | None = None,
+    command: Sequence[str] | None = None,
     **popen: Any,
 ) -> subprocess.CompletedProcess[bytes]:
-    """rollfilter to its end; stdout and stderr are captured unless `popen` gives them."""
+    """rollfilter (or `command`) to its end; stdout and stderr are captured unless `popen` gives them."""
     data = input.encode() if isinstance(input, str) else input
     popen.setdefault("stdout", subprocess.PIPE)
     popen.setdefault("stderr", subprocess.PIPE)
-    return subprocess.run([*rollfilter_command(), *args], input=data, timeout=timeout, env=env or clean_env(), **popen)
+    program = rollfilter_command() if command is None else list(command)
+    return subprocess.run([*program, *args], input=data, timeout=timeout, env=env or clean_env(), **popen)
 
 
 def start(args: Sequence[str], **popen: Any) -> subprocess.Popen[bytes]:

@@ -1,5 +1,6 @@
 """One test per exit path: outputs that cannot be written (74), unusable options and files (2),
-a head server that cannot be used (3), a message carried by SystemExit (1)."""
+a head server that cannot be used (3), a message carried by SystemExit (1), closed standard
+descriptors and a Ctrl-C during start-up."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -26,6 +28,7 @@ from tests.conftest import (
     ThreadedHTTPServer,
     clean_env,
     result_lines,
+    rollfilter_command,
     rows_jsonl,
     run,
     simple_rows,
@@ -337,3 +340,101 @@ def test_a_system_exit_message_is_printed_and_exits_1():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=SUBPROCESS_TIMEOUT)
     assert proc.returncode == 1
     assert proc.stderr == b"rollfilter: gave up\n"
+
+
+# -- a closed or broken standard stream, a Ctrl-C at start-up: one line at most, never a traceback -
+
+
+def run_with_closed(descriptor: str, args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+    """rollfilter started with a standard descriptor closed, as `>&-`, `2>&-` or `<&-` in a shell does."""
+    closed = {"stdin": "<&-", "stdout": ">&-", "stderr": "2>&-"}[descriptor]
+    return run(["-c", f'exec "$@" {closed}', "sh", *rollfilter_command(), *args], command=["/bin/sh"], **kwargs)
+
+
+BAD_FD = "Bad file descriptor"  # strerror(EBADF)
+
+
+@pytest.mark.parametrize("args", [["--version"], ["--help"], ["--show-completion", "bash"]])
+def test_version_and_help_with_stdout_closed_or_full_exit_74(args: list[str]):
+    proc = run_with_closed("stdout", args)
+    assert (proc.returncode, proc.stderr.decode()) == (74, f"rollfilter: cannot write standard output: {BAD_FD}\n")
+    proc = run_with_output_on("/dev/full", args, [])
+    assert (proc.returncode, proc.stderr.decode()) == (74, f"rollfilter: cannot write standard output: {DISK_FULL}\n")
+
+
+def test_help_whose_reader_is_gone_exits_141_without_a_message():
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = run(["--help"], stdout=write_end)
+    finally:
+        os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (141, b"")
+
+
+@pytest.mark.parametrize(("args", "status"), [(["--version"], 0), (["--help"], 0), (["--no-such-option"], 2)])
+def test_version_help_and_usage_errors_with_stderr_closed(args: list[str], status: int):
+    proc = run_with_closed("stderr", args)
+    assert proc.returncode == status
+    assert (b"rollfilter" in proc.stdout) == (status == 0)
+
+
+def test_a_run_with_stdout_closed_exits_74_and_names_it(demo_server: DemoServer):
+    proc = run_with_closed("stdout", ["-u", demo_server.url], input=rows_jsonl(simple_rows(3)))
+    assert proc.returncode == 74
+    assert messages(proc.stderr) == [f"rollfilter: cannot write standard output: {BAD_FD}"]
+
+
+def test_a_run_with_stderr_closed_writes_only_results_to_its_output_file(tmp_path, demo_server: DemoServer):
+    out = tmp_path / "out.jsonl"
+    proc = run_with_closed("stderr", ["-u", demo_server.url, "-o", str(out)], input=rows_jsonl(simple_rows(3)))
+    assert proc.returncode == 0
+    # Descriptor 2 was free: without it held, the -o file got it, and the summary went there.
+    assert sorted(r["_ng_task_index"] for r in result_lines(out.read_bytes())) == [0, 1, 2]
+
+
+def test_a_run_with_stdin_closed_says_it_cannot_read_it(demo_server: DemoServer):
+    proc = run_with_closed("stdin", ["-u", demo_server.url])
+    assert proc.returncode == 1
+    assert messages(proc.stderr) == [f"rollfilter: cannot read <stdin> after line 0: {BAD_FD}"]
+
+
+INTERRUPTED_AT_IMPORT = """
+import importlib.abc, os, signal, sys
+
+MODULE = sys.argv[1]
+
+class Interrupt(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == MODULE:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C as this module starts to be imported
+        return None
+
+sys.meta_path.insert(0, Interrupt())
+sys.argv[:2] = ["rollfilter"]
+from rollfilter.__main__ import main
+main()
+"""
+
+
+@pytest.mark.parametrize(
+    ("module", "args"),
+    [
+        ("msgspec", []),
+        ("trio", []),
+        ("typer", []),
+        ("rollfilter.command", []),
+        ("rollfilter.progress", ["--demo", "--progress", "-q"]),  # imported once the run has started
+    ],
+)
+def test_ctrl_c_at_any_point_of_start_up_exits_130_without_a_traceback(module: str, args: list[str]):
+    proc = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_AT_IMPORT, module, *args],
+        input=rows_jsonl(simple_rows(2)).encode(),
+        capture_output=True,
+        timeout=SUBPROCESS_TIMEOUT,
+        env=clean_env(),
+    )
+    assert proc.returncode == 130
+    assert b"Traceback" not in proc.stderr
+    assert len(messages(proc.stderr)) <= 1
