@@ -12,7 +12,7 @@ import io
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -648,8 +648,21 @@ def main() -> None:
     # trio takes Ctrl-C over only from Python's own handler (the start-up one exits at once).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.stdout = _checked_stdout()
+    code = run_command()
+    signal.signal(signal.SIGINT, _exit_interrupted)
+    # Everything rollfilter writes is written by now (os.write, or flushed by run_command);
+    # skipping the interpreter's teardown saves time on every run, which adds up under xargs.
+    if sys.stderr is not None:  # None when started with descriptor 2 closed
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+    os._exit(code)
+
+
+def run_command(args: Sequence[str] | None = None) -> int:
+    """Parse `args` (default: the command line), run, and return the exit status; every outcome
+    of parsing and of typer's own output is mapped here, as `execute` maps a run's."""
     try:
-        code: Any = typer_app(prog_name="rollfilter", standalone_mode=False)
+        code: Any = typer_app(args=None if args is None else list(args), prog_name="rollfilter", standalone_mode=False)
         sys.stdout.flush()
     except typer.TyperException as exc:  # click's usage errors: one line, as for every other error
         say(f"{exc.format_message()} (see 'rollfilter --help')")
@@ -663,16 +676,10 @@ def main() -> None:
     except OutputFailed as exc:
         say(str(exc))
         code = ExitStatus.OUTPUT_FAILED
-    signal.signal(signal.SIGINT, _exit_interrupted)
     if code is None:
-        code = 0
-    elif not isinstance(code, int):  # sys.exit("message"): print it, as Python would
+        return 0
+    if not isinstance(code, int):  # sys.exit("message"): print it, as Python would
         with contextlib.suppress(OSError):
             os.write(2, f"{code}\n".encode(errors="backslashreplace"))
-        code = 1
-    # Everything rollfilter writes is written by now (os.write, or flushed above);
-    # skipping the interpreter's teardown saves time on every run, which adds up under xargs.
-    if sys.stderr is not None:  # None when started with descriptor 2 closed
-        with contextlib.suppress(OSError, ValueError):
-            sys.stderr.flush()
-    os._exit(code)
+        return 1
+    return code

@@ -31,6 +31,8 @@ DEFAULT_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 MIN_ROWS_FOR_FAILURE_RATE = 20
 # Lines longer than this are refused as bad input instead of being held in memory.
 DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
+# Numbering counts the rollouts of a task in 4 bytes (plan.TaskNumbering).
+MAX_REPEATS = 2**32 - 1
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -128,6 +130,8 @@ class Config:
         object.__setattr__(self, "repeats_by_agent", dict(self.repeats_by_agent))
         if (self.repeats is not None and self.repeats < 1) or any(k < 1 for k in self.repeats_by_agent.values()):
             raise ConfigError("repeats", "must be at least 1")
+        if self.max_repeats > MAX_REPEATS:
+            raise ConfigError("repeats", f"must be at most {MAX_REPEATS}")
         if self.limit is not None and self.limit < 0:
             raise ConfigError("limit", "must not be negative")
         if self.retries < 0:
@@ -144,6 +148,8 @@ class Config:
             raise ConfigError("connect_timeout", "must be a positive number of seconds")
         if self.shard is not None and not 0 <= self.shard[0] < self.shard[1]:
             raise ConfigError("shard", "wants 0 <= I < N")
+        if not math.isfinite(self.pass_threshold):
+            raise ConfigError("pass_threshold", "must be a finite number")
 
     @property
     def names_an_agent(self) -> bool:
