@@ -40,7 +40,7 @@ from rollfilter.resume import (
 from rollfilter.routing import Router
 from rollfilter.rows import TASK_INDEX, agent_name, parse_row
 from rollfilter.sinks import LineSink
-from rollfilter.source import STDIN, LineReader, check_inputs
+from rollfilter.source import STDIN, LineReader, check_inputs, check_outputs_are_not_inputs
 from rollfilter.tasks import TaskStats
 from rollfilter.transport import printable, shown
 from rollfilter.writers import BatchWriter, LineWriter, OutputClosed, OutputFailed, WholeFile, write_all
@@ -271,6 +271,8 @@ async def run(
     """Run the rollouts `command` describes; return the exit status. Prints the summary."""
     config = command.engine
     check_inputs(command.inputs)
+    results_out = [] if command.output and not show.dry_run else [("standard output", streams.stdout)]
+    check_outputs_are_not_inputs(command.inputs, [*command.output_files(), *results_out], streams.stdin)
     if not config.names_an_agent and show.demo is None:
         raise UsageError("no agent to send to: give -u URL, -e NAME=URL, --head-server URL, or --demo")
     resume = None
@@ -575,6 +577,9 @@ async def summarize(command: CommandConfig, *, streams: Streams = Streams()) -> 
     """
     config = command.engine
     check_inputs(command.inputs)
+    check_outputs_are_not_inputs(
+        command.inputs, [*command.output_files(), ("standard output", streams.stdout)], streams.stdin
+    )
     metrics = Metrics()
     tasks = TaskStats(config.max_repeats, config.pass_threshold) if config.max_repeats > 1 else None
     reader = LineReader(command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=streams.stdin)

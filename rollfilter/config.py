@@ -203,6 +203,18 @@ class CommandConfig:
         if self.resume and self.output is None:
             raise UsageError("--resume needs -o/--output FILE: it skips the rows already in FILE")
 
+    def output_files(self) -> list[tuple[str, str]]:
+        """The files a run writes, each named with its option for messages."""
+        named = (
+            ("-o", self.output),
+            ("--errors", self.errors_file),
+            ("--metrics", self.metrics_file),
+            ("--per-task", self.per_task_file),
+            ("--aggregate", self.aggregate_file),
+            ("--materialized", self.materialized_file),
+        )
+        return [(f"{option} {path}", path) for option, path in named if path is not None]
+
 
 def check_cacert(path: str) -> None:
     """UsageError unless `path` is a readable PEM file of certificates (--cacert)."""

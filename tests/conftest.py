@@ -60,10 +60,12 @@ def run(
     **popen: Any,
 ) -> subprocess.CompletedProcess[bytes]:
     """rollfilter (or `command`) to its end; stdout and stderr are captured unless `popen` gives them."""
-    data = input.encode() if isinstance(input, str) else input
+    data: bytes | None = input.encode() if isinstance(input, str) else input
     popen.setdefault("stdout", subprocess.PIPE)
     popen.setdefault("stderr", subprocess.PIPE)
     program = rollfilter_command() if command is None else list(command)
+    if "stdin" in popen:  # the test's own descriptor instead of `input`
+        data = None
     return subprocess.run([*program, *args], input=data, timeout=timeout, env=env or clean_env(), **popen)
 
 

@@ -274,6 +274,53 @@ def test_unwritable_output_files_exit_2_before_sending(tmp_path, demo_server: De
     assert demo_server.stats()["requests"] == 0
 
 
+OUTPUT_OPTIONS = ["-o", "--errors", "--materialized", "--aggregate", "--metrics", "--per-task"]
+SAME_FILE = "input file is output file"  # GNU cat's words
+
+
+@pytest.mark.parametrize("link", ["same path", "symlink", "hard link"])
+@pytest.mark.parametrize("option", OUTPUT_OPTIONS)
+def test_an_output_that_is_also_an_input_is_refused_before_sending(
+    tmp_path, demo_server: DemoServer, option: str, link: str
+):
+    data = tmp_path / "rows.jsonl"
+    data.write_text(rows_jsonl(simple_rows(3)))
+    output = tmp_path / "output.jsonl"
+    if link == "symlink":
+        output.symlink_to(data)
+    elif link == "hard link":
+        output.hardlink_to(data)
+    else:
+        output = data
+    proc = run(["-u", demo_server.url, "-r", "2", "--append", option, str(output), str(data)])
+    assert proc.returncode == 2
+    assert proc.stderr.decode() == f"rollfilter: {option} {output} is also the input {data}: {SAME_FILE}\n"
+    assert data.read_text() == rows_jsonl(simple_rows(3))
+    assert demo_server.stats()["requests"] == 0
+
+
+def test_gym_layout_files_and_standard_streams_that_are_inputs_are_refused(tmp_path, demo_server: DemoServer):
+    out = tmp_path / "out.jsonl"
+    failures = tmp_path / "out_failures.jsonl"
+    failures.write_text(rows_jsonl(simple_rows(2)))
+    proc = run(["-u", demo_server.url, "--gym-layout", "--append", "-o", str(out), str(failures)])
+    assert proc.returncode == 2
+    assert proc.stderr.decode().endswith(f"{SAME_FILE}\n")
+    with failures.open("ab") as appended:  # rollfilter F >> F
+        proc = run(["-u", demo_server.url, str(failures)], stdout=appended)
+    assert proc.returncode == 2
+    assert proc.stderr.decode() == f"rollfilter: standard output is also the input {failures}: {SAME_FILE}\n"
+    with failures.open("rb") as given:  # rollfilter -o F < F
+        proc = run(["-u", demo_server.url, "--append", "-o", str(failures)], stdin=given)
+    assert proc.returncode == 2
+    assert proc.stderr.decode().endswith(f"is also the input <stdin>: {SAME_FILE}\n")
+    with failures.open("ab") as appended:  # rollfilter --summarize F >> F
+        proc = run(["--summarize", str(failures)], stdout=appended)
+    assert proc.returncode == 2
+    assert failures.read_text() == rows_jsonl(simple_rows(2))
+    assert demo_server.stats()["requests"] == 0
+
+
 @pytest.mark.parametrize("agent", [["-u", NOT_AN_AGENT], ["-e", f"a={NOT_AN_AGENT}"], ["--head-server", NOT_AN_AGENT]])
 def test_demo_beside_an_agent_is_a_usage_error(agent: list[str]):
     proc = run(["--demo", *agent], input=rows_jsonl(simple_rows(2)))
