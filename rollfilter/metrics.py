@@ -17,6 +17,7 @@ from rollfilter.adaptive import AdaptiveWindow
 from rollfilter.cost import Spending
 from rollfilter.errors import ErrorKind
 from rollfilter.outcomes import RowFailure
+from rollfilter.sums import EXACT_FROM, EXACT_FROM_INT, mean_of, scaled
 from rollfilter.tasks import TaskStats
 
 _BUCKET_GROWTH = math.log(1.01)
@@ -63,29 +64,40 @@ def as_float(value: Any) -> float | None:
 
 
 class Means:
-    """Running sums of the numeric top-level fields of results, and of `response.usage`."""
+    """Running sums of the numeric top-level fields of results, and of `response.usage`.
 
-    __slots__ = ("counts", "failed", "succeeded", "sums", "usage_counts", "usage_sums")
+    Values past `EXACT_FROM` are summed exactly instead (`exact`, `usage_exact`), so
+    that means near the float limits stay finite and right (see `rollfilter.sums`).
+    """
+
+    __slots__ = ("counts", "exact", "failed", "succeeded", "sums", "usage_counts", "usage_exact", "usage_sums")
 
     def __init__(self) -> None:
         self.succeeded = 0
         self.failed = 0
         self.sums: dict[str, float] = {}
         self.counts: dict[str, int] = {}
+        self.exact: dict[str, int] = {}
         self.usage_sums: dict[str, float] = {}
         self.usage_counts: dict[str, int] = {}
+        self.usage_exact: dict[str, int] = {}
 
     def add(self, result: dict[str, Any]) -> None:
-        # The per-result hot path: as_float() written out inline.
+        # The per-result hot path: as_float() written out inline. A comparison rules out
+        # inf and nan (and the rare huge value, summed apart) faster than math.isfinite().
         self.succeeded += 1
         sums, counts = self.sums, self.counts
         for key, value in result.items():
             kind = type(value)
             if kind is float:
-                if not math.isfinite(value):
+                if not -EXACT_FROM < value < EXACT_FROM:
+                    if value - value == 0.0:  # finite
+                        _add_exact(key, value, sums, counts, self.exact)
                     continue
             elif kind is int:
-                if not -_FLOAT_RANGE < value < _FLOAT_RANGE:
+                if not -EXACT_FROM_INT < value < EXACT_FROM_INT:
+                    if -_FLOAT_RANGE < value < _FLOAT_RANGE:
+                        _add_exact(key, value, sums, counts, self.exact)
                     continue
             elif kind is not bool:
                 continue
@@ -97,7 +109,7 @@ class Means:
         if type(response) is dict:
             usage = response.get("usage")
             if type(usage) is dict:
-                _add_usage(usage, self.usage_sums, self.usage_counts)
+                _add_usage(usage, self.usage_sums, self.usage_counts, self.usage_exact)
 
     def merge(self, other: Means) -> None:
         self.succeeded += other.succeeded
@@ -105,23 +117,29 @@ class Means:
         for sums, more in ((self.sums, other.sums), (self.usage_sums, other.usage_sums)):
             for key, value in more.items():
                 sums[key] = sums.get(key, 0.0) + value
-        for counts, added in ((self.counts, other.counts), (self.usage_counts, other.usage_counts)):
+        for tallies, added in (
+            (self.counts, other.counts),
+            (self.usage_counts, other.usage_counts),
+            (self.exact, other.exact),
+            (self.usage_exact, other.usage_exact),
+        ):
             for key, count in added.items():
-                counts[key] = counts.get(key, 0) + count
+                tallies[key] = tallies.get(key, 0) + count
 
     def mean(self, key: str) -> float:
         count = self.counts.get(key)
-        return self.sums[key] / count if count else 0.0
+        return mean_of(self.sums[key], self.exact.get(key, 0), count) if count else 0.0
 
     def means(self) -> dict[str, Any]:
         """`reward` first (null when no result carried one), then each field's mean in the order first seen."""
         means: dict[str, Any] = {"reward": None}
         for key, total in self.sums.items():
-            means[key] = total / self.counts[key]
+            means[key] = mean_of(total, self.exact.get(key, 0), self.counts[key])
         return means
 
     def usage(self) -> dict[str, float]:
-        return {key: total / self.usage_counts[key] for key, total in self.usage_sums.items()}
+        exact, counts = self.usage_exact, self.usage_counts
+        return {key: mean_of(total, exact.get(key, 0), counts[key]) for key, total in self.usage_sums.items()}
 
     def tokens(self) -> float:
         """Tokens used so far: usage's total_tokens, or input plus output tokens."""
@@ -130,22 +148,44 @@ class Means:
         return self.usage_sums.get("input_tokens", 0.0) + self.usage_sums.get("output_tokens", 0.0)
 
 
-def _add_usage(usage: dict[str, Any], sums: dict[str, float], counts: dict[str, int], prefix: str = "") -> None:
+def _add_usage(
+    usage: dict[str, Any], sums: dict[str, float], counts: dict[str, int], exact: dict[str, int], prefix: str = ""
+) -> None:
     """Numeric fields of response.usage, and of its objects one level down (input_tokens_details...)."""
     for key, value in usage.items():
         kind = type(value)
         if kind is dict and not prefix:
-            _add_usage(value, sums, counts, f"{key}.")
-            continue
-        number = as_float(value) if kind is not int else value
-        if number is None or (kind is int and not -_FLOAT_RANGE < value < _FLOAT_RANGE):
+            _add_usage(value, sums, counts, exact, f"{key}.")
             continue
         name = prefix + key if prefix else key
+        if kind is int:
+            number: float = value
+            if not -EXACT_FROM_INT < value < EXACT_FROM_INT:
+                if -_FLOAT_RANGE < value < _FLOAT_RANGE:
+                    _add_exact(name, value, sums, counts, exact)
+                continue
+        else:
+            converted = as_float(value)
+            if converted is None:
+                continue
+            number = converted
+            if not -EXACT_FROM < number < EXACT_FROM:
+                _add_exact(name, number, sums, counts, exact)
+                continue
         sums[name] = sums.get(name, 0.0) + number
         counts[name] = counts.get(name, 0) + 1
 
 
-_FLOAT_RANGE = 2**1023  # an int at or past this has no float near it
+def _add_exact(key: str, value: float, sums: dict[str, float], counts: dict[str, int], exact: dict[str, int]) -> None:
+    """Count a finite value too large for the float sum in the exact one."""
+    if key.startswith("_ng_"):
+        return
+    sums.setdefault(key, 0.0)  # the key keeps its place among the means
+    counts[key] = counts.get(key, 0) + 1
+    exact[key] = exact.get(key, 0) + scaled(value)
+
+
+_FLOAT_RANGE = 2**1024 - 2**970  # an int at or past this rounds to an infinite float
 
 
 UNNAMED_AGENT = "(no name)"  # the key in "agents" for rows routed by -u without an agent name

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import collections
+import fractions
 import itertools
 import json
+import math
 import random
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -332,6 +334,41 @@ def test_means_count_numbers_only_and_usage_one_level_down():
     assert means.means() == {"reward": 0.5, "ok": 0.5}
     assert means.usage() == {"input_tokens": 15.0, "input_tokens_details.cached_tokens": 4.0}
     assert means.tokens() == 30.0
+
+
+FINITE = st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from([1e308, -1e308, 1.7976931348623157e308])
+
+
+def exact_mean(values: list[float]) -> float:
+    return float(sum(map(fractions.Fraction, values)) / len(values))
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=st.lists(FINITE, min_size=1, max_size=12))
+def test_means_stay_finite_and_exact_near_the_float_limits(values: list[float]):
+    from rollfilter.metrics import Means
+    from rollfilter.sums import EXACT_FROM
+
+    means = Means()
+    for value in values:
+        means.add({"reward": value, "response": {"usage": {"total_tokens": value}}})
+    small = [abs(v) for v in values if abs(v) < EXACT_FROM]
+    # Values past EXACT_FROM are summed exactly; the float sum of the others is off by at most
+    # a few units in the last place of the largest of them.
+    bound = len(values) * 2**-52 * max(small, default=0.0)
+    for mean in (means.mean("reward"), means.means()["reward"], means.usage()["total_tokens"]):
+        assert math.isfinite(mean)
+        assert abs(mean - exact_mean(values)) <= bound or mean == exact_mean(values)
+
+
+def test_the_mean_of_rewards_and_usage_near_the_float_limits():
+    from rollfilter.metrics import Means
+
+    means = Means()
+    for _ in range(2):  # the float sum of these two is infinite
+        means.add({"reward": 1e308, "tokens": 10**308, "response": {"usage": {"input_tokens": 10**308}}})
+    assert means.means() == {"reward": 1e308, "tokens": 1e308}
+    assert means.usage() == {"input_tokens": 1e308}
 
 
 def test_a_last_line_without_a_newline_is_not_the_line_with_one():

@@ -1,0 +1,31 @@
+"""Means that stay finite and exact near the float limits, at the cost of a float sum.
+
+A mean is kept as a plain float sum of the ordinary values, and an exact integer sum of the
+few past `EXACT_FROM`: two rewards of 1e308 overflow a float sum to infinity, but not an
+integer count of 2**-1074 units (every finite float is a whole number of them). The float
+sum of values under `EXACT_FROM` cannot overflow before 2**33 of them, and the mean of both
+is rounded once, by Python's correctly rounded integer division.
+"""
+
+from __future__ import annotations
+
+import math
+
+EXACT_FROM = 2.0**990  # values at or past this (in magnitude) go to the exact sum
+EXACT_FROM_INT = 2**990  # the same, for comparing ints without converting them
+_UNIT_BITS = 1074  # the smallest float is 2**-1074
+
+
+def scaled(value: float) -> int:
+    """`value` (finite; an int too) as a whole number of 2**-1074 units, exactly."""
+    if type(value) is int:
+        return value << _UNIT_BITS
+    numerator, denominator = value.as_integer_ratio()  # the denominator is a power of two
+    return numerator << (_UNIT_BITS + 1 - denominator.bit_length())
+
+
+def mean_of(float_sum: float, exact_sum: int, count: int) -> float:
+    """(float_sum + exact_sum) / count, where `exact_sum` is in 2**-1074 units (see `scaled`)."""
+    if not exact_sum or not math.isfinite(float_sum):  # the float sum alone: as plain as it gets
+        return float_sum / count
+    return (scaled(float_sum) + exact_sum) / (count << _UNIT_BITS)
