@@ -23,7 +23,7 @@ from rollfilter.aggregate import AggregateReport, ResultSpool, aggregate_run
 from rollfilter.client import transport_for
 from rollfilter.config import CommandConfig, Config
 from rollfilter.engine import Engine, RunControl, RunStatus, describe, prepare, reward_of
-from rollfilter.errors import ExitStatus, UsageError
+from rollfilter.errors import ErrorKind, ExitStatus, UsageError
 from rollfilter.headserver import resolve_endpoints
 from rollfilter.keytable import KeyTable
 from rollfilter.materialize import write_materialized
@@ -40,7 +40,7 @@ from rollfilter.resume import (
 from rollfilter.routing import Router
 from rollfilter.rows import TASK_INDEX, agent_name, parse_row
 from rollfilter.sinks import LineSink
-from rollfilter.source import STDIN, LineReader, check_inputs, check_outputs_are_not_inputs
+from rollfilter.source import STDIN, InputLine, LineReader, check_inputs, check_outputs_are_not_inputs
 from rollfilter.tasks import TaskStats
 from rollfilter.transport import printable, shown
 from rollfilter.writers import BatchWriter, LineWriter, OutputClosed, OutputFailed, WholeFile, write_all
@@ -586,7 +586,7 @@ async def summarize(command: CommandConfig, *, streams: Streams = Streams()) -> 
     spool = ResultSpool() if config.aggregate else None
     failures = StandingFailures()
     report = None
-    bad = 0
+    unusable = _UnusableLines()
     with OutputFiles() as files:
         metrics_file = files.whole(command.metrics_file, "--metrics")
         aggregate_file = files.whole(command.aggregate_file, "--aggregate")
@@ -595,14 +595,21 @@ async def summarize(command: CommandConfig, *, streams: Streams = Streams()) -> 
                 endpoints, head = await resolve_endpoints(config)
                 router = Router(config, endpoints, head)
             while (line := await reader.next_line()) is not None:
-                if line.data is None or not line.data.strip():
-                    bad += line.data is None
+                if line.data is None:  # over --max-line-bytes
+                    unusable.add(line, line.problem or "too long", metrics)
+                    continue
+                if not line.data.strip():
                     continue
                 record = parse_row(line.data)
                 if isinstance(record, str):
-                    bad += 1
+                    unusable.add(line, record, metrics)
                     continue
-                if failure_of(record) is not None:
+                failure = failure_of(record)
+                if failure is not None and TASK_INDEX not in record:  # no pair to count it once for
+                    metrics.taken += 1
+                    metrics.add_failure(failure, agent_name(record))
+                    continue
+                if failure is not None:
                     failures.failure(line.data)  # counted once every result is known
                     continue
                 metrics.taken += 1
@@ -632,15 +639,36 @@ async def summarize(command: CommandConfig, *, streams: Streams = Streams()) -> 
             _replace_content(aggregate_file, report.file_bytes())
         write_all(streams.stdout, summary_bytes, "standard output")
         _replace_content(metrics_file, summary_bytes)
-    if bad:
-        _write_stderr(streams.stderr, f"rollfilter: skipped {bad} lines that are not JSON objects\n".encode())
+    if unusable.count:
+        _write_stderr(streams.stderr, f"rollfilter: {unusable}\n".encode(errors="replace"))
     for problem in reader.problems:
         _write_stderr(streams.stderr, f"rollfilter: {problem}\n".encode(errors="replace"))
     for problem in report.problems if report is not None else ():
         _write_stderr(
             streams.stderr, (printable(f"rollfilter: --aggregate: {problem}") + "\n").encode(errors="replace")
         )
-    return ExitStatus.ROWS_FAILED if reader.problems else ExitStatus.OK
+    return ExitStatus.ROWS_FAILED if reader.problems or unusable.count else ExitStatus.OK
+
+
+class _UnusableLines:
+    """The lines --summarize cannot use (not JSON objects, numbers past the float range): each
+    counts as a failed row of kind bad_input, as a bad input line does in a run, and makes
+    the exit status 1."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._first = ""
+
+    def add(self, line: InputLine, reason: str, metrics: Metrics) -> None:
+        metrics.taken += 1
+        metrics.add_failure(RowFailure(ErrorKind.BAD_INPUT, reason))
+        if not self.count:
+            self._first = printable(f"{line.source}:{line.number}: {reason}")
+        self.count += 1
+
+    def __str__(self) -> str:
+        lines = "1 line is not a result" if self.count == 1 else f"{self.count} lines are not results"
+        return f"{lines}, counted as failed (bad_input); the first: {self._first}"
 
 
 def _write_stderr(fd: int, data: bytes) -> None:

@@ -146,14 +146,14 @@ Outcome = Rollout | Failure
 
 def failure_of(record: dict[str, Any]) -> RowFailure | None:
     """The failure a line of an errors record (or of NeMo Gym's failures sidecar) describes,
-    or None for a result line."""
+    or None for a result line. A line with `_ng_failure_class` is a failure, indices or not."""
     error = record.get("error")
     gym_class = record.get("_ng_failure_class")
-    if TASK_INDEX not in record or (not isinstance(error, dict) and gym_class is None):
+    if gym_class is None and not (isinstance(error, dict) and TASK_INDEX in record):
         return None
-    error = error if isinstance(error, dict) else {}
+    error = error if isinstance(error, dict) else {}  # none: NeMo Gym's line, the agent's own class
     try:
-        kind = ErrorKind(str(error.get("kind", gym_class)))
+        kind = ErrorKind(str(error.get("kind", ErrorKind.AGENT_FAILURE)))
     except ValueError:
         kind = ErrorKind.AGENT_FAILURE
     agent_class = str(gym_class) if kind is ErrorKind.AGENT_FAILURE and gym_class is not None else None

@@ -203,6 +203,28 @@ def test_tasks_with_failed_rollouts_count_as_incorrect(tmp_path, demo_server: De
     assert summary["rollfilter"]["tasks_with_failed_rollouts"] == 1
 
 
+def test_summarize_counts_nemo_gym_failure_lines_and_lines_it_cannot_use():
+    lines = [
+        '{"_ng_task_index": 0, "_ng_rollout_index": 0, "_ng_failure_class": "timeout"}',  # NeMo Gym's sidecar
+        '{"_ng_failure_class": "crash"}',  # no indices to pair it with: a failure all the same
+        '{"_ng_task_index": 1, "_ng_rollout_index": 0, "reward": 1.0}',
+        '{"reward": 1e400}',  # a JSON object, but with a number no float holds
+        "[1]",
+    ]
+    proc = run(["--summarize"], input="".join(line + "\n" for line in lines))
+    assert proc.returncode == 1
+    [message] = proc.stderr.decode().splitlines()
+    assert message.startswith(
+        "rollfilter: 2 lines are not results, counted as failed (bad_input); the first: <stdin>:4:"
+    )
+    summary = json.loads(proc.stdout)
+    assert summary["reward"] == 1.0
+    figures = summary["rollfilter"]
+    assert (figures["rows_read"], figures["succeeded"], figures["failed"]) == (5, 1, 4)
+    assert figures["failed_by_kind"] == {"agent_failure": 2, "bad_input": 2}
+    assert figures["failed_by_class"] == {"crash": 1, "timeout": 1}
+
+
 def test_summarize_recomputes_the_live_summary(tmp_path, demo_server: DemoServer):
     rows = [{"responses_create_params": {"input": "x" * i}, "demo": {"reward_p": 0.5}} for i in range(30)]
     rows[3]["demo"] = {"fault": "422"}
