@@ -61,12 +61,15 @@ def apply_params(row: dict[str, Any], params: Iterable[tuple[str, Any]]) -> str 
     for key, value in params:
         target = row.setdefault("responses_create_params", {})
         *parents, leaf = key.split(".")
+        reached = 0  # how many of the parents lead to an object
         for part in parents:
             if not isinstance(target, dict):
                 break
             target = target.setdefault(part, {})
+            reached += 1
         if not isinstance(target, dict):
-            return f"cannot set -p {key}: responses_create_params.{key.rpartition('.')[0] or key} is not an object"
+            where = ".".join(["responses_create_params", *parents[:reached]])
+            return f"cannot set -p {key}: {where} is not an object"
         target[leaf] = value
     return None
 

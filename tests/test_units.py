@@ -371,6 +371,38 @@ def test_the_mean_of_rewards_and_usage_near_the_float_limits():
     assert means.usage() == {"input_tokens": 1e308}
 
 
+PARAMS = st.recursive(
+    st.integers() | st.text(max_size=2), lambda inner: st.dictionaries(st.sampled_from("ab"), inner, max_size=2)
+)
+
+
+@given(params=PARAMS, key=st.lists(st.sampled_from("ab"), min_size=1, max_size=4).map(".".join))
+def test_a_param_that_cannot_be_set_names_the_value_in_its_way(params: Any, key: str):
+    row = {"responses_create_params": params}
+    reason = apply_params(row, [(key, "set")])
+    if reason is None:
+        value: Any = row["responses_create_params"]
+        for part in key.split("."):
+            value = value[part]
+        assert value == "set"
+        return
+    where = reason.removeprefix(f"cannot set -p {key}: ").removesuffix(" is not an object").split(".")
+    assert where[0] == "responses_create_params"
+    assert key.split(".")[: len(where) - 1] == where[1:]  # a parent on the key's own path...
+    value = row
+    for part in where:
+        assert isinstance(value, dict)
+        value = value[part]
+    assert not isinstance(value, dict)  # ...which is not an object
+
+
+def test_a_param_on_a_row_whose_params_are_a_string_names_them():
+    row = {"responses_create_params": "hello"}
+    assert apply_params(row, [("temperature", 0.5)]) == (
+        "cannot set -p temperature: responses_create_params is not an object"
+    )
+
+
 def test_a_last_line_without_a_newline_is_not_the_line_with_one():
     async def tasks(data: bytes) -> list[tuple[int, int]]:
         planner = Planner(LineReader(["-"], max_line_bytes=1024, read=ChunkedReads([data])), Config(url="http://h/run"))
