@@ -70,7 +70,9 @@ class RunStatus:
 class RunControl:
     """Stops a run from anywhere (a signal, a closed stdout, the failure limit).
 
-    The first stop wins: its status is the run's exit status and its reason is reported.
+    The first stop wins: its status is the run's exit status and its reason is reported. A
+    reason given as a function is asked when it is reported, so that counts it quotes include
+    the rows that ended while the stop took effect.
     `scope` bounds the engine; `stoppable()` gives more scopes that a stop cancels too.
     """
 
@@ -78,12 +80,16 @@ class RunControl:
         self.scope = trio.CancelScope()
         self._scopes = [self.scope]
         self.status: ExitStatus | None = None
-        self.reason: str | None = None
+        self._reason: str | Callable[[], str] | None = None
 
-    def stop(self, status: ExitStatus, reason: str | None = None) -> None:
+    @property
+    def reason(self) -> str | None:
+        return self._reason() if callable(self._reason) else self._reason
+
+    def stop(self, status: ExitStatus, reason: str | Callable[[], str] | None = None) -> None:
         if self.status is None:
             self.status = status
-            self.reason = reason
+            self._reason = reason
         self.cancel()
 
     def cancel(self) -> None:
@@ -239,9 +245,20 @@ class Engine:
     def _check_failure_limit(self) -> None:
         failed = self.metrics.failed + self.metrics.not_persisted
         if self.failure_limit.is_reached(failed, self.metrics.ended):
-            self.control.stop(
-                ExitStatus.ROWS_FAILED, f"stopped after {failed} failed rows ({self.failure_limit.describe()})"
-            )
+            self.control.stop(ExitStatus.ROWS_FAILED, self._failure_limit_reason)
+
+    def _failure_limit_reason(self) -> str:
+        # Rows in flight when the limit was reached may fail before the stop lands: the
+        # message quotes the counts as the summary gives them.
+        metrics = self.metrics
+        counts = f"{metrics.failed} failed"
+        if metrics.not_persisted:
+            counts += f" and {metrics.not_persisted} not persisted"
+        if self.failure_limit.fraction is not None:
+            counts += f" rows of {metrics.ended} ended"
+        else:
+            counts += " rows"
+        return f"stopped after {counts} ({self.failure_limit.describe()})"
 
 
 class _NotPersisted:

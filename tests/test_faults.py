@@ -123,6 +123,21 @@ def test_max_failures_as_a_rate(start_demo):
     assert server.stats()["requests"] < 200
 
 
+@pytest.mark.parametrize("limit", ["5", "100%"])
+def test_max_failures_says_the_counts_the_summary_gives(start_demo, limit: str):
+    server = start_demo("--fail-rate", "1.0")
+    proc = run(
+        ["-u", server.url, "-j", "16", "--retries", "0", "--max-failures", limit], input=rows_jsonl(simple_rows(500))
+    )
+    assert proc.returncode == 1
+    [message] = [line for line in proc.stderr.decode().splitlines() if line.startswith("rollfilter: stopped")]
+    figures = summary_of(proc.stderr)["rollfilter"]
+    # Rows in flight when the limit is reached may still fail before the stop lands.
+    ended = f" of {figures['succeeded'] + figures['failed']} ended" if limit.endswith("%") else ""
+    assert message == f"rollfilter: stopped after {figures['failed']} failed rows{ended} (--max-failures {limit})"
+    assert figures["stopped"] == message.removeprefix("rollfilter: ")
+
+
 def test_retry_after_is_honoured(demo_server: DemoServer):
     row = {"id": 1, "responses_create_params": {"input": "x"}, "demo": {"fault": "429", "fault_first": 1}}
     start = time.monotonic()
