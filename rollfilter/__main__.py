@@ -1,9 +1,10 @@
 """The `rollfilter` command's start: `python -m rollfilter` and the installed script both run `main`.
 
 Before the command's modules are imported (most of a second, cold), two things that no
-later code could do: a Ctrl-C during the imports exits 130 at once, without a traceback;
-and a standard descriptor the command was started without (`>&-`, `2>&-`, `<&-`) is taken
-up, so that no file or socket opened later gets its number.
+later code could do: a Ctrl-C exits 130 at once, without a traceback, whenever the trio
+run is not going (which handles it itself: `cli.execute`); and a standard descriptor the
+command was started without (`>&-`, `2>&-`, `<&-`) is taken up, so that no file or socket
+opened later gets its number.
 """
 
 from __future__ import annotations

@@ -582,6 +582,9 @@ def execute(main: Callable[[], Awaitable[ExitStatus]]) -> ExitStatus:
     """Run `main` under trio to its end; the one place outcomes become exit statuses."""
     status = ExitStatus.OK
     collect_garbage_for_a_run()
+    # trio takes Ctrl-C over only from Python's own handler; outside the run, the start-up one
+    # (rollfilter.__main__) stays, and exits at once.
+    outside = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         status = trio.run(main)
     except* RollfilterError as group:
@@ -593,6 +596,8 @@ def execute(main: Callable[[], Awaitable[ExitStatus]]) -> ExitStatus:
     except* OutputFailed as group:
         say(str(_first(group)))
         status = ExitStatus.OUTPUT_FAILED
+    finally:
+        signal.signal(signal.SIGINT, outside)
     if status is ExitStatus.BROKEN_PIPE:
         _silence_stdout()
     return status
@@ -638,18 +643,11 @@ def _checked_stdout() -> io.TextIOWrapper:
     return io.TextIOWrapper(io.BufferedWriter(_StandardOutput()), encoding=encoding, errors=errors)
 
 
-def _exit_interrupted(signum: int, frame: object) -> None:
-    os._exit(ExitStatus.INTERRUPTED)
-
-
 def main() -> None:
     """The command: parse the options, run, exit. Whatever the moment of a Ctrl-C, and whatever
     state stdout and stderr are in, it ends with its documented status and at most one line."""
-    # trio takes Ctrl-C over only from Python's own handler (the start-up one exits at once).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.stdout = _checked_stdout()
     code = run_command()
-    signal.signal(signal.SIGINT, _exit_interrupted)
     # Everything rollfilter writes is written by now (os.write, or flushed by run_command);
     # skipping the interpreter's teardown saves time on every run, which adds up under xargs.
     if sys.stderr is not None:  # None when started with descriptor 2 closed

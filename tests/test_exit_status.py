@@ -473,6 +473,7 @@ main()
         ("trio", []),
         ("typer", []),
         ("rollfilter.command", []),
+        ("resource", ["-u", NOT_AN_AGENT]),  # imported after the options are parsed, before the run starts
         ("rollfilter.progress", ["--demo", "--progress", "-q"]),  # imported once the run has started
     ],
 )
