@@ -364,7 +364,12 @@ async def _run_open(
         from rollfilter.progress import ProgressDisplay
 
         display = ProgressDisplay(
-            metrics, force_terminal=bool(show.progress), adaptive=config.adaptive, priced=bool(config.prices)
+            metrics,
+            fd=streams.stderr,
+            force_terminal=bool(show.progress),
+            adaptive=config.adaptive,
+            priced=bool(config.prices),
+            fallback=stderr_lines,
         )
     # While the display is up, stderr lines are printed above it instead of through it.
     log: LineWriter = display if display is not None else stderr_lines

@@ -3,20 +3,49 @@
 Imported only when the display is shown: rich is slow to import.
 
 It never writes to stdout. Lines meant for stderr while it is shown (failures, -v events)
-are printed above it through the same console, so they do not tear the display.
+are printed above it through the same console, so they do not tear the display. A write
+that fails (a terminal hung up, a full or closed stderr) ends the display, which is only
+shown, never needed; the lines after it go to `fallback`, which reports its own failures.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Callable
+from typing import Any
 
 import trio
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
 from rollfilter.metrics import Metrics
+from rollfilter.writers import LineWriter, OutputClosed, OutputFailed, write_all
 
 REFRESH_SECONDS = 0.25
+
+
+class _Terminal:
+    """The display's descriptor as the file rich writes to: a failed write raises OutputClosed
+    or OutputFailed, as the command's own writers do."""
+
+    encoding = "utf-8"
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def write(self, text: str) -> int:
+        write_all(self._fd, text.encode(errors="replace"), "standard error")
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return os.isatty(self._fd)
+
+    def fileno(self) -> int:
+        return self._fd
 
 
 class ProgressDisplay:
@@ -24,10 +53,20 @@ class ProgressDisplay:
     done/total with an ETA when known."""
 
     def __init__(
-        self, metrics: Metrics, *, force_terminal: bool = False, adaptive: bool = False, priced: bool = False
+        self,
+        metrics: Metrics,
+        *,
+        fd: int = 2,
+        force_terminal: bool = False,
+        adaptive: bool = False,
+        priced: bool = False,
+        fallback: LineWriter | None = None,
     ) -> None:
         self._metrics = metrics
-        self.console = Console(stderr=True, force_terminal=force_terminal or None, highlight=False)
+        self._fallback = fallback
+        self.failed = False  # a write failed: nothing more is shown
+        terminal: Any = _Terminal(fd)
+        self.console = Console(file=terminal, force_terminal=force_terminal or None, highlight=False)
         window = (TextColumn("window {task.fields[window]:>5,}"),) if adaptive else ()
         cost = (TextColumn("${task.fields[cost]:,.4f}"),) if priced else ()
         self._progress = Progress(
@@ -55,11 +94,25 @@ class ProgressDisplay:
 
     def write(self, line: bytes, release: Callable[[], None] | None = None) -> None:
         """Print one stderr line above the display (the same interface as a BatchWriter)."""
-        self.console.print(line.decode(errors="replace").rstrip("\n"), markup=False, highlight=False, soft_wrap=True)
-        if release is not None:
+        text = line.decode(errors="replace").rstrip("\n")
+        self._shown(lambda: self.console.print(text, markup=False, highlight=False, soft_wrap=True))
+        if self.failed and self._fallback is not None:
+            self._fallback.write(line, release)
+        elif release is not None:
             release()
 
+    def _shown(self, show: Callable[[], object]) -> None:
+        if self.failed:
+            return
+        try:
+            show()
+        except (OutputClosed, OutputFailed):
+            self.failed = True
+
     def refresh(self) -> None:
+        self._shown(self._refresh)
+
+    def _refresh(self) -> None:
         m = self._metrics
         self._progress.update(
             self._task,
@@ -76,12 +129,14 @@ class ProgressDisplay:
 
     async def run(self, count: Callable[[], int | None] | None = None) -> None:
         """Show and refresh the display until cancelled; `count` (run in a thread) finds the total."""
-        self._progress.start()
+        self._shown(self._progress.start)
         try:
             if count is not None:
                 self.set_total(await trio.to_thread.run_sync(count, abandon_on_cancel=True))
-            while True:
+            while not self.failed:
                 self.refresh()
                 await trio.sleep(REFRESH_SECONDS)
         finally:
-            self._progress.stop()
+            # Stopped even after a failed write: stopping also gives back what rich took over.
+            with contextlib.suppress(OutputClosed, OutputFailed):
+                self._progress.stop()

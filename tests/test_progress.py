@@ -83,3 +83,29 @@ def test_no_progress_when_stderr_is_a_pipe(tmp_path):
     assert ESC not in proc.stderr
     assert b" done" not in proc.stderr
     assert ESC not in proc.stdout
+
+
+def test_a_terminal_that_hangs_up_ends_the_display_not_the_run(tmp_path):
+    controller, terminal = pty.openpty()
+    environment = clean_env(TERM="xterm-256color", COLUMNS="160")
+    out = tmp_path / "stdout"
+    with out.open("wb") as stdout_file:
+        proc = start(
+            ["--demo", "-j", "4", str(rows_file(tmp_path))], stdout=stdout_file, stderr=terminal, env=environment
+        )
+    os.close(terminal)
+    ready, _, _ = select.select([controller], [], [], SUBPROCESS_TIMEOUT)
+    assert ready
+    assert ESC in os.read(controller, 65536)  # the display is up...
+    os.close(controller)  # ...and its terminal goes away: every write to it fails (EIO)
+    assert proc.wait(timeout=SUBPROCESS_TIMEOUT) == 0
+    assert len(out.read_bytes().splitlines()) == 200
+
+
+def test_a_full_stderr_ends_the_display_and_lost_failure_lines_exit_74(tmp_path):
+    rows = rows_file(tmp_path)
+    with open("/dev/full", "wb") as full:
+        proc = run(["--demo", "--progress", str(rows)], stderr=full)
+        assert (proc.returncode, len(proc.stdout.splitlines())) == (0, 200)  # the display is only shown
+        proc = run(["--demo", "--progress"], input=rows.read_bytes() + b"not json\n", stderr=full)
+        assert proc.returncode == 74  # the failure's line was lost
