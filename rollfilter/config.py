@@ -212,6 +212,7 @@ class CommandConfig:
             ("--per-task", self.per_task_file),
             ("--aggregate", self.aggregate_file),
             ("--materialized", self.materialized_file),
+            ("--progress-file", self.progress_file),
         )
         return [(f"{option} {path}", path) for option, path in named if path is not None]
 

@@ -274,7 +274,7 @@ def test_unwritable_output_files_exit_2_before_sending(tmp_path, demo_server: De
     assert demo_server.stats()["requests"] == 0
 
 
-OUTPUT_OPTIONS = ["-o", "--errors", "--materialized", "--aggregate", "--metrics", "--per-task"]
+OUTPUT_OPTIONS = ["-o", "--errors", "--materialized", "--aggregate", "--metrics", "--per-task", "--progress-file"]
 SAME_FILE = "input file is output file"  # GNU cat's words
 
 
