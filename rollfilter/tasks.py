@@ -24,8 +24,8 @@ def ks_for(repeats: int) -> list[int]:
     return ks if ks[-1] == repeats else [*ks, repeats]
 
 
-# A task's counts, one array each (4 bytes a count, 8 for the sum): planned rollouts, ended,
-# failed, correct (reward at or over the threshold), rewarded, and the sum of rewards.
+# A task's counts, one array each (4 bytes a count, 8 for the mean): planned rollouts, ended,
+# failed, correct (reward at or over the threshold), rewarded, and the mean of the rewards.
 _COUNTS = ("planned", "ended", "failed", "correct", "rewarded")
 _DENSE_GAP = 1 << 16  # a numbered task at most this far past the last one extends the arrays
 
@@ -45,7 +45,7 @@ class TaskStats:
         self.ks = ks_for(repeats)
         self._on_task = on_task
         self._counts = {name: array("I") for name in _COUNTS}
-        self._reward_sums = array("d")
+        self._reward_means = array("d")
         self._numbered = 0  # tasks 0 .. _numbered-1 have the slot of their own index
         self._others: dict[Any, int] = {}  # any other task -> its slot, after the numbered ones
         self._other_keys: list[Any] = []
@@ -61,7 +61,7 @@ class TaskStats:
         key = _key(task)
         slot = self._others.get(key)
         if slot is None:
-            slot = self._others[key] = len(self._reward_sums)
+            slot = self._others[key] = len(self._reward_means)
             self._other_keys.append(task)
             self._grow(1)
         return slot
@@ -69,7 +69,7 @@ class TaskStats:
     def _grow(self, count: int) -> None:
         for values in self._counts.values():
             values.frombytes(bytes(values.itemsize * count))
-        self._reward_sums.frombytes(bytes(self._reward_sums.itemsize * count))
+        self._reward_means.frombytes(bytes(self._reward_means.itemsize * count))
 
     def planned(self, task: Any, count: int) -> None:
         """`count` more rollouts of `task` belong to the run (a task with fewer ended is unfinished)."""
@@ -83,8 +83,9 @@ class TaskStats:
         if reward is None:
             counts["failed"][slot] += 1
             return
-        counts["rewarded"][slot] += 1
-        self._reward_sums[slot] += reward
+        rewarded = counts["rewarded"][slot] = counts["rewarded"][slot] + 1
+        mean = self._reward_means[slot]
+        self._reward_means[slot] = mean + (reward - mean) / rewarded  # a running mean stays finite near 1e308
         if reward >= self.threshold:
             counts["correct"][slot] += 1
 
@@ -108,7 +109,7 @@ class TaskStats:
             failed, rewarded = counts["failed"][slot], counts["rewarded"][slot]
             with_failures += failed > 0
             unfinished += ended < planned
-            mean = self._reward_sums[slot] / rewarded if rewarded else None
+            mean = self._reward_means[slot] if rewarded else None
             if mean is not None:
                 means += 1
                 mean_of_means += (mean - mean_of_means) / means  # a running mean stays finite

@@ -434,3 +434,15 @@ async def test_the_aggregate_spool_hands_out_results_sorted_by_task_and_rollout_
         spool.close()
     expected = [(task, rollout) for task in [*range(40), "a", "b"] for rollout in range(3)]
     assert [(e["_ng_task_index"], e["_ng_rollout_index"]) for e in sent] == expected
+
+
+def test_a_tasks_mean_reward_stays_finite_near_the_float_limit():
+    from rollfilter.tasks import TaskStats
+
+    records: list[dict[str, Any]] = []
+    tasks = TaskStats(2, 1.0, records.append)
+    for reward in (1e308, 1e308, 1.0, 0.0):
+        tasks.rollout_ended(0 if reward > 1 else 1, reward)
+    tasks.finish()
+    assert [r["mean_reward"] for r in records] == [1e308, 0.5]
+    assert tasks.summary_fields()["mean@2"] == pytest.approx(5e307)
