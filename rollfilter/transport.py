@@ -16,8 +16,10 @@ connections honest"):
   readable one was closed by the server or holds bytes nobody asked for, and is dropped;
 - idle connections expire after IDLE_EXPIRY, before common server keep-alive timeouts;
 - bytes after a complete reply mean the connection is not used again;
-- a request that a server closed a reused connection on before reading it (it reset the
-  connection, or never acknowledged the request) is sent again at once on a new one;
+- a request that provably never reached the server on a reused connection (sending it
+  failed, or the server had closed before acknowledging it) is sent again at once on a
+  new one; any other loss (a reset after the request went out, say) is left to the
+  client's counted retries, since the agent may have read it and started an episode;
 - a reply that llhttp rejects, or that breaks the protocol, raises `BadReply`: the server
   did answer, so sending again could replay an episode that ran.
 
@@ -61,7 +63,7 @@ KEEPALIVE_PROBES = 3
 FILES_FOR_OTHER_USES = 64
 MAX_CACHED_HEADS = 1024  # request heads cached per URL (redirects can name new URLs)
 _DEFAULT_PORTS = {"http": 80, "https": 443}
-_RESET_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED})
+_RESET_ERRNOS = frozenset({errno.ECONNRESET, errno.ECONNABORTED})
 _OUT_OF_FILES_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
 _HEAD_TOO_LARGE = f"the reply's header block is over {MAX_HEAD_BYTES // 1024} KiB"
 _FRAMING_HEADERS = frozenset({"content-length", "transfer-encoding"})  # always the transport's own
@@ -81,8 +83,8 @@ class CertificateError(httpx.ConnectError):
 
 
 class _Lost(Exception):
-    """The connection ended before any byte of the reply; `unread` when the server
-    cannot have read the whole request."""
+    """The connection ended before any byte of the reply; `unread` when the server provably
+    never received the whole request (only then may it be sent again for free)."""
 
     def __init__(self, reason: str, *, unread: bool) -> None:
         super().__init__(reason)
@@ -217,15 +219,14 @@ class _Connection:
         # either way, a reply read from it could not be trusted to answer our request.
         return bool(self.poller.poll(0)) or _tls_holds_bytes(self.stream)
 
-    def _request_unread(self) -> bool:
-        # Whether the server closed the connection without reading the request: it never
-        # acknowledged all of it (it had closed before the request arrived), or it has
-        # reset the connection since (it closed with the request unread). A server that
-        # read the request and then closed did neither.
+    def _closed_before_the_request_arrived(self) -> bool:
+        # Whether the server provably never received the whole request: it closed (a FIN,
+        # which acknowledges all its side had received) and part of the request is still
+        # unacknowledged, so it reached the server after the close. A reset proves nothing:
+        # a server that read the request and then aborted resets too, and Linux does not
+        # take the acknowledgement a reset carries, so the request looks unacknowledged.
         try:
-            if _unacknowledged_bytes(self.socket.fileno()) > 0:
-                return True
-            return self.socket.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) in _RESET_ERRNOS
+            return _unacknowledged_bytes(self.socket.fileno()) > 0
         except OSError:
             return False
 
@@ -250,14 +251,17 @@ class _Connection:
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 if received:
                     raise BadReply(f"the reply was cut short after {received} bytes: {_reason(exc)}") from None
-                raise _Lost(f"connection lost: {_reason(exc)}", unread=_was_reset(exc)) from None
+                # EPIPE here is a reset that came after the server's FIN (Linux's word for it in CLOSE_WAIT).
+                unread = not _errnos(exc) & _RESET_ERRNOS and self._closed_before_the_request_arrived()
+                raise _Lost(f"connection lost: {_reason(exc)}", unread=unread) from None
             if not data:
                 if reply.status and not reply.framed:
                     reply.on_message_complete()  # a body delimited by the connection's end
                     return False
                 if received:
                     raise BadReply(f"the server closed the connection after {received} bytes of its reply")
-                raise _Lost("the server closed the connection without a reply", unread=self._request_unread())
+                unread = self._closed_before_the_request_arrived()
+                raise _Lost("the server closed the connection without a reply", unread=unread)
             received += len(data)
             try:
                 parser.feed_data(data)
@@ -378,8 +382,10 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
                 self._discard(conn)
                 if not (reused and lost.unread):
                     raise httpx.ReadError(str(lost)) from None
-                # The server reset a kept-alive connection as the request went out
-                # (its keep-alive timeout): it never read the request. Send it again, on a new one.
+                # The request could not be sent on a kept-alive connection, or the server had
+                # closed it (its keep-alive timeout) before the request arrived: no episode
+                # can have started. Send it again, on a new one. Anything else is the client's
+                # to retry, counted and bounded by --retries.
                 reused = False
                 conn = await self._connect(origin)
             except BaseException:
@@ -642,10 +648,6 @@ def _reason(exc: BaseException) -> str:
         if isinstance(cause, OSError) and cause.strerror:
             return cause.strerror
     return str(exc) or type(exc).__name__
-
-
-def _was_reset(exc: BaseException) -> bool:
-    return any(isinstance(cause, OSError) and cause.errno in _RESET_ERRNOS for cause in _causes(exc))
 
 
 def _certificate_failure(exc: BaseException) -> str | None:

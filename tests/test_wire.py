@@ -369,12 +369,16 @@ def test_closing_after_every_reply_costs_no_rows(tmp_path):
     n = 600
     with WireServer(close_after_each_answer) as server:
         bare = rollfilter(server.url, n, tmp_path, "-j", "16", "--retries", "0")
-        assert len(bare.failures) <= n // 100, bare.stderr
+        # With --retries 0 nothing is sent twice: a row whose request may have been read fails.
+        assert set(bare.kinds(n)) <= {"ok", "connect"}, bare.stderr
         seen = len(server.requests)
+        assert seen <= n
         outcome = rollfilter(server.url, n, tmp_path, "-j", "16")
         assert outcome.failures == {}, outcome.stderr
         retries = summary_of(outcome.proc.stderr)["rollfilter"]["retries"]
-        assert len(server.requests) - seen == n + retries  # only what it counted as retries was sent twice
+        # Only what it counted as retries was sent twice. A retry may also resend a request the
+        # server closed on unread, which the client cannot tell from one it read.
+        assert n <= len(server.requests) - seen <= n + retries
 
 
 class Uvicorn:
@@ -433,11 +437,13 @@ def test_uvicorn_closing_after_every_reply_costs_no_rows(uvicorn_server, tmp_pat
     server = uvicorn_server("--timeout-keep-alive", "0")
     n = 2000
     bare = rollfilter(server.url, n, tmp_path, "-j", "32", "--retries", "0")
-    assert len(bare.failures) <= n // 100, bare.stderr
+    assert set(bare.kinds(n)) <= {"ok", "connect"}, bare.stderr
+    answered = server.requests()
+    assert answered <= n  # nothing sent twice with --retries 0
     outcome = rollfilter(server.url, n, tmp_path, "-j", "32")
     assert outcome.failures == {}, outcome.stderr
     retries = summary_of(outcome.proc.stderr)["rollfilter"]["retries"]
-    assert server.requests() == 2 * n - len(bare.failures) + retries
+    assert n <= server.requests() - answered <= n + retries
 
 
 @pytest.mark.slow
@@ -719,3 +725,24 @@ async def test_a_head_that_never_ends_is_refused_once_past_the_limit(first: byte
     with pytest.raises(wire.BadReply, match="header block is over 64 KiB"):
         await connection.exchange(b"POST /run HTTP/1.1\r\n\r\n")
     assert stream.served <= wire.MAX_HEAD_BYTES + 2048
+
+
+def read_then_reset_on_reuse(request: Request, conn: Conn) -> None:
+    if request.index == 0:
+        conn.send(echo(request))
+    else:
+        conn.reset()  # the request was read: for all the client knows, an episode started
+
+
+@pytest.mark.parametrize("retries", [0, 3])
+def test_a_request_the_agent_read_is_sent_again_only_as_a_counted_retry(retries: int, tmp_path):
+    n = 10
+    with WireServer(read_then_reset_on_reuse) as server:
+        outcome = rollfilter(server.url, n, tmp_path, "--retries", str(retries))
+        seen = len(server.requests)
+    counted = summary_of(outcome.proc.stderr)["rollfilter"]["retries"]
+    assert seen == n + counted  # every episode the agent saw beyond one a row is a counted retry
+    if retries == 0:
+        assert (counted, outcome.kinds(n)) == (0, ["ok", "connect"] * (n // 2))
+    else:
+        assert (counted, outcome.kinds(n)) == (n - 1, ["ok"] * n)  # each retry on a new connection

@@ -14,6 +14,7 @@ import gzip
 import json
 import socket
 import ssl
+import struct
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -60,6 +61,13 @@ class Conn:
         if not self.closed:
             self.closed = True
             self.sock.close()
+
+    def reset(self) -> None:
+        """Abort the connection with a reset (SO_LINGER 0), as a crashing server or a load balancer does."""
+        if not self.closed:
+            with contextlib.suppress(OSError):
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.close()
 
     def abort(self) -> None:
         """End the connection from another thread (the server is shutting down)."""
