@@ -98,6 +98,7 @@ def transport_for(config: Config) -> AgentTransport:
         connect_timeout=config.connect_timeout,
         headers=request_headers(config),
         proxy=config.proxy,
+        max_reply_bytes=config.max_reply_bytes,
     )
 
 

@@ -21,6 +21,7 @@ from rollfilter.budget import DEFAULT_RATIO
 from rollfilter.cost import Price, PriceError, parse_price, prices_from_mapping
 from rollfilter.errors import UsageError
 from rollfilter.resume import DEFAULT_MAX_ATTEMPTS
+from rollfilter.transport import DEFAULT_MAX_REPLY_BYTES
 
 DEFAULT_CONCURRENCY = 32
 DEFAULT_RETRIES = 3
@@ -102,6 +103,7 @@ class Config:
     aggregate: bool = False  # ask each agent for its /aggregate_metrics when the run ends
     cacert: str | None = None  # a PEM file of the CAs to trust instead of the system's (--cacert)
     cross_origin_redirects: bool = False  # follow 307/308 to another scheme, host or port too
+    max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES  # a longer reply body fails its row as bad_response
 
     def __post_init__(self) -> None:
         # URLs are checked and completed here, so the API and the CLI agree on them.
@@ -142,6 +144,8 @@ class Config:
             raise ConfigError("timeout", "must be a positive number of seconds")
         if not self.connect_timeout > 0:
             raise ConfigError("connect_timeout", "must be a positive number of seconds")
+        if self.max_reply_bytes < 1:
+            raise ConfigError("max_reply_bytes", "must be at least 1")
         if self.shard is not None and not 0 <= self.shard[0] < self.shard[1]:
             raise ConfigError("shard", "wants 0 <= I < N")
 

@@ -48,8 +48,9 @@ import trio
 
 RECEIVE_BYTES = 64 * 1024
 MAX_HEAD_BYTES = 64 * 1024  # a reply's status line and headers; more is refused as a bad reply
-# Longer than the decoded body of any plausible agent reply; bounds what a small gzip body can grow to.
-MAX_DECODED_BYTES = 256 * 1024 * 1024
+# Longer than any plausible agent reply: the default bound on a reply's body, as received and as
+# decoded, whatever frames it (Content-Length, chunked, the connection's end, gzip).
+DEFAULT_MAX_REPLY_BYTES = 256 * 1024 * 1024
 # Seconds a connection may sit idle before it is closed on this side. Servers close idle
 # connections on their own clock (uvicorn after 5 s); closing first avoids the race.
 IDLE_EXPIRY = 4.0
@@ -99,6 +100,10 @@ class _HeadTooLarge(Exception):
     """The reply's headers add up to more than MAX_HEAD_BYTES."""
 
 
+class _BodyTooLarge(Exception):
+    """The reply's body is longer than the transport's max_reply_bytes."""
+
+
 class _OutOfFiles(Exception):
     """socket() failed for the process's or the system's open-file limit."""
 
@@ -108,6 +113,7 @@ class Reply:
 
     __slots__ = (
         "_chunks",
+        "_room",
         "body",
         "complete",
         "encoding",
@@ -115,12 +121,14 @@ class Reply:
         "head_bytes",
         "headers",
         "keep_alive",
+        "max_body_bytes",
         "parser",
         "status",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, max_body_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> None:
         self.parser = httptools.HttpResponseParser(self)
+        self.max_body_bytes = max_body_bytes
         self.reset()
 
     def reset(self) -> None:
@@ -128,6 +136,7 @@ class Reply:
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self._chunks: list[bytes] = []
+        self._room = self.max_body_bytes  # body bytes still allowed
         self.body = b""
         self.complete = False
         self.keep_alive = False
@@ -159,6 +168,9 @@ class Reply:
         self.status = self.parser.get_status_code()  # not 0 from here: the head is done
 
     def on_body(self, data: bytes) -> None:
+        self._room -= len(data)
+        if self._room < 0:
+            raise _BodyTooLarge
         self._chunks.append(data)
 
     def on_message_complete(self) -> None:
@@ -171,6 +183,7 @@ class Reply:
     def whole(cls, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> Reply:
         """A reply that someone else parsed (httpx, for --proxy)."""
         reply = cls.__new__(cls)
+        reply.max_body_bytes = len(body)
         reply.reset()
         reply.status, reply.headers, reply.body, reply.complete = status, headers, body, True
         return reply
@@ -202,10 +215,11 @@ def _tls_holds_bytes(stream: trio.abc.Stream) -> bool:
 
 
 class _Connection:
-    __slots__ = ("idle_since", "poller", "socket", "stream")
+    __slots__ = ("idle_since", "max_reply_bytes", "poller", "socket", "stream")
 
-    def __init__(self, stream: trio.abc.Stream, sock: trio.socket.SocketType) -> None:
+    def __init__(self, stream: trio.abc.Stream, sock: trio.socket.SocketType, max_reply_bytes: int) -> None:
         self.stream = stream
+        self.max_reply_bytes = max_reply_bytes
         self.socket = sock
         # For the check before reuse: poll() works at any descriptor number, where
         # select() fails from 1024 on, and costs one system call.
@@ -236,7 +250,7 @@ class _Connection:
             await self.stream.send_all(request)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             raise _Lost(f"sending failed: {_reason(exc)}", unread=True) from None
-        reply = Reply()
+        reply = Reply(self.max_reply_bytes)
         try:
             return reply, await self._read_reply(reply)
         finally:
@@ -270,6 +284,8 @@ class _Connection:
                     return False  # the reply is whole; the bytes after it make the connection unusable
                 if isinstance(exc.__context__, _HeadTooLarge):
                     raise BadReply(_HEAD_TOO_LARGE) from None
+                if isinstance(exc.__context__, _BodyTooLarge):
+                    raise BadReply(_body_too_large(reply.max_body_bytes)) from None
                 raise BadReply(f"malformed reply: {exc}") from None
             except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
                 if reply.status == 101:
@@ -306,8 +322,10 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
         cafile: str | None = None,
         connect_timeout: float = 10.0,
         headers: list[tuple[str, str]] | None = None,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
     ) -> None:
         self._verify = verify
+        self._max_reply_bytes = max_reply_bytes
         self._cafile = cafile
         self._ssl_context: ssl.SSLContext | None = None  # made on the first https URL: loading CAs is slow
         self._connect_timeout = connect_timeout
@@ -340,7 +358,7 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
         request = b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body)
         reply = await self._round_trip(origin, request)
         if reply.encoding is not None:
-            reply.body = decode_body(reply.encoding, reply.body)
+            reply.body = decode_body(reply.encoding, reply.body, self._max_reply_bytes)
         return reply
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -486,7 +504,7 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
             if failed is not None:
                 raise CertificateError(f"certificate verify failed: {failed}") from None
             raise httpx.ConnectError(_reason(exc)) from None
-        return _Connection(stream, tcp.socket)
+        return _Connection(stream, tcp.socket, self._max_reply_bytes)
 
     async def _handshake(self, tcp: trio.SocketStream, host: str) -> trio.SSLStream[trio.SocketStream]:
         if self._ssl_context is None:
@@ -555,32 +573,45 @@ def _keep_alive(sock: trio.socket.SocketType) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
-def decode_body(encoding: bytes, body: bytes) -> bytes:
+def decode_body(encoding: bytes, body: bytes, max_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> bytes:
     """A body in its Content-Encoding (gzip, identity) decoded; BadReply for any other, for a
-    broken one, or for one that would grow past MAX_DECODED_BYTES. An empty body has nothing to
+    broken one, or for one that would grow past `max_bytes`. An empty body has nothing to
     decode, whatever its encoding says (as httpx and curl read it)."""
     if not body:
         return body
     for coding in reversed(encoding.lower().split(b",")):
         coding = coding.strip()
         if coding in (b"gzip", b"x-gzip"):
-            body = _gunzip(body)
+            body = _gunzip(body, max_bytes)
         elif coding not in (b"identity", b""):
             raise BadReply(f"a body in Content-Encoding {printable(coding.decode('latin-1'))}, which was not asked for")
     return body
 
 
-def _gunzip(data: bytes) -> bytes:
-    decompressor = zlib.decompressobj(wbits=zlib.MAX_WBITS | 16)
-    try:
-        body = decompressor.decompress(data, MAX_DECODED_BYTES)
-    except zlib.error as exc:
-        raise BadReply(f"a gzip body that does not decode: {exc}") from None
-    if decompressor.unconsumed_tail:
-        raise BadReply(f"a gzip body that grows past {MAX_DECODED_BYTES // 2**20} MiB")
-    if not decompressor.eof:
-        raise BadReply("a gzip body that is cut short")
-    return body
+def _gunzip(data: bytes, max_bytes: int) -> bytes:
+    # A gzip body may hold several members, one after another (RFC 1952): each is decoded.
+    parts: list[bytes] = []
+    room = max_bytes
+    while True:
+        decompressor = zlib.decompressobj(wbits=zlib.MAX_WBITS | 16)
+        try:
+            part = decompressor.decompress(data, room + 1)
+        except zlib.error as exc:
+            raise BadReply(f"a gzip body that does not decode: {exc}") from None
+        room -= len(part)
+        if room < 0:
+            raise BadReply(_body_too_large(max_bytes, "decoded"))
+        parts.append(part)
+        if not decompressor.eof:
+            raise BadReply("a gzip body that is cut short")
+        data = decompressor.unused_data
+        if not data:
+            return b"".join(parts)
+
+
+def _body_too_large(max_bytes: int, how: str = "") -> str:
+    size = f"{max_bytes // 2**20} MiB" if max_bytes % 2**20 == 0 else f"{max_bytes} bytes"
+    return f"the reply's body is over {size}{' ' + how if how else ''} (--max-reply-bytes)"
 
 
 def _header_lines(headers: Iterable[tuple[str, str]]) -> bytes:
@@ -682,7 +713,9 @@ class ProxyTransport:
         cafile: str | None = None,
         connect_timeout: float = 10.0,
         headers: list[tuple[str, str]],
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
     ) -> None:
+        self._max_reply_bytes = max_reply_bytes
         self._headers = [(name, value) for name, value in headers if name.lower() not in _FRAMING_HEADERS]
         self._has_authorization = any(name.lower() == "authorization" for name, _ in headers)
         self._timeout = httpx.Timeout(None, connect=connect_timeout)
@@ -712,8 +745,8 @@ class ProxyTransport:
                 size = 0
                 async for chunk in response.aiter_bytes():
                     size += len(chunk)
-                    if size > MAX_DECODED_BYTES:
-                        raise BadReply(f"a body that grows past {MAX_DECODED_BYTES // 2**20} MiB")
+                    if size > self._max_reply_bytes:
+                        raise BadReply(_body_too_large(self._max_reply_bytes))
                     chunks.append(chunk)
             finally:
                 await response.aclose()
@@ -743,11 +776,21 @@ def open_transport(
     headers: list[tuple[str, str]],
     proxy: str | None = None,
     cafile: str | None = None,
+    max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
 ) -> AgentTransport:
     """The transport for a run: direct HTTP/1.1, or httpx's through --proxy."""
     if proxy is not None:
-        return ProxyTransport(proxy, verify=verify, cafile=cafile, connect_timeout=connect_timeout, headers=headers)
-    return HTTP11Transport(verify=verify, cafile=cafile, connect_timeout=connect_timeout, headers=headers)
+        return ProxyTransport(
+            proxy,
+            verify=verify,
+            cafile=cafile,
+            connect_timeout=connect_timeout,
+            headers=headers,
+            max_reply_bytes=max_reply_bytes,
+        )
+    return HTTP11Transport(
+        verify=verify, cafile=cafile, connect_timeout=connect_timeout, headers=headers, max_reply_bytes=max_reply_bytes
+    )
 
 
 def tls_context(*, verify: bool, cafile: str | None = None) -> ssl.SSLContext:

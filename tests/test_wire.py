@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import gzip
 import itertools
 import json
 import os
@@ -197,6 +198,49 @@ def not_json(request: Request, conn: Conn) -> None:
     conn.send(reply(200, b"<html>oops</html>"))
 
 
+def padded(request: Request, size: int = 5000) -> bytes:
+    """A good answer, of `size` bytes or more."""
+    return json.dumps({"echo": request.json().get("id"), "reward": 1.0, "pad": "x" * size}).encode()
+
+
+def long_body(request: Request, conn: Conn) -> None:
+    conn.send(reply(200, padded(request)))
+
+
+def long_chunked_body(request: Request, conn: Conn) -> None:
+    body = padded(request)
+    pieces = [body[i : i + 1000] for i in range(0, len(body), 1000)]
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces)
+    conn.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n")
+
+
+def long_body_ended_by_close(request: Request, conn: Conn) -> None:
+    conn.send(b"HTTP/1.1 200 OK\r\n\r\n" + padded(request))
+    conn.close()
+
+
+def long_gzip_body(request: Request, conn: Conn) -> None:
+    conn.send(reply(200, gzip.compress(padded(request)), "Content-Encoding: gzip"))  # about 100 bytes on the wire
+
+
+def endless_body(request: Request, conn: Conn) -> None:
+    # Ended only by the connection's close: without a bound on a reply, only --timeout would stop it.
+    conn.send(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n")
+    chunk = b" " * 65536
+    for _ in range(1024):  # 64 MiB at most, then the server gives up
+        conn.send(chunk)
+        if conn.closed:
+            return
+    conn.close()
+
+
+def gzip_members(request: Request, conn: Conn) -> None:
+    # Two gzip members, one after the other, decode to their texts joined (RFC 1952).
+    body = padded(request, 100)
+    members = gzip.compress(body[:40]) + gzip.compress(body[40:])
+    conn.send(reply(200, members, "Content-Type: application/json", "Content-Encoding: gzip"))
+
+
 @dataclasses.dataclass(frozen=True)
 class Case:
     script: Any
@@ -237,6 +281,21 @@ CASES = {
     "Transfer-Encoding: identity": Case(identity_transfer_encoding, "ok", httpx_agrees=False),
     "body ended by the connection's close": Case(body_ended_by_close, "ok"),
     "200 that is not JSON": Case(not_json, "bad_response", message="not JSON"),
+    # httpx has no bound on a reply's body.
+    **{
+        f"body over --max-reply-bytes: {name}": Case(
+            script, "bad_response", args=("--max-reply-bytes", "1000"), message=message, httpx_agrees=False
+        )
+        for name, script, message in (
+            ("Content-Length", long_body, "body is over 1000 bytes"),
+            ("chunked", long_chunked_body, "body is over 1000 bytes"),
+            ("to the connection's end", long_body_ended_by_close, "body is over 1000 bytes"),
+            ("gzip, decoded", long_gzip_body, "body is over 1000 bytes decoded"),
+            ("endless, ended by close", endless_body, "body is over 1000 bytes"),
+        )
+    },
+    # httpx decodes the first member alone, and finds a JSON text cut short.
+    "gzip body of two members": Case(gzip_members, "ok", httpx_agrees=False),
 }
 
 
@@ -722,6 +781,7 @@ async def test_a_head_that_never_ends_is_refused_once_past_the_limit(first: byte
     stream = EndlessHead(first, then)
     connection = wire._Connection.__new__(wire._Connection)
     connection.stream = stream  # type: ignore[assignment]
+    connection.max_reply_bytes = wire.DEFAULT_MAX_REPLY_BYTES
     with pytest.raises(wire.BadReply, match="header block is over 64 KiB"):
         await connection.exchange(b"POST /run HTTP/1.1\r\n\r\n")
     assert stream.served <= wire.MAX_HEAD_BYTES + 2048
@@ -746,3 +806,13 @@ def test_a_request_the_agent_read_is_sent_again_only_as_a_counted_retry(retries:
         assert (counted, outcome.kinds(n)) == (0, ["ok", "connect"] * (n // 2))
     else:
         assert (counted, outcome.kinds(n)) == (n - 1, ["ok"] * n)  # each retry on a new connection
+
+
+def test_a_reply_bound_under_one_byte_is_refused_before_anything_is_sent():
+    from rollfilter.config import Config, ConfigError
+
+    with pytest.raises(ConfigError, match="max_reply_bytes must be at least 1"):
+        Config(url="http://127.0.0.1:9/run", max_reply_bytes=0)
+    proc = run(["-u", "http://127.0.0.1:9/run", "--max-reply-bytes", "0"], input=rows_jsonl(rows_for(1)))
+    assert proc.returncode == 2
+    assert "--max-reply-bytes" in proc.stderr.decode()

@@ -54,7 +54,7 @@ class Conn:
             try:
                 self.sock.sendall(data)
             except OSError:
-                self.closed = True
+                self.close()
 
     def close(self) -> None:
         """Close as servers do: a request already received but not read is answered by a reset."""
