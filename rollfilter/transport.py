@@ -246,15 +246,26 @@ class _Connection:
 
     async def exchange(self, request: bytes) -> tuple[Reply, bool]:
         """Send one whole request; return the reply and whether the connection can be reused."""
-        try:
-            await self.stream.send_all(request)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            raise _Lost(f"sending failed: {_reason(exc)}", unread=True) from None
         reply = Reply(self.max_reply_bytes)
         try:
+            try:
+                await self.stream.send_all(request)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                return reply, await self._read_early_reply(reply, f"sending failed: {_reason(exc)}")
             return reply, await self._read_reply(reply)
         finally:
             reply.detach()
+
+    async def _read_early_reply(self, reply: Reply, failure: str) -> bool:
+        # A server may answer before it has read the whole request (a 413 for a body too
+        # large) and close while the body is still going out: what it answered is what
+        # happened to the request, as httpcore reads it. With no answer, the request was
+        # never received whole.
+        try:
+            await self._read_reply(reply)
+        except _Lost:
+            raise _Lost(failure, unread=True) from None
+        return False
 
     async def _read_reply(self, reply: Reply) -> bool:
         parser = reply.parser

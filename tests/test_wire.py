@@ -816,3 +816,21 @@ def test_a_reply_bound_under_one_byte_is_refused_before_anything_is_sent():
     proc = run(["-u", "http://127.0.0.1:9/run", "--max-reply-bytes", "0"], input=rows_jsonl(rows_for(1)))
     assert proc.returncode == 2
     assert "--max-reply-bytes" in proc.stderr.decode()
+
+
+def too_large_at_once(request: Request, conn: Conn) -> None:
+    # Answered from the head alone, and closed with the body still coming: the close is a reset.
+    conn.send(reply(413, b"too large", "Connection: close", reason="Content Too Large"))
+    conn.close()
+
+
+def test_a_reply_that_comes_while_the_request_is_still_being_sent_is_reported_as_itself(tmp_path):
+    rows = [{"id": i, "responses_create_params": {"input": "x" * (8 << 20)}} for i in range(2)]
+    with WireServer(too_large_at_once, on_head=True) as server:
+        outcome = rollfilter(server.url, 2, tmp_path, "--retries", "3", rows=rows)
+        assert len(server.requests) == 2  # a 413 is not retried
+        with httpx.Client(trust_env=False) as client:
+            assert client.post(server.url, json=rows[0]).status_code == 413  # httpx reads it too
+    assert outcome.kinds(2) == ["http_status", "http_status"], outcome.stderr
+    assert {failure["error"]["status"] for failure in outcome.failures.values()} == {413}
+    assert "HTTP 413" in outcome.failures[0]["error"]["message"]
