@@ -207,13 +207,17 @@ class AgentClient:
         status = reply.status
         content = reply.body
         if 200 <= status < 300:  # any 2xx carries the result, as NeMo Gym's raise_for_status has it
+            if not content:
+                message = f"HTTP {status} {_reason_phrase(status)}: a reply with no body, where a result was due"
+                return RowFailure(ErrorKind.BAD_RESPONSE, message, status), None
             try:
                 result = _decode(content)
             except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-                message = f"200 with a body that is not JSON: {_snippet(content)}"
+                message = f"{status} with a body that is not JSON: {_snippet(content)}"
                 return RowFailure(ErrorKind.BAD_RESPONSE, message, status), None
             if not isinstance(result, dict):
-                return RowFailure(ErrorKind.BAD_RESPONSE, "200 with a JSON body that is not an object", status), None
+                message = f"{status} with a JSON body that is not an object"
+                return RowFailure(ErrorKind.BAD_RESPONSE, message, status), None
             return result, None
         retryable = status in self._retry_statuses
         retry_header = reply.header(b"retry-after") if retryable else None

@@ -30,6 +30,7 @@ transport's own to be freed (idle connections are closed first) rather than fail
 from __future__ import annotations
 
 import base64
+import enum
 import errno
 import fcntl
 import ipaddress
@@ -108,8 +109,40 @@ class _OutOfFiles(Exception):
     """socket() failed for the process's or the system's open-file limit."""
 
 
+class _NoBody(Exception):
+    """The reply to a HEAD has no body, whatever its headers say; llhttp does not know the method."""
+
+
+class Framing(enum.Enum):
+    """How a reply's body is delimited."""
+
+    NONE = "no body"
+    LENGTH = "Content-Length"
+    CHUNKED = "chunked"
+    TO_CLOSE = "the connection's end"
+
+
+def body_framing(method: bytes, status: int, headers: Iterable[tuple[bytes, bytes]]) -> Framing:
+    """A reply's framing, decided once from the request's method, its status and its headers
+    (RFC 9112 section 6.3, as h11's `_body_framing` decides it): a reply to HEAD, a 1xx, 204
+    and 304 carry no body; Transfer-Encoding wins over Content-Length, and frames the body
+    only when chunked is its last coding (else the body runs to the connection's end); then
+    Content-Length; then the connection's end."""
+    if method == b"HEAD" or status < 200 or status in (204, 304):
+        return Framing.NONE
+    framing = Framing.TO_CLOSE
+    for name, value in headers:
+        lower = name.lower()
+        if lower == b"transfer-encoding":
+            chunked = value.rstrip().lower().endswith(b"chunked")
+            return Framing.CHUNKED if chunked else Framing.TO_CLOSE
+        if lower == b"content-length":
+            framing = Framing.LENGTH
+    return framing
+
+
 class Reply:
-    """One parsed response: status, raw headers, the whole body."""
+    """One parsed response to a `method` request: status, raw headers, the whole body."""
 
     __slots__ = (
         "_chunks",
@@ -117,17 +150,21 @@ class Reply:
         "body",
         "complete",
         "encoding",
-        "framed",
+        "framing",
         "head_bytes",
         "headers",
         "keep_alive",
         "max_body_bytes",
+        "method",
         "parser",
         "status",
     )
 
-    def __init__(self, max_body_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> None:
+    def __init__(self, method: bytes = b"POST", max_body_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> None:
         self.parser = httptools.HttpResponseParser(self)
+        # Transfer-Encoding with Content-Length too: the first wins (the connection is not reused).
+        self.parser.set_dangerous_leniencies(lenient_chunked_length=True)
+        self.method = method
         self.max_body_bytes = max_body_bytes
         self.reset()
 
@@ -141,7 +178,7 @@ class Reply:
         self.complete = False
         self.keep_alive = False
         self.head_bytes = 0
-        self.framed = False  # Content-Length or chunked: the end is known without EOF
+        self.framing = Framing.TO_CLOSE  # decided when the head is complete
         self.encoding: bytes | None = None
 
     # httptools parser callbacks
@@ -155,17 +192,14 @@ class Reply:
         if self.head_bytes > MAX_HEAD_BYTES:
             raise _HeadTooLarge
         self.headers.append((name, value))
-        lower = name.lower()
-        if lower == b"content-length":
-            self.framed = True
-        elif lower == b"transfer-encoding":
-            # As llhttp reads it: chunked last is framed; anything else runs to the connection's end.
-            self.framed = value.rstrip().lower().endswith(b"chunked")
-        elif lower == b"content-encoding":
+        if name.lower() == b"content-encoding":
             self.encoding = value
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()  # not 0 from here: the head is done
+        self.framing = body_framing(self.method, self.status, self.headers)
+        if self.framing is Framing.NONE and self.status >= 200 and self.method == b"HEAD":
+            raise _NoBody  # llhttp reads 1xx, 204 and 304 as bodiless itself
 
     def on_body(self, data: bytes) -> None:
         self._room -= len(data)
@@ -176,13 +210,17 @@ class Reply:
     def on_message_complete(self) -> None:
         self.body = b"".join(self._chunks)
         self.complete = True
-        # llhttp forgets this once feed_data() returns.
-        self.keep_alive = self.parser.should_keep_alive()
+        # llhttp forgets this once feed_data() returns. A reply framed both ways may be a
+        # response split in two (RFC 9112 section 6.3): the connection is not used again.
+        self.keep_alive = self.parser.should_keep_alive() and not (
+            self.framing is Framing.CHUNKED and self.header(b"content-length") is not None
+        )
 
     @classmethod
     def whole(cls, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> Reply:
         """A reply that someone else parsed (httpx, for --proxy)."""
         reply = cls.__new__(cls)
+        reply.method = b""
         reply.max_body_bytes = len(body)
         reply.reset()
         reply.status, reply.headers, reply.body, reply.complete = status, headers, body, True
@@ -244,9 +282,9 @@ class _Connection:
         except OSError:
             return False
 
-    async def exchange(self, request: bytes) -> tuple[Reply, bool]:
+    async def exchange(self, method: bytes, request: bytes) -> tuple[Reply, bool]:
         """Send one whole request; return the reply and whether the connection can be reused."""
-        reply = Reply(self.max_reply_bytes)
+        reply = Reply(method, self.max_reply_bytes)
         try:
             try:
                 await self.stream.send_all(request)
@@ -280,7 +318,7 @@ class _Connection:
                 unread = not _errnos(exc) & _RESET_ERRNOS and self._closed_before_the_request_arrived()
                 raise _Lost(f"connection lost: {_reason(exc)}", unread=unread) from None
             if not data:
-                if reply.status and not reply.framed:
+                if reply.status and reply.framing is Framing.TO_CLOSE:
                     reply.on_message_complete()  # a body delimited by the connection's end
                     return False
                 if received:
@@ -293,6 +331,9 @@ class _Connection:
             except httptools.HttpParserCallbackError as exc:
                 if reply.complete and isinstance(exc.__context__, _Unsolicited):
                     return False  # the reply is whole; the bytes after it make the connection unusable
+                if isinstance(exc.__context__, _NoBody):
+                    reply.on_message_complete()
+                    return False  # where llhttp stopped in these bytes is not known
                 if isinstance(exc.__context__, _HeadTooLarge):
                     raise BadReply(_HEAD_TOO_LARGE) from None
                 if isinstance(exc.__context__, _BodyTooLarge):
@@ -367,7 +408,7 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
             cached = heads[url] = (_origin_key(url), self._head(b"POST", url, extra, self._host))
         origin, head = cached
         request = b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body)
-        reply = await self._round_trip(origin, request)
+        reply = await self._round_trip(origin, b"POST", request)
         if reply.encoding is not None:
             reply.body = decode_body(reply.encoding, reply.body, self._max_reply_bytes)
         return reply
@@ -382,8 +423,10 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
         )
         if "authorization" not in request.headers and (authorization := _basic_auth(url)):
             extra += _header_lines([("Authorization", authorization)])
-        head = self._head(request.method.encode(), url, extra, None)
-        reply = await self._round_trip(_origin_key(url), b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body))
+        method = request.method.encode()
+        head = self._head(method, url, extra, None)
+        request_bytes = b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body)
+        reply = await self._round_trip(_origin_key(url), method, request_bytes)
         return httpx.Response(reply.status, headers=reply.headers, content=reply.body, request=request)
 
     @staticmethod
@@ -398,14 +441,14 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
                 host += b":%d" % url.port
         return b"%s %s HTTP/1.1\r\nHost: %s\r\n%s" % (method, url.raw_path, host, headers)
 
-    async def _round_trip(self, origin: Origin, request: bytes) -> Reply:
+    async def _round_trip(self, origin: Origin, method: bytes, request: bytes) -> Reply:
         conn = self._take_idle(origin)
         reused = conn is not None
         if conn is None:
             conn = await self._connect(origin)
         while True:
             try:
-                reply, reusable = await conn.exchange(request)
+                reply, reusable = await conn.exchange(method, request)
                 break
             except _Lost as lost:
                 self._discard(conn)

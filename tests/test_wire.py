@@ -134,6 +134,11 @@ def short_body(request: Request, conn: Conn) -> None:
     conn.close()
 
 
+def chunked_cut_short(request: Request, conn: Conn) -> None:
+    conn.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10\r\n{}")
+    conn.close()
+
+
 def huge_header(request: Request, conn: Conn) -> None:
     conn.send(b"HTTP/1.1 200 OK\r\nX-Huge: " + b"h" * 200_000 + b"\r\nContent-Length: 2\r\n\r\n{}")
 
@@ -260,6 +265,7 @@ CASES = {
     "conflicting Content-Length": Case(conflicting_lengths, "bad_response", message="malformed reply"),
     "bad chunk size": Case(bad_chunk_size, "bad_response", message="malformed reply"),
     "short body": Case(short_body, "bad_response", message="closed the connection after"),
+    "chunked body cut short": Case(chunked_cut_short, "bad_response", message="closed the connection after"),
     "header block over 64 KiB": Case(huge_header, "bad_response", message="header block is over 64 KiB"),
     # httpx allows 100 KiB.
     "header block of 100,000 bytes": Case(
@@ -783,7 +789,7 @@ async def test_a_head_that_never_ends_is_refused_once_past_the_limit(first: byte
     connection.stream = stream  # type: ignore[assignment]
     connection.max_reply_bytes = wire.DEFAULT_MAX_REPLY_BYTES
     with pytest.raises(wire.BadReply, match="header block is over 64 KiB"):
-        await connection.exchange(b"POST /run HTTP/1.1\r\n\r\n")
+        await connection.exchange(b"POST", b"POST /run HTTP/1.1\r\n\r\n")
     assert stream.served <= wire.MAX_HEAD_BYTES + 2048
 
 
@@ -834,3 +840,43 @@ def test_a_reply_that_comes_while_the_request_is_still_being_sent_is_reported_as
     assert outcome.kinds(2) == ["http_status", "http_status"], outcome.stderr
     assert {failure["error"]["status"] for failure in outcome.failures.values()} == {413}
     assert "HTTP 413" in outcome.failures[0]["error"]["message"]
+
+
+def framing_by_request(request: Request, conn: Conn) -> None:
+    # The framing of each reply is read from its status and headers, in h11's order.
+    if request.index == 0:
+        conn.send(b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n")  # no body, whatever it says
+    elif request.index == 1:
+        conn.send(echo(request))
+    else:
+        body = padded(request, 10)
+        conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n")
+        conn.send(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))  # chunked wins
+
+
+async def test_framing_is_decided_once_from_method_status_and_headers():
+    async with httpx.AsyncClient(trust_env=False) as client:
+        with WireServer(framing_by_request) as server:
+            oracle = [await client.post(server.url, json={"id": i}) for i in range(3)]
+    answered = [(204, b""), (200, b'{"echo": '), (200, b'{"echo": ')]
+    assert [(r.status_code, r.content[:9]) for r in oracle] == answered
+    transport = HTTP11Transport()
+    try:
+        with WireServer(framing_by_request) as server:
+            url = httpx.URL(server.url)
+            replies = [await transport.post(url, b'{"id": %d}' % i) for i in range(4)]
+            assert [(r.status, r.body[:9]) for r in replies[:3]] == [(r.status_code, r.content[:9]) for r in oracle]
+            assert json.loads(replies[2].body)["echo"] == 2
+            # A reply framed both ways may be two replies in one: that connection is not used again.
+            assert (server.connections, replies[3].status) == (2, 204)  # the first reply on the new one
+    finally:
+        await transport.aclose()
+
+
+def test_a_204_says_204(tmp_path):
+    with WireServer(lambda request, conn: conn.send(reply(204, b"", reason="No Content"))) as server:
+        outcome = rollfilter(server.url, 1, tmp_path)
+    assert outcome.kinds(1) == ["bad_response"]
+    assert outcome.failures[0]["error"]["status"] == 204
+    message = outcome.failures[0]["error"]["message"]
+    assert message == "HTTP 204 No Content: a reply with no body, where a result was due"
