@@ -90,9 +90,11 @@ def request_headers(config: Config) -> list[tuple[str, str]]:
     ]
 
 
-def transport_for(config: Config) -> AgentTransport:
-    """The transport a run sends through, as `config` asks (TLS checks, headers, --proxy)."""
+def transport_for(config: Config, on_warning: Callable[[str], None] | None = None) -> AgentTransport:
+    """The transport a run sends through, as `config` asks (TLS checks, headers, --proxy);
+    `on_warning` gets its one-line warnings (a server that sent bytes nobody asked for)."""
     return open_transport(
+        on_warning=on_warning,
         verify=not config.insecure,
         cafile=config.cacert,
         connect_timeout=config.connect_timeout,
@@ -133,6 +135,7 @@ class AgentClient:
     async def run(self, job: Job, agent: Agent) -> dict[str, Any] | RowFailure:
         """Send `job`'s body until it succeeds or its retries are spent; `job` goes to the callbacks."""
         body = job.body
+        row = f"{job.source}:{job.line}"  # how a warning from the transport names it
         replica: Replica | None = None
         attempt = 0
         try:
@@ -149,7 +152,7 @@ class AgentClient:
                 signal = Signal.NEUTRAL  # a cancelled attempt says nothing about the agent
                 started = trio.current_time()
                 try:
-                    outcome, retry_after = await self._attempt(replica.url, body)
+                    outcome, retry_after = await self._attempt(replica.url, body, row)
                     signal = load_signal(outcome)
                 finally:
                     replica.outstanding -= 1
@@ -178,13 +181,15 @@ class AgentClient:
             message = f"unexpected {type(exc).__name__} while sending the row or reading its reply (-v shows it)"
             return RowFailure(ErrorKind.INTERNAL, message, attempts=attempt)
 
-    async def _attempt(self, url: httpx.URL, body: bytes) -> tuple[dict[str, Any] | RowFailure, float | None]:
+    async def _attempt(
+        self, url: httpx.URL, body: bytes, row: str | None = None
+    ) -> tuple[dict[str, Any] | RowFailure, float | None]:
         """One attempt within --timeout: the POST, and the 307/308 redirects it is sent on to."""
         target, credentials, status = url, True, 0
         with trio.move_on_after(self._timeout):
             for _ in range(MAX_REDIRECTS + 1):
                 try:
-                    reply = await self._transport.post(target, body, credentials=credentials)
+                    reply = await self._transport.post(target, body, credentials=credentials, row=row)
                 except httpx.TransportError as exc:
                     return transport_failure(target, exc), None
                 status = reply.status

@@ -30,17 +30,19 @@ transport's own to be freed (idle connections are closed first) rather than fail
 from __future__ import annotations
 
 import base64
+import collections
 import enum
 import errno
 import fcntl
 import ipaddress
+import os
 import select
 import socket
 import ssl
 import struct
 import termios
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 import httptools
@@ -63,6 +65,8 @@ KEEPALIVE_PROBES = 3
 # Open files kept for everything but agent connections (standard streams, outputs, trio's
 # own descriptors, a head-server connection) when -j is fitted to the open-file limit.
 FILES_FOR_OTHER_USES = 64
+# Rows named in the warning about a connection that carried bytes nobody asked for.
+MAX_NAMED_ROWS = 10
 MAX_CACHED_HEADS = 1024  # request heads cached per URL (redirects can name new URLs)
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _RESET_ERRNOS = frozenset({errno.ECONNRESET, errno.ECONNABORTED})
@@ -253,12 +257,28 @@ def _tls_holds_bytes(stream: trio.abc.Stream) -> bool:
 
 
 class _Connection:
-    __slots__ = ("idle_since", "max_reply_bytes", "poller", "socket", "stream")
+    __slots__ = (
+        "exposed",
+        "exposed_count",
+        "idle_since",
+        "max_reply_bytes",
+        "poller",
+        "replies",
+        "socket",
+        "stray",
+        "stream",
+    )
 
     def __init__(self, stream: trio.abc.Stream, sock: trio.socket.SocketType, max_reply_bytes: int) -> None:
         self.stream = stream
         self.max_reply_bytes = max_reply_bytes
         self.socket = sock
+        self.replies = 0
+        # Rows answered on it after its first reply: any of them may have been given a late
+        # reply to the request before it. The last MAX_NAMED_ROWS, and how many in all.
+        self.exposed: collections.deque[str] | None = None
+        self.exposed_count = 0
+        self.stray = False  # bytes nobody asked for were seen on it
         # For the check before reuse: poll() works at any descriptor number, where
         # select() fails from 1024 on, and costs one system call.
         self.poller = select.poll()
@@ -269,7 +289,23 @@ class _Connection:
         # An idle keep-alive connection has nothing to read. Readable (or hung up) means
         # the server closed it, or sent bytes nobody asked for (a late reply, an idle 408):
         # either way, a reply read from it could not be trusted to answer our request.
-        return bool(self.poller.poll(0)) or _tls_holds_bytes(self.stream)
+        if _tls_holds_bytes(self.stream):
+            self.stray = True
+            return True
+        if not self.poller.poll(0):
+            return False
+        # Over TLS the raw bytes may be the server's close_notify: only plain TCP can tell.
+        self.stray = not isinstance(self.stream, trio.SSLStream) and _holds_bytes(self.socket.fileno())
+        return True
+
+    def answered(self, row: str | None) -> None:
+        self.replies += 1
+        if self.replies > 1:
+            self.exposed_count += 1
+            if row is not None:
+                if self.exposed is None:
+                    self.exposed = collections.deque(maxlen=MAX_NAMED_ROWS)
+                self.exposed.append(row)
 
     def _closed_before_the_request_arrived(self) -> bool:
         # Whether the server provably never received the whole request: it closed (a FIN,
@@ -330,6 +366,7 @@ class _Connection:
                 parser.feed_data(data)
             except httptools.HttpParserCallbackError as exc:
                 if reply.complete and isinstance(exc.__context__, _Unsolicited):
+                    self.stray = True
                     return False  # the reply is whole; the bytes after it make the connection unusable
                 if isinstance(exc.__context__, _NoBody):
                     reply.on_message_complete()
@@ -365,6 +402,13 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
 
     `headers` go with every `post`; one the caller names replaces the transport's own
     (Host). URL user info becomes Basic auth unless `headers` has an Authorization.
+
+    HTTP/1.1 cannot tell a late reply that lands after the next request went out from that
+    request's answer. So bytes nobody asked for, once seen on a connection (after a reply in
+    the same read, or at the check before reuse), turn keep-alive off for that origin for
+    the rest of the run, and `on_warning` gets one line naming the origin and the rows
+    (`row` of `post`) answered on that connection after its first reply: their results may
+    be other rows'.
     """
 
     def __init__(
@@ -375,9 +419,12 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
         connect_timeout: float = 10.0,
         headers: list[tuple[str, str]] | None = None,
         max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+        on_warning: Callable[[str], None] | None = None,
     ) -> None:
         self._verify = verify
         self._max_reply_bytes = max_reply_bytes
+        self._on_warning = on_warning
+        self._keep_alive_off: set[Origin] = set()  # origins that sent bytes nobody asked for
         self._cafile = cafile
         self._ssl_context: ssl.SSLContext | None = None  # made on the first https URL: loading CAs is slow
         self._connect_timeout = connect_timeout
@@ -395,9 +442,10 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
         self._waiting_for_files = 0  # requests parked until a descriptor is freed
         self._closed = False
 
-    async def post(self, url: httpx.URL, body: bytes, *, credentials: bool = True) -> Reply:
+    async def post(self, url: httpx.URL, body: bytes, *, credentials: bool = True, row: str | None = None) -> Reply:
         """POST `body` (JSON) to `url` with the transport's headers; the whole reply, its
-        body decoded. Without `credentials`, no Authorization header is sent."""
+        body decoded. Without `credentials`, no Authorization header is sent. `row` names
+        what the request is for in a warning."""
         heads = self._heads if credentials else self._heads_without_credentials
         cached = heads.get(url)
         if cached is None:
@@ -408,7 +456,7 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
             cached = heads[url] = (_origin_key(url), self._head(b"POST", url, extra, self._host))
         origin, head = cached
         request = b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body)
-        reply = await self._round_trip(origin, b"POST", request)
+        reply = await self._round_trip(origin, b"POST", request, row)
         if reply.encoding is not None:
             reply.body = decode_body(reply.encoding, reply.body, self._max_reply_bytes)
         return reply
@@ -441,7 +489,7 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
                 host += b":%d" % url.port
         return b"%s %s HTTP/1.1\r\nHost: %s\r\n%s" % (method, url.raw_path, host, headers)
 
-    async def _round_trip(self, origin: Origin, method: bytes, request: bytes) -> Reply:
+    async def _round_trip(self, origin: Origin, method: bytes, request: bytes, row: str | None = None) -> Reply:
         conn = self._take_idle(origin)
         reused = conn is not None
         if conn is None:
@@ -463,6 +511,12 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
             except BaseException:
                 self._discard(conn)
                 raise
+        conn.answered(row)
+        if conn.stray:
+            self._stray_seen(origin, conn)
+        elif origin in self._keep_alive_off:
+            reusable = False
+            self._warn(conn, printable(_origin_text(origin)), "another of its kept-alive connections")
         # Requests waiting for a descriptor (the open-file limit) get this one's.
         if reusable and not self._closed and not self._waiting_for_files:
             conn.idle_since = trio.current_time()
@@ -491,7 +545,38 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
             if not conn.is_stale():
                 return conn
             self._discard(conn)
+            if conn.stray:
+                self._stray_seen(origin, conn)
         return None
+
+    def _stray_seen(self, origin: Origin, conn: _Connection) -> None:
+        # The HTTP/1.1 floor: from now on, no reply from this origin is read on a connection
+        # that carried an earlier one, so none can be another request's.
+        first = origin not in self._keep_alive_off
+        self._keep_alive_off.add(origin)
+        where = printable(_origin_text(origin))
+        if first:
+            head = f"{where} sent bytes nobody asked for (a late or duplicated reply): keep-alive is off for it"
+            self._warn(conn, head, "that connection", always=True)
+        else:
+            self._warn(conn, f"{where} sent bytes nobody asked for on another connection", "it")
+        stack = self._idle.pop(origin, [])
+        for idle in stack:
+            self._discard(idle)
+            self._warn(idle, where, "another of its kept-alive connections")
+        stack.clear()  # _take_idle may be popping from it
+
+    def _warn(self, conn: _Connection, head: str, which: str, *, always: bool = False) -> None:
+        """One line on the rows answered on `conn` after its first reply, if any (or `always`)."""
+        count, named = conn.exposed_count, list(conn.exposed or ())
+        conn.exposed_count, conn.exposed = 0, None  # told once
+        if self._on_warning is None or not (count or always):
+            return
+        if count:
+            rows = ", ".join(named) if len(named) == count else f"the last {len(named)}: {', '.join(named)}"
+            self._on_warning(f"{head}; {count} rows answered on {which} may hold other rows' results ({rows})")
+        else:
+            self._on_warning(f"{head}; no result read on {which} can be another row's")
 
     def _discard(self, conn: _Connection) -> None:
         conn.socket.close()
@@ -616,6 +701,17 @@ def _unacknowledged_bytes(fd: int) -> int:
     return unacknowledged
 
 
+def _holds_bytes(fd: int) -> bool:
+    """Whether socket `fd` has bytes to read (not only the server's close), without taking them."""
+    peek = socket.socket(fileno=os.dup(fd))
+    try:
+        return bool(peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except OSError:
+        return False
+    finally:
+        peek.close()
+
+
 def _keep_alive(sock: trio.socket.SocketType) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     for option, value in (
@@ -704,6 +800,11 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
+def _origin_text(origin: Origin) -> str:
+    scheme, host, port = origin
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+
+
 def _origin_key(url: httpx.URL) -> Origin:
     scheme = url.scheme
     return scheme, url.host, url.port or _DEFAULT_PORTS[scheme]
@@ -747,7 +848,7 @@ class AgentTransport(Protocol):
 
     Errors are httpx's, as `HTTP11Transport` documents them."""
 
-    async def post(self, url: httpx.URL, body: bytes, *, credentials: bool = True) -> Reply: ...
+    async def post(self, url: httpx.URL, body: bytes, *, credentials: bool = True, row: str | None = None) -> Reply: ...
 
     async def aclose(self) -> None: ...
 
@@ -779,7 +880,7 @@ class ProxyTransport:
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
         )
 
-    async def post(self, url: httpx.URL, body: bytes, *, credentials: bool = True) -> Reply:
+    async def post(self, url: httpx.URL, body: bytes, *, credentials: bool = True, row: str | None = None) -> Reply:
         headers = self._headers
         if not credentials:
             headers = [(name, value) for name, value in headers if name.lower() != "authorization"]
@@ -831,6 +932,7 @@ def open_transport(
     proxy: str | None = None,
     cafile: str | None = None,
     max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+    on_warning: Callable[[str], None] | None = None,
 ) -> AgentTransport:
     """The transport for a run: direct HTTP/1.1, or httpx's through --proxy."""
     if proxy is not None:
@@ -843,7 +945,12 @@ def open_transport(
             max_reply_bytes=max_reply_bytes,
         )
     return HTTP11Transport(
-        verify=verify, cafile=cafile, connect_timeout=connect_timeout, headers=headers, max_reply_bytes=max_reply_bytes
+        verify=verify,
+        cafile=cafile,
+        connect_timeout=connect_timeout,
+        headers=headers,
+        max_reply_bytes=max_reply_bytes,
+        on_warning=on_warning,
     )
 
 
