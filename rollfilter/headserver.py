@@ -16,9 +16,10 @@ import httpx
 import msgspec
 import trio
 
+from rollfilter.client import transport_for
 from rollfilter.config import Config
 from rollfilter.errors import ServiceError, UsageError
-from rollfilter.transport import HTTP11Transport, origin
+from rollfilter.transport import AgentTransport, origin, printable
 
 AGENT_SERVER_TYPE = "responses_api_agents"
 HEAD_SERVER_TIMEOUT = 30.0  # seconds for the one config fetch, connecting included
@@ -71,46 +72,50 @@ def agents_from_config(config: Any) -> HeadServerAgents:
     return HeadServerAgents(urls, frozenset(incomplete - set(urls)))
 
 
-async def fetch_agents(
-    base_url: str, transport: HTTP11Transport, headers: list[tuple[str, str]] | None = None
-) -> HeadServerAgents:
+async def fetch_agents(base_url: str, transport: AgentTransport) -> HeadServerAgents:
     """Fetch and parse the head server's config once; ServiceError when it cannot be had.
     The caller bounds the wait (a trio cancel scope)."""
     url = base_url.rstrip("/") + "/global_config_dict_yaml"
     where = f"the head server at {origin(base_url)}"
     try:
-        raw = [(name.encode(), value.encode()) for name, value in headers or ()]
-        response = await transport.handle_async_request(httpx.Request("GET", url, headers=raw))
-    except (httpx.TransportError, httpx.InvalidURL, KeyError) as exc:
-        raise ServiceError(f"cannot reach {where}: {exc}") from None
-    if response.status_code != 200:
-        raise ServiceError(f"{where} answered HTTP {response.status_code} for /global_config_dict_yaml")
+        reply = await transport.request(b"GET", httpx.URL(url), to_agent=False)
+    except httpx.RemoteProtocolError as exc:
+        raise ServiceError(f"{where} answered badly: {printable(str(exc))}") from None
+    except httpx.TransportError as exc:
+        raise ServiceError(f"cannot reach {where}: {printable(str(exc))}") from None
+    except httpx.InvalidURL:
+        raise ServiceError(f"cannot reach {where}: not a URL") from None
+    if reply.status != 200:
+        raise ServiceError(f"{where} answered HTTP {reply.status} for /global_config_dict_yaml")
     import yaml  # only a run with a head server pays for importing it
 
     try:
-        text = msgspec.json.decode(response.content)
+        text = msgspec.json.decode(reply.body)
         config = yaml.safe_load(text) if isinstance(text, str) else text
-    except (msgspec.DecodeError, yaml.YAMLError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, yaml.YAMLError):
         raise ServiceError(f"{where} answered something that is not its config (JSON string of YAML)") from None
     if not isinstance(config, dict):
         raise ServiceError(f"{where} answered a config that is not a mapping")
     return agents_from_config(config)
 
 
-async def resolve_endpoints(config: Config) -> tuple[dict[str, tuple[str, ...]], HeadServerAgents | None]:
-    """-e endpoints, over the head server's agents when there is one (explicit -e wins)."""
+async def resolve_endpoints(
+    config: Config, transport: AgentTransport | None = None
+) -> tuple[dict[str, tuple[str, ...]], HeadServerAgents | None]:
+    """-e endpoints, over the head server's agents when there is one (explicit -e wins).
+    The head server is asked through `transport` (the run's), or one made as a run's is:
+    --proxy, the TLS options, the -H headers (but Host) and the bounds apply to it too."""
     if config.head_server is None:
         return dict(config.endpoints), None
-    transport = HTTP11Transport(
-        verify=not config.insecure, cafile=config.cacert, connect_timeout=config.connect_timeout
-    )
+    own = transport is None
+    if transport is None:
+        transport = transport_for(config)
     try:
         with trio.move_on_after(HEAD_SERVER_TIMEOUT) as scope:
-            # The -H headers go to the head server too (an Authorization, say); Host is the agents'.
-            headers = [(name, value) for name, value in config.headers if value and name.lower() != "host"]
-            head = await fetch_agents(config.head_server, transport, headers)
+            head = await fetch_agents(config.head_server, transport)
     finally:
-        await transport.aclose()
+        if own:
+            await transport.aclose()
     if scope.cancelled_caught:
         raise ServiceError(
             f"the head server at {origin(config.head_server)} did not answer in {HEAD_SERVER_TIMEOUT:g} s"

@@ -42,7 +42,7 @@ import ssl
 import struct
 import termios
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Protocol
 
 import httptools
@@ -75,6 +75,7 @@ _HEAD_TOO_LARGE = f"the reply's header block is over {MAX_HEAD_BYTES // 1024} Ki
 _FRAMING_HEADERS = frozenset({"content-length", "transfer-encoding"})  # always the transport's own
 _RESERVED_HEADERS = _FRAMING_HEADERS | {"host", "authorization"}
 Origin = tuple[str, str, int]
+BodyChunks = Callable[[], AsyncIterator[bytes]]  # a request body, read afresh each time it is sent
 
 
 class BadReply(httpx.RemoteProtocolError):
@@ -318,12 +319,16 @@ class _Connection:
         except OSError:
             return False
 
-    async def exchange(self, method: bytes, request: bytes) -> tuple[Reply, bool]:
-        """Send one whole request; return the reply and whether the connection can be reused."""
+    async def exchange(self, method: bytes, request: bytes, body: BodyChunks | None = None) -> tuple[Reply, bool]:
+        """Send one whole request (`request`, then the chunks of `body()` if given); return
+        the reply and whether the connection can be reused."""
         reply = Reply(method, self.max_reply_bytes)
         try:
             try:
                 await self.stream.send_all(request)
+                if body is not None:
+                    async for chunk in body():
+                        await self.stream.send_all(chunk)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 return reply, await self._read_early_reply(reply, f"sending failed: {_reason(exc)}")
             return reply, await self._read_reply(reply)
@@ -390,17 +395,18 @@ class _Connection:
                 raise BadReply(_HEAD_TOO_LARGE)
 
 
-class HTTP11Transport(httpx.AsyncBaseTransport):
+class HTTP11Transport:
     """HTTP/1.1 over trio with a keep-alive stack per origin; reads whole bodies.
 
     `post` is the fast path the client uses: the request head for a URL is built once.
-    `handle_async_request` serves any httpx request the same way. Errors are httpx's:
+    `request` sends anything else (the head server's GET, /aggregate_metrics) by the same
+    rules. Errors are httpx's:
     ConnectError (CertificateError when TLS verification failed), ConnectTimeout,
     ReadError (the connection was lost before any reply byte), RemoteProtocolError
     (BadReply: the server answered, but not usably). `connect_timeout` bounds TCP connect
     plus the TLS handshake; the caller bounds the whole request.
 
-    `headers` go with every `post`; one the caller names replaces the transport's own
+    `headers` go with every request; one the caller names replaces the transport's own
     (Host). URL user info becomes Basic auth unless `headers` has an Authorization.
 
     HTTP/1.1 cannot tell a late reply that lands after the next request went out from that
@@ -451,9 +457,7 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
         if cached is None:
             if len(heads) >= MAX_CACHED_HEADS:
                 heads.clear()
-            authorization = (self._authorization or _basic_auth(url)) if credentials else None
-            extra = self._default_headers + _header_lines([("Authorization", authorization)] if authorization else [])
-            cached = heads[url] = (_origin_key(url), self._head(b"POST", url, extra, self._host))
+            cached = heads[url] = (_origin_key(url), self._head(b"POST", url, credentials=credentials))
         origin, head = cached
         request = b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body)
         reply = await self._round_trip(origin, b"POST", request, row)
@@ -461,42 +465,43 @@ class HTTP11Transport(httpx.AsyncBaseTransport):
             reply.body = decode_body(reply.encoding, reply.body, self._max_reply_bytes)
         return reply
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        url = request.url
-        body = await request.aread()
-        extra = b"".join(
-            b"%s: %s\r\n" % (name, value)
-            for name, value in request.headers.raw
-            if name.lower() not in (b"host", b"content-length", b"transfer-encoding")
-        )
-        if "authorization" not in request.headers and (authorization := _basic_auth(url)):
-            extra += _header_lines([("Authorization", authorization)])
-        method = request.method.encode()
-        head = self._head(method, url, extra, None)
-        request_bytes = b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body)
-        reply = await self._round_trip(_origin_key(url), method, request_bytes)
-        return httpx.Response(reply.status, headers=reply.headers, content=reply.body, request=request)
+    async def request(
+        self, method: bytes, url: httpx.URL, body: BodyChunks | None = None, *, length: int = 0, to_agent: bool = True
+    ) -> Reply:
+        """Any request, with the headers, credentials, bounds and errors of `post`. `body()`
+        gives the body's chunks, `length` bytes in all, afresh each time it is sent. Not
+        `to_agent` (the head server), a -H Host is not sent: it names the agents' host."""
+        head = self._head(method, url, credentials=True, to_agent=to_agent)
+        request = b"%sContent-Length: %d\r\n\r\n" % (head, length)
+        reply = await self._round_trip(_origin_key(url), method, request, body=body)
+        if reply.encoding is not None:
+            reply.body = decode_body(reply.encoding, reply.body, self._max_reply_bytes)
+        return reply
 
-    @staticmethod
-    def _head(method: bytes, url: httpx.URL, headers: bytes, host_header: str | None) -> bytes:
-        if host_header is not None:
-            host = host_header.encode()
+    def _head(self, method: bytes, url: httpx.URL, *, credentials: bool, to_agent: bool = True) -> bytes:
+        authorization = authorization_for(url, self._authorization, credentials=credentials)
+        headers = self._default_headers + (_header_lines([("Authorization", authorization)]) if authorization else b"")
+        host = self._host if to_agent else None
+        if host is not None:
+            host_bytes = host.encode()
         else:
-            host = url.raw_host
-            if b":" in host:
-                host = b"[" + host + b"]"
+            host_bytes = url.raw_host
+            if b":" in host_bytes:
+                host_bytes = b"[" + host_bytes + b"]"
             if url.port is not None:
-                host += b":%d" % url.port
-        return b"%s %s HTTP/1.1\r\nHost: %s\r\n%s" % (method, url.raw_path, host, headers)
+                host_bytes += b":%d" % url.port
+        return b"%s %s HTTP/1.1\r\nHost: %s\r\n%s" % (method, url.raw_path, host_bytes, headers)
 
-    async def _round_trip(self, origin: Origin, method: bytes, request: bytes, row: str | None = None) -> Reply:
+    async def _round_trip(
+        self, origin: Origin, method: bytes, request: bytes, row: str | None = None, body: BodyChunks | None = None
+    ) -> Reply:
         conn = self._take_idle(origin)
         reused = conn is not None
         if conn is None:
             conn = await self._connect(origin)
         while True:
             try:
-                reply, reusable = await conn.exchange(method, request)
+                reply, reusable = await conn.exchange(method, request, body)
                 break
             except _Lost as lost:
                 self._discard(conn)
@@ -769,6 +774,14 @@ def _header_lines(headers: Iterable[tuple[str, str]]) -> bytes:
     return "".join(f"{name}: {value}\r\n" for name, value in headers).encode()
 
 
+def authorization_for(url: httpx.URL, given: str | None, *, credentials: bool) -> str | None:
+    """The Authorization a request to `url` carries: the -H one, else the URL's user info as
+    Basic auth (as curl sends it); none without `credentials` (a redirect to another origin)."""
+    if not credentials:
+        return None
+    return given or _basic_auth(url)
+
+
 def _basic_auth(url: httpx.URL) -> str | None:
     """`Basic ...` from a URL's user info (http://user:password@host), as curl sends it."""
     if not url.userinfo:
@@ -844,11 +857,16 @@ def _certificate_failure(exc: BaseException) -> str | None:
 
 
 class AgentTransport(Protocol):
-    """What the client sends through: a JSON POST, whole decoded replies, and closing.
+    """What every call of a run goes through: a JSON POST (`post`), any other request
+    (`request`), whole decoded replies, and closing.
 
     Errors are httpx's, as `HTTP11Transport` documents them."""
 
     async def post(self, url: httpx.URL, body: bytes, *, credentials: bool = True, row: str | None = None) -> Reply: ...
+
+    async def request(
+        self, method: bytes, url: httpx.URL, body: BodyChunks | None = None, *, length: int = 0, to_agent: bool = True
+    ) -> Reply: ...
 
     async def aclose(self) -> None: ...
 
@@ -871,8 +889,10 @@ class ProxyTransport:
         max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
     ) -> None:
         self._max_reply_bytes = max_reply_bytes
-        self._headers = [(name, value) for name, value in headers if name.lower() not in _FRAMING_HEADERS]
-        self._has_authorization = any(name.lower() == "authorization" for name, _ in headers)
+        self._headers = [(name, value) for name, value in headers if name.lower() not in _RESERVED_HEADERS]
+        given = {name.lower(): value for name, value in headers}
+        self._host = given.get("host")
+        self._authorization = given.get("authorization")
         self._timeout = httpx.Timeout(None, connect=connect_timeout)
         self._transport = httpx.AsyncHTTPTransport(
             proxy=proxy,
@@ -881,16 +901,35 @@ class ProxyTransport:
         )
 
     async def post(self, url: httpx.URL, body: bytes, *, credentials: bool = True, row: str | None = None) -> Reply:
-        headers = self._headers
-        if not credentials:
-            headers = [(name, value) for name, value in headers if name.lower() != "authorization"]
-        elif not self._has_authorization and (authorization := _basic_auth(url)):
-            headers = [*headers, ("Authorization", authorization)]
+        return await self._send("POST", url, body, credentials=credentials, to_agent=True)
+
+    async def request(
+        self, method: bytes, url: httpx.URL, body: BodyChunks | None = None, *, length: int = 0, to_agent: bool = True
+    ) -> Reply:
+        content = body() if body is not None else b""
+        extra = [("Content-Length", str(length))] if body is not None else []
+        return await self._send(method.decode(), url, content, credentials=True, to_agent=to_agent, extra=extra)
+
+    async def _send(
+        self,
+        method: str,
+        url: httpx.URL,
+        content: bytes | AsyncIterator[bytes],
+        *,
+        credentials: bool,
+        to_agent: bool,
+        extra: list[tuple[str, str]] | None = None,
+    ) -> Reply:
+        headers = [*self._headers, *(extra or ())]
+        if to_agent and self._host is not None:
+            headers.append(("Host", self._host))
+        if authorization := authorization_for(url, self._authorization, credentials=credentials):
+            headers.append(("Authorization", authorization))
         request = httpx.Request(
-            "POST",
+            method,
             url.copy_with(username=None, password=None),
             headers=headers,
-            content=body,
+            content=content,
             extensions={"timeout": self._timeout.as_dict()},
         )
         try:

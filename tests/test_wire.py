@@ -927,3 +927,47 @@ def test_late_duplicate_replies_turn_keep_alive_off_and_every_result_at_risk_is_
     # The exposure: rows answered on a reused connection before its stray bytes were seen.
     assert misattributed <= named, (sorted(misattributed), sorted(named), exposed)
     assert len(named) <= exposed <= n
+
+
+def long_config_and_long_aggregate(request: Request, conn: Conn) -> None:
+    if request.method == "GET":  # the head server: a config that is one long string
+        conn.send(reply(200, json.dumps("x" * 5000).encode()))
+    elif request.path == "/aggregate_metrics":
+        conn.send(reply(200, json.dumps({"key_metrics": {"pad": "x" * 5000}}).encode()))
+    else:
+        conn.send(echo(request))
+
+
+def test_the_head_server_and_aggregate_metrics_have_the_bounds_of_run(tmp_path):
+    with WireServer(long_config_and_long_aggregate) as server:
+        head = run(["--head-server", server.base, "--max-reply-bytes", "1000"], input=rows_jsonl(rows_for(1)))
+        aggregate = tmp_path / "agg.json"
+        args = ["-a", "demo", "--aggregate", str(aggregate), "--max-reply-bytes", "1000"]
+        outcome = rollfilter(server.url, 2, tmp_path, *args)
+    assert head.returncode == 3
+    assert head.stderr.decode().splitlines() == [
+        f"rollfilter: the head server at {server.base} answered badly: the reply's body is over 1000 bytes"
+        " (--max-reply-bytes)"
+    ]
+    assert outcome.kinds(2) == ["ok", "ok"]
+    problems = [line for line in outcome.stderr.splitlines() if "aggregate_metrics" in line]
+    assert len(problems) == 1
+    assert "/aggregate_metrics failed: " in problems[0]
+    assert "body is over 1000 bytes" in problems[0]
+
+
+def head_with_a_length(request: Request, conn: Conn) -> None:
+    conn.send(reply(200, b"", "Content-Length: 5", length=False))  # the length a GET would have had
+
+
+async def test_a_reply_to_head_has_no_body_whatever_its_headers_say():
+    with WireServer(head_with_a_length) as server:
+        async with httpx.AsyncClient(trust_env=False) as client:
+            oracle = await client.head(server.url)
+        transport = HTTP11Transport()
+        try:
+            with trio.fail_after(10):
+                answer = await transport.request(b"HEAD", httpx.URL(server.url))
+        finally:
+            await transport.aclose()
+    assert (answer.status, answer.body) == (oracle.status_code, oracle.content) == (200, b"")
