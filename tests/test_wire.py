@@ -971,3 +971,47 @@ async def test_a_reply_to_head_has_no_body_whatever_its_headers_say():
         finally:
             await transport.aclose()
     assert (answer.status, answer.body) == (oracle.status_code, oracle.content) == (200, b"")
+
+
+def tls_server_context(certificate: tuple[Path, Path]) -> ssl.SSLContext:
+    cert, key = certificate
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context
+
+
+async def test_a_tls_connection_is_kept_alive_and_reused(certificate):
+    transport = HTTP11Transport(cafile=str(certificate[0]))
+    try:
+        with WireServer(tls=tls_server_context(certificate)) as server:
+            url = httpx.URL(server.url)
+            answers = [json.loads((await transport.post(url, b'{"id": %d}' % i)).body)["echo"] for i in range(3)]
+            assert (answers, server.connections, server.handshakes) == ([0, 1, 2], 1, 1)
+    finally:
+        await transport.aclose()
+
+
+async def test_the_check_before_reuse_sees_a_tls_record_that_came_with_the_reply(certificate):
+    """Two TLS records in one TCP segment: the reply and one nobody asked for. Reading the
+    reply takes both off the socket, so poll() sees nothing: only what TLS holds tells."""
+    injected = reply(200, b'{"echo": "INJECTED", "reward": 0.5}')
+
+    def two_records_at_once(request: Request, conn: Conn) -> None:
+        if request.json()["id"] != 0:
+            conn.send(echo(request))
+            return
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)  # hold both records back...
+        conn.send(echo(request))
+        conn.send(injected)
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)  # ...and send them together
+
+    transport = HTTP11Transport(cafile=str(certificate[0]))
+    try:
+        with WireServer(two_records_at_once, tls=tls_server_context(certificate)) as server:
+            url = httpx.URL(server.url)
+            first = await transport.post(url, b'{"id": 0}')
+            second = await transport.post(url, b'{"id": 1}')
+            assert (json.loads(first.body)["echo"], json.loads(second.body)["echo"]) == (0, 1)
+            assert server.connections == 2
+    finally:
+        await transport.aclose()
