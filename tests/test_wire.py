@@ -1015,3 +1015,29 @@ async def test_the_check_before_reuse_sees_a_tls_record_that_came_with_the_reply
             assert server.connections == 2
     finally:
         await transport.aclose()
+
+
+@pytest.mark.parametrize(
+    ("header", "problem"),
+    [
+        (("X-Key", "s3cret\r\nInjected: 1"), "X-Key: the value holds CR, LF or NUL"),
+        (("X-Key", "s3cret\nInjected: 1"), "X-Key: the value holds CR, LF or NUL"),
+        (("X-Key", "s3cret\0"), "X-Key: the value holds CR, LF or NUL"),
+        (("X-Key\r\nInjected", "s3cret"), "holds a name that is empty"),
+        (("X Key", "s3cret"), "holds a name that is empty"),
+        (("", "s3cret"), "holds a name that is empty"),
+    ],
+)
+def test_config_refuses_the_headers_that_h_refuses(header: tuple[str, str], problem: str):
+    from rollfilter.config import Config, ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        Config(url="http://127.0.0.1:9/run", headers=(header,))
+    assert refused.value.field == "headers"
+    assert problem in str(refused.value)
+    assert "s3cret" not in str(refused.value)
+    if "\0" not in header[1]:  # an argument cannot hold a NUL
+        given = f"{header[0]}: {header[1]}"
+        proc = run(["-u", "http://127.0.0.1:9/run", "-H", given], input=rows_jsonl(rows_for(1)))
+        assert proc.returncode == 2  # as -H refuses it
+        assert b"s3cret" not in proc.stderr
