@@ -797,7 +797,8 @@ def origin(url: httpx.URL | str) -> str:
     except httpx.InvalidURL:
         return "(an invalid URL)"
     port = f":{parsed.port}" if parsed.port else ""
-    return printable(f"{parsed.scheme}://{parsed.host}{port}")
+    host = f"[{parsed.host}]" if ":" in parsed.host else parsed.host  # an IPv6 address, as URLs write it
+    return printable(f"{parsed.scheme}://{host}{port}")
 
 
 def shown(url: httpx.URL) -> str:

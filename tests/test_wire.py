@@ -29,6 +29,9 @@ from typing import Any
 import httpx
 import pytest
 import trio
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rollfilter import transport as wire
 from rollfilter.transport import HTTP11Transport
@@ -1041,3 +1044,83 @@ def test_config_refuses_the_headers_that_h_refuses(header: tuple[str, str], prob
         proc = run(["-u", "http://127.0.0.1:9/run", "-H", given], input=rows_jsonl(rows_for(1)))
         assert proc.returncode == 2  # as -H refuses it
         assert b"s3cret" not in proc.stderr
+
+
+HEAD_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.sampled_from(["127.0.0.1", "::1", "agent.example", "8000", "\u00b2", "99999", "a b", "x/y", "u@h", "${port}"]),
+    st.lists(st.integers(), max_size=2),
+)
+HEAD_CONFIGS = st.dictionaries(
+    st.one_of(st.text(max_size=8), st.integers()),
+    st.one_of(
+        HEAD_VALUES,
+        st.fixed_dictionaries(
+            {"responses_api_agents": st.dictionaries(st.text(max_size=8), st.dictionaries(
+                st.sampled_from(["host", "port", "entrypoint"]), HEAD_VALUES, max_size=3), max_size=2)}
+        ),
+    ),
+    max_size=4,
+)  # fmt: skip
+WHERE = "the head server at http://127.0.0.1:11000"
+
+
+def head_answer_outcome(body: bytes) -> dict[str, str] | str:
+    """What rollfilter makes of a head server's answer: agent URLs, or the ServiceError's text."""
+    from rollfilter.errors import ServiceError
+    from rollfilter.headserver import agents_from_answer
+
+    try:
+        return agents_from_answer(body, WHERE).urls
+    except ServiceError as exc:
+        return str(exc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(HEAD_CONFIGS)
+def test_any_config_a_head_server_answers_gives_usable_urls_or_one_line_naming_the_server(config: dict):
+    from rollfilter.config import agent_url
+
+    outcome = head_answer_outcome(json.dumps(yaml.safe_dump(config)).encode())
+    if isinstance(outcome, str):
+        assert outcome.startswith(WHERE)
+        assert "\n" not in outcome
+        return
+    for url in outcome.values():
+        assert agent_url(url) == url  # what -u would take
+        assert 0 < (httpx.URL(url).port or 0) < 65536
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=64), st.text(max_size=64).map(lambda text: json.dumps(text).encode())))
+def test_any_answer_a_head_server_gives_is_its_agents_or_one_line_naming_the_server(body: bytes):
+    outcome = head_answer_outcome(body)
+    assert isinstance(outcome, dict) or (outcome.startswith(WHERE) and "\n" not in outcome)
+
+
+@pytest.mark.parametrize("port", ["\u00b2", 99999, 0, "8000x"])
+def test_a_head_server_port_that_cannot_be_used_is_exit_3_naming_the_server_and_the_field(port: Any):
+    config = {"simple_agent": {"responses_api_agents": {"simple_agent": {"host": "127.0.0.1", "port": port}}}}
+    answer = reply(200, json.dumps(yaml.safe_dump(config)).encode())
+    with WireServer(lambda request, conn: conn.send(answer)) as server:
+        proc = run(["--head-server", server.base, "-a", "simple_agent"], input=rows_jsonl(rows_for(1)))
+    assert proc.returncode == 3
+    assert proc.stderr.decode().splitlines() == [
+        f"rollfilter: the head server at {server.base} gives simple_agent.responses_api_agents.simple_agent.port,"
+        " which is not a TCP port (an integer from 1 to 65535)"
+    ]
+
+
+def test_ipv6_origins_are_printed_in_brackets(tmp_path):
+    with socket.socket(socket.AF_INET6) as probe:
+        probe.bind(("::1", 0))
+        port = probe.getsockname()[1]
+    # Nothing listens there now: each row fails to connect, and its message names the origin.
+    outcome = rollfilter(f"http://[::1]:{port}/run", 1, tmp_path, "--retries", "0")
+    assert outcome.kinds(1) == ["connect"]
+    assert outcome.failures[0]["error"]["message"].startswith(f"cannot connect to http://[::1]:{port}: ")
+    assert wire.origin(f"http://[::1]:{port}/run?key=s3cret") == f"http://[::1]:{port}"
