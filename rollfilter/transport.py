@@ -133,17 +133,21 @@ def body_framing(method: bytes, status: int, headers: Iterable[tuple[bytes, byte
     and 304 carry no body; Transfer-Encoding wins over Content-Length, and frames the body
     only when chunked is its last coding (else the body runs to the connection's end); then
     Content-Length; then the connection's end."""
-    if method == b"HEAD" or status < 200 or status in (204, 304):
-        return Framing.NONE
-    framing = Framing.TO_CLOSE
+    if status < 200 or status == 204 or status == 304 or method == b"HEAD":
+        return _NO_BODY
+    framing = _TO_CLOSE
     for name, value in headers:
-        lower = name.lower()
-        if lower == b"transfer-encoding":
-            chunked = value.rstrip().lower().endswith(b"chunked")
-            return Framing.CHUNKED if chunked else Framing.TO_CLOSE
-        if lower == b"content-length":
-            framing = Framing.LENGTH
+        # Names are compared by length first: lower() on every header of every reply shows.
+        size = len(name)
+        if size == 17 and name.lower() == b"transfer-encoding":
+            return _CHUNKED if value.rstrip().lower().endswith(b"chunked") else _TO_CLOSE
+        if size == 14 and name.lower() == b"content-length":
+            framing = _LENGTH
     return framing
+
+
+# Enum members looked up once: attribute access on an Enum class is slow on the per-reply path.
+_NO_BODY, _LENGTH, _CHUNKED, _TO_CLOSE = Framing.NONE, Framing.LENGTH, Framing.CHUNKED, Framing.TO_CLOSE
 
 
 class Reply:
@@ -183,7 +187,7 @@ class Reply:
         self.complete = False
         self.keep_alive = False
         self.head_bytes = 0
-        self.framing = Framing.TO_CLOSE  # decided when the head is complete
+        self.framing = _TO_CLOSE  # decided when the head is complete
         self.encoding: bytes | None = None
 
     # httptools parser callbacks
@@ -203,7 +207,7 @@ class Reply:
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()  # not 0 from here: the head is done
         self.framing = body_framing(self.method, self.status, self.headers)
-        if self.framing is Framing.NONE and self.status >= 200 and self.method == b"HEAD":
+        if self.framing is _NO_BODY and self.method == b"HEAD" and self.status >= 200:
             raise _NoBody  # llhttp reads 1xx, 204 and 304 as bodiless itself
 
     def on_body(self, data: bytes) -> None:
@@ -218,7 +222,7 @@ class Reply:
         # llhttp forgets this once feed_data() returns. A reply framed both ways may be a
         # response split in two (RFC 9112 section 6.3): the connection is not used again.
         self.keep_alive = self.parser.should_keep_alive() and not (
-            self.framing is Framing.CHUNKED and self.header(b"content-length") is not None
+            self.framing is _CHUNKED and self.header(b"content-length") is not None
         )
 
     @classmethod
@@ -359,7 +363,7 @@ class _Connection:
                 unread = not _errnos(exc) & _RESET_ERRNOS and self._closed_before_the_request_arrived()
                 raise _Lost(f"connection lost: {_reason(exc)}", unread=unread) from None
             if not data:
-                if reply.status and reply.framing is Framing.TO_CLOSE:
+                if reply.status and reply.framing is _TO_CLOSE:
                     reply.on_message_complete()  # a body delimited by the connection's end
                     return False
                 if received:
