@@ -15,7 +15,8 @@ connections honest"):
 - an idle connection is checked before every reuse, with one non-blocking poll(): a
   readable one was closed by the server or holds bytes nobody asked for, and is dropped;
 - idle connections expire after IDLE_EXPIRY, before common server keep-alive timeouts;
-- bytes after a complete reply mean the connection is not used again;
+- bytes nobody asked for (after a complete reply, or found by the check before reuse) turn
+  keep-alive off for that origin for the rest of the run (`HTTP11Transport` says why);
 - a request that provably never reached the server on a reused connection (sending it
   failed, or the server had closed before acknowledging it) is sent again at once on a
   new one; any other loss (a reset after the request went out, say) is left to the
