@@ -11,7 +11,9 @@ them. The answers make NeMo Gym's aggregate file: a JSON list with one
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
+import math
 import os
 import tempfile
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -19,12 +21,13 @@ from typing import IO, Any
 
 import httpx
 import msgspec
+import trio
 
-from rollfilter.client import request_headers
+from rollfilter.client import transport_failure, transport_for
 from rollfilter.config import Config
 from rollfilter.routing import Router
 from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX
-from rollfilter.transport import origin, tls_context
+from rollfilter.transport import AgentTransport, origin
 
 # What NeMo Gym's collector leaves out of each verify response (response.usage is put back).
 HEAVY_FIELDS = frozenset(
@@ -219,9 +222,10 @@ def aggregate_url(run_url: str) -> str:
 
 
 async def request_aggregates(
-    spool: ResultSpool, run_urls: Mapping[str, str], client: httpx.AsyncClient
+    spool: ResultSpool, run_urls: Mapping[str, str], transport: AgentTransport, seconds_per_call: float | None = None
 ) -> AggregateReport:
-    """POST each spooled agent's results to its /aggregate_metrics; never raises for an agent."""
+    """POST each spooled agent's results to its /aggregate_metrics through `transport`, each
+    call within `seconds_per_call` when given; never raises for an agent."""
     report = AggregateReport()
     if spool.unnamed:
         report.problems.append(
@@ -235,30 +239,32 @@ async def request_aggregates(
         if run_url is None:
             report.problems.append(f"no URL for agent {name!r}: give -e {name}=URL, --head-server, or -u")
             continue
-        url = aggregate_url(run_url)
+        url = httpx.URL(aggregate_url(run_url))
         where = f"agent {name!r} ({origin(url)})"
-        try:
-            response = await client.post(
-                url,
-                content=spool.body(name),
-                headers={"Content-Type": "application/json", "Content-Length": str(spool.body_size(name))},
-            )
-            content = await response.aread()
-        except httpx.HTTPError as exc:
-            report.problems.append(f"{where}: /aggregate_metrics failed: {type(exc).__name__}: {exc}")
+        reply = None
+        with trio.move_on_after(math.inf if seconds_per_call is None else seconds_per_call):
+            try:
+                reply = await transport.request(
+                    b"POST", url, functools.partial(spool.body, name), length=spool.body_size(name)
+                )
+            except httpx.TransportError as exc:
+                report.problems.append(f"{where}: /aggregate_metrics failed: {transport_failure(url, exc).message}")
+                continue
+            except Exception as exc:  # one agent's surprise costs its aggregate (its text may hold secrets)
+                report.problems.append(f"{where}: /aggregate_metrics failed: unexpected {type(exc).__name__}")
+                continue
+        if reply is None:
+            report.problems.append(f"{where}: /aggregate_metrics gave no answer within {seconds_per_call:g} s")
             continue
-        except Exception as exc:  # one agent's surprise costs its aggregate, not the run (its text may hold secrets)
-            report.problems.append(f"{where}: /aggregate_metrics failed: unexpected {type(exc).__name__}")
-            continue
-        if response.status_code == 404:
+        if reply.status == 404:
             report.problems.append(f"{where} has no /aggregate_metrics (HTTP 404)")
             continue
-        if response.status_code != 200:
-            report.problems.append(f"{where}: /aggregate_metrics answered HTTP {response.status_code}")
+        if reply.status != 200:
+            report.problems.append(f"{where}: /aggregate_metrics answered HTTP {reply.status}")
             continue
         try:
-            answer = msgspec.json.decode(content, type=_Answer)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+            answer = msgspec.json.decode(reply.body, type=_Answer)
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
             report.problems.append(f"{where}: /aggregate_metrics answered something that is not its metrics")
             continue
         report.entries.append(
@@ -274,16 +280,12 @@ async def request_aggregates(
 
 async def aggregate_run(spool: ResultSpool, router: Router, config: Config) -> AggregateReport:
     """Ask each agent of the run for its aggregate metrics at the URL its rows went to
-    (`router`), through httpx (a few calls a run:
-    speed does not matter here). `--timeout` bounds each call when given; the -H headers, TLS
-    checks and --proxy apply as they do to /run."""
-    timeout = httpx.Timeout(config.timeout, connect=config.connect_timeout)
-    async with httpx.AsyncClient(
-        headers=[(name.encode(), value.encode()) for name, value in request_headers(config)],  # -H values in UTF-8
-        verify=tls_context(verify=not config.insecure, cafile=config.cacert),
-        timeout=timeout,
-        proxy=config.proxy,
-        trust_env=False,
-    ) as client:
+    (`router`), by the rules of /run: the -H headers, the TLS options, --proxy, the reply
+    bound and the error kinds apply as they do there. `--timeout` bounds each call when given."""
+    transport = transport_for(config)
+    try:
         urls = {name: router.run_url(name) for name in spool.agents}
-        return await request_aggregates(spool, {name: url for name, url in urls.items() if url}, client)
+        known = {name: url for name, url in urls.items() if url}
+        return await request_aggregates(spool, known, transport, config.timeout)
+    finally:
+        await transport.aclose()

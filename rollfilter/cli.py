@@ -45,7 +45,7 @@ from rollfilter.demo import DemoOptions
 from rollfilter.errors import ExitStatus, RollfilterError, UsageError
 from rollfilter.gc_policy import collect_garbage_for_a_run
 from rollfilter.resume import max_attempts_from_environment
-from rollfilter.transport import connections_that_fit, raise_open_file_limit
+from rollfilter.transport import DEFAULT_MAX_REPLY_BYTES, connections_that_fit, raise_open_file_limit
 from rollfilter.writers import OutputClosed, OutputFailed, write_all
 
 EXAMPLE_ROWS = Path(__file__).parent / "examples" / "weather.jsonl"  # NeMo Gym's five-row example
@@ -78,6 +78,7 @@ OPTION_OF_FIELD = {  # every Config field, as the command line names it
     "aggregate": "--aggregate",
     "cacert": "--cacert",
     "cross_origin_redirects": "--cross-origin-redirects",
+    "max_reply_bytes": "--max-reply-bytes",
 }
 HELP = """Collect agent rollouts: JSONL rows in (FILEs or stdin), one result line out per row as it finishes.
 
@@ -428,6 +429,15 @@ def parse_and_run(
             min=1,
         ),
     ] = DEFAULT_MAX_LINE_BYTES,
+    max_reply_bytes: Annotated[
+        int,
+        typer.Option(
+            "--max-reply-bytes",
+            metavar="N",
+            help="Fail a row whose reply body is longer than N bytes, as received or decoded (bad_response).",
+            min=1,
+        ),
+    ] = DEFAULT_MAX_REPLY_BYTES,
     dry_run: Annotated[
         bool,
         typer.Option("--dry-run", help="Send nothing: print each row as it would be sent, its route on stderr."),
@@ -490,6 +500,7 @@ def parse_and_run(
             proxy=proxy,
             cacert=cacert,
             cross_origin_redirects=cross_origin_redirects,
+            max_reply_bytes=max_reply_bytes,
         )
         config = CommandConfig(
             engine,

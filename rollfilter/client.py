@@ -90,14 +90,17 @@ def request_headers(config: Config) -> list[tuple[str, str]]:
     ]
 
 
-def transport_for(config: Config) -> AgentTransport:
-    """The transport a run sends through, as `config` asks (TLS checks, headers, --proxy)."""
+def transport_for(config: Config, on_warning: Callable[[str], None] | None = None) -> AgentTransport:
+    """The transport a run sends through, as `config` asks (TLS checks, headers, --proxy);
+    `on_warning` gets its one-line warnings (a server that sent bytes nobody asked for)."""
     return open_transport(
+        on_warning=on_warning,
         verify=not config.insecure,
         cafile=config.cacert,
         connect_timeout=config.connect_timeout,
         headers=request_headers(config),
         proxy=config.proxy,
+        max_reply_bytes=config.max_reply_bytes,
     )
 
 
@@ -132,6 +135,7 @@ class AgentClient:
     async def run(self, job: Job, agent: Agent) -> dict[str, Any] | RowFailure:
         """Send `job`'s body until it succeeds or its retries are spent; `job` goes to the callbacks."""
         body = job.body
+        row = f"{job.source}:{job.line}"  # how a warning from the transport names it
         replica: Replica | None = None
         attempt = 0
         try:
@@ -148,7 +152,7 @@ class AgentClient:
                 signal = Signal.NEUTRAL  # a cancelled attempt says nothing about the agent
                 started = trio.current_time()
                 try:
-                    outcome, retry_after = await self._attempt(replica.url, body)
+                    outcome, retry_after = await self._attempt(replica.url, body, row)
                     signal = load_signal(outcome)
                 finally:
                     replica.outstanding -= 1
@@ -177,13 +181,15 @@ class AgentClient:
             message = f"unexpected {type(exc).__name__} while sending the row or reading its reply (-v shows it)"
             return RowFailure(ErrorKind.INTERNAL, message, attempts=attempt)
 
-    async def _attempt(self, url: httpx.URL, body: bytes) -> tuple[dict[str, Any] | RowFailure, float | None]:
+    async def _attempt(
+        self, url: httpx.URL, body: bytes, row: str | None = None
+    ) -> tuple[dict[str, Any] | RowFailure, float | None]:
         """One attempt within --timeout: the POST, and the 307/308 redirects it is sent on to."""
         target, credentials, status = url, True, 0
         with trio.move_on_after(self._timeout):
             for _ in range(MAX_REDIRECTS + 1):
                 try:
-                    reply = await self._transport.post(target, body, credentials=credentials)
+                    reply = await self._transport.post(target, body, credentials=credentials, row=row)
                 except httpx.TransportError as exc:
                     return transport_failure(target, exc), None
                 status = reply.status
@@ -206,13 +212,17 @@ class AgentClient:
         status = reply.status
         content = reply.body
         if 200 <= status < 300:  # any 2xx carries the result, as NeMo Gym's raise_for_status has it
+            if not content:
+                message = f"HTTP {status} {_reason_phrase(status)}: a reply with no body, where a result was due"
+                return RowFailure(ErrorKind.BAD_RESPONSE, message, status), None
             try:
                 result = _decode(content)
             except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-                message = f"200 with a body that is not JSON: {_snippet(content)}"
+                message = f"{status} with a body that is not JSON: {_snippet(content)}"
                 return RowFailure(ErrorKind.BAD_RESPONSE, message, status), None
             if not isinstance(result, dict):
-                return RowFailure(ErrorKind.BAD_RESPONSE, "200 with a JSON body that is not an object", status), None
+                message = f"{status} with a JSON body that is not an object"
+                return RowFailure(ErrorKind.BAD_RESPONSE, message, status), None
             return result, None
         retryable = status in self._retry_statuses
         retry_header = reply.header(b"retry-after") if retryable else None

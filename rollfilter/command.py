@@ -339,7 +339,6 @@ async def _run_open(
     config = command.engine
     control = RunControl()
     metrics = Metrics()
-    transport = transport_for(config)
     write_failures: list[OutputFailed] = []
 
     def output_failed(failure: OutputClosed | OutputFailed) -> None:
@@ -387,6 +386,8 @@ async def _run_open(
 
     def say(text: str) -> None:
         log.write(f"rollfilter: {text}\n".encode(errors="replace"))
+
+    transport = transport_for(config, on_warning=say)
 
     reader = LineReader(command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=streams.stdin, on_problem=say)
     engine: Engine | None = None

@@ -21,6 +21,7 @@ from rollfilter.budget import DEFAULT_RATIO
 from rollfilter.cost import Price, PriceError, parse_price, prices_from_mapping
 from rollfilter.errors import UsageError
 from rollfilter.resume import DEFAULT_MAX_ATTEMPTS
+from rollfilter.transport import DEFAULT_MAX_REPLY_BYTES
 
 DEFAULT_CONCURRENCY = 32
 DEFAULT_RETRIES = 3
@@ -104,6 +105,7 @@ class Config:
     aggregate: bool = False  # ask each agent for its /aggregate_metrics when the run ends
     cacert: str | None = None  # a PEM file of the CAs to trust instead of the system's (--cacert)
     cross_origin_redirects: bool = False  # follow 307/308 to another scheme, host or port too
+    max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES  # a longer reply body fails its row as bad_response
 
     def __post_init__(self) -> None:
         # URLs are checked and completed here, so the API and the CLI agree on them.
@@ -125,6 +127,15 @@ class Config:
                 raise ConfigError(field, f"is not usable: {exc}") from None
         if self.cacert is not None:
             check_cacert(self.cacert)
+        object.__setattr__(self, "headers", tuple(tuple(header) for header in self.headers))
+        for header in self.headers:
+            if len(header) != 2 or not all(isinstance(part, str) for part in header):
+                raise ConfigError("headers", "wants (name, value) pairs of strings")
+            name, value = header
+            if not _is_header_name(name):
+                raise ConfigError("headers", "holds a name that is empty or has spaces, control characters or ':'")
+            if not _is_header_value(value):
+                raise ConfigError("headers", f"{name}: the value holds CR, LF or NUL (the value is not shown)")
         if self.concurrency < 1:
             raise ConfigError("concurrency", "must be at least 1")
         object.__setattr__(self, "repeats_by_agent", dict(self.repeats_by_agent))
@@ -146,6 +157,8 @@ class Config:
             raise ConfigError("timeout", "must be a positive number of seconds")
         if not self.connect_timeout > 0:
             raise ConfigError("connect_timeout", "must be a positive number of seconds")
+        if self.max_reply_bytes < 1:
+            raise ConfigError("max_reply_bytes", "must be at least 1")
         if self.shard is not None and not 0 <= self.shard[0] < self.shard[1]:
             raise ConfigError("shard", "wants 0 <= I < N")
         if not math.isfinite(self.pass_threshold):
@@ -349,13 +362,22 @@ def parse_param(spec: str) -> tuple[str, Any]:
 def parse_header(spec: str) -> tuple[str, str]:
     """`Name: value`, as curl's -H. The value is a secret: it never appears in a message."""
     name, sep, value = spec.partition(":")
-    name = name.strip()
-    if not sep or not name or any(c.isspace() or not c.isprintable() for c in name):
+    name, value = name.strip(), value.strip()
+    if not sep or not _is_header_name(name):
         raise UsageError("-H/--header wants 'Name: value' (the value is not shown)")
-    value = value.strip()
-    if any(c in "\r\n\0" for c in value):
-        raise UsageError(f"-H/--header {name}: the value holds a line break (the value is not shown)")
+    if not _is_header_value(value):
+        raise UsageError(f"-H/--header {name}: the value holds a line break or NUL (the value is not shown)")
     return name, value
+
+
+def _is_header_name(name: str) -> bool:
+    return bool(name) and not any(c.isspace() or not c.isprintable() or c == ":" for c in name)
+
+
+def _is_header_value(value: str) -> bool:
+    # CR and LF would end the header on the wire and start another (header injection); NUL
+    # ends it for many servers.
+    return not any(c in "\r\n\0" for c in value)
 
 
 def parse_statuses(spec: str) -> frozenset[int]:

@@ -330,7 +330,7 @@ async def prepare(
     """
     if not config.names_an_agent:
         raise ConfigError("url", "is not given, nor endpoints or head_server: no agent to send rows to")
-    endpoints, head = await resolve_endpoints(config)
+    endpoints, head = await resolve_endpoints(config, transport)
     if config.prices:
         metrics.spending = Spending(config.prices)
 

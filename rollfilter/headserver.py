@@ -16,13 +16,17 @@ import httpx
 import msgspec
 import trio
 
+from rollfilter.client import transport_for
 from rollfilter.config import Config
 from rollfilter.errors import ServiceError, UsageError
-from rollfilter.transport import HTTP11Transport, origin
+from rollfilter.transport import AgentTransport, origin, printable
 
 AGENT_SERVER_TYPE = "responses_api_agents"
 HEAD_SERVER_TIMEOUT = 30.0  # seconds for the one config fetch, connecting included
 _INTERPOLATION = re.compile(r"^\$\{([^}]+)\}$")
+# A host name or an IPv4 address (letters, digits, '-', '.', '_'), or an IPv6 address: what
+# can stand between http:// and :port.
+_HOST = re.compile(r"^(?:[A-Za-z0-9_.-]+|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*)\Z")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -49,8 +53,13 @@ def _resolve(value: Any, config: dict[str, Any]) -> Any:
     return node
 
 
-def agents_from_config(config: Any) -> HeadServerAgents:
-    """Every responses_api_agents entry of a NeMo Gym config, by its top-level name."""
+def agents_from_config(config: Any, where: str = "the head server") -> HeadServerAgents:
+    """Every responses_api_agents entry of a NeMo Gym config, by its top-level name.
+
+    An entry without a host or a port is incomplete (its agent cannot be used). One whose
+    host or port cannot make an agent URL (a port out of range or not an integer, a host
+    that is not a host name) is a ServiceError naming `where` and the field, never its value
+    (the config may hold secrets)."""
     urls: dict[str, str] = {}
     incomplete: set[str] = set()
     if not isinstance(config, dict):
@@ -59,58 +68,82 @@ def agents_from_config(config: Any) -> HeadServerAgents:
         servers = entry.get(AGENT_SERVER_TYPE) if isinstance(entry, dict) else None
         if not isinstance(servers, dict):
             continue
-        for server in servers.values():
-            host = _resolve(server.get("host"), config) if isinstance(server, dict) else None
-            port = _resolve(server.get("port"), config) if isinstance(server, dict) else None
-            if isinstance(host, str) and host and str(port).isdigit():
-                bracketed = f"[{host}]" if ":" in host else host
-                urls[str(name)] = f"http://{bracketed}:{int(str(port))}/run"
-                break
+        for implementation, server in servers.items():
+            if not isinstance(server, dict):
+                continue
+            host, port = _resolve(server.get("host"), config), _resolve(server.get("port"), config)
+            if host is None or port is None or host == "":
+                continue
+            field = f"{printable(str(name))}.{AGENT_SERVER_TYPE}.{printable(str(implementation))}"
+            urls[str(name)] = _agent_url(host, port, f"{where} gives {field}")
+            break
         else:
             incomplete.add(str(name))
     return HeadServerAgents(urls, frozenset(incomplete - set(urls)))
 
 
-async def fetch_agents(
-    base_url: str, transport: HTTP11Transport, headers: list[tuple[str, str]] | None = None
-) -> HeadServerAgents:
+def _agent_url(host: Any, port: Any, where: str) -> str:
+    """http://host:port/run from a config entry's values, or ServiceError naming the field."""
+    if type(port) is str and port.isascii() and port.isdigit():  # "²" is a digit to Python
+        port = int(port)
+    if type(port) is not int or not 0 < port < 65536:
+        raise ServiceError(f"{where}.port, which is not a TCP port (an integer from 1 to 65535)")
+    if not isinstance(host, str) or not _HOST.match(host):
+        raise ServiceError(f"{where}.host, which is not a host name or IP address")
+    bracketed = f"[{host}]" if ":" in host else host
+    return f"http://{bracketed}:{port}/run"
+
+
+async def fetch_agents(base_url: str, transport: AgentTransport) -> HeadServerAgents:
     """Fetch and parse the head server's config once; ServiceError when it cannot be had.
     The caller bounds the wait (a trio cancel scope)."""
     url = base_url.rstrip("/") + "/global_config_dict_yaml"
     where = f"the head server at {origin(base_url)}"
     try:
-        raw = [(name.encode(), value.encode()) for name, value in headers or ()]
-        response = await transport.handle_async_request(httpx.Request("GET", url, headers=raw))
-    except (httpx.TransportError, httpx.InvalidURL, KeyError) as exc:
-        raise ServiceError(f"cannot reach {where}: {exc}") from None
-    if response.status_code != 200:
-        raise ServiceError(f"{where} answered HTTP {response.status_code} for /global_config_dict_yaml")
+        reply = await transport.request(b"GET", httpx.URL(url), to_agent=False)
+    except httpx.RemoteProtocolError as exc:
+        raise ServiceError(f"{where} answered badly: {printable(str(exc))}") from None
+    except httpx.TransportError as exc:
+        raise ServiceError(f"cannot reach {where}: {printable(str(exc))}") from None
+    except httpx.InvalidURL:
+        raise ServiceError(f"cannot reach {where}: not a URL") from None
+    if reply.status != 200:
+        raise ServiceError(f"{where} answered HTTP {reply.status} for /global_config_dict_yaml")
+    return agents_from_answer(reply.body, where)
+
+
+def agents_from_answer(body: bytes, where: str) -> HeadServerAgents:
+    """The agents in a head server's answer to /global_config_dict_yaml (a JSON string of
+    YAML); ServiceError, naming `where`, for anything else it may answer."""
     import yaml  # only a run with a head server pays for importing it
 
     try:
-        text = msgspec.json.decode(response.content)
+        text = msgspec.json.decode(body)
         config = yaml.safe_load(text) if isinstance(text, str) else text
-    except (msgspec.DecodeError, yaml.YAMLError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, ValueError, yaml.YAMLError):
         raise ServiceError(f"{where} answered something that is not its config (JSON string of YAML)") from None
     if not isinstance(config, dict):
         raise ServiceError(f"{where} answered a config that is not a mapping")
-    return agents_from_config(config)
+    return agents_from_config(config, where)
 
 
-async def resolve_endpoints(config: Config) -> tuple[dict[str, tuple[str, ...]], HeadServerAgents | None]:
-    """-e endpoints, over the head server's agents when there is one (explicit -e wins)."""
+async def resolve_endpoints(
+    config: Config, transport: AgentTransport | None = None
+) -> tuple[dict[str, tuple[str, ...]], HeadServerAgents | None]:
+    """-e endpoints, over the head server's agents when there is one (explicit -e wins).
+    The head server is asked through `transport` (the run's), or one made as a run's is:
+    --proxy, the TLS options, the -H headers (but Host) and the bounds apply to it too."""
     if config.head_server is None:
         return dict(config.endpoints), None
-    transport = HTTP11Transport(
-        verify=not config.insecure, cafile=config.cacert, connect_timeout=config.connect_timeout
-    )
+    own = transport is None
+    if transport is None:
+        transport = transport_for(config)
     try:
         with trio.move_on_after(HEAD_SERVER_TIMEOUT) as scope:
-            # The -H headers go to the head server too (an Authorization, say); Host is the agents'.
-            headers = [(name, value) for name, value in config.headers if value and name.lower() != "host"]
-            head = await fetch_agents(config.head_server, transport, headers)
+            head = await fetch_agents(config.head_server, transport)
     finally:
-        await transport.aclose()
+        if own:
+            await transport.aclose()
     if scope.cancelled_caught:
         raise ServiceError(
             f"the head server at {origin(config.head_server)} did not answer in {HEAD_SERVER_TIMEOUT:g} s"

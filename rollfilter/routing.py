@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -16,9 +16,11 @@ from rollfilter.adaptive import AdaptiveWindow
 from rollfilter.budget import RetryBudget
 from rollfilter.config import Config
 from rollfilter.errors import ErrorKind
-from rollfilter.headserver import HeadServerAgents
 from rollfilter.outcomes import RowFailure
 from rollfilter.transport import shown
+
+if TYPE_CHECKING:
+    from rollfilter.headserver import HeadServerAgents
 
 COOLDOWN_BASE = 1.0  # a replica whose connections fail sits out this long, doubling
 COOLDOWN_CAP = 60.0

@@ -54,7 +54,7 @@ class ScriptedTransport:
         self.steps = list(steps)
         self.calls: list[Call] = []
 
-    async def post(self, url: httpx.URL, body: bytes, *, credentials: bool = True) -> Reply:
+    async def post(self, url: httpx.URL, body: bytes, *, credentials: bool = True, row: str | None = None) -> Reply:
         self.calls.append(Call(trio.current_time(), url, body, credentials))
         step = self.steps.pop(0) if len(self.steps) > 1 else self.steps[0]
         if callable(step):

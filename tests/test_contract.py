@@ -14,6 +14,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.parse
 import urllib.request
 import zlib
 from collections import Counter
@@ -356,3 +357,14 @@ def test_proxy_environment_variables_are_not_read(demo_server: DemoServer):
     assert (by_url.returncode, by_name.returncode) == (0, 0), (by_url.stderr, by_name.stderr)
     assert proxy.requests == []
     assert demo_server.stats()["requests"] == 6
+
+
+def test_every_call_of_a_run_goes_through_the_proxy(demo_server: DemoServer, tmp_path):
+    """The head server, /run and /aggregate_metrics share one HTTP path, --proxy included."""
+    rows = [{**row, "agent_ref": {"name": "simple_agent"}} for row in simple_rows(3)]
+    with serving(RecordingProxy()) as proxy, serving(HeadServer(demo_server.port)) as head:
+        args = ["--head-server", head.url, "--proxy", proxy.url, "--aggregate", str(tmp_path / "agg.json")]
+        proc = run(args, input=rows_jsonl(rows))
+    assert proc.returncode == 0, proc.stderr
+    carried = sorted(f"{method} {urllib.parse.urlsplit(url).path}" for method, url in map(str.split, proxy.requests))
+    assert carried == ["GET /global_config_dict_yaml", "POST /aggregate_metrics", *["POST /run"] * 3]

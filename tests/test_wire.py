@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import gzip
 import itertools
 import json
 import os
+import random
 import re
 import resource
 import shutil
@@ -27,6 +29,9 @@ from typing import Any
 import httpx
 import pytest
 import trio
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rollfilter import transport as wire
 from rollfilter.transport import HTTP11Transport
@@ -40,7 +45,7 @@ from tests.conftest import (
     run,
     summary_of,
 )
-from tests.wire_server import Conn, Request, WireServer, echo, gzipped_echo, reply
+from tests.wire_server import JOIN_SECONDS, Conn, Request, WireServer, echo, gzipped_echo, reply
 
 ROWS = 3  # enough for every connection to be reused at -j 1
 _runs = itertools.count()
@@ -133,6 +138,11 @@ def short_body(request: Request, conn: Conn) -> None:
     conn.close()
 
 
+def chunked_cut_short(request: Request, conn: Conn) -> None:
+    conn.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10\r\n{}")
+    conn.close()
+
+
 def huge_header(request: Request, conn: Conn) -> None:
     conn.send(b"HTTP/1.1 200 OK\r\nX-Huge: " + b"h" * 200_000 + b"\r\nContent-Length: 2\r\n\r\n{}")
 
@@ -197,6 +207,49 @@ def not_json(request: Request, conn: Conn) -> None:
     conn.send(reply(200, b"<html>oops</html>"))
 
 
+def padded(request: Request, size: int = 5000) -> bytes:
+    """A good answer, of `size` bytes or more."""
+    return json.dumps({"echo": request.json().get("id"), "reward": 1.0, "pad": "x" * size}).encode()
+
+
+def long_body(request: Request, conn: Conn) -> None:
+    conn.send(reply(200, padded(request)))
+
+
+def long_chunked_body(request: Request, conn: Conn) -> None:
+    body = padded(request)
+    pieces = [body[i : i + 1000] for i in range(0, len(body), 1000)]
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces)
+    conn.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n")
+
+
+def long_body_ended_by_close(request: Request, conn: Conn) -> None:
+    conn.send(b"HTTP/1.1 200 OK\r\n\r\n" + padded(request))
+    conn.close()
+
+
+def long_gzip_body(request: Request, conn: Conn) -> None:
+    conn.send(reply(200, gzip.compress(padded(request)), "Content-Encoding: gzip"))  # about 100 bytes on the wire
+
+
+def endless_body(request: Request, conn: Conn) -> None:
+    # Ended only by the connection's close: without a bound on a reply, only --timeout would stop it.
+    conn.send(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n")
+    chunk = b" " * 65536
+    for _ in range(1024):  # 64 MiB at most, then the server gives up
+        conn.send(chunk)
+        if conn.closed:
+            return
+    conn.close()
+
+
+def gzip_members(request: Request, conn: Conn) -> None:
+    # Two gzip members, one after the other, decode to their texts joined (RFC 1952).
+    body = padded(request, 100)
+    members = gzip.compress(body[:40]) + gzip.compress(body[40:])
+    conn.send(reply(200, members, "Content-Type: application/json", "Content-Encoding: gzip"))
+
+
 @dataclasses.dataclass(frozen=True)
 class Case:
     script: Any
@@ -216,6 +269,7 @@ CASES = {
     "conflicting Content-Length": Case(conflicting_lengths, "bad_response", message="malformed reply"),
     "bad chunk size": Case(bad_chunk_size, "bad_response", message="malformed reply"),
     "short body": Case(short_body, "bad_response", message="closed the connection after"),
+    "chunked body cut short": Case(chunked_cut_short, "bad_response", message="closed the connection after"),
     "header block over 64 KiB": Case(huge_header, "bad_response", message="header block is over 64 KiB"),
     # httpx allows 100 KiB.
     "header block of 100,000 bytes": Case(
@@ -237,6 +291,21 @@ CASES = {
     "Transfer-Encoding: identity": Case(identity_transfer_encoding, "ok", httpx_agrees=False),
     "body ended by the connection's close": Case(body_ended_by_close, "ok"),
     "200 that is not JSON": Case(not_json, "bad_response", message="not JSON"),
+    # httpx has no bound on a reply's body.
+    **{
+        f"body over --max-reply-bytes: {name}": Case(
+            script, "bad_response", args=("--max-reply-bytes", "1000"), message=message, httpx_agrees=False
+        )
+        for name, script, message in (
+            ("Content-Length", long_body, "body is over 1000 bytes"),
+            ("chunked", long_chunked_body, "body is over 1000 bytes"),
+            ("to the connection's end", long_body_ended_by_close, "body is over 1000 bytes"),
+            ("gzip, decoded", long_gzip_body, "body is over 1000 bytes decoded"),
+            ("endless, ended by close", endless_body, "body is over 1000 bytes"),
+        )
+    },
+    # httpx decodes the first member alone, and finds a JSON text cut short.
+    "gzip body of two members": Case(gzip_members, "ok", httpx_agrees=False),
 }
 
 
@@ -369,12 +438,16 @@ def test_closing_after_every_reply_costs_no_rows(tmp_path):
     n = 600
     with WireServer(close_after_each_answer) as server:
         bare = rollfilter(server.url, n, tmp_path, "-j", "16", "--retries", "0")
-        assert len(bare.failures) <= n // 100, bare.stderr
+        # With --retries 0 nothing is sent twice: a row whose request may have been read fails.
+        assert set(bare.kinds(n)) <= {"ok", "connect"}, bare.stderr
         seen = len(server.requests)
+        assert seen <= n
         outcome = rollfilter(server.url, n, tmp_path, "-j", "16")
         assert outcome.failures == {}, outcome.stderr
         retries = summary_of(outcome.proc.stderr)["rollfilter"]["retries"]
-        assert len(server.requests) - seen == n + retries  # only what it counted as retries was sent twice
+        # Only what it counted as retries was sent twice. A retry may also resend a request the
+        # server closed on unread, which the client cannot tell from one it read.
+        assert n <= len(server.requests) - seen <= n + retries
 
 
 class Uvicorn:
@@ -433,11 +506,13 @@ def test_uvicorn_closing_after_every_reply_costs_no_rows(uvicorn_server, tmp_pat
     server = uvicorn_server("--timeout-keep-alive", "0")
     n = 2000
     bare = rollfilter(server.url, n, tmp_path, "-j", "32", "--retries", "0")
-    assert len(bare.failures) <= n // 100, bare.stderr
+    assert set(bare.kinds(n)) <= {"ok", "connect"}, bare.stderr
+    answered = server.requests()
+    assert answered <= n  # nothing sent twice with --retries 0
     outcome = rollfilter(server.url, n, tmp_path, "-j", "32")
     assert outcome.failures == {}, outcome.stderr
     retries = summary_of(outcome.proc.stderr)["rollfilter"]["retries"]
-    assert server.requests() == 2 * n - len(bare.failures) + retries
+    assert n <= server.requests() - answered <= n + retries
 
 
 @pytest.mark.slow
@@ -716,6 +791,336 @@ async def test_a_head_that_never_ends_is_refused_once_past_the_limit(first: byte
     stream = EndlessHead(first, then)
     connection = wire._Connection.__new__(wire._Connection)
     connection.stream = stream  # type: ignore[assignment]
+    connection.max_reply_bytes = wire.DEFAULT_MAX_REPLY_BYTES
     with pytest.raises(wire.BadReply, match="header block is over 64 KiB"):
-        await connection.exchange(b"POST /run HTTP/1.1\r\n\r\n")
+        await connection.exchange(b"POST", b"POST /run HTTP/1.1\r\n\r\n")
     assert stream.served <= wire.MAX_HEAD_BYTES + 2048
+
+
+def read_then_reset_on_reuse(request: Request, conn: Conn) -> None:
+    if request.index == 0:
+        conn.send(echo(request))
+    else:
+        conn.reset()  # the request was read: for all the client knows, an episode started
+
+
+@pytest.mark.parametrize("retries", [0, 3])
+def test_a_request_the_agent_read_is_sent_again_only_as_a_counted_retry(retries: int, tmp_path):
+    n = 10
+    with WireServer(read_then_reset_on_reuse) as server:
+        outcome = rollfilter(server.url, n, tmp_path, "--retries", str(retries))
+        seen = len(server.requests)
+    counted = summary_of(outcome.proc.stderr)["rollfilter"]["retries"]
+    assert seen == n + counted  # every episode the agent saw beyond one a row is a counted retry
+    if retries == 0:
+        assert (counted, outcome.kinds(n)) == (0, ["ok", "connect"] * (n // 2))
+    else:
+        assert (counted, outcome.kinds(n)) == (n - 1, ["ok"] * n)  # each retry on a new connection
+
+
+def test_a_reply_bound_under_one_byte_is_refused_before_anything_is_sent():
+    from rollfilter.config import Config, ConfigError
+
+    with pytest.raises(ConfigError, match="max_reply_bytes must be at least 1"):
+        Config(url="http://127.0.0.1:9/run", max_reply_bytes=0)
+    proc = run(["-u", "http://127.0.0.1:9/run", "--max-reply-bytes", "0"], input=rows_jsonl(rows_for(1)))
+    assert proc.returncode == 2
+    assert "--max-reply-bytes" in proc.stderr.decode()
+
+
+def too_large_at_once(request: Request, conn: Conn) -> None:
+    # Answered from the head alone, and closed with the body still coming: the close is a reset.
+    conn.send(reply(413, b"too large", "Connection: close", reason="Content Too Large"))
+    conn.close()
+
+
+def test_a_reply_that_comes_while_the_request_is_still_being_sent_is_reported_as_itself(tmp_path):
+    rows = [{"id": i, "responses_create_params": {"input": "x" * (8 << 20)}} for i in range(2)]
+    with WireServer(too_large_at_once, on_head=True) as server:
+        outcome = rollfilter(server.url, 2, tmp_path, "--retries", "3", rows=rows)
+        assert len(server.requests) == 2  # a 413 is not retried
+        with httpx.Client(trust_env=False) as client:
+            assert client.post(server.url, json=rows[0]).status_code == 413  # httpx reads it too
+    assert outcome.kinds(2) == ["http_status", "http_status"], outcome.stderr
+    assert {failure["error"]["status"] for failure in outcome.failures.values()} == {413}
+    assert "HTTP 413" in outcome.failures[0]["error"]["message"]
+
+
+def framing_by_request(request: Request, conn: Conn) -> None:
+    # The framing of each reply is read from its status and headers, in h11's order.
+    if request.index == 0:
+        conn.send(b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n")  # no body, whatever it says
+    elif request.index == 1:
+        conn.send(echo(request))
+    else:
+        body = padded(request, 10)
+        conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n")
+        conn.send(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))  # chunked wins
+
+
+async def test_framing_is_decided_once_from_method_status_and_headers():
+    async with httpx.AsyncClient(trust_env=False) as client:
+        with WireServer(framing_by_request) as server:
+            oracle = [await client.post(server.url, json={"id": i}) for i in range(3)]
+    answered = [(204, b""), (200, b'{"echo": '), (200, b'{"echo": ')]
+    assert [(r.status_code, r.content[:9]) for r in oracle] == answered
+    transport = HTTP11Transport()
+    try:
+        with WireServer(framing_by_request) as server:
+            url = httpx.URL(server.url)
+            replies = [await transport.post(url, b'{"id": %d}' % i) for i in range(4)]
+            assert [(r.status, r.body[:9]) for r in replies[:3]] == [(r.status_code, r.content[:9]) for r in oracle]
+            assert json.loads(replies[2].body)["echo"] == 2
+            # A reply framed both ways may be two replies in one: that connection is not used again.
+            assert (server.connections, replies[3].status) == (2, 204)  # the first reply on the new one
+    finally:
+        await transport.aclose()
+
+
+def test_a_204_says_204(tmp_path):
+    with WireServer(lambda request, conn: conn.send(reply(204, b"", reason="No Content"))) as server:
+        outcome = rollfilter(server.url, 1, tmp_path)
+    assert outcome.kinds(1) == ["bad_response"]
+    assert outcome.failures[0]["error"]["status"] == 204
+    message = outcome.failures[0]["error"]["message"]
+    assert message == "HTTP 204 No Content: a reply with no body, where a result was due"
+
+
+class LateDuplicates:
+    """A server script that answers each request, then writes the same answer again 1-5 ms
+    later: a duplicated reply that may land after the next request went out."""
+
+    def __init__(self) -> None:
+        self.random = random.Random(20)
+        self.timers: list[threading.Timer] = []
+
+    def __call__(self, request: Request, conn: Conn) -> None:
+        answer = echo(request)
+        conn.send(answer)
+        timer = threading.Timer(self.random.uniform(0.001, 0.005), conn.send, (answer,))
+        self.timers.append(timer)
+        timer.start()
+
+    def join(self) -> None:
+        for timer in self.timers:
+            timer.join(JOIN_SECONDS)
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_late_duplicate_replies_turn_keep_alive_off_and_every_result_at_risk_is_named(concurrency: int, tmp_path):
+    """The HTTP/1.1 floor, measured: a reply that lands after the next request went out is
+    read as its answer, by rollfilter as by httpx and curl. What rollfilter promises is that
+    once bytes nobody asked for are seen, no result from that origin can be another row's,
+    and that every row whose result may be is named."""
+    n = 200
+    script = LateDuplicates()
+    try:
+        with WireServer(script) as server:
+            outcome = rollfilter(server.url, n, tmp_path, "-j", str(concurrency))
+    finally:
+        script.join()
+    assert outcome.kinds(n) == ["ok"] * n
+    misattributed = {i for i, result in outcome.results.items() if result["echo"] != i}
+    warnings = [line for line in outcome.stderr.splitlines() if not line.startswith("{")]
+    assert 1 <= len(warnings) <= concurrency, outcome.stderr
+    assert all(line.startswith(f"rollfilter: {server.base}") for line in warnings)
+    assert "keep-alive is off" in warnings[0]
+    named = {int(line) - 1 for line in re.findall(r"<stdin>:(\d+)", "\n".join(warnings))}
+    exposed = sum(int(count) for count in re.findall(r"; (\d+) rows answered", "\n".join(warnings)))
+    # The exposure: rows answered on a reused connection before its stray bytes were seen.
+    assert misattributed <= named, (sorted(misattributed), sorted(named), exposed)
+    assert len(named) <= exposed <= n
+
+
+def long_config_and_long_aggregate(request: Request, conn: Conn) -> None:
+    if request.method == "GET":  # the head server: a config that is one long string
+        conn.send(reply(200, json.dumps("x" * 5000).encode()))
+    elif request.path == "/aggregate_metrics":
+        conn.send(reply(200, json.dumps({"key_metrics": {"pad": "x" * 5000}}).encode()))
+    else:
+        conn.send(echo(request))
+
+
+def test_the_head_server_and_aggregate_metrics_have_the_bounds_of_run(tmp_path):
+    with WireServer(long_config_and_long_aggregate) as server:
+        head = run(["--head-server", server.base, "--max-reply-bytes", "1000"], input=rows_jsonl(rows_for(1)))
+        aggregate = tmp_path / "agg.json"
+        args = ["-a", "demo", "--aggregate", str(aggregate), "--max-reply-bytes", "1000"]
+        outcome = rollfilter(server.url, 2, tmp_path, *args)
+    assert head.returncode == 3
+    assert head.stderr.decode().splitlines() == [
+        f"rollfilter: the head server at {server.base} answered badly: the reply's body is over 1000 bytes"
+        " (--max-reply-bytes)"
+    ]
+    assert outcome.kinds(2) == ["ok", "ok"]
+    problems = [line for line in outcome.stderr.splitlines() if "aggregate_metrics" in line]
+    assert len(problems) == 1
+    assert "/aggregate_metrics failed: " in problems[0]
+    assert "body is over 1000 bytes" in problems[0]
+
+
+def head_with_a_length(request: Request, conn: Conn) -> None:
+    conn.send(reply(200, b"", "Content-Length: 5", length=False))  # the length a GET would have had
+
+
+async def test_a_reply_to_head_has_no_body_whatever_its_headers_say():
+    with WireServer(head_with_a_length) as server:
+        async with httpx.AsyncClient(trust_env=False) as client:
+            oracle = await client.head(server.url)
+        transport = HTTP11Transport()
+        try:
+            with trio.fail_after(10):
+                answer = await transport.request(b"HEAD", httpx.URL(server.url))
+        finally:
+            await transport.aclose()
+    assert (answer.status, answer.body) == (oracle.status_code, oracle.content) == (200, b"")
+
+
+def tls_server_context(certificate: tuple[Path, Path]) -> ssl.SSLContext:
+    cert, key = certificate
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context
+
+
+async def test_a_tls_connection_is_kept_alive_and_reused(certificate):
+    transport = HTTP11Transport(cafile=str(certificate[0]))
+    try:
+        with WireServer(tls=tls_server_context(certificate)) as server:
+            url = httpx.URL(server.url)
+            answers = [json.loads((await transport.post(url, b'{"id": %d}' % i)).body)["echo"] for i in range(3)]
+            assert (answers, server.connections, server.handshakes) == ([0, 1, 2], 1, 1)
+    finally:
+        await transport.aclose()
+
+
+async def test_the_check_before_reuse_sees_a_tls_record_that_came_with_the_reply(certificate):
+    """Two TLS records in one TCP segment: the reply and one nobody asked for. Reading the
+    reply takes both off the socket, so poll() sees nothing: only what TLS holds tells."""
+    injected = reply(200, b'{"echo": "INJECTED", "reward": 0.5}')
+
+    def two_records_at_once(request: Request, conn: Conn) -> None:
+        if request.json()["id"] != 0:
+            conn.send(echo(request))
+            return
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)  # hold both records back...
+        conn.send(echo(request))
+        conn.send(injected)
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)  # ...and send them together
+
+    transport = HTTP11Transport(cafile=str(certificate[0]))
+    try:
+        with WireServer(two_records_at_once, tls=tls_server_context(certificate)) as server:
+            url = httpx.URL(server.url)
+            first = await transport.post(url, b'{"id": 0}')
+            second = await transport.post(url, b'{"id": 1}')
+            assert (json.loads(first.body)["echo"], json.loads(second.body)["echo"]) == (0, 1)
+            assert server.connections == 2
+    finally:
+        await transport.aclose()
+
+
+@pytest.mark.parametrize(
+    ("header", "problem"),
+    [
+        (("X-Key", "s3cret\r\nInjected: 1"), "X-Key: the value holds CR, LF or NUL"),
+        (("X-Key", "s3cret\nInjected: 1"), "X-Key: the value holds CR, LF or NUL"),
+        (("X-Key", "s3cret\0"), "X-Key: the value holds CR, LF or NUL"),
+        (("X-Key\r\nInjected", "s3cret"), "holds a name that is empty"),
+        (("X Key", "s3cret"), "holds a name that is empty"),
+        (("", "s3cret"), "holds a name that is empty"),
+    ],
+)
+def test_config_refuses_the_headers_that_h_refuses(header: tuple[str, str], problem: str):
+    from rollfilter.config import Config, ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        Config(url="http://127.0.0.1:9/run", headers=(header,))
+    assert refused.value.field == "headers"
+    assert problem in str(refused.value)
+    assert "s3cret" not in str(refused.value)
+    if "\0" not in header[1]:  # an argument cannot hold a NUL
+        given = f"{header[0]}: {header[1]}"
+        proc = run(["-u", "http://127.0.0.1:9/run", "-H", given], input=rows_jsonl(rows_for(1)))
+        assert proc.returncode == 2  # as -H refuses it
+        assert b"s3cret" not in proc.stderr
+
+
+HEAD_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.sampled_from(["127.0.0.1", "::1", "agent.example", "8000", "\u00b2", "99999", "a b", "x/y", "u@h", "${port}"]),
+    st.lists(st.integers(), max_size=2),
+)
+HEAD_CONFIGS = st.dictionaries(
+    st.one_of(st.text(max_size=8), st.integers()),
+    st.one_of(
+        HEAD_VALUES,
+        st.fixed_dictionaries(
+            {"responses_api_agents": st.dictionaries(st.text(max_size=8), st.dictionaries(
+                st.sampled_from(["host", "port", "entrypoint"]), HEAD_VALUES, max_size=3), max_size=2)}
+        ),
+    ),
+    max_size=4,
+)  # fmt: skip
+WHERE = "the head server at http://127.0.0.1:11000"
+
+
+def head_answer_outcome(body: bytes) -> dict[str, str] | str:
+    """What rollfilter makes of a head server's answer: agent URLs, or the ServiceError's text."""
+    from rollfilter.errors import ServiceError
+    from rollfilter.headserver import agents_from_answer
+
+    try:
+        return agents_from_answer(body, WHERE).urls
+    except ServiceError as exc:
+        return str(exc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(HEAD_CONFIGS)
+def test_any_config_a_head_server_answers_gives_usable_urls_or_one_line_naming_the_server(config: dict):
+    from rollfilter.config import agent_url
+
+    outcome = head_answer_outcome(json.dumps(yaml.safe_dump(config)).encode())
+    if isinstance(outcome, str):
+        assert outcome.startswith(WHERE)
+        assert "\n" not in outcome
+        return
+    for url in outcome.values():
+        assert agent_url(url) == url  # what -u would take
+        assert 0 < (httpx.URL(url).port or 0) < 65536
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=64), st.text(max_size=64).map(lambda text: json.dumps(text).encode())))
+def test_any_answer_a_head_server_gives_is_its_agents_or_one_line_naming_the_server(body: bytes):
+    outcome = head_answer_outcome(body)
+    assert isinstance(outcome, dict) or (outcome.startswith(WHERE) and "\n" not in outcome)
+
+
+@pytest.mark.parametrize("port", ["\u00b2", 99999, 0, "8000x"])
+def test_a_head_server_port_that_cannot_be_used_is_exit_3_naming_the_server_and_the_field(port: Any):
+    config = {"simple_agent": {"responses_api_agents": {"simple_agent": {"host": "127.0.0.1", "port": port}}}}
+    answer = reply(200, json.dumps(yaml.safe_dump(config)).encode())
+    with WireServer(lambda request, conn: conn.send(answer)) as server:
+        proc = run(["--head-server", server.base, "-a", "simple_agent"], input=rows_jsonl(rows_for(1)))
+    assert proc.returncode == 3
+    assert proc.stderr.decode().splitlines() == [
+        f"rollfilter: the head server at {server.base} gives simple_agent.responses_api_agents.simple_agent.port,"
+        " which is not a TCP port (an integer from 1 to 65535)"
+    ]
+
+
+def test_ipv6_origins_are_printed_in_brackets(tmp_path):
+    with socket.socket(socket.AF_INET6) as probe:
+        probe.bind(("::1", 0))
+        port = probe.getsockname()[1]
+    # Nothing listens there now: each row fails to connect, and its message names the origin.
+    outcome = rollfilter(f"http://[::1]:{port}/run", 1, tmp_path, "--retries", "0")
+    assert outcome.kinds(1) == ["connect"]
+    assert outcome.failures[0]["error"]["message"].startswith(f"cannot connect to http://[::1]:{port}: ")
+    assert wire.origin(f"http://[::1]:{port}/run?key=s3cret") == f"http://[::1]:{port}"

@@ -14,6 +14,7 @@ import gzip
 import json
 import socket
 import ssl
+import struct
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -53,13 +54,20 @@ class Conn:
             try:
                 self.sock.sendall(data)
             except OSError:
-                self.closed = True
+                self.close()
 
     def close(self) -> None:
         """Close as servers do: a request already received but not read is answered by a reset."""
         if not self.closed:
             self.closed = True
             self.sock.close()
+
+    def reset(self) -> None:
+        """Abort the connection with a reset (SO_LINGER 0), as a crashing server or a load balancer does."""
+        if not self.closed:
+            with contextlib.suppress(OSError):
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.close()
 
     def abort(self) -> None:
         """End the connection from another thread (the server is shutting down)."""
@@ -96,11 +104,15 @@ def answer_each(request: Request, conn: Conn) -> None:
 
 
 class WireServer:
-    """Serves `script` on 127.0.0.1 (TLS when `tls` is a server context) until closed."""
+    """Serves `script` on 127.0.0.1 (TLS when `tls` is a server context) until closed. With
+    `on_head`, the script gets each request as soon as its head is read, with no body."""
 
-    def __init__(self, script: Script = answer_each, *, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self, script: Script = answer_each, *, tls: ssl.SSLContext | None = None, on_head: bool = False
+    ) -> None:
         self.script = script
         self.tls = tls
+        self.on_head = on_head
         self.listener = socket.create_server(("127.0.0.1", 0), backlog=512)
         self.port = self.listener.getsockname()[1]
         scheme = "https" if tls else "http"
@@ -152,7 +164,7 @@ class WireServer:
         index = 0
         try:
             while not conn.closed:
-                request, buffer = _read_request(sock, buffer, number, index)
+                request, buffer = _read_request(sock, buffer, number, index, on_head=self.on_head)
                 if request is None:
                     break
                 with self._lock:
@@ -178,7 +190,9 @@ class WireServer:
             thread.join(JOIN_SECONDS)
 
 
-def _read_request(sock: socket.socket, buffer: bytes, connection: int, index: int) -> tuple[Request | None, bytes]:
+def _read_request(
+    sock: socket.socket, buffer: bytes, connection: int, index: int, *, on_head: bool = False
+) -> tuple[Request | None, bytes]:
     while b"\r\n\r\n" not in buffer:
         data = sock.recv(65536)
         if not data:
@@ -189,6 +203,8 @@ def _read_request(sock: socket.socket, buffer: bytes, connection: int, index: in
     method, path, _ = lines[0].split(" ", 2)
     headers = [(name.strip(), value.strip()) for name, _, value in (line.partition(":") for line in lines[1:])]
     length = int(next((value for name, value in headers if name.lower() == "content-length"), "0"))
+    if on_head:
+        return Request(method, path, headers, b"", connection, index), rest
     while len(rest) < length:
         data = sock.recv(65536)
         if not data:
