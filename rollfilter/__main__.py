@@ -1,8 +1,9 @@
 """The `rollfilter` command's start: `python -m rollfilter` and the installed script both run `main`.
 
-Before the command's modules are imported (most of a second, cold), two things that no
-later code could do: a Ctrl-C exits 130 at once, without a traceback, whenever the trio
-run is not going (which handles it itself: `cli.execute`); and a standard descriptor the
+Before the command's modules are imported (most of a second, cold), what no later code
+could do: a Ctrl-C exits 130 at once, without a traceback, whenever the trio run is not
+going (which handles it itself: `cli.execute`); a status signal (SIGUSR1) is ignored until
+the run listens for it, rather than killing the command; and a standard descriptor the
 command was started without (`>&-`, `2>&-`, `<&-`) is taken up, so that no file or socket
 opened later gets its number.
 """
@@ -14,6 +15,7 @@ import signal
 from types import FrameType
 
 STANDARD_STREAMS = ((0, os.O_WRONLY), (1, os.O_RDONLY), (2, os.O_RDONLY))  # each opened the wrong way round
+STATUS_SIGNALS = ("SIGUSR1", "SIGINFO")  # a run prints its status on these (rollfilter.command)
 
 
 def exit_interrupted(signum: int, frame: FrameType | None) -> None:
@@ -37,6 +39,9 @@ def hold_closed_streams() -> None:
 
 def main() -> None:
     signal.signal(signal.SIGINT, exit_interrupted)
+    for name in STATUS_SIGNALS:  # a status asked for while starting is not one to die of
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
     hold_closed_streams()
     from rollfilter.cli import main as run_command
 

@@ -14,6 +14,7 @@ import signal
 import stat
 import tempfile
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 import msgspec
 import trio
@@ -23,7 +24,7 @@ from rollfilter.aggregate import AggregateReport, ResultSpool, aggregate_run
 from rollfilter.client import transport_for
 from rollfilter.config import CommandConfig, Config
 from rollfilter.engine import Engine, RunControl, RunStatus, describe, prepare, reward_of
-from rollfilter.errors import ErrorKind, ExitStatus, UsageError
+from rollfilter.errors import ErrorKind, ExitStatus, RollfilterError, UsageError
 from rollfilter.headserver import resolve_endpoints
 from rollfilter.keytable import KeyTable
 from rollfilter.materialize import write_materialized
@@ -40,7 +41,14 @@ from rollfilter.resume import (
 from rollfilter.routing import Router
 from rollfilter.rows import TASK_INDEX, agent_name, parse_row
 from rollfilter.sinks import LineSink
-from rollfilter.source import STDIN, InputLine, LineReader, check_inputs, check_outputs_are_not_inputs
+from rollfilter.source import (
+    STDIN,
+    InputLine,
+    LineReader,
+    check_inputs,
+    check_outputs_apart,
+    check_outputs_are_not_inputs,
+)
 from rollfilter.tasks import TaskStats
 from rollfilter.transport import printable, shown
 from rollfilter.writers import BatchWriter, LineWriter, OutputClosed, OutputFailed, WholeFile, write_all
@@ -137,20 +145,39 @@ def _is_pipe(fd: int) -> bool:
 
 
 class OutputFiles(contextlib.ExitStack):
-    """The files a run appends to, opened (and checked) before anything is sent."""
+    """The files a run appends to, opened (and checked) before anything is sent. A run refused
+    after they were opened (a RollfilterError: nothing was sent) leaves no file it created."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._created: list[str] = []
 
     def open(self, path: str | None, option: str, *, must_be_empty: bool = False) -> int | None:
         if path is None:
             return None
+        existed = os.path.lexists(path)
         fd = open_for_append(path, option, must_be_empty=must_be_empty)
         self.callback(os.close, fd)
+        if not existed:
+            self._created.append(path)
         return fd
 
-    def whole(self, path: str | None, option: str) -> WholeFile | None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> Literal[False]:
+        super().__exit__(kind, error, tb)  # type: ignore[arg-type]  # its callbacks close files: nothing is suppressed
+        refused = isinstance(error, RollfilterError) or (
+            isinstance(error, BaseExceptionGroup) and error.subgroup(RollfilterError) is not None
+        )
+        for path in self._created if refused else ():
+            with contextlib.suppress(OSError):
+                if os.stat(path).st_size == 0:
+                    os.unlink(path)
+        return False
+
+    def whole(self, path: str | None, option: str, *, regular_only: bool = False) -> WholeFile | None:
         """A file written whole when there is content (see WholeFile), checked now."""
         if path is None:
             return None
-        file = WholeFile(path, option)
+        file = WholeFile(path, option, regular_only=regular_only)
         self.callback(file.close)
         return file
 
@@ -273,6 +300,7 @@ async def run(
     check_inputs(command.inputs)
     results_out = [] if command.output and not show.dry_run else [("standard output", streams.stdout)]
     check_outputs_are_not_inputs(command.inputs, [*command.output_files(), *results_out], streams.stdin)
+    check_outputs_apart(command.output_files())
     if not config.names_an_agent and show.demo is None:
         raise UsageError("no agent to send to: give -u URL, -e NAME=URL, --head-server URL, or --demo")
     resume = None
@@ -295,7 +323,7 @@ async def run(
     if command.materialized_file is not None:  # written by the first pass, when it is done
         if fresh_only:
             refuse_earlier_lines(command.materialized_file, "--materialized")
-        WholeFile(command.materialized_file, "--materialized").close()  # its folder is made and checked
+        WholeFile(command.materialized_file, "--materialized", regular_only=True).close()  # its folder, checked
     with OutputFiles() as files:
         out_fd = files.open(command.output, "-o", must_be_empty=fresh_only)
         err_fd = files.open(command.errors_file, "--errors", must_be_empty=fresh_only)
@@ -305,7 +333,7 @@ async def run(
             metrics=files.whole(command.metrics_file, "--metrics"),
             per_task=files.open(command.per_task_file, "--per-task"),
             aggregate=files.whole(command.aggregate_file, "--aggregate"),
-            progress=files.whole(command.progress_file, "--progress-file"),
+            progress=files.whole(command.progress_file, "--progress-file", regular_only=True),
         )
         return await _run_open(command, streams, files_fds, resume, earlier, show)
 
@@ -397,7 +425,8 @@ async def _run_open(
     earlier_done = resume.done_pairs if resume is not None else 0
 
     def finished() -> int:  # the progress file's count: rollouts finished, earlier runs' included
-        return earlier_done + metrics.ended
+        given_up = engine.planner.given_up if engine is not None else 0  # out of attempts: finished too
+        return earlier_done + given_up + metrics.ended
 
     def show_status() -> None:
         for line in status_lines(engine.status() if engine is not None else None):

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 PER_TOKENS = 1_000_000  # prices are per million tokens
+_DECIMAL = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
 DEFAULT_AGENT = "_default"  # in a prices file: the price of agents it does not name
 
 
@@ -32,7 +34,7 @@ class Price:
     def __post_init__(self) -> None:
         for name in ("input", "output", "cached"):
             value = getattr(self, name)
-            if value is not None and not (isinstance(value, (int, float)) and 0 <= value < math.inf):
+            if value is not None and not (type(value) in (int, float) and 0 <= value < math.inf):
                 raise PriceError(f"the {name} price must be a finite number of USD, 0 or more, got {value!r}")
 
     def of(self, usage: Mapping[str, Any]) -> float | None:
@@ -57,6 +59,8 @@ def parse_price(spec: str) -> tuple[str | None, Price]:
     name, sep, numbers = spec.rpartition("=")
     parts = numbers.split(",")
     try:
+        if not all(_DECIMAL.fullmatch(part.strip()) for part in parts):  # float() takes "1_000", and full-width digits
+            raise ValueError
         values = [float(part) for part in parts]
         if len(values) not in (2, 3) or (sep and not name):
             raise ValueError
@@ -75,11 +79,11 @@ def prices_from_mapping(data: Any) -> list[tuple[str | None, Price]]:
         try:
             if isinstance(value, list) and len(value) in (2, 3):
                 price = Price(*value)
-            elif isinstance(value, dict) and set(value) <= {"input", "output", "cached"}:
+            elif isinstance(value, dict) and {"input", "output"} <= set(value) <= {"input", "output", "cached"}:
                 price = Price(value["input"], value["output"], value.get("cached"))
             else:
-                raise PriceError("want [IN, OUT] or [IN, OUT, CACHED], or {input, output, cached}")
-        except (KeyError, TypeError, PriceError) as exc:
+                raise PriceError("want [IN, OUT] or [IN, OUT, CACHED], or {input: IN, output: OUT, cached: CACHED}")
+        except (TypeError, PriceError) as exc:
             raise PriceError(f"the price of {agent!r}: {exc}") from None
         prices.append((name, price))
     return prices

@@ -7,8 +7,8 @@ rows that cannot be sent left out), then the run plans the same inputs again as 
 Memory stays flat: the first pass keeps only its numbering, dropped when it ends.
 
 The file is built beside its target and renamed over it when the pass is done, so a run
-killed during the pass leaves the file as it was (or absent): never a partial job list. A
-target that is not a regular file (a pipe, /dev/stdout) is written in place.
+killed during the pass leaves the file as it was (or absent): never a partial job list; the
+temporary file a killed run leaves is removed by the next run that builds the file.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import stat
 
 import trio
 
@@ -78,20 +77,16 @@ async def write_materialized(
 
 
 class _StagedFile:
-    """The materialized file being built: a temporary file beside the target (holding the
-    target's lines first, with `keep_existing`), renamed over it by `commit`. A target that is
-    not a regular file is written in place."""
+    """The materialized file being built: a temporary file beside the (regular) target, holding
+    the target's lines first with `keep_existing`, renamed over it by `commit`."""
 
     def __init__(self, path: str, *, keep_existing: bool) -> None:
         self.name = f"--materialized {path}"
         self._target = os.path.realpath(path)
         directory, base = os.path.split(self._target)
-        self._temporary: str | None = None
+        _remove_left_behind(directory, base)
+        self._temporary: str | None = os.path.join(directory, f".{base}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
         try:
-            if os.path.exists(self._target) and not stat.S_ISREG(os.stat(self._target).st_mode):
-                self._fd = os.open(self._target, os.O_WRONLY | os.O_APPEND)
-                return
-            self._temporary = os.path.join(directory, f".{base}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
             self._fd = os.open(self._temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except OSError as exc:
             raise OutputFailed(self.name, exc) from None
@@ -122,6 +117,26 @@ class _StagedFile:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._temporary)
             self._temporary = None
+
+
+def _remove_left_behind(directory: str, base: str) -> None:
+    """Remove the temporary files of `base` that a killed run left (their process is gone)."""
+    prefix = f".{base}."
+    try:
+        names = [name for name in os.listdir(directory) if name.startswith(prefix) and name.endswith(".tmp")]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(prefix) :].split(".", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, name))
+        except PermissionError:  # another user's live process
+            pass
 
 
 def _copy_existing(path: str, fd: int, name: str) -> None:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 _decode = msgspec.json.Decoder().decode
 
 TERMINAL_KINDS = frozenset({ErrorKind.BAD_INPUT, ErrorKind.NO_ROUTE})  # retrying cannot fix these
+ROLLFILTER_FIELDS = ("source", "line", "attempts", "error", "row", "raw", "agent_fields")  # of an errors record
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -111,10 +112,11 @@ class Failure:
         sidecar find its `reward` and `response` there. Otherwise the pair's indices, agent and
         failure class open the line. rollfilter's own fields follow: where the row came from,
         the attempts, what went wrong, and the row as sent; of a field the answer holds too,
-        rollfilter's is kept."""
+        rollfilter's stands at the top level and the agent's is kept under `agent_fields`."""
         record: dict[str, Any]
         if self.answer is not None:
             record = dict(self.answer)
+            replaced = {key: record[key] for key in ROLLFILTER_FIELDS if key in record}
         else:
             record = {TASK_INDEX: self.task_index, ROLLOUT_INDEX: self.rollout_index}
             if self.row is not None and AGENT_REF in self.row:
@@ -132,6 +134,8 @@ class Failure:
             record["row"] = self.row
         else:
             record["raw"] = self.raw
+        if self.answer is not None and replaced:
+            record["agent_fields"] = replaced  # the agent's own values of the fields above
         return record
 
     def line(self, *, repeated: bool = False) -> str:

@@ -95,6 +95,21 @@ def check_outputs_are_not_inputs(
             raise UsageError(f"{name} is also the input {read[identity]}: input file is output file")
 
 
+def check_outputs_apart(outputs: Iterable[tuple[str, str]]) -> None:
+    """Raise UsageError when two outputs are one file (by inode, or by path for one not there
+    yet): one would overwrite or interleave the other. Devices and pipes are the user's to share."""
+    seen: dict[object, str] = {}
+    for name, path in outputs:
+        key: object = _regular_file(path)
+        if key is None:
+            if os.path.lexists(path) and not os.path.islink(path):
+                continue
+            key = os.path.realpath(path)
+        if key in seen:
+            raise UsageError(f"{name} is also {seen[key]}: two outputs cannot be one file")
+        seen[key] = name
+
+
 def _regular_file(target: str | int) -> tuple[int, int] | None:
     try:
         info = os.stat(target)

@@ -161,11 +161,12 @@ class WholeFile:
     A regular file (or a path not there yet) is replaced by renaming a temporary file beside
     it over it: a reader, or a run killed mid-write, finds the old content or the new, never
     an empty or torn file, and nothing is created until there is content. A path that is not
-    a regular file (a terminal, a pipe, /dev/stderr) is opened now and written in place.
+    a regular file (a terminal, a pipe, /dev/stderr) is opened now and written in place, unless
+    `regular_only` refuses it.
     Opening checks what it can before anything is sent, and raises UsageError.
     """
 
-    def __init__(self, path: str, option: str) -> None:
+    def __init__(self, path: str, option: str, *, regular_only: bool = False) -> None:
         self.path = path
         self.name = f"{option} {path}"
         self._fd: int | None = None
@@ -178,7 +179,11 @@ class WholeFile:
             except FileNotFoundError:
                 info = None
             if info is not None and not stat.S_ISREG(info.st_mode):
-                self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+                if regular_only:  # a file renamed into place: a pipe or a device cannot be one
+                    raise UsageError(f"{self.name} must be a regular file (it is replaced whole, by a rename)")
+                # Not blocking: a FIFO with no reader fails now (ENXIO) instead of hanging the start.
+                self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+                os.set_blocking(self._fd, True)
             else:
                 self.path = os.path.realpath(path)  # a symlink keeps pointing at the file
                 directory = os.path.dirname(self.path)

@@ -62,10 +62,20 @@ def test_cached_input_tokens_have_their_own_price():
     assert Price(2.0, 8.0).of({"total_tokens": 5}) is None  # no counts that a price applies to
 
 
-@pytest.mark.parametrize("spec", ["1", "a=1", "=1,2", "1,2,3,4", "1,-2", "x=1,nan", "1,inf"])
+@pytest.mark.parametrize("spec", ["1", "a=1", "=1,2", "1,2,3,4", "1,-2", "x=1,nan", "1,inf", "1_000,2", "\uff11,2"])
 def test_a_bad_price_is_refused(spec: str):
     with pytest.raises(PriceError):
         parse_price(spec)
+
+
+@pytest.mark.parametrize("text", ["a: [true, 2]", "a: ['1', 2]", "a: {input: 1}", "a: 3", "[1, 2]"])
+def test_a_bad_prices_file_is_refused_in_one_line(tmp_path: Path, text: str):
+    prices = tmp_path / "prices.yaml"
+    prices.write_text(text + "\n")
+    proc = run(["-u", "http://127.0.0.1:8000/run", "--prices", str(prices)])  # refused before sending
+    assert proc.returncode == 2
+    (line,) = proc.stderr.decode().splitlines()
+    assert line.startswith(f"rollfilter: --prices {prices}: ")
 
 
 def test_max_cost_stops_within_one_window_of_in_flight_rows(agent: RecordingAgent):

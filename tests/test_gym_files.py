@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import SUBPROCESS_TIMEOUT, run, start, summary_of
+from tests.conftest import SUBPROCESS_TIMEOUT, clean_env, run, start, summary_of
 from tests.recording_agent import RecordingAgent
 from tests.test_run_contract import nemo_gym_bodies
 
@@ -250,3 +253,97 @@ def test_expected_pairs_add_up_when_a_run_is_stopped_mid_way(tmp_path: Path, age
     assert figures["expected"] == 14
     assert figures["skipped"] == len(read_jsonl(out)) - figures["succeeded"]
     assert sum(figures[name] for name in parts) == 14
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--materialized", "{out}"],
+        ["--progress-file", "{out}"],
+        ["--metrics", "{out}"],
+        ["--errors", "{out}"],
+        ["--materialized", "{errors}", "--errors", "{errors}"],
+    ],
+)
+def test_two_outputs_in_one_file_are_refused(tmp_path: Path, agent: RecordingAgent, extra: list[str]):
+    out, errors = tmp_path / "o.jsonl", tmp_path / "e.jsonl"
+    args = [part.format(out=out, errors=errors) for part in extra]
+    proc = run(["-u", agent.run_url, "-o", str(out), *args], input="".join(input_lines(2)))
+    assert proc.returncode == 2
+    (line,) = proc.stderr.decode().splitlines()
+    assert line.endswith("two outputs cannot be one file")
+    assert agent.bodies == []
+
+
+@pytest.mark.parametrize("option", ["--materialized", "--progress-file"])
+def test_a_file_renamed_into_place_must_be_a_regular_file(tmp_path: Path, agent: RecordingAgent, option: str):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    proc = run(["-u", agent.run_url, option, str(fifo)], input="".join(input_lines(2)))
+    assert proc.returncode == 2  # at once: not blocked opening a FIFO nobody reads
+    assert "must be a regular file" in proc.stderr.decode()
+    assert agent.bodies == []
+
+
+def test_a_refused_run_leaves_no_file_behind(tmp_path: Path, agent: RecordingAgent):
+    out = tmp_path / "ra" / "out.jsonl"
+    data = "".join(
+        json.dumps({"responses_create_params": {"input": "q"}, "agent_ref": {"name": n}}) + "\n" for n in "ab"
+    )
+    proc = run(
+        ["-e", f"a={agent.url}", "-e", f"b={agent.url}", "-r", "a=2", "--gym-layout", "-o", str(out)], input=data
+    )
+    assert proc.returncode == 2
+    assert list(out.parent.iterdir()) == []
+
+
+def test_a_killed_first_pass_leaves_no_temporary_file_for_long(tmp_path: Path, agent: RecordingAgent):
+    out = tmp_path / "OUT.jsonl"
+    left = tmp_path / ".OUT_materialized_inputs.jsonl.999999999.0badcafe.tmp"  # a pid no process has
+    left.write_text("half a job list\n")
+    proc = run(gym_args(agent, out), input="".join(input_lines(2)))
+    assert proc.returncode == 0, proc.stderr
+    assert not left.exists()
+    assert len(read_jsonl(out.with_name("OUT_materialized_inputs.jsonl"))) == 6
+
+
+def test_an_agent_failure_keeps_the_agents_own_fields_beside_rollfilters(tmp_path: Path, agent: RecordingAgent):
+    errors = tmp_path / "errors.jsonl"
+    own = {"_ng_failure_class": "tool_crash", "error": "the agent's own words", "line": 999, "reward": 0.0}
+    data = json.dumps({"responses_create_params": {"input": "q"}, "answer": own}) + "\n"
+    proc = run(["-u", agent.run_url, "-a", "agent", "--errors", str(errors)], input=data)
+    assert proc.returncode == 1
+    (record,) = read_jsonl(errors)
+    assert (record["error"]["kind"], record["line"], record["reward"]) == ("agent_failure", 1, 0.0)
+    assert record["agent_fields"] == {"error": "the agent's own words", "line": 999}
+
+
+STATUS_AT_IMPORT = """
+import importlib.abc, os, signal, sys
+
+MODULE = sys.argv[1]
+
+class AskStatus(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == MODULE:
+            os.kill(os.getpid(), signal.SIGUSR1)  # kill -USR1 as this module starts to be imported
+        return None
+
+sys.meta_path.insert(0, AskStatus())
+sys.argv[:2] = ["rollfilter"]
+from rollfilter.__main__ import main
+main()
+"""
+
+
+@pytest.mark.parametrize("module", ["trio", "typer", "rollfilter.command"])
+def test_sigusr1_while_starting_does_not_end_the_run(agent: RecordingAgent, module: str):
+    proc = subprocess.run(
+        [sys.executable, "-c", STATUS_AT_IMPORT, module, "-u", agent.run_url, "-a", "agent"],
+        input="".join(input_lines(2)).encode(),
+        capture_output=True,
+        timeout=SUBPROCESS_TIMEOUT,
+        env=clean_env(),
+    )
+    assert proc.returncode == 0, proc.stderr  # the default action of SIGUSR1 is to end the process
+    assert len(proc.stdout.splitlines()) == 3
