@@ -347,3 +347,20 @@ def test_sigusr1_while_starting_does_not_end_the_run(agent: RecordingAgent, modu
     )
     assert proc.returncode == 0, proc.stderr  # the default action of SIGUSR1 is to end the process
     assert len(proc.stdout.splitlines()) == 3
+
+
+def test_the_progress_count_is_the_same_after_a_resume_that_gives_pairs_up(tmp_path: Path, agent: RecordingAgent):
+    data = tmp_path / "in.jsonl"
+    failing = {"_ng_failure_class": "model_error"}
+    data.write_text(
+        "".join(input_lines(3)) + json.dumps({"responses_create_params": {"input": "x"}, "answer": failing}) + "\n"
+    )
+    out = tmp_path / "OUT.jsonl"
+    args = [*gym_args(agent, out, str(data)), "--max-attempts", "1"]
+    assert run(args).returncode == 1
+    progress = out.with_name("OUT_progress")
+    assert progress.read_text() == "10\n"  # 5 lines x 2 rollouts, the 2 failed ones included
+    again = run([*args, "--resume"])
+    assert again.returncode == 0, again.stderr  # the failed pairs are out of attempts: given up
+    assert summary_of(again.stderr)["rollfilter"]["not_retried"] == 2
+    assert progress.read_text() == "10\n"
