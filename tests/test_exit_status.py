@@ -448,19 +448,20 @@ def test_a_run_with_stdin_closed_says_it_cannot_read_it(demo_server: DemoServer)
     assert messages(proc.stderr) == [f"rollfilter: cannot read <stdin> after line 0: {BAD_FD}"]
 
 
-INTERRUPTED_AT_IMPORT = """
+# The command, sent signal argv[2] (a name) as module argv[1] starts to be imported; its arguments follow.
+SIGNALLED_AT_IMPORT = """
 import importlib.abc, os, signal, sys
 
-MODULE = sys.argv[1]
+MODULE, SIGNAL = sys.argv[1], getattr(signal, sys.argv[2])
 
-class Interrupt(importlib.abc.MetaPathFinder):
+class Signal(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name == MODULE:
-            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C as this module starts to be imported
+            os.kill(os.getpid(), SIGNAL)
         return None
 
-sys.meta_path.insert(0, Interrupt())
-sys.argv[:2] = ["rollfilter"]
+sys.meta_path.insert(0, Signal())
+sys.argv[:3] = ["rollfilter"]
 from rollfilter.__main__ import main
 main()
 """
@@ -479,7 +480,7 @@ main()
 )
 def test_ctrl_c_at_any_point_of_start_up_exits_130_without_a_traceback(module: str, args: list[str]):
     proc = subprocess.run(
-        [sys.executable, "-c", INTERRUPTED_AT_IMPORT, module, *args],
+        [sys.executable, "-c", SIGNALLED_AT_IMPORT, module, "SIGINT", *args],
         input=rows_jsonl(simple_rows(2)).encode(),
         capture_output=True,
         timeout=SUBPROCESS_TIMEOUT,

@@ -21,6 +21,7 @@ import pytest
 
 from tests.conftest import SUBPROCESS_TIMEOUT, clean_env, run, start, summary_of
 from tests.recording_agent import RecordingAgent
+from tests.test_exit_status import SIGNALLED_AT_IMPORT
 from tests.test_run_contract import nemo_gym_bodies
 
 MAX_ATTEMPTS = 3  # NeMo Gym's default NEMO_GYM_MAX_ROLLOUT_ATTEMPTS
@@ -318,28 +319,10 @@ def test_an_agent_failure_keeps_the_agents_own_fields_beside_rollfilters(tmp_pat
     assert record["agent_fields"] == {"error": "the agent's own words", "line": 999}
 
 
-STATUS_AT_IMPORT = """
-import importlib.abc, os, signal, sys
-
-MODULE = sys.argv[1]
-
-class AskStatus(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name == MODULE:
-            os.kill(os.getpid(), signal.SIGUSR1)  # kill -USR1 as this module starts to be imported
-        return None
-
-sys.meta_path.insert(0, AskStatus())
-sys.argv[:2] = ["rollfilter"]
-from rollfilter.__main__ import main
-main()
-"""
-
-
 @pytest.mark.parametrize("module", ["trio", "typer", "rollfilter.command"])
 def test_sigusr1_while_starting_does_not_end_the_run(agent: RecordingAgent, module: str):
     proc = subprocess.run(
-        [sys.executable, "-c", STATUS_AT_IMPORT, module, "-u", agent.run_url, "-a", "agent"],
+        [sys.executable, "-c", SIGNALLED_AT_IMPORT, module, "SIGUSR1", "-u", agent.run_url, "-a", "agent"],
         input="".join(input_lines(2)).encode(),
         capture_output=True,
         timeout=SUBPROCESS_TIMEOUT,
