@@ -129,7 +129,8 @@ class DemoAgent:
         self._fixed_delay = _FixedDelay()
         self.in_system = 0  # with slots: episodes running or queued
         self._slots = trio.CapacityLimiter(options.slots) if options.slots is not None else None
-        self._first_run: float | None = None  # when the first /run came, for the schedule
+        self._first_run = trio.Event()  # the schedule's clock starts at the first /run
+        self._first_run_at = 0.0
 
     def _fault(self, row: dict[str, Any], body: bytes) -> str | None:
         steer = row.get("demo")
@@ -194,11 +195,12 @@ class DemoAgent:
     def _capacity_now(self) -> int:
         """Episodes at once by the schedule (slots or capacity), kept in the slots' limiter."""
         now = trio.current_time()
-        if self._first_run is None:
-            self._first_run = now
+        if not self._first_run.is_set():
+            self._first_run.set()
+            self._first_run_at = now
         capacity = self.options.slots if self.options.slots is not None else self.options.capacity or 0
         for after, episodes in self.options.schedule:
-            if now - self._first_run >= after:
+            if now - self._first_run_at >= after:
                 capacity = episodes
         if self._slots is not None and self._slots.total_tokens != capacity:
             self._slots.total_tokens = capacity
@@ -212,8 +214,15 @@ class DemoAgent:
         return 1.0 + self.options.thrash * max(0, self.in_system - 2 * slots) / slots
 
     async def run_timers(self) -> None:
-        """The timer that ends episodes of the fixed --latency; runs until cancelled, beside `answer`."""
-        await self._fixed_delay.run()
+        """The timers beside `answer`, until cancelled: the end of episodes of the fixed --latency,
+        and the schedule's changes."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._fixed_delay.run)
+            await self._first_run.wait()
+            started = trio.current_time()
+            for after, _ in self.options.schedule:
+                await trio.sleep_until(started + after)
+                self._capacity_now()
 
     async def _run(self, body: bytes, slowdown: float = 1.0) -> tuple[int, list[tuple[str, str]], bytes] | str:
         try:
@@ -545,7 +554,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--slots (a queue) and --capacity (a refusal) are two kinds of server: give one")
     if options.schedule and options.slots is None and options.capacity is None:
         parser.error("--schedule changes --slots or --capacity: give one of them")
-    if any(n < 1 for n in (options.slots or 1, options.capacity or 1, *(n for _, n in options.schedule))):
+    episodes = [n for n in (options.slots, options.capacity) if n is not None] + [n for _, n in options.schedule]
+    if any(n < 1 for n in episodes):
         parser.error("--slots, --capacity and the --schedule's episodes must be at least 1")
 
     async def run() -> None:
