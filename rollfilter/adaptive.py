@@ -29,8 +29,9 @@ takes longer, which is not overload. So latency alone never cuts the window; an 
 - Refusals (429, 503, a timeout, a failed connection) cut the window below what is in flight,
   once a round trip, and each refused request takes a slot more away. The level refused at is
   remembered: refused there again, the window goes just under it; it holds there
-  PLATEAU_ROUNDS rounds, then probes past it by one slot, two, four (as CUBIC and BBR probe),
-  so a refusing agent is seldom refused and one that grew is found in a few rounds.
+  PLATEAU_ROUNDS rounds (twice as long each time it is refused there again), then probes past
+  it by one slot, two, four (as CUBIC and BBR probe), so a refusing agent is seldom refused and
+  one that grew is found in a few rounds.
 
 The window gates each attempt, not each row: a row waiting out a Retry-After holds a row
 slot (-j) but no window slot, so the agent's capacity is spent on requests it can serve.
@@ -60,7 +61,8 @@ DRAIN_SHARE = 0.5  # a drain cuts the window to this share, to see whether laten
 FOLLOWED = 0.8  # latency under this share of the latency before the drain: it followed the window
 DRAIN_PATIENCE = 10.0  # a drain gives up after this many latencies (a hung request, a stalled input)
 BACKOFF = 0.9  # a refusal where none came before cuts the window to this share of what is in flight
-PLATEAU_ROUNDS = 4  # rounds held just under the level refused at before probing past it
+PLATEAU_ROUNDS = 4  # rounds held just under the level refused at before probing past it ...
+MAX_PLATEAU_ROUNDS = 16  # ... twice as many each time it is refused there again, up to this many
 
 
 class Signal(enum.Enum):
@@ -165,6 +167,7 @@ class AdaptiveWindow:
         self._refused_at: float | None = None  # the level the agent last refused at
         self._step = 1.0  # past the refused level, the next probe's size in slots
         self._plateau = 0  # rounds held at the refused level
+        self._plateau_rounds = PLATEAU_ROUNDS  # how many, before the next probe past it
         self._cut_at = -float("inf")
         self._lot = trio.lowlevel.ParkingLot()
         self._on_change = on_change
@@ -287,7 +290,7 @@ class AdaptiveWindow:
         assert self._no_load is not None
         if self._refused_at is not None and self._window >= self._refused_at - 1:
             self._plateau += 1
-            if self._plateau > PLATEAU_ROUNDS:
+            if self._plateau > self._plateau_rounds:
                 self._set(self._window + self._step)
                 self._step *= 2
             return
@@ -347,21 +350,25 @@ class AdaptiveWindow:
             self._set(min(drain.window_before, max(self._window, GAIN * drain.rate_before * latency)))
 
     def _refused(self, now: float) -> None:
-        # One decision a round trip (what was sent before it is not news): refused where it was
-        # refused before, the agent's capacity is known, and the window goes just under it;
-        # refused anywhere else, it is cut below what is in flight. Each further refusal takes
-        # its own slot away, so a window past the capacity shrinks to it as fast as the agent refuses.
+        # One decision a round trip (what was sent before it is not news): refused at or above
+        # the level it was refused at before, the agent's capacity is known, and the window goes
+        # just under it (refused at the same level again, it waits twice as long before the next
+        # probe); refused lower, the capacity fell, and the window is cut below what is in flight.
+        # Each further refusal takes its own slot away, so a window past the capacity shrinks to
+        # it as fast as the agent refuses.
         self._phase = _Phase.STEADY
         self._drain = None  # a refusal says more than a drain could
         level = min(self._window, self.in_flight + 1)
         round_trip = self._no_load if self._no_load is not None else PROBE_SECONDS
         if now - self._cut_at >= max(round_trip, PROBE_SECONDS):
             self._cut_at = now
-            known = self._refused_at is not None and level >= self._refused_at - 1
+            fell = self._refused_at is None or level < self._refused_at - 1
+            again = not fell and self._refused_at is not None and level <= self._refused_at + 1
+            self._plateau_rounds = min(2 * self._plateau_rounds, MAX_PLATEAU_ROUNDS) if again else PLATEAU_ROUNDS
             self._refused_at = level
             self._step = 1.0
             self._plateau = 0
-            self._set(level - 1 if known else BACKOFF * level)
+            self._set(BACKOFF * level if fell else level - 1)
         else:
             self._refused_at = min(level, self._refused_at or level)
             self._set(self._window - 1)

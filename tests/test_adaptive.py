@@ -164,6 +164,15 @@ def test_a_refusing_agent_that_grows_is_followed_up():
     assert min(w for t, w in limits if t >= 9) >= 70
 
 
+def test_a_refusing_agent_that_shrinks_is_followed_down():
+    agent = DemoAgent(DemoOptions(latency=0.2, capacity=40, retry_after=RETRY_AFTER, schedule=((5.0, 20),)))
+    limits: list[tuple[float, int]] = []
+    window = AdaptiveWindow(400)
+    virtual(Run(agent, 3000, 400, window, watch=lambda t, w: limits.append((t, w))))
+    assert max(w for t, w in limits if t >= 7) <= 22
+    assert agent.throttled <= 0.02 * agent.requests
+
+
 def test_a_healthy_agent_gets_the_ceiling_at_little_cost():
     window = AdaptiveWindow(1000)
     run = virtual(Run(DemoAgent(DemoOptions(latency=2.0)), 10_000, 1000, window))
