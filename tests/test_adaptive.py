@@ -297,7 +297,8 @@ def test_the_command_holds_a_queueing_agent_near_its_slots(start_demo):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len(result_lines(proc.stdout)) == 1000
     window = summary_of(proc.stderr)["rollfilter"]["windows"]["(no name)"]
-    assert 10 <= window["final"] <= 30
+    assert window["max"] <= 60  # never near -j 200 (how far under 60 depends on the machine's load)
+    assert window["final"] <= 30
 
 
 def test_without_adaptive_the_same_agent_throttles_most_requests(start_demo):
