@@ -131,6 +131,7 @@ class DemoAgent:
         self._slots = trio.CapacityLimiter(options.slots) if options.slots is not None else None
         self._first_run = trio.Event()  # the schedule's clock starts at the first /run
         self._first_run_at = 0.0
+        self._last_answer_at = 0.0  # /stats' busy_s: from the first /run to the last answer
 
     def _fault(self, row: dict[str, Any], body: bytes) -> str | None:
         steer = row.get("demo")
@@ -160,7 +161,8 @@ class DemoAgent:
     ) -> tuple[int, list[tuple[str, str]], bytes] | str:
         """(status, headers, body) to send, or "drop" / "hang"."""
         if method == "GET" and path == "/stats":
-            stats = {"requests": self.requests, "throttled": self.throttled, "by_id": dict(self.by_id)}
+            busy = self._last_answer_at - self._first_run_at if self._first_run.is_set() else 0.0
+            stats = {"requests": self.requests, "throttled": self.throttled, "by_id": dict(self.by_id), "busy_s": busy}
             return 200, [], _encode(stats)
         if isinstance(body, Aggregation):
             return 200, [], _encode(body.answer())
@@ -170,6 +172,15 @@ class DemoAgent:
         if method != "POST":
             return 405, [], _encode({"detail": "Method Not Allowed"})
         self.requests += 1
+        try:
+            return await self._answer_run(body)
+        finally:
+            self._last_answer_at = trio.current_time()
+
+    async def _answer_run(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes] | str:
+        if not self._first_run.is_set():
+            self._first_run.set()
+            self._first_run_at = trio.current_time()
         if self.options.capacity is not None and self.running >= self._capacity_now():
             self.throttled += 1
             return 429, [("Retry-After", f"{self.options.retry_after:g}")], _encode({"detail": "over capacity"})
@@ -195,9 +206,6 @@ class DemoAgent:
     def _capacity_now(self) -> int:
         """Episodes at once by the schedule (slots or capacity), kept in the slots' limiter."""
         now = trio.current_time()
-        if not self._first_run.is_set():
-            self._first_run.set()
-            self._first_run_at = now
         capacity = self.options.slots if self.options.slots is not None else self.options.capacity or 0
         for after, episodes in self.options.schedule:
             if now - self._first_run_at >= after:

@@ -337,6 +337,9 @@ def test_the_demo_agents_slots_queue_requests_first_come_first_served():
     agent = DemoAgent(DemoOptions(latency=1.0, slots=2))
     assert finish_times(agent, [0.0, 0.0, 0.1, 0.2, 0.3]) == [1.0, 1.0, 2.0, 2.0, 3.0]
     assert agent.in_system == 0
+    stats = trio.run(agent.answer, "GET", "/stats", b"")
+    assert isinstance(stats, tuple)
+    assert msgspec.json.decode(stats[2])["busy_s"] == 3.0  # from the first request to the last answer
 
 
 def test_the_demo_agent_thrashes_past_twice_its_slots():

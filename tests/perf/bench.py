@@ -79,6 +79,11 @@ class Agent:
             stats = json.load(response)
         return {"requests": int(stats["requests"]), "throttled": int(stats.get("throttled", 0))}
 
+    def busy_s(self) -> float:
+        """Seconds from its first /run to its last answer (the client's start-up left out)."""
+        with urllib.request.urlopen(self.base + "/stats", timeout=30) as response:
+            return float(json.load(response)["busy_s"])
+
     def requests(self) -> int:
         return self.stats()["requests"]
 
@@ -379,7 +384,8 @@ class Bench:
 
     def moving(self) -> None:
         """The same server, its slots 40, then 20 from 6 s after the first request, then 40 from 12 s:
-        each run's rows against the ideal (the slots over 0.2 s, integrated over the run's wall time)."""
+        each run's rows against the ideal: the slots over 0.2 s, integrated from the agent's first
+        request to its last answer (a fresh agent each run, so that the schedule starts with it)."""
         n = 1_500 if self.quick else 3_000
 
         def ideal_rows(seconds: float) -> float:
@@ -396,7 +402,9 @@ class Bench:
 
         try:
             print(f"moving: 40 -> 20 (at 6 s) -> 40 (at 12 s) slots, 0.2 s episodes, {n} rows", file=sys.stderr)
-            fractions = self._sweep(fresh_agent, n, data, (20, 40, 80), lambda m: m.rows / ideal_rows(m.wall_s))
+            fractions = self._sweep(
+                fresh_agent, n, data, (20, 40, 80), lambda m: m.rows / ideal_rows(agents[0].busy_s())
+            )
         finally:
             while agents:
                 agents.pop().stop()
