@@ -448,7 +448,8 @@ class Bench:
         passed = ratio >= share and failed == 0
         runs = {adaptive_name: [figure for figure, _ in results[adaptive_name]]}
         self.rows.append(Row(f"{scenario} ({adaptive_name})", metric, adaptive, None, target, passed, runs))
-        self.rows.append(Row(f"{scenario} ({adaptive_name})", what, ratio, None, target, passed))
+        if what != metric:
+            self.rows.append(Row(f"{scenario} ({adaptive_name})", what, ratio, None, target, passed))
         self.rows.append(Row(f"{scenario} ({adaptive_name})", "rows failed", float(failed), None, target, passed))
 
     def healthy(self) -> None:
