@@ -142,8 +142,7 @@ class AgentClient:
             while True:
                 attempt += 1
                 window = agent.window
-                if window is not None:
-                    await window.acquire()
+                ticket = await window.acquire() if window is not None else 0
                 if attempt == 1 and agent.budget is not None:
                     agent.budget.deposit()
                 replica = agent.pick(trio.current_time(), avoid=replica)
@@ -157,7 +156,7 @@ class AgentClient:
                 finally:
                     replica.outstanding -= 1
                     if window is not None:
-                        window.release(signal, trio.current_time() - started)
+                        window.release(ticket, signal, trio.current_time() - started)
                 if not isinstance(outcome, RowFailure):
                     if replica.cooldown:
                         replica.connection_worked()

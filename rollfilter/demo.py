@@ -14,6 +14,7 @@ that probability, else 0.0: rollouts of one task then differ, as pass@k needs), 
 
 from __future__ import annotations
 
+import argparse
 import collections
 import dataclasses
 import hashlib
@@ -49,6 +50,10 @@ class DemoOptions:
     seed: int | None = None
     aggregate_groups: bool = True  # /aggregate_metrics answers per-task groups (memory grows with the tasks)
     capacity: int | None = None  # episodes at once; more are answered 429 with Retry-After at once
+    slots: int | None = None  # episodes at once; more wait their turn in a queue, as a model server's do
+    thrash: float = 0.0  # with slots: each episode slows by this share per `slots` in the system past twice them
+    # (seconds after the first /run, episodes at once from then on): --slots, or --capacity, as time goes
+    schedule: tuple[tuple[float, int], ...] = ()
 
 
 def input_text(row: dict[str, Any]) -> str:
@@ -122,6 +127,11 @@ class DemoAgent:
         self._seen: Counter[bytes] = Counter()
         self._next_id = 0
         self._fixed_delay = _FixedDelay()
+        self.in_system = 0  # with slots: episodes running or queued
+        self._slots = trio.CapacityLimiter(options.slots) if options.slots is not None else None
+        self._first_run = trio.Event()  # the schedule's clock starts at the first /run
+        self._first_run_at = 0.0
+        self._last_answer_at = 0.0  # /stats' busy_s: from the first /run to the last answer
 
     def _fault(self, row: dict[str, Any], body: bytes) -> str | None:
         steer = row.get("demo")
@@ -151,7 +161,8 @@ class DemoAgent:
     ) -> tuple[int, list[tuple[str, str]], bytes] | str:
         """(status, headers, body) to send, or "drop" / "hang"."""
         if method == "GET" and path == "/stats":
-            stats = {"requests": self.requests, "throttled": self.throttled, "by_id": dict(self.by_id)}
+            busy = self._last_answer_at - self._first_run_at if self._first_run.is_set() else 0.0
+            stats = {"requests": self.requests, "throttled": self.throttled, "by_id": dict(self.by_id), "busy_s": busy}
             return 200, [], _encode(stats)
         if isinstance(body, Aggregation):
             return 200, [], _encode(body.answer())
@@ -161,16 +172,67 @@ class DemoAgent:
         if method != "POST":
             return 405, [], _encode({"detail": "Method Not Allowed"})
         self.requests += 1
-        if self.options.capacity is not None and self.running >= self.options.capacity:
+        try:
+            return await self._answer_run(body)
+        finally:
+            self._last_answer_at = trio.current_time()
+
+    async def _answer_run(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes] | str:
+        if not self._first_run.is_set():
+            self._first_run.set()
+            self._first_run_at = trio.current_time()
+        if self.options.capacity is not None and self.running >= self._capacity_now():
             self.throttled += 1
             return 429, [("Retry-After", f"{self.options.retry_after:g}")], _encode({"detail": "over capacity"})
-        self.running += 1
+        if self._slots is None:
+            self.running += 1
+            try:
+                return await self._run(body)
+            finally:
+                self.running -= 1
+        self.in_system += 1
+        self._capacity_now()
         try:
-            return await self._run(body)
+            async with self._slots:
+                self.running += 1
+                try:
+                    return await self._run(body, self._slowdown())
+                finally:
+                    self.running -= 1
+                    self._capacity_now()
         finally:
-            self.running -= 1
+            self.in_system -= 1
 
-    async def _run(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes] | str:
+    def _capacity_now(self) -> int:
+        """Episodes at once by the schedule (slots or capacity), kept in the slots' limiter."""
+        now = trio.current_time()
+        capacity = self.options.slots if self.options.slots is not None else self.options.capacity or 0
+        for after, episodes in self.options.schedule:
+            if now - self._first_run_at >= after:
+                capacity = episodes
+        if self._slots is not None and self._slots.total_tokens != capacity:
+            self._slots.total_tokens = capacity
+        return capacity
+
+    def _slowdown(self) -> float:
+        """How much longer an episode starting now takes: past twice the slots in the system, a model
+        server preempts and recomputes (its KV cache is full), and every running episode slows."""
+        assert self._slots is not None
+        slots = int(self._slots.total_tokens)
+        return 1.0 + self.options.thrash * max(0, self.in_system - 2 * slots) / slots
+
+    async def run_timers(self) -> None:
+        """The timers beside `answer`, until cancelled: the end of episodes of the fixed --latency,
+        and the schedule's changes."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._fixed_delay.run)
+            await self._first_run.wait()
+            started = trio.current_time()
+            for after, _ in self.options.schedule:
+                await trio.sleep_until(started + after)
+                self._capacity_now()
+
+    async def _run(self, body: bytes, slowdown: float = 1.0) -> tuple[int, list[tuple[str, str]], bytes] | str:
         try:
             row = _decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
@@ -183,6 +245,7 @@ class DemoAgent:
         latency = self.options.latency + self._rng.uniform(0, self.options.jitter)
         if isinstance(steer.get("latency"), (int, float)):
             latency = float(steer["latency"])
+        latency *= slowdown
         if latency > 0:
             if latency == self.options.latency:
                 await self._fixed_delay.wait(latency)
@@ -410,13 +473,26 @@ async def serve(
         await _serve_connection(stream, agent)
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(agent._fixed_delay.run)
+        nursery.start_soon(agent.run_timers)
         await trio.serve_listeners(handle, listeners)
+
+
+def _schedule(text: str) -> tuple[tuple[float, int], ...]:
+    """`T=N,...` (seconds, episodes at once), in time order."""
+    steps = []
+    for part in text.split(","):
+        after, sep, episodes = part.partition("=")
+        try:
+            steps.append((float(after), int(episodes)))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r} is not T=N (seconds=episodes)") from None
+        if not sep or steps[-1][0] < 0:
+            raise argparse.ArgumentTypeError(f"{part!r} is not T=N (seconds=episodes)")
+    return tuple(sorted(steps))
 
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m rollfilter.demo`: run the demo agent on its own, with optional faults."""
-    import argparse
 
     parser = argparse.ArgumentParser(
         prog="python -m rollfilter.demo",
@@ -440,6 +516,25 @@ def main(argv: list[str] | None = None) -> None:
         help="episodes at once; requests beyond are answered 429 with Retry-After (a model server's limit)",
     )
     parser.add_argument(
+        "--slots",
+        type=int,
+        default=None,
+        help="episodes at once; requests beyond wait in a queue, first come first served (a model server's batch)",
+    )
+    parser.add_argument(
+        "--thrash",
+        type=float,
+        default=0.0,
+        help="with --slots: past twice the slots in the system, each episode slows by this share per slots more",
+    )
+    parser.add_argument(
+        "--schedule",
+        type=_schedule,
+        default=(),
+        metavar="T=N,...",
+        help="--slots (or --capacity) becomes N at T seconds after the first /run, e.g. 10=20,20=40",
+    )
+    parser.add_argument(
         "--no-aggregate-groups",
         action="store_true",
         help="answer /aggregate_metrics without per-task groups (counts only what it reads)",
@@ -457,9 +552,19 @@ def main(argv: list[str] | None = None) -> None:
         seed=args.seed,
         aggregate_groups=not args.no_aggregate_groups,
         capacity=args.capacity,
+        slots=args.slots,
+        thrash=args.thrash,
+        schedule=args.schedule,
     )
     if sum((options.fail_rate, options.throttle_rate, options.hang_rate, options.garbage_rate, options.drop_rate)) > 1:
         parser.error("the fault rates add up to more than 1")
+    if options.slots is not None and options.capacity is not None:
+        parser.error("--slots (a queue) and --capacity (a refusal) are two kinds of server: give one")
+    if options.schedule and options.slots is None and options.capacity is None:
+        parser.error("--schedule changes --slots or --capacity: give one of them")
+    episodes = [n for n in (options.slots, options.capacity) if n is not None] + [n for _, n in options.schedule]
+    if any(n < 1 for n in episodes):
+        parser.error("--slots, --capacity and the --schedule's episodes must be at least 1")
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:

@@ -1,123 +1,230 @@
-"""The adaptive window alone, on trio's MockClock: scenarios in virtual time, no real sleeps."""
+"""The adaptive window on trio's MockClock, against the demo agent in-process: the agent's real
+queue, thrashing, refusals and capacity schedule, seconds of load in milliseconds, no real sleeps."""
 
 from __future__ import annotations
 
-import dataclasses
+import math
+import random
+import statistics
+from collections.abc import Callable, Sequence
 
+import msgspec
+import pytest
 import trio
 import trio.testing
 
 from rollfilter.adaptive import AdaptiveWindow, Signal
+from rollfilter.demo import DemoAgent, DemoOptions
+
+RETRY_AFTER = 1.0
 
 
-@dataclasses.dataclass
-class Agent:
-    """A stand-in agent: `latency` seconds an episode (or each row's own, from `latencies` in turn);
-    above `capacity` in flight it answers 429 at once."""
-
-    latency: float
-    latencies: list[float] = dataclasses.field(default_factory=list)
-    capacity: int | None = None
-    in_flight: int = 0
-    requests: int = 0
-    throttled: int = 0
-    most_in_flight: int = 0
-
-    async def run(self, window: AdaptiveWindow | None) -> bool:
-        if window is not None:
-            await window.acquire()
-        self.requests += 1
-        if self.capacity is not None and self.in_flight >= self.capacity:
-            self.throttled += 1
-            await trio.sleep(0.001)
-            if window is not None:
-                window.release(Signal.OVERLOAD)
-            return False
-        self.in_flight += 1
-        self.most_in_flight = max(self.most_in_flight, self.in_flight)
-        latency = self.latencies[self.requests % len(self.latencies)] if self.latencies else self.latency
-        await trio.sleep(latency)
-        self.in_flight -= 1
-        if window is not None:
-            window.release(Signal.KEPT_UP, latency)
-        return True
+def body(latency: float | None) -> bytes:
+    row: dict[str, object] = {"responses_create_params": {"input": "hi"}}
+    if latency is not None:
+        row["demo"] = {"latency": latency}  # this row's own episode length
+    return msgspec.json.encode(row)
 
 
-async def collect(agent: Agent, rows: int, concurrency: int, window: AdaptiveWindow | None) -> float:
-    """Run `rows` rollouts with `concurrency` rows in flight, each retried after a 1 s Retry-After."""
-    rows_left = iter(range(rows))
+class Run:
+    """`rows` rollouts through `agent` with `concurrency` rows in flight, each one's attempts
+    gated by `window` (None: a fixed -j); a 429 is retried after RETRY_AFTER, as Retry-After asks.
 
-    async def worker() -> None:
-        for _ in rows_left:
-            for _attempt in range(100):
-                if await agent.run(window):
-                    break
-                await trio.sleep(1.0)  # the agent's Retry-After
+    `latencies(i)` gives row i's episode length (None: the agent's --latency). `watch` is called
+    every half second of the run with (seconds since the start, the window's limit).
+    """
 
-    started = trio.current_time()
-    async with trio.open_nursery() as nursery:
-        for _ in range(concurrency):
-            nursery.start_soon(worker)
-    return trio.current_time() - started
+    def __init__(
+        self,
+        agent: DemoAgent,
+        rows: int,
+        concurrency: int,
+        window: AdaptiveWindow | None,
+        latencies: Callable[[int], float | None] = lambda i: None,
+        watch: Callable[[float, int], None] | None = None,
+    ) -> None:
+        self.agent, self.rows, self.concurrency, self.window = agent, rows, concurrency, window
+        self.latencies, self.watch = latencies, watch
+        self.succeeded = 0
+        self.elapsed = 0.0
+
+    async def _row(self, i: int) -> None:
+        row = body(self.latencies(i))
+        for _ in range(100):
+            ticket = await self.window.acquire() if self.window is not None else 0
+            started = trio.current_time()
+            answer = await self.agent.answer("POST", "/run", row)
+            assert isinstance(answer, tuple)
+            signal = Signal.KEPT_UP if answer[0] == 200 else Signal.OVERLOAD
+            if self.window is not None:
+                self.window.release(ticket, signal, trio.current_time() - started)
+            if answer[0] == 200:
+                self.succeeded += 1
+                return
+            assert answer[0] == 429
+            await trio.sleep(RETRY_AFTER)
+
+    async def __call__(self) -> Run:
+        rows = iter(range(self.rows))
+
+        async def worker() -> None:
+            for i in rows:
+                await self._row(i)
+
+        async def watcher(started: float) -> None:
+            assert self.window is not None
+            assert self.watch is not None
+            while True:
+                await trio.sleep(0.5)
+                self.watch(trio.current_time() - started, self.window.limit)
+
+        started = trio.current_time()
+        async with trio.open_nursery() as outer:
+            outer.start_soon(self.agent.run_timers)
+            if self.watch is not None:
+                outer.start_soon(watcher, started)
+            async with trio.open_nursery() as workers:
+                for _ in range(self.concurrency):
+                    workers.start_soon(worker)
+            outer.cancel_scope.cancel()
+        self.elapsed = trio.current_time() - started
+        assert self.succeeded == self.rows  # no row failed
+        return self
+
+    @property
+    def rate(self) -> float:
+        return self.rows / self.elapsed
 
 
-def virtual(coroutine_function, *args):
-    return trio.run(coroutine_function, *args, clock=trio.testing.MockClock(autojump_threshold=0))
+def virtual(run: Run) -> Run:
+    return trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
-def test_an_agent_that_throttles_above_40_is_found_and_kept_busy():
-    """The issue's scenario: 429 above 40 in flight, 0.2 s episodes, 2,000 rows, -j 400: ideal 200 rows/s."""
-    agent = Agent(latency=0.2, capacity=40)
+def queueing(**changes: object) -> DemoAgent:
+    """The issue's model server: 40 slots, 0.2 s episodes, a queue, thrashing past 80 in the system."""
+    options: dict[str, object] = {"latency": 0.2, "slots": 40, "thrash": 0.2, **changes}
+    return DemoAgent(DemoOptions(**options))  # type: ignore[arg-type]
+
+
+def best_fixed(make_agent: Callable[[], DemoAgent], rows: int, sweep: Sequence[int], **kw: object) -> float:
+    return max(virtual(Run(make_agent(), rows, j, None, **kw)).rate for j in sweep)  # type: ignore[arg-type]
+
+
+def test_a_queueing_thrashing_server_is_held_near_its_capacity():
+    """-j 320 against 40 slots: a fixed -j 320 thrashes; the window holds what the slots serve."""
+    rows = 4000
+    best = best_fixed(queueing, rows, (20, 40, 80, 160, 320))
+    fixed_320 = virtual(Run(queueing(), rows, 320, None)).rate
+    assert fixed_320 < 0.6 * best  # the scenario is a real test: the ceiling thrashes
+    limits: list[int] = []
+    adaptive = virtual(Run(queueing(), rows, 320, AdaptiveWindow(320), watch=lambda t, w: limits.append(w)))
+    assert adaptive.rate >= 0.9 * best
+    assert 40 <= statistics.median(limits) <= 80  # the slots kept full, short of thrashing
+
+
+def test_the_window_follows_a_capacity_that_halves_and_comes_back():
+    """Slots 40, then 20 from 6 s, then 40 again from 12 s: the ideal is the slots over 0.2 s, integrated."""
+    limits: list[tuple[float, int]] = []
+    window = AdaptiveWindow(320)
+    run = Run(queueing(schedule=((6.0, 20), (12.0, 40))), 4000, 320, window, watch=lambda t, w: limits.append((t, w)))
+    virtual(run)
+    ideal_rows = 200 * 6 + 100 * 6 + 200 * (run.elapsed - 12)
+    assert run.rows / ideal_rows >= 0.85
+    during_20 = [w for t, w in limits if 9 <= t < 12]
+    after = [w for t, w in limits if t >= 15]
+    assert max(during_20) <= 2 * 20  # down with the slots, short of thrashing them
+    assert min(after) >= 30  # and back up when they return
+
+
+def test_a_refusing_agent_is_found_and_rarely_refused():
+    """429 with Retry-After above 40 episodes at once, 0.2 s each, -j 400: ideal 200 rows/s."""
+    agent = DemoAgent(DemoOptions(latency=0.2, capacity=40, retry_after=RETRY_AFTER))
     window = AdaptiveWindow(400)
-    elapsed = virtual(collect, agent, 2000, 400, window)
-    assert 2000 / elapsed >= 0.8 * 200
-    assert agent.throttled <= 0.05 * agent.requests
+    run = virtual(Run(agent, 4000, 400, window))
+    assert run.rate >= 0.9 * 200
+    assert agent.throttled <= 0.02 * agent.requests
     stats = window.stats()
-    assert stats.max <= 2 * 40  # the probe overshoots by at most a doubling
-    assert 30 <= stats.final <= 45
+    assert stats.max <= 2 * 40  # the blind doubling overshoots by at most a doubling
+    assert 36 <= stats.final <= 42
 
 
-def test_fixed_concurrency_over_the_capacity_is_throttled_heavily():
+def test_fixed_concurrency_over_the_capacity_is_refused_heavily():
     """The same agent without a window, for contrast: the scenario is a real test of the window."""
-    agent = Agent(latency=0.2, capacity=40)
-    virtual(collect, agent, 2000, 400, None)
+    agent = DemoAgent(DemoOptions(latency=0.2, capacity=40, retry_after=RETRY_AFTER))
+    virtual(Run(agent, 2000, 400, None))
     assert agent.throttled > 0.5 * agent.requests
 
 
+def test_a_refusing_agent_that_grows_is_followed_up():
+    agent = DemoAgent(DemoOptions(latency=0.2, capacity=40, retry_after=RETRY_AFTER, schedule=((5.0, 80),)))
+    limits: list[tuple[float, int]] = []
+    window = AdaptiveWindow(400)
+    virtual(Run(agent, 4000, 400, window, watch=lambda t, w: limits.append((t, w))))
+    assert max(w for t, w in limits if t < 5) <= 45
+    assert min(w for t, w in limits if t >= 9) >= 70
+
+
+def test_a_refusing_agent_that_shrinks_is_followed_down():
+    agent = DemoAgent(DemoOptions(latency=0.2, capacity=40, retry_after=RETRY_AFTER, schedule=((5.0, 20),)))
+    limits: list[tuple[float, int]] = []
+    window = AdaptiveWindow(400)
+    virtual(Run(agent, 3000, 400, window, watch=lambda t, w: limits.append((t, w))))
+    assert max(w for t, w in limits if t >= 7) <= 22
+    assert agent.throttled <= 0.02 * agent.requests
+
+
 def test_a_healthy_agent_gets_the_ceiling_at_little_cost():
-    agent = Agent(latency=2.0)
-    window = AdaptiveWindow(2000)
-    elapsed = virtual(collect, agent, 20_000, 2000, window)
-    assert window.stats().final == 2000
-    assert agent.most_in_flight == 2000
-    assert elapsed <= 1.05 * 20.0  # within 5% of a fixed -j 2000 (20 s)
+    window = AdaptiveWindow(1000)
+    run = virtual(Run(DemoAgent(DemoOptions(latency=2.0)), 10_000, 1000, window))
+    assert window.stats().final == 1000
+    assert run.elapsed <= 1.03 * 20.0  # within 3% of a fixed -j 1000 (ten waves of 2 s)
+
+
+def test_long_episodes_get_the_ceiling():
+    window = AdaptiveWindow(500)
+    run = virtual(Run(DemoAgent(DemoOptions(latency=30.0)), 2000, 500, window))
+    assert window.stats().final == 500
+    assert run.elapsed <= 1.03 * 120.0
+
+
+def test_latency_noise_is_not_taken_for_a_queue():
+    """Episode lengths drawn at random over a wide spread (lognormal: some rows 10x the median)."""
+    rng = random.Random(1)
+    lengths = [rng.lognormvariate(math.log(0.2), 1.0) for _ in range(12_000)]
+    fixed = virtual(Run(DemoAgent(), 12_000, 200, None, latencies=lengths.__getitem__))
+    limits: list[tuple[float, int]] = []
+    window = AdaptiveWindow(200)
+    adaptive = virtual(
+        Run(DemoAgent(), 12_000, 200, window, latencies=lengths.__getitem__, watch=lambda t, w: limits.append((t, w)))
+    )
+    assert adaptive.elapsed <= 1.05 * fixed.elapsed
+    assert min(w for t, w in limits if 3 <= t < adaptive.elapsed - 3) == 200  # at the ceiling, and kept there
+
+
+def test_latency_noise_on_a_queueing_server_still_finds_its_capacity():
+    rng = random.Random(2)
+    lengths = [rng.lognormvariate(math.log(0.2), 1.0) for _ in range(6000)]
+    best = best_fixed(queueing, 6000, (40, 80), latencies=lengths.__getitem__)
+    window = AdaptiveWindow(320)
+    adaptive = virtual(Run(queueing(), 6000, 320, window, latencies=lengths.__getitem__))
+    assert adaptive.rate >= 0.9 * best
 
 
 def test_episodes_of_mixed_lengths_are_not_taken_for_overload():
-    """Rows whose episodes differ (harder rows, later parts of the data) on an agent with room to spare."""
-    for latencies in ([0.01] * 4 + [0.3], [0.01] * 200 + [0.3] * 200):  # mixed, then a harder second half
-        fixed = virtual(collect, Agent(0, latencies=latencies), 1000, 64, None)
+    """Harder rows on an agent with room to spare: mixed at random, then a harder second half, then
+    an easier one. None is congestion, and the window keeps to the ceiling."""
+    rng = random.Random(3)
+    mixed = [rng.choice((0.01, 0.01, 0.01, 0.01, 0.3)) for _ in range(6000)]
+    for name, lengths in {
+        "mixed": mixed.__getitem__,
+        "harder second half": lambda i: 0.01 if i < 3000 else 0.3,
+        "easier second half": lambda i: 0.3 if i < 3000 else 0.01,
+    }.items():
+        fixed = virtual(Run(DemoAgent(), 6000, 64, None, latencies=lengths))
         window = AdaptiveWindow(64)
-        adaptive = virtual(collect, Agent(0, latencies=latencies), 1000, 64, window)
-        assert adaptive <= 1.2 * fixed, latencies[:6]
-        assert window.stats().max == 64  # the ceiling, reached
-
-
-def test_latency_climbing_past_its_baseline_shrinks_the_window():
-    async def scenario() -> AdaptiveWindow:
-        window = AdaptiveWindow(100)
-        for _ in range(50):  # a steady agent
-            await window.acquire()
-            window.release(Signal.KEPT_UP, 0.1)
-        before = window.limit
-        for _ in range(20):  # then it slows down sharply
-            await trio.sleep(0.5)
-            await window.acquire()
-            window.release(Signal.KEPT_UP, 1.0)
-        assert window.limit < before
-        return window
-
-    virtual(scenario)
+        adaptive = virtual(Run(DemoAgent(), 6000, 64, window, latencies=lengths))
+        assert adaptive.elapsed <= 1.1 * fixed.elapsed, name
+        assert window.stats().final == 64, name
 
 
 def test_neutral_failures_leave_the_window_alone_and_changes_are_reported():
@@ -126,44 +233,40 @@ def test_neutral_failures_leave_the_window_alone_and_changes_are_reported():
     async def scenario() -> None:
         window = AdaptiveWindow(64, initial=8, on_change=lambda old, new: changes.append((old, new)))
         for _ in range(5):
-            await window.acquire()
-            window.release(Signal.NEUTRAL)
+            window.release(await window.acquire(), Signal.NEUTRAL, 0.1)
         assert window.limit == 8
-        for _ in range(8):  # a full window in flight; one comes back throttled
-            await window.acquire()
-        window.release(Signal.OVERLOAD)  # probing ends: cut below what is in flight
-        assert window.limit == 6
-        for _ in range(7):  # the others come back fine: growth by successes from now on
-            window.release(Signal.KEPT_UP, 0.1)
-        assert window.limit == 7
+        tickets = [await window.acquire() for _ in range(8)]  # a full window in flight; one is refused
+        window.release(tickets.pop(), Signal.OVERLOAD, 0.01)
+        assert window.limit == 7  # cut below what was in flight (90% of 8)
 
-    virtual(scenario)
-    assert changes == [(8, 7), (7, 6), (6, 7)]
+    virtual_scenario(scenario)
+    assert changes == [(8, 7)]
 
 
 def test_the_window_never_passes_its_ceiling_or_lets_more_in():
     async def scenario() -> None:
         window = AdaptiveWindow(5, initial=2)
-        inside = 0
         most = 0
 
         async def use() -> None:
-            nonlocal inside, most
+            nonlocal most
             for _ in range(20):
-                await window.acquire()
-                inside += 1
-                most = max(most, inside, window.in_flight)
+                ticket = await window.acquire()
+                most = max(most, window.in_flight)
                 assert window.in_flight <= window.limit <= 5
                 await trio.sleep(0.01)
-                inside -= 1
-                window.release(Signal.KEPT_UP, 0.01)
+                window.release(ticket, Signal.KEPT_UP, 0.01)
 
         async with trio.open_nursery() as nursery:
             for _ in range(10):
                 nursery.start_soon(use)
         assert most == 5
 
-    virtual(scenario)
+    virtual_scenario(scenario)
+
+
+def virtual_scenario(scenario: Callable[[], object]) -> None:
+    trio.run(scenario, clock=trio.testing.MockClock(autojump_threshold=0))  # type: ignore[arg-type]
 
 
 def test_the_command_finds_the_agents_capacity(start_demo):
@@ -185,6 +288,19 @@ def test_the_command_finds_the_agents_capacity(start_demo):
     assert changes[0].startswith("rollfilter: agent (no name): window 8 -> ")
 
 
+def test_the_command_holds_a_queueing_agent_near_its_slots(start_demo):
+    """End to end over HTTP: 10 slots and a queue; -j 200 would put 200 in the system."""
+    from tests.conftest import result_lines, rows_jsonl, run, simple_rows, summary_of
+
+    agent = start_demo("--slots", "10", "--thrash", "0.2", "--latency", "0.05")
+    proc = run(["-u", agent.url, "-j", "200", "--adaptive"], input=rows_jsonl(simple_rows(1000)), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(result_lines(proc.stdout)) == 1000
+    window = summary_of(proc.stderr)["rollfilter"]["windows"]["(no name)"]
+    assert window["max"] <= 60  # never near -j 200 (how far under 60 depends on the machine's load)
+    assert window["final"] <= 30
+
+
 def test_without_adaptive_the_same_agent_throttles_most_requests(start_demo):
     from tests.conftest import rows_jsonl, run, simple_rows
 
@@ -192,3 +308,66 @@ def test_without_adaptive_the_same_agent_throttles_most_requests(start_demo):
     run(["-u", agent.url, "-j", "100", "--retries", "1"], input=rows_jsonl(simple_rows(400)), timeout=120)
     stats = agent.stats()
     assert stats["throttled"] > 0.3 * stats["requests"]
+
+
+def finish_times(agent: DemoAgent, starts: Sequence[float]) -> list[float]:
+    """When each of the requests sent at `starts` (seconds) is answered, in virtual time."""
+    done: list[float] = [0.0] * len(starts)
+
+    async def one(i: int, at: float) -> None:
+        await trio.sleep(at)
+        answer = await agent.answer("POST", "/run", body(None))
+        assert isinstance(answer, tuple)
+        assert answer[0] == 200
+        done[i] = trio.current_time()
+
+    async def scenario() -> None:
+        async with trio.open_nursery() as outer:
+            outer.start_soon(agent.run_timers)
+            async with trio.open_nursery() as nursery:
+                for i, at in enumerate(starts):
+                    nursery.start_soon(one, i, at)
+            outer.cancel_scope.cancel()
+
+    trio.run(scenario, clock=trio.testing.MockClock(autojump_threshold=0))
+    return [round(t, 6) for t in done]
+
+
+def test_the_demo_agents_slots_queue_requests_first_come_first_served():
+    agent = DemoAgent(DemoOptions(latency=1.0, slots=2))
+    assert finish_times(agent, [0.0, 0.0, 0.1, 0.2, 0.3]) == [1.0, 1.0, 2.0, 2.0, 3.0]
+    assert agent.in_system == 0
+    stats = trio.run(agent.answer, "GET", "/stats", b"")
+    assert isinstance(stats, tuple)
+    assert msgspec.json.decode(stats[2])["busy_s"] == 3.0  # from the first request to the last answer
+
+
+def test_the_demo_agent_thrashes_past_twice_its_slots():
+    """Six in the system with two slots: two past twice the slots, so episodes start 1 + 0.5 x 2/2 slower."""
+    agent = DemoAgent(DemoOptions(latency=1.0, slots=2, thrash=0.5))
+    # The first pair starts with six in the system (1.5 s); the next with four and the last with
+    # two, no more than twice the slots (1 s each).
+    assert sorted(finish_times(agent, [0.0] * 6)) == [1.5, 1.5, 2.5, 2.5, 3.5, 3.5]
+
+
+def test_the_demo_agents_schedule_changes_its_slots():
+    agent = DemoAgent(DemoOptions(latency=1.0, slots=1, schedule=((0.5, 3),)))
+    # One slot until 0.5 s after the first request, then three: the two waiting start at 0.5,
+    # and the one sent at 0.6 waits for the first to end.
+    assert sorted(finish_times(agent, [0.0, 0.0, 0.0, 0.6])) == [1.0, 1.5, 1.5, 2.0]
+
+
+def test_the_demo_agent_refuses_bad_slot_options(capsys):
+    from rollfilter.demo import main
+
+    for argv, message in [
+        (["--slots", "4", "--capacity", "4"], "two kinds of server"),
+        (["--schedule", "10=20"], "give one of them"),
+        (["--slots", "4", "--schedule", "ten=20"], "is not T=N"),
+        (["--slots", "4", "--schedule", "10=0"], "at least 1"),
+        (["--slots", "0"], "at least 1"),
+    ]:
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err
