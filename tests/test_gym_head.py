@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from rollfilter.errors import ExitStatus
 from tests.conftest import ROOT, SUBPROCESS_TIMEOUT, run, start, summary_of, wait_for
 from tests.marking_proxy import MarkingProxy
 
@@ -81,27 +82,29 @@ class Stack:
             return [json.loads(line) for line in log.read().splitlines()]
 
     def collect_command(
-        self, rows: Path, out: Path, *flags: str, head_port: int | None = None
+        self, rows: Path, out: Path, *flags: str, head_port: int | None = None, repeats: str = str(REPEATS)
     ) -> tuple[list[str], dict[str, str]]:
         """NeMo Gym's collector as collect.sh runs it, -r 2 -j 10 over every line of `rows`."""
         env = {
             **self.env,
             "LIMIT": str(len(rows.read_bytes().splitlines())),
-            "NUM_REPEATS": str(REPEATS),
+            "NUM_REPEATS": repeats,
             "PARALLEL": str(CONCURRENCY),
             "VIA_CAPTURE": "1",
             "CAPTURE_HEAD_PORT": str(head_port or self.head_port),
         }
         return ["bash", str(SCRIPTS / "collect.sh"), str(rows), str(out), *flags], env
 
-    def rollfilter_args(self, rows: Path, out: Path, *flags: str, head_port: int | None = None) -> list[str]:
+    def rollfilter_args(
+        self, rows: Path, out: Path, *flags: str, head_port: int | None = None, repeats: str = str(REPEATS)
+    ) -> list[str]:
         return [
             "--head-server",
             f"http://127.0.0.1:{head_port or self.head_port}",
             "-a",
             self.agent,
             "-r",
-            str(REPEATS),
+            repeats,
             "-j",
             str(CONCURRENCY),
             "--gym-layout",
@@ -119,6 +122,7 @@ class Run:
     out: Path
     returncode: int
     exchanges: list[dict[str, Any]]
+    console: str  # what it printed: NeMo Gym's console log, rollfilter's stderr
     summary: dict[str, Any] | None = None
 
     def file(self, suffix: str) -> Path:
@@ -284,20 +288,22 @@ def group_alive(pgid: int) -> bool:
 # --- running the two tools ---------------------------------------------------------------------------------
 
 
-def collect_with_gym(stack: Stack, rows: Path, out: Path, *flags: str, head_port: int | None = None) -> Run:
+def collect_with_gym(stack: Stack, rows: Path, out: Path, *flags: str, check: bool = True, **options: Any) -> Run:
+    """NeMo Gym's collector to its end; unless `check` is false, it must succeed."""
     mark = stack.capture_mark()
-    command, env = stack.collect_command(rows, out, *flags, head_port=head_port)
+    command, env = stack.collect_command(rows, out, *flags, **options)
     proc = subprocess.run(
-        command, env=env, capture_output=True, timeout=RUN_TIMEOUT, check=False, start_new_session=True
+        command, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT, check=False, start_new_session=True
     )
-    assert proc.returncode == 0, f"NeMo Gym's collector failed: {last_line(proc.stdout.decode())}"
-    return Run(out, proc.returncode, stack.captured_since(mark))
+    assert proc.returncode == 0 or not check, f"NeMo Gym's collector failed: {last_line(proc.stdout)}"
+    return Run(out, proc.returncode, stack.captured_since(mark), proc.stdout + proc.stderr)
 
 
-def collect_with_rollfilter(stack: Stack, rows: Path, out: Path, *flags: str, head_port: int | None = None) -> Run:
+def collect_with_rollfilter(stack: Stack, rows: Path, out: Path, *flags: str, **options: Any) -> Run:
     mark = stack.capture_mark()
-    proc = run(stack.rollfilter_args(rows, out, *flags, head_port=head_port), timeout=RUN_TIMEOUT)
-    return Run(out, proc.returncode, stack.captured_since(mark), summary_of(proc.stderr))
+    proc = run(stack.rollfilter_args(rows, out, *flags, **options), timeout=RUN_TIMEOUT)
+    summary = summary_of(proc.stderr) if proc.stderr.strip().endswith(b"}") else None
+    return Run(out, proc.returncode, stack.captured_since(mark), proc.stderr.decode(), summary)
 
 
 def start_gym(stack: Stack, rows: Path, out: Path, processes: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
@@ -589,10 +595,28 @@ def test_per_task_lines_are_the_aggregates_groups(side_by_side: tuple[Run, Run])
 
 
 def test_progress_artifact_counts_every_rollout(side_by_side: tuple[Run, Run]):
-    """`<stem>_progress` holds the number of finished rollouts (NeMo Gym's source at this commit writes none yet)."""
     _, rollfilter = side_by_side
-    assert rollfilter.progress.exists(), f"rollfilter wrote no {rollfilter.progress.name}"
-    assert rollfilter.progress.read_text().strip() == str(len(read_jsonl(rollfilter.out)))
+    problems = progress_differences(rollfilter.progress, len(read_jsonl(rollfilter.out)))
+    assert not problems, report(problems)
+
+
+def test_a_missing_repeat_count_is_refused_alike(stack: Stack, rows: Path, tmp_path: Path):
+    """Repeats given for another agent only, with no default: NeMo Gym refuses before sending anything, and so
+    does rollfilter, with exit status 2 and a message naming the agent."""
+    gym = collect_with_gym(stack, rows, tmp_path / "gym" / "OUT.jsonl", check=False, repeats="{other_agent: 2}")
+    rollfilter = collect_with_rollfilter(stack, rows, tmp_path / "rollfilter" / "OUT.jsonl", repeats="other_agent=2")
+    assert gym.returncode != 0
+    assert "num_repeats dict has no entry for agents" in gym.console
+    assert gym.bodies == []
+    problems = []
+    if rollfilter.returncode != ExitStatus.USAGE:
+        problems.append(f"rollfilter exit status {rollfilter.returncode}, NeMo Gym refuses (rollfilter's usage: 2)")
+    if rollfilter.bodies:
+        problems.append(f"rollfilter sent {len(rollfilter.bodies)} bodies, NeMo Gym none")
+    messages = "\n".join(line for line in rollfilter.console.splitlines() if not line.startswith("{"))
+    if stack.agent not in messages:
+        problems.append(f"rollfilter's messages do not name {stack.agent}: {messages!r}")
+    assert not problems, report(problems)
 
 
 # --- failure rows: a proxy of ours marks some real answers as the agent's failures --------------------------
@@ -726,6 +750,16 @@ def killed_file_differences(out: Path) -> list[str]:
     return problems
 
 
+def progress_differences(progress: Path, finished: int) -> list[str]:
+    """NeMo Gym's progress artifact: a plain integer of finished rollouts (its source at this commit writes none
+    yet, so only rollfilter's is checked against the contract)."""
+    if not progress.exists():
+        return [f"rollfilter wrote no {progress.name}"]
+    if progress.read_text().strip() != str(finished):
+        return [f"{progress.name} holds {progress.read_text()!r}, the output {finished} rollouts"]
+    return []
+
+
 def summary_differences(summary: dict[str, Any] | None, aggregate: Path) -> list[str]:
     """rollfilter's summary against the agent's own figures over the same output: as many tasks as the aggregate
     groups (duplicate lines are one task), and the same means."""
@@ -777,8 +811,5 @@ def test_rollfilter_finishes_a_killed_nemo_gym_run(
     problems = finished_differences(finished, side_by_side[0], rows)
     # The summary covers the whole output, earlier results and new alike, as the aggregate does.
     problems += summary_differences(finished.summary, finished.aggregate)
-    if not finished.progress.exists():
-        problems.append(f"rollfilter wrote no {finished.progress.name}")
-    elif finished.progress.read_text().strip() != str(len(planned_pairs(rows))):
-        problems.append(f"{finished.progress.name} holds {finished.progress.read_text()!r}")
+    problems += progress_differences(finished.progress, len(planned_pairs(rows)))
     assert not problems, f"NeMo Gym {killed}, rollfilter resumed:\n" + report(problems)
