@@ -538,6 +538,15 @@ def test_results_are_the_same_field_for_field(side_by_side: tuple[Run, Run]):
     assert not problems, report(problems)
 
 
+def test_results_are_the_same_bytes(side_by_side: tuple[Run, Run]):
+    """Each result line is written byte for byte as NeMo Gym writes it (key order, number forms), in the order
+    they finished."""
+    gym, rollfilter = side_by_side
+    gym_lines, rollfilter_lines = set(gym.out.read_bytes().splitlines()), set(rollfilter.out.read_bytes().splitlines())
+    apart = sorted(pair_of(json.loads(line)) for line in rollfilter_lines - gym_lines)
+    assert not apart, f"OUT.jsonl: {len(apart)} lines not byte for byte as NeMo Gym wrote them: {apart[:8]}"
+
+
 def test_no_failures_in_either_sidecar(side_by_side: tuple[Run, Run]):
     gym, rollfilter = side_by_side
     assert gym.failures.read_bytes() == b""
@@ -712,6 +721,10 @@ def test_each_tool_retries_the_others_failures_alike(
     problems += row_differences(
         "resumed OUT.jsonl", by_pair(read_jsonl(by_gym.out)), by_pair(read_jsonl(by_rollfilter.out))
     )
+    # The retried attempts all succeed: neither tool adds a line to the other's failures sidecar.
+    for name, run_, started in (("NeMo Gym", by_gym, rollfilter_started), ("rollfilter", by_rollfilter, gym_started)):
+        if run_.failures.read_bytes() != started.failures.read_bytes():
+            problems.append(f"{name} changed the {run_.failures.name} it resumed from")
     assert not problems, report(problems)
 
 
