@@ -51,6 +51,8 @@ STACK_PROCESSES = ("fake_llm", "ray", "ng_run", "capture_proxy")
 # rollfilter's own fields in a failure row, beside the agent's answer (the rest must be NeMo Gym's row).
 ROLLFILTER_FAILURE_FIELDS = {"error", "source", "line", "attempts", "row"}
 MISSING = "<missing>"
+TOOLS = ("NeMo Gym", "rollfilter")
+RESUMED = ("the uninterrupted run", "the resumed run")
 
 Pair = tuple[int, int]
 
@@ -58,10 +60,8 @@ Pair = tuple[int, int]
 @dataclass(frozen=True)
 class Stack:
     root: Path
-    state_dir: Path
     head_port: int  # the capture proxy's head side: what both tools are pointed at
     agent_port: int  # the capture proxy's agent side
-    fake_llm_port: int
     agent: str
     env: dict[str, str]
 
@@ -77,9 +77,10 @@ class Stack:
             return 0
 
     def captured_since(self, mark: int) -> list[dict[str, Any]]:
+        """The exchanges recorded after `mark`: whole lines only, as a late one may still be being written."""
         with self.capture_log.open("rb") as log:
             log.seek(mark)
-            return [json.loads(line) for line in log.read().splitlines()]
+            return [json.loads(line) for line in log.read().split(b"\n")[:-1]]
 
     def collect_command(
         self, rows: Path, out: Path, *flags: str, head_port: int | None = None, repeats: str = str(REPEATS)
@@ -233,15 +234,14 @@ def stack() -> Iterator[Stack]:
                 stop_stack(env)
             pytest.skip(f"the NeMo Gym stack could not be started: {reason}")
     fake_llm_port = int(settings["FAKE_LLM_PORT"])
-    latency_before = fake_llm_config(fake_llm_port)["latency_ms"]
-    fake_llm_config(fake_llm_port, {"latency_ms": LATENCY_MS})
+    latency_before = LATENCY_MS
     try:
+        latency_before = fake_llm_config(fake_llm_port)["latency_ms"]
+        fake_llm_config(fake_llm_port, {"latency_ms": LATENCY_MS})
         yield Stack(
             root=Path(settings["ROOT"]),
-            state_dir=state_dir,
             head_port=int(settings["CAPTURE_HEAD_PORT"]),
             agent_port=int(settings["CAPTURE_AGENT_PORT"]),
-            fake_llm_port=fake_llm_port,
             agent=settings["AGENT_NAME"],
             env=env,
         )
@@ -408,9 +408,6 @@ def short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-TOOLS = ("NeMo Gym", "rollfilter")
-
-
 def row_differences(
     name: str,
     gym: dict[Pair, dict[str, Any]],
@@ -482,6 +479,34 @@ def is_whole_json(path: Path) -> bool:
     except ValueError:
         return False
     return True
+
+
+def progress_differences(progress: Path, finished: int) -> list[str]:
+    """NeMo Gym's progress artifact: a plain integer of finished rollouts (its source at this commit writes none
+    yet, so only rollfilter's is checked against the contract)."""
+    if not progress.exists():
+        return [f"rollfilter wrote no {progress.name}"]
+    if progress.read_text().strip() != str(finished):
+        return [f"{progress.name} holds {progress.read_text()!r}, the output {finished} rollouts"]
+    return []
+
+
+def summary_differences(summary: dict[str, Any] | None, aggregate: Path) -> list[str]:
+    """rollfilter's summary against the agent's own figures over the same output: as many tasks as the aggregate
+    groups (duplicate lines are one task), and the same means."""
+    assert summary is not None
+    (entry,) = json.loads(aggregate.read_bytes())
+    problems = []
+    tasks = summary["rollfilter"].get("tasks", MISSING)
+    if tasks != len(entry["group_level_metrics"]):
+        problems.append(f"summary: tasks {tasks}, the aggregate groups {len(entry['group_level_metrics'])} tasks")
+    figures = {"reward": (summary.get("reward"), entry["agent_metrics"]["mean/reward"])}
+    for tokens in ("input_tokens", "output_tokens", "total_tokens"):
+        figures[f"usage.{tokens}"] = (summary["usage"].get(tokens), entry["agent_metrics"][f"mean/{tokens}"])
+    for name, (ours, agents) in figures.items():
+        if ours != pytest.approx(agents, rel=1e-12):
+            problems.append(f"summary: {name} {ours}, the aggregate's mean {agents}")
+    return problems
 
 
 # --- the rows and the base runs ------------------------------------------------------------------------------
@@ -730,11 +755,7 @@ def test_each_tool_retries_the_others_failures_alike(
 
 # --- resume after kill -9, in both directions ------------------------------------------------------------------
 
-MOMENTS = [0, 25, 70]
-RESUMED = (
-    "the uninterrupted run",
-    "the resumed run",
-)  # results in OUT.jsonl when the first tool is killed (0: as soon as it has planned a body)
+MOMENTS = [0, 25, 70]  # results in OUT.jsonl when the first tool is killed (0: once it has planned a body)
 
 
 def finished_differences(finished: Run, base: Run, rows: Path) -> list[str]:
@@ -760,34 +781,6 @@ def killed_file_differences(out: Path) -> list[str]:
         problems.append(f"after kill -9: {aggregate.name} left torn or empty ({aggregate.stat().st_size} bytes)")
     if progress.exists() and not progress.read_text().strip().isdigit():
         problems.append(f"after kill -9: {progress.name} left torn or empty: {progress.read_text()!r}")
-    return problems
-
-
-def progress_differences(progress: Path, finished: int) -> list[str]:
-    """NeMo Gym's progress artifact: a plain integer of finished rollouts (its source at this commit writes none
-    yet, so only rollfilter's is checked against the contract)."""
-    if not progress.exists():
-        return [f"rollfilter wrote no {progress.name}"]
-    if progress.read_text().strip() != str(finished):
-        return [f"{progress.name} holds {progress.read_text()!r}, the output {finished} rollouts"]
-    return []
-
-
-def summary_differences(summary: dict[str, Any] | None, aggregate: Path) -> list[str]:
-    """rollfilter's summary against the agent's own figures over the same output: as many tasks as the aggregate
-    groups (duplicate lines are one task), and the same means."""
-    assert summary is not None
-    (entry,) = json.loads(aggregate.read_bytes())
-    problems = []
-    tasks = summary["rollfilter"].get("tasks", MISSING)
-    if tasks != len(entry["group_level_metrics"]):
-        problems.append(f"summary: tasks {tasks}, the aggregate groups {len(entry['group_level_metrics'])} tasks")
-    figures = {"reward": (summary.get("reward"), entry["agent_metrics"]["mean/reward"])}
-    for tokens in ("input_tokens", "output_tokens", "total_tokens"):
-        figures[f"usage.{tokens}"] = (summary["usage"].get(tokens), entry["agent_metrics"][f"mean/{tokens}"])
-    for name, (ours, agents) in figures.items():
-        if ours != pytest.approx(agents, rel=1e-12):
-            problems.append(f"summary: {name} {ours}, the aggregate's mean {agents}")
     return problems
 
 
