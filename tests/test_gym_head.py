@@ -97,8 +97,9 @@ class Stack:
         return ["bash", str(SCRIPTS / "collect.sh"), str(rows), str(out), *flags], env
 
     def rollfilter_args(
-        self, rows: Path, out: Path, *flags: str, head_port: int | None = None, repeats: str = str(REPEATS)
+        self, rows: Path | None, out: Path, *flags: str, head_port: int | None = None, repeats: str = str(REPEATS)
     ) -> list[str]:
+        """rollfilter as the stack's README runs it, on `rows` (None: standard input)."""
         return [
             "--head-server",
             f"http://127.0.0.1:{head_port or self.head_port}",
@@ -112,7 +113,7 @@ class Stack:
             "-o",
             str(out),
             *flags,
-            str(rows),
+            *([str(rows)] if rows else []),
         ]
 
 
@@ -316,10 +317,11 @@ def start_gym(stack: Stack, rows: Path, out: Path, processes: list[subprocess.Po
 
 
 def start_rollfilter(
-    stack: Stack, rows: Path, out: Path, processes: list[subprocess.Popen[bytes]]
+    stack: Stack, rows: Path, out: Path, processes: list[subprocess.Popen[bytes]], *, from_stdin: bool = False
 ) -> subprocess.Popen[bytes]:
-    args = stack.rollfilter_args(rows, out)
-    proc = start(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    args = stack.rollfilter_args(None if from_stdin else rows, out)
+    with rows.open("rb") if from_stdin else open(os.devnull, "rb") as stdin:
+        proc = start(args, stdin=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     processes.append(proc)
     return proc
 
@@ -784,7 +786,11 @@ def killed_file_differences(out: Path) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("moment", MOMENTS)
+@pytest.mark.parametrize(
+    ("moment", "from_stdin"),
+    [*((moment, False) for moment in MOMENTS), (0, True), (25, True)],
+    ids=[*map(str, MOMENTS), "0-stdin", "25-stdin"],
+)
 def test_nemo_gym_finishes_a_killed_rollfilter_run(
     stack: Stack,
     rows: Path,
@@ -792,9 +798,11 @@ def test_nemo_gym_finishes_a_killed_rollfilter_run(
     processes: list[subprocess.Popen[bytes]],
     tmp_path: Path,
     moment: int,
+    from_stdin: bool,
 ):
+    """rollfilter killed at several moments, reading a file or its standard input; NeMo Gym's --resume finishes."""
     out = tmp_path / "OUT.jsonl"
-    killed = kill_at(start_rollfilter(stack, rows, out, processes), out, moment)
+    killed = kill_at(start_rollfilter(stack, rows, out, processes, from_stdin=from_stdin), out, moment)
     problems = killed_file_differences(out)
     finished = collect_with_gym(stack, rows, out, "--resume")
     problems += finished_differences(finished, side_by_side[0], rows)
