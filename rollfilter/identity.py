@@ -19,7 +19,6 @@ import hashlib
 import os
 import pathlib
 import stat
-import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +27,7 @@ import msgspec
 from rollfilter.config import CommandConfig
 from rollfilter.errors import UsageError
 from rollfilter.source import STDIN
+from rollfilter.writers import WholeFile
 
 RECORD_SUFFIX = "_run.json"
 _encode = msgspec.json.Encoder().encode
@@ -47,7 +47,7 @@ class RunRecord(msgspec.Struct, frozen=True, kw_only=True):
     inputs: tuple[InputDigest, ...]
     params: tuple[tuple[str, Any], ...] = ()
     agent: str | None = None
-    repeats: int = 1
+    repeats: int | None = 1  # None: only the agents of repeats_by_agent (other rows fail)
     repeats_by_agent: dict[str, int] = msgspec.field(default_factory=dict)
     repeat_seeds: bool = False
     shard: tuple[int, int] | None = None
@@ -83,7 +83,7 @@ def record_of(command: CommandConfig) -> RunRecord:
         inputs=inputs,
         params=config.params,
         agent=config.agent,
-        repeats=config.repeats,
+        repeats=config.default_repeats,
         repeats_by_agent=dict(config.repeats_by_agent),
         repeat_seeds=config.repeat_seeds,
         shard=config.shard,
@@ -108,19 +108,13 @@ def read_record(path: str) -> RunRecord | None:
 
 
 def write_record(path: str, record: RunRecord) -> None:
-    """Replace the record at `path` whole: a reader sees the old record or the new, never a torn one."""
-    folder = os.path.dirname(path) or "."
+    """Replace the record at `path` whole: a reader sees the old record or the new, never a torn one.
+    UsageError when its folder cannot be written, OutputFailed when the write fails."""
+    file = WholeFile(path, "the run record")
     try:
-        fd, temporary = tempfile.mkstemp(dir=folder, prefix=".", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as file:
-                file.write(_encode(record) + b"\n")
-            os.replace(temporary, path)
-        except BaseException:
-            os.unlink(temporary)
-            raise
-    except OSError as exc:
-        raise UsageError(f"cannot write the run record {path}: {exc.strerror}") from None
+        file.replace(_encode(record) + b"\n")
+    finally:
+        file.close()
 
 
 def settle(command: CommandConfig) -> tuple[CommandConfig, RunRecord | None]:
@@ -212,14 +206,21 @@ def _params(params: Sequence[tuple[str, Any]]) -> str:
 
 
 def _repeats(record: RunRecord) -> str:
-    return " ".join([str(record.repeats), *(f"{name}={k}" for name, k in sorted(record.repeats_by_agent.items()))])
+    default = [] if record.repeats is None else [str(record.repeats)]
+    return " ".join([*default, *(f"{name}={k}" for name, k in sorted(record.repeats_by_agent.items()))])
 
 
 def _repeats_cover(recorded: RunRecord, current: RunRecord) -> bool:
-    """Whether every agent's rows get at least the rollouts they had."""
+    """Whether every agent's rows get at least the rollouts they had (rows that had none, any)."""
+
+    def at_least(now: int | None, then: int | None) -> bool:
+        return then is None or (now is not None and now >= then)
+
     agents = recorded.repeats_by_agent.keys() | current.repeats_by_agent.keys()
-    return current.repeats >= recorded.repeats and all(
-        current.repeats_by_agent.get(name, current.repeats) >= recorded.repeats_by_agent.get(name, recorded.repeats)
+    return at_least(current.repeats, recorded.repeats) and all(
+        at_least(
+            current.repeats_by_agent.get(name, current.repeats), recorded.repeats_by_agent.get(name, recorded.repeats)
+        )
         for name in agents
     )
 

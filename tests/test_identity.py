@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from rollfilter.cli import typer_app
 from rollfilter.config import slurm_shard
 from rollfilter.errors import ExitStatus, UsageError
+from rollfilter.identity import RunRecord, differences
 from tests.conftest import rows_jsonl, simple_rows
 from tests.recording_agent import RecordingAgent
 
@@ -151,6 +152,21 @@ def test_a_larger_r_on_resume_adds_the_missing_rollouts(tmp_path: Path, agent: R
     assert sorted(sent_pairs(agent)) == [(task, 2) for task in range(6)]
     assert sorted(Counter(pairs(out)).values()) == [1] * 18
     assert json.loads((tmp_path / "out_run.json").read_text())["repeats"] == 3  # a later resume wants -r 3
+
+
+def test_a_larger_r_is_one_that_gives_every_agents_rows_at_least_the_rollouts_they_had():
+    recorded = RunRecord(inputs=(), repeats=2, repeats_by_agent={"agent": 4})
+    for repeats, by_agent, refused in (
+        (2, {"agent": 4}, None),
+        (3, {"agent": 5, "new": 2}, None),
+        (3, {"new": 1}, "-r: 2 agent=4 then, 3 new=1 now"),
+        (5, {}, None),
+        (2, {"agent": 3}, "-r: 2 agent=4 then, 2 agent=3 now"),
+        (3, {}, "-r: 2 agent=4 then, 3 now"),
+        (None, {"agent": 4}, "-r: 2 agent=4 then, agent=4 now"),  # the other agents' rows would fail
+    ):
+        found = differences(recorded, RunRecord(inputs=(), repeats=repeats, repeats_by_agent=by_agent))
+        assert found == ([] if refused is None else [f"{refused} (only a larger -r adds to an output)"])
 
 
 def test_a_fresh_run_refused_for_a_used_output_keeps_that_outputs_record(
