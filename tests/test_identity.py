@@ -258,15 +258,28 @@ def test_summarize_says_which_shards_of_n_it_was_given(tmp_path: Path, agent: Re
 
 
 def test_summarize_names_shards_that_are_not_of_one_run(tmp_path: Path, agent: RecordingAgent, data: Path, capfd):
-    one, other, plain = (tmp_path / name for name in ("one.jsonl", "other.jsonl", "plain.jsonl"))
+    one, other, whole = (tmp_path / name for name in ("one.jsonl", "other.jsonl", "whole.jsonl"))
     assert rollfilter(["-u", agent.run_url, "--shard", "0/2", "-o", str(one), str(data)])[0] == 0
     assert (
         rollfilter(["-u", agent.run_url, "-r", "1", "-p", "x=1", "--shard", "1/2", "-o", str(other), str(data)])[0] == 0
     )
-    plain.write_text(one.read_text())  # results without a record: their shard is unknown
-    status, stderr, _ = summarize(capfd, [one, other, plain])
+    assert rollfilter(["-u", agent.run_url, "-o", str(whole), str(data)])[0] == 0
+    status, stderr, _ = summarize(capfd, [one, other, whole])
     assert status == ExitStatus.ROWS_FAILED
     assert stderr.splitlines() == [
         f"rollfilter: --summarize: {other} is not from the run {one} is from: -p: none then, x=1 now",
-        f"rollfilter: --summarize: {plain} is not a shard: it has no run record",
+        f"rollfilter: --summarize: {whole} is not a shard: its run had no --shard",
     ]
+
+
+def test_summarize_leaves_files_without_a_record_out_of_the_coverage(
+    tmp_path: Path, agent: RecordingAgent, data: Path, capfd
+):
+    # An errors record, or results NeMo Gym wrote: their shard is unknown, and they still count.
+    one, errors = tmp_path / "one.jsonl", tmp_path / "errors.jsonl"
+    assert rollfilter(["-u", agent.run_url, "--shard", "0/1", "-o", str(one), str(data)])[0] == 0
+    errors.write_text('{"_ng_task_index": 9, "_ng_rollout_index": 0, "error": {"kind": "timeout"}}\n')
+    status, stderr, summary = summarize(capfd, [one, errors])
+    assert (status, stderr) == (ExitStatus.OK, "")
+    assert summary["rollfilter"]["failed"] == 1
+    assert summary["rollfilter"]["shards"] == {"of": 1, "present": [0], "missing": []}
