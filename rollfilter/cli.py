@@ -335,7 +335,8 @@ def parse_and_run(
         bool,
         typer.Option(
             "--resume",
-            help="With -o FILE: skip the (task, rollout) pairs already in FILE; retry those failed in --errors FILE.",
+            help="With -o FILE: skip the (task, rollout) pairs already in FILE; retry those failed in --errors FILE."
+            " Refused when FILE's run record names other inputs or options.",
         ),
     ] = False,
     max_attempts: Annotated[
