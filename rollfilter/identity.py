@@ -160,23 +160,31 @@ def _may_hold_a_record(output: str) -> bool:
         return False
 
 
-def differences(recorded: RunRecord, current: RunRecord, *, shard: bool = True) -> list[str]:
-    """What differs between two records, one phrase each ("-p: temperature=0.7 then, none now").
-    A larger -r is no difference: it adds rollouts to the same bodies. With `shard` False, the
-    shard is not compared (the shards of one run)."""
+def differences(recorded: RunRecord, current: RunRecord, *, words: tuple[str, str] = ("then", "now")) -> list[str]:
+    """What differs when an output made as `recorded` is resumed as `current`, one phrase each
+    ("-p: temperature=0.7 then, none now"). A larger -r is no difference: it adds rollouts to the
+    same bodies."""
+    then_word, now_word = words
     compared = [
         ("-p", _params(recorded.params), _params(current.params)),
         ("-a", _none(recorded.agent), _none(current.agent)),
         ("--repeat-seeds", _on(recorded.repeat_seeds), _on(current.repeat_seeds)),
         ("-n", _none(recorded.limit), _none(current.limit)),
+        ("--shard", _shard(recorded.shard), _shard(current.shard)),
     ]
-    if shard:
-        compared.append(("--shard", _shard(recorded.shard), _shard(current.shard)))
     found = _input_differences(recorded.inputs, current.inputs)
-    found += [f"{option}: {then} then, {now} now" for option, then, now in compared if then != now]
+    found += [f"{option}: {then} {then_word}, {now} {now_word}" for option, then, now in compared if then != now]
     if not _repeats_cover(recorded, current):
-        found.append(f"-r: {_repeats(recorded)} then, {_repeats(current)} now (only a larger -r adds to an output)")
+        found.append(
+            f"-r: {_repeats(recorded)} {then_word}, {_repeats(current)} {now_word} (only a larger -r adds to an output)"
+        )
     return found
+
+
+def _unlike_shards(first: RunRecord, other: RunRecord, words: tuple[str, str]) -> list[str]:
+    """What differs between two shards' records besides the shard: -r too must be the same."""
+    other = msgspec.structs.replace(other, shard=first.shard)
+    return differences(first, other, words=words) or differences(other, first, words=words[::-1])
 
 
 def _input_differences(then: Sequence[InputDigest], now: Sequence[InputDigest]) -> list[str]:
@@ -211,7 +219,8 @@ def _repeats(record: RunRecord) -> str:
 
 
 def _repeats_cover(recorded: RunRecord, current: RunRecord) -> bool:
-    """Whether every agent's rows get at least the rollouts they had (rows that had none, any)."""
+    """Whether every agent's rows get at least the rollouts they had (rows of an agent without a
+    repeat count failed, so any count now only adds)."""
 
     def at_least(now: int | None, then: int | None) -> bool:
         return then is None or (now is not None and now >= then)
@@ -265,12 +274,14 @@ def shard_coverage(paths: Sequence[str]) -> ShardCoverage | None:
             problems.append(f"{path} is shard {index}/{of}, but {first_path} is one of {count}")
             continue
         files_of.setdefault(index, []).append(path)
-        unlike = differences(first, record, shard=False)
+        unlike = _unlike_shards(first, record, (f"in {first_path}", "here"))
         if unlike:
             problems.append(f"{path} is not from the run {first_path} is from: {'; '.join(unlike)}")
     # A file without a record may be an errors record, or NeMo Gym's: its shard is unknown, not wrong.
     problems += [
-        f"{path} is not a shard: its run had no --shard" for path, record in records if record and not record.shard
+        f"{path} is not a shard: its run had no --shard"
+        for path, record in records
+        if record is not None and record.shard is None
     ]
     problems += [
         f"shard {index}/{count} is given {len(files)} times: {' '.join(files)}"

@@ -267,7 +267,7 @@ def test_summarize_names_shards_that_are_not_of_one_run(tmp_path: Path, agent: R
     status, stderr, _ = summarize(capfd, [one, other, whole])
     assert status == ExitStatus.ROWS_FAILED
     assert stderr.splitlines() == [
-        f"rollfilter: --summarize: {other} is not from the run {one} is from: -p: none then, x=1 now",
+        f"rollfilter: --summarize: {other} is not from the run {one} is from: -p: none in {one}, x=1 here",
         f"rollfilter: --summarize: {whole} is not a shard: its run had no --shard",
     ]
 
