@@ -58,8 +58,9 @@ _decode_record = msgspec.json.Decoder(RunRecord).decode
 
 
 def record_path(output: str) -> str:
-    """Where the record of the run writing `output` lives: `OUT_run.json` beside `OUT.jsonl`."""
-    path = pathlib.Path(output)
+    """Where the record of the run writing `output` lives: `OUT_run.json` beside `OUT.jsonl`, the
+    file itself (a symlink's target: `-o /dev/stdout > OUT.jsonl` keeps it beside OUT.jsonl too)."""
+    path = pathlib.Path(os.path.realpath(output))
     return str(path.with_name(path.stem + RECORD_SUFFIX))
 
 
@@ -153,7 +154,7 @@ def keep(record: RunRecord | None, output: str | None) -> None:
 def _may_hold_a_record(output: str) -> bool:
     # A record sits beside a regular file only: -o /dev/null or a pipe gets none.
     try:
-        return stat.S_ISREG(os.stat(output).st_mode)
+        return stat.S_ISREG(os.stat(os.path.realpath(output)).st_mode)
     except FileNotFoundError:
         return True
     except OSError:

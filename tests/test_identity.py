@@ -21,7 +21,7 @@ from rollfilter.cli import typer_app
 from rollfilter.config import slurm_shard
 from rollfilter.errors import ExitStatus, UsageError
 from rollfilter.identity import RunRecord, differences
-from tests.conftest import rows_jsonl, simple_rows
+from tests.conftest import rows_jsonl, run, simple_rows
 from tests.recording_agent import RecordingAgent
 
 
@@ -167,6 +167,25 @@ def test_a_larger_r_is_one_that_gives_every_agents_rows_at_least_the_rollouts_th
     ):
         found = differences(recorded, RunRecord(inputs=(), repeats=repeats, repeats_by_agent=by_agent))
         assert found == ([] if refused is None else [f"{refused} (only a larger -r adds to an output)"])
+
+
+@pytest.mark.parametrize("stdout", ["file", "pipe"])
+def test_the_record_sits_beside_the_file_written_not_the_name_given(tmp_path: Path, agent: RecordingAgent, stdout):
+    # -o /dev/stdout: standard output's own file gets the record; a pipe, or /dev itself, none.
+    out = tmp_path / "out.jsonl"
+    data = tmp_path / "data.jsonl"
+    data.write_text(rows_jsonl(simple_rows(2)))
+    with open(out, "wb") as file:
+        proc = run(
+            ["-u", agent.run_url, "-q", "-o", "/dev/stdout", str(data)], stdout=file if stdout == "file" else None
+        )
+    assert proc.returncode == 0, proc.stderr
+    assert not Path("/dev/stdout_run.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "data.jsonl",
+        "out.jsonl",
+        *(["out_run.json"] * (stdout == "file")),
+    ]
 
 
 def test_a_fresh_run_refused_for_a_used_output_keeps_that_outputs_record(
