@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +34,21 @@ def agent() -> Iterator[RecordingAgent]:
         server.close()
 
 
-def rollfilter(args: Sequence[str], env: dict[str, str] | None = None) -> tuple[int, str]:
-    """The command in this process: its exit status and its stderr (-q: no summary there)."""
-    result = CliRunner().invoke(typer_app, ["-q", *args], env=env)
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    return result.exit_code, result.stderr
+Command = Callable[..., tuple[int, str]]
+
+
+@pytest.fixture
+def rollfilter(capfd: pytest.CaptureFixture[str]) -> Command:
+    """The command in this process, as a function of its arguments (and `env`): its exit status,
+    and what it wrote on descriptor 2 (-q: no summary there)."""
+
+    def invoke(args: Sequence[str], env: dict[str, str] | None = None) -> tuple[int, str]:
+        capfd.readouterr()
+        result = CliRunner().invoke(typer_app, ["-q", *args], env=env)
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+        return result.exit_code, capfd.readouterr().err
+
+    return invoke
 
 
 def pairs(path: Path) -> list[tuple[int, int]]:
@@ -59,7 +69,9 @@ def data(tmp_path: Path) -> Path:
 FIRST = ["-r", "2", "-p", "temperature=0.7", "-a", "agent", "--repeat-seeds", "-n", "5"]
 
 
-def test_a_run_records_what_shapes_its_bodies_beside_its_output(tmp_path: Path, agent: RecordingAgent, data: Path):
+def test_a_run_records_what_shapes_its_bodies_beside_its_output(
+    tmp_path: Path, agent: RecordingAgent, data: Path, rollfilter: Command
+):
     out = tmp_path / "results" / "out.jsonl"
     status, stderr = rollfilter(["-u", agent.run_url, *FIRST, "--shard", "1/2", "-o", str(out), str(data)])
     assert status == ExitStatus.OK, stderr
@@ -102,7 +114,7 @@ def varied(option: str, value: str | None) -> list[str]:
     ],
 )
 def test_resume_refuses_other_options_and_sends_nothing(
-    tmp_path: Path, agent: RecordingAgent, data: Path, option: str, value: str | None, named: str
+    tmp_path: Path, agent: RecordingAgent, data: Path, option: str, value: str | None, named: str, rollfilter: Command
 ):
     out = tmp_path / "out.jsonl"
     assert rollfilter(["-u", agent.run_url, *FIRST, "-o", str(out), str(data)])[0] == ExitStatus.OK
@@ -116,7 +128,7 @@ def test_resume_refuses_other_options_and_sends_nothing(
     assert (out.read_bytes(), (tmp_path / "out_run.json").read_bytes(), len(agent.bodies)) == before
 
 
-def test_resume_refuses_other_inputs(tmp_path: Path, agent: RecordingAgent, data: Path):
+def test_resume_refuses_other_inputs(tmp_path: Path, agent: RecordingAgent, data: Path, rollfilter: Command):
     out = tmp_path / "out.jsonl"
     assert rollfilter(["-u", agent.run_url, "-o", str(out), str(data)])[0] == ExitStatus.OK
     sent = len(agent.bodies)
@@ -131,7 +143,9 @@ def test_resume_refuses_other_inputs(tmp_path: Path, agent: RecordingAgent, data
     assert "inputs: data.jsonl then, other.jsonl other.jsonl now" in stderr
 
 
-def test_resume_with_the_same_inputs_under_another_name_goes_on(tmp_path: Path, agent: RecordingAgent, data: Path):
+def test_resume_with_the_same_inputs_under_another_name_goes_on(
+    tmp_path: Path, agent: RecordingAgent, data: Path, rollfilter: Command
+):
     out = tmp_path / "out.jsonl"
     assert rollfilter(["-u", agent.run_url, "-o", str(out), str(data)])[0] == ExitStatus.OK
     out.write_text("".join(out.read_text().splitlines(keepends=True)[:4]))
@@ -143,7 +157,9 @@ def test_resume_with_the_same_inputs_under_another_name_goes_on(tmp_path: Path, 
     assert sorted(sent_pairs(agent)) == sorted(missing)
 
 
-def test_a_larger_r_on_resume_adds_the_missing_rollouts(tmp_path: Path, agent: RecordingAgent, data: Path):
+def test_a_larger_r_on_resume_adds_the_missing_rollouts(
+    tmp_path: Path, agent: RecordingAgent, data: Path, rollfilter: Command
+):
     out = tmp_path / "out.jsonl"
     assert rollfilter(["-u", agent.run_url, "-r", "2", "-o", str(out), str(data)])[0] == ExitStatus.OK
     del agent.bodies[:]
@@ -189,7 +205,7 @@ def test_the_record_sits_beside_the_file_written_not_the_name_given(tmp_path: Pa
 
 
 def test_a_fresh_run_refused_for_a_used_output_keeps_that_outputs_record(
-    tmp_path: Path, agent: RecordingAgent, data: Path
+    tmp_path: Path, agent: RecordingAgent, data: Path, rollfilter: Command
 ):
     out = tmp_path / "out.jsonl"
     assert rollfilter(["-u", agent.run_url, "--shard", "0/2", "-o", str(out), str(data)])[0] == ExitStatus.OK
@@ -200,7 +216,9 @@ def test_a_fresh_run_refused_for_a_used_output_keeps_that_outputs_record(
     assert (tmp_path / "out_run.json").read_bytes() == record
 
 
-def test_a_resumed_shard_is_the_shard_its_record_holds(tmp_path: Path, agent: RecordingAgent, data: Path):
+def test_a_resumed_shard_is_the_shard_its_record_holds(
+    tmp_path: Path, agent: RecordingAgent, data: Path, rollfilter: Command
+):
     out = tmp_path / "out.jsonl"
     assert rollfilter(["-u", agent.run_url, "--shard", "1/3", "-o", str(out), str(data)])[0] == ExitStatus.OK
     assert sorted(pairs(out)) == [(1, 0), (4, 0)]
@@ -230,13 +248,17 @@ def test_shard_auto_is_the_array_tasks_offset_from_the_first():
             slurm_shard(broken)
 
 
-def test_shard_auto_outside_a_job_array_is_a_usage_error(tmp_path: Path, agent: RecordingAgent, data: Path):
+def test_shard_auto_outside_a_job_array_is_a_usage_error(
+    tmp_path: Path, agent: RecordingAgent, data: Path, rollfilter: Command
+):
     status, stderr = rollfilter(["-u", agent.run_url, "--shard", "auto", str(data)])
     assert (status, agent.bodies) == (ExitStatus.USAGE, [])
     assert stderr == "rollfilter: --shard auto works inside a Slurm job array (sbatch --array): give --shard I/N\n"
 
 
-def test_a_resubmitted_array_task_finishes_its_own_shard(tmp_path: Path, agent: RecordingAgent, data: Path):
+def test_a_resubmitted_array_task_finishes_its_own_shard(
+    tmp_path: Path, agent: RecordingAgent, data: Path, rollfilter: Command
+):
     # Task 3 of --array=1-4 is shard 2/4; resubmitted alone (--array=3) it sees an array of one.
     out = tmp_path / "shard-3.jsonl"
     args = ["-u", agent.run_url, "-r", "2", "--shard", "auto", "--resume", "-o", str(out), str(data)]
@@ -259,7 +281,9 @@ def summarize(capfd: pytest.CaptureFixture[str], paths: Sequence[Path]) -> tuple
     return status, err, json.loads(out)
 
 
-def test_summarize_says_which_shards_of_n_it_was_given(tmp_path: Path, agent: RecordingAgent, data: Path, capfd):
+def test_summarize_says_which_shards_of_n_it_was_given(
+    tmp_path: Path, agent: RecordingAgent, data: Path, capfd, rollfilter: Command
+):
     shards = [tmp_path / f"shard-{i}.jsonl" for i in range(3)]
     for i, path in enumerate(shards):
         assert rollfilter(["-u", agent.run_url, "--shard", f"{i}/3", "-o", str(path), str(data)])[0] == 0
@@ -276,7 +300,9 @@ def test_summarize_says_which_shards_of_n_it_was_given(tmp_path: Path, agent: Re
     assert stderr == f"rollfilter: --summarize: shard 1/3 is given 2 times: {shards[1]} {shards[1]}\n"
 
 
-def test_summarize_names_shards_that_are_not_of_one_run(tmp_path: Path, agent: RecordingAgent, data: Path, capfd):
+def test_summarize_names_shards_that_are_not_of_one_run(
+    tmp_path: Path, agent: RecordingAgent, data: Path, capfd, rollfilter: Command
+):
     one, other, whole = (tmp_path / name for name in ("one.jsonl", "other.jsonl", "whole.jsonl"))
     assert rollfilter(["-u", agent.run_url, "--shard", "0/2", "-o", str(one), str(data)])[0] == 0
     assert (
@@ -292,7 +318,7 @@ def test_summarize_names_shards_that_are_not_of_one_run(tmp_path: Path, agent: R
 
 
 def test_summarize_leaves_files_without_a_record_out_of_the_coverage(
-    tmp_path: Path, agent: RecordingAgent, data: Path, capfd
+    tmp_path: Path, agent: RecordingAgent, data: Path, capfd, rollfilter: Command
 ):
     # An errors record, or results NeMo Gym wrote: their shard is unknown, and they still count.
     one, errors = tmp_path / "one.jsonl", tmp_path / "errors.jsonl"
