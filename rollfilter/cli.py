@@ -27,6 +27,7 @@ from rollfilter.config import (
     DEFAULT_MAX_LINE_BYTES,
     DEFAULT_RETRIES,
     DEFAULT_RETRY_STATUSES,
+    SHARD_AUTO,
     CommandConfig,
     Config,
     ConfigError,
@@ -335,7 +336,8 @@ def parse_and_run(
         bool,
         typer.Option(
             "--resume",
-            help="With -o FILE: skip the (task, rollout) pairs already in FILE; retry those failed in --errors FILE.",
+            help="With -o FILE: skip the (task, rollout) pairs already in FILE; retry those failed in --errors FILE."
+            " Refused when FILE's run record names other inputs or options.",
         ),
     ] = False,
     max_attempts: Annotated[
@@ -400,7 +402,10 @@ def parse_and_run(
     shard: Annotated[
         str | None,
         typer.Option(
-            "--shard", metavar="I/N", help="Keep only the tasks whose index mod N is I (repeats stay together)."
+            "--shard",
+            metavar="I/N|auto",
+            help="Keep only the tasks whose index mod N is I (repeats stay together); auto: this Slurm array"
+            " task's I/N. With --resume, the shard -o was made with.",
         ),
     ] = None,
     pass_threshold: Annotated[
@@ -517,6 +522,7 @@ def parse_and_run(
             append=append,
             max_attempts=max_attempts if max_attempts is not None else max_attempts_from_environment(),
             max_line_bytes=max_line_bytes,
+            shard_auto=shard == SHARD_AUTO,
         )
     except ConfigError as exc:
         raise typer.Exit(_report(UsageError(f"{OPTION_OF_FIELD.get(exc.field, exc.field)} {exc.problem}"))) from None

@@ -20,6 +20,7 @@ import msgspec
 import trio
 
 from rollfilter import demo as demo_agent
+from rollfilter import identity
 from rollfilter.aggregate import AggregateReport, ResultSpool, aggregate_run
 from rollfilter.client import transport_for
 from rollfilter.config import CommandConfig, Config
@@ -189,10 +190,13 @@ def _summary_bytes(
     report: AggregateReport | None = None,
     *,
     timings: bool = True,
+    shards: identity.ShardCoverage | None = None,
 ) -> bytes:
     summary = metrics.summary(stopped=stopped, tasks=tasks, timings=timings)
     if report is not None:
         report.add_to(summary)
+    if shards is not None:
+        summary["rollfilter"]["shards"] = shards.summary()
     return _encode(summary) + b"\n"
 
 
@@ -303,6 +307,7 @@ async def run(
     check_outputs_apart(command.output_files())
     if not config.names_an_agent and show.demo is None:
         raise UsageError("no agent to send to: give -u URL, -e NAME=URL, --head-server URL, or --demo")
+    command, record = identity.settle(command)
     resume = None
     earlier = _Earlier()
     if command.resume and command.output:
@@ -319,6 +324,7 @@ async def run(
             aggregate_file=None, materialized_file=None, progress_file=None, resume=False,
         )  # fmt: skip
         earlier = _Earlier()
+        record = None
     fresh_only = not (command.resume or command.append)
     if command.materialized_file is not None:  # written by the first pass, when it is done
         if fresh_only:
@@ -335,6 +341,7 @@ async def run(
             aggregate=files.whole(command.aggregate_file, "--aggregate"),
             progress=files.whole(command.progress_file, "--progress-file", regular_only=True),
         )
+        identity.keep(record, command.output)
         return await _run_open(command, streams, files_fds, resume, earlier, show)
 
 
@@ -615,6 +622,7 @@ async def summarize(command: CommandConfig, *, streams: Streams = Streams()) -> 
     check_outputs_are_not_inputs(
         command.inputs, [*command.output_files(), ("standard output", streams.stdout)], streams.stdin
     )
+    shards = identity.shard_coverage(command.inputs)
     metrics = Metrics()
     tasks = TaskStats(config.max_repeats, config.pass_threshold) if config.max_repeats > 1 else None
     reader = LineReader(command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=streams.stdin)
@@ -669,7 +677,8 @@ async def summarize(command: CommandConfig, *, streams: Streams = Streams()) -> 
                 spool.close()
         if tasks is not None:
             tasks.finish()
-        summary_bytes = _summary_bytes(metrics, tasks, None, report, timings=False)  # the files hold no timings
+        # The files hold no timings.
+        summary_bytes = _summary_bytes(metrics, tasks, None, report, timings=False, shards=shards)
         if report is not None:
             _replace_content(aggregate_file, report.file_bytes())
         write_all(streams.stdout, summary_bytes, "standard output")
@@ -682,7 +691,10 @@ async def summarize(command: CommandConfig, *, streams: Streams = Streams()) -> 
         _write_stderr(
             streams.stderr, (printable(f"rollfilter: --aggregate: {problem}") + "\n").encode(errors="replace")
         )
-    return ExitStatus.ROWS_FAILED if reader.problems or unusable.count else ExitStatus.OK
+    for problem in shards.problems if shards is not None else ():
+        _write_stderr(streams.stderr, f"rollfilter: --summarize: {problem}\n".encode(errors="replace"))
+    incomplete = reader.problems or unusable.count or (shards is not None and shards.problems)
+    return ExitStatus.ROWS_FAILED if incomplete else ExitStatus.OK
 
 
 class _UnusableLines:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import pathlib
 import urllib.parse
 from collections.abc import Iterable, Mapping
@@ -30,6 +31,7 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 # A percentage limit judged on fewer finished rollouts than this would stop on the first failure.
 MIN_ROWS_FOR_FAILURE_RATE = 20
+SHARD_AUTO = "auto"  # --shard auto: the shard of this Slurm array task
 # Lines longer than this are refused as bad input instead of being held in memory.
 DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
 # Numbering counts the rollouts of a task in 4 bytes (plan.TaskNumbering).
@@ -206,6 +208,7 @@ class CommandConfig:
     append: bool = False  # -o and --errors may already hold lines of another run
     max_attempts: int = DEFAULT_MAX_ATTEMPTS  # failed attempts after which --resume gives a pair up
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    shard_auto: bool = False  # the shard came from --shard auto: a resumed output's own record wins over it
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
@@ -393,14 +396,38 @@ def parse_statuses(spec: str) -> frozenset[int]:
     return frozenset(statuses)
 
 
-def parse_shard(spec: str | None) -> tuple[int, int] | None:
-    """`I/N`: this process's share of the tasks, 0 <= I < N."""
+def parse_shard(spec: str | None, environ: Mapping[str, str] | None = None) -> tuple[int, int] | None:
+    """`I/N`: this process's share of the tasks, 0 <= I < N; `auto`: this Slurm array task's (see `slurm_shard`)."""
     if spec is None:
         return None
+    if spec == SHARD_AUTO:
+        return slurm_shard(os.environ if environ is None else environ)
     index, sep, count = spec.partition("/")
     if not sep or not _is_decimal(index) or not _is_decimal(count):
         raise UsageError(f"--shard wants I/N, like 0/4, got {spec!r}")
     return int(index), int(count)  # Config checks the range
+
+
+def slurm_shard(environ: Mapping[str, str]) -> tuple[int, int]:
+    """The shard of a Slurm job array's task: I = (SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN) / step,
+    N = SLURM_ARRAY_TASK_COUNT, so `--array=0-3` and `--array=1-4` both run shards 0..3 of 4.
+
+    UsageError outside a job array, or in one whose task IDs are not an evenly stepped range."""
+    names = ("ID", "MIN", "COUNT")
+    if any(f"SLURM_ARRAY_TASK_{name}" not in environ for name in names):
+        raise UsageError("--shard auto works inside a Slurm job array (sbatch --array): give --shard I/N")
+    try:
+        task, first, count = (int(environ[f"SLURM_ARRAY_TASK_{name}"]) for name in names)
+        step = int(environ.get("SLURM_ARRAY_TASK_STEP") or 1)
+    except ValueError:
+        raise UsageError("--shard auto: the SLURM_ARRAY_TASK_* variables do not hold numbers") from None
+    offset = task - first
+    if step < 1 or offset % step or not 0 <= offset // step < count:
+        raise UsageError(
+            f"--shard auto: array task {task} is not in an evenly stepped range of {count} tasks from {first}"
+            " (sbatch --array=A-B[:S]): give --shard I/N"
+        )
+    return offset // step, count
 
 
 def parse_failure_limit(spec: str | None) -> FailureLimit:

@@ -1,0 +1,299 @@
+"""A run's record of what shapes its bodies, kept beside `-o OUT.jsonl` as `OUT_run.json`.
+
+The record holds a digest of each input file and the options that change what is sent: `-p`, `-a`,
+`-r`, `--repeat-seeds`, `--shard` and `-n`. `--resume` checks it, so that an output is only ever
+finished with the inputs and options that began it (a larger `-r` only adds rollouts, so it is
+allowed), and takes the shard from it. `--summarize` reads the records beside shard outputs to say
+which shards of N it was given.
+
+It is a file of its own rather than fields in the result lines: the results stay exactly what NeMo
+Gym writes and reads (its resume, its aggregation, and `/aggregate_metrics` see no new key), a shard
+that finished no rollout still says what it is, and nothing is added to the per-row path. NeMo Gym's
+readers take `*.jsonl` files, and the record is `.json`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import pathlib
+import stat
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from rollfilter.config import CommandConfig
+from rollfilter.errors import UsageError
+from rollfilter.source import STDIN
+from rollfilter.writers import WholeFile
+
+RECORD_SUFFIX = "_run.json"
+_encode = msgspec.json.Encoder().encode
+
+
+class InputDigest(msgspec.Struct, frozen=True):
+    """One input as it was read: its name, and the SHA-256 of its bytes (None for standard input,
+    which cannot be read twice)."""
+
+    name: str
+    sha256: str | None
+
+
+class RunRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """What shaped a run's bodies. Fields are never renamed: records outlive versions."""
+
+    inputs: tuple[InputDigest, ...]
+    params: tuple[tuple[str, Any], ...] = ()
+    agent: str | None = None
+    repeats: int | None = 1  # None: only the agents of repeats_by_agent (other rows fail)
+    repeats_by_agent: dict[str, int] = msgspec.field(default_factory=dict)
+    repeat_seeds: bool = False
+    shard: tuple[int, int] | None = None
+    limit: int | None = None
+
+
+_decode_record = msgspec.json.Decoder(RunRecord).decode
+
+
+def record_path(output: str) -> str:
+    """Where the record of the run writing `output` lives: `OUT_run.json` beside `OUT.jsonl`, the
+    file itself (a symlink's target: `-o /dev/stdout > OUT.jsonl` keeps it beside OUT.jsonl too)."""
+    path = pathlib.Path(os.path.realpath(output))
+    return str(path.with_name(path.stem + RECORD_SUFFIX))
+
+
+def file_digest(path: str) -> str:
+    """The SHA-256 of a file's bytes, in hex."""
+    try:
+        with open(path, "rb") as file:
+            return hashlib.file_digest(file, "sha256").hexdigest()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def record_of(command: CommandConfig) -> RunRecord:
+    """The record of the run `command` describes (it reads every input file once)."""
+    config = command.engine
+    inputs = tuple(
+        InputDigest(STDIN if path == STDIN else os.path.basename(path), None if path == STDIN else file_digest(path))
+        for path in command.inputs
+    )
+    record = RunRecord(
+        inputs=inputs,
+        params=config.params,
+        agent=config.agent,
+        repeats=config.default_repeats,
+        repeats_by_agent=dict(config.repeats_by_agent),
+        repeat_seeds=config.repeat_seeds,
+        shard=config.shard,
+        limit=config.limit,
+    )
+    return _decode_record(_encode(record))  # as it reads back from the file, so that the two compare
+
+
+def read_record(path: str) -> RunRecord | None:
+    """The record at `path`; None when there is none; UsageError when it cannot be read."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise UsageError(f"cannot read the run record {path}: {exc.strerror}") from None
+    try:
+        return _decode_record(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise UsageError(f"the run record {path} is not one rollfilter wrote ({exc}): move it away") from None
+
+
+def write_record(path: str, record: RunRecord) -> None:
+    """Replace the record at `path` whole: a reader sees the old record or the new, never a torn one.
+    UsageError when its folder cannot be written, OutputFailed when the write fails."""
+    file = WholeFile(path, "the run record")
+    try:
+        file.replace(_encode(record) + b"\n")
+    finally:
+        file.close()
+
+
+def settle(command: CommandConfig) -> tuple[CommandConfig, RunRecord | None]:
+    """The command as it will run, and the record to keep beside its `-o` (None: no record).
+
+    On --resume, an output that has a record is finished only with the inputs and options that
+    began it: anything else is a UsageError naming what differs, before anything is sent. The
+    shard comes from the record unless --shard I/N is given (--shard auto does not count: a
+    resubmitted array task sees another array). --append mixes runs on purpose: no record.
+    """
+    output = command.output
+    if output is None or command.append or not _may_hold_a_record(output):
+        return command, None
+    path = record_path(output)
+    recorded = read_record(path) if command.resume else None
+    if recorded is not None and recorded.shard is not None and (command.engine.shard is None or command.shard_auto):
+        engine = dataclasses.replace(command.engine, shard=recorded.shard)
+        command = dataclasses.replace(command, engine=engine)
+    record = record_of(command)
+    if recorded is not None:
+        problems = differences(recorded, record)
+        if problems:
+            raise UsageError(
+                f"--resume: {output} was made from other inputs or options (its record is {path}):"
+                f" {'; '.join(problems)}; give the same, or a new -o"
+            )
+    return command, record
+
+
+def keep(record: RunRecord | None, output: str | None) -> None:
+    """Write the record beside `output`, once the outputs are open and before anything is sent."""
+    if record is not None and output is not None and _may_hold_a_record(output):
+        write_record(record_path(output), record)
+
+
+def _may_hold_a_record(output: str) -> bool:
+    # A record sits beside a regular file only: -o /dev/null or a pipe gets none.
+    try:
+        return stat.S_ISREG(os.stat(os.path.realpath(output)).st_mode)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
+def differences(recorded: RunRecord, current: RunRecord, *, words: tuple[str, str] = ("then", "now")) -> list[str]:
+    """What differs when an output made as `recorded` is resumed as `current`, one phrase each
+    ("-p: temperature=0.7 then, none now"). A larger -r is no difference: it adds rollouts to the
+    same bodies."""
+    then_word, now_word = words
+    compared = [
+        ("-p", _params(recorded.params), _params(current.params)),
+        ("-a", _none(recorded.agent), _none(current.agent)),
+        ("--repeat-seeds", _on(recorded.repeat_seeds), _on(current.repeat_seeds)),
+        ("-n", _none(recorded.limit), _none(current.limit)),
+        ("--shard", _shard(recorded.shard), _shard(current.shard)),
+    ]
+    found = _input_differences(recorded.inputs, current.inputs)
+    found += [f"{option}: {then} {then_word}, {now} {now_word}" for option, then, now in compared if then != now]
+    if not _repeats_cover(recorded, current):
+        found.append(
+            f"-r: {_repeats(recorded)} {then_word}, {_repeats(current)} {now_word} (only a larger -r adds to an output)"
+        )
+    return found
+
+
+def _unlike_shards(first: RunRecord, other: RunRecord, words: tuple[str, str]) -> list[str]:
+    """What differs between two shards' records besides the shard: -r too must be the same."""
+    other = msgspec.structs.replace(other, shard=first.shard)
+    return differences(first, other, words=words) or differences(other, first, words=words[::-1])
+
+
+def _input_differences(then: Sequence[InputDigest], now: Sequence[InputDigest]) -> list[str]:
+    if len(then) != len(now):
+        return [f"inputs: {_names(then)} then, {_names(now)} now"]
+    found = []
+    for number, (old, new) in enumerate(zip(then, now, strict=True), 1):
+        if old.sha256 == new.sha256:
+            continue
+        if old.sha256 and new.sha256 and old.name == new.name:
+            found.append(f"input {number} ({new.name}): other bytes than then")
+        else:
+            found.append(f"input {number}: {_name(old)} then, {_name(new)} now")
+    return found
+
+
+def _names(inputs: Sequence[InputDigest]) -> str:
+    return " ".join(map(_name, inputs)) or "none"
+
+
+def _name(digest: InputDigest) -> str:
+    return "standard input" if digest.sha256 is None else digest.name
+
+
+def _params(params: Sequence[tuple[str, Any]]) -> str:
+    return " ".join(f"{key}={_encode(value).decode()}" for key, value in params) or "none"
+
+
+def _repeats(record: RunRecord) -> str:
+    default = [] if record.repeats is None else [str(record.repeats)]
+    return " ".join([*default, *(f"{name}={k}" for name, k in sorted(record.repeats_by_agent.items()))])
+
+
+def _repeats_cover(recorded: RunRecord, current: RunRecord) -> bool:
+    """Whether every agent's rows get at least the rollouts they had (rows of an agent without a
+    repeat count failed, so any count now only adds)."""
+
+    def at_least(now: int | None, then: int | None) -> bool:
+        return then is None or (now is not None and now >= then)
+
+    agents = recorded.repeats_by_agent.keys() | current.repeats_by_agent.keys()
+    return at_least(current.repeats, recorded.repeats) and all(
+        at_least(
+            current.repeats_by_agent.get(name, current.repeats), recorded.repeats_by_agent.get(name, recorded.repeats)
+        )
+        for name in agents
+    )
+
+
+def _shard(shard: tuple[int, int] | None) -> str:
+    return "none" if shard is None else f"{shard[0]}/{shard[1]}"
+
+
+def _on(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+def _none(value: object) -> str:
+    return "none" if value is None else str(value)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ShardCoverage:
+    """Which shards of N a set of result files holds, as their records say."""
+
+    of: int
+    present: tuple[int, ...]
+    missing: tuple[int, ...]
+    problems: tuple[str, ...]  # one line each: a missing shard, one given twice, a file that does not fit
+
+    def summary(self) -> dict[str, Any]:
+        return {"of": self.of, "present": list(self.present), "missing": list(self.missing)}
+
+
+def shard_coverage(paths: Sequence[str]) -> ShardCoverage | None:
+    """The coverage of the result files `paths`, from the records beside them; None when none of
+    them is a shard (standard input has no record)."""
+    records = [(path, read_record(record_path(path))) for path in paths if path != STDIN]
+    shards = [(path, record, record.shard) for path, record in records if record is not None and record.shard]
+    if not shards:
+        return None
+    first_path, first, (_, count) = shards[0]
+    problems: list[str] = []
+    files_of: dict[int, list[str]] = {}
+    for path, record, (index, of) in shards:
+        if of != count:
+            problems.append(f"{path} is shard {index}/{of}, but {first_path} is one of {count}")
+            continue
+        files_of.setdefault(index, []).append(path)
+        unlike = _unlike_shards(first, record, (f"in {first_path}", "here"))
+        if unlike:
+            problems.append(f"{path} is not from the run {first_path} is from: {'; '.join(unlike)}")
+    # A file without a record may be an errors record, or NeMo Gym's: its shard is unknown, not wrong.
+    problems += [
+        f"{path} is not a shard: its run had no --shard"
+        for path, record in records
+        if record is not None and record.shard is None
+    ]
+    problems += [
+        f"shard {index}/{count} is given {len(files)} times: {' '.join(files)}"
+        for index, files in sorted(files_of.items())
+        if len(files) > 1
+    ]
+    missing = tuple(i for i in range(count) if i not in files_of)
+    if missing:
+        present = ", ".join(map(str, sorted(files_of))) or "none"
+        problems.append(
+            f"shard{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} of {count}"
+            f" {'are' if len(missing) > 1 else 'is'} missing (present: {present})"
+        )
+    return ShardCoverage(count, tuple(sorted(files_of)), missing, tuple(problems))

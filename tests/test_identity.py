@@ -1,0 +1,330 @@
+"""A run that knows itself: the record beside -o, --resume checking it and taking its shard, --shard auto
+in a Slurm job array, and --summarize saying which shards of N it was given.
+
+The command runs in this process (typer's runner, its own environment) against a recording agent on
+127.0.0.1, so each test sees the exit status, the stderr line and what the agent received.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from rollfilter.cli import typer_app
+from rollfilter.config import slurm_shard
+from rollfilter.errors import ExitStatus, UsageError
+from rollfilter.identity import RunRecord, differences
+from tests.conftest import rows_jsonl, run, simple_rows
+from tests.recording_agent import RecordingAgent
+
+
+@pytest.fixture
+def agent() -> Iterator[RecordingAgent]:
+    server = RecordingAgent()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+Command = Callable[..., tuple[int, str]]
+
+
+@pytest.fixture
+def rollfilter(capfd: pytest.CaptureFixture[str]) -> Command:
+    """The command in this process, as a function of its arguments (and `env`): its exit status,
+    and what it wrote on descriptor 2 (-q: no summary there)."""
+
+    def invoke(args: Sequence[str], env: dict[str, str] | None = None) -> tuple[int, str]:
+        capfd.readouterr()
+        result = CliRunner().invoke(typer_app, ["-q", *args], env=env)
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+        return result.exit_code, capfd.readouterr().err
+
+    return invoke
+
+
+def pairs(path: Path) -> list[tuple[int, int]]:
+    return [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in map(json.loads, path.read_text().splitlines())]
+
+
+def sent_pairs(agent: RecordingAgent) -> list[tuple[int, int]]:
+    return [(body["_ng_task_index"], body["_ng_rollout_index"]) for body in agent.bodies]
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    path = tmp_path / "data.jsonl"
+    path.write_text(rows_jsonl(simple_rows(6)))
+    return path
+
+
+FIRST = ["-r", "2", "-p", "temperature=0.7", "-a", "agent", "--repeat-seeds", "-n", "5"]
+
+
+def test_a_run_records_what_shapes_its_bodies_beside_its_output(
+    tmp_path: Path, agent: RecordingAgent, data: Path, rollfilter: Command
+):
+    out = tmp_path / "results" / "out.jsonl"
+    status, stderr = rollfilter(["-u", agent.run_url, *FIRST, "--shard", "1/2", "-o", str(out), str(data)])
+    assert status == ExitStatus.OK, stderr
+    record = json.loads((tmp_path / "results" / "out_run.json").read_text())
+    assert record == {
+        "inputs": [{"name": "data.jsonl", "sha256": hashlib.sha256(data.read_bytes()).hexdigest()}],
+        "params": [["temperature", 0.7]],
+        "agent": "agent",
+        "repeats": 2,
+        "repeats_by_agent": {},
+        "repeat_seeds": True,
+        "shard": [1, 2],
+        "limit": 5,
+    }
+    assert sorted(p.name for p in out.parent.iterdir()) == ["out.jsonl", "out_run.json"]  # no temporary left
+
+
+def varied(option: str, value: str | None) -> list[str]:
+    """FIRST with one option's value changed (a flag left out when `value` is None)."""
+    args = list(FIRST)
+    if option not in args:
+        return [*args, option, value or ""]
+    at = args.index(option)
+    if value is None:
+        del args[at]
+    else:
+        args[at + 1] = value
+    return args
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "named"),
+    [
+        ("-p", "temperature=0.9", "-p: temperature=0.7 then, temperature=0.9 now"),
+        ("-a", "other", "-a: agent then, other now"),
+        ("--repeat-seeds", None, "--repeat-seeds: on then, off now"),
+        ("-n", "6", "-n: 5 then, 6 now"),
+        ("-r", "1", "-r: 2 then, 1 now"),
+        ("--shard", "0/2", "--shard: none then, 0/2 now"),
+    ],
+)
+def test_resume_refuses_other_options_and_sends_nothing(
+    tmp_path: Path, agent: RecordingAgent, data: Path, option: str, value: str | None, named: str, rollfilter: Command
+):
+    out = tmp_path / "out.jsonl"
+    assert rollfilter(["-u", agent.run_url, *FIRST, "-o", str(out), str(data)])[0] == ExitStatus.OK
+    out.write_text("".join(out.read_text().splitlines(keepends=True)[:3]))  # an interrupted run
+    before = (out.read_bytes(), (tmp_path / "out_run.json").read_bytes(), len(agent.bodies))
+    status, stderr = rollfilter(["-u", agent.run_url, *varied(option, value), "--resume", "-o", str(out), str(data)])
+    assert status == ExitStatus.USAGE
+    assert stderr.count("\n") == 1
+    assert stderr.startswith(f"rollfilter: --resume: {out} was made from other inputs or options")
+    assert named in stderr
+    assert (out.read_bytes(), (tmp_path / "out_run.json").read_bytes(), len(agent.bodies)) == before
+
+
+def test_resume_refuses_other_inputs(tmp_path: Path, agent: RecordingAgent, data: Path, rollfilter: Command):
+    out = tmp_path / "out.jsonl"
+    assert rollfilter(["-u", agent.run_url, "-o", str(out), str(data)])[0] == ExitStatus.OK
+    sent = len(agent.bodies)
+    data.write_text(rows_jsonl(simple_rows(7)))
+    status, stderr = rollfilter(["-u", agent.run_url, "--resume", "-o", str(out), str(data)])
+    assert (status, len(agent.bodies)) == (ExitStatus.USAGE, sent)
+    assert "input 1 (data.jsonl): other bytes than then" in stderr
+    other = tmp_path / "other.jsonl"
+    other.write_text(rows_jsonl(simple_rows(6)))
+    status, stderr = rollfilter(["-u", agent.run_url, "--resume", "-o", str(out), str(other), str(other)])
+    assert (status, len(agent.bodies)) == (ExitStatus.USAGE, sent)
+    assert "inputs: data.jsonl then, other.jsonl other.jsonl now" in stderr
+
+
+def test_resume_with_the_same_inputs_under_another_name_goes_on(
+    tmp_path: Path, agent: RecordingAgent, data: Path, rollfilter: Command
+):
+    out = tmp_path / "out.jsonl"
+    assert rollfilter(["-u", agent.run_url, "-o", str(out), str(data)])[0] == ExitStatus.OK
+    out.write_text("".join(out.read_text().splitlines(keepends=True)[:4]))
+    missing = {(task, 0) for task in range(6)} - set(pairs(out))
+    moved = tmp_path / "copied-to-another-node.jsonl"
+    moved.write_bytes(data.read_bytes())
+    del agent.bodies[:]
+    assert rollfilter(["-u", agent.run_url, "--resume", "-o", str(out), str(moved)])[0] == ExitStatus.OK
+    assert sorted(sent_pairs(agent)) == sorted(missing)
+
+
+def test_a_larger_r_on_resume_adds_the_missing_rollouts(
+    tmp_path: Path, agent: RecordingAgent, data: Path, rollfilter: Command
+):
+    out = tmp_path / "out.jsonl"
+    assert rollfilter(["-u", agent.run_url, "-r", "2", "-o", str(out), str(data)])[0] == ExitStatus.OK
+    del agent.bodies[:]
+    status, stderr = rollfilter(["-u", agent.run_url, "-r", "3", "--resume", "-o", str(out), str(data)])
+    assert status == ExitStatus.OK, stderr
+    assert sorted(sent_pairs(agent)) == [(task, 2) for task in range(6)]
+    assert sorted(Counter(pairs(out)).values()) == [1] * 18
+    assert json.loads((tmp_path / "out_run.json").read_text())["repeats"] == 3  # a later resume wants -r 3
+
+
+def test_a_larger_r_is_one_that_gives_every_agents_rows_at_least_the_rollouts_they_had():
+    recorded = RunRecord(inputs=(), repeats=2, repeats_by_agent={"agent": 4})
+    for repeats, by_agent, refused in (
+        (2, {"agent": 4}, None),
+        (3, {"agent": 5, "new": 2}, None),
+        (3, {"new": 1}, "-r: 2 agent=4 then, 3 new=1 now"),
+        (5, {}, None),
+        (2, {"agent": 3}, "-r: 2 agent=4 then, 2 agent=3 now"),
+        (3, {}, "-r: 2 agent=4 then, 3 now"),
+        (None, {"agent": 4}, "-r: 2 agent=4 then, agent=4 now"),  # the other agents' rows would fail
+    ):
+        found = differences(recorded, RunRecord(inputs=(), repeats=repeats, repeats_by_agent=by_agent))
+        assert found == ([] if refused is None else [f"{refused} (only a larger -r adds to an output)"])
+
+
+@pytest.mark.parametrize("stdout", ["file", "pipe"])
+def test_the_record_sits_beside_the_file_written_not_the_name_given(tmp_path: Path, agent: RecordingAgent, stdout):
+    # -o /dev/stdout: standard output's own file gets the record; a pipe, or /dev itself, none.
+    out = tmp_path / "out.jsonl"
+    data = tmp_path / "data.jsonl"
+    data.write_text(rows_jsonl(simple_rows(2)))
+    with open(out, "wb") as file:
+        proc = run(
+            ["-u", agent.run_url, "-q", "-o", "/dev/stdout", str(data)], stdout=file if stdout == "file" else None
+        )
+    assert proc.returncode == 0, proc.stderr
+    assert not Path("/dev/stdout_run.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "data.jsonl",
+        "out.jsonl",
+        *(["out_run.json"] * (stdout == "file")),
+    ]
+
+
+def test_a_fresh_run_refused_for_a_used_output_keeps_that_outputs_record(
+    tmp_path: Path, agent: RecordingAgent, data: Path, rollfilter: Command
+):
+    out = tmp_path / "out.jsonl"
+    assert rollfilter(["-u", agent.run_url, "--shard", "0/2", "-o", str(out), str(data)])[0] == ExitStatus.OK
+    record = (tmp_path / "out_run.json").read_bytes()
+    status, stderr = rollfilter(["-u", agent.run_url, "-p", "temperature=1", "-o", str(out), str(data)])
+    assert status == ExitStatus.USAGE
+    assert "already holds lines of another run" in stderr
+    assert (tmp_path / "out_run.json").read_bytes() == record
+
+
+def test_a_resumed_shard_is_the_shard_its_record_holds(
+    tmp_path: Path, agent: RecordingAgent, data: Path, rollfilter: Command
+):
+    out = tmp_path / "out.jsonl"
+    assert rollfilter(["-u", agent.run_url, "--shard", "1/3", "-o", str(out), str(data)])[0] == ExitStatus.OK
+    assert sorted(pairs(out)) == [(1, 0), (4, 0)]
+    out.write_text(out.read_text().splitlines(keepends=True)[0])
+    del agent.bodies[:]
+    status, stderr = rollfilter(["-u", agent.run_url, "--resume", "-o", str(out), str(data)])  # no --shard
+    assert status == ExitStatus.OK, stderr
+    assert sorted(pairs(out)) == [(1, 0), (4, 0)]
+    assert len(agent.bodies) == 1
+    status, stderr = rollfilter(["-u", agent.run_url, "--shard", "2/3", "--resume", "-o", str(out), str(data)])
+    assert status == ExitStatus.USAGE
+    assert "--shard: 1/3 then, 2/3 now" in stderr
+
+
+def array_task(task: int, first: int, count: int) -> dict[str, str]:
+    """The variables Slurm sets in one task of a job array (`sbatch --array=FIRST-...`)."""
+    return {"SLURM_ARRAY_TASK_ID": str(task), "SLURM_ARRAY_TASK_MIN": str(first), "SLURM_ARRAY_TASK_COUNT": str(count)}
+
+
+def test_shard_auto_is_the_array_tasks_offset_from_the_first():
+    assert [slurm_shard(array_task(task, 0, 4)) for task in range(4)] == [(0, 4), (1, 4), (2, 4), (3, 4)]
+    assert [slurm_shard(array_task(task, 1, 4)) for task in range(1, 5)] == [(0, 4), (1, 4), (2, 4), (3, 4)]
+    stepped = {**array_task(6, 0, 3), "SLURM_ARRAY_TASK_STEP": "3"}  # --array=0-6:3
+    assert slurm_shard(stepped) == (2, 3)
+    for broken in ({}, array_task(5, 1, 4), {**array_task(4, 0, 3), "SLURM_ARRAY_TASK_STEP": "3"}):
+        with pytest.raises(UsageError, match="--shard auto"):
+            slurm_shard(broken)
+
+
+def test_shard_auto_outside_a_job_array_is_a_usage_error(
+    tmp_path: Path, agent: RecordingAgent, data: Path, rollfilter: Command
+):
+    status, stderr = rollfilter(["-u", agent.run_url, "--shard", "auto", str(data)])
+    assert (status, agent.bodies) == (ExitStatus.USAGE, [])
+    assert stderr == "rollfilter: --shard auto works inside a Slurm job array (sbatch --array): give --shard I/N\n"
+
+
+def test_a_resubmitted_array_task_finishes_its_own_shard(
+    tmp_path: Path, agent: RecordingAgent, data: Path, rollfilter: Command
+):
+    # Task 3 of --array=1-4 is shard 2/4; resubmitted alone (--array=3) it sees an array of one.
+    out = tmp_path / "shard-3.jsonl"
+    args = ["-u", agent.run_url, "-r", "2", "--shard", "auto", "--resume", "-o", str(out), str(data)]
+    assert rollfilter(args, env=array_task(3, 1, 4))[0] == ExitStatus.OK
+    whole = sorted(pairs(out))
+    assert {task for task, _ in whole} == {2}
+    out.write_text(out.read_text().splitlines(keepends=True)[0])
+    del agent.bodies[:]
+    status, stderr = rollfilter(args, env=array_task(3, 3, 1))
+    assert status == ExitStatus.OK, stderr
+    assert sorted(pairs(out)) == whole
+    assert len(agent.bodies) == 1
+
+
+def summarize(capfd: pytest.CaptureFixture[str], paths: Sequence[Path]) -> tuple[int, str, dict[str, Any]]:
+    """--summarize in this process: it writes its summary and its problems to descriptors 1 and 2."""
+    capfd.readouterr()
+    status = CliRunner().invoke(typer_app, ["--summarize", *map(str, paths)]).exit_code
+    out, err = capfd.readouterr()
+    return status, err, json.loads(out)
+
+
+def test_summarize_says_which_shards_of_n_it_was_given(
+    tmp_path: Path, agent: RecordingAgent, data: Path, capfd, rollfilter: Command
+):
+    shards = [tmp_path / f"shard-{i}.jsonl" for i in range(3)]
+    for i, path in enumerate(shards):
+        assert rollfilter(["-u", agent.run_url, "--shard", f"{i}/3", "-o", str(path), str(data)])[0] == 0
+    status, stderr, summary = summarize(capfd, shards)
+    assert (status, stderr) == (ExitStatus.OK, "")
+    assert summary["rollfilter"]["succeeded"] == 6
+    assert summary["rollfilter"]["shards"] == {"of": 3, "present": [0, 1, 2], "missing": []}
+    status, stderr, summary = summarize(capfd, [shards[0], shards[2]])
+    assert status == ExitStatus.ROWS_FAILED
+    assert stderr == "rollfilter: --summarize: shard 1 of 3 is missing (present: 0, 2)\n"
+    assert summary["rollfilter"]["shards"] == {"of": 3, "present": [0, 2], "missing": [1]}
+    status, stderr, _ = summarize(capfd, [*shards, shards[1]])
+    assert status == ExitStatus.ROWS_FAILED
+    assert stderr == f"rollfilter: --summarize: shard 1/3 is given 2 times: {shards[1]} {shards[1]}\n"
+
+
+def test_summarize_names_shards_that_are_not_of_one_run(
+    tmp_path: Path, agent: RecordingAgent, data: Path, capfd, rollfilter: Command
+):
+    one, other, whole = (tmp_path / name for name in ("one.jsonl", "other.jsonl", "whole.jsonl"))
+    assert rollfilter(["-u", agent.run_url, "--shard", "0/2", "-o", str(one), str(data)])[0] == 0
+    assert (
+        rollfilter(["-u", agent.run_url, "-r", "1", "-p", "x=1", "--shard", "1/2", "-o", str(other), str(data)])[0] == 0
+    )
+    assert rollfilter(["-u", agent.run_url, "-o", str(whole), str(data)])[0] == 0
+    status, stderr, _ = summarize(capfd, [one, other, whole])
+    assert status == ExitStatus.ROWS_FAILED
+    assert stderr.splitlines() == [
+        f"rollfilter: --summarize: {other} is not from the run {one} is from: -p: none in {one}, x=1 here",
+        f"rollfilter: --summarize: {whole} is not a shard: its run had no --shard",
+    ]
+
+
+def test_summarize_leaves_files_without_a_record_out_of_the_coverage(
+    tmp_path: Path, agent: RecordingAgent, data: Path, capfd, rollfilter: Command
+):
+    # An errors record, or results NeMo Gym wrote: their shard is unknown, and they still count.
+    one, errors = tmp_path / "one.jsonl", tmp_path / "errors.jsonl"
+    assert rollfilter(["-u", agent.run_url, "--shard", "0/1", "-o", str(one), str(data)])[0] == 0
+    errors.write_text('{"_ng_task_index": 9, "_ng_rollout_index": 0, "error": {"kind": "timeout"}}\n')
+    status, stderr, summary = summarize(capfd, [one, errors])
+    assert (status, stderr) == (ExitStatus.OK, "")
+    assert summary["rollfilter"]["failed"] == 1
+    assert summary["rollfilter"]["shards"] == {"of": 1, "present": [0], "missing": []}
