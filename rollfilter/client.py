@@ -69,7 +69,7 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
 def backoff_delay(attempt: int, rng: random.Random, retry_after: float | None = None) -> float:
     """Full-jitter exponential backoff before attempt `attempt + 1`, never under Retry-After
     (itself capped at RETRY_AFTER_CAP)."""
-    jittered = rng.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (attempt - 1)))
+    jittered = rng.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** min(attempt - 1, 64)))  # 2.0**1024 overflows
     return max(jittered, min(retry_after or 0.0, RETRY_AFTER_CAP))
 
 

@@ -151,7 +151,13 @@ class OutputFiles(contextlib.ExitStack):
 
     def __init__(self) -> None:
         super().__init__()
-        self._created: list[str] = []
+        self._created: list[str] = []  # removed on a refusal while still empty
+        self._written: list[str] = []  # removed on a refusal
+
+    def remove_if_refused(self, path: str) -> None:
+        """`path` is about to be written by this run: a refused run removes it, unless it was there already."""
+        if not os.path.lexists(path):
+            self._written.append(path)
 
     def open(self, path: str | None, option: str, *, must_be_empty: bool = False) -> int | None:
         if path is None:
@@ -172,6 +178,9 @@ class OutputFiles(contextlib.ExitStack):
             with contextlib.suppress(OSError):
                 if os.stat(path).st_size == 0:
                     os.unlink(path)
+        for path in self._written if refused else ():
+            with contextlib.suppress(OSError):
+                os.unlink(path)
         return False
 
     def whole(self, path: str | None, option: str, *, regular_only: bool = False) -> WholeFile | None:
@@ -341,6 +350,8 @@ async def run(
             aggregate=files.whole(command.aggregate_file, "--aggregate"),
             progress=files.whole(command.progress_file, "--progress-file", regular_only=True),
         )
+        if record is not None and command.output is not None:
+            files.remove_if_refused(identity.record_path(command.output))
         identity.keep(record, command.output)
         return await _run_open(command, streams, files_fds, resume, earlier, show)
 

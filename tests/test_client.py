@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from rollfilter.client import (
+    BACKOFF_CAP,
     MAX_REDIRECTS,
     RETRY_AFTER_CAP,
     AgentClient,
@@ -394,3 +395,8 @@ def test_an_empty_h_header_removes_rollfilters_own_as_curl_does():
 async def test_any_2xx_carries_the_result(status: int, autojump_clock):
     transport = ScriptedTransport(answer(status, b'{"reward": 0.5}'))
     assert await AgentClient(Config(url=URL), transport).run(job(), agent()) == {"reward": 0.5}
+
+
+def test_backoff_stays_capped_past_a_thousand_retries():
+    rng = random.Random(1)
+    assert all(0 <= backoff_delay(attempt, rng) <= BACKOFF_CAP for attempt in (1, 64, 1025, 10**6))

@@ -166,7 +166,7 @@ def make_rows(path: Path, n: int) -> Path:
     if not path.exists():
         with open(path, "w") as file:
             for i in range(n):
-                # ~100 bytes, as in shared/field-notes.md
+                # ~100 bytes a row
                 file.write(f'{{"responses_create_params": {{"input": "task {i:08d} {"x" * (i % 7)}"}}, "id": {i}}}\n')
     return path
 
