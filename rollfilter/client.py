@@ -167,7 +167,10 @@ class AgentClient:
                 failure = outcome.with_attempts(attempt)
                 if not failure.retryable or attempt > self._retries:
                     return failure
-                if agent.budget is not None and not agent.budget.withdraw():
+                # With --adaptive, the agent's window paces the retries of a refusal (429, 503)
+                # itself: the budget holds back the rest, as it does every retry without a window.
+                paced = window is not None and failure.status in OVERLOAD_STATUSES
+                if agent.budget is not None and not paced and not agent.budget.withdraw():
                     return dataclasses.replace(failure, message=f"{failure.message} ({BUDGET_SPENT})")
                 # --timeout bounds one attempt, and so the wait before the next one too.
                 delay = min(backoff_delay(attempt, self._rng, retry_after), self._timeout)

@@ -400,3 +400,24 @@ async def test_any_2xx_carries_the_result(status: int, autojump_clock):
 def test_backoff_stays_capped_past_a_thousand_retries():
     rng = random.Random(1)
     assert all(0 <= backoff_delay(attempt, rng) <= BACKOFF_CAP for attempt in (1, 64, 1025, 10**6))
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+async def test_an_adaptive_window_paces_refusals_the_budget_would_hold_back(adaptive: bool, autojump_clock):
+    from rollfilter.adaptive import AdaptiveWindow
+    from rollfilter.budget import RetryBudget
+
+    budget = RetryBudget(0.0)
+    while budget.withdraw():
+        pass  # the reserve spent: no retry may come from the budget
+    window = AdaptiveWindow(4) if adaptive else None
+    paced = Agent(None, [Replica(httpx.URL(URL))], window, budget)
+    transport = ScriptedTransport(answer(429, b"busy"), answer(503, b"busy"), answer(200, b'{"reward": 1.0}'))
+    client = AgentClient(Config(url=URL, retries=3), transport, rng=random.Random(1))
+    outcome = await client.run(job(), paced)
+    if adaptive:
+        assert outcome == {"reward": 1.0}  # the window paced the refusals' retries itself
+    else:
+        assert isinstance(outcome, RowFailure)
+        assert "retry budget is spent" in outcome.message
+        assert len(transport.calls) == 1
