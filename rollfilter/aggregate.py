@@ -35,6 +35,8 @@ HEAVY_FIELDS = frozenset(
 )
 SPOOL_BUFFER_BYTES = 256 * 1024
 RUN_BYTES = 4 * 1024 * 1024  # results gathered in memory, an agent, before a sorted run is written out
+MERGE_BYTES = 8 * 1024 * 1024  # the read buffers of all of an agent's runs together, while they are merged
+MIN_CHUNK_BYTES = 4096  # a run's read buffer is never smaller
 AGGREGATE_PATH = "/aggregate_metrics"
 _PREFIX = b'{"verify_responses":[\n'
 _SUFFIX = b"\n]}"
@@ -134,7 +136,10 @@ class ResultSpool:
         spool.write_run()
         spool.file.flush()
         fd = spool.file.fileno()
-        merged = heapq.merge(*(_run_entries(fd, start, end) for start, end in spool.runs), key=lambda item: item[0])
+        # The runs' read buffers share MERGE_BYTES, so the merge's memory does not grow with the runs.
+        chunk_bytes = max(MIN_CHUNK_BYTES, MERGE_BYTES // max(len(spool.runs), 1))
+        runs = (_run_entries(fd, start, end, chunk_bytes) for start, end in spool.runs)
+        merged = heapq.merge(*runs, key=lambda item: item[0])
         yield _PREFIX
         chunk: list[bytes] = []
         size = 0
@@ -168,11 +173,11 @@ def _sort_key(pair: tuple[Any, Any]) -> tuple[Any, ...]:
     return tuple(key)
 
 
-def _run_entries(fd: int, start: int, end: int) -> Iterator[tuple[tuple[Any, ...], bytes]]:
+def _run_entries(fd: int, start: int, end: int, chunk_bytes: int) -> Iterator[tuple[tuple[Any, ...], bytes]]:
     """The (sort key, entry) of each line of one sorted run, read in chunks."""
     offset, tail = start, b""
     while offset < end:
-        data = tail + os.pread(fd, min(SPOOL_BUFFER_BYTES, end - offset), offset)
+        data = tail + os.pread(fd, min(chunk_bytes, end - offset), offset)
         offset += len(data) - len(tail)
         *lines, tail = data.split(b"\n")
         for line in lines:
