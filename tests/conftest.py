@@ -194,3 +194,15 @@ def wait_for(predicate: Any, timeout: float = 20.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.02)
+
+
+@pytest.fixture
+def agent() -> Iterator[Any]:
+    """A RecordingAgent named "agent" on 127.0.0.1 (tests/recording_agent.py), closed after the test."""
+    from tests.recording_agent import RecordingAgent  # it imports this module
+
+    server = RecordingAgent(name="agent")
+    try:
+        yield server
+    finally:
+        server.close()

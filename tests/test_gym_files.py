@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +24,6 @@ from tests.test_exit_status import SIGNALLED_AT_IMPORT
 from tests.test_run_contract import nemo_gym_bodies
 
 MAX_ATTEMPTS = 3  # NeMo Gym's default NEMO_GYM_MAX_ROLLOUT_ATTEMPTS
-
-
-@pytest.fixture
-def agent() -> Iterator[RecordingAgent]:
-    server = RecordingAgent(name="agent")
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 def input_lines(tasks: int) -> list[str]:

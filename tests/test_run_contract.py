@@ -22,15 +22,6 @@ from tests.recording_agent import RecordingAgent
 
 
 @pytest.fixture
-def agent() -> Iterator[RecordingAgent]:
-    server = RecordingAgent(name="agent")
-    try:
-        yield server
-    finally:
-        server.close()
-
-
-@pytest.fixture
 def other_agent() -> Iterator[RecordingAgent]:
     server = RecordingAgent(name="other")
     try:

@@ -6,23 +6,11 @@ import json
 import queue
 import signal
 import threading
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from rollfilter import Config, open_rollouts
 from tests.conftest import SUBPROCESS_TIMEOUT, result_lines, start, summary_of
 from tests.recording_agent import RecordingAgent
-
-
-@pytest.fixture
-def agent() -> Iterator[RecordingAgent]:
-    server = RecordingAgent(name="agent")
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 def lines_of(stream: object) -> queue.Queue[bytes]:
