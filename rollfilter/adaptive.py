@@ -22,10 +22,11 @@ takes longer, which is not overload. So latency alone never cuts the window; an 
   the window, and compares the cohort sent after the cut with what a request saw before it
   (by Little's law: in flight over the rate). This is Envoy's min-RTT recalculation window,
   run when the queue estimate asks for it, not on a timer, so an agent that never queues never
-  pays for it. Latency followed the window: the agent was queueing, and the window goes to
-  GAIN x its rate before the drain x the new no-load latency (or drains again, if latency is
-  still high). Latency stayed: the rows got harder; that is the new no-load latency, and the
-  window goes back.
+  pays for it. Latency followed the window (by more than the spread of the cohort's rows can
+  explain: a cohort of hard and easy rows is never judged on one lucky draw): the agent was
+  queueing, and the window goes to GAIN x its rate before the drain x the new no-load latency
+  (or drains again, if latency is still high). Latency stayed: the rows got harder; that is
+  the new no-load latency, and the window goes back.
 - Refusals (429, 503, a timeout, a failed connection) cut the window below what is in flight,
   once a round trip, and each refused request takes a slot more away. The level refused at is
   remembered: refused there again, the window goes just under it; it holds there
@@ -42,6 +43,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import math
 import statistics
 from collections.abc import Callable
 
@@ -58,7 +60,8 @@ ROUND_ANSWERS = 16  # a round needs this many answers: the mean of fewer is most
 QUEUE_FACTOR = 1.5  # mean latency this many times the no-load latency suggests a queue
 QUEUED_ROUNDS = 2  # ... when it lasts this many rounds in a row (one round may be a few hard rows)
 DRAIN_SHARE = 0.5  # a drain cuts the window to this share, to see whether latency follows
-FOLLOWED = 0.8  # latency under this share of the latency before the drain: it followed the window
+FOLLOWED = 0.7  # latency under this share of the latency before the drain: it followed the window
+SIGNIFICANT = 3.0  # ... and by this many standard errors of the cohort's mean (rows of mixed lengths)
 DRAIN_PATIENCE = 10.0  # a drain gives up after this many latencies (a hung request, a stalled input)
 BACKOFF = 0.9  # a refusal where none came before cuts the window to this share of what is in flight
 PLATEAU_ROUNDS = 4  # rounds held just under the level refused at before probing past it ...
@@ -97,6 +100,7 @@ class _Cohort:
     back: int = 0
     answers: int = 0
     latency_sum: float = 0.0
+    latency_squares: float = 0.0
 
     def count(self, ticket: int, signal: Signal, latency: float) -> None:
         if self.first_ticket <= ticket < self.first_ticket + self.size:
@@ -104,6 +108,7 @@ class _Cohort:
             if signal is Signal.KEPT_UP:
                 self.answers += 1
                 self.latency_sum += latency
+                self.latency_squares += latency * latency
 
     @property
     def complete(self) -> bool:
@@ -111,6 +116,20 @@ class _Cohort:
 
     def mean(self) -> float | None:
         return self.latency_sum / self.answers if self.answers else None
+
+    def least_mean(self, now: float, sent_at: float) -> float:
+        """The least the cohort's mean can still come to, all sent by `sent_at`: each latency
+        not back yet is at least the time since then."""
+        waiting = self.size - self.back
+        return (self.latency_sum + waiting * (now - sent_at)) / max(1, self.answers + waiting)
+
+    def standard_error(self) -> float:
+        """Of the mean: how far the mean of these rows may lie from the mean of all rows."""
+        if self.answers < 2:
+            return math.inf
+        mean = self.latency_sum / self.answers
+        variance = max(0.0, self.latency_squares / self.answers - mean * mean)
+        return math.sqrt(variance / (self.answers - 1))
 
 
 @dataclasses.dataclass(slots=True)
@@ -123,6 +142,7 @@ class _Drain:
     rate_before: float
     cohort: _Cohort  # the sends just after the cut
     deadline: float
+    cohort_sent_at: float | None = None  # when the cohort's last request was sent
 
 
 class AdaptiveWindow:
@@ -160,7 +180,9 @@ class AdaptiveWindow:
         self._rates: collections.deque[float] = collections.deque(maxlen=RATE_ROUNDS)
         self._last_rate = 0.0  # startup: the round before's rate
         self._no_load: float | None = None  # the no-load latency
-        self._first: _Cohort | None = _Cohort(0, ROUND_ANSWERS)  # measures it first: they met an idle agent
+        # The cohort whose mean becomes the no-load latency once it is all back: first, requests
+        # that met an idle agent; later, a drain's, when its verdict came before its long rows.
+        self._measuring: _Cohort | None = _Cohort(0, ROUND_ANSWERS)
         self._queued_rounds = 0
         self._easy_rounds = 0
         self._drain: _Drain | None = None
@@ -191,6 +213,9 @@ class AdaptiveWindow:
         if self._phase is _Phase.BLIND and not self._timing and self._lot.statistics().tasks_waiting:
             self._lot.unpark()  # someone must keep the doubling's time now
         self._tickets += 1
+        drain = self._drain
+        if drain is not None and self._tickets == drain.cohort.first_ticket + drain.cohort.size:
+            drain.cohort_sent_at = trio.current_time()
         return self._tickets - 1
 
     async def _wait_to_double(self) -> None:
@@ -212,11 +237,11 @@ class AdaptiveWindow:
     def release(self, ticket: int, signal: Signal, latency: float) -> None:
         self.in_flight -= 1
         now = trio.current_time()
-        first = self._first
+        first = self._measuring
         if first is not None:
             first.count(ticket, signal, latency)
             if first.complete:
-                self._first = None
+                self._measuring = None
                 self._no_load = first.mean()
         drain = self._drain
         if drain is not None:
@@ -226,8 +251,15 @@ class AdaptiveWindow:
         elif signal is Signal.KEPT_UP:
             self._answered(now, latency)
         drain = self._drain
-        if drain is not None and (drain.cohort.complete or now >= drain.deadline):
-            self._judge(drain, now)
+        if drain is not None:
+            if drain.cohort.complete or now >= drain.deadline:
+                self._judge(drain, now)
+            elif drain.cohort_sent_at is not None:
+                # The long rows of a cohort keep it out for long, with the window halved. Once
+                # latency cannot have followed the window, whatever they take, the verdict is in.
+                least = drain.cohort.least_mean(now, drain.cohort_sent_at)
+                if least > FOLLOWED * drain.latency_before:
+                    self._judge(drain, now, latency_stayed=least)
         self._lot.unpark(count=max(0, self.limit - self.in_flight))
 
     def _answered(self, now: float, latency: float) -> None:
@@ -320,21 +352,28 @@ class AdaptiveWindow:
         self._phase = _Phase.DRAIN
         self._set(window_before * DRAIN_SHARE)
 
-    def _judge(self, drain: _Drain, now: float) -> None:
+    def _judge(self, drain: _Drain, now: float, latency_stayed: float | None = None) -> None:
+        """The drain's verdict; `latency_stayed` is the least the cohort's mean can come to,
+        when that alone shows latency did not follow the window."""
         self._drain = None
         self._queued_rounds = 0
         self._easy_rounds = 0
         self._round_start, self._round_answers, self._round_latency, self._round_longest = now, 0, 0.0, 0.0
-        latency = drain.cohort.mean()
-        if not drain.cohort.complete or latency is None:  # gave up: nothing learnt
+        latency = latency_stayed if latency_stayed is not None else drain.cohort.mean()
+        if latency is None or (latency_stayed is None and not drain.cohort.complete):  # gave up: nothing learnt
             self._phase = drain.phase_before
             self._set(drain.window_before)
             return
         assert self._no_load is not None
-        if latency > FOLLOWED * drain.latency_before:
-            # Latency stayed: the rows got harder, and this is their no-load latency.
+        fell_by = drain.latency_before - latency
+        significant = latency_stayed is None and fell_by >= SIGNIFICANT * drain.cohort.standard_error()
+        if latency > FOLLOWED * drain.latency_before or not significant:
+            # Latency stayed: the rows got harder, and this is their no-load latency (at least,
+            # until the cohort's long rows are back too).
             self._phase = drain.phase_before
             self._no_load = latency
+            if latency_stayed is not None:
+                self._measuring = drain.cohort
             self._set(drain.window_before)
         elif latency > QUEUE_FACTOR * self._no_load:
             # Latency followed the window down, and is still high: a queue at the drained window too.
