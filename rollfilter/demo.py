@@ -491,9 +491,8 @@ def _schedule(text: str) -> tuple[tuple[float, int], ...]:
     return tuple(sorted(steps))
 
 
-def main(argv: list[str] | None = None) -> None:
-    """`python -m rollfilter.demo`: run the demo agent on its own, with optional faults."""
-
+def parse_args(argv: list[str] | None = None) -> tuple[DemoOptions, str, int]:
+    """`python -m rollfilter.demo`'s command line: the agent's options, the host and the port."""
     parser = argparse.ArgumentParser(
         prog="python -m rollfilter.demo",
         description="Run rollfilter's demo agent (POST /run, GET /stats) with optional injected faults.",
@@ -565,13 +564,19 @@ def main(argv: list[str] | None = None) -> None:
     episodes = [n for n in (options.slots, options.capacity) if n is not None] + [n for _, n in options.schedule]
     if any(n < 1 for n in episodes):
         parser.error("--slots, --capacity and the --schedule's episodes must be at least 1")
+    return options, args.host, args.port
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m rollfilter.demo`: run the demo agent on its own, with optional faults."""
+    options, host, port = parse_args(argv)
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
-            port = await nursery.start(
-                lambda task_status: serve(DemoAgent(options), host=args.host, port=args.port, task_status=task_status)
+            bound = await nursery.start(
+                lambda task_status: serve(DemoAgent(options), host=host, port=port, task_status=task_status)
             )
-            print(f"demo agent listening on http://{args.host}:{port}", file=sys.stderr, flush=True)
+            print(f"demo agent listening on http://{host}:{bound}", file=sys.stderr, flush=True)
 
     collect_garbage_for_a_run()
     try:
@@ -579,7 +584,7 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except OSError as exc:
-        sys.exit(f"python -m rollfilter.demo: cannot listen on {args.host}:{args.port}: {exc.strerror}")
+        sys.exit(f"python -m rollfilter.demo: cannot listen on {host}:{port}: {exc.strerror}")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import collections
 import contextlib
 import contextvars
 import math
+import signal
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
@@ -54,9 +55,7 @@ class _Guest:
             run_sync_soon_threadsafe=loop.call_soon_threadsafe,
             run_sync_soon_not_threadsafe=loop.call_soon,
             done_callback=self._done,
-            # asyncio sets the wakeup fd for its own signal handlers; taking it over would
-            # leave them asleep (trio's guest-mode documentation, "Signal management").
-            host_uses_signal_set_wakeup_fd=True,
+            host_uses_signal_set_wakeup_fd=_host_has_wakeup_fd(),
         )
 
     async def _main(self) -> None:
@@ -87,6 +86,22 @@ class _Guest:
 
 
 _GUESTS: dict[asyncio.AbstractEventLoop, _Guest] = {}
+
+
+def _host_has_wakeup_fd() -> bool:
+    """Whether the host loop set the signal wakeup fd (asyncio does for loop.add_signal_handler).
+
+    If it did, trio must leave it: taking it over would leave the host's handlers asleep. If it
+    did not (asyncio.run's Ctrl-C handler is a plain signal.signal one), trio sets its own: a
+    signal that the kernel hands to trio's I/O thread, not the main one, would otherwise run
+    its Python handler only once the main thread next wakes, which may be the end of an episode.
+    """
+    try:
+        fd = signal.set_wakeup_fd(-1)
+    except ValueError:  # not the main thread: signals are handled on the main thread's own loop
+        return True
+    signal.set_wakeup_fd(fd)
+    return fd != -1
 
 
 async def _join_guest(loop: asyncio.AbstractEventLoop) -> _Guest:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
+import functools
+import gc
 import http.server
 import json
 import os
+import queue
 import shutil
 import signal
 import subprocess
@@ -17,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 ROOT = Path(__file__).resolve().parent.parent
 WEATHER = ROOT / "rollfilter" / "examples" / "weather.jsonl"
@@ -59,7 +65,25 @@ def run(
     command: Sequence[str] | None = None,
     **popen: Any,
 ) -> subprocess.CompletedProcess[bytes]:
-    """rollfilter (or `command`) to its end; stdout and stderr are captured unless `popen` gives them."""
+    """rollfilter (or `command`) to its end; stdout and stderr are captured unless `popen` gives them.
+
+    rollfilter itself runs in this process (`invoke`) unless `popen` asks for what only a process
+    has (a new session, a pass_fds, a preexec); `command` always starts one."""
+    if command is None and set(popen) <= {"stdin", "stdout", "stderr", "cwd"}:
+        return invoke(args, input=input, timeout=timeout, env=env, **popen)
+    return run_process(args, input=input, timeout=timeout, env=env, command=command, **popen)
+
+
+def run_process(
+    args: Sequence[str],
+    *,
+    input: bytes | str = b"",
+    timeout: float = SUBPROCESS_TIMEOUT,
+    env: dict[str, str] | None = None,
+    command: Sequence[str] | None = None,
+    **popen: Any,
+) -> subprocess.CompletedProcess[bytes]:
+    """The installed rollfilter (or `command`) in a process of its own, to its end."""
     data: bytes | None = input.encode() if isinstance(input, str) else input
     popen.setdefault("stdout", subprocess.PIPE)
     popen.setdefault("stderr", subprocess.PIPE)
@@ -67,6 +91,101 @@ def run(
     if "stdin" in popen:  # the test's own descriptor instead of `input`
         data = None
     return subprocess.run([*program, *args], input=data, timeout=timeout, env=env or clean_env(), **popen)
+
+
+def invoke(
+    args: Sequence[str],
+    *,
+    input: bytes | str = b"",
+    timeout: float = SUBPROCESS_TIMEOUT,
+    env: dict[str, str] | None = None,
+    stdin: Any = None,
+    stdout: Any = subprocess.PIPE,
+    stderr: Any = subprocess.PIPE,
+    cwd: str | os.PathLike[str] | None = None,
+) -> subprocess.CompletedProcess[bytes]:
+    """The command run in this process as `rollfilter.cli.main` runs it, on descriptors 0, 1 and 2
+    made what the test gives (as subprocess.run's arguments: PIPE captures, None inherits), with
+    `env` as the whole environment: the same parsing, run, output and exit status, without the
+    second of start-up a process costs. What the run changes in the process (signal handlers, the
+    garbage collector's settings, the environment, the directory) is put back afterwards."""
+    from rollfilter import cli
+
+    with contextlib.ExitStack() as stack:
+        data = input.encode() if isinstance(input, str) else input
+        targets: dict[int, int] = {}
+        pumps: list[threading.Thread] = []
+        child_ends: list[int] = []  # the command's ends of our pipes: once on 0, 1 or 2, closed here
+        outputs: dict[int, bytes] = {}
+        for fd, given in ((0, stdin), (1, stdout), (2, stderr)):
+            if given is None and fd == 0:  # `input`, through a pipe as subprocess.run gives it
+                read_end, write_end = os.pipe()
+                targets[fd] = read_end
+                child_ends.append(read_end)
+                pumps.append(threading.Thread(target=_feed, args=(write_end, data), daemon=True))
+            elif given is None:
+                continue  # inherited: the test's own descriptor
+            elif given == subprocess.PIPE:
+                read_end, write_end = os.pipe()
+                targets[fd] = write_end
+                child_ends.append(write_end)
+                pumps.append(threading.Thread(target=_drain, args=(read_end, outputs, fd), daemon=True))
+            elif given == subprocess.DEVNULL:
+                targets[fd] = stack.enter_context(open(os.devnull, "r+b")).fileno()
+            else:
+                targets[fd] = given if isinstance(given, int) else given.fileno()
+        saved_fds = {fd: os.dup(fd) for fd in targets}
+        saved_env = dict(os.environ)
+        saved_cwd = os.getcwd()
+        saved_stdout = sys.stdout
+        saved_signals = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+        saved_threshold = gc.get_threshold()
+        for pump in pumps:
+            pump.start()
+        faulthandler.dump_traceback_later(timeout, exit=True)  # a hung run ends the suite, with its stack
+        try:
+            for fd, target in targets.items():
+                os.dup2(target, fd)
+            for end in child_ends:
+                os.close(end)  # each lives on as 0, 1 or 2 alone, as in a child process
+            child_ends.clear()
+            os.environ.clear()
+            os.environ.update(env if env is not None else clean_env())
+            if cwd is not None:
+                os.chdir(cwd)
+            sys.stdout = cli._checked_stdout()
+            status = cli.run_command(list(args))
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+            sys.stdout = saved_stdout
+            for end in child_ends:
+                os.close(end)
+            for fd, saved in saved_fds.items():
+                os.dup2(saved, fd)  # closes the pipe ends the command held: the readers see their end
+                os.close(saved)
+            os.environ.clear()
+            os.environ.update(saved_env)
+            os.chdir(saved_cwd)
+            for sig, handler in saved_signals.items():
+                signal.signal(sig, handler)
+            gc.unfreeze()
+            gc.set_threshold(*saved_threshold)
+            for pump in pumps:
+                pump.join(timeout)
+    return subprocess.CompletedProcess(["rollfilter", *args], status, outputs.get(1), outputs.get(2))
+
+
+def _feed(fd: int, data: bytes) -> None:
+    with contextlib.suppress(BrokenPipeError), open(fd, "wb") as pipe:
+        pipe.write(data)
+
+
+def _drain(fd: int, outputs: dict[int, bytes], key: int) -> None:
+    with open(fd, "rb") as pipe:
+        outputs[key] = pipe.read()
+
+
+_SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, signal.SIGUSR1]
 
 
 def start(args: Sequence[str], **popen: Any) -> subprocess.Popen[bytes]:
@@ -112,7 +231,7 @@ class ThreadedHTTPServer:
     def __init__(self, handler: type[http.server.BaseHTTPRequestHandler]) -> None:
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()
 
     def close(self) -> None:
@@ -133,8 +252,9 @@ class QuietHandler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(payload)
 
 
-class DemoServer:
-    """`python -m rollfilter.demo` in its own process, on a free loopback port."""
+class DemoProcess:
+    """`python -m rollfilter.demo` in its own process, on a free loopback port: for the tests that
+    stop or kill the agent as a process (the rest use `DemoServer`, which starts in milliseconds)."""
 
     def __init__(self, *args: str) -> None:
         self.process = subprocess.Popen(
@@ -150,10 +270,7 @@ class DemoServer:
         self.port = int(self.base.rsplit(":", 1)[1])
 
     def stats(self) -> dict[str, Any]:
-        with urllib.request.urlopen(self.base + "/stats", timeout=10) as response:
-            data = json.load(response)
-        assert isinstance(data, dict)
-        return data
+        return demo_stats(self.base)
 
     def kill(self) -> None:
         if self.process.poll() is None:
@@ -161,6 +278,66 @@ class DemoServer:
         self.process.wait(timeout=SUBPROCESS_TIMEOUT)
         if self.process.stderr:
             self.process.stderr.close()
+
+
+class DemoServer:
+    """The demo agent, given `python -m rollfilter.demo`'s options, serving on a free loopback port
+    from a trio run in a thread of this process; `kill()` closes the listener and every connection."""
+
+    def __init__(self, *args: str) -> None:
+        from rollfilter.demo import DemoAgent, parse_args, serve
+
+        options, host, _ = parse_args(list(args))
+        started: queue.Queue[int | BaseException] = queue.Queue()
+        self._scope = trio.CancelScope()
+
+        async def main() -> None:
+            self._token = trio.lowlevel.current_trio_token()
+            with self._scope:
+                async with trio.open_nursery() as nursery:
+                    started.put(await nursery.start(functools.partial(serve, DemoAgent(options), host=host)))
+
+        def thread() -> None:
+            try:
+                trio.run(main)
+            except BaseException as exc:  # the test's thread raises it
+                started.put(exc)
+
+        self._thread = threading.Thread(target=thread, name="demo agent", daemon=True)
+        self._thread.start()
+        port = started.get(timeout=SUBPROCESS_TIMEOUT)
+        if isinstance(port, BaseException):
+            raise port
+        self.port = port
+        self.base = f"http://{host}:{port}"
+        self.url = self.base + "/run"
+
+    def stats(self) -> dict[str, Any]:
+        return demo_stats(self.base)
+
+    def kill(self) -> None:
+        if self._thread.is_alive():
+            with contextlib.suppress(trio.RunFinishedError):
+                trio.from_thread.run_sync(self._scope.cancel, trio_token=self._token)
+        self._thread.join(timeout=SUBPROCESS_TIMEOUT)
+        assert not self._thread.is_alive(), "the demo agent did not stop"
+
+
+def demo_stats(base: str) -> dict[str, Any]:
+    with urllib.request.urlopen(base + "/stats", timeout=10) as response:
+        data = json.load(response)
+    assert isinstance(data, dict)
+    return data
+
+
+@pytest.fixture
+def demo_process() -> Iterator[DemoProcess]:
+    """The demo agent in a process of its own: for tests that count this process's descriptors."""
+    server = DemoProcess()
+    try:
+        yield server
+    finally:
+        server.kill()
 
 
 @pytest.fixture

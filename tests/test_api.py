@@ -19,7 +19,7 @@ import rollfilter
 from rollfilter import Config, Failure, Rollout, open_rollouts, rollouts
 from rollfilter.demo import DemoAgent, serve
 from rollfilter.errors import ErrorKind, ServiceError, UsageError
-from tests.conftest import WEATHER, DemoServer, expected_reward, result_lines, run, simple_rows, summary_of
+from tests.conftest import WEATHER, DemoProcess, DemoServer, expected_reward, result_lines, run, simple_rows, summary_of
 
 
 def weather_rows() -> list[dict]:
@@ -99,7 +99,8 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def test_sync_api_early_exit_cancels_and_leaves_nothing_behind(demo_server: DemoServer):
+def test_sync_api_early_exit_cancels_and_leaves_nothing_behind(demo_process: DemoProcess):
+    demo_server = demo_process  # in a process of its own: this one's descriptors are counted
     threads, fds = threading.active_count(), open_fds()
     concurrency = 8
 

@@ -26,6 +26,7 @@ from rollfilter import Config, Failure, Rollout, open_rollouts
 from rollfilter.errors import ErrorKind, ServiceError, UsageError
 from tests.conftest import (
     SUBPROCESS_TIMEOUT,
+    DemoProcess,
     DemoServer,
     clean_env,
     expected_reward,
@@ -316,7 +317,8 @@ def test_the_loop_is_never_blocked_while_thousands_of_rows_run(lib: Library, dem
     assert max(gaps) < GAP_BOUND, f"the other task waited {max(gaps):.3f} s for a {TICK} s tick"
 
 
-def test_cancelling_the_consumer_closes_what_is_in_flight(lib: Library, demo_server: DemoServer):
+def test_cancelling_the_consumer_closes_what_is_in_flight(lib: Library, demo_process: DemoProcess):
+    demo_server = demo_process  # in a process of its own: this one's descriptors are counted
     concurrency = 8
     fds = open_fds()
     closed_rows: list[bool] = []
@@ -569,7 +571,7 @@ import asyncio, itertools, sys
 from rollfilter import Config, open_rollouts
 
 async def main(url):
-    rows = ({"responses_create_params": {"input": "x"}, "demo": {"latency": 30}} for _ in itertools.count())
+    rows = ({"responses_create_params": {"input": "x"}, "demo": {"latency": 3600}} for _ in itertools.count())
     async with open_rollouts(rows, Config(url=url, concurrency=4)) as run:
         print("entered", flush=True)
         async for _ in run:
@@ -579,18 +581,34 @@ asyncio.run(main(sys.argv[1]))
 """
 
 
-def test_ctrl_c_in_an_asyncio_program_stops_the_run(demo_server: DemoServer, tmp_path: Path):
+@pytest.mark.parametrize("thread", ["main", "another"])
+def test_ctrl_c_in_an_asyncio_program_stops_the_run(demo_server: DemoServer, tmp_path: Path, thread: str):
+    """The kernel hands a process's SIGINT to any of its threads that does not block it; one
+    handed to trio's I/O thread must wake the loop as one handed to the main thread does (the
+    episodes in flight last an hour: nothing else would wake it)."""
     script = tmp_path / "train.py"
     script.write_text(CTRL_C_SCRIPT)
     process = subprocess.Popen(
-        [sys.executable, str(script), demo_server.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env()
+        [sys.executable, str(script), demo_server.url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(PYTHONFAULTHANDLER="1"),  # a SIGABRT prints every thread's stack
+        # As a terminal starts it: a shell's background job (the suite run with `&`) ignores
+        # SIGINT, and Python then leaves it ignored.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert process.stdout is not None
         assert process.stdout.readline() == b"entered\n"
         wait_for(lambda: demo_server.stats()["requests"] == 4)
-        process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=SUBPROCESS_TIMEOUT)
+        others = [int(tid) for tid in os.listdir(f"/proc/{process.pid}/task") if int(tid) != process.pid]
+        # kill() of a thread's id is still sent to the process, but that thread is offered it first.
+        os.kill(process.pid if thread == "main" else others[0], signal.SIGINT)
+        try:
+            _, stderr = process.communicate(timeout=SUBPROCESS_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)
+            pytest.fail(f"still running after a Ctrl-C: {process.communicate()[1].decode(errors='replace')}")
     finally:
         process.kill()
         process.communicate()
