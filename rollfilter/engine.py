@@ -123,13 +123,24 @@ class Engine:
     on_send: Callable[[Job], None] | None = None  # each job once, as it is first sent (--materialized)
     spool: ResultSpool | None = None  # successful results for /aggregate_metrics
     max_cost: float | None = None  # USD: the run stops once it has spent this much
+    # The rollouts in flight that the client has retried, and how many times: the client's
+    # on_retry counts them (see `prepare`). A job is built once; its attempts are counted here.
+    retries: dict[Job, int] = dataclasses.field(default_factory=dict)
     _in_flight: dict[Job, float] = dataclasses.field(default_factory=dict)  # in the order sent: when
 
     def status(self) -> RunStatus:
         """What the run has done so far, and its oldest rollouts in flight (any thread of the run's loop)."""
         now = time.monotonic()
         oldest = tuple(
-            InFlight(job.source, job.line, job.task_index, job.rollout_index, job.agent_name, job.retries + 1, now - at)
+            InFlight(
+                job.source,
+                job.line,
+                job.task_index,
+                job.rollout_index,
+                job.agent_name,
+                attempt=self.retries.get(job, 0) + 1,
+                age_s=now - at,
+            )
             for job, at in itertools.islice(self._in_flight.items(), STATUS_OLDEST)
         )
         m = self.metrics
@@ -190,11 +201,12 @@ class Engine:
             answer = await self.client.run(job, agent)
             if self.metrics.spending is not None and not isinstance(answer, RowFailure):
                 self._spend(job, answer)
-            outcome = judge(job, answer)
+            outcome = judge(job, answer, self.retries.get(job, 0) + 1)
         except Exception as exc:  # a bug met by one row costs that row, never the run
             outcome = self._internal_failure(job, exc)
         finally:
             del self._in_flight[job]
+            attempts = self.retries.pop(job, 0) + 1
         if isinstance(outcome, RowFailure):
             self._fail(job, outcome, release)
         elif isinstance(outcome, _NotPersisted):
@@ -202,7 +214,7 @@ class Engine:
             if self.on_event is not None:
                 self.on_event(f"{describe(job)}: not persisted (the agent's _ng_no_persist); --resume runs it again")
             self._ended(job, None)
-            self.sink.not_persisted(job, release)
+            self.sink.not_persisted(job, attempts, release)
             self._check_failure_limit()
         else:
             latency = trio.current_time() - started
@@ -228,7 +240,7 @@ class Engine:
         if self.on_event is not None:
             self.on_event(internal_error_event(job, exc))
         message = f"unexpected {type(exc).__name__} while handling this row (-v shows the details)"
-        return RowFailure(ErrorKind.INTERNAL, message, attempts=job.retries + 1)
+        return RowFailure(ErrorKind.INTERNAL, message, attempts=self.retries.get(job, 0) + 1)
 
     def _ended(self, job: Job, reward: float | None) -> None:
         if self.tasks is not None:
@@ -268,9 +280,10 @@ class _NotPersisted:
 NOT_PERSISTED = _NotPersisted()
 
 
-def judge(job: Job, answer: dict[str, Any] | RowFailure) -> dict[str, Any] | RowFailure | _NotPersisted:
-    """What the agent's answer makes of the rollout: a result stamped with the row's indices
-    and agent (as NeMo Gym stamps them), the agent's own failure, or not persisted."""
+def judge(job: Job, answer: dict[str, Any] | RowFailure, attempts: int) -> dict[str, Any] | RowFailure | _NotPersisted:
+    """What the agent's answer, after `attempts` requests, makes of the rollout: a result stamped
+    with the row's indices and agent (as NeMo Gym stamps them), the agent's own failure, or not
+    persisted."""
     if isinstance(answer, RowFailure):
         return answer
     stamp(job, answer)
@@ -287,7 +300,7 @@ def judge(job: Job, answer: dict[str, Any] | RowFailure) -> dict[str, Any] | Row
     return RowFailure(
         ErrorKind.AGENT_FAILURE,
         message,
-        attempts=job.retries + 1,
+        attempts=attempts,
         failure_class=failure_class,
         terminal=bool(answer.get("_ng_failure_terminal")),
         answer=answer,
@@ -344,8 +357,10 @@ async def prepare(
         window = metrics.windows[label] = AdaptiveWindow(config.concurrency, on_change=changed)
         return window
 
+    retries: dict[Job, int] = {}  # the engine's: see Engine.retries
+
     def count_retry(job: Job, failure: RowFailure, delay: float) -> None:
-        job.retries += 1
+        retries[job] = retries.get(job, 0) + 1
         metrics.retries += 1
         if on_event is not None:
             on_event(f"{describe(job)}: retry in {delay:.2f} s after {failure.kind.value}: {failure.message}")
@@ -362,6 +377,7 @@ async def prepare(
         metrics=metrics,
         control=control,
         concurrency=config.concurrency,
+        retries=retries,
         failure_limit=config.max_failures,
         max_cost=config.max_cost,
         tasks=tasks,

@@ -11,7 +11,6 @@ on a resumed retry.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import zlib
 from array import array
 from typing import Any, Protocol
@@ -42,9 +41,14 @@ _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 
 
-@dataclasses.dataclass(slots=True, eq=False)
-class Job:
-    """One rollout to run: where the row came from, its indices, and the body to POST."""
+class Job(msgspec.Struct, frozen=True, kw_only=True, eq=False):
+    """One rollout to run: where the row came from, its indices, and the body to POST.
+
+    Built once, with every field known; what changes from one attempt to the next is the
+    engine's. A Struct, not a frozen dataclass: one is built per rollout, and a frozen
+    dataclass's `__init__` (`object.__setattr__` per field) costs over ten times as much.
+    Compared by identity (eq=False): the engine keys its rollouts in flight by job.
+    """
 
     seq: int  # position among the run's jobs: the order of --ordered output
     source: str
@@ -56,7 +60,6 @@ class Job:
     agent_name: str | None = None  # the row's agent_ref.name (after -a filled it), the route by name
     attempt_index: Any = None  # _ng_attempt_index as sent, if any
     failure: RowFailure | None = None  # known before sending: bad input
-    retries: int = 0  # retries so far, counted by the engine
 
 
 def shard_of(task_index: Any, shards: int) -> int:
@@ -230,15 +233,29 @@ class Planner:
                     if self._tasks is not None:
                         self._tasks.rollout_ended(task, None)  # an earlier run's failure that stands
                     continue
-            job = Job(self._seq, line.source, line.number, task, rollout, row, body, name, failure=failure)
+            rollout_body = body
+            attempt_index = None
             if sent is not None:
                 if prefix is not None:
                     tail = b',"_ng_attempt_index":%d}' % attempt if attempt else b"}"
-                    job.body = b'%s,"_ng_rollout_index":%d%s' % (prefix, rollout, tail)
+                    rollout_body = b'%s,"_ng_rollout_index":%d%s' % (prefix, rollout, tail)
                 else:
-                    job.body = _encoded_rollout(sent, rollout, attempt, seeds=config.repeat_seeds)
-                job.attempt_index = attempt or given_attempt
-            jobs.append(job)
+                    rollout_body = _encoded_rollout(sent, rollout, attempt, seeds=config.repeat_seeds)
+                attempt_index = attempt or given_attempt
+            jobs.append(
+                Job(
+                    seq=self._seq,
+                    source=line.source,
+                    line=line.number,
+                    task_index=task,
+                    rollout_index=rollout,
+                    row=row,
+                    body=rollout_body,
+                    agent_name=name,
+                    attempt_index=attempt_index,
+                    failure=failure,
+                )
+            )
             self._seq += 1
         self._pending.extend(jobs)
 

@@ -28,8 +28,9 @@ class RowSink(Protocol):
 
     def failure(self, job: Job, failure: RowFailure, release: Release) -> None: ...
 
-    def not_persisted(self, job: Job, release: Release) -> None:
-        """A rollout the agent asked to keep nowhere (`_ng_no_persist`): it leaves no line."""
+    def not_persisted(self, job: Job, attempts: int, release: Release) -> None:
+        """A rollout the agent asked to keep nowhere (`_ng_no_persist`), after `attempts` requests:
+        it leaves no line."""
         ...
 
 
@@ -79,7 +80,7 @@ class LineSink:
 
     def failure(self, job: Job, failure: RowFailure, release: Release) -> None:
         self.report(Failure.of(job, failure))
-        self.not_persisted(job, release)
+        self._release(job, release)
 
     def report(self, failure: Failure) -> None:
         """Write one failure: a record with --errors, else a line on stderr."""
@@ -88,7 +89,10 @@ class LineSink:
         else:
             self._errors.write(failure.line(repeated=self._repeated).encode(errors="replace") + b"\n")
 
-    def not_persisted(self, job: Job, release: Release) -> None:
+    def not_persisted(self, job: Job, attempts: int, release: Release) -> None:
+        self._release(job, release)
+
+    def _release(self, job: Job, release: Release) -> None:
         if self._reorderer is None:
             release()
         else:
@@ -112,7 +116,7 @@ class ChannelSink:
     def failure(self, job: Job, failure: RowFailure, release: Release) -> None:
         self._send.send_nowait((Failure.of(job, failure), release))
 
-    def not_persisted(self, job: Job, release: Release) -> None:
+    def not_persisted(self, job: Job, attempts: int, release: Release) -> None:
         message = "the agent asked for this rollout not to be kept (_ng_no_persist)"
-        failure = RowFailure(ErrorKind.NOT_PERSISTED, message, attempts=job.retries + 1)
+        failure = RowFailure(ErrorKind.NOT_PERSISTED, message, attempts=attempts)
         self._send.send_nowait((Failure.of(job, failure), release))

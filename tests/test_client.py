@@ -81,7 +81,7 @@ def answer(status: int = 200, body: bytes = b'{"reward": 1.0}', **headers: str) 
 
 def job(body: bytes = BODY) -> Job:
     """A rollout of one row, as the planner makes them."""
-    return Job(0, "<test>", 1, 0, 0, None, body)
+    return Job(seq=0, source="<test>", line=1, task_index=0, rollout_index=0, row=None, body=body)
 
 
 def agent(*urls: str) -> Agent:
