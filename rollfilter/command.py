@@ -30,7 +30,7 @@ from rollfilter.headserver import resolve_endpoints
 from rollfilter.keytable import KeyTable
 from rollfilter.materialize import write_materialized
 from rollfilter.metrics import Metrics
-from rollfilter.outcomes import Failure, RowFailure, failure_of
+from rollfilter.outcomes import RowFailure, failure_of
 from rollfilter.plan import Planner
 from rollfilter.resume import (
     ResumeState,
@@ -608,7 +608,7 @@ async def dry_run(engine: Engine, out: BatchWriter, log: LineWriter, *, repeated
         route = job.failure or engine.router.route(job.agent_name)
         if isinstance(route, RowFailure):
             engine.metrics.add_failure(route)
-            log.write(Failure.of(job, route).line(repeated=repeated).encode(errors="replace") + b"\n")
+            log.write(job.as_failure(route).line(repeated=repeated).encode(errors="replace") + b"\n")
             continue
         out.write(job.body + b"\n")
         url = ",".join(shown(replica.url) for replica in route.replicas)

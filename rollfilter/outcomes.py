@@ -4,24 +4,17 @@
 from, and why) are what the API hands out; the command writes the same objects, a result
 line for a Rollout and an errors-record line (`Failure.record()`) or a stderr line
 (`Failure.line()`) for a Failure. `RowFailure` is the engine's account of why a rollout
-failed, before it is tied to its row.
+failed, before it is tied to its row; the job (`plan.Job.as_failure`, `as_rollout`) ties it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, ClassVar
-
-import msgspec
+from typing import Any, ClassVar
 
 from rollfilter.errors import ErrorKind
 from rollfilter.rows import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX
 from rollfilter.transport import printable
-
-if TYPE_CHECKING:
-    from rollfilter.plan import Job
-
-_decode = msgspec.json.Decoder().decode
 
 TERMINAL_KINDS = frozenset({ErrorKind.BAD_INPUT, ErrorKind.NO_ROUTE})  # retrying cannot fix these
 ROLLFILTER_FIELDS = ("source", "line", "attempts", "error", "row", "raw", "agent_fields")  # of an errors record
@@ -63,10 +56,6 @@ class Rollout:
     task_index: Any
     rollout_index: int
 
-    @classmethod
-    def of(cls, job: Job, result: dict[str, Any]) -> Rollout:
-        return cls(_decode(job.body), result, job.task_index, job.rollout_index)
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Failure:
@@ -94,15 +83,6 @@ class Failure:
     source: str = "<rows>"  # the input it came from: a FILE, <stdin>, or the API's rows
     raw: str | None = None  # the line's text, when it is not a JSON object
     attempt_index: Any = None  # _ng_attempt_index as sent
-
-    @classmethod
-    def of(cls, job: Job, failure: RowFailure) -> Failure:
-        row = _decode(job.body) if job.row is not None else None
-        raw = job.body.decode(errors="backslashreplace") if row is None else None
-        return cls(
-            row, job.task_index, job.rollout_index, failure.kind, failure.message, failure.status, failure.attempts,
-            job.line, failure.failure_class, failure.is_terminal, failure.answer, job.source, raw, job.attempt_index,
-        )  # fmt: skip
 
     def record(self) -> dict[str, Any]:
         """One line of the errors record, which is also NeMo Gym's failures sidecar.

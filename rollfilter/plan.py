@@ -21,7 +21,7 @@ import trio
 from rollfilter.config import Config
 from rollfilter.errors import ErrorKind
 from rollfilter.keytable import KeyTable
-from rollfilter.outcomes import RowFailure
+from rollfilter.outcomes import Failure, Rollout, RowFailure
 from rollfilter.resume import ResumeState
 from rollfilter.rows import (
     AGENT_REF,
@@ -60,6 +60,19 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     agent_name: str | None = None  # the row's agent_ref.name (after -a filled it), the route by name
     attempt_index: Any = None  # _ng_attempt_index as sent, if any
     failure: RowFailure | None = None  # known before sending: bad input
+
+    def as_rollout(self, result: dict[str, Any]) -> Rollout:
+        """This rollout finished with `result`: the row as sent, and the result."""
+        return Rollout(_decode(self.body), result, self.task_index, self.rollout_index)
+
+    def as_failure(self, failure: RowFailure) -> Failure:
+        """This rollout failed for `failure`: the row as sent (or the line's text), where it came from, and why."""
+        row = _decode(self.body) if self.row is not None else None
+        raw = self.body.decode(errors="backslashreplace") if row is None else None
+        return Failure(
+            row, self.task_index, self.rollout_index, failure.kind, failure.message, failure.status, failure.attempts,
+            self.line, failure.failure_class, failure.is_terminal, failure.answer, self.source, raw, self.attempt_index,
+        )  # fmt: skip
 
 
 def shard_of(task_index: Any, shards: int) -> int:

@@ -14,7 +14,7 @@ import msgspec
 import trio
 
 from rollfilter.errors import ErrorKind
-from rollfilter.outcomes import Failure, Outcome, Rollout, RowFailure
+from rollfilter.outcomes import Failure, Outcome, RowFailure
 from rollfilter.plan import Job
 from rollfilter.writers import LineWriter, Release
 
@@ -79,7 +79,7 @@ class LineSink:
             self._reorderer.emit(job.seq, lambda: self._results.write(line, release))
 
     def failure(self, job: Job, failure: RowFailure, release: Release) -> None:
-        self.report(Failure.of(job, failure))
+        self.report(job.as_failure(failure))
         self._release(job, release)
 
     def report(self, failure: Failure) -> None:
@@ -111,12 +111,12 @@ class ChannelSink:
         self._send = send
 
     def result(self, job: Job, result: dict[str, Any], release: Release) -> None:
-        self._send.send_nowait((Rollout.of(job, result), release))
+        self._send.send_nowait((job.as_rollout(result), release))
 
     def failure(self, job: Job, failure: RowFailure, release: Release) -> None:
-        self._send.send_nowait((Failure.of(job, failure), release))
+        self._send.send_nowait((job.as_failure(failure), release))
 
     def not_persisted(self, job: Job, attempts: int, release: Release) -> None:
         message = "the agent asked for this rollout not to be kept (_ng_no_persist)"
         failure = RowFailure(ErrorKind.NOT_PERSISTED, message, attempts=attempts)
-        self._send.send_nowait((Failure.of(job, failure), release))
+        self._send.send_nowait((job.as_failure(failure), release))
