@@ -27,7 +27,7 @@ from rollfilter.cost import Spending
 from rollfilter.errors import ErrorKind, ExitStatus
 from rollfilter.headserver import resolve_endpoints
 from rollfilter.metrics import UNNAMED_AGENT, Metrics, as_float
-from rollfilter.outcomes import RowFailure
+from rollfilter.outcomes import AttemptFailure, Retry
 from rollfilter.plan import Job, LineSource, Planner
 from rollfilter.resume import ResumeState
 from rollfilter.routing import Agent, Router
@@ -182,7 +182,7 @@ class Engine:
                 return
             self.metrics.taken += 1
             route = job.failure or self.router.route(job.agent_name)
-            if isinstance(route, RowFailure):
+            if isinstance(route, AttemptFailure):
                 self._fail(job, route, release)
                 # A run of bad lines sends nothing: without this, a stop would not be
                 # noticed until the buffered lines ran out.
@@ -199,7 +199,7 @@ class Engine:
             self.on_send(job)
         try:
             answer = await self.client.run(job, agent)
-            if self.metrics.spending is not None and not isinstance(answer, RowFailure):
+            if self.metrics.spending is not None and not isinstance(answer, AttemptFailure):
                 self._spend(job, answer)
             outcome = judge(job, answer, self.retries.get(job, 0) + 1)
         except Exception as exc:  # a bug met by one row costs that row, never the run
@@ -207,7 +207,7 @@ class Engine:
         finally:
             del self._in_flight[job]
             attempts = self.retries.pop(job, 0) + 1
-        if isinstance(outcome, RowFailure):
+        if isinstance(outcome, AttemptFailure):
             self._fail(job, outcome, release)
         elif isinstance(outcome, _NotPersisted):
             self.metrics.not_persisted += 1
@@ -236,17 +236,17 @@ class Engine:
                 ExitStatus.ROWS_FAILED, f"stopped after spending ${spending.total:.4f} of a ${self.max_cost:g} budget"
             )
 
-    def _internal_failure(self, job: Job, exc: Exception) -> RowFailure:
+    def _internal_failure(self, job: Job, exc: Exception) -> AttemptFailure:
         if self.on_event is not None:
             self.on_event(internal_error_event(job, exc))
         message = f"unexpected {type(exc).__name__} while handling this row (-v shows the details)"
-        return RowFailure(ErrorKind.INTERNAL, message, attempts=self.retries.get(job, 0) + 1)
+        return AttemptFailure(ErrorKind.INTERNAL, message, attempts=self.retries.get(job, 0) + 1)
 
     def _ended(self, job: Job, reward: float | None) -> None:
         if self.tasks is not None:
             self.tasks.rollout_ended(job.task_index, reward)
 
-    def _fail(self, job: Job, failure: RowFailure, release: Release) -> None:
+    def _fail(self, job: Job, failure: AttemptFailure, release: Release) -> None:
         self.metrics.add_failure(failure, job.agent_name)
         if self.on_event is not None:
             self.on_event(f"{describe(job)}: failed after {failure.attempts} attempts: {failure.kind.value}")
@@ -280,11 +280,13 @@ class _NotPersisted:
 NOT_PERSISTED = _NotPersisted()
 
 
-def judge(job: Job, answer: dict[str, Any] | RowFailure, attempts: int) -> dict[str, Any] | RowFailure | _NotPersisted:
+def judge(
+    job: Job, answer: dict[str, Any] | AttemptFailure, attempts: int
+) -> dict[str, Any] | AttemptFailure | _NotPersisted:
     """What the agent's answer, after `attempts` requests, makes of the rollout: a result stamped
     with the row's indices and agent (as NeMo Gym stamps them), the agent's own failure, or not
     persisted."""
-    if isinstance(answer, RowFailure):
+    if isinstance(answer, AttemptFailure):
         return answer
     stamp(job, answer)
     if answer.get("_ng_no_persist"):
@@ -297,12 +299,12 @@ def judge(job: Job, answer: dict[str, Any] | RowFailure, attempts: int) -> dict[
     message = f"the agent reported failure class {failure_class!r}" + (
         f": {reason[:ERROR_REASON_CHARS]}" if isinstance(reason, str) and reason else ""
     )
-    return RowFailure(
+    return AttemptFailure(
         ErrorKind.AGENT_FAILURE,
         message,
         attempts=attempts,
         failure_class=failure_class,
-        terminal=bool(answer.get("_ng_failure_terminal")),
+        retry=Retry.NEVER if answer.get("_ng_failure_terminal") else Retry.LATER,
         answer=answer,
     )
 
@@ -359,7 +361,7 @@ async def prepare(
 
     retries: dict[Job, int] = {}  # the engine's: see Engine.retries
 
-    def count_retry(job: Job, failure: RowFailure, delay: float) -> None:
+    def count_retry(job: Job, failure: AttemptFailure, delay: float) -> None:
         retries[job] = retries.get(job, 0) + 1
         metrics.retries += 1
         if on_event is not None:

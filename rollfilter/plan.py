@@ -21,7 +21,7 @@ import trio
 from rollfilter.config import Config
 from rollfilter.errors import ErrorKind
 from rollfilter.keytable import KeyTable
-from rollfilter.outcomes import Failure, Rollout, RowFailure
+from rollfilter.outcomes import AttemptFailure, Failure, Retry, Rollout
 from rollfilter.resume import ResumeState
 from rollfilter.rows import (
     AGENT_REF,
@@ -59,19 +59,20 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     body: bytes  # this rollout's body as sent, or the raw line for bad input
     agent_name: str | None = None  # the row's agent_ref.name (after -a filled it), the route by name
     attempt_index: Any = None  # _ng_attempt_index as sent, if any
-    failure: RowFailure | None = None  # known before sending: bad input
+    failure: AttemptFailure | None = None  # known before sending: bad input
 
     def as_rollout(self, result: dict[str, Any]) -> Rollout:
         """This rollout finished with `result`: the row as sent, and the result."""
         return Rollout(_decode(self.body), result, self.task_index, self.rollout_index)
 
-    def as_failure(self, failure: RowFailure) -> Failure:
+    def as_failure(self, failure: AttemptFailure) -> Failure:
         """This rollout failed for `failure`: the row as sent (or the line's text), where it came from, and why."""
         row = _decode(self.body) if self.row is not None else None
         raw = self.body.decode(errors="backslashreplace") if row is None else None
         return Failure(
             row, self.task_index, self.rollout_index, failure.kind, failure.message, failure.status, failure.attempts,
-            self.line, failure.failure_class, failure.is_terminal, failure.answer, self.source, raw, self.attempt_index,
+            self.line, failure.failure_class, terminal=failure.retry is Retry.NEVER, answer=failure.answer,
+            source=self.source, raw=raw, attempt_index=self.attempt_index,
         )  # fmt: skip
 
 
@@ -191,17 +192,17 @@ class Planner:
         config = self._config
         row: dict[str, Any] | None = None
         name: str | None = None
-        failure: RowFailure | None = None
+        failure: AttemptFailure | None = None
         if line.data is None:
             body = b""
             task: Any = self._numbering.new_task()
-            failure = RowFailure(ErrorKind.BAD_INPUT, line.problem or "unreadable line")
+            failure = AttemptFailure(ErrorKind.BAD_INPUT, line.problem or "unreadable line")
         else:
             body = line.data.strip()
             parsed = parse_row(body)
             if isinstance(parsed, str):
                 task = self._numbering.task_for_line(line_key(line))
-                failure = RowFailure(ErrorKind.BAD_INPUT, parsed)
+                failure = AttemptFailure(ErrorKind.BAD_INPUT, parsed)
             else:
                 row = parsed
                 if config.agent is not None and AGENT_REF not in row:
@@ -213,7 +214,7 @@ class Planner:
                 if reason is None and config.repeat_seeds:
                     reason = check_seedable(row)
                 if reason is not None:
-                    failure = RowFailure(ErrorKind.BAD_INPUT, reason)
+                    failure = AttemptFailure(ErrorKind.BAD_INPUT, reason)
                 if TASK_INDEX in row:
                     task = row[TASK_INDEX]
                 else:
@@ -226,7 +227,7 @@ class Planner:
             self.agents_without_repeats.add(name)
             repeats = 1
             if failure is None:
-                failure = RowFailure(ErrorKind.BAD_INPUT, missing_repeats_reason(name))
+                failure = AttemptFailure(ErrorKind.BAD_INPUT, missing_repeats_reason(name))
         first = self._numbering.take_rollouts(task, repeats)
         if self._tasks is not None:
             self._tasks.planned(task, repeats)

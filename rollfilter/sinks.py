@@ -14,7 +14,7 @@ import msgspec
 import trio
 
 from rollfilter.errors import ErrorKind
-from rollfilter.outcomes import Failure, Outcome, RowFailure
+from rollfilter.outcomes import AttemptFailure, Failure, Outcome
 from rollfilter.plan import Job
 from rollfilter.writers import LineWriter, Release
 
@@ -26,7 +26,7 @@ class RowSink(Protocol):
 
     def result(self, job: Job, result: dict[str, Any], release: Release) -> None: ...
 
-    def failure(self, job: Job, failure: RowFailure, release: Release) -> None: ...
+    def failure(self, job: Job, failure: AttemptFailure, release: Release) -> None: ...
 
     def not_persisted(self, job: Job, attempts: int, release: Release) -> None:
         """A rollout the agent asked to keep nowhere (`_ng_no_persist`), after `attempts` requests:
@@ -78,7 +78,7 @@ class LineSink:
         else:
             self._reorderer.emit(job.seq, lambda: self._results.write(line, release))
 
-    def failure(self, job: Job, failure: RowFailure, release: Release) -> None:
+    def failure(self, job: Job, failure: AttemptFailure, release: Release) -> None:
         self.report(job.as_failure(failure))
         self._release(job, release)
 
@@ -113,10 +113,10 @@ class ChannelSink:
     def result(self, job: Job, result: dict[str, Any], release: Release) -> None:
         self._send.send_nowait((job.as_rollout(result), release))
 
-    def failure(self, job: Job, failure: RowFailure, release: Release) -> None:
+    def failure(self, job: Job, failure: AttemptFailure, release: Release) -> None:
         self._send.send_nowait((job.as_failure(failure), release))
 
     def not_persisted(self, job: Job, attempts: int, release: Release) -> None:
         message = "the agent asked for this rollout not to be kept (_ng_no_persist)"
-        failure = RowFailure(ErrorKind.NOT_PERSISTED, message, attempts=attempts)
+        failure = AttemptFailure(ErrorKind.NOT_PERSISTED, message, attempts=attempts)
         self._send.send_nowait((job.as_failure(failure), release))
