@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from rollfilter.api import RolloutRun, Rollouts, open_rollouts, rollouts
+    from rollfilter.api import Rollouts, open_rollouts, rollouts
     from rollfilter.config import Config
     from rollfilter.errors import ErrorKind, RollfilterError, ServiceError, UsageError
     from rollfilter.outcomes import Failure, Rollout
+    from rollfilter.rollout_run import RolloutRun
 
 _EXPORTS = {
     "Config": "rollfilter.config",
@@ -24,7 +25,7 @@ _EXPORTS = {
     "ServiceError": "rollfilter.errors",
     "Failure": "rollfilter.outcomes",
     "Rollout": "rollfilter.outcomes",
-    "RolloutRun": "rollfilter.api",
+    "RolloutRun": "rollfilter.rollout_run",
     "Rollouts": "rollfilter.api",
     "open_rollouts": "rollfilter.api",
     "rollouts": "rollfilter.api",

@@ -1,6 +1,6 @@
 """How a row gets to its agent: one POST with retries, redirects, and every failure's kind.
 
-Every failure becomes a `RowFailure` with an `ErrorKind`; nothing here raises for a row.
+Every failure becomes an `AttemptFailure` with an `ErrorKind`; nothing here raises for a row.
 Header values are secrets: no message built here ever contains them.
 """
 
@@ -23,7 +23,7 @@ from rollfilter import __version__
 from rollfilter.adaptive import Signal
 from rollfilter.config import Config
 from rollfilter.errors import ErrorKind
-from rollfilter.outcomes import RowFailure
+from rollfilter.outcomes import AttemptFailure, Retry
 from rollfilter.plan import Job
 from rollfilter.routing import Agent, Replica
 from rollfilter.transport import (
@@ -120,7 +120,7 @@ class AgentClient:
         transport: AgentTransport,
         *,
         rng: random.Random | None = None,
-        on_retry: Callable[[Job, RowFailure, float], None] | None = None,
+        on_retry: Callable[[Job, AttemptFailure, float], None] | None = None,
         on_internal_error: Callable[[Job, Exception], None] | None = None,
     ) -> None:
         self._transport = transport
@@ -132,7 +132,7 @@ class AgentClient:
         self._on_retry = on_retry
         self._on_internal_error = on_internal_error
 
-    async def run(self, job: Job, agent: Agent) -> dict[str, Any] | RowFailure:
+    async def run(self, job: Job, agent: Agent) -> dict[str, Any] | AttemptFailure:
         """Send `job`'s body until it succeeds or its retries are spent; `job` goes to the callbacks."""
         body = job.body
         row = f"{job.source}:{job.line}"  # how a warning from the transport names it
@@ -157,7 +157,7 @@ class AgentClient:
                     replica.outstanding -= 1
                     if window is not None:
                         window.release(ticket, signal, trio.current_time() - started)
-                if not isinstance(outcome, RowFailure):
+                if not isinstance(outcome, AttemptFailure):
                     if replica.cooldown:
                         replica.connection_worked()
                     return outcome
@@ -165,7 +165,7 @@ class AgentClient:
                 if outcome.kind is ErrorKind.CONNECT:
                     replica.connection_failed(trio.current_time())
                 failure = outcome.with_attempts(attempt)
-                if not failure.retryable or attempt > self._retries:
+                if failure.retry is not Retry.NOW or attempt > self._retries:
                     return failure
                 # With --adaptive, the agent's window paces the retries of a refusal (429, 503)
                 # itself: the budget holds back the rest, as it does every retry without a window.
@@ -181,11 +181,11 @@ class AgentClient:
             if self._on_internal_error is not None:
                 self._on_internal_error(job, exc)
             message = f"unexpected {type(exc).__name__} while sending the row or reading its reply (-v shows it)"
-            return RowFailure(ErrorKind.INTERNAL, message, attempts=attempt)
+            return AttemptFailure(ErrorKind.INTERNAL, message, attempts=attempt)
 
     async def _attempt(
         self, url: httpx.URL, body: bytes, row: str | None = None
-    ) -> tuple[dict[str, Any] | RowFailure, float | None]:
+    ) -> tuple[dict[str, Any] | AttemptFailure, float | None]:
         """One attempt within --timeout: the POST, and the 307/308 redirects it is sent on to."""
         target, credentials, status = url, True, 0
         with trio.move_on_after(self._timeout):
@@ -198,7 +198,7 @@ class AgentClient:
                 if status not in (307, 308):
                     return self._outcome(reply)
                 moved = redirect_target(target, reply, cross_origin=self._cross_origin_redirects)
-                if isinstance(moved, RowFailure):
+                if isinstance(moved, AttemptFailure):
                     return moved, None
                 if _origin_of(moved) != _origin_of(target):
                     credentials = False  # as curl and httpx: Authorization stays with its origin
@@ -206,28 +206,28 @@ class AgentClient:
                     moved = moved.copy_with(username=target.username, password=target.password)
                 target = moved
             message = f"HTTP {status} {_reason_phrase(status)}: more than {MAX_REDIRECTS} redirects"
-            return RowFailure(ErrorKind.HTTP_STATUS, message, status), None
+            return AttemptFailure(ErrorKind.HTTP_STATUS, message, status), None
         message = f"no answer within --timeout {self._timeout:g} s"
-        return RowFailure(ErrorKind.TIMEOUT, message, retryable=True), None
+        return AttemptFailure(ErrorKind.TIMEOUT, message, retry=Retry.NOW), None
 
-    def _outcome(self, reply: Reply) -> tuple[dict[str, Any] | RowFailure, float | None]:
+    def _outcome(self, reply: Reply) -> tuple[dict[str, Any] | AttemptFailure, float | None]:
         status = reply.status
         content = reply.body
         if 200 <= status < 300:  # any 2xx carries the result, as NeMo Gym's raise_for_status has it
             if not content:
                 message = f"HTTP {status} {_reason_phrase(status)}: a reply with no body, where a result was due"
-                return RowFailure(ErrorKind.BAD_RESPONSE, message, status), None
+                return AttemptFailure(ErrorKind.BAD_RESPONSE, message, status), None
             try:
                 result = _decode(content)
             except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
                 message = f"{status} with a body that is not JSON: {_snippet(content)}"
-                return RowFailure(ErrorKind.BAD_RESPONSE, message, status), None
+                return AttemptFailure(ErrorKind.BAD_RESPONSE, message, status), None
             if not isinstance(result, dict):
                 message = f"{status} with a JSON body that is not an object"
-                return RowFailure(ErrorKind.BAD_RESPONSE, message, status), None
+                return AttemptFailure(ErrorKind.BAD_RESPONSE, message, status), None
             return result, None
-        retryable = status in self._retry_statuses
-        retry_header = reply.header(b"retry-after") if retryable else None
+        retry = Retry.NOW if status in self._retry_statuses else Retry.LATER
+        retry_header = reply.header(b"retry-after") if retry is Retry.NOW else None
         retry_after = parse_retry_after(retry_header.decode("latin-1")) if retry_header else None
         message = f"HTTP {status} {_reason_phrase(status)}"
         location = reply.header(b"location") if 300 <= status < 400 else None
@@ -235,51 +235,51 @@ class AgentClient:
             message += f", Location: {_shown_location(location)}"
         if content:
             message += f": {_snippet(content)}"
-        return RowFailure(ErrorKind.HTTP_STATUS, message, status, retryable=retryable), retry_after
+        return AttemptFailure(ErrorKind.HTTP_STATUS, message, status, retry=retry), retry_after
 
 
 OVERLOAD_STATUSES = frozenset({429, 503})  # --adaptive: the agent asks for less
 
 
-def load_signal(outcome: dict[str, Any] | RowFailure) -> Signal:
+def load_signal(outcome: dict[str, Any] | AttemptFailure) -> Signal:
     """What an attempt's outcome says about the agent's load, for --adaptive."""
-    if not isinstance(outcome, RowFailure):
+    if not isinstance(outcome, AttemptFailure):
         return Signal.KEPT_UP
     if outcome.kind in (ErrorKind.TIMEOUT, ErrorKind.CONNECT) or outcome.status in OVERLOAD_STATUSES:
         return Signal.OVERLOAD
     return Signal.NEUTRAL
 
 
-def transport_failure(url: httpx.URL, exc: httpx.TransportError) -> RowFailure:
+def transport_failure(url: httpx.URL, exc: httpx.TransportError) -> AttemptFailure:
     """What a transport error means for the row: its kind, and whether sending again can help."""
     if isinstance(exc, CertificateError):
-        return RowFailure(ErrorKind.CONNECT, f"cannot connect to {origin(url)}: {exc} ({TRUST_ADVICE})")
+        return AttemptFailure(ErrorKind.CONNECT, f"cannot connect to {origin(url)}: {exc} ({TRUST_ADVICE})")
     if isinstance(exc, (httpx.ConnectTimeout, httpx.ConnectError)):
-        return RowFailure(ErrorKind.CONNECT, f"cannot connect to {origin(url)}: {exc}", retryable=True)
+        return AttemptFailure(ErrorKind.CONNECT, f"cannot connect to {origin(url)}: {exc}", retry=Retry.NOW)
     if isinstance(exc, httpx.RemoteProtocolError):  # the agent answered: sending again would replay the episode
-        return RowFailure(ErrorKind.BAD_RESPONSE, f"{origin(url)}: {printable(str(exc))}")
-    return RowFailure(ErrorKind.CONNECT, f"{origin(url)}: {printable(str(exc))}", retryable=True)
+        return AttemptFailure(ErrorKind.BAD_RESPONSE, f"{origin(url)}: {printable(str(exc))}")
+    return AttemptFailure(ErrorKind.CONNECT, f"{origin(url)}: {printable(str(exc))}", retry=Retry.NOW)
 
 
-def redirect_target(url: httpx.URL, reply: Reply, *, cross_origin: bool) -> httpx.URL | RowFailure:
+def redirect_target(url: httpx.URL, reply: Reply, *, cross_origin: bool) -> httpx.URL | AttemptFailure:
     """Where a 307/308 reply to `url` sends the request, or why it is not followed."""
     status = f"HTTP {reply.status} {_reason_phrase(reply.status)}"
     location = reply.header(b"location")
     if location is None:
-        return RowFailure(ErrorKind.HTTP_STATUS, f"{status} without a Location", reply.status)
+        return AttemptFailure(ErrorKind.HTTP_STATUS, f"{status} without a Location", reply.status)
     try:
         target = url.join(location.decode("latin-1").strip())
     except (httpx.InvalidURL, ValueError, UnicodeError):
-        return RowFailure(ErrorKind.HTTP_STATUS, f"{status} to a Location that is not a URL", reply.status)
+        return AttemptFailure(ErrorKind.HTTP_STATUS, f"{status} to a Location that is not a URL", reply.status)
     if target.scheme not in ("http", "https") or not target.host:
         message = f"{status} to {_shown_location(location)}, which is not an http(s) URL"
-        return RowFailure(ErrorKind.HTTP_STATUS, message, reply.status)
+        return AttemptFailure(ErrorKind.HTTP_STATUS, message, reply.status)
     if not cross_origin and _origin_of(target) != _origin_of(url):
         message = (
             f"{status} to another origin, {origin(target)} (give --cross-origin-redirects to follow it):"
             f" Location: {shown(target)}"
         )
-        return RowFailure(ErrorKind.HTTP_STATUS, message, reply.status)
+        return AttemptFailure(ErrorKind.HTTP_STATUS, message, reply.status)
     return target
 
 

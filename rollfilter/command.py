@@ -30,7 +30,7 @@ from rollfilter.headserver import resolve_endpoints
 from rollfilter.keytable import KeyTable
 from rollfilter.materialize import write_materialized
 from rollfilter.metrics import Metrics
-from rollfilter.outcomes import Failure, RowFailure, failure_of
+from rollfilter.outcomes import AttemptFailure, failure_of
 from rollfilter.plan import Planner
 from rollfilter.resume import (
     ResumeState,
@@ -606,9 +606,9 @@ async def dry_run(engine: Engine, out: BatchWriter, log: LineWriter, *, repeated
     while (job := await engine.planner.next_job()) is not None:
         engine.metrics.taken += 1
         route = job.failure or engine.router.route(job.agent_name)
-        if isinstance(route, RowFailure):
+        if isinstance(route, AttemptFailure):
             engine.metrics.add_failure(route)
-            log.write(Failure.of(job, route).line(repeated=repeated).encode(errors="replace") + b"\n")
+            log.write(job.as_failure(route).line(repeated=repeated).encode(errors="replace") + b"\n")
             continue
         out.write(job.body + b"\n")
         url = ",".join(shown(replica.url) for replica in route.replicas)
@@ -719,7 +719,7 @@ class _UnusableLines:
 
     def add(self, line: InputLine, reason: str, metrics: Metrics) -> None:
         metrics.taken += 1
-        metrics.add_failure(RowFailure(ErrorKind.BAD_INPUT, reason))
+        metrics.add_failure(AttemptFailure(ErrorKind.BAD_INPUT, reason))
         if not self.count:
             self._first = printable(f"{line.source}:{line.number}: {reason}")
         self.count += 1

@@ -27,7 +27,7 @@ from rollfilter.cost import Spending
 from rollfilter.errors import ErrorKind, ExitStatus
 from rollfilter.headserver import resolve_endpoints
 from rollfilter.metrics import UNNAMED_AGENT, Metrics, as_float
-from rollfilter.outcomes import RowFailure
+from rollfilter.outcomes import AttemptFailure, Retry
 from rollfilter.plan import Job, LineSource, Planner
 from rollfilter.resume import ResumeState
 from rollfilter.routing import Agent, Router
@@ -123,13 +123,24 @@ class Engine:
     on_send: Callable[[Job], None] | None = None  # each job once, as it is first sent (--materialized)
     spool: ResultSpool | None = None  # successful results for /aggregate_metrics
     max_cost: float | None = None  # USD: the run stops once it has spent this much
+    # The rollouts in flight that the client has retried, and how many times: the client's
+    # on_retry counts them (see `prepare`). A job is built once; its attempts are counted here.
+    retries: dict[Job, int] = dataclasses.field(default_factory=dict)
     _in_flight: dict[Job, float] = dataclasses.field(default_factory=dict)  # in the order sent: when
 
     def status(self) -> RunStatus:
         """What the run has done so far, and its oldest rollouts in flight (any thread of the run's loop)."""
         now = time.monotonic()
         oldest = tuple(
-            InFlight(job.source, job.line, job.task_index, job.rollout_index, job.agent_name, job.retries + 1, now - at)
+            InFlight(
+                job.source,
+                job.line,
+                job.task_index,
+                job.rollout_index,
+                job.agent_name,
+                attempt=self.retries.get(job, 0) + 1,
+                age_s=now - at,
+            )
             for job, at in itertools.islice(self._in_flight.items(), STATUS_OLDEST)
         )
         m = self.metrics
@@ -171,7 +182,7 @@ class Engine:
                 return
             self.metrics.taken += 1
             route = job.failure or self.router.route(job.agent_name)
-            if isinstance(route, RowFailure):
+            if isinstance(route, AttemptFailure):
                 self._fail(job, route, release)
                 # A run of bad lines sends nothing: without this, a stop would not be
                 # noticed until the buffered lines ran out.
@@ -188,21 +199,22 @@ class Engine:
             self.on_send(job)
         try:
             answer = await self.client.run(job, agent)
-            if self.metrics.spending is not None and not isinstance(answer, RowFailure):
+            if self.metrics.spending is not None and not isinstance(answer, AttemptFailure):
                 self._spend(job, answer)
-            outcome = judge(job, answer)
+            outcome = judge(job, answer, self.retries.get(job, 0) + 1)
         except Exception as exc:  # a bug met by one row costs that row, never the run
             outcome = self._internal_failure(job, exc)
         finally:
             del self._in_flight[job]
-        if isinstance(outcome, RowFailure):
+            attempts = self.retries.pop(job, 0) + 1
+        if isinstance(outcome, AttemptFailure):
             self._fail(job, outcome, release)
         elif isinstance(outcome, _NotPersisted):
             self.metrics.not_persisted += 1
             if self.on_event is not None:
                 self.on_event(f"{describe(job)}: not persisted (the agent's _ng_no_persist); --resume runs it again")
             self._ended(job, None)
-            self.sink.not_persisted(job, release)
+            self.sink.not_persisted(job, attempts, release)
             self._check_failure_limit()
         else:
             latency = trio.current_time() - started
@@ -224,17 +236,17 @@ class Engine:
                 ExitStatus.ROWS_FAILED, f"stopped after spending ${spending.total:.4f} of a ${self.max_cost:g} budget"
             )
 
-    def _internal_failure(self, job: Job, exc: Exception) -> RowFailure:
+    def _internal_failure(self, job: Job, exc: Exception) -> AttemptFailure:
         if self.on_event is not None:
             self.on_event(internal_error_event(job, exc))
         message = f"unexpected {type(exc).__name__} while handling this row (-v shows the details)"
-        return RowFailure(ErrorKind.INTERNAL, message, attempts=job.retries + 1)
+        return AttemptFailure(ErrorKind.INTERNAL, message, attempts=self.retries.get(job, 0) + 1)
 
     def _ended(self, job: Job, reward: float | None) -> None:
         if self.tasks is not None:
             self.tasks.rollout_ended(job.task_index, reward)
 
-    def _fail(self, job: Job, failure: RowFailure, release: Release) -> None:
+    def _fail(self, job: Job, failure: AttemptFailure, release: Release) -> None:
         self.metrics.add_failure(failure, job.agent_name)
         if self.on_event is not None:
             self.on_event(f"{describe(job)}: failed after {failure.attempts} attempts: {failure.kind.value}")
@@ -268,10 +280,13 @@ class _NotPersisted:
 NOT_PERSISTED = _NotPersisted()
 
 
-def judge(job: Job, answer: dict[str, Any] | RowFailure) -> dict[str, Any] | RowFailure | _NotPersisted:
-    """What the agent's answer makes of the rollout: a result stamped with the row's indices
-    and agent (as NeMo Gym stamps them), the agent's own failure, or not persisted."""
-    if isinstance(answer, RowFailure):
+def judge(
+    job: Job, answer: dict[str, Any] | AttemptFailure, attempts: int
+) -> dict[str, Any] | AttemptFailure | _NotPersisted:
+    """What the agent's answer, after `attempts` requests, makes of the rollout: a result stamped
+    with the row's indices and agent (as NeMo Gym stamps them), the agent's own failure, or not
+    persisted."""
+    if isinstance(answer, AttemptFailure):
         return answer
     stamp(job, answer)
     if answer.get("_ng_no_persist"):
@@ -284,12 +299,12 @@ def judge(job: Job, answer: dict[str, Any] | RowFailure) -> dict[str, Any] | Row
     message = f"the agent reported failure class {failure_class!r}" + (
         f": {reason[:ERROR_REASON_CHARS]}" if isinstance(reason, str) and reason else ""
     )
-    return RowFailure(
+    return AttemptFailure(
         ErrorKind.AGENT_FAILURE,
         message,
-        attempts=job.retries + 1,
+        attempts=attempts,
         failure_class=failure_class,
-        terminal=bool(answer.get("_ng_failure_terminal")),
+        retry=Retry.NEVER if answer.get("_ng_failure_terminal") else Retry.LATER,
         answer=answer,
     )
 
@@ -344,8 +359,10 @@ async def prepare(
         window = metrics.windows[label] = AdaptiveWindow(config.concurrency, on_change=changed)
         return window
 
-    def count_retry(job: Job, failure: RowFailure, delay: float) -> None:
-        job.retries += 1
+    retries: dict[Job, int] = {}  # the engine's: see Engine.retries
+
+    def count_retry(job: Job, failure: AttemptFailure, delay: float) -> None:
+        retries[job] = retries.get(job, 0) + 1
         metrics.retries += 1
         if on_event is not None:
             on_event(f"{describe(job)}: retry in {delay:.2f} s after {failure.kind.value}: {failure.message}")
@@ -362,6 +379,7 @@ async def prepare(
         metrics=metrics,
         control=control,
         concurrency=config.concurrency,
+        retries=retries,
         failure_limit=config.max_failures,
         max_cost=config.max_cost,
         tasks=tasks,

@@ -4,8 +4,8 @@
     ├── UsageError           bad options or unusable files: exit 2, nothing sent
     └── ServiceError         a service the run depends on (a head server) cannot be used: exit 3
 
-Per-row failures are not exceptions: they are `RowFailure` records (see `outcome.py`) that
-the run writes to the errors record and counts, and the run goes on.
+Per-row failures are not exceptions: they are records (`outcomes.py`: an `AttemptFailure`, tied to
+its row as a `Failure`) that the run writes to the errors record and counts, and the run goes on.
 """
 
 from __future__ import annotations

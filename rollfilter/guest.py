@@ -25,19 +25,17 @@ import contextvars
 import math
 import signal
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
-from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from rollfilter.api import RolloutRun, Rows
 from rollfilter.config import Config
 from rollfilter.outcomes import Outcome
+from rollfilter.rollout_run import RolloutRun, Rows, open_rollouts_in_trio
 
 if TYPE_CHECKING:
     import outcome
 
-OpenInTrio = Callable[[Rows, Config], AbstractAsyncContextManager[RolloutRun]]
 _END = object()  # the rows iterator is exhausted
 
 
@@ -70,10 +68,10 @@ class _Guest:
             run._finish(RuntimeError(f"rollfilter's trio guest run ended first: {result!r}"))
         self.ended.set_result(result)
 
-    def spawn(self, run: GuestRolloutRun, open_in_trio: OpenInTrio) -> None:
+    def spawn(self, run: GuestRolloutRun) -> None:
         async def serve() -> None:
             try:
-                await run.serve(open_in_trio)
+                await run.serve()
             finally:
                 self._runs.discard(run)
 
@@ -227,11 +225,7 @@ class GuestRolloutRun(RolloutRun):
     """A run's outcomes in asyncio, taken from its task in the trio guest one at a time."""
 
     def __init__(self, rows: Rows, config: Config, loop: asyncio.AbstractEventLoop) -> None:
-        # No channel of its own (no super().__init__): outcomes come from the run in the guest.
-        self.summary: dict[str, Any] | None = None
-        self.aggregate: list[dict[str, Any]] | None = None
-        self.aggregate_problems: list[str] = []
-        self._status = None
+        super().__init__()
         self._config = config
         self._rows = _RowsInTrio(rows) if isinstance(rows, Iterable) else _RowsFromHost(rows, loop)
         self._loop = loop
@@ -259,21 +253,19 @@ class GuestRolloutRun(RolloutRun):
             raise StopAsyncIteration
         return taken
 
-    async def serve(self, open_in_trio: OpenInTrio) -> None:  # the run's task in the guest
+    async def serve(self) -> None:  # the run's task in the guest
         error: BaseException | None = None
         run: RolloutRun | None = None
         try:
             with self._scope:
-                async with open_in_trio(self._rows, self._config) as run:
+                async with open_rollouts_in_trio(self._rows, self._config) as run:
                     self._status = run.status
                     _resolve(self._entered, None)
                     await self._answer_asks(run)
         except BaseException as exc:  # handed to the asyncio side
             error = exc
         if run is not None:
-            self.summary = run.summary
-            self.aggregate = run.aggregate
-            self.aggregate_problems = run.aggregate_problems
+            self._take_results(run)
         self._finish(error)
 
     async def _answer_asks(self, run: RolloutRun) -> None:
@@ -336,8 +328,8 @@ def _resolve(future: asyncio.Future[Any], value: Any) -> None:
 
 
 @contextlib.asynccontextmanager
-async def open_rollouts_as_guest(rows: Rows, config: Config, open_in_trio: OpenInTrio) -> AsyncIterator[RolloutRun]:
-    """`open_in_trio(rows, config)`, run in the trio guest of the running asyncio loop.
+async def open_rollouts_as_guest(rows: Rows, config: Config) -> AsyncIterator[RolloutRun]:
+    """`open_rollouts_in_trio(rows, config)`, run in the trio guest of the running asyncio loop.
 
     Leaving the block (at the end, by break, by an exception or by cancellation) cancels what
     is in flight and waits until the run has ended and its connections are closed, even if
@@ -348,7 +340,7 @@ async def open_rollouts_as_guest(rows: Rows, config: Config, open_in_trio: OpenI
     run = GuestRolloutRun(rows, config, loop)
     guest = await _join_guest(loop)
     try:
-        guest.spawn(run, open_in_trio)
+        guest.spawn(run)
         await asyncio.shield(run._entered)
         if run.error is not None:
             raise run.error  # misconfiguration: nothing was sent

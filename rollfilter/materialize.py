@@ -20,7 +20,7 @@ import os
 import trio
 
 from rollfilter.keytable import KeyTable
-from rollfilter.outcomes import RowFailure
+from rollfilter.outcomes import AttemptFailure
 from rollfilter.plan import Planner
 from rollfilter.resume import pair_key
 from rollfilter.routing import Router
@@ -58,7 +58,7 @@ async def write_materialized(
             rollouts += 1
             if rollouts % CHECKPOINT_JOBS == 0:
                 await trio.lowlevel.checkpoint()
-            if job.failure is not None or isinstance(router.route(job.agent_name), RowFailure):
+            if job.failure is not None or isinstance(router.route(job.agent_name), AttemptFailure):
                 continue
             if already is not None and pair_key(job.task_index, job.rollout_index) in already:
                 continue

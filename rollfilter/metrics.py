@@ -16,7 +16,7 @@ from typing import Any
 from rollfilter.adaptive import AdaptiveWindow
 from rollfilter.cost import Spending
 from rollfilter.errors import ErrorKind
-from rollfilter.outcomes import RowFailure
+from rollfilter.outcomes import AttemptFailure
 from rollfilter.sums import EXACT_FROM, EXACT_FROM_INT, mean_of, scaled
 from rollfilter.tasks import TaskStats
 
@@ -249,7 +249,7 @@ class Metrics:
                 combined.setdefault(agent, Means()).merge(means)
         return combined
 
-    def add_failure(self, failure: RowFailure, agent: str | None = None) -> None:
+    def add_failure(self, failure: AttemptFailure, agent: str | None = None) -> None:
         self.failed += 1
         self.failed_by_kind[failure.kind.value] += 1
         if failure.failure_class is not None:

@@ -3,54 +3,58 @@
 `Rollout` (the row as sent and the agent's result) and `Failure` (the row, where it came
 from, and why) are what the API hands out; the command writes the same objects, a result
 line for a Rollout and an errors-record line (`Failure.record()`) or a stderr line
-(`Failure.line()`) for a Failure. `RowFailure` is the engine's account of why a rollout
-failed, before it is tied to its row.
+(`Failure.line()`) for a Failure. `AttemptFailure` is the engine's account of how a rollout's
+attempt failed (or why none was made), before it is tied to its row; the job
+(`plan.Job.as_failure`, `as_rollout`) ties it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, ClassVar
-
-import msgspec
+import enum
+from typing import Any, ClassVar
 
 from rollfilter.errors import ErrorKind
 from rollfilter.rows import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX
 from rollfilter.transport import printable
 
-if TYPE_CHECKING:
-    from rollfilter.plan import Job
-
-_decode = msgspec.json.Decoder().decode
-
-TERMINAL_KINDS = frozenset({ErrorKind.BAD_INPUT, ErrorKind.NO_ROUTE})  # retrying cannot fix these
+TERMINAL_KINDS = frozenset({ErrorKind.BAD_INPUT, ErrorKind.NO_ROUTE})  # no run can fix these
 ROLLFILTER_FIELDS = ("source", "line", "attempts", "error", "row", "raw", "agent_fields")  # of an errors record
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class RowFailure:
-    """Why a rollout failed, for the errors record; `attempts` counts requests sent.
+class Retry(enum.Enum):
+    """When sending a failed rollout again can help."""
 
-    `failure_class` is the agent's own `_ng_failure_class` (None for rollfilter's kinds),
-    `terminal` marks a failure that running the rollout again cannot fix, and `answer`
-    holds the agent's 2xx answer when the agent itself reported the failure.
+    NOW = "now"  # in this run, after a pause: a timeout, a connection that failed, a retry status
+    LATER = "later"  # not in this run, but a resumed one runs it again
+    NEVER = "never"  # no run can fix it: bad input, no route, a failure the agent marks terminal
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AttemptFailure:
+    """How a rollout's attempt failed (or why none was made), for the errors record;
+    `attempts` counts the requests sent.
+
+    `retry` says whether sending it again can help (the kinds in TERMINAL_KINDS are always
+    `Retry.NEVER`), `failure_class` is the agent's own `_ng_failure_class` (None for
+    rollfilter's kinds), and `answer` holds the agent's 2xx answer when the agent itself
+    reported the failure.
     """
 
     kind: ErrorKind
     message: str
     status: int | None = None
     attempts: int = 0
-    retryable: bool = False
+    retry: Retry = Retry.LATER
     failure_class: str | None = None
-    terminal: bool = False
     answer: dict[str, Any] | None = None
 
-    def with_attempts(self, attempts: int) -> RowFailure:
-        return dataclasses.replace(self, attempts=attempts)
+    def __post_init__(self) -> None:
+        if self.kind in TERMINAL_KINDS:
+            object.__setattr__(self, "retry", Retry.NEVER)
 
-    @property
-    def is_terminal(self) -> bool:
-        return self.terminal or self.kind in TERMINAL_KINDS
+    def with_attempts(self, attempts: int) -> AttemptFailure:
+        return dataclasses.replace(self, attempts=attempts)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -62,10 +66,6 @@ class Rollout:
     result: dict[str, Any]
     task_index: Any
     rollout_index: int
-
-    @classmethod
-    def of(cls, job: Job, result: dict[str, Any]) -> Rollout:
-        return cls(_decode(job.body), result, job.task_index, job.rollout_index)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -94,15 +94,6 @@ class Failure:
     source: str = "<rows>"  # the input it came from: a FILE, <stdin>, or the API's rows
     raw: str | None = None  # the line's text, when it is not a JSON object
     attempt_index: Any = None  # _ng_attempt_index as sent
-
-    @classmethod
-    def of(cls, job: Job, failure: RowFailure) -> Failure:
-        row = _decode(job.body) if job.row is not None else None
-        raw = job.body.decode(errors="backslashreplace") if row is None else None
-        return cls(
-            row, job.task_index, job.rollout_index, failure.kind, failure.message, failure.status, failure.attempts,
-            job.line, failure.failure_class, failure.is_terminal, failure.answer, job.source, raw, job.attempt_index,
-        )  # fmt: skip
 
     def record(self) -> dict[str, Any]:
         """One line of the errors record, which is also NeMo Gym's failures sidecar.
@@ -148,7 +139,7 @@ class Failure:
 Outcome = Rollout | Failure
 
 
-def failure_of(record: dict[str, Any]) -> RowFailure | None:
+def failure_of(record: dict[str, Any]) -> AttemptFailure | None:
     """The failure a line of an errors record (or of NeMo Gym's failures sidecar) describes,
     or None for a result line. A line with `_ng_failure_class` is a failure, indices or not."""
     error = record.get("error")
@@ -162,5 +153,5 @@ def failure_of(record: dict[str, Any]) -> RowFailure | None:
         kind = ErrorKind.AGENT_FAILURE
     agent_class = str(gym_class) if kind is ErrorKind.AGENT_FAILURE and gym_class is not None else None
     message = str(error.get("message", f"the agent reported failure class {gym_class!r}"))
-    terminal = bool(record.get("_ng_failure_terminal"))
-    return RowFailure(kind, message, error.get("status"), failure_class=agent_class, terminal=terminal)
+    retry = Retry.NEVER if record.get("_ng_failure_terminal") else Retry.LATER
+    return AttemptFailure(kind, message, error.get("status"), retry=retry, failure_class=agent_class)

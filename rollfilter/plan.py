@@ -11,7 +11,6 @@ on a resumed retry.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import zlib
 from array import array
 from typing import Any, Protocol
@@ -22,7 +21,7 @@ import trio
 from rollfilter.config import Config
 from rollfilter.errors import ErrorKind
 from rollfilter.keytable import KeyTable
-from rollfilter.outcomes import RowFailure
+from rollfilter.outcomes import AttemptFailure, Failure, Retry, Rollout
 from rollfilter.resume import ResumeState
 from rollfilter.rows import (
     AGENT_REF,
@@ -42,9 +41,14 @@ _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 
 
-@dataclasses.dataclass(slots=True, eq=False)
-class Job:
-    """One rollout to run: where the row came from, its indices, and the body to POST."""
+class Job(msgspec.Struct, frozen=True, kw_only=True, eq=False):
+    """One rollout to run: where the row came from, its indices, and the body to POST.
+
+    Built once, with every field known; what changes from one attempt to the next is the
+    engine's. A Struct, not a frozen dataclass: one is built per rollout, and a frozen
+    dataclass's `__init__` (`object.__setattr__` per field) costs over ten times as much.
+    Compared by identity (eq=False): the engine keys its rollouts in flight by job.
+    """
 
     seq: int  # position among the run's jobs: the order of --ordered output
     source: str
@@ -55,8 +59,21 @@ class Job:
     body: bytes  # this rollout's body as sent, or the raw line for bad input
     agent_name: str | None = None  # the row's agent_ref.name (after -a filled it), the route by name
     attempt_index: Any = None  # _ng_attempt_index as sent, if any
-    failure: RowFailure | None = None  # known before sending: bad input
-    retries: int = 0  # retries so far, counted by the engine
+    failure: AttemptFailure | None = None  # known before sending: bad input
+
+    def as_rollout(self, result: dict[str, Any]) -> Rollout:
+        """This rollout finished with `result`: the row as sent, and the result."""
+        return Rollout(_decode(self.body), result, self.task_index, self.rollout_index)
+
+    def as_failure(self, failure: AttemptFailure) -> Failure:
+        """This rollout failed for `failure`: the row as sent (or the line's text), where it came from, and why."""
+        row = _decode(self.body) if self.row is not None else None
+        raw = self.body.decode(errors="backslashreplace") if row is None else None
+        return Failure(
+            row, self.task_index, self.rollout_index, failure.kind, failure.message, failure.status, failure.attempts,
+            self.line, failure.failure_class, terminal=failure.retry is Retry.NEVER, answer=failure.answer,
+            source=self.source, raw=raw, attempt_index=self.attempt_index,
+        )  # fmt: skip
 
 
 def shard_of(task_index: Any, shards: int) -> int:
@@ -175,17 +192,17 @@ class Planner:
         config = self._config
         row: dict[str, Any] | None = None
         name: str | None = None
-        failure: RowFailure | None = None
+        failure: AttemptFailure | None = None
         if line.data is None:
             body = b""
             task: Any = self._numbering.new_task()
-            failure = RowFailure(ErrorKind.BAD_INPUT, line.problem or "unreadable line")
+            failure = AttemptFailure(ErrorKind.BAD_INPUT, line.problem or "unreadable line")
         else:
             body = line.data.strip()
             parsed = parse_row(body)
             if isinstance(parsed, str):
                 task = self._numbering.task_for_line(line_key(line))
-                failure = RowFailure(ErrorKind.BAD_INPUT, parsed)
+                failure = AttemptFailure(ErrorKind.BAD_INPUT, parsed)
             else:
                 row = parsed
                 if config.agent is not None and AGENT_REF not in row:
@@ -197,7 +214,7 @@ class Planner:
                 if reason is None and config.repeat_seeds:
                     reason = check_seedable(row)
                 if reason is not None:
-                    failure = RowFailure(ErrorKind.BAD_INPUT, reason)
+                    failure = AttemptFailure(ErrorKind.BAD_INPUT, reason)
                 if TASK_INDEX in row:
                     task = row[TASK_INDEX]
                 else:
@@ -210,7 +227,7 @@ class Planner:
             self.agents_without_repeats.add(name)
             repeats = 1
             if failure is None:
-                failure = RowFailure(ErrorKind.BAD_INPUT, missing_repeats_reason(name))
+                failure = AttemptFailure(ErrorKind.BAD_INPUT, missing_repeats_reason(name))
         first = self._numbering.take_rollouts(task, repeats)
         if self._tasks is not None:
             self._tasks.planned(task, repeats)
@@ -230,15 +247,29 @@ class Planner:
                     if self._tasks is not None:
                         self._tasks.rollout_ended(task, None)  # an earlier run's failure that stands
                     continue
-            job = Job(self._seq, line.source, line.number, task, rollout, row, body, name, failure=failure)
+            rollout_body = body
+            attempt_index = None
             if sent is not None:
                 if prefix is not None:
                     tail = b',"_ng_attempt_index":%d}' % attempt if attempt else b"}"
-                    job.body = b'%s,"_ng_rollout_index":%d%s' % (prefix, rollout, tail)
+                    rollout_body = b'%s,"_ng_rollout_index":%d%s' % (prefix, rollout, tail)
                 else:
-                    job.body = _encoded_rollout(sent, rollout, attempt, seeds=config.repeat_seeds)
-                job.attempt_index = attempt or given_attempt
-            jobs.append(job)
+                    rollout_body = _encoded_rollout(sent, rollout, attempt, seeds=config.repeat_seeds)
+                attempt_index = attempt or given_attempt
+            jobs.append(
+                Job(
+                    seq=self._seq,
+                    source=line.source,
+                    line=line.number,
+                    task_index=task,
+                    rollout_index=rollout,
+                    row=row,
+                    body=rollout_body,
+                    agent_name=name,
+                    attempt_index=attempt_index,
+                    failure=failure,
+                )
+            )
             self._seq += 1
         self._pending.extend(jobs)
 

@@ -16,7 +16,7 @@ from rollfilter.adaptive import AdaptiveWindow
 from rollfilter.budget import RetryBudget
 from rollfilter.config import Config
 from rollfilter.errors import ErrorKind
-from rollfilter.outcomes import RowFailure
+from rollfilter.outcomes import AttemptFailure
 from rollfilter.transport import shown
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ class Router:
         self.agents = {name: agent(name, urls) for name, urls in named.items()}
         self._head = head
 
-    def route(self, name: str | None) -> Agent | RowFailure:
+    def route(self, name: str | None) -> Agent | AttemptFailure:
         """The agent for a row of agent `name` (None: the row names none), or a no_route failure."""
         if name is not None and name in self.agents:
             return self.agents[name]
@@ -108,7 +108,7 @@ class Router:
             message = f"agent {name!r} is not known to the head server (it knows: {self._head.describe_known()})"
         else:
             message = f"no endpoint for agent {name!r}; give -e {name}=URL or -u URL"
-        return RowFailure(ErrorKind.NO_ROUTE, message)
+        return AttemptFailure(ErrorKind.NO_ROUTE, message)
 
     def run_url(self, name: str) -> str | None:
         """The /run URL rows of agent `name` go to (its first replica), or None."""

@@ -14,7 +14,7 @@ import msgspec
 import trio
 
 from rollfilter.errors import ErrorKind
-from rollfilter.outcomes import Failure, Outcome, Rollout, RowFailure
+from rollfilter.outcomes import AttemptFailure, Failure, Outcome
 from rollfilter.plan import Job
 from rollfilter.writers import LineWriter, Release
 
@@ -26,10 +26,11 @@ class RowSink(Protocol):
 
     def result(self, job: Job, result: dict[str, Any], release: Release) -> None: ...
 
-    def failure(self, job: Job, failure: RowFailure, release: Release) -> None: ...
+    def failure(self, job: Job, failure: AttemptFailure, release: Release) -> None: ...
 
-    def not_persisted(self, job: Job, release: Release) -> None:
-        """A rollout the agent asked to keep nowhere (`_ng_no_persist`): it leaves no line."""
+    def not_persisted(self, job: Job, attempts: int, release: Release) -> None:
+        """A rollout the agent asked to keep nowhere (`_ng_no_persist`), after `attempts` requests:
+        it leaves no line."""
         ...
 
 
@@ -77,9 +78,9 @@ class LineSink:
         else:
             self._reorderer.emit(job.seq, lambda: self._results.write(line, release))
 
-    def failure(self, job: Job, failure: RowFailure, release: Release) -> None:
-        self.report(Failure.of(job, failure))
-        self.not_persisted(job, release)
+    def failure(self, job: Job, failure: AttemptFailure, release: Release) -> None:
+        self.report(job.as_failure(failure))
+        self._release(job, release)
 
     def report(self, failure: Failure) -> None:
         """Write one failure: a record with --errors, else a line on stderr."""
@@ -88,7 +89,10 @@ class LineSink:
         else:
             self._errors.write(failure.line(repeated=self._repeated).encode(errors="replace") + b"\n")
 
-    def not_persisted(self, job: Job, release: Release) -> None:
+    def not_persisted(self, job: Job, attempts: int, release: Release) -> None:
+        self._release(job, release)
+
+    def _release(self, job: Job, release: Release) -> None:
         if self._reorderer is None:
             release()
         else:
@@ -107,12 +111,12 @@ class ChannelSink:
         self._send = send
 
     def result(self, job: Job, result: dict[str, Any], release: Release) -> None:
-        self._send.send_nowait((Rollout.of(job, result), release))
+        self._send.send_nowait((job.as_rollout(result), release))
 
-    def failure(self, job: Job, failure: RowFailure, release: Release) -> None:
-        self._send.send_nowait((Failure.of(job, failure), release))
+    def failure(self, job: Job, failure: AttemptFailure, release: Release) -> None:
+        self._send.send_nowait((job.as_failure(failure), release))
 
-    def not_persisted(self, job: Job, release: Release) -> None:
+    def not_persisted(self, job: Job, attempts: int, release: Release) -> None:
         message = "the agent asked for this rollout not to be kept (_ng_no_persist)"
-        failure = RowFailure(ErrorKind.NOT_PERSISTED, message, attempts=job.retries + 1)
-        self._send.send_nowait((Failure.of(job, failure), release))
+        failure = AttemptFailure(ErrorKind.NOT_PERSISTED, message, attempts=attempts)
+        self._send.send_nowait((job.as_failure(failure), release))

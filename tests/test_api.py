@@ -19,7 +19,18 @@ import rollfilter
 from rollfilter import Config, Failure, Rollout, open_rollouts, rollouts
 from rollfilter.demo import DemoAgent, serve
 from rollfilter.errors import ErrorKind, ServiceError, UsageError
-from tests.conftest import WEATHER, DemoProcess, DemoServer, expected_reward, result_lines, run, simple_rows, summary_of
+from tests.conftest import (
+    WEATHER,
+    DemoProcess,
+    DemoServer,
+    QuietHandler,
+    ThreadedHTTPServer,
+    expected_reward,
+    result_lines,
+    run,
+    simple_rows,
+    summary_of,
+)
 
 
 def weather_rows() -> list[dict]:
@@ -191,3 +202,44 @@ def test_any_row_ends_as_exactly_one_outcome_and_never_raises(demo_server: DemoS
     assert run_.summary is not None
     figures = run_.summary["rollfilter"]
     assert figures["rows_read"] == figures["succeeded"] + figures["failed"] == len(numbered)
+
+
+class RefusesFirstAgent(ThreadedHTTPServer):
+    """Answers each distinct body 503 the first time, then 200 with the row's `answer` keys merged in."""
+
+    def __init__(self) -> None:
+        seen: set[bytes] = set()
+        lock = threading.Lock()
+
+        class Handler(QuietHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                with lock:
+                    first = body not in seen
+                    seen.add(body)
+                if first:
+                    self.send_response(503)
+                    self.send_header("Retry-After", "0")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                self.send_json(200, json.dumps({"reward": 1.0, **json.loads(body)["answer"]}).encode())
+
+        super().__init__(Handler)
+
+
+def test_a_rollout_that_ends_after_a_retry_counts_both_attempts():
+    agent = RefusesFirstAgent()
+    rows = [
+        {"responses_create_params": {"input": "a"}, "answer": {"_ng_failure_class": "bad_tool"}},
+        {"responses_create_params": {"input": "b"}, "answer": {"_ng_no_persist": True}},
+        {"responses_create_params": {"input": "c"}, "answer": {}},
+    ]
+    try:
+        outcomes = list(rollouts(rows, Config(url=agent.url, retries=1)))
+    finally:
+        agent.close()
+    failures = {o.kind: o for o in outcomes if isinstance(o, Failure)}
+    assert failures.keys() == {ErrorKind.AGENT_FAILURE, ErrorKind.NOT_PERSISTED}
+    assert [failure.attempts for failure in failures.values()] == [2, 2]
+    assert [o.row["responses_create_params"]["input"] for o in outcomes if isinstance(o, Rollout)] == ["c"]

@@ -22,7 +22,7 @@ import pytest
 import sniffio
 import trio
 
-from rollfilter import Config, Failure, Rollout, open_rollouts
+from rollfilter import Config, Failure, Rollout, RolloutRun, open_rollouts
 from rollfilter.errors import ErrorKind, ServiceError, UsageError
 from tests.conftest import (
     SUBPROCESS_TIMEOUT,
@@ -211,6 +211,7 @@ def test_rows_from_a_list_come_back_as_outcomes_with_a_summary(lib: Library, dem
 
     async def scenario() -> tuple[list[Any], dict[str, Any] | None]:
         async with open_rollouts(rows, Config(url=demo_server.url, repeats=2)) as run:
+            assert isinstance(run, RolloutRun)  # the public type, under asyncio as under trio
             outcomes = [outcome async for outcome in run]
         return outcomes, run.summary
 

@@ -26,7 +26,7 @@ from rollfilter.client import (
 )
 from rollfilter.config import DEFAULT_RETRY_STATUSES, Config
 from rollfilter.errors import ErrorKind
-from rollfilter.outcomes import RowFailure
+from rollfilter.outcomes import AttemptFailure
 from rollfilter.plan import Job
 from rollfilter.routing import Agent, Replica
 from rollfilter.transport import BadReply, CertificateError, Reply, printable
@@ -81,14 +81,14 @@ def answer(status: int = 200, body: bytes = b'{"reward": 1.0}', **headers: str) 
 
 def job(body: bytes = BODY) -> Job:
     """A rollout of one row, as the planner makes them."""
-    return Job(0, "<test>", 1, 0, 0, None, body)
+    return Job(seq=0, source="<test>", line=1, task_index=0, rollout_index=0, row=None, body=body)
 
 
 def agent(*urls: str) -> Agent:
     return Agent(None, [Replica(httpx.URL(url)) for url in urls or (URL,)])
 
 
-async def send(transport: ScriptedTransport, config: Config | None = None, **options: Any) -> dict | RowFailure:
+async def send(transport: ScriptedTransport, config: Config | None = None, **options: Any) -> dict | AttemptFailure:
     client = AgentClient(config or Config(url=URL), transport, rng=random.Random(1), **options)
     return await client.run(job(), agent())
 
@@ -104,7 +104,7 @@ def test_the_default_retry_statuses_are_the_documented_ones():
 async def test_each_default_retry_status_is_retried(status: int, autojump_clock):
     transport = ScriptedTransport(answer(status, b"busy"))
     failure = await send(transport, Config(url=URL, retries=2))
-    assert isinstance(failure, RowFailure)
+    assert isinstance(failure, AttemptFailure)
     assert (failure.kind, failure.status, failure.attempts) == (ErrorKind.HTTP_STATUS, status, 3)
     assert len(transport.calls) == 3
 
@@ -113,7 +113,7 @@ async def test_each_default_retry_status_is_retried(status: int, autojump_clock)
 async def test_other_statuses_are_not_retried(status: int, autojump_clock):
     transport = ScriptedTransport(answer(status, b"no"))
     failure = await send(transport, Config(url=URL, retries=3))
-    assert isinstance(failure, RowFailure)
+    assert isinstance(failure, AttemptFailure)
     assert (failure.kind, failure.status, failure.attempts) == (ErrorKind.HTTP_STATUS, status, 1)
     assert len(transport.calls) == 1
 
@@ -127,7 +127,7 @@ async def test_a_retry_that_succeeds_returns_the_result(autojump_clock):
 async def test_timeout_is_its_own_kind_and_is_retried(autojump_clock):
     transport = ScriptedTransport(HANG)
     failure = await send(transport, Config(url=URL, timeout=5, retries=1))
-    assert isinstance(failure, RowFailure)
+    assert isinstance(failure, AttemptFailure)
     assert failure.kind is ErrorKind.TIMEOUT
     assert "--timeout 5" in failure.message
     assert failure.attempts == 2
@@ -150,13 +150,13 @@ async def test_transport_errors_have_their_kind_and_only_the_worth_while_are_res
 ):
     transport = ScriptedTransport(error)
     failure = await send(transport, Config(url=URL, retries=2))
-    assert isinstance(failure, RowFailure)
+    assert isinstance(failure, AttemptFailure)
     assert (failure.kind, failure.attempts, len(transport.calls)) == (kind, attempts, attempts)
 
 
 async def test_a_certificate_failure_says_how_to_trust_the_ca(autojump_clock):
     failure = await send(ScriptedTransport(CertificateError("certificate verify failed: self-signed certificate")))
-    assert isinstance(failure, RowFailure)
+    assert isinstance(failure, AttemptFailure)
     assert "self-signed certificate" in failure.message
     assert "--cacert FILE" in failure.message
     assert "SSL_CERT_FILE" in failure.message
@@ -237,7 +237,7 @@ async def test_anything_unexpected_fails_only_its_row_as_internal(error: Excepti
     client = AgentClient(Config(url=URL), transport, on_internal_error=lambda label, exc: seen.append((label, exc)))
     row_7 = job()
     failure = await client.run(row_7, agent())
-    assert isinstance(failure, RowFailure)
+    assert isinstance(failure, AttemptFailure)
     assert failure.kind is ErrorKind.INTERNAL
     assert failure.attempts == 1
     assert type(error).__name__ in failure.message
@@ -252,7 +252,7 @@ async def test_an_unexpected_reply_object_fails_its_row_without_a_callback(autoj
 
     reply = Broken.whole(503, [], b"")
     failure = await send(ScriptedTransport(reply))
-    assert isinstance(failure, RowFailure)
+    assert isinstance(failure, AttemptFailure)
     assert failure.kind is ErrorKind.INTERNAL
 
 
@@ -283,7 +283,7 @@ async def test_messages_never_show_url_credentials_or_query(step: Step, autojump
     transport = ScriptedTransport(step)
     client = AgentClient(Config(url=SECRET_URL, retries=0), transport)
     failure = await client.run(job(), agent(SECRET_URL))
-    assert isinstance(failure, RowFailure)
+    assert isinstance(failure, AttemptFailure)
     if not isinstance(step, Reply):
         assert "http://127.0.0.1:8000" in failure.message  # where it failed is shown...
     for secret in ("us3r", "pa55word", "k3y-value"):
@@ -310,7 +310,7 @@ async def test_a_redirect_to_another_origin_is_followed_only_when_asked(autojump
     elsewhere = answer(307, Location="http://127.0.0.1:9000/run")
     transport = ScriptedTransport(elsewhere)
     failure = await send(transport)
-    assert isinstance(failure, RowFailure)
+    assert isinstance(failure, AttemptFailure)
     assert (failure.kind, failure.status, len(transport.calls)) == (ErrorKind.HTTP_STATUS, 307, 1)
     assert "--cross-origin-redirects" in failure.message
     assert "http://127.0.0.1:9000/run" in failure.message
@@ -323,7 +323,7 @@ async def test_a_redirect_to_another_origin_is_followed_only_when_asked(autojump
 async def test_other_redirects_fail_with_their_location(autojump_clock):
     transport = ScriptedTransport(answer(302, Location="/elsewhere"))
     failure = await send(transport)
-    assert isinstance(failure, RowFailure)
+    assert isinstance(failure, AttemptFailure)
     assert (failure.kind, failure.status, len(transport.calls)) == (ErrorKind.HTTP_STATUS, 302, 1)
     assert "Location: /elsewhere" in failure.message
 
@@ -331,7 +331,7 @@ async def test_other_redirects_fail_with_their_location(autojump_clock):
 async def test_redirects_are_followed_a_few_hops_at_most(autojump_clock):
     transport = ScriptedTransport(answer(307, Location="/run"))
     failure = await send(transport, Config(url=URL, retries=3))
-    assert isinstance(failure, RowFailure)
+    assert isinstance(failure, AttemptFailure)
     assert failure.kind is ErrorKind.HTTP_STATUS
     assert f"more than {MAX_REDIRECTS} redirects" in failure.message
     assert len(transport.calls) == MAX_REDIRECTS + 1
@@ -344,7 +344,7 @@ async def test_redirects_are_followed_a_few_hops_at_most(autojump_clock):
 async def test_a_redirect_that_cannot_be_followed_fails(location: str | None, reason: str, autojump_clock):
     reply = answer(308) if location is None else answer(308, Location=location)
     failure = await send(ScriptedTransport(reply))
-    assert isinstance(failure, RowFailure)
+    assert isinstance(failure, AttemptFailure)
     assert failure.kind is ErrorKind.HTTP_STATUS
     assert reason in failure.message
 
@@ -352,15 +352,15 @@ async def test_a_redirect_that_cannot_be_followed_fails(location: str | None, re
 async def test_server_text_in_messages_has_control_characters_escaped(autojump_clock):
     hostile = b"\x1b[2J\x1b]0;pwned\x07 gone"
     failure = await send(ScriptedTransport(answer(500, hostile)), Config(url=URL, retries=0))
-    assert isinstance(failure, RowFailure)
+    assert isinstance(failure, AttemptFailure)
     assert "\x1b" not in failure.message
     assert "\x07" not in failure.message
     assert "\\x1b[2J" in failure.message
     failure = await send(ScriptedTransport(answer(302, Location="/a\x1b[2Jb")))
-    assert isinstance(failure, RowFailure)
+    assert isinstance(failure, AttemptFailure)
     assert "\x1b" not in failure.message
     failure = await send(ScriptedTransport(BadReply("a body in Content-Encoding \x1b[2J")), Config(url=URL))
-    assert isinstance(failure, RowFailure)
+    assert isinstance(failure, AttemptFailure)
     assert "\x1b" not in failure.message
 
 
@@ -418,6 +418,6 @@ async def test_an_adaptive_window_paces_refusals_the_budget_would_hold_back(adap
     if adaptive:
         assert outcome == {"reward": 1.0}  # the window paced the refusals' retries itself
     else:
-        assert isinstance(outcome, RowFailure)
+        assert isinstance(outcome, AttemptFailure)
         assert "retry budget is spent" in outcome.message
         assert len(transport.calls) == 1

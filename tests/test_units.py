@@ -34,7 +34,7 @@ from rollfilter.config import (
 from rollfilter.errors import ErrorKind, UsageError
 from rollfilter.keytable import KeyTable
 from rollfilter.metrics import LatencyHistogram, Metrics
-from rollfilter.outcomes import RowFailure
+from rollfilter.outcomes import AttemptFailure
 from rollfilter.plan import Planner, TaskNumbering
 from rollfilter.resume import ResumeState, drop_torn_tail
 from rollfilter.routing import Router
@@ -158,7 +158,7 @@ def test_metrics_means_skip_non_numbers_and_count_booleans():
     metrics.add_result({"reward": 1.0, "accuracy": True, "note": "x", "score": float("nan")}, 0.1)
     metrics.add_result({"reward": 0, "accuracy": False, "score": 3}, 0.2)
     metrics.add_result({"accuracy": True}, 0.3)
-    metrics.add_failure(RowFailure(ErrorKind.TIMEOUT, "slow"))
+    metrics.add_failure(AttemptFailure(ErrorKind.TIMEOUT, "slow"))
     summary = metrics.summary()
     assert summary["reward"] == 0.5
     assert summary["accuracy"] == 2 / 3
@@ -191,12 +191,12 @@ def test_router_prefers_named_endpoint_then_url():
     config = Config(url="http://d/run", endpoints={"a": ("http://a/run",)})
     router = Router(config)
     route = router.route("a")
-    assert not isinstance(route, RowFailure)
+    assert not isinstance(route, AttemptFailure)
     assert route.replicas[0].url == httpx.URL("http://a/run")
     route = router.route("other")
-    assert not isinstance(route, RowFailure)
+    assert not isinstance(route, AttemptFailure)
     assert route.name is None
-    assert isinstance(Router(Config(endpoints={"a": ("http://a/run",)})).route(None), RowFailure)
+    assert isinstance(Router(Config(endpoints={"a": ("http://a/run",)})).route(None), AttemptFailure)
 
 
 def test_reorderer_emits_in_sequence():

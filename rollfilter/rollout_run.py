@@ -1,0 +1,189 @@
+"""A run of the Python API: what it hands out, and the run itself in trio.
+
+`RolloutRun` is what every run hands out, under trio and under asyncio alike: its outcomes as
+they finish, its status, and once it has ended what it leaves (`RunResults`: the summary and
+NeMo Gym's aggregate). `open_rollouts_in_trio` runs the engine in the caller's trio run, fed
+the caller's rows; `api.open_rollouts` calls it under trio, and `guest` runs it in a trio guest
+under asyncio.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import math
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from typing import Any
+
+import msgspec
+import trio
+
+from rollfilter.aggregate import ResultSpool, aggregate_run
+from rollfilter.client import transport_for
+from rollfilter.config import Config
+from rollfilter.engine import RunControl, RunStatus, prepare
+from rollfilter.metrics import Metrics
+from rollfilter.outcomes import Outcome
+from rollfilter.sinks import ChannelSink
+from rollfilter.source import InputLine
+from rollfilter.tasks import TaskStats
+from rollfilter.writers import Release
+
+Rows = Iterable[Any] | AsyncIterable[Any]
+_encode = msgspec.json.Encoder().encode
+
+
+class RunResults:
+    """What a run leaves once it has ended: `summary` (None until then).
+
+    With `Config(aggregate=True)`, `aggregate` then holds NeMo Gym's aggregate entries (one per
+    agent: agent_ref, agent_metrics, key_metrics, group_level_metrics), the summary holds each
+    agent's `key_metrics`, and `aggregate_problems` says, a line each, which agents gave none.
+    """
+
+    def __init__(self) -> None:
+        self.summary: dict[str, Any] | None = None
+        self.aggregate: list[dict[str, Any]] | None = None
+        self.aggregate_problems: list[str] = []
+
+    def _take_results(self, run: RunResults) -> None:
+        """Hold what `run` left: a run that hands out another's outcomes leaves its results too."""
+        self.summary = run.summary
+        self.aggregate = run.aggregate
+        self.aggregate_problems = run.aggregate_problems
+
+
+class RolloutRun(RunResults, abc.ABC):
+    """The outcomes of one run, as they finish; `summary` is set once the run has ended."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._status: Callable[[], RunStatus] | None = None
+
+    def status(self) -> RunStatus:
+        """A snapshot of the run so far: done, failed, in flight, rows/s, and its oldest rollouts
+        in flight (where each came from, its indices, agent, attempt and age), as `kill -USR1`
+        shows the command's."""
+        if self._status is None:
+            return RunStatus(0, 0, 0, 0.0, 0.0, ())
+        return self._status()
+
+    def __aiter__(self) -> RolloutRun:
+        return self
+
+    @abc.abstractmethod
+    async def __anext__(self) -> Outcome: ...
+
+
+class _ChannelRun(RolloutRun):
+    """A run in trio: its outcomes come from the engine's sink through a channel."""
+
+    def __init__(self, receive: trio.MemoryReceiveChannel[tuple[Outcome, Release]]) -> None:
+        super().__init__()
+        self._receive = receive
+
+    async def __anext__(self) -> Outcome:
+        try:
+            outcome, release = await self._receive.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+        release()
+        return outcome
+
+
+class _RowFeed:
+    """Hands the planner the caller's rows (dicts, or JSON lines as str or bytes) one at a time."""
+
+    def __init__(self, rows: Rows) -> None:
+        self._sync = iter(rows) if isinstance(rows, Iterable) else None
+        self._async = aiter(rows) if self._sync is None else None  # type: ignore[arg-type]
+        self._number = 0
+        self._waiting: list[Any] = []  # an item fill() took from an async iterable
+        self._done = False
+
+    def next_line_nowait(self) -> InputLine | None:
+        if self._waiting:
+            return self._line(self._waiting.pop())
+        if self._done:
+            return None
+        if self._sync is None:
+            raise trio.WouldBlock
+        try:
+            return self._line(next(self._sync))
+        except StopIteration:
+            self._done = True
+            return None
+
+    async def fill(self) -> None:
+        if self._async is not None and not self._waiting and not self._done:
+            try:
+                self._waiting.append(await anext(self._async))
+            except StopAsyncIteration:
+                self._done = True
+
+    def _line(self, item: Any) -> InputLine:
+        self._number += 1
+        if isinstance(item, bytes):
+            return InputLine("<rows>", self._number, item)
+        try:
+            data = item.encode() if isinstance(item, str) else _encode(item)
+        except Exception as exc:  # a lone surrogate, an object msgspec cannot encode, a cycle: that row's failure
+            problem = f"row cannot be encoded as {'UTF-8' if isinstance(item, str) else 'JSON'}: {exc}"
+            return InputLine("<rows>", self._number, None, problem)
+        return InputLine("<rows>", self._number, data)
+
+    async def aclose(self) -> None:
+        """Close the iterator taken from the rows (a generator left mid-way), as the run owns it."""
+        if self._async is not None and hasattr(self._async, "aclose"):
+            await self._async.aclose()
+        elif self._sync is not None and hasattr(self._sync, "close"):
+            self._sync.close()
+
+
+@contextlib.asynccontextmanager
+async def open_rollouts_in_trio(rows: Rows, config: Config) -> AsyncIterator[RolloutRun]:
+    """`api.open_rollouts` in the caller's trio run: its docstring says what the run does."""
+    metrics = Metrics()
+    control = RunControl()
+    tasks = TaskStats(config.max_repeats, config.pass_threshold) if config.max_repeats > 1 else None
+    send, receive = trio.open_memory_channel[tuple[Outcome, Release]](math.inf)
+    run = _ChannelRun(receive)
+    transport = transport_for(config)
+    feed = _RowFeed(rows)
+    spool = ResultSpool() if config.aggregate else None
+    try:
+        engine = await prepare(
+            config, source=feed, sink=ChannelSink(send), transport=transport,
+            control=control, metrics=metrics, tasks=tasks, spool=spool,
+        )  # fmt: skip
+        run._status = engine.status
+
+        async def drive() -> None:
+            report = None
+            try:
+                await engine.run()
+                if spool is not None and not control.scope.cancel_called:
+                    with control.stoppable():
+                        report = await aggregate_run(spool, engine.router, config)
+            finally:
+                metrics.replicas = engine.router.replica_counts()
+                stopped = control.reason or ("stopped early by the caller" if control.scope.cancel_called else None)
+                run.summary = metrics.summary(stopped=stopped, tasks=tasks)
+                if report is not None:
+                    run.aggregate = report.entries
+                    run.aggregate_problems = report.problems
+                    report.add_to(run.summary)
+                send.close()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(drive)
+            try:
+                yield run
+            finally:
+                control.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await transport.aclose()
+            await feed.aclose()
+            if spool is not None:
+                spool.close()
