@@ -14,7 +14,8 @@ import pytest
 import trio
 
 from rollfilter import Config, Failure, Rollout, open_rollouts
-from rollfilter.demo import DemoAgent, _serve_connection
+from rollfilter.demo import DemoAgent
+from rollfilter.demo.server import _serve_connection
 from rollfilter.transport import HTTP11Transport
 from tests.conftest import (
     DemoServer,

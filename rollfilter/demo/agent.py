@@ -1,7 +1,4 @@
-"""The demo agent: a small NeMo Gym agent server speaking the real `/run` protocol.
-
-`rollfilter --demo` runs it in-process; `python -m rollfilter.demo` runs it on its own,
-with faults to inject for trying pipelines (and for the tests and the benchmark).
+"""The demo agent's answers: what a small NeMo Gym agent server makes of each request.
 
 The reward is a function of the row, so a test can predict it: 1.0 when the text of
 `responses_create_params.input` (a string, or the message contents joined with no
@@ -14,21 +11,15 @@ that probability, else 0.0: rollouts of one task then differ, as pass@k needs), 
 
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
 import hashlib
-import http
 import random
-import sys
 from collections import Counter
 from typing import Any
 
-import httptools
 import msgspec
 import trio
-
-from rollfilter.gc_policy import collect_garbage_for_a_run
 
 FAULTS = ("500", "429", "hang", "garbage", "drop", "422")
 _decode = msgspec.json.Decoder().decode
@@ -375,217 +366,3 @@ def _decode_entry(data: bytes) -> dict[str, Any]:
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
-
-
-class _Requests:
-    """httptools request-parser callbacks: collects whole requests as they complete.
-
-    A POST to /aggregate_metrics is aggregated as its body streams in instead."""
-
-    def __init__(self, *, groups: bool = True) -> None:
-        self.parser = httptools.HttpRequestParser(self)
-        self.done: list[tuple[str, str, bytes | Aggregation, bool]] = []  # method, path, body, keep-alive
-        self.expects_continue = False
-        self._groups = groups
-        self._url = b""
-        self._body: list[bytes] = []
-        self._aggregation: Aggregation | None = None
-
-    def on_message_begin(self) -> None:
-        self._url = b""
-        self._body = []
-        self._aggregation = None
-
-    def on_url(self, url: bytes) -> None:
-        self._url += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() == b"expect" and value.lower() == b"100-continue":
-            self.expects_continue = True
-
-    def on_headers_complete(self) -> None:
-        if self._path() == "/aggregate_metrics" and self.parser.get_method() == b"POST":
-            self._aggregation = Aggregation(groups=self._groups)
-
-    def on_body(self, data: bytes) -> None:
-        if self._aggregation is not None:
-            self._aggregation.feed(data)
-        else:
-            self._body.append(data)
-
-    def on_message_complete(self) -> None:
-        method = self.parser.get_method().decode()
-        body = self._aggregation if self._aggregation is not None else b"".join(self._body)
-        self.done.append((method, self._path(), body, self.parser.should_keep_alive()))
-
-    def _path(self) -> str:
-        return self._url.decode(errors="replace").split("?")[0]
-
-
-def _response(status: int, headers: list[tuple[str, str]], payload: bytes) -> bytes:
-    reason = http.HTTPStatus(status).phrase
-    if not any(name.lower() == "content-type" for name, _ in headers):
-        headers = [("Content-Type", "application/json"), *headers]
-    head = "".join(f"{name}: {value}\r\n" for name, value in headers)
-    return f"HTTP/1.1 {status} {reason}\r\n{head}Content-Length: {len(payload)}\r\n\r\n".encode() + payload
-
-
-async def _serve_connection(stream: trio.abc.Stream, agent: DemoAgent) -> None:
-    requests = _Requests(groups=agent.options.aggregate_groups)
-    try:
-        while True:
-            data = await stream.receive_some(65536)
-            if not data:
-                return
-            requests.parser.feed_data(data)
-            if requests.expects_continue:
-                requests.expects_continue = False
-                await stream.send_all(b"HTTP/1.1 100 Continue\r\n\r\n")
-            while requests.done:
-                method, path, body, keep_alive = requests.done.pop(0)
-                answer = await agent.answer(method, path, body)
-                if answer == "hang":
-                    await trio.sleep_forever()
-                if isinstance(answer, str):  # "drop"
-                    return
-                await stream.send_all(_response(*answer))
-                if not keep_alive:
-                    return
-    except (trio.BrokenResourceError, trio.ClosedResourceError, httptools.HttpParserError, OSError):
-        return
-    finally:
-        await trio.aclose_forcefully(stream)
-
-
-async def serve(
-    agent: DemoAgent,
-    *,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """Serve `agent` on host:port (0 picks a free port) until cancelled; reports the port."""
-    listeners = await trio.open_tcp_listeners(port, host=host, backlog=4096)
-    bound = listeners[0].socket.getsockname()[1]
-    task_status.started(bound)
-
-    async def handle(stream: trio.SocketStream) -> None:
-        await _serve_connection(stream, agent)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(agent.run_timers)
-        await trio.serve_listeners(handle, listeners)
-
-
-def _schedule(text: str) -> tuple[tuple[float, int], ...]:
-    """`T=N,...` (seconds, episodes at once), in time order."""
-    steps = []
-    for part in text.split(","):
-        after, sep, episodes = part.partition("=")
-        try:
-            steps.append((float(after), int(episodes)))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{part!r} is not T=N (seconds=episodes)") from None
-        if not sep or steps[-1][0] < 0:
-            raise argparse.ArgumentTypeError(f"{part!r} is not T=N (seconds=episodes)")
-    return tuple(sorted(steps))
-
-
-def parse_args(argv: list[str] | None = None) -> tuple[DemoOptions, str, int]:
-    """`python -m rollfilter.demo`'s command line: the agent's options, the host and the port."""
-    parser = argparse.ArgumentParser(
-        prog="python -m rollfilter.demo",
-        description="Run rollfilter's demo agent (POST /run, GET /stats) with optional injected faults.",
-    )
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="port (0 picks a free one; default 8000)")
-    parser.add_argument("--latency", type=float, default=0.0, help="seconds each episode takes")
-    parser.add_argument("--jitter", type=float, default=0.0, help="up to this many extra seconds, at random")
-    parser.add_argument("--fail-rate", type=float, default=0.0, help="share of requests answered 500")
-    parser.add_argument("--throttle-rate", type=float, default=0.0, help="share answered 429 with Retry-After")
-    parser.add_argument("--retry-after", type=float, default=1.0, help="Retry-After seconds of a 429 (default 1)")
-    parser.add_argument("--hang-rate", type=float, default=0.0, help="share never answered")
-    parser.add_argument("--garbage-rate", type=float, default=0.0, help="share answered 200 with a non-JSON body")
-    parser.add_argument("--drop-rate", type=float, default=0.0, help="share whose connection is closed unanswered")
-    parser.add_argument("--seed", type=int, default=None, help="seed for the fault and jitter draws")
-    parser.add_argument(
-        "--capacity",
-        type=int,
-        default=None,
-        help="episodes at once; requests beyond are answered 429 with Retry-After (a model server's limit)",
-    )
-    parser.add_argument(
-        "--slots",
-        type=int,
-        default=None,
-        help="episodes at once; requests beyond wait in a queue, first come first served (a model server's batch)",
-    )
-    parser.add_argument(
-        "--thrash",
-        type=float,
-        default=0.0,
-        help="with --slots: past twice the slots in the system, each episode slows by this share per slots more",
-    )
-    parser.add_argument(
-        "--schedule",
-        type=_schedule,
-        default=(),
-        metavar="T=N,...",
-        help="--slots (or --capacity) becomes N at T seconds after the first /run, e.g. 10=20,20=40",
-    )
-    parser.add_argument(
-        "--no-aggregate-groups",
-        action="store_true",
-        help="answer /aggregate_metrics without per-task groups (counts only what it reads)",
-    )
-    args = parser.parse_args(argv)
-    options = DemoOptions(
-        latency=args.latency,
-        jitter=args.jitter,
-        fail_rate=args.fail_rate,
-        throttle_rate=args.throttle_rate,
-        retry_after=args.retry_after,
-        hang_rate=args.hang_rate,
-        garbage_rate=args.garbage_rate,
-        drop_rate=args.drop_rate,
-        seed=args.seed,
-        aggregate_groups=not args.no_aggregate_groups,
-        capacity=args.capacity,
-        slots=args.slots,
-        thrash=args.thrash,
-        schedule=args.schedule,
-    )
-    if sum((options.fail_rate, options.throttle_rate, options.hang_rate, options.garbage_rate, options.drop_rate)) > 1:
-        parser.error("the fault rates add up to more than 1")
-    if options.slots is not None and options.capacity is not None:
-        parser.error("--slots (a queue) and --capacity (a refusal) are two kinds of server: give one")
-    if options.schedule and options.slots is None and options.capacity is None:
-        parser.error("--schedule changes --slots or --capacity: give one of them")
-    episodes = [n for n in (options.slots, options.capacity) if n is not None] + [n for _, n in options.schedule]
-    if any(n < 1 for n in episodes):
-        parser.error("--slots, --capacity and the --schedule's episodes must be at least 1")
-    return options, args.host, args.port
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`python -m rollfilter.demo`: run the demo agent on its own, with optional faults."""
-    options, host, port = parse_args(argv)
-
-    async def run() -> None:
-        async with trio.open_nursery() as nursery:
-            bound = await nursery.start(
-                lambda task_status: serve(DemoAgent(options), host=host, port=port, task_status=task_status)
-            )
-            print(f"demo agent listening on http://{host}:{bound}", file=sys.stderr, flush=True)
-
-    collect_garbage_for_a_run()
-    try:
-        trio.run(run)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except OSError as exc:
-        sys.exit(f"python -m rollfilter.demo: cannot listen on {host}:{port}: {exc.strerror}")
-
-
-if __name__ == "__main__":
-    main()

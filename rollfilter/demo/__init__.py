@@ -1,0 +1,15 @@
+"""The demo agent: a small NeMo Gym agent server speaking the real `/run` protocol.
+
+`rollfilter --demo` runs it in-process; `python -m rollfilter.demo` runs it on its own.
+
+- `agent`: what it answers (the reward formula, the faults a row or an option asks for, the
+  queue and refusals of a model server's capacity);
+- `server`: the HTTP/1.1 server over trio;
+- `command_line`: `python -m rollfilter.demo`'s options.
+"""
+
+from rollfilter.demo.agent import DemoAgent, DemoOptions, demo_reward, input_text
+from rollfilter.demo.command_line import main, parse_args
+from rollfilter.demo.server import serve
+
+__all__ = ["DemoAgent", "DemoOptions", "demo_reward", "input_text", "main", "parse_args", "serve"]
