@@ -109,7 +109,7 @@ def invoke(
     `env` as the whole environment: the same parsing, run, output and exit status, without the
     second of start-up a process costs. What the run changes in the process (signal handlers, the
     garbage collector's settings, the environment, the directory) is put back afterwards."""
-    from rollfilter import cli
+    from rollfilter.cli import main as cli
 
     with contextlib.ExitStack() as stack:
         data = input.encode() if isinstance(input, str) else input

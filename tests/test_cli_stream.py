@@ -308,7 +308,8 @@ def test_demo_alone_at_a_terminal_runs_the_example_rows():
 
 async def test_a_run_reads_and_writes_the_descriptors_it_is_given(tmp_path, demo_server: DemoServer):
     """The command's streams are parameters: a run in this process, on pipes and files of the test's own."""
-    from rollfilter.command import Presentation, Streams, run
+    from rollfilter.cli.outputs import Streams
+    from rollfilter.cli.run import Presentation, run
     from rollfilter.config import CommandConfig, Config
 
     read_end, write_end = os.pipe()

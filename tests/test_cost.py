@@ -105,7 +105,7 @@ def test_max_cost_needs_prices(agent: RecordingAgent):
 def test_every_config_field_has_its_command_line_name():
     import dataclasses
 
-    from rollfilter.cli import OPTION_OF_FIELD
+    from rollfilter.cli.options import OPTION_OF_FIELD
     from rollfilter.config import Config
 
     assert set(OPTION_OF_FIELD) == {field.name for field in dataclasses.fields(Config)}

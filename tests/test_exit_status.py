@@ -385,7 +385,8 @@ def test_a_head_server_that_does_not_answer_its_config_exits_3(status: int, body
 
 def test_a_system_exit_message_is_printed_and_exits_1():
     # main() ends with os._exit, which would drop the message Python prints for sys.exit("...").
-    code = "import sys, rollfilter.cli as cli\ncli.typer_app = lambda **_: sys.exit('rollfilter: gave up')\ncli.main()"
+    code = "import sys, rollfilter.cli.main as cli\ncli.typer_app = lambda **_: sys.exit('rollfilter: gave up')\n"
+    code += "cli.main()"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=SUBPROCESS_TIMEOUT)
     assert proc.returncode == 1
     assert proc.stderr == b"rollfilter: gave up\n"
@@ -470,7 +471,7 @@ class Signal(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, Signal())
 sys.argv[:3] = ["rollfilter"]
-from rollfilter.__main__ import main
+from rollfilter.cli.startup import main
 main()
 """
 
@@ -481,9 +482,9 @@ main()
         ("msgspec", []),
         ("trio", []),
         ("typer", []),
-        ("rollfilter.command", []),
+        ("rollfilter.cli.run", []),
         ("resource", ["-u", NOT_AN_AGENT]),  # imported after the options are parsed, before the run starts
-        ("rollfilter.progress", ["--demo", "--progress", "-q"]),  # imported once the run has started
+        ("rollfilter.cli.progress", ["--demo", "--progress", "-q"]),  # imported once the run has started
     ],
 )
 def test_ctrl_c_at_any_point_of_start_up_exits_130_without_a_traceback(module: str, args: list[str]):
@@ -506,7 +507,7 @@ def numeric_options() -> dict[str, type]:
     """Every option whose value typer parses as a number, found in the command itself."""
     import typer.main
 
-    from rollfilter.cli import typer_app
+    from rollfilter.cli.options import typer_app
 
     found = {}
     for param in typer.main.get_command(typer_app).params:
@@ -542,7 +543,7 @@ def test_the_numeric_options_are_all_found():
 def test_any_value_of_a_numeric_option_is_refused_in_one_line_or_runs(
     tmp_path_factory: pytest.TempPathFactory, capfd: pytest.CaptureFixture[str], option_value: tuple[str, str]
 ):
-    from rollfilter.cli import run_command
+    from rollfilter.cli.main import run_command
 
     option, value = option_value
     folder = tmp_path_factory.mktemp("numeric")

@@ -15,13 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from rollfilter.cli import typer_app
 from rollfilter.config import slurm_shard
 from rollfilter.errors import ExitStatus, UsageError
 from rollfilter.identity import RunRecord, differences
-from tests.conftest import rows_jsonl, run, simple_rows
+from tests.conftest import clean_env, invoke, rows_jsonl, run, simple_rows
 from tests.recording_agent import RecordingAgent
 
 
@@ -42,13 +40,11 @@ def rollfilter(capfd: pytest.CaptureFixture[str]) -> Command:
     """The command in this process, as a function of its arguments (and `env`): its exit status,
     and what it wrote on descriptor 2 (-q: no summary there)."""
 
-    def invoke(args: Sequence[str], env: dict[str, str] | None = None) -> tuple[int, str]:
-        capfd.readouterr()
-        result = CliRunner().invoke(typer_app, ["-q", *args], env=env)
-        assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-        return result.exit_code, capfd.readouterr().err
+    def command(args: Sequence[str], env: dict[str, str] | None = None) -> tuple[int, str]:
+        proc = invoke(["-q", *args], env=clean_env(**(env or {})))
+        return proc.returncode, proc.stderr.decode()
 
-    return invoke
+    return command
 
 
 def pairs(path: Path) -> list[tuple[int, int]]:
@@ -275,10 +271,8 @@ def test_a_resubmitted_array_task_finishes_its_own_shard(
 
 def summarize(capfd: pytest.CaptureFixture[str], paths: Sequence[Path]) -> tuple[int, str, dict[str, Any]]:
     """--summarize in this process: it writes its summary and its problems to descriptors 1 and 2."""
-    capfd.readouterr()
-    status = CliRunner().invoke(typer_app, ["--summarize", *map(str, paths)]).exit_code
-    out, err = capfd.readouterr()
-    return status, err, json.loads(out)
+    proc = invoke(["--summarize", *map(str, paths)])
+    return proc.returncode, proc.stderr.decode(), json.loads(proc.stdout)
 
 
 def test_summarize_says_which_shards_of_n_it_was_given(

@@ -1,26 +1,24 @@
-"""The command line: parse options into a `Config` (typer), run it, map outcomes to exit codes.
+"""The command line's options (typer): each parsed into a `Config` or a `CommandConfig`, then run.
 
-`main` is the one error boundary: everything below it returns an `ExitStatus` or raises;
-here each expected condition becomes a one-line message and its documented status.
+`OPTION_OF_FIELD` names the option of every setting, so that a library error naming a field
+reads, on the command line, as the option the user typed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import io
 import os
-import signal
-import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
-import trio
 import typer
 
-from rollfilter import __version__, command
+from rollfilter import __version__
 from rollfilter.budget import DEFAULT_RATIO
+from rollfilter.cli.messages import say
+from rollfilter.cli.run import Presentation, run
+from rollfilter.cli.summarize import summarize as summarize_results
 from rollfilter.config import (
     DEFAULT_CONCURRENCY,
     DEFAULT_CONNECT_TIMEOUT,
@@ -43,13 +41,11 @@ from rollfilter.config import (
 )
 from rollfilter.config import gym_layout as gym_layout_files
 from rollfilter.demo import DemoOptions
-from rollfilter.errors import ExitStatus, RollfilterError, UsageError
-from rollfilter.gc_policy import collect_garbage_for_a_run
+from rollfilter.errors import ExitStatus, UsageError
 from rollfilter.resume import max_attempts_from_environment
 from rollfilter.transport import DEFAULT_MAX_REPLY_BYTES, connections_that_fit, raise_open_file_limit
-from rollfilter.writers import OutputClosed, OutputFailed, write_all
 
-EXAMPLE_ROWS = Path(__file__).parent / "examples" / "weather.jsonl"  # NeMo Gym's five-row example
+EXAMPLE_ROWS = Path(__file__).parent.parent / "examples" / "weather.jsonl"  # NeMo Gym's five-row example
 # A Config error names its field; the command line names the option instead.
 OPTION_OF_FIELD = {  # every Config field, as the command line names it
     "url": "-u/--url",
@@ -109,7 +105,7 @@ def _version(value: bool) -> None:
 
 
 @typer_app.command(help=HELP, no_args_is_help=False)
-def parse_and_run(
+def parse(
     ctx: typer.Context,
     files: Annotated[
         list[str] | None,
@@ -464,12 +460,10 @@ def parse_and_run(
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
     ] = False,
-) -> None:
+) -> Callable[[], Awaitable[ExitStatus]]:
+    """The run the command line asks for, ready to start; a RollfilterError if it cannot be."""
     if demo:
-        try:
-            check_demo_alone(ctx, url=url, endpoints=endpoint, head_server=head_server)
-        except RollfilterError as exc:
-            raise typer.Exit(_report(exc)) from None
+        check_demo_alone(ctx, url=url, endpoints=endpoint, head_server=head_server)
         url = head_server = None  # defaults from the environment: --demo replaces them
     try:
         default_repeats, repeats_by_agent = parse_repeats(repeats or ())
@@ -525,9 +519,7 @@ def parse_and_run(
             shard_auto=shard == SHARD_AUTO,
         )
     except ConfigError as exc:
-        raise typer.Exit(_report(UsageError(f"{OPTION_OF_FIELD.get(exc.field, exc.field)} {exc.problem}"))) from None
-    except RollfilterError as exc:
-        raise typer.Exit(_report(exc)) from None
+        raise UsageError(f"{OPTION_OF_FIELD.get(exc.field, exc.field)} {exc.problem}") from None
     if not summarize and not dry_run:
         config = fit_open_files(config, files_per_connection=2 if demo else 1)
     if not files and os.isatty(0):
@@ -539,11 +531,11 @@ def parse_and_run(
             what = "result lines" if summarize else "rows"
             say(f"reading {what} from the terminal (give FILE, or pipe them in; Ctrl-D ends)")
     if summarize:
-        raise typer.Exit(execute(lambda: command.summarize(config)))
-    show = command.Presentation(
+        return lambda: summarize_results(config)
+    show = Presentation(
         demo=DemoOptions() if demo else None, quiet=quiet, progress=progress, verbose=verbose, dry_run=dry_run
     )
-    raise typer.Exit(execute(lambda: command.run(config, show=show)))
+    return lambda: run(config, show=show)
 
 
 def check_demo_alone(
@@ -582,119 +574,3 @@ def fit_open_files(config: CommandConfig, *, files_per_connection: int) -> Comma
         f" see ulimit -n): running {fitted} rows at a time"
     )
     return dataclasses.replace(config, engine=dataclasses.replace(config.engine, concurrency=fitted))
-
-
-def say(text: str) -> None:
-    """One line on stderr, which may be closed or full: then it is lost, and the exit status tells."""
-    with contextlib.suppress(OSError):
-        os.write(2, f"rollfilter: {text}\n".encode(errors="backslashreplace"))
-
-
-def _report(exc: RollfilterError) -> ExitStatus:
-    say(str(exc))
-    return exc.exit_status
-
-
-def execute(main: Callable[[], Awaitable[ExitStatus]]) -> ExitStatus:
-    """Run `main` under trio to its end; the one place outcomes become exit statuses."""
-    status = ExitStatus.OK
-    collect_garbage_for_a_run()
-    # trio takes Ctrl-C over only from Python's own handler; outside the run, the start-up one
-    # (rollfilter.__main__) stays, and exits at once.
-    outside = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        status = trio.run(main)
-    except* RollfilterError as group:
-        status = _report(_first(group))  # type: ignore[arg-type]
-    except* KeyboardInterrupt:
-        status = ExitStatus.INTERRUPTED
-    except* (BrokenPipeError, OutputClosed):
-        status = ExitStatus.BROKEN_PIPE
-    except* OutputFailed as group:
-        say(str(_first(group)))
-        status = ExitStatus.OUTPUT_FAILED
-    finally:
-        signal.signal(signal.SIGINT, outside)
-    if status is ExitStatus.BROKEN_PIPE:
-        _silence_stdout()
-    return status
-
-
-def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc
-
-
-def _silence_stdout() -> None:
-    # Python flushes sys.stdout at exit; with the reader gone that would print an error.
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 1)
-        os.close(devnull)
-    except OSError:
-        pass
-
-
-class _StandardOutput(io.RawIOBase):
-    """Descriptor 1 as typer writes to it (--help, --version, completion scripts): a failed write
-    raises OutputClosed or OutputFailed, as the command's own writes do, so `main` reports it."""
-
-    def writable(self) -> bool:
-        return True
-
-    def fileno(self) -> int:
-        return 1
-
-    def write(self, data: Any) -> int:
-        chunk = bytes(data)
-        write_all(1, chunk)
-        return len(chunk)
-
-
-def _checked_stdout() -> io.TextIOWrapper:
-    given = sys.stdout  # None when the command was started with descriptor 1 closed
-    encoding = given.encoding if given is not None else "utf-8"
-    errors = given.errors if given is not None else "strict"
-    return io.TextIOWrapper(io.BufferedWriter(_StandardOutput()), encoding=encoding, errors=errors)
-
-
-def main() -> None:
-    """The command: parse the options, run, exit. Whatever the moment of a Ctrl-C, and whatever
-    state stdout and stderr are in, it ends with its documented status and at most one line."""
-    sys.stdout = _checked_stdout()
-    code = run_command()
-    # Everything rollfilter writes is written by now (os.write, or flushed by run_command);
-    # skipping the interpreter's teardown saves time on every run, which adds up under xargs.
-    if sys.stderr is not None:  # None when started with descriptor 2 closed
-        with contextlib.suppress(OSError, ValueError):
-            sys.stderr.flush()
-    os._exit(code)
-
-
-def run_command(args: Sequence[str] | None = None) -> int:
-    """Parse `args` (default: the command line), run, and return the exit status; every outcome
-    of parsing and of typer's own output is mapped here, as `execute` maps a run's."""
-    try:
-        code: Any = typer_app(args=None if args is None else list(args), prog_name="rollfilter", standalone_mode=False)
-        sys.stdout.flush()
-    except typer.TyperException as exc:  # click's usage errors: one line, as for every other error
-        say(f"{exc.format_message()} (see 'rollfilter --help')")
-        code = exc.exit_code
-    except (typer.Abort, KeyboardInterrupt):  # click turns a Ctrl-C in its parsing into Abort
-        code = ExitStatus.INTERRUPTED
-    except SystemExit as exit_:  # shell completion exits by itself
-        code = exit_.code
-    except OutputClosed:  # the reader of --help went away, as `| head` does: no message
-        code = ExitStatus.BROKEN_PIPE
-    except OutputFailed as exc:
-        say(str(exc))
-        code = ExitStatus.OUTPUT_FAILED
-    if code is None:
-        return 0
-    if not isinstance(code, int):  # sys.exit("message"): print it, as Python would
-        with contextlib.suppress(OSError):
-            os.write(2, f"{code}\n".encode(errors="backslashreplace"))
-        return 1
-    return code

@@ -14,37 +14,43 @@ import signal
 import stat
 import tempfile
 from collections.abc import Callable, Sequence
-from typing import Literal
 
 import msgspec
 import trio
 
-from rollfilter import demo as demo_agent
 from rollfilter import identity
 from rollfilter.aggregate import AggregateReport, ResultSpool, aggregate_run
+from rollfilter.cli.outputs import (
+    STANDARD_STREAMS,
+    OutputFiles,
+    Streams,
+    refuse_earlier_lines,
+    replace_content,
+    summary_bytes,
+    write_stderr,
+)
 from rollfilter.client import transport_for
 from rollfilter.config import CommandConfig, Config
+from rollfilter.demo import DemoAgent, DemoOptions
+from rollfilter.demo import serve as serve_demo
 from rollfilter.engine import Engine, RunControl, RunStatus, describe, prepare, reward_of
-from rollfilter.errors import ErrorKind, ExitStatus, RollfilterError, UsageError
-from rollfilter.headserver import resolve_endpoints
+from rollfilter.errors import ExitStatus, UsageError
 from rollfilter.keytable import KeyTable
 from rollfilter.materialize import write_materialized
 from rollfilter.metrics import Metrics
-from rollfilter.outcomes import AttemptFailure, failure_of
+from rollfilter.outcomes import AttemptFailure
 from rollfilter.plan import Planner
 from rollfilter.resume import (
     ResumeState,
-    StandingFailures,
     drop_torn_tail,
     read_pairs,
     result_records,
 )
 from rollfilter.routing import Router
-from rollfilter.rows import TASK_INDEX, agent_name, parse_row
+from rollfilter.rows import TASK_INDEX, agent_name
 from rollfilter.sinks import LineSink
 from rollfilter.source import (
     STDIN,
-    InputLine,
     LineReader,
     check_inputs,
     check_outputs_apart,
@@ -55,54 +61,7 @@ from rollfilter.transport import printable, shown
 from rollfilter.writers import BatchWriter, LineWriter, OutputClosed, OutputFailed, WholeFile, write_all
 
 _encode = msgspec.json.Encoder().encode
-APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT
 PROGRESS_SECONDS = 0.5  # how often the progress file is brought up to date
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Streams:
-    """The descriptors a run reads and writes; tests pass their own."""
-
-    stdin: int = 0
-    stdout: int = 1
-    stderr: int = 2
-
-
-def refuse_earlier_lines(path: str, option: str) -> None:
-    """UsageError when `path` is a regular file that already holds lines: a second run's lines
-    must never be mixed silently into a first run's (give --resume or --append)."""
-    try:
-        info = os.stat(path)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise UsageError(f"cannot write {option} {path}: {exc.strerror}") from None
-    if stat.S_ISREG(info.st_mode) and info.st_size > 0:
-        raise UsageError(
-            f"{option} {path} already holds lines of another run: give --resume to finish that run,"
-            " --append to add to it, or a new file"
-        )
-
-
-def open_for_append(path: str, option: str, *, must_be_empty: bool = False) -> int:
-    """Open `path` to append, creating it and its missing parent folders.
-
-    With `must_be_empty`, a regular file that already holds lines is refused: a second run's
-    lines must never be mixed silently into a first run's (give --resume or --append)."""
-    try:
-        parent = os.path.dirname(path)
-        if parent:
-            os.makedirs(parent, exist_ok=True)
-        fd = os.open(path, APPEND_FLAGS, 0o666)
-    except OSError as exc:
-        raise UsageError(f"cannot write {option} {path}: {exc.strerror}") from None
-    if must_be_empty:
-        try:
-            refuse_earlier_lines(path, option)
-        except UsageError:
-            os.close(fd)
-            raise
-    return fd
 
 
 # A status on demand, as dd prints one: SIGUSR1, and SIGINFO (Ctrl-T) where the system has it.
@@ -143,70 +102,6 @@ def _is_pipe(fd: int) -> bool:
         return stat.S_ISFIFO(os.fstat(fd).st_mode)
     except OSError:
         return False
-
-
-class OutputFiles(contextlib.ExitStack):
-    """The files a run appends to, opened (and checked) before anything is sent. A run refused
-    after they were opened (a RollfilterError: nothing was sent) leaves no file it created."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._created: list[str] = []  # removed on a refusal while still empty
-        self._written: list[str] = []  # removed on a refusal
-
-    def remove_if_refused(self, path: str) -> None:
-        """`path` is about to be written by this run: a refused run removes it, unless it was there already."""
-        if not os.path.lexists(path):
-            self._written.append(path)
-
-    def open(self, path: str | None, option: str, *, must_be_empty: bool = False) -> int | None:
-        if path is None:
-            return None
-        existed = os.path.lexists(path)
-        fd = open_for_append(path, option, must_be_empty=must_be_empty)
-        self.callback(os.close, fd)
-        if not existed:
-            self._created.append(path)
-        return fd
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> Literal[False]:
-        super().__exit__(kind, error, tb)  # type: ignore[arg-type]  # its callbacks close files: nothing is suppressed
-        refused = isinstance(error, RollfilterError) or (
-            isinstance(error, BaseExceptionGroup) and error.subgroup(RollfilterError) is not None
-        )
-        for path in self._created if refused else ():
-            with contextlib.suppress(OSError):
-                if os.stat(path).st_size == 0:
-                    os.unlink(path)
-        for path in self._written if refused else ():
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-        return False
-
-    def whole(self, path: str | None, option: str, *, regular_only: bool = False) -> WholeFile | None:
-        """A file written whole when there is content (see WholeFile), checked now."""
-        if path is None:
-            return None
-        file = WholeFile(path, option, regular_only=regular_only)
-        self.callback(file.close)
-        return file
-
-
-def _summary_bytes(
-    metrics: Metrics,
-    tasks: TaskStats | None,
-    stopped: str | None,
-    report: AggregateReport | None = None,
-    *,
-    timings: bool = True,
-    shards: identity.ShardCoverage | None = None,
-) -> bytes:
-    summary = metrics.summary(stopped=stopped, tasks=tasks, timings=timings)
-    if report is not None:
-        report.add_to(summary)
-    if shards is not None:
-        summary["rollfilter"]["shards"] = shards.summary()
-    return _encode(summary) + b"\n"
 
 
 async def _plan_first(
@@ -268,12 +163,6 @@ def take_earlier_results(path: str, metrics: Metrics, tasks: TaskStats | None, s
             spool.add(agent, result)
 
 
-def _replace_content(file: WholeFile | None, data: bytes) -> None:
-    """Replace the content of a file written whole (--metrics, --aggregate); OutputFailed when it cannot."""
-    if file is not None:
-        file.replace(data)
-
-
 async def _publish_progress(
     file: WholeFile, finished: Callable[[], int], say: Callable[[str], None], *, seconds: float = PROGRESS_SECONDS
 ) -> None:
@@ -297,7 +186,7 @@ async def _publish_progress(
 class Presentation:
     """What a command-line run adds around the engine: the demo agent, signals, what it shows."""
 
-    demo: demo_agent.DemoOptions | None = None
+    demo: DemoOptions | None = None
     handle_signals: bool = True
     quiet: bool = False
     progress: bool | None = None  # None: on when stderr is a terminal
@@ -306,7 +195,7 @@ class Presentation:
 
 
 async def run(
-    command: CommandConfig, *, streams: Streams = Streams(), show: Presentation = Presentation()
+    command: CommandConfig, *, streams: Streams = STANDARD_STREAMS, show: Presentation = Presentation()
 ) -> ExitStatus:
     """Run the rollouts `command` describes; return the exit status. Prints the summary."""
     config = command.engine
@@ -406,7 +295,7 @@ async def _run_open(
     writers = list(dict.fromkeys(w for w in outputs if w is not None))
     display = None
     if not show.dry_run and progress_wanted(show.progress, quiet=show.quiet, stderr_fd=streams.stderr):
-        from rollfilter.progress import ProgressDisplay
+        from rollfilter.cli.progress import ProgressDisplay
 
         display = ProgressDisplay(
             metrics,
@@ -460,9 +349,7 @@ async def _run_open(
                 services.start_soon(_watch_reader_gone, fds.out, lambda: control.stop(ExitStatus.BROKEN_PIPE))
             if show.demo is not None:
                 demo = show.demo
-                port = await services.start(
-                    lambda task_status: demo_agent.serve(demo_agent.DemoAgent(demo), task_status=task_status)
-                )
+                port = await services.start(lambda task_status: serve_demo(DemoAgent(demo), task_status=task_status))
                 config = dataclasses.replace(config, url=f"http://127.0.0.1:{port}/run")
             engine = await prepare(
                 config,
@@ -520,26 +407,26 @@ async def _run_open(
         incomplete = metrics.failed or metrics.not_persisted or reader.problems  # an input lost, as cat says
         status = ExitStatus.ROWS_FAILED if incomplete else ExitStatus.OK
     stopped = control.reason or (status.name.lower().replace("_", " ") if control.status else None)
-    summary = _summary_bytes(metrics, tasks, stopped, report)
+    summary = summary_bytes(metrics, tasks, stopped, report)
     if fds.progress is not None:
         with contextlib.suppress(OutputClosed, OutputFailed):  # best effort, as while running
             fds.progress.replace(b"%d\n" % finished())
     try:
-        _replace_content(fds.metrics, summary)
+        replace_content(fds.metrics, summary)
         if report is not None:
-            _replace_content(fds.aggregate, report.file_bytes())
+            replace_content(fds.aggregate, report.file_bytes())
     except OutputFailed as failure:
         write_failures.append(failure)
     messages = list(dict.fromkeys([control.reason, *map(str, write_failures)]))
     for message in filter(None, messages):
-        _write_stderr(streams.stderr, f"rollfilter: {message}\n".encode(errors="replace"))
+        write_stderr(streams.stderr, f"rollfilter: {message}\n".encode(errors="replace"))
     if write_failures:  # whatever stopped the run first, what it wrote is incomplete
         status = ExitStatus.OUTPUT_FAILED
     if engine is not None and control.status is None:
         for name in sorted(set(config.repeats_by_agent) - engine.planner.agents_seen):
-            _write_stderr(streams.stderr, f"rollfilter: -r {name}=K: no row named agent {name!r}\n".encode())
+            write_stderr(streams.stderr, f"rollfilter: -r {name}=K: no row named agent {name!r}\n".encode())
     if not show.quiet:
-        _write_stderr(streams.stderr, summary)
+        write_stderr(streams.stderr, summary)
     return status
 
 
@@ -616,119 +503,3 @@ async def dry_run(engine: Engine, out: BatchWriter, log: LineWriter, *, repeated
         engine.metrics.succeeded += 1
     engine.metrics.skipped = engine.planner.skipped
     engine.metrics.not_retried = engine.planner.given_up
-
-
-async def summarize(command: CommandConfig, *, streams: Streams = Streams()) -> ExitStatus:
-    """Recompute the summary from result lines (and errors records) without sending anything.
-
-    Lines with an `error` object or `_ng_failure_class` and indices are failed attempts; other
-    JSON objects are results. Each (task, rollout) pair counts once: as a success if any result
-    has it (an attempt that failed, then succeeded on --resume), else as one failure. With
-    --repeats K > 1, mean@K and pass@k are computed over tasks. With --aggregate, the results
-    go to their agents' /aggregate_metrics in one call per agent (shards aggregated as one).
-    The summary goes to stdout (it is this mode's output) and to --metrics FILE.
-    """
-    config = command.engine
-    check_inputs(command.inputs)
-    check_outputs_are_not_inputs(
-        command.inputs, [*command.output_files(), ("standard output", streams.stdout)], streams.stdin
-    )
-    shards = identity.shard_coverage(command.inputs)
-    metrics = Metrics()
-    tasks = TaskStats(config.max_repeats, config.pass_threshold) if config.max_repeats > 1 else None
-    reader = LineReader(command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=streams.stdin)
-    spool = ResultSpool() if config.aggregate else None
-    failures = StandingFailures()
-    report = None
-    unusable = _UnusableLines()
-    with OutputFiles() as files:
-        metrics_file = files.whole(command.metrics_file, "--metrics")
-        aggregate_file = files.whole(command.aggregate_file, "--aggregate")
-        try:
-            if spool is not None:
-                endpoints, head = await resolve_endpoints(config)
-                router = Router(config, endpoints, head)
-            while (line := await reader.next_line()) is not None:
-                if line.data is None:  # over --max-line-bytes
-                    unusable.add(line, line.problem or "too long", metrics)
-                    continue
-                if not line.data.strip():
-                    continue
-                record = parse_row(line.data)
-                if isinstance(record, str):
-                    unusable.add(line, record, metrics)
-                    continue
-                failure = failure_of(record)
-                if failure is not None and TASK_INDEX not in record:  # no pair to count it once for
-                    metrics.taken += 1
-                    metrics.add_failure(failure, agent_name(record))
-                    continue
-                if failure is not None:
-                    failures.failure(line.data)  # counted once every result is known
-                    continue
-                metrics.taken += 1
-                metrics.add_result(record, None, agent_name(record))
-                failures.result(record)
-                if spool is not None:
-                    spool.add(agent_name(record), record)
-                if tasks is not None and TASK_INDEX in record:
-                    tasks.rollout_ended(record[TASK_INDEX], reward_of(record))
-            for record in failures.standing():
-                metrics.taken += 1
-                failure = failure_of(record)
-                assert failure is not None
-                metrics.add_failure(failure, agent_name(record))
-                if tasks is not None:
-                    tasks.rollout_ended(record[TASK_INDEX], None)
-            if spool is not None:
-                report = await aggregate_run(spool, router, config)
-        finally:
-            reader.close()
-            if spool is not None:
-                spool.close()
-        if tasks is not None:
-            tasks.finish()
-        # The files hold no timings.
-        summary_bytes = _summary_bytes(metrics, tasks, None, report, timings=False, shards=shards)
-        if report is not None:
-            _replace_content(aggregate_file, report.file_bytes())
-        write_all(streams.stdout, summary_bytes, "standard output")
-        _replace_content(metrics_file, summary_bytes)
-    if unusable.count:
-        _write_stderr(streams.stderr, f"rollfilter: {unusable}\n".encode(errors="replace"))
-    for problem in reader.problems:
-        _write_stderr(streams.stderr, f"rollfilter: {problem}\n".encode(errors="replace"))
-    for problem in report.problems if report is not None else ():
-        _write_stderr(
-            streams.stderr, (printable(f"rollfilter: --aggregate: {problem}") + "\n").encode(errors="replace")
-        )
-    for problem in shards.problems if shards is not None else ():
-        _write_stderr(streams.stderr, f"rollfilter: --summarize: {problem}\n".encode(errors="replace"))
-    incomplete = reader.problems or unusable.count or (shards is not None and shards.problems)
-    return ExitStatus.ROWS_FAILED if incomplete else ExitStatus.OK
-
-
-class _UnusableLines:
-    """The lines --summarize cannot use (not JSON objects, numbers past the float range): each
-    counts as a failed row of kind bad_input, as a bad input line does in a run, and makes
-    the exit status 1."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._first = ""
-
-    def add(self, line: InputLine, reason: str, metrics: Metrics) -> None:
-        metrics.taken += 1
-        metrics.add_failure(AttemptFailure(ErrorKind.BAD_INPUT, reason))
-        if not self.count:
-            self._first = printable(f"{line.source}:{line.number}: {reason}")
-        self.count += 1
-
-    def __str__(self) -> str:
-        lines = "1 line is not a result" if self.count == 1 else f"{self.count} lines are not results"
-        return f"{lines}, counted as failed (bad_input); the first: {self._first}"
-
-
-def _write_stderr(fd: int, data: bytes) -> None:
-    with contextlib.suppress(OSError):
-        os.write(fd, data)

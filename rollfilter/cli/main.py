@@ -1,0 +1,140 @@
+"""The command's one error boundary: the command line parsed, its run executed, and every
+outcome of either mapped to its documented exit status, with at most one line on stderr.
+
+Below this module everything returns an `ExitStatus` or raises; the process exits here only
+(`main`), or in `startup` before anything is imported, or on a second signal during a run's
+wind-down (`run`), where waiting is what the user asked not to do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import trio
+import typer
+
+from rollfilter.cli.messages import say
+from rollfilter.cli.options import typer_app
+from rollfilter.errors import ExitStatus, RollfilterError
+from rollfilter.gc_policy import collect_garbage_for_a_run
+from rollfilter.writers import OutputClosed, OutputFailed, write_all
+
+
+def main() -> None:
+    """The command: parse the options, run, exit. Whatever the moment of a Ctrl-C, and whatever
+    state stdout and stderr are in, it ends with its documented status and at most one line."""
+    sys.stdout = _checked_stdout()
+    code = run_command()
+    # Everything rollfilter writes is written by now (os.write, or flushed by run_command);
+    # skipping the interpreter's teardown saves time on every run, which adds up under xargs.
+    if sys.stderr is not None:  # None when started with descriptor 2 closed
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+    os._exit(code)
+
+
+def run_command(args: Sequence[str] | None = None) -> int:
+    """Parse `args` (default: the command line), run, and return the exit status; every outcome
+    of parsing and of typer's own output is mapped here, and `execute` maps a run's."""
+    try:
+        code: Any = typer_app(args=None if args is None else list(args), prog_name="rollfilter", standalone_mode=False)
+        sys.stdout.flush()
+        if callable(code):  # the run the options ask for (else --help, --version: done)
+            code = execute(code)
+    except RollfilterError as exc:  # the options cannot be honoured: nothing was started
+        code = _report(exc)
+    except typer.TyperException as exc:  # click's usage errors: one line, as for every other error
+        say(f"{exc.format_message()} (see 'rollfilter --help')")
+        code = exc.exit_code
+    except (typer.Abort, KeyboardInterrupt):  # click turns a Ctrl-C in its parsing into Abort
+        code = ExitStatus.INTERRUPTED
+    except SystemExit as exit_:  # shell completion exits by itself
+        code = exit_.code
+    except OutputClosed:  # the reader of --help went away, as `| head` does: no message
+        code = ExitStatus.BROKEN_PIPE
+    except OutputFailed as exc:
+        say(str(exc))
+        code = ExitStatus.OUTPUT_FAILED
+    if code is None:
+        return 0
+    if not isinstance(code, int):  # sys.exit("message"): print it, as Python would
+        with contextlib.suppress(OSError):
+            os.write(2, f"{code}\n".encode(errors="backslashreplace"))
+        return 1
+    return code
+
+
+def _report(exc: RollfilterError) -> ExitStatus:
+    say(str(exc))
+    return exc.exit_status
+
+
+def execute(main: Callable[[], Awaitable[ExitStatus]]) -> ExitStatus:
+    """Run `main` under trio to its end; the one place outcomes become exit statuses."""
+    status = ExitStatus.OK
+    collect_garbage_for_a_run()
+    # trio takes Ctrl-C over only from Python's own handler; outside the run, the start-up one
+    # (rollfilter.cli.startup) stays, and exits at once.
+    outside = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        status = trio.run(main)
+    except* RollfilterError as group:
+        status = _report(_first(group))  # type: ignore[arg-type]
+    except* KeyboardInterrupt:
+        status = ExitStatus.INTERRUPTED
+    except* (BrokenPipeError, OutputClosed):
+        status = ExitStatus.BROKEN_PIPE
+    except* OutputFailed as group:
+        say(str(_first(group)))
+        status = ExitStatus.OUTPUT_FAILED
+    finally:
+        signal.signal(signal.SIGINT, outside)
+    if status is ExitStatus.BROKEN_PIPE:
+        _silence_stdout()
+    return status
+
+
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _silence_stdout() -> None:
+    # Python flushes sys.stdout at exit; with the reader gone that would print an error.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+    except OSError:
+        pass
+
+
+class _StandardOutput(io.RawIOBase):
+    """Descriptor 1 as typer writes to it (--help, --version, completion scripts): a failed write
+    raises OutputClosed or OutputFailed, as the command's own writes do, so `main` reports it."""
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return 1
+
+    def write(self, data: Any) -> int:
+        chunk = bytes(data)
+        write_all(1, chunk)
+        return len(chunk)
+
+
+def _checked_stdout() -> io.TextIOWrapper:
+    given = sys.stdout  # None when the command was started with descriptor 1 closed
+    encoding = given.encoding if given is not None else "utf-8"
+    errors = given.errors if given is not None else "strict"
+    return io.TextIOWrapper(io.BufferedWriter(_StandardOutput()), encoding=encoding, errors=errors)

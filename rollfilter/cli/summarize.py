@@ -1,0 +1,136 @@
+"""--summarize: the summary recomputed from result lines and errors records, sending nothing."""
+
+from __future__ import annotations
+
+from rollfilter import identity
+from rollfilter.aggregate import ResultSpool, aggregate_run
+from rollfilter.cli.outputs import STANDARD_STREAMS, OutputFiles, Streams, replace_content, summary_bytes, write_stderr
+from rollfilter.config import CommandConfig
+from rollfilter.engine import reward_of
+from rollfilter.errors import ErrorKind, ExitStatus
+from rollfilter.headserver import resolve_endpoints
+from rollfilter.metrics import Metrics
+from rollfilter.outcomes import AttemptFailure, failure_of
+from rollfilter.resume import (
+    StandingFailures,
+)
+from rollfilter.routing import Router
+from rollfilter.rows import TASK_INDEX, agent_name, parse_row
+from rollfilter.source import (
+    InputLine,
+    LineReader,
+    check_inputs,
+    check_outputs_are_not_inputs,
+)
+from rollfilter.tasks import TaskStats
+from rollfilter.transport import printable
+from rollfilter.writers import write_all
+
+
+async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREAMS) -> ExitStatus:
+    """Recompute the summary from result lines (and errors records) without sending anything.
+
+    Lines with an `error` object or `_ng_failure_class` and indices are failed attempts; other
+    JSON objects are results. Each (task, rollout) pair counts once: as a success if any result
+    has it (an attempt that failed, then succeeded on --resume), else as one failure. With
+    --repeats K > 1, mean@K and pass@k are computed over tasks. With --aggregate, the results
+    go to their agents' /aggregate_metrics in one call per agent (shards aggregated as one).
+    The summary goes to stdout (it is this mode's output) and to --metrics FILE.
+    """
+    config = command.engine
+    check_inputs(command.inputs)
+    check_outputs_are_not_inputs(
+        command.inputs, [*command.output_files(), ("standard output", streams.stdout)], streams.stdin
+    )
+    shards = identity.shard_coverage(command.inputs)
+    metrics = Metrics()
+    tasks = TaskStats(config.max_repeats, config.pass_threshold) if config.max_repeats > 1 else None
+    reader = LineReader(command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=streams.stdin)
+    spool = ResultSpool() if config.aggregate else None
+    failures = StandingFailures()
+    report = None
+    unusable = _UnusableLines()
+    with OutputFiles() as files:
+        metrics_file = files.whole(command.metrics_file, "--metrics")
+        aggregate_file = files.whole(command.aggregate_file, "--aggregate")
+        try:
+            if spool is not None:
+                endpoints, head = await resolve_endpoints(config)
+                router = Router(config, endpoints, head)
+            while (line := await reader.next_line()) is not None:
+                if line.data is None:  # over --max-line-bytes
+                    unusable.add(line, line.problem or "too long", metrics)
+                    continue
+                if not line.data.strip():
+                    continue
+                record = parse_row(line.data)
+                if isinstance(record, str):
+                    unusable.add(line, record, metrics)
+                    continue
+                failure = failure_of(record)
+                if failure is not None and TASK_INDEX not in record:  # no pair to count it once for
+                    metrics.taken += 1
+                    metrics.add_failure(failure, agent_name(record))
+                    continue
+                if failure is not None:
+                    failures.failure(line.data)  # counted once every result is known
+                    continue
+                metrics.taken += 1
+                metrics.add_result(record, None, agent_name(record))
+                failures.result(record)
+                if spool is not None:
+                    spool.add(agent_name(record), record)
+                if tasks is not None and TASK_INDEX in record:
+                    tasks.rollout_ended(record[TASK_INDEX], reward_of(record))
+            for record in failures.standing():
+                metrics.taken += 1
+                failure = failure_of(record)
+                assert failure is not None
+                metrics.add_failure(failure, agent_name(record))
+                if tasks is not None:
+                    tasks.rollout_ended(record[TASK_INDEX], None)
+            if spool is not None:
+                report = await aggregate_run(spool, router, config)
+        finally:
+            reader.close()
+            if spool is not None:
+                spool.close()
+        if tasks is not None:
+            tasks.finish()
+        # The files hold no timings.
+        summary = summary_bytes(metrics, tasks, None, report, timings=False, shards=shards)
+        if report is not None:
+            replace_content(aggregate_file, report.file_bytes())
+        write_all(streams.stdout, summary, "standard output")
+        replace_content(metrics_file, summary)
+    if unusable.count:
+        write_stderr(streams.stderr, f"rollfilter: {unusable}\n".encode(errors="replace"))
+    for problem in reader.problems:
+        write_stderr(streams.stderr, f"rollfilter: {problem}\n".encode(errors="replace"))
+    for problem in report.problems if report is not None else ():
+        write_stderr(streams.stderr, (printable(f"rollfilter: --aggregate: {problem}") + "\n").encode(errors="replace"))
+    for problem in shards.problems if shards is not None else ():
+        write_stderr(streams.stderr, f"rollfilter: --summarize: {problem}\n".encode(errors="replace"))
+    incomplete = reader.problems or unusable.count or (shards is not None and shards.problems)
+    return ExitStatus.ROWS_FAILED if incomplete else ExitStatus.OK
+
+
+class _UnusableLines:
+    """The lines --summarize cannot use (not JSON objects, numbers past the float range): each
+    counts as a failed row of kind bad_input, as a bad input line does in a run, and makes
+    the exit status 1."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._first = ""
+
+    def add(self, line: InputLine, reason: str, metrics: Metrics) -> None:
+        metrics.taken += 1
+        metrics.add_failure(AttemptFailure(ErrorKind.BAD_INPUT, reason))
+        if not self.count:
+            self._first = printable(f"{line.source}:{line.number}: {reason}")
+        self.count += 1
+
+    def __str__(self) -> str:
+        lines = "1 line is not a result" if self.count == 1 else f"{self.count} lines are not results"
+        return f"{lines}, counted as failed (bad_input); the first: {self._first}"
