@@ -45,8 +45,8 @@ from rollfilter.config import gym_layout as gym_layout_files
 from rollfilter.demo import DemoOptions
 from rollfilter.errors import ExitStatus, RollfilterError, UsageError
 from rollfilter.gc_policy import collect_garbage_for_a_run
+from rollfilter.http import DEFAULT_MAX_REPLY_BYTES, connections_that_fit, raise_open_file_limit
 from rollfilter.resume import max_attempts_from_environment
-from rollfilter.transport import DEFAULT_MAX_REPLY_BYTES, connections_that_fit, raise_open_file_limit
 from rollfilter.writers import OutputClosed, OutputFailed, write_all
 
 EXAMPLE_ROWS = Path(__file__).parent / "examples" / "weather.jsonl"  # NeMo Gym's five-row example

@@ -22,8 +22,8 @@ import trio
 from rollfilter import demo as demo_agent
 from rollfilter import identity
 from rollfilter.aggregate import AggregateReport, ResultSpool, aggregate_run
-from rollfilter.client import transport_for
 from rollfilter.config import CommandConfig, Config
+from rollfilter.connect import transport_for
 from rollfilter.engine import Engine, RunControl, RunStatus, describe, prepare, reward_of
 from rollfilter.errors import ErrorKind, ExitStatus, RollfilterError, UsageError
 from rollfilter.headserver import resolve_endpoints
@@ -32,6 +32,7 @@ from rollfilter.materialize import write_materialized
 from rollfilter.metrics import Metrics
 from rollfilter.outcomes import AttemptFailure, failure_of
 from rollfilter.plan import Planner
+from rollfilter.redact import printable, shown
 from rollfilter.resume import (
     ResumeState,
     StandingFailures,
@@ -51,7 +52,6 @@ from rollfilter.source import (
     check_outputs_are_not_inputs,
 )
 from rollfilter.tasks import TaskStats
-from rollfilter.transport import printable, shown
 from rollfilter.writers import BatchWriter, LineWriter, OutputClosed, OutputFailed, WholeFile, write_all
 
 _encode = msgspec.json.Encoder().encode

@@ -21,8 +21,8 @@ import yaml
 from rollfilter.budget import DEFAULT_RATIO
 from rollfilter.cost import Price, PriceError, parse_price, prices_from_mapping
 from rollfilter.errors import UsageError
+from rollfilter.http import DEFAULT_MAX_REPLY_BYTES
 from rollfilter.resume import DEFAULT_MAX_ATTEMPTS
-from rollfilter.transport import DEFAULT_MAX_REPLY_BYTES
 
 DEFAULT_CONCURRENCY = 32
 DEFAULT_RETRIES = 3

@@ -22,14 +22,15 @@ from rollfilter.client import (
     AgentClient,
     backoff_delay,
     parse_retry_after,
-    request_headers,
 )
 from rollfilter.config import DEFAULT_RETRY_STATUSES, Config
+from rollfilter.connect import request_headers
 from rollfilter.errors import ErrorKind
+from rollfilter.http import BadReply, CertificateError, Reply
 from rollfilter.outcomes import AttemptFailure
 from rollfilter.plan import Job
+from rollfilter.redact import printable
 from rollfilter.routing import Agent, Replica
-from rollfilter.transport import BadReply, CertificateError, Reply, printable
 
 URL = "http://127.0.0.1:8000/run"
 BODY = b'{"id": 7}'

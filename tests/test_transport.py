@@ -16,7 +16,7 @@ import trio
 from rollfilter import Config, Failure, Rollout, open_rollouts
 from rollfilter.demo import DemoAgent
 from rollfilter.demo.server import _serve_connection
-from rollfilter.transport import HTTP11Transport
+from rollfilter.http import HTTP11Transport
 from tests.conftest import (
     DemoServer,
     QuietHandler,
