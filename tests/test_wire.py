@@ -936,6 +936,31 @@ def test_late_duplicate_replies_turn_keep_alive_off_and_every_result_at_risk_is_
     assert len(named) <= exposed <= n
 
 
+class StrayAfterTheSecondAnswer:
+    """A server script whose second answer on a connection comes with a reply nobody asked for."""
+
+    def __init__(self) -> None:
+        self.answered: dict[Conn, int] = {}
+
+    def __call__(self, request: Request, conn: Conn) -> None:
+        self.answered[conn] = self.answered.get(conn, 0) + 1
+        stray = reply(408, b"", "Connection: close", reason="Request Timeout") if self.answered[conn] == 2 else b""
+        conn.send(echo(request) + stray)
+
+
+def test_the_keep_alive_warning_is_escaped_for_the_terminal(tmp_path):
+    """The warning names the rows at risk by their file: a file name, like a server's text,
+    cannot drive the terminal it is printed on."""
+    rows = tmp_path / "rows\x1b]0;owned\x07.jsonl"
+    rows.write_text(rows_jsonl(rows_for(2)))
+    with WireServer(StrayAfterTheSecondAnswer()) as server:
+        proc = run(["-u", server.url, "-j", "1", "-q", str(rows)])
+    assert proc.returncode == 0, proc.stderr
+    (warning,) = proc.stderr.decode().splitlines()
+    assert warning.startswith(f"rollfilter: {server.base} sent bytes nobody asked for")
+    assert warning.endswith("\\x1b]0;owned\\x07.jsonl:2)")  # escaped, and named
+
+
 def long_config_and_long_aggregate(request: Request, conn: Conn) -> None:
     if request.method == "GET":  # the head server: a config that is one long string
         conn.send(reply(200, json.dumps("x" * 5000).encode()))
