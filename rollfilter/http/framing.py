@@ -21,6 +21,8 @@ DEFAULT_MAX_REPLY_BYTES = 256 * 1024 * 1024
 HEAD_TOO_LARGE = f"the reply's header block is over {MAX_HEAD_BYTES // 1024} KiB"
 
 
+# Raised in llhttp's callbacks: llhttp raises its own error in turn, and the connection reading
+# the reply tells by that error's __context__ which of these it was.
 class Unsolicited(Exception):
     """llhttp began a second reply after the one asked for."""
 
@@ -146,7 +148,7 @@ class Reply:
 
     @classmethod
     def whole(cls, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> Reply:
-        """A reply that someone else parsed (httpx, for --proxy)."""
+        """A reply that someone else parsed (httpx, for the proxy client)."""
         reply = cls.__new__(cls)
         reply.method = b""
         reply.max_body_bytes = len(body)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 # Open files kept for everything but agent connections (standard streams, outputs, trio's
-# own descriptors, a head-server connection) when -j is fitted to the open-file limit.
+# own descriptors, a head-server connection) when the connections are fitted to the open-file limit.
 FILES_FOR_OTHER_USES = 64
 
 

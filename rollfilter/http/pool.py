@@ -120,7 +120,7 @@ class HTTP11Transport:
     ) -> Reply:
         """Any request, with the headers, credentials, bounds and errors of `post`. `body()`
         gives the body's chunks, `length` bytes in all, afresh each time it is sent. Not
-        `to_agent` (the head server), a -H Host is not sent: it names the agents' host."""
+        `to_agent` (the head server), a Host among `headers` is not sent: it names the agents' host."""
         head = self._head(method, url, credentials=True, to_agent=to_agent)
         request = b"%sContent-Length: %d\r\n\r\n" % (head, length)
         reply = await self._round_trip(origin_of(url), method, request, body=body)

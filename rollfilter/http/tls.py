@@ -9,7 +9,7 @@ from rollfilter.http.errors import causes
 
 def tls_context(*, verify: bool, cafile: str | None = None) -> ssl.SSLContext:
     """The system's trust store (SSL_CERT_FILE and SSL_CERT_DIR apply), the CAs in `cafile`
-    instead (--cacert, as curl's), or no checks at all."""
+    instead (as curl's --cacert reads them), or, without `verify`, no checks at all."""
     context = ssl.create_default_context(cafile=cafile)
     if not verify:
         context.check_hostname = False
