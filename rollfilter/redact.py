@@ -1,11 +1,13 @@
 """URLs and server text made safe to print: on a terminal, in a log, in an errors record.
 
 Every message that quotes a server, a file or a URL goes through here: `printable` escapes
-what could drive a terminal, `shown` takes the secrets out of a URL, and `origin` names a
-server by its origin alone.
+what could drive a terminal, `shown` takes the secrets out of a URL (`shown_split` out of one
+that httpx may not take), and `origin` names a server by its origin alone.
 """
 
 from __future__ import annotations
+
+import urllib.parse
 
 import httpx
 
@@ -23,6 +25,12 @@ def printable(text: str) -> str:
 def shown(url: httpx.URL) -> str:
     """A URL as rollfilter prints it: without user, password or query, which may hold secrets."""
     return printable(str(url.copy_with(username=None, password=None, query=None, fragment=None)))
+
+
+def shown_split(parts: urllib.parse.SplitResult) -> str:
+    """A URL that httpx may not take, split by urllib, as a message may show it: without user,
+    password or query. Not escaped: the caller quotes it with repr()."""
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2], query=""))
 
 
 def origin(url: httpx.URL | str) -> str:

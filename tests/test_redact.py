@@ -5,6 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from rollfilter.config import Config
+from rollfilter.errors import UsageError
 from rollfilter.redact import origin, printable, shown
 
 
@@ -36,3 +38,16 @@ def test_shown_leaves_out_credentials_query_and_fragment():
 )
 def test_an_origin_is_shown_as_urls_write_it_and_never_more(url: str, expected: str):
     assert origin(url) == expected
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("ftp://us3r:pa55@127.0.0.1/run?key=s3cret", "not an http(s) URL: 'ftp://127.0.0.1/run'"),
+        ("http://us3r:pa55@127.0.0.1:99999/run?key=s3cret", "bad port in URL 'http://127.0.0.1:99999/run'"),
+    ],
+)
+def test_a_url_that_is_refused_is_quoted_without_its_secrets(url: str, message: str):
+    with pytest.raises(UsageError) as refused:
+        Config(url=url)
+    assert str(refused.value) == message
