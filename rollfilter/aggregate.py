@@ -23,11 +23,13 @@ import httpx
 import msgspec
 import trio
 
-from rollfilter.client import transport_failure, transport_for
+from rollfilter.client import transport_failure
 from rollfilter.config import Config
+from rollfilter.connect import transport_for
+from rollfilter.http import AgentTransport
+from rollfilter.redact import origin
 from rollfilter.routing import Router
 from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX
-from rollfilter.transport import AgentTransport, origin
 
 # What NeMo Gym's collector leaves out of each verify response (response.usage is put back).
 HEAVY_FIELDS = frozenset(

@@ -19,22 +19,14 @@ import httpx
 import msgspec
 import trio
 
-from rollfilter import __version__
 from rollfilter.adaptive import Signal
 from rollfilter.config import Config
 from rollfilter.errors import ErrorKind
+from rollfilter.http import AgentTransport, CertificateError, Reply, origin_of
 from rollfilter.outcomes import AttemptFailure, Retry
 from rollfilter.plan import Job
+from rollfilter.redact import origin, printable, shown
 from rollfilter.routing import Agent, Replica
-from rollfilter.transport import (
-    AgentTransport,
-    CertificateError,
-    Reply,
-    open_transport,
-    origin,
-    printable,
-    shown,
-)
 
 BACKOFF_BASE = 0.5  # seconds before the first retry (times full jitter)
 BACKOFF_CAP = 30.0  # the longest jittered pause between two attempts
@@ -71,37 +63,6 @@ def backoff_delay(attempt: int, rng: random.Random, retry_after: float | None = 
     (itself capped at RETRY_AFTER_CAP)."""
     jittered = rng.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** min(attempt - 1, 64)))  # 2.0**1024 overflows
     return max(jittered, min(retry_after or 0.0, RETRY_AFTER_CAP))
-
-
-def request_headers(config: Config) -> list[tuple[str, str]]:
-    """The headers sent with every row: JSON, gzip, our User-Agent, then the user's -H.
-    An -H header replaces rollfilter's own of the same name, and an empty one (`-H 'Accept:'`)
-    removes it, as curl's do."""
-    given = {name.lower() for name, _ in config.headers}
-    own = [
-        ("Content-Type", "application/json"),
-        ("Accept", "application/json"),
-        ("Accept-Encoding", "gzip"),
-        ("User-Agent", f"rollfilter/{__version__}"),
-    ]
-    return [
-        *(header for header in own if header[0].lower() not in given),
-        *(header for header in config.headers if header[1]),
-    ]
-
-
-def transport_for(config: Config, on_warning: Callable[[str], None] | None = None) -> AgentTransport:
-    """The transport a run sends through, as `config` asks (TLS checks, headers, --proxy);
-    `on_warning` gets its one-line warnings (a server that sent bytes nobody asked for)."""
-    return open_transport(
-        on_warning=on_warning,
-        verify=not config.insecure,
-        cafile=config.cacert,
-        connect_timeout=config.connect_timeout,
-        headers=request_headers(config),
-        proxy=config.proxy,
-        max_reply_bytes=config.max_reply_bytes,
-    )
 
 
 class AgentClient:
@@ -200,7 +161,7 @@ class AgentClient:
                 moved = redirect_target(target, reply, cross_origin=self._cross_origin_redirects)
                 if isinstance(moved, AttemptFailure):
                     return moved, None
-                if _origin_of(moved) != _origin_of(target):
+                if origin_of(moved) != origin_of(target):
                     credentials = False  # as curl and httpx: Authorization stays with its origin
                 elif credentials and not moved.userinfo and target.userinfo:
                     moved = moved.copy_with(username=target.username, password=target.password)
@@ -274,17 +235,13 @@ def redirect_target(url: httpx.URL, reply: Reply, *, cross_origin: bool) -> http
     if target.scheme not in ("http", "https") or not target.host:
         message = f"{status} to {_shown_location(location)}, which is not an http(s) URL"
         return AttemptFailure(ErrorKind.HTTP_STATUS, message, reply.status)
-    if not cross_origin and _origin_of(target) != _origin_of(url):
+    if not cross_origin and origin_of(target) != origin_of(url):
         message = (
             f"{status} to another origin, {origin(target)} (give --cross-origin-redirects to follow it):"
             f" Location: {shown(target)}"
         )
         return AttemptFailure(ErrorKind.HTTP_STATUS, message, reply.status)
     return target
-
-
-def _origin_of(url: httpx.URL) -> tuple[str, str, int | None]:
-    return url.scheme, url.host, url.port
 
 
 def _shown_location(location: bytes) -> str:

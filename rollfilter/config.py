@@ -21,8 +21,9 @@ import yaml
 from rollfilter.budget import DEFAULT_RATIO
 from rollfilter.cost import Price, PriceError, parse_price, prices_from_mapping
 from rollfilter.errors import UsageError
+from rollfilter.http import DEFAULT_MAX_REPLY_BYTES
+from rollfilter.redact import shown_split
 from rollfilter.resume import DEFAULT_MAX_ATTEMPTS
-from rollfilter.transport import DEFAULT_MAX_REPLY_BYTES
 
 DEFAULT_CONCURRENCY = 32
 DEFAULT_RETRIES = 3
@@ -259,19 +260,14 @@ def checked_url(text: str, schemes: tuple[str, ...] = ("http", "https")) -> urll
     parts = urllib.parse.urlsplit(text)
     if parts.scheme not in schemes or not parts.hostname:
         kind = "http(s)" if schemes == ("http", "https") else "/".join(schemes)
-        raise UsageError(f"not an {kind} URL: {shown_url(parts)!r}")
+        raise UsageError(f"not an {kind} URL: {shown_split(parts)!r}")
     try:
         port = parts.port
     except ValueError:
         port = -1
     if port is not None and not 0 < port < 65536:
-        raise UsageError(f"bad port in URL {shown_url(parts)!r}")
+        raise UsageError(f"bad port in URL {shown_split(parts)!r}")
     return parts
-
-
-def shown_url(parts: urllib.parse.SplitResult) -> str:
-    """A URL as a message may show it: without user, password or query."""
-    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2], query=""))
 
 
 def parse_endpoints(specs: Iterable[str]) -> dict[str, tuple[str, ...]]:

@@ -16,10 +16,11 @@ import httpx
 import msgspec
 import trio
 
-from rollfilter.client import transport_for
 from rollfilter.config import Config
+from rollfilter.connect import transport_for
 from rollfilter.errors import ServiceError, UsageError
-from rollfilter.transport import AgentTransport, origin, printable
+from rollfilter.http import AgentTransport
+from rollfilter.redact import origin, printable
 
 AGENT_SERVER_TYPE = "responses_api_agents"
 HEAD_SERVER_TIMEOUT = 30.0  # seconds for the one config fetch, connecting included

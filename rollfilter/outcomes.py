@@ -15,8 +15,8 @@ import enum
 from typing import Any, ClassVar
 
 from rollfilter.errors import ErrorKind
+from rollfilter.redact import printable
 from rollfilter.rows import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX
-from rollfilter.transport import printable
 
 TERMINAL_KINDS = frozenset({ErrorKind.BAD_INPUT, ErrorKind.NO_ROUTE})  # no run can fix these
 ROLLFILTER_FIELDS = ("source", "line", "attempts", "error", "row", "raw", "agent_fields")  # of an errors record

@@ -19,8 +19,8 @@ import msgspec
 import trio
 
 from rollfilter.aggregate import ResultSpool, aggregate_run
-from rollfilter.client import transport_for
 from rollfilter.config import Config
+from rollfilter.connect import transport_for
 from rollfilter.engine import RunControl, RunStatus, prepare
 from rollfilter.metrics import Metrics
 from rollfilter.outcomes import Outcome

@@ -17,7 +17,7 @@ from rollfilter.budget import RetryBudget
 from rollfilter.config import Config
 from rollfilter.errors import ErrorKind
 from rollfilter.outcomes import AttemptFailure
-from rollfilter.transport import shown
+from rollfilter.redact import shown
 
 if TYPE_CHECKING:
     from rollfilter.headserver import HeadServerAgents

@@ -22,14 +22,15 @@ from rollfilter.client import (
     AgentClient,
     backoff_delay,
     parse_retry_after,
-    request_headers,
 )
 from rollfilter.config import DEFAULT_RETRY_STATUSES, Config
+from rollfilter.connect import request_headers
 from rollfilter.errors import ErrorKind
+from rollfilter.http import BadReply, CertificateError, Reply
 from rollfilter.outcomes import AttemptFailure
 from rollfilter.plan import Job
+from rollfilter.redact import printable
 from rollfilter.routing import Agent, Replica
-from rollfilter.transport import BadReply, CertificateError, Reply, printable
 
 URL = "http://127.0.0.1:8000/run"
 BODY = b'{"id": 7}'
@@ -304,6 +305,27 @@ async def test_a_same_origin_redirect_keeps_url_credentials(autojump_clock):
     assert await client.run(job(), agent(url)) == {"reward": 1.0}
     assert (transport.calls[1].url.username, transport.calls[1].url.password) == ("u", "p")
     assert transport.calls[1].credentials
+
+
+@pytest.mark.parametrize(
+    ("url", "location"),
+    [
+        ("http://u:p@127.0.0.1/run", "http://127.0.0.1:80/run/"),  # the default port, written out
+        ("https://u:p@127.0.0.1:443/run", "https://127.0.0.1/v2/run"),  # ... or left out
+    ],
+)
+async def test_a_redirect_within_the_origin_however_written_keeps_credentials(url, location, autojump_clock):
+    transport = ScriptedTransport(answer(307, Location=location), answer(200))
+    assert await AgentClient(Config(url=url), transport).run(job(), agent(url)) == {"reward": 1.0}
+    assert transport.calls[1].credentials
+
+
+async def test_a_redirect_to_another_scheme_on_the_same_port_is_another_origin(autojump_clock):
+    url = "http://u:p@127.0.0.1:443/run"
+    transport = ScriptedTransport(answer(307, Location="https://127.0.0.1/run"), answer(200))
+    config = Config(url=url, cross_origin_redirects=True)
+    assert await AgentClient(config, transport).run(job(), agent(url)) == {"reward": 1.0}
+    assert not transport.calls[1].credentials
 
 
 async def test_a_redirect_to_another_origin_is_followed_only_when_asked(autojump_clock):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import functools
 import ssl
 import subprocess
@@ -13,10 +14,11 @@ import httpx
 import pytest
 import trio
 
+import rollfilter.http
 from rollfilter import Config, Failure, Rollout, open_rollouts
 from rollfilter.demo import DemoAgent
 from rollfilter.demo.server import _serve_connection
-from rollfilter.transport import HTTP11Transport
+from rollfilter.http import HTTP11Transport, origin_of
 from tests.conftest import (
     DemoServer,
     QuietHandler,
@@ -199,3 +201,58 @@ def test_proxy_option_sends_through_the_proxy(demo_server: DemoServer):
     assert len(result_lines(proc.stdout)) == 12
     assert proxy.requests == 12
     assert demo_server.stats()["requests"] == 12
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        ("http://127.0.0.1/run", "http://127.0.0.1:80/other"),
+        ("https://127.0.0.1/run", "https://127.0.0.1:443/run"),
+        ("http://LOCALHOST:8000/run", "http://localhost:8000/v2"),
+        ("http://us3r:pa55@127.0.0.1:8000/run", "http://127.0.0.1:8000/run?key=s3cret"),
+    ],
+)
+def test_urls_written_differently_have_one_origin(one: str, other: str):
+    assert origin_of(httpx.URL(one)) == origin_of(httpx.URL(other))
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        ("http://127.0.0.1:443/run", "https://127.0.0.1/run"),  # the same port number, another scheme
+        ("http://127.0.0.1:8000/run", "http://127.0.0.1:8001/run"),
+        ("http://127.0.0.1:8000/run", "http://127.0.0.2:8000/run"),
+    ],
+)
+def test_another_scheme_host_or_port_is_another_origin(one: str, other: str):
+    assert origin_of(httpx.URL(one)) != origin_of(httpx.URL(other))
+
+
+def test_an_origin_always_has_its_port_and_only_http_and_https_have_one():
+    assert origin_of(httpx.URL("https://127.0.0.1/run")) == ("https", "127.0.0.1", 443)
+    with pytest.raises(httpx.UnsupportedProtocol):
+        origin_of(httpx.URL("ftp://127.0.0.1/file"))
+
+
+def test_the_http_package_imports_nothing_else_of_rollfilter():
+    """rollfilter/http is a leaf: the rest of rollfilter is built on it, never under it."""
+    package = Path(rollfilter.http.__file__).parent
+    outside = []
+    for module in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = ["." * node.level + (node.module or "")]
+            else:
+                continue
+            outside += [f"{module.name}: {name}" for name in names if _is_rollfilter_outside_http(name)]
+    assert outside == []
+
+
+def _is_rollfilter_outside_http(name: str) -> bool:
+    if name.startswith(".."):  # a relative import from above the package
+        return True
+    return (name == "rollfilter" or name.startswith("rollfilter.")) and not (
+        name == "rollfilter.http" or name.startswith("rollfilter.http.")
+    )

@@ -33,8 +33,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollfilter import transport as wire
-from rollfilter.transport import HTTP11Transport
+from rollfilter import redact
+from rollfilter.http import DEFAULT_MAX_REPLY_BYTES, BadReply, HTTP11Transport, pool
+from rollfilter.http.connection import Connection
+from rollfilter.http.framing import MAX_HEAD_BYTES
 from tests.conftest import (
     ROOT,
     SUBPROCESS_TIMEOUT,
@@ -381,7 +383,7 @@ async def test_agent_connections_have_tcp_keepalive():
 
 
 async def test_idle_connections_expire_before_the_server_times_them_out(monkeypatch):
-    monkeypatch.setattr(wire, "IDLE_EXPIRY", 0.2)
+    monkeypatch.setattr(pool, "IDLE_EXPIRY", 0.2)
     transport = HTTP11Transport()
     try:
         with WireServer() as server:
@@ -518,12 +520,12 @@ def test_uvicorn_closing_after_every_reply_costs_no_rows(uvicorn_server, tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("expiry", [wire.IDLE_EXPIRY, 60.0], ids=["expiry", "no expiry"])
+@pytest.mark.parametrize("expiry", [pool.IDLE_EXPIRY, 60.0], ids=["expiry", "no expiry"])
 async def test_uvicorn_keep_alive_timeout_race_costs_no_rows(uvicorn_server, expiry: float, monkeypatch):
     """60 connections reused after idling 4.95 to 5.05 s, around uvicorn's keep-alive timeout
     (5 s). The client expires idle connections first; without that, the check before reuse
     and the resend of a request the server reset must cover the race."""
-    monkeypatch.setattr(wire, "IDLE_EXPIRY", expiry)
+    monkeypatch.setattr(pool, "IDLE_EXPIRY", expiry)
     server = uvicorn_server()
     url = httpx.URL(server.url)
     width = 60
@@ -776,7 +778,7 @@ class EndlessHead:
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         chunk = self.then if self.served else self.first
         self.served += len(chunk)
-        assert self.served < 100 * wire.MAX_HEAD_BYTES, "still reading a head far past the limit"
+        assert self.served < 100 * MAX_HEAD_BYTES, "still reading a head far past the limit"
         return chunk
 
 
@@ -791,12 +793,12 @@ async def test_a_head_that_never_ends_is_refused_once_past_the_limit(first: byte
     # Checked between reads: httptools gathers a header line by concatenation, in time
     # quadratic in its length, and hands it over only once it ends.
     stream = EndlessHead(first, then)
-    connection = wire._Connection.__new__(wire._Connection)
+    connection = Connection.__new__(Connection)
     connection.stream = stream  # type: ignore[assignment]
-    connection.max_reply_bytes = wire.DEFAULT_MAX_REPLY_BYTES
-    with pytest.raises(wire.BadReply, match="header block is over 64 KiB"):
+    connection.max_reply_bytes = DEFAULT_MAX_REPLY_BYTES
+    with pytest.raises(BadReply, match="header block is over 64 KiB"):
         await connection.exchange(b"POST", b"POST /run HTTP/1.1\r\n\r\n")
-    assert stream.served <= wire.MAX_HEAD_BYTES + 2048
+    assert stream.served <= MAX_HEAD_BYTES + 2048
 
 
 def read_then_reset_on_reuse(request: Request, conn: Conn) -> None:
@@ -932,6 +934,31 @@ def test_late_duplicate_replies_turn_keep_alive_off_and_every_result_at_risk_is_
     # The exposure: rows answered on a reused connection before its stray bytes were seen.
     assert misattributed <= named, (sorted(misattributed), sorted(named), exposed)
     assert len(named) <= exposed <= n
+
+
+class StrayAfterTheSecondAnswer:
+    """A server script whose second answer on a connection comes with a reply nobody asked for."""
+
+    def __init__(self) -> None:
+        self.answered: dict[Conn, int] = {}
+
+    def __call__(self, request: Request, conn: Conn) -> None:
+        self.answered[conn] = self.answered.get(conn, 0) + 1
+        stray = reply(408, b"", "Connection: close", reason="Request Timeout") if self.answered[conn] == 2 else b""
+        conn.send(echo(request) + stray)
+
+
+def test_the_keep_alive_warning_is_escaped_for_the_terminal(tmp_path):
+    """The warning names the rows at risk by their file: a file name, like a server's text,
+    cannot drive the terminal it is printed on."""
+    rows = tmp_path / "rows\x1b]0;owned\x07.jsonl"
+    rows.write_text(rows_jsonl(rows_for(2)))
+    with WireServer(StrayAfterTheSecondAnswer()) as server:
+        proc = run(["-u", server.url, "-j", "1", "-q", str(rows)])
+    assert proc.returncode == 0, proc.stderr
+    (warning,) = proc.stderr.decode().splitlines()
+    assert warning.startswith(f"rollfilter: {server.base} sent bytes nobody asked for")
+    assert warning.endswith("\\x1b]0;owned\\x07.jsonl:2)")  # escaped, and named
 
 
 def long_config_and_long_aggregate(request: Request, conn: Conn) -> None:
@@ -1125,4 +1152,4 @@ def test_ipv6_origins_are_printed_in_brackets(tmp_path):
     outcome = rollfilter(f"http://[::1]:{port}/run", 1, tmp_path, "--retries", "0")
     assert outcome.kinds(1) == ["connect"]
     assert outcome.failures[0]["error"]["message"].startswith(f"cannot connect to http://[::1]:{port}: ")
-    assert wire.origin(f"http://[::1]:{port}/run?key=s3cret") == f"http://[::1]:{port}"
+    assert redact.origin(f"http://[::1]:{port}/run?key=s3cret") == f"http://[::1]:{port}"

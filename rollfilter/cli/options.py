@@ -42,8 +42,8 @@ from rollfilter.config import (
 from rollfilter.config import gym_layout as gym_layout_files
 from rollfilter.demo import DemoOptions
 from rollfilter.errors import ExitStatus, UsageError
+from rollfilter.http import DEFAULT_MAX_REPLY_BYTES, connections_that_fit, raise_open_file_limit
 from rollfilter.resume import max_attempts_from_environment
-from rollfilter.transport import DEFAULT_MAX_REPLY_BYTES, connections_that_fit, raise_open_file_limit
 
 EXAMPLE_ROWS = Path(__file__).parent.parent / "examples" / "weather.jsonl"  # NeMo Gym's five-row example
 # A Config error names its field; the command line names the option instead.

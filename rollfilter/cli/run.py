@@ -29,8 +29,8 @@ from rollfilter.cli.outputs import (
     summary_bytes,
     write_stderr,
 )
-from rollfilter.client import transport_for
 from rollfilter.config import CommandConfig, Config
+from rollfilter.connect import transport_for
 from rollfilter.demo import DemoAgent, DemoOptions
 from rollfilter.demo import serve as serve_demo
 from rollfilter.engine import Engine, RunControl, RunStatus, describe, prepare, reward_of
@@ -40,6 +40,7 @@ from rollfilter.materialize import write_materialized
 from rollfilter.metrics import Metrics
 from rollfilter.outcomes import AttemptFailure
 from rollfilter.plan import Planner
+from rollfilter.redact import printable, shown
 from rollfilter.resume import (
     ResumeState,
     drop_torn_tail,
@@ -57,7 +58,6 @@ from rollfilter.source import (
     check_outputs_are_not_inputs,
 )
 from rollfilter.tasks import TaskStats
-from rollfilter.transport import printable, shown
 from rollfilter.writers import BatchWriter, LineWriter, OutputClosed, OutputFailed, WholeFile, write_all
 
 _encode = msgspec.json.Encoder().encode

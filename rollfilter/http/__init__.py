@@ -1,0 +1,45 @@
+"""The HTTP/1.1 client of rollfilter: a leaf that imports nothing else of rollfilter.
+
+    framing.py          a reply: its framing decided once (`body_framing`), parsed by llhttp, decoded
+    connection.py       one connection: a request and its reply, and what a lost one proves
+    pool.py             `HTTP11Transport`: a keep-alive stack per origin, and why replies stay with requests
+    proxy.py            `ProxyTransport`: the same rules through an HTTP proxy, over httpx
+    agent_transport.py  the `AgentTransport` interface both implement, and `open_transport`
+    origin.py           `Origin`: the pool's key and the boundary of credentials
+    headers.py          the headers every request carries, and Basic auth from a URL
+    tls.py              the TLS context, and what a failed certificate check says
+    limits.py           the open-file limit, and the connections that fit under it
+    errors.py           the errors raised: httpx's, with `BadReply` and `CertificateError`
+
+Text in its errors and warnings (a server's words, a URL's host) is as it came: the caller
+escapes it before printing it.
+"""
+
+from rollfilter.http.agent_transport import AgentTransport, open_transport
+from rollfilter.http.connection import BodyChunks
+from rollfilter.http.errors import BadReply, CertificateError
+from rollfilter.http.framing import DEFAULT_MAX_REPLY_BYTES, Framing, Reply, body_framing
+from rollfilter.http.limits import connections_that_fit, raise_open_file_limit
+from rollfilter.http.origin import Origin, origin_of
+from rollfilter.http.pool import HTTP11Transport
+from rollfilter.http.proxy import ProxyTransport
+from rollfilter.http.tls import tls_context
+
+__all__ = [
+    "DEFAULT_MAX_REPLY_BYTES",
+    "AgentTransport",
+    "BadReply",
+    "BodyChunks",
+    "CertificateError",
+    "Framing",
+    "HTTP11Transport",
+    "Origin",
+    "ProxyTransport",
+    "Reply",
+    "body_framing",
+    "connections_that_fit",
+    "open_transport",
+    "origin_of",
+    "raise_open_file_limit",
+    "tls_context",
+]

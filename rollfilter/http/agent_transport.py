@@ -1,0 +1,59 @@
+"""What a run's HTTP goes through: the `AgentTransport` interface, and `open_transport`,
+which chooses the client that implements it (direct, or through a proxy)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import httpx
+
+from rollfilter.http.connection import BodyChunks
+from rollfilter.http.framing import DEFAULT_MAX_REPLY_BYTES, Reply
+from rollfilter.http.pool import HTTP11Transport
+from rollfilter.http.proxy import ProxyTransport
+
+
+class AgentTransport(Protocol):
+    """What every call of a run goes through: a JSON POST (`post`), any other request
+    (`request`), whole decoded replies, and closing.
+
+    Errors are httpx's, as `HTTP11Transport` documents them."""
+
+    async def post(self, url: httpx.URL, body: bytes, *, credentials: bool = True, row: str | None = None) -> Reply: ...
+
+    async def request(
+        self, method: bytes, url: httpx.URL, body: BodyChunks | None = None, *, length: int = 0, to_agent: bool = True
+    ) -> Reply: ...
+
+    async def aclose(self) -> None: ...
+
+
+def open_transport(
+    *,
+    verify: bool,
+    connect_timeout: float,
+    headers: list[tuple[str, str]],
+    proxy: str | None = None,
+    cafile: str | None = None,
+    max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+    on_warning: Callable[[str], None] | None = None,
+) -> AgentTransport:
+    """The transport for a run: direct HTTP/1.1, or httpx's through the HTTP proxy at `proxy`."""
+    if proxy is not None:
+        return ProxyTransport(
+            proxy,
+            verify=verify,
+            cafile=cafile,
+            connect_timeout=connect_timeout,
+            headers=headers,
+            max_reply_bytes=max_reply_bytes,
+        )
+    return HTTP11Transport(
+        verify=verify,
+        cafile=cafile,
+        connect_timeout=connect_timeout,
+        headers=headers,
+        max_reply_bytes=max_reply_bytes,
+        on_warning=on_warning,
+    )
