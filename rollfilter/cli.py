@@ -21,6 +21,7 @@ import typer
 
 from rollfilter import __version__, command
 from rollfilter.budget import DEFAULT_RATIO
+from rollfilter.command import in_options
 from rollfilter.config import (
     DEFAULT_CONCURRENCY,
     DEFAULT_CONNECT_TIMEOUT,
@@ -30,7 +31,6 @@ from rollfilter.config import (
     SHARD_AUTO,
     CommandConfig,
     Config,
-    ConfigError,
     parse_endpoints,
     parse_failure_limit,
     parse_header,
@@ -50,37 +50,6 @@ from rollfilter.transport import DEFAULT_MAX_REPLY_BYTES, connections_that_fit, 
 from rollfilter.writers import OutputClosed, OutputFailed, write_all
 
 EXAMPLE_ROWS = Path(__file__).parent / "examples" / "weather.jsonl"  # NeMo Gym's five-row example
-# A Config error names its field; the command line names the option instead.
-OPTION_OF_FIELD = {  # every Config field, as the command line names it
-    "url": "-u/--url",
-    "endpoints": "-e/--endpoint",
-    "agent": "-a/--agent",
-    "concurrency": "-j/--concurrency",
-    "limit": "-n/--limit",
-    "repeats": "-r/--repeats",
-    "repeats_by_agent": "-r/--repeats NAME=K",
-    "repeat_seeds": "--repeat-seeds",
-    "params": "-p/--param",
-    "retries": "--retries",
-    "retry_budget": "--retry-budget",
-    "retry_statuses": "--retry-on",
-    "timeout": "--timeout",
-    "connect_timeout": "--connect-timeout",
-    "max_failures": "--max-failures",
-    "prices": "--price/--prices",
-    "max_cost": "--max-cost",
-    "headers": "-H/--header",
-    "insecure": "--insecure",
-    "shard": "--shard I/N",
-    "pass_threshold": "--pass-threshold",
-    "head_server": "--head-server",
-    "proxy": "--proxy",
-    "adaptive": "--adaptive",
-    "aggregate": "--aggregate",
-    "cacert": "--cacert",
-    "cross_origin_redirects": "--cross-origin-redirects",
-    "max_reply_bytes": "--max-reply-bytes",
-}
 HELP = """Collect agent rollouts: JSONL rows in (FILEs or stdin), one result line out per row as it finishes.
 
 Each row is POSTed to an agent's /run endpoint as NeMo Gym's collector sends it; each JSON
@@ -524,8 +493,6 @@ def parse_and_run(
             max_line_bytes=max_line_bytes,
             shard_auto=shard == SHARD_AUTO,
         )
-    except ConfigError as exc:
-        raise typer.Exit(_report(UsageError(f"{OPTION_OF_FIELD.get(exc.field, exc.field)} {exc.problem}"))) from None
     except RollfilterError as exc:
         raise typer.Exit(_report(exc)) from None
     if not summarize and not dry_run:
@@ -591,7 +558,7 @@ def say(text: str) -> None:
 
 
 def _report(exc: RollfilterError) -> ExitStatus:
-    say(str(exc))
+    say(in_options(str(exc)))
     return exc.exit_status
 
 
@@ -611,7 +578,7 @@ def execute(main: Callable[[], Awaitable[ExitStatus]]) -> ExitStatus:
     except* (BrokenPipeError, OutputClosed):
         status = ExitStatus.BROKEN_PIPE
     except* OutputFailed as group:
-        say(str(_first(group)))
+        say(in_options(str(_first(group))))
         status = ExitStatus.OUTPUT_FAILED
     finally:
         signal.signal(signal.SIGINT, outside)

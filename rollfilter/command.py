@@ -25,7 +25,7 @@ from rollfilter.aggregate import AggregateReport, ResultSpool, aggregate_run
 from rollfilter.client import transport_for
 from rollfilter.config import CommandConfig, Config
 from rollfilter.engine import Engine, RunControl, RunStatus, describe, prepare, reward_of
-from rollfilter.errors import ErrorKind, ExitStatus, RollfilterError, UsageError
+from rollfilter.errors import ErrorKind, ExitStatus, RollfilterError, UsageError, name_options
 from rollfilter.headserver import resolve_endpoints
 from rollfilter.keytable import KeyTable
 from rollfilter.materialize import write_materialized
@@ -57,6 +57,52 @@ from rollfilter.writers import BatchWriter, LineWriter, OutputClosed, OutputFail
 _encode = msgspec.json.Encoder().encode
 APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT
 PROGRESS_SECONDS = 0.5  # how often the progress file is brought up to date
+# The library's messages name settings by their fields (Config.url); the command line names
+# the options that set them.
+OPTION_OF_FIELD = {  # every Config field, and the CommandConfig fields messages name
+    "url": "-u/--url",
+    "endpoints": "-e/--endpoint",
+    "agent": "-a/--agent",
+    "concurrency": "-j/--concurrency",
+    "limit": "-n/--limit",
+    "repeats": "-r/--repeats",
+    "repeats_by_agent": "-r/--repeats NAME=K",
+    "repeat_seeds": "--repeat-seeds",
+    "params": "-p/--param",
+    "retries": "--retries",
+    "retry_budget": "--retry-budget",
+    "retry_statuses": "--retry-on",
+    "timeout": "--timeout",
+    "connect_timeout": "--connect-timeout",
+    "max_failures": "--max-failures",
+    "prices": "--prices",
+    "max_cost": "--max-cost",
+    "headers": "-H/--header",
+    "insecure": "--insecure",
+    "shard": "--shard",
+    "pass_threshold": "--pass-threshold",
+    "head_server": "--head-server",
+    "proxy": "--proxy",
+    "adaptive": "--adaptive",
+    "aggregate": "--aggregate",
+    "cacert": "--cacert",
+    "cross_origin_redirects": "--cross-origin-redirects",
+    "max_reply_bytes": "--max-reply-bytes",
+    "output": "-o",
+    "errors_file": "--errors",
+    "metrics_file": "--metrics",
+    "per_task_file": "--per-task",
+    "aggregate_file": "--aggregate",
+    "materialized_file": "--materialized",
+    "progress_file": "--progress-file",
+    "resume": "--resume",
+    "max_attempts": "--max-attempts",
+}
+
+
+def in_options(text: str) -> str:
+    """A library message as the command line says it: each field it names becomes its option."""
+    return name_options(text, OPTION_OF_FIELD)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -287,7 +333,7 @@ async def _publish_progress(
             try:
                 file.replace(b"%d\n" % count)
             except (OutputClosed, OutputFailed) as failure:
-                say(f"{failure}; the run goes on without it")
+                say(in_options(f"{failure}; the run goes on without it"))
                 return
             published = count
         await trio.sleep(seconds)
@@ -424,6 +470,7 @@ async def _run_open(
         records=command.errors_file is not None,
         ordered=command.ordered,
         repeats=config.max_repeats,
+        in_options=in_options,
     )
     tasks = None
     if config.max_repeats > 1:
@@ -431,7 +478,7 @@ async def _run_open(
         tasks = TaskStats(config.max_repeats, config.pass_threshold, on_task)
 
     def say(text: str) -> None:
-        log.write(f"rollfilter: {text}\n".encode(errors="replace"))
+        log.write(f"rollfilter: {in_options(text)}\n".encode(errors="replace"))
 
     transport = transport_for(config, on_warning=say)
 
@@ -520,6 +567,7 @@ async def _run_open(
         incomplete = metrics.failed or metrics.not_persisted or reader.problems  # an input lost, as cat says
         status = ExitStatus.ROWS_FAILED if incomplete else ExitStatus.OK
     stopped = control.reason or (status.name.lower().replace("_", " ") if control.status else None)
+    stopped = in_options(stopped) if stopped is not None else None
     summary = _summary_bytes(metrics, tasks, stopped, report)
     if fds.progress is not None:
         with contextlib.suppress(OutputClosed, OutputFailed):  # best effort, as while running
@@ -532,7 +580,7 @@ async def _run_open(
         write_failures.append(failure)
     messages = list(dict.fromkeys([control.reason, *map(str, write_failures)]))
     for message in filter(None, messages):
-        _write_stderr(streams.stderr, f"rollfilter: {message}\n".encode(errors="replace"))
+        _write_stderr(streams.stderr, f"rollfilter: {in_options(message)}\n".encode(errors="replace"))
     if write_failures:  # whatever stopped the run first, what it wrote is incomplete
         status = ExitStatus.OUTPUT_FAILED
     if engine is not None and control.status is None:
@@ -699,9 +747,8 @@ async def summarize(command: CommandConfig, *, streams: Streams = Streams()) -> 
     for problem in reader.problems:
         _write_stderr(streams.stderr, f"rollfilter: {problem}\n".encode(errors="replace"))
     for problem in report.problems if report is not None else ():
-        _write_stderr(
-            streams.stderr, (printable(f"rollfilter: --aggregate: {problem}") + "\n").encode(errors="replace")
-        )
+        text = printable(f"rollfilter: --aggregate: {in_options(problem)}") + "\n"
+        _write_stderr(streams.stderr, text.encode(errors="replace"))
     for problem in shards.problems if shards is not None else ():
         _write_stderr(streams.stderr, f"rollfilter: --summarize: {problem}\n".encode(errors="replace"))
     incomplete = reader.problems or unusable.count or (shards is not None and shards.problems)

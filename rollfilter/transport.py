@@ -617,7 +617,7 @@ class HTTP11Transport:
                 if self._close_idle():
                     continue
                 if self._open == 0:
-                    raise httpx.ConnectError("too many open files (raise the limit with ulimit -n)") from None
+                    raise httpx.ConnectError("too many open files (raise the open-file limit, RLIMIT_NOFILE)") from None
                 self._waiting_for_files += 1
                 try:
                     await self._file_freed.park()
@@ -771,7 +771,7 @@ def _gunzip(data: bytes, max_bytes: int) -> bytes:
 
 def _body_too_large(max_bytes: int, how: str = "") -> str:
     size = f"{max_bytes // 2**20} MiB" if max_bytes % 2**20 == 0 else f"{max_bytes} bytes"
-    return f"the reply's body is over {size}{' ' + how if how else ''} (--max-reply-bytes)"
+    return f"the reply's body is over {size}{' ' + how if how else ''} (Config.max_reply_bytes)"
 
 
 def _header_lines(headers: Iterable[tuple[str, str]]) -> bytes:

@@ -244,7 +244,7 @@ def test_shard_auto_is_the_array_tasks_offset_from_the_first():
     stepped = {**array_task(6, 0, 3), "SLURM_ARRAY_TASK_STEP": "3"}  # --array=0-6:3
     assert slurm_shard(stepped) == (2, 3)
     for broken in ({}, array_task(5, 1, 4), {**array_task(4, 0, 3), "SLURM_ARRAY_TASK_STEP": "3"}):
-        with pytest.raises(UsageError, match="--shard auto"):
+        with pytest.raises(UsageError, match=r"^Config\.shard auto"):
             slurm_shard(broken)
 
 
