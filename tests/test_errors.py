@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import socket
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,10 @@ import typer
 from rollfilter import Config, Failure, rollouts
 from rollfilter.cli import typer_app
 from rollfilter.command import OPTION_OF_FIELD
+from rollfilter.config import FailureLimit
 from rollfilter.errors import ErrorKind, UsageError, name_options
-from tests.conftest import rows_jsonl, run, simple_rows
+from tests.conftest import rows_jsonl, simple_rows, summary_of
+from tests.conftest import run as run_command
 
 PACKAGE = Path(__file__).parent.parent / "rollfilter"
 # The command line's own modules, which may name its options; identity.py keeps and checks the
@@ -72,7 +75,7 @@ def test_a_bad_setting_is_its_field_in_python_and_its_option_on_the_command_line
     with pytest.raises(UsageError) as caught:
         list(rollouts(simple_rows(1), Config(url=demo_server.url, max_cost=5.0)))
     assert str(caught.value) == "Config.max_cost needs Config.prices: without them nothing is spent"
-    proc = run(["-u", demo_server.url, "--max-cost", "5"], input=rows_jsonl(simple_rows(1)))
+    proc = run_command(["-u", demo_server.url, "--max-cost", "5"], input=rows_jsonl(simple_rows(1)))
     assert proc.returncode == 2
     assert proc.stderr.decode() == "rollfilter: --max-cost needs --prices: without them nothing is spent\n"
     assert demo_server.stats()["requests"] == 0
@@ -87,10 +90,26 @@ def test_a_row_without_a_route_is_told_the_fields_in_python_and_the_options_on_t
     assert {failure.message for failure in failures} == {advice.format("Config.agent", "Config.url")}
 
     errors = tmp_path / "errors.jsonl"
-    proc = run(["-e", f"demo={demo_server.url}", "--errors", str(errors)], input=rows_jsonl(rows))
+    proc = run_command(["-e", f"demo={demo_server.url}", "--errors", str(errors)], input=rows_jsonl(rows))
     assert proc.returncode == 1
     records = [json.loads(line) for line in errors.read_text().splitlines()]
     assert [record["error"]["message"] for record in records] == [advice.format("-a/--agent", "-u/--url")] * 2
-    proc = run(["-e", f"demo={demo_server.url}", "-q"], input=rows_jsonl(rows[:1]))
+    proc = run_command(["-e", f"demo={demo_server.url}", "-q"], input=rows_jsonl(rows[:1]))
     assert proc.stderr.decode() == f"rollfilter: <stdin>:1: no_route: {advice.format('-a/--agent', '-u/--url')}\n"
     assert demo_server.stats()["requests"] == 0
+
+
+def test_the_stopped_reason_names_the_field_in_python_and_the_option_on_the_command_line():
+    with socket.socket() as listener:  # a port nothing listens on: bound, then closed
+        listener.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/run"
+    rows = simple_rows(30)
+    config = Config(url=url, retries=0, concurrency=1, max_failures=FailureLimit(count=2))
+    with rollouts(rows, config) as run:
+        assert len(list(run)) == 2
+    assert run.summary is not None
+    assert run.summary["rollfilter"]["stopped"] == "stopped after 2 failed rows (Config.max_failures 2)"
+    proc = run_command(["-u", url, "--retries", "0", "-j", "1", "--max-failures", "2"], input=rows_jsonl(rows))
+    assert proc.returncode == 1
+    assert "rollfilter: stopped after 2 failed rows (--max-failures 2)\n" in proc.stderr.decode()
+    assert summary_of(proc.stderr)["rollfilter"]["stopped"] == "stopped after 2 failed rows (--max-failures 2)"
