@@ -20,9 +20,9 @@ from tests.conftest import rows_jsonl, simple_rows, summary_of
 from tests.conftest import run as run_command
 
 PACKAGE = Path(__file__).parent.parent / "rollfilter"
-# The command line's own modules, which may name its options; identity.py keeps and checks the
-# run's record beside -o, which only the command line writes.
-COMMAND_LINE_MODULES = {"cli.py", "command.py", "progress.py", "demo.py", "identity.py"}
+# The command line's own modules and packages, which may name its options; identity.py keeps and
+# checks the run's record beside -o, which only the command line writes.
+COMMAND_LINE_MODULES = {"cli.py", "command.py", "progress.py", "demo", "identity.py"}
 
 
 def command_line_options() -> set[str]:
@@ -54,9 +54,9 @@ def test_no_string_outside_the_command_line_names_an_option():
     alternatives = "|".join(map(re.escape, sorted(options, key=len, reverse=True)))
     named = re.compile(rf"(?<![\w-])({alternatives})(?![\w-])")
     found = [
-        f"{path.name}:{line}: {text!r}"
+        f"{path.relative_to(PACKAGE)}:{line}: {text!r}"
         for path in sorted(PACKAGE.rglob("*.py"))
-        if path.name not in COMMAND_LINE_MODULES
+        if path.relative_to(PACKAGE).parts[0] not in COMMAND_LINE_MODULES
         for line, text in messages_of(path)
         if named.search(text)
     ]
