@@ -113,3 +113,13 @@ def test_the_stopped_reason_names_the_field_in_python_and_the_option_on_the_comm
     assert proc.returncode == 1
     assert "rollfilter: stopped after 2 failed rows (--max-failures 2)\n" in proc.stderr.decode()
     assert summary_of(proc.stderr)["rollfilter"]["stopped"] == "stopped after 2 failed rows (--max-failures 2)"
+
+
+def test_a_verbose_event_names_the_option_that_the_engine_names_by_its_field(agent):
+    row = {"responses_create_params": {"input": "q"}, "answer": {"_ng_no_persist": True}}
+    proc = run_command(["-u", agent.run_url, "-a", "agent", "-v", "-q"], input=rows_jsonl([row]))
+    assert proc.returncode == 1
+    lines = proc.stderr.decode().splitlines()
+    assert [line for line in lines if "not persisted" in line] == [
+        "rollfilter: <stdin>:1 task 0 rollout 0: not persisted (the agent's _ng_no_persist); --resume runs it again"
+    ]
