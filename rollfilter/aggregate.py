@@ -236,7 +236,8 @@ async def request_aggregates(
     report = AggregateReport()
     if spool.unnamed:
         report.problems.append(
-            f"{spool.unnamed} results name no agent (rows routed by -u alone): give -a NAME to aggregate them"
+            f"{spool.unnamed} results name no agent (rows routed by Config.url alone):"
+            " give Config.agent NAME to aggregate them"
         )
     if spool.error is not None:
         report.problems.append(spool.error)
@@ -244,7 +245,8 @@ async def request_aggregates(
     for name in sorted(spool.agents):
         run_url = run_urls.get(name)
         if run_url is None:
-            report.problems.append(f"no URL for agent {name!r}: give -e {name}=URL, --head-server, or -u")
+            where = f"Config.endpoints {name}=URL, Config.head_server, or Config.url"
+            report.problems.append(f"no URL for agent {name!r}: give {where}")
             continue
         url = httpx.URL(aggregate_url(run_url))
         where = f"agent {name!r} ({origin(url)})"

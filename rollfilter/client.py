@@ -36,7 +36,7 @@ ERROR_BODY_CHARS = 200  # how much of an error response's body a message quotes
 RETRY_AFTER_CAP = 120.0
 MAX_REDIRECTS = 5  # 307/308 hops followed within one attempt
 BUDGET_SPENT = "not retried: the agent's retry budget is spent"
-TRUST_ADVICE = "to trust its CA, give --cacert FILE or set SSL_CERT_FILE=FILE; --insecure skips the check"
+TRUST_ADVICE = "to trust its CA, give Config.cacert FILE or set SSL_CERT_FILE=FILE; Config.insecure skips the check"
 
 _decode = msgspec.json.Decoder().decode
 
@@ -141,7 +141,7 @@ class AgentClient:
         except Exception as exc:  # one row's surprise must not end the run
             if self._on_internal_error is not None:
                 self._on_internal_error(job, exc)
-            message = f"unexpected {type(exc).__name__} while sending the row or reading its reply (-v shows it)"
+            message = f"unexpected {type(exc).__name__} while sending the row or reading its reply"
             return AttemptFailure(ErrorKind.INTERNAL, message, attempts=attempt)
 
     async def _attempt(
@@ -168,7 +168,7 @@ class AgentClient:
                 target = moved
             message = f"HTTP {status} {_reason_phrase(status)}: more than {MAX_REDIRECTS} redirects"
             return AttemptFailure(ErrorKind.HTTP_STATUS, message, status), None
-        message = f"no answer within --timeout {self._timeout:g} s"
+        message = f"no answer within Config.timeout {self._timeout:g} s"
         return AttemptFailure(ErrorKind.TIMEOUT, message, retry=Retry.NOW), None
 
     def _outcome(self, reply: Reply) -> tuple[dict[str, Any] | AttemptFailure, float | None]:
@@ -237,7 +237,7 @@ def redirect_target(url: httpx.URL, reply: Reply, *, cross_origin: bool) -> http
         return AttemptFailure(ErrorKind.HTTP_STATUS, message, reply.status)
     if not cross_origin and origin_of(target) != origin_of(url):
         message = (
-            f"{status} to another origin, {origin(target)} (give --cross-origin-redirects to follow it):"
+            f"{status} to another origin, {origin(target)} (Config.cross_origin_redirects follows it):"
             f" Location: {shown(target)}"
         )
         return AttemptFailure(ErrorKind.HTTP_STATUS, message, reply.status)

@@ -55,16 +55,15 @@ class FailureLimit:
 
     def describe(self) -> str:
         if self.count is not None:
-            return f"--max-failures {self.count}"
-        return f"--max-failures {self.fraction * 100:g}%" if self.fraction is not None else ""
+            return f"Config.max_failures {self.count}"
+        return f"Config.max_failures {self.fraction * 100:g}%" if self.fraction is not None else ""
 
 
 class ConfigError(UsageError):
-    """A Config field that cannot be used; the message names the field (the command line
-    puts its option in the field's place)."""
+    """A Config field that cannot be used; the message opens with the field (`Config.limit`)."""
 
     def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field} {problem}")
+        super().__init__(f"Config.{field} {problem}")
         self.field = field
         self.problem = problem
 
@@ -153,7 +152,7 @@ class Config:
         if self.max_cost is not None and not 0 < self.max_cost < math.inf:
             raise ConfigError("max_cost", "must be a positive, finite number of USD")
         if self.max_cost is not None and not self.prices:
-            raise ConfigError("max_cost", "needs prices: without them nothing is spent")
+            raise ConfigError("max_cost", "needs Config.prices: without them nothing is spent")
         if self.retry_budget is not None and not 0 <= self.retry_budget < math.inf:
             raise ConfigError("retry_budget", "must be a finite number of retries a row, 0 or more (None: no budget)")
         if self.timeout is not None and not self.timeout > 0:
@@ -163,7 +162,7 @@ class Config:
         if self.max_reply_bytes < 1:
             raise ConfigError("max_reply_bytes", "must be at least 1")
         if self.shard is not None and not 0 <= self.shard[0] < self.shard[1]:
-            raise ConfigError("shard", "wants 0 <= I < N")
+            raise ConfigError("shard", "I/N wants 0 <= I < N")
         if not math.isfinite(self.pass_threshold):
             raise ConfigError("pass_threshold", "must be a finite number")
 
@@ -216,34 +215,27 @@ class CommandConfig:
         if self.aggregate_file is not None and not self.engine.aggregate:
             object.__setattr__(self, "engine", dataclasses.replace(self.engine, aggregate=True))
         if self.max_attempts < 1:
-            raise UsageError("--max-attempts must be at least 1")
+            raise UsageError("CommandConfig.max_attempts must be at least 1")
         if self.resume and self.output is None:
-            raise UsageError("--resume needs -o/--output FILE: it skips the rows already in FILE")
+            raise UsageError("CommandConfig.resume needs CommandConfig.output FILE: it skips the rows already in FILE")
 
     def output_files(self) -> list[tuple[str, str]]:
-        """The files a run writes, each named with its option for messages."""
-        named = (
-            ("-o", self.output),
-            ("--errors", self.errors_file),
-            ("--metrics", self.metrics_file),
-            ("--per-task", self.per_task_file),
-            ("--aggregate", self.aggregate_file),
-            ("--materialized", self.materialized_file),
-            ("--progress-file", self.progress_file),
-        )
-        return [(f"{option} {path}", path) for option, path in named if path is not None]
+        """The files a run writes, each named with its field for messages."""
+        named = ("output", "errors_file", "metrics_file", "per_task_file", "aggregate_file", "materialized_file")
+        paths = [(field, getattr(self, field)) for field in (*named, "progress_file")]
+        return [(f"CommandConfig.{field} {path}", path) for field, path in paths if path is not None]
 
 
 def check_cacert(path: str) -> None:
-    """UsageError unless `path` is a readable PEM file of certificates (--cacert)."""
+    """UsageError unless `path` is a readable PEM file of certificates (Config.cacert)."""
     import ssl
 
     try:
         ssl.create_default_context(cafile=path)
     except ssl.SSLError:  # an OSError too: first
-        raise UsageError(f"--cacert {path} holds no PEM certificates") from None
+        raise UsageError(f"Config.cacert {path} holds no PEM certificates") from None
     except OSError as exc:
-        raise UsageError(f"cannot read --cacert {path}: {exc.strerror or exc}") from None
+        raise UsageError(f"cannot read Config.cacert {path}: {exc.strerror or exc}") from None
 
 
 def agent_url(text: str) -> str:
@@ -276,7 +268,7 @@ def parse_endpoints(specs: Iterable[str]) -> dict[str, tuple[str, ...]]:
     for spec in specs:
         name, sep, urls = spec.partition("=")
         if not sep or not name or not urls:
-            raise UsageError(f"-e/--endpoint wants NAME=URL, got {spec!r}")
+            raise UsageError(f"Config.endpoints wants NAME=URL, got {spec!r}")
         replicas = tuple(agent_url(url.strip()) for url in urls.split(",") if url.strip())
         endpoints[name] = endpoints.get(name, ()) + replicas
     return endpoints
@@ -286,7 +278,7 @@ def gym_layout(output: str | None) -> tuple[str, str, str, str]:
     """The files ng_collect_rollouts writes beside OUT.jsonl: its materialized inputs, failures
     sidecar, aggregate metrics and progress counter, named as NeMo Gym names them."""
     if output is None:
-        raise UsageError("--gym-layout needs -o OUT.jsonl: the other files are named after it")
+        raise UsageError("the NeMo Gym layout needs CommandConfig.output OUT.jsonl: the other files are named after it")
     path = pathlib.Path(output)
     return (
         str(path.with_stem(path.stem + "_materialized_inputs").with_suffix(".jsonl")),
@@ -299,21 +291,24 @@ def gym_layout(output: str | None) -> tuple[str, str, str, str]:
 def parse_prices(specs: Iterable[str], path: str | None) -> tuple[tuple[str | None, Price], ...]:
     """`--prices FILE` (YAML or JSON), then each `--price [AGENT=]IN,OUT[,CACHED]`; the last for an agent wins."""
     prices: dict[str | None, Price] = {}
-    try:
-        if path is not None:
-            try:
-                with open(path, encoding="utf-8") as file:
-                    data = yaml.safe_load(file)
-            except OSError as exc:
-                raise UsageError(f"cannot read --prices {path}: {exc.strerror}") from None
-            except (yaml.YAMLError, UnicodeDecodeError):
-                raise UsageError(f"--prices {path} is not YAML or JSON") from None
+    if path is not None:
+        try:
+            with open(path, encoding="utf-8") as file:
+                data = yaml.safe_load(file)
+        except OSError as exc:
+            raise UsageError(f"cannot read Config.prices {path}: {exc.strerror}") from None
+        except (yaml.YAMLError, UnicodeDecodeError):
+            raise UsageError(f"Config.prices {path} is not YAML or JSON") from None
+        try:
             prices.update(prices_from_mapping(data))
+        except PriceError as exc:
+            raise UsageError(f"Config.prices {path}: {exc}") from None
+    try:
         for spec in specs:
             agent, price = parse_price(spec)
             prices[agent] = price
     except PriceError as exc:
-        raise UsageError(f"--prices {path}: {exc}" if path and "--price" not in str(exc) else str(exc)) from None
+        raise UsageError(str(exc)) from None
     return tuple(prices.items())
 
 
@@ -326,7 +321,7 @@ def parse_retry_budget(spec: str) -> float | None:
     except ValueError:
         ratio = math.nan
     if not 0 <= ratio < math.inf:
-        raise UsageError(f"--retry-budget wants R (retries a row, 0 or more) or off, got {spec!r}")
+        raise UsageError(f"Config.retry_budget wants R (retries a row, 0 or more) or off, got {spec!r}")
     return ratio
 
 
@@ -338,7 +333,7 @@ def parse_repeats(specs: Iterable[str]) -> tuple[int | None, dict[str, int]]:
     for spec in specs:
         name, sep, count = spec.rpartition("=")
         if not _is_decimal(count) or (sep and not name) or int(count) < 1:
-            raise UsageError(f"-r/--repeats wants K or NAME=K with K >= 1, got {spec!r}")
+            raise UsageError(f"Config.repeats wants K or NAME=K with K >= 1, got {spec!r}")
         if sep:
             by_agent[name] = int(count)
         else:
@@ -350,7 +345,7 @@ def parse_param(spec: str) -> tuple[str, Any]:
     """`KEY=VALUE`: VALUE as JSON when it parses as JSON, else as a string."""
     key, sep, text = spec.partition("=")
     if not sep or not key or any(not part for part in key.split(".")):
-        raise UsageError(f"-p/--param wants KEY=VALUE, got {spec!r}")
+        raise UsageError(f"Config.params wants KEY=VALUE, got {spec!r}")
     try:
         value: Any = msgspec.json.decode(text)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
@@ -363,9 +358,9 @@ def parse_header(spec: str) -> tuple[str, str]:
     name, sep, value = spec.partition(":")
     name, value = name.strip(), value.strip()
     if not sep or not _is_header_name(name):
-        raise UsageError("-H/--header wants 'Name: value' (the value is not shown)")
+        raise UsageError("Config.headers wants 'Name: value' (the value is not shown)")
     if not _is_header_value(value):
-        raise UsageError(f"-H/--header {name}: the value holds a line break or NUL (the value is not shown)")
+        raise UsageError(f"Config.headers {name}: the value holds a line break or NUL (the value is not shown)")
     return name, value
 
 
@@ -387,7 +382,7 @@ def parse_statuses(spec: str) -> frozenset[int]:
         if not item:
             continue
         if not _is_decimal(item) or not 100 <= int(item) <= 599:
-            raise UsageError(f"--retry-on wants HTTP statuses like 429,503, got {item!r}")
+            raise UsageError(f"Config.retry_statuses wants HTTP statuses like 429,503, got {item!r}")
         statuses.add(int(item))
     return frozenset(statuses)
 
@@ -400,7 +395,7 @@ def parse_shard(spec: str | None, environ: Mapping[str, str] | None = None) -> t
         return slurm_shard(os.environ if environ is None else environ)
     index, sep, count = spec.partition("/")
     if not sep or not _is_decimal(index) or not _is_decimal(count):
-        raise UsageError(f"--shard wants I/N, like 0/4, got {spec!r}")
+        raise UsageError(f"Config.shard wants I/N, like 0/4, got {spec!r}")
     return int(index), int(count)  # Config checks the range
 
 
@@ -411,17 +406,17 @@ def slurm_shard(environ: Mapping[str, str]) -> tuple[int, int]:
     UsageError outside a job array, or in one whose task IDs are not an evenly stepped range."""
     names = ("ID", "MIN", "COUNT")
     if any(f"SLURM_ARRAY_TASK_{name}" not in environ for name in names):
-        raise UsageError("--shard auto works inside a Slurm job array (sbatch --array): give --shard I/N")
+        raise UsageError("Config.shard auto works inside a Slurm job array (sbatch --array): give Config.shard I/N")
     try:
         task, first, count = (int(environ[f"SLURM_ARRAY_TASK_{name}"]) for name in names)
         step = int(environ.get("SLURM_ARRAY_TASK_STEP") or 1)
     except ValueError:
-        raise UsageError("--shard auto: the SLURM_ARRAY_TASK_* variables do not hold numbers") from None
+        raise UsageError("Config.shard auto: the SLURM_ARRAY_TASK_* variables do not hold numbers") from None
     offset = task - first
     if step < 1 or offset % step or not 0 <= offset // step < count:
         raise UsageError(
-            f"--shard auto: array task {task} is not in an evenly stepped range of {count} tasks from {first}"
-            " (sbatch --array=A-B[:S]): give --shard I/N"
+            f"Config.shard auto: array task {task} is not in an evenly stepped range of {count} tasks from {first}"
+            " (sbatch --array=A-B[:S]): give Config.shard I/N"
         )
     return offset // step, count
 
@@ -442,7 +437,7 @@ def parse_failure_limit(spec: str | None) -> FailureLimit:
             raise ValueError
         return FailureLimit(count=count)
     except ValueError:
-        raise UsageError(f"--max-failures wants a count like 10 or a rate like 5%, got {spec!r}") from None
+        raise UsageError(f"Config.max_failures wants a count like 10 or a rate like 5%, got {spec!r}") from None
 
 
 def _is_decimal(text: str) -> bool:

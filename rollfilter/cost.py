@@ -66,7 +66,8 @@ def parse_price(spec: str) -> tuple[str | None, Price]:
             raise ValueError
         return (name if sep else None), Price(*values)
     except (ValueError, PriceError):
-        raise PriceError(f"--price wants [AGENT=]IN,OUT[,CACHED] in USD per million tokens, got {spec!r}") from None
+        wanted = "[AGENT=]IN,OUT[,CACHED] in USD per million tokens"
+        raise PriceError(f"Config.prices wants {wanted}, got {spec!r}") from None
 
 
 def prices_from_mapping(data: Any) -> list[tuple[str | None, Price]]:

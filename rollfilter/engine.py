@@ -213,7 +213,8 @@ class Engine:
         elif isinstance(outcome, _NotPersisted):
             self.metrics.not_persisted += 1
             if self.on_event is not None:
-                self.on_event(f"{describe(job)}: not persisted (the agent's _ng_no_persist); --resume runs it again")
+                advice = "CommandConfig.resume runs it again"
+                self.on_event(f"{describe(job)}: not persisted (the agent's _ng_no_persist); {advice}")
             self._ended(job, None)
             self.sink.not_persisted(job, attempts, release)
             self._check_failure_limit()
@@ -240,7 +241,7 @@ class Engine:
     def _internal_failure(self, job: Job, exc: Exception) -> AttemptFailure:
         if self.on_event is not None:
             self.on_event(internal_error_event(job, exc))
-        message = f"unexpected {type(exc).__name__} while handling this row (-v shows the details)"
+        message = f"unexpected {type(exc).__name__} while handling this row"
         return AttemptFailure(ErrorKind.INTERNAL, message, attempts=self.retries.get(job, 0) + 1)
 
     def _ended(self, job: Job, reward: float | None) -> None:
@@ -345,7 +346,7 @@ async def prepare(
     routed at all or the head server cannot be used.
     """
     if not config.names_an_agent:
-        raise ConfigError("url", "is not given, nor endpoints or head_server: no agent to send rows to")
+        raise ConfigError("url", "is not given, nor Config.endpoints or Config.head_server: no agent to send rows to")
     endpoints, head = await resolve_endpoints(config, transport)
     if config.prices:
         metrics.spending = Spending(config.prices)

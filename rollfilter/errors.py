@@ -6,11 +6,17 @@
 
 Per-row failures are not exceptions: they are records (`outcomes.py`: an `AttemptFailure`, tied to
 its row as a `Failure`) that the run writes to the errors record and counts, and the run goes on.
+
+Messages (of errors, failures and events alike) that refer to a setting name its field, as
+`Config.agent` or `CommandConfig.output`, and say what to do in Python terms; the command line
+says the same with its options instead (`name_options`).
 """
 
 from __future__ import annotations
 
 import enum
+import re
+from collections.abc import Mapping
 
 
 class ExitStatus(enum.IntEnum):
@@ -57,3 +63,14 @@ class ServiceError(RollfilterError):
     """A service the run needs before sending (the head server) is unreachable or unusable."""
 
     exit_status = ExitStatus.SERVICE_UNAVAILABLE
+
+
+# A setting named in a message: `Config.<field>` or `CommandConfig.<field>`.
+FIELD_REFERENCE = re.compile(r"\b(?:Command)?Config\.([a-z_]+)\b")
+
+
+def name_options(text: str, option_of_field: Mapping[str, str]) -> str:
+    """`text` with each field it names (`Config.url`) replaced by the option that sets it (`-u/--url`)."""
+    if "Config." not in text:  # most lines name none
+        return text
+    return FIELD_REFERENCE.sub(lambda match: option_of_field.get(match[1], match[0]), text)

@@ -81,7 +81,7 @@ class _StagedFile:
     the target's lines first with `keep_existing`, renamed over it by `commit`."""
 
     def __init__(self, path: str, *, keep_existing: bool) -> None:
-        self.name = f"--materialized {path}"
+        self.name = f"CommandConfig.materialized_file {path}"
         self._target = os.path.realpath(path)
         directory, base = os.path.split(self._target)
         _remove_left_behind(directory, base)

@@ -7,6 +7,7 @@ slot. That is what bounds memory by the concurrency, however slow the output.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -64,8 +65,18 @@ class LineSink:
     """The command's sink: results as JSON lines, failures as errors-record lines or stderr lines,
     in input order with --ordered."""
 
-    def __init__(self, results: LineWriter, errors: LineWriter, *, records: bool, ordered: bool, repeats: int) -> None:
+    def __init__(
+        self,
+        results: LineWriter,
+        errors: LineWriter,
+        *,
+        records: bool,
+        ordered: bool,
+        repeats: int,
+        in_options: Callable[[str], str] | None = None,
+    ) -> None:
         self._results = results
+        self._in_options = in_options  # how a failure's message names the settings it names
         self._errors = errors
         self._records = records
         self._repeated = repeats > 1
@@ -84,6 +95,9 @@ class LineSink:
 
     def report(self, failure: Failure) -> None:
         """Write one failure: a record with --errors, else a line on stderr."""
+        message = failure.message if self._in_options is None else self._in_options(failure.message)
+        if message != failure.message:
+            failure = dataclasses.replace(failure, message=message)
         if self._records:
             self._errors.write(_encode(failure.record()) + b"\n")
         else:

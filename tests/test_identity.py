@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from rollfilter.cli.identity import RunRecord, differences
 from rollfilter.config import slurm_shard
 from rollfilter.errors import ExitStatus, UsageError
-from rollfilter.identity import RunRecord, differences
 from tests.conftest import clean_env, invoke, rows_jsonl, run, simple_rows
 from tests.recording_agent import RecordingAgent
 
@@ -240,7 +240,7 @@ def test_shard_auto_is_the_array_tasks_offset_from_the_first():
     stepped = {**array_task(6, 0, 3), "SLURM_ARRAY_TASK_STEP": "3"}  # --array=0-6:3
     assert slurm_shard(stepped) == (2, 3)
     for broken in ({}, array_task(5, 1, 4), {**array_task(4, 0, 3), "SLURM_ARRAY_TASK_STEP": "3"}):
-        with pytest.raises(UsageError, match="--shard auto"):
+        with pytest.raises(UsageError, match=r"^Config\.shard auto"):
             slurm_shard(broken)
 
 

@@ -96,12 +96,12 @@ def test_statuses_and_failure_limits():
 
 
 def test_config_refuses_resume_without_output():
-    with pytest.raises(UsageError, match="--resume"):
+    with pytest.raises(UsageError, match=r"^CommandConfig\.resume needs CommandConfig\.output"):
         CommandConfig(Config(url="http://h/run"), resume=True)
 
 
 def test_config_errors_name_the_field_and_the_command_line_names_the_option():
-    with pytest.raises(ConfigError, match=r"^concurrency must be at least 1$") as caught:
+    with pytest.raises(ConfigError, match=r"^Config\.concurrency must be at least 1$") as caught:
         Config(url="http://h/run", concurrency=0)
     assert caught.value.field == "concurrency"
     proc = run(["-u", "http://127.0.0.1:9", "-j", "1", "--shard", "3/2"])
@@ -386,7 +386,7 @@ def test_a_param_that_cannot_be_set_names_the_value_in_its_way(params: Any, key:
             value = value[part]
         assert value == "set"
         return
-    where = reason.removeprefix(f"cannot set -p {key}: ").removesuffix(" is not an object").split(".")
+    where = reason.removeprefix(f"cannot set Config.params {key}: ").removesuffix(" is not an object").split(".")
     assert where[0] == "responses_create_params"
     assert key.split(".")[: len(where) - 1] == where[1:]  # a parent on the key's own path...
     value = row
@@ -399,7 +399,7 @@ def test_a_param_that_cannot_be_set_names_the_value_in_its_way(params: Any, key:
 def test_a_param_on_a_row_whose_params_are_a_string_names_them():
     row = {"responses_create_params": "hello"}
     assert apply_params(row, [("temperature", 0.5)]) == (
-        "cannot set -p temperature: responses_create_params is not an object"
+        "cannot set Config.params temperature: responses_create_params is not an object"
     )
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import trio
 import typer
 
+from rollfilter.cli.fields import in_options
 from rollfilter.cli.messages import say
 from rollfilter.cli.options import typer_app
 from rollfilter.errors import ExitStatus, RollfilterError
@@ -71,7 +72,7 @@ def run_command(args: Sequence[str] | None = None) -> int:
 
 
 def _report(exc: RollfilterError) -> ExitStatus:
-    say(str(exc))
+    say(in_options(str(exc)))
     return exc.exit_status
 
 
@@ -91,7 +92,7 @@ def execute(main: Callable[[], Awaitable[ExitStatus]]) -> ExitStatus:
     except* (BrokenPipeError, OutputClosed):
         status = ExitStatus.BROKEN_PIPE
     except* OutputFailed as group:
-        say(str(_first(group)))
+        say(in_options(str(_first(group))))
         status = ExitStatus.OUTPUT_FAILED
     finally:
         signal.signal(signal.SIGINT, outside)

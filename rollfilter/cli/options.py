@@ -1,7 +1,6 @@
 """The command line's options (typer): each parsed into a `Config` or a `CommandConfig`, then run.
 
-`OPTION_OF_FIELD` names the option of every setting, so that a library error naming a field
-reads, on the command line, as the option the user typed.
+A library error names the `Config` field at fault; `cli.fields` says it as the option instead.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ from rollfilter.config import (
     SHARD_AUTO,
     CommandConfig,
     Config,
-    ConfigError,
     parse_endpoints,
     parse_failure_limit,
     parse_header,
@@ -46,37 +44,6 @@ from rollfilter.http import DEFAULT_MAX_REPLY_BYTES, connections_that_fit, raise
 from rollfilter.resume import max_attempts_from_environment
 
 EXAMPLE_ROWS = Path(__file__).parent.parent / "examples" / "weather.jsonl"  # NeMo Gym's five-row example
-# A Config error names its field; the command line names the option instead.
-OPTION_OF_FIELD = {  # every Config field, as the command line names it
-    "url": "-u/--url",
-    "endpoints": "-e/--endpoint",
-    "agent": "-a/--agent",
-    "concurrency": "-j/--concurrency",
-    "limit": "-n/--limit",
-    "repeats": "-r/--repeats",
-    "repeats_by_agent": "-r/--repeats NAME=K",
-    "repeat_seeds": "--repeat-seeds",
-    "params": "-p/--param",
-    "retries": "--retries",
-    "retry_budget": "--retry-budget",
-    "retry_statuses": "--retry-on",
-    "timeout": "--timeout",
-    "connect_timeout": "--connect-timeout",
-    "max_failures": "--max-failures",
-    "prices": "--price/--prices",
-    "max_cost": "--max-cost",
-    "headers": "-H/--header",
-    "insecure": "--insecure",
-    "shard": "--shard I/N",
-    "pass_threshold": "--pass-threshold",
-    "head_server": "--head-server",
-    "proxy": "--proxy",
-    "adaptive": "--adaptive",
-    "aggregate": "--aggregate",
-    "cacert": "--cacert",
-    "cross_origin_redirects": "--cross-origin-redirects",
-    "max_reply_bytes": "--max-reply-bytes",
-}
 HELP = """Collect agent rollouts: JSONL rows in (FILEs or stdin), one result line out per row as it finishes.
 
 Each row is POSTed to an agent's /run endpoint as NeMo Gym's collector sends it; each JSON
@@ -465,61 +432,58 @@ def parse(
     if demo:
         check_demo_alone(ctx, url=url, endpoints=endpoint, head_server=head_server)
         url = head_server = None  # defaults from the environment: --demo replaces them
-    try:
-        default_repeats, repeats_by_agent = parse_repeats(repeats or ())
-        if gym_layout:
-            if errors is not None or materialized is not None or aggregate is not None or progress_file is not None:
-                raise UsageError("--gym-layout names the errors, materialized, aggregate and progress files itself")
-            if not summarize:
-                materialized, errors, aggregate, progress_file = gym_layout_files(output)
-        engine = Config(
-            url=url or None,
-            endpoints=parse_endpoints(endpoint or ()),
-            agent=agent,
-            concurrency=concurrency,
-            adaptive=adaptive,
-            limit=limit,
-            repeats=default_repeats,
-            repeats_by_agent=repeats_by_agent,
-            repeat_seeds=repeat_seeds,
-            params=tuple(parse_param(p) for p in param or ()),
-            retries=retries,
-            retry_budget=parse_retry_budget(retry_budget),
-            retry_statuses=parse_statuses(retry_on),
-            timeout=timeout,
-            connect_timeout=connect_timeout,
-            max_failures=parse_failure_limit(max_failures),
-            prices=parse_prices(price or (), prices),
-            max_cost=max_cost,
-            headers=tuple(parse_header(h) for h in header or ()),
-            insecure=insecure,
-            shard=parse_shard(shard),
-            pass_threshold=pass_threshold,
-            head_server=head_server,
-            proxy=proxy,
-            cacert=cacert,
-            cross_origin_redirects=cross_origin_redirects,
-            max_reply_bytes=max_reply_bytes,
-        )
-        config = CommandConfig(
-            engine,
-            inputs=tuple(files) if files else ("-",),
-            ordered=ordered,
-            output=output,
-            errors_file=errors,
-            metrics_file=metrics,
-            per_task_file=per_task,
-            aggregate_file=aggregate,
-            materialized_file=materialized,
-            progress_file=progress_file,
-            resume=resume,
-            append=append,
-            max_attempts=max_attempts if max_attempts is not None else max_attempts_from_environment(),
-            max_line_bytes=max_line_bytes,
-            shard_auto=shard == SHARD_AUTO,
-        )
-    except ConfigError as exc:
-        raise UsageError(f"{OPTION_OF_FIELD.get(exc.field, exc.field)} {exc.problem}") from None
+    default_repeats, repeats_by_agent = parse_repeats(repeats or ())
+    if gym_layout:
+        if errors is not None or materialized is not None or aggregate is not None or progress_file is not None:
+            raise UsageError("--gym-layout names the errors, materialized, aggregate and progress files itself")
+        if not summarize:
+            materialized, errors, aggregate, progress_file = gym_layout_files(output)
+    engine = Config(
+        url=url or None,
+        endpoints=parse_endpoints(endpoint or ()),
+        agent=agent,
+        concurrency=concurrency,
+        adaptive=adaptive,
+        limit=limit,
+        repeats=default_repeats,
+        repeats_by_agent=repeats_by_agent,
+        repeat_seeds=repeat_seeds,
+        params=tuple(parse_param(p) for p in param or ()),
+        retries=retries,
+        retry_budget=parse_retry_budget(retry_budget),
+        retry_statuses=parse_statuses(retry_on),
+        timeout=timeout,
+        connect_timeout=connect_timeout,
+        max_failures=parse_failure_limit(max_failures),
+        prices=parse_prices(price or (), prices),
+        max_cost=max_cost,
+        headers=tuple(parse_header(h) for h in header or ()),
+        insecure=insecure,
+        shard=parse_shard(shard),
+        pass_threshold=pass_threshold,
+        head_server=head_server,
+        proxy=proxy,
+        cacert=cacert,
+        cross_origin_redirects=cross_origin_redirects,
+        max_reply_bytes=max_reply_bytes,
+    )
+    config = CommandConfig(
+        engine,
+        inputs=tuple(files) if files else ("-",),
+        ordered=ordered,
+        output=output,
+        errors_file=errors,
+        metrics_file=metrics,
+        per_task_file=per_task,
+        aggregate_file=aggregate,
+        materialized_file=materialized,
+        progress_file=progress_file,
+        resume=resume,
+        append=append,
+        max_attempts=max_attempts if max_attempts is not None else max_attempts_from_environment(),
+        max_line_bytes=max_line_bytes,
+        shard_auto=shard == SHARD_AUTO,
+    )
     if not summarize and not dry_run:
         config = fit_open_files(config, files_per_connection=2 if demo else 1)
     if not files and os.isatty(0):

@@ -11,8 +11,8 @@ from typing import Literal
 
 import msgspec
 
-from rollfilter import identity
 from rollfilter.aggregate import AggregateReport
+from rollfilter.cli import identity
 from rollfilter.errors import RollfilterError, UsageError
 from rollfilter.metrics import Metrics
 from rollfilter.tasks import TaskStats

@@ -18,8 +18,9 @@ from collections.abc import Callable, Sequence
 import msgspec
 import trio
 
-from rollfilter import identity
 from rollfilter.aggregate import AggregateReport, ResultSpool, aggregate_run
+from rollfilter.cli import identity
+from rollfilter.cli.fields import in_options
 from rollfilter.cli.outputs import (
     STANDARD_STREAMS,
     OutputFiles,
@@ -176,7 +177,7 @@ async def _publish_progress(
             try:
                 file.replace(b"%d\n" % count)
             except (OutputClosed, OutputFailed) as failure:
-                say(f"{failure}; the run goes on without it")
+                say(in_options(f"{failure}; the run goes on without it"))
                 return
             published = count
         await trio.sleep(seconds)
@@ -313,6 +314,7 @@ async def _run_open(
         records=command.errors_file is not None,
         ordered=command.ordered,
         repeats=config.max_repeats,
+        in_options=in_options,
     )
     tasks = None
     if config.max_repeats > 1:
@@ -320,7 +322,7 @@ async def _run_open(
         tasks = TaskStats(config.max_repeats, config.pass_threshold, on_task)
 
     def say(text: str) -> None:
-        log.write(f"rollfilter: {text}\n".encode(errors="replace"))
+        log.write(f"rollfilter: {in_options(text)}\n".encode(errors="replace"))
 
     transport = transport_for(config, on_warning=say)
 
@@ -407,6 +409,7 @@ async def _run_open(
         incomplete = metrics.failed or metrics.not_persisted or reader.problems  # an input lost, as cat says
         status = ExitStatus.ROWS_FAILED if incomplete else ExitStatus.OK
     stopped = control.reason or (status.name.lower().replace("_", " ") if control.status else None)
+    stopped = in_options(stopped) if stopped is not None else None
     summary = summary_bytes(metrics, tasks, stopped, report)
     if fds.progress is not None:
         with contextlib.suppress(OutputClosed, OutputFailed):  # best effort, as while running
@@ -419,7 +422,7 @@ async def _run_open(
         write_failures.append(failure)
     messages = list(dict.fromkeys([control.reason, *map(str, write_failures)]))
     for message in filter(None, messages):
-        write_stderr(streams.stderr, f"rollfilter: {message}\n".encode(errors="replace"))
+        write_stderr(streams.stderr, f"rollfilter: {in_options(message)}\n".encode(errors="replace"))
     if write_failures:  # whatever stopped the run first, what it wrote is incomplete
         status = ExitStatus.OUTPUT_FAILED
     if engine is not None and control.status is None:

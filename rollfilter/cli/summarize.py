@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from rollfilter import identity
 from rollfilter.aggregate import ResultSpool, aggregate_run
+from rollfilter.cli import identity
+from rollfilter.cli.fields import in_options
 from rollfilter.cli.outputs import STANDARD_STREAMS, OutputFiles, Streams, replace_content, summary_bytes, write_stderr
 from rollfilter.config import CommandConfig
 from rollfilter.engine import reward_of
@@ -108,7 +109,8 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
     for problem in reader.problems:
         write_stderr(streams.stderr, f"rollfilter: {problem}\n".encode(errors="replace"))
     for problem in report.problems if report is not None else ():
-        write_stderr(streams.stderr, (printable(f"rollfilter: --aggregate: {problem}") + "\n").encode(errors="replace"))
+        text = printable(f"rollfilter: --aggregate: {in_options(problem)}") + "\n"
+        write_stderr(streams.stderr, text.encode(errors="replace"))
     for problem in shards.problems if shards is not None else ():
         write_stderr(streams.stderr, f"rollfilter: --summarize: {problem}\n".encode(errors="replace"))
     incomplete = reader.problems or unusable.count or (shards is not None and shards.problems)

@@ -262,7 +262,7 @@ class HTTP11Transport:
                 if self._close_idle():
                     continue
                 if self._open == 0:
-                    raise httpx.ConnectError("too many open files (raise the limit with ulimit -n)") from None
+                    raise httpx.ConnectError("too many open files (raise the open-file limit, RLIMIT_NOFILE)") from None
                 self._waiting_for_files += 1
                 try:
                     await self._file_freed.park()

@@ -1,0 +1,124 @@
+"""The library speaks Python: its messages name Config fields, and only the command line names options."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import socket
+from pathlib import Path
+
+import pytest
+import typer
+
+from rollfilter import Config, Failure, rollouts
+from rollfilter.cli.fields import OPTION_OF_FIELD
+from rollfilter.cli.options import typer_app
+from rollfilter.config import FailureLimit
+from rollfilter.errors import ErrorKind, UsageError, name_options
+from tests.conftest import rows_jsonl, simple_rows, summary_of
+from tests.conftest import run as run_command
+
+PACKAGE = Path(__file__).parent.parent / "rollfilter"
+# The command line's own packages, which may name its options (the demo agent's included).
+COMMAND_LINE_MODULES = {"cli", "demo"}
+
+
+def command_line_options() -> set[str]:
+    command = typer.main.get_command(typer_app)
+    return {name for param in command.params for name in (*param.opts, *param.secondary_opts) if name.startswith("-")}
+
+
+def messages_of(path: Path) -> list[tuple[int, str]]:
+    """The string constants of a module that are not docstrings, with their lines."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
+
+
+def test_no_string_outside_the_command_line_names_an_option():
+    options = command_line_options()
+    assert {"-u", "--url", "-a", "--cacert", "--resume", "-v"} <= options  # the scan looks for real names
+    alternatives = "|".join(map(re.escape, sorted(options, key=len, reverse=True)))
+    named = re.compile(rf"(?<![\w-])({alternatives})(?![\w-])")
+    found = [
+        f"{path.relative_to(PACKAGE)}:{line}: {text!r}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.relative_to(PACKAGE).parts[0] not in COMMAND_LINE_MODULES
+        for line, text in messages_of(path)
+        if named.search(text)
+    ]
+    assert found == []
+
+
+def test_a_field_becomes_its_option_and_an_unknown_name_stays():
+    text = "Config.url is not given, nor Config.endpoints; CommandConfig.output FILE; Config.no_such_field"
+    assert name_options(text, OPTION_OF_FIELD) == (
+        "-u/--url is not given, nor -e/--endpoint; -o FILE; Config.no_such_field"
+    )
+    assert name_options("reward 1.0 from agent 'Config'", OPTION_OF_FIELD) == "reward 1.0 from agent 'Config'"
+
+
+def test_a_bad_setting_is_its_field_in_python_and_its_option_on_the_command_line(demo_server):
+    with pytest.raises(UsageError) as caught:
+        list(rollouts(simple_rows(1), Config(url=demo_server.url, max_cost=5.0)))
+    assert str(caught.value) == "Config.max_cost needs Config.prices: without them nothing is spent"
+    proc = run_command(["-u", demo_server.url, "--max-cost", "5"], input=rows_jsonl(simple_rows(1)))
+    assert proc.returncode == 2
+    assert proc.stderr.decode() == "rollfilter: --max-cost needs --prices: without them nothing is spent\n"
+    assert demo_server.stats()["requests"] == 0
+
+
+def test_a_row_without_a_route_is_told_the_fields_in_python_and_the_options_on_the_command_line(demo_server, tmp_path):
+    rows = simple_rows(2)  # no agent_ref: only a default agent could take them
+    config = Config(endpoints={"demo": demo_server.url})
+    failures = [outcome for outcome in rollouts(rows, config) if isinstance(outcome, Failure)]
+    assert [failure.kind for failure in failures] == [ErrorKind.NO_ROUTE] * 2
+    advice = "row has no agent_ref.name; give {} NAME to name its agent, or {} URL"
+    assert {failure.message for failure in failures} == {advice.format("Config.agent", "Config.url")}
+
+    errors = tmp_path / "errors.jsonl"
+    proc = run_command(["-e", f"demo={demo_server.url}", "--errors", str(errors)], input=rows_jsonl(rows))
+    assert proc.returncode == 1
+    records = [json.loads(line) for line in errors.read_text().splitlines()]
+    assert [record["error"]["message"] for record in records] == [advice.format("-a/--agent", "-u/--url")] * 2
+    proc = run_command(["-e", f"demo={demo_server.url}", "-q"], input=rows_jsonl(rows[:1]))
+    assert proc.stderr.decode() == f"rollfilter: <stdin>:1: no_route: {advice.format('-a/--agent', '-u/--url')}\n"
+    assert demo_server.stats()["requests"] == 0
+
+
+def test_the_stopped_reason_names_the_field_in_python_and_the_option_on_the_command_line():
+    with socket.socket() as listener:  # a port nothing listens on: bound, then closed
+        listener.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/run"
+    rows = simple_rows(30)
+    config = Config(url=url, retries=0, concurrency=1, max_failures=FailureLimit(count=2))
+    with rollouts(rows, config) as run:
+        assert len(list(run)) == 2
+    assert run.summary is not None
+    assert run.summary["rollfilter"]["stopped"] == "stopped after 2 failed rows (Config.max_failures 2)"
+    proc = run_command(["-u", url, "--retries", "0", "-j", "1", "--max-failures", "2"], input=rows_jsonl(rows))
+    assert proc.returncode == 1
+    assert "rollfilter: stopped after 2 failed rows (--max-failures 2)\n" in proc.stderr.decode()
+    assert summary_of(proc.stderr)["rollfilter"]["stopped"] == "stopped after 2 failed rows (--max-failures 2)"
+
+
+def test_a_verbose_event_names_the_option_that_the_engine_names_by_its_field(agent):
+    row = {"responses_create_params": {"input": "q"}, "answer": {"_ng_no_persist": True}}
+    proc = run_command(["-u", agent.run_url, "-a", "agent", "-v", "-q"], input=rows_jsonl([row]))
+    assert proc.returncode == 1
+    lines = proc.stderr.decode().splitlines()
+    assert [line for line in lines if "not persisted" in line] == [
+        "rollfilter: <stdin>:1 task 0 rollout 0: not persisted (the agent's _ng_no_persist); --resume runs it again"
+    ]

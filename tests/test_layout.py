@@ -1,0 +1,92 @@
+"""The package's layout holds: no import cycle (lazy imports included), and the command line is a
+layer over the library, the only one that imports typer or exits the process."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).parent.parent / "rollfilter"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, ast.Module]:
+    return {module_name(path): ast.parse(path.read_text(encoding="utf-8")) for path in PACKAGE.rglob("*.py")}
+
+
+def imported(name: str, tree: ast.Module, known: set[str]) -> set[str]:
+    """The package's modules that `name` imports anywhere in its code, inside functions too."""
+    found: set[str] = set()
+    package = name if (PACKAGE.parent / name.replace(".", "/") / "__init__.py").exists() else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
+            targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        found.update(target for target in targets if target in known and target != name)
+    return found
+
+
+def test_no_module_imports_itself_through_others():
+    trees = modules()
+    graph = {name: imported(name, tree, set(trees)) for name, tree in trees.items()}
+    # A package's __init__ importing its own modules is how a package exports them: not a loop.
+    for name in graph:
+        graph[name] = {target for target in graph[name] if not target.startswith(name + ".")}
+    cycles: list[list[str]] = []
+    state: dict[str, str] = {}
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = "open"
+        for target in sorted(graph[name]):
+            if state.get(target) == "open":
+                cycles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target, [*path, target])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert cycles == []
+
+
+def calls_to(tree: ast.Module, qualified: set[str]) -> list[int]:
+    """The lines that call one of `qualified` (as `os._exit`)."""
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and f"{node.func.value.id}.{node.func.attr}" in qualified
+    ]
+
+
+def test_only_the_command_line_imports_typer_or_exits():
+    trees = modules()
+    offenders = []
+    for name, tree in sorted(trees.items()):
+        if name == "rollfilter.cli" or name.startswith("rollfilter.cli."):
+            continue
+        imports = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        imports |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        if any(target == "typer" or target.startswith("typer.") for target in imports):
+            offenders.append(f"{name} imports typer")
+        command_line = {t for t in imports if t == "rollfilter.cli" or t.startswith("rollfilter.cli.")}
+        if command_line and name != "rollfilter.__main__":  # `python -m rollfilter` is the command
+            offenders.append(f"{name} imports the command line")
+        if name != "rollfilter.demo.command_line":  # the demo agent's own `python -m rollfilter.demo`
+            offenders += [f"{name}:{line} exits" for line in calls_to(tree, {"os._exit", "sys.exit"})]
+    assert offenders == []
