@@ -18,7 +18,8 @@ takes longer, which is not overload. So latency alone never cuts the window; an 
   rate x no-load latency (BBR: in flight = rate x minimum latency), and by a slot a round past
   it: short of capacity that is GAIN a round; at capacity, a small queue.
 - A queue is suspected when the mean latency stays over QUEUE_FACTOR times the no-load
-  latency (the queue estimate of Vegas and Gradient2) for QUEUED_ROUNDS rounds. A drain halves
+  latency (the queue estimate of Vegas and Gradient2), by more than the round's mix of long and
+  short rows explains, for QUEUED_ROUNDS rounds. A drain halves
   the window, and compares the cohort sent after the cut with what a request saw before it
   (by Little's law: in flight over the rate). This is Envoy's min-RTT recalculation window,
   run when the queue estimate asks for it, not on a timer, so an agent that never queues never
@@ -175,6 +176,7 @@ class AdaptiveWindow:
         self._round_start = 0.0
         self._round_answers = 0
         self._round_latency = 0.0
+        self._round_squares = 0.0  # of the latencies: the round's spread
         self._round_longest = 0.0
         self._round_length = PROBE_SECONDS
         self._rates: collections.deque[float] = collections.deque(maxlen=RATE_ROUNDS)
@@ -284,13 +286,16 @@ class AdaptiveWindow:
                 self._set(target)
         self._round_answers += 1
         self._round_latency += latency
+        self._round_squares += latency * latency
         self._round_longest = max(self._round_longest, latency)
         if self._round_answers >= ROUND_ANSWERS and now - self._round_start >= self._round_length:
             self._end_round(now)
 
     def _end_round(self, now: float) -> None:
         rate = self._round_answers / max(now - self._round_start, 1e-9)
-        mean = self._round_latency / self._round_answers
+        answers = self._round_answers
+        mean = self._round_latency / answers
+        spread = math.sqrt(max(0.0, self._round_squares / answers - mean * mean) / max(1, answers - 1))
         # A round lasts as long as the longest answer of the round before, so that its answers are
         # a fair share of short and long rows, not the short ones alone; but a rare very long row
         # (or a deep queue) must not hold the next decision back for long.
@@ -299,6 +304,7 @@ class AdaptiveWindow:
             longest = min(longest, ROUND_SPAN * self._no_load)
         self._round_length = max(PROBE_SECONDS, longest)
         self._round_start, self._round_answers, self._round_latency, self._round_longest = now, 0, 0.0, 0.0
+        self._round_squares = 0.0
         self._rates.append(rate)
         if self._no_load is None or self._phase is _Phase.DRAIN:
             return  # nothing to compare with yet, or the drain's own requests decide
@@ -307,7 +313,9 @@ class AdaptiveWindow:
         if self._easy_rounds >= QUEUED_ROUNDS:
             self._no_load = mean
             self._easy_rounds = 0
-        self._queued_rounds = self._queued_rounds + 1 if mean > QUEUE_FACTOR * self._no_load else 0
+        # Over the queue estimate by more than the round's own mix of long and short rows explains.
+        queued = mean - QUEUE_FACTOR * self._no_load > SIGNIFICANT * spread
+        self._queued_rounds = self._queued_rounds + 1 if queued else 0
         startup = self._phase is _Phase.STARTUP
         if self._queued_rounds >= (1 if startup else QUEUED_ROUNDS):
             self._start_drain(now, rate)
@@ -359,6 +367,7 @@ class AdaptiveWindow:
         self._queued_rounds = 0
         self._easy_rounds = 0
         self._round_start, self._round_answers, self._round_latency, self._round_longest = now, 0, 0.0, 0.0
+        self._round_squares = 0.0
         latency = latency_stayed if latency_stayed is not None else drain.cohort.mean()
         if latency is None or (latency_stayed is None and not drain.cohort.complete):  # gave up: nothing learnt
             self._phase = drain.phase_before
