@@ -14,6 +14,7 @@ import signal
 import stat
 import tempfile
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import msgspec
 import trio
@@ -60,6 +61,9 @@ from rollfilter.source import (
 )
 from rollfilter.tasks import TaskStats
 from rollfilter.writers import BatchWriter, LineWriter, OutputClosed, OutputFailed, WholeFile, write_all
+
+if TYPE_CHECKING:
+    from rollfilter.cli.progress import ProgressDisplay
 
 _encode = msgspec.json.Encoder().encode
 PROGRESS_SECONDS = 0.5  # how often the progress file is brought up to date
@@ -272,165 +276,203 @@ async def _run_open(
     earlier: _Earlier,
     show: Presentation,
 ) -> ExitStatus:
-    config = command.engine
-    control = RunControl()
-    metrics = Metrics()
-    write_failures: list[OutputFailed] = []
+    return await _CommandLineRun(command, streams, fds, resume, earlier, show).run()
 
-    def output_failed(failure: OutputClosed | OutputFailed) -> None:
+
+class _CommandLineRun:
+    """One command-line run over its opened files: the writers, the display, the engine and the
+    services around it, then the summary and the exit status."""
+
+    def __init__(
+        self,
+        command: CommandConfig,
+        streams: Streams,
+        fds: _Fds,
+        resume: ResumeState | None,
+        earlier: _Earlier,
+        show: Presentation,
+    ) -> None:
+        self.command, self.streams, self.fds, self.resume, self.earlier, self.show = (
+            command, streams, fds, resume, earlier, show,
+        )  # fmt: skip
+        self.config = config = command.engine
+        self.control = RunControl()
+        self.metrics = Metrics()
+        self.write_failures: list[OutputFailed] = []
+        self.results = self._writer(fds.out, f"-o {command.output}" if command.output else "standard output")
+        self.stderr_lines = self._writer(streams.stderr, "standard error")
+        self.errors = (
+            self._writer(fds.err, f"--errors {command.errors_file}") if fds.err != streams.stderr else self.stderr_lines
+        )
+        self.per_task = (
+            self._writer(fds.per_task, f"--per-task {command.per_task_file}") if fds.per_task is not None else None
+        )
+        outputs = (self.results, self.errors, self.stderr_lines, self.per_task)
+        self.writers = list(dict.fromkeys(w for w in outputs if w is not None))
+        self.display = self._display()
+        # While the display is up, stderr lines are printed above it instead of through it.
+        self.log: LineWriter = self.display if self.display is not None else self.stderr_lines
+        self.sink = LineSink(
+            self.results,
+            self.log if self.errors is self.stderr_lines else self.errors,
+            records=command.errors_file is not None,
+            ordered=command.ordered,
+            repeats=config.max_repeats,
+            in_options=in_options,
+        )
+        self.tasks = None
+        if config.max_repeats > 1:
+            per_task = self.per_task
+            on_task = (lambda record: per_task.write(_encode(record) + b"\n")) if per_task is not None else None
+            self.tasks = TaskStats(config.max_repeats, config.pass_threshold, on_task)
+        self.transport = transport_for(config, on_warning=self.say)
+        self.reader = LineReader(
+            command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=streams.stdin, on_problem=self.say
+        )
+        self.engine: Engine | None = None
+        self.spool = ResultSpool() if config.aggregate and not show.dry_run else None
+        self.report: AggregateReport | None = None
+        self.earlier_done = resume.done_pairs if resume is not None else 0
+
+    def _writer(self, fd: int, name: str) -> BatchWriter:
+        return BatchWriter(fd, name=name, on_failure=self._output_failed)
+
+    def _output_failed(self, failure: OutputClosed | OutputFailed) -> None:
         # A write that fails stops the run as Ctrl-C does; a closed pipe stops it quietly.
         if isinstance(failure, OutputClosed):
-            control.stop(ExitStatus.BROKEN_PIPE)
+            self.control.stop(ExitStatus.BROKEN_PIPE)
         else:
-            write_failures.append(failure)
-            control.stop(ExitStatus.OUTPUT_FAILED, str(failure))
+            self.write_failures.append(failure)
+            self.control.stop(ExitStatus.OUTPUT_FAILED, str(failure))
 
-    def writer_for(fd: int, name: str) -> BatchWriter:
-        return BatchWriter(fd, name=name, on_failure=output_failed)
-
-    results = writer_for(fds.out, f"-o {command.output}" if command.output else "standard output")
-    stderr_lines = writer_for(streams.stderr, "standard error")
-    errors = writer_for(fds.err, f"--errors {command.errors_file}") if fds.err != streams.stderr else stderr_lines
-    per_task = writer_for(fds.per_task, f"--per-task {command.per_task_file}") if fds.per_task is not None else None
-    outputs = (results, errors, stderr_lines, per_task)
-    writers = list(dict.fromkeys(w for w in outputs if w is not None))
-    display = None
-    if not show.dry_run and progress_wanted(show.progress, quiet=show.quiet, stderr_fd=streams.stderr):
+    def _display(self) -> ProgressDisplay | None:
+        show = self.show
+        if show.dry_run or not progress_wanted(show.progress, quiet=show.quiet, stderr_fd=self.streams.stderr):
+            return None
         from rollfilter.cli.progress import ProgressDisplay
 
-        display = ProgressDisplay(
-            metrics,
-            fd=streams.stderr,
+        return ProgressDisplay(
+            self.metrics,
+            fd=self.streams.stderr,
             force_terminal=bool(show.progress),
-            adaptive=config.adaptive,
-            priced=bool(config.prices),
-            fallback=stderr_lines,
+            adaptive=self.config.adaptive,
+            priced=bool(self.config.prices),
+            fallback=self.stderr_lines,
         )
-    # While the display is up, stderr lines are printed above it instead of through it.
-    log: LineWriter = display if display is not None else stderr_lines
-    sink = LineSink(
-        results,
-        log if errors is stderr_lines else errors,
-        records=command.errors_file is not None,
-        ordered=command.ordered,
-        repeats=config.max_repeats,
-        in_options=in_options,
-    )
-    tasks = None
-    if config.max_repeats > 1:
-        on_task = (lambda record: per_task.write(_encode(record) + b"\n")) if per_task is not None else None
-        tasks = TaskStats(config.max_repeats, config.pass_threshold, on_task)
 
-    def say(text: str) -> None:
-        log.write(f"rollfilter: {in_options(text)}\n".encode(errors="replace"))
+    def say(self, text: str) -> None:
+        self.log.write(f"rollfilter: {in_options(text)}\n".encode(errors="replace"))
 
-    transport = transport_for(config, on_warning=say)
+    def finished(self) -> int:
+        """The progress file's count: rollouts finished, earlier runs' included."""
+        given_up = self.engine.planner.given_up if self.engine is not None else 0  # out of attempts: finished too
+        return self.earlier_done + given_up + self.metrics.ended
 
-    reader = LineReader(command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=streams.stdin, on_problem=say)
-    engine: Engine | None = None
-    events = say if show.verbose else None
-    spool = ResultSpool() if config.aggregate and not show.dry_run else None
-    report: AggregateReport | None = None
-    earlier_done = resume.done_pairs if resume is not None else 0
+    def show_status(self) -> None:
+        for line in status_lines(self.engine.status() if self.engine is not None else None):
+            self.say(line)
 
-    def finished() -> int:  # the progress file's count: rollouts finished, earlier runs' included
-        given_up = engine.planner.given_up if engine is not None else 0  # out of attempts: finished too
-        return earlier_done + given_up + metrics.ended
+    async def run(self) -> ExitStatus:
+        try:
+            async with trio.open_nursery() as services:
+                await self._serve(services)
+                services.cancel_scope.cancel()
+        finally:
+            self.reader.close()
+            if self.spool is not None:
+                self.spool.close()
+            await self.transport.aclose()
+        return self._finish()
 
-    def show_status() -> None:
-        for line in status_lines(engine.status() if engine is not None else None):
-            say(line)
+    async def _serve(self, services: trio.Nursery) -> None:
+        command, show, control, metrics, fds = self.command, self.show, self.control, self.metrics, self.fds
+        for writer in self.writers:
+            services.start_soon(writer.run)
+        if show.handle_signals:
+            await services.start(_watch_signals, control, self.show_status)
+        if fds.out == self.streams.stdout and _is_pipe(fds.out):
+            services.start_soon(_watch_reader_gone, fds.out, lambda: control.stop(ExitStatus.BROKEN_PIPE))
+        if show.demo is not None:
+            demo = show.demo
+            port = await services.start(lambda task_status: serve_demo(DemoAgent(demo), task_status=task_status))
+            self.config = dataclasses.replace(self.config, url=f"http://127.0.0.1:{port}/run")
+        config = self.config
+        self.engine = engine = await prepare(
+            config,
+            source=self.reader,
+            sink=self.sink,
+            transport=self.transport,
+            control=control,
+            metrics=metrics,
+            tasks=self.tasks,
+            resume=self.resume,
+            on_event=self.say if show.verbose else None,
+            spool=self.spool,
+        )
+        planned: int | None = None
+        if command.materialized_file is not None:
+            with control.stoppable():
+                planned = await _plan_first(command, config, engine.router, self.reader, self.streams, self.earlier)
+        if self.display is not None:
+            total = _known_total(command) if planned is None else lambda: planned
+            services.start_soon(self.display.run, total)
+        if fds.progress is not None:
+            services.start_soon(_publish_progress, fds.progress, self.finished, self.say)
+        if self.earlier.results is not None and not show.dry_run:
+            await trio.to_thread.run_sync(take_earlier_results, self.earlier.results, metrics, self.tasks, self.spool)
+        if show.dry_run:
+            with control.scope:
+                await dry_run(engine, self.results, self.log, repeated=config.max_repeats > 1)
+        elif control.status is None:  # not stopped during the first pass: nothing sent then
+            await engine.run()
+        if self.tasks is not None:
+            self.tasks.finish()  # --per-task's lines, while its writer runs
+        metrics.expected = planned
+        if planned is None and control.status is None and not show.dry_run:
+            metrics.expected = metrics.taken + metrics.skipped + metrics.not_retried  # all of it was read
+        if control.status is not None:
+            self.sink.flush_held()
+        elif self.spool is not None:
+            with control.stoppable():
+                self.report = await aggregate_run(self.spool, engine.router, config)
+            for problem in self.report.problems if self.report is not None else ():
+                self.say(printable(f"--aggregate: {problem}"))
+        for writer in self.writers:
+            writer.close()
+        for writer in self.writers:
+            await writer.drained.wait()
 
-    try:
-        async with trio.open_nursery() as services:
-            for writer in writers:
-                services.start_soon(writer.run)
-            if show.handle_signals:
-                await services.start(_watch_signals, control, show_status)
-            if fds.out == streams.stdout and _is_pipe(fds.out):
-                services.start_soon(_watch_reader_gone, fds.out, lambda: control.stop(ExitStatus.BROKEN_PIPE))
-            if show.demo is not None:
-                demo = show.demo
-                port = await services.start(lambda task_status: serve_demo(DemoAgent(demo), task_status=task_status))
-                config = dataclasses.replace(config, url=f"http://127.0.0.1:{port}/run")
-            engine = await prepare(
-                config,
-                source=reader,
-                sink=sink,
-                transport=transport,
-                control=control,
-                metrics=metrics,
-                tasks=tasks,
-                resume=resume,
-                on_event=events,
-                spool=spool,
-            )
-            planned: int | None = None
-            if command.materialized_file is not None:
-                with control.stoppable():
-                    planned = await _plan_first(command, config, engine.router, reader, streams, earlier)
-            if display is not None:
-                total = _known_total(command) if planned is None else lambda: planned
-                services.start_soon(display.run, total)
-            if fds.progress is not None:
-                services.start_soon(_publish_progress, fds.progress, finished, say)
-            if earlier.results is not None and not show.dry_run:
-                await trio.to_thread.run_sync(take_earlier_results, earlier.results, metrics, tasks, spool)
-            if show.dry_run:
-                with control.scope:
-                    await dry_run(engine, results, log, repeated=config.max_repeats > 1)
-            elif control.status is None:  # not stopped during the first pass: nothing sent then
-                await engine.run()
-            if tasks is not None:
-                tasks.finish()  # --per-task's lines, while its writer runs
-            metrics.expected = planned
-            if planned is None and control.status is None and not show.dry_run:
-                metrics.expected = metrics.taken + metrics.skipped + metrics.not_retried  # all of it was read
-            if control.status is not None:
-                sink.flush_held()
-            elif spool is not None:
-                with control.stoppable():
-                    report = await aggregate_run(spool, engine.router, config)
-                for problem in report.problems if report is not None else ():
-                    say(printable(f"--aggregate: {problem}"))
-            for writer in writers:
-                writer.close()
-            for writer in writers:
-                await writer.drained.wait()
-            services.cancel_scope.cancel()
-    finally:
-        reader.close()
-        if spool is not None:
-            spool.close()
-        await transport.aclose()
-    metrics.replicas = engine.router.replica_counts() if engine is not None else []
-    status = control.status
-    if status is None:
-        incomplete = metrics.failed or metrics.not_persisted or reader.problems  # an input lost, as cat says
-        status = ExitStatus.ROWS_FAILED if incomplete else ExitStatus.OK
-    stopped = control.reason or (status.name.lower().replace("_", " ") if control.status else None)
-    stopped = in_options(stopped) if stopped is not None else None
-    summary = summary_bytes(metrics, tasks, stopped, report)
-    if fds.progress is not None:
-        with contextlib.suppress(OutputClosed, OutputFailed):  # best effort, as while running
-            fds.progress.replace(b"%d\n" % finished())
-    try:
-        replace_content(fds.metrics, summary)
-        if report is not None:
-            replace_content(fds.aggregate, report.file_bytes())
-    except OutputFailed as failure:
-        write_failures.append(failure)
-    messages = list(dict.fromkeys([control.reason, *map(str, write_failures)]))
-    for message in filter(None, messages):
-        write_stderr(streams.stderr, f"rollfilter: {in_options(message)}\n".encode(errors="replace"))
-    if write_failures:  # whatever stopped the run first, what it wrote is incomplete
-        status = ExitStatus.OUTPUT_FAILED
-    if engine is not None and control.status is None:
-        for name in sorted(set(config.repeats_by_agent) - engine.planner.agents_seen):
-            write_stderr(streams.stderr, f"rollfilter: -r {name}=K: no row named agent {name!r}\n".encode())
-    if not show.quiet:
-        write_stderr(streams.stderr, summary)
-    return status
+    def _finish(self) -> ExitStatus:
+        """The exit status, with the summary and the files written whole at the end."""
+        control, metrics, engine, fds, stderr = self.control, self.metrics, self.engine, self.fds, self.streams.stderr
+        metrics.replicas = engine.router.replica_counts() if engine is not None else []
+        status = control.status
+        if status is None:
+            incomplete = metrics.failed or metrics.not_persisted or self.reader.problems  # an input lost, as cat says
+            status = ExitStatus.ROWS_FAILED if incomplete else ExitStatus.OK
+        stopped = control.reason or (status.name.lower().replace("_", " ") if control.status else None)
+        stopped = in_options(stopped) if stopped is not None else None
+        summary = summary_bytes(metrics, self.tasks, stopped, self.report)
+        if fds.progress is not None:
+            with contextlib.suppress(OutputClosed, OutputFailed):  # best effort, as while running
+                fds.progress.replace(b"%d\n" % self.finished())
+        try:
+            replace_content(fds.metrics, summary)
+            if self.report is not None:
+                replace_content(fds.aggregate, self.report.file_bytes())
+        except OutputFailed as failure:
+            self.write_failures.append(failure)
+        messages = list(dict.fromkeys([control.reason, *map(str, self.write_failures)]))
+        for message in filter(None, messages):
+            write_stderr(stderr, f"rollfilter: {in_options(message)}\n".encode(errors="replace"))
+        if self.write_failures:  # whatever stopped the run first, what it wrote is incomplete
+            status = ExitStatus.OUTPUT_FAILED
+        if engine is not None and control.status is None:
+            for name in sorted(set(self.config.repeats_by_agent) - engine.planner.agents_seen):
+                write_stderr(stderr, f"rollfilter: -r {name}=K: no row named agent {name!r}\n".encode())
+        if not self.show.quiet:
+            write_stderr(stderr, summary)
+        return status
 
 
 def status_lines(status: RunStatus | None) -> list[str]:
