@@ -187,8 +187,9 @@ class Planner:
         one task at a time reads more input."""
         return await next_when_ready(self.next_job_nowait, self.fill, filling)
 
-    def _plan_row(self, line: InputLine) -> None:
-        self._rows += 1
+    def _read_row(self, line: InputLine) -> tuple[dict[str, Any] | None, bytes, Any, str | None, AttemptFailure | None]:
+        """The line as a row (None if it is none), its body, its task, its agent's name, and why it
+        cannot be sent (a bad line, a -p that does not apply, a row that cannot take seeds)."""
         config = self._config
         row: dict[str, Any] | None = None
         name: str | None = None
@@ -197,28 +198,38 @@ class Planner:
             body = b""
             task: Any = self._numbering.new_task()
             failure = AttemptFailure(ErrorKind.BAD_INPUT, line.problem or "unreadable line")
+            return row, body, task, name, failure
+        body = line.data.strip()
+        parsed = parse_row(body)
+        if isinstance(parsed, str):
+            return (
+                row,
+                body,
+                self._numbering.task_for_line(line_key(line)),
+                name,
+                AttemptFailure(ErrorKind.BAD_INPUT, parsed),
+            )
+        row = parsed
+        if config.agent is not None and AGENT_REF not in row:
+            row[AGENT_REF] = {"name": config.agent}
+        name = agent_name(row)
+        if name is not None:
+            self.agents_seen.add(name)
+        reason = apply_params(row, config.params) if config.params else None
+        if reason is None and config.repeat_seeds:
+            reason = check_seedable(row)
+        if reason is not None:
+            failure = AttemptFailure(ErrorKind.BAD_INPUT, reason)
+        if TASK_INDEX in row:
+            task = row[TASK_INDEX]
         else:
-            body = line.data.strip()
-            parsed = parse_row(body)
-            if isinstance(parsed, str):
-                task = self._numbering.task_for_line(line_key(line))
-                failure = AttemptFailure(ErrorKind.BAD_INPUT, parsed)
-            else:
-                row = parsed
-                if config.agent is not None and AGENT_REF not in row:
-                    row[AGENT_REF] = {"name": config.agent}
-                name = agent_name(row)
-                if name is not None:
-                    self.agents_seen.add(name)
-                reason = apply_params(row, config.params) if config.params else None
-                if reason is None and config.repeat_seeds:
-                    reason = check_seedable(row)
-                if reason is not None:
-                    failure = AttemptFailure(ErrorKind.BAD_INPUT, reason)
-                if TASK_INDEX in row:
-                    task = row[TASK_INDEX]
-                else:
-                    task = row[TASK_INDEX] = self._numbering.task_for_line(line_key(line))
+            task = row[TASK_INDEX] = self._numbering.task_for_line(line_key(line))
+        return row, body, task, name, failure
+
+    def _plan_row(self, line: InputLine) -> None:
+        self._rows += 1
+        config = self._config
+        row, body, task, name, failure = self._read_row(line)
         shard = config.shard
         if shard is not None and shard_of(task, shard[1]) != shard[0]:
             return

@@ -90,3 +90,16 @@ def test_only_the_command_line_imports_typer_or_exits():
         if name != "rollfilter.demo.command_line":  # the demo agent's own `python -m rollfilter.demo`
             offenders += [f"{name}:{line} exits" for line in calls_to(tree, {"os._exit", "sys.exit"})]
     assert offenders == []
+
+
+def test_no_function_is_over_80_lines():
+    """Bodies, that is: a typer command's signature (one option a parameter) is not counted."""
+    long = [
+        f"{name}.{node.name}: {node.end_lineno - node.body[0].lineno + 1} lines"
+        for name, tree in sorted(modules().items())
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.body[0].lineno + 1 > 80
+    ]
+    assert long == []

@@ -48,7 +48,6 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
     tasks = TaskStats(config.max_repeats, config.pass_threshold) if config.max_repeats > 1 else None
     reader = LineReader(command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=streams.stdin)
     spool = ResultSpool() if config.aggregate else None
-    failures = StandingFailures()
     report = None
     unusable = _UnusableLines()
     with OutputFiles() as files:
@@ -58,38 +57,7 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
             if spool is not None:
                 endpoints, head = await resolve_endpoints(config)
                 router = Router(config, endpoints, head)
-            while (line := await reader.next_line()) is not None:
-                if line.data is None:  # over --max-line-bytes
-                    unusable.add(line, line.problem or "too long", metrics)
-                    continue
-                if not line.data.strip():
-                    continue
-                record = parse_row(line.data)
-                if isinstance(record, str):
-                    unusable.add(line, record, metrics)
-                    continue
-                failure = failure_of(record)
-                if failure is not None and TASK_INDEX not in record:  # no pair to count it once for
-                    metrics.taken += 1
-                    metrics.add_failure(failure, agent_name(record))
-                    continue
-                if failure is not None:
-                    failures.failure(line.data)  # counted once every result is known
-                    continue
-                metrics.taken += 1
-                metrics.add_result(record, None, agent_name(record))
-                failures.result(record)
-                if spool is not None:
-                    spool.add(agent_name(record), record)
-                if tasks is not None and TASK_INDEX in record:
-                    tasks.rollout_ended(record[TASK_INDEX], reward_of(record))
-            for record in failures.standing():
-                metrics.taken += 1
-                failure = failure_of(record)
-                assert failure is not None
-                metrics.add_failure(failure, agent_name(record))
-                if tasks is not None:
-                    tasks.rollout_ended(record[TASK_INDEX], None)
+            await _count(reader, metrics, tasks, spool, unusable)
             if spool is not None:
                 report = await aggregate_run(spool, router, config)
         finally:
@@ -115,6 +83,50 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
         write_stderr(streams.stderr, f"rollfilter: --summarize: {problem}\n".encode(errors="replace"))
     incomplete = reader.problems or unusable.count or (shards is not None and shards.problems)
     return ExitStatus.ROWS_FAILED if incomplete else ExitStatus.OK
+
+
+async def _count(
+    reader: LineReader,
+    metrics: Metrics,
+    tasks: TaskStats | None,
+    spool: ResultSpool | None,
+    unusable: _UnusableLines,
+) -> None:
+    """Count each line read: a result, a failed attempt (once per pair, unless a result has the
+    pair), or a line that cannot be used."""
+    failures = StandingFailures()
+    while (line := await reader.next_line()) is not None:
+        if line.data is None:  # over --max-line-bytes
+            unusable.add(line, line.problem or "too long", metrics)
+            continue
+        if not line.data.strip():
+            continue
+        record = parse_row(line.data)
+        if isinstance(record, str):
+            unusable.add(line, record, metrics)
+            continue
+        failure = failure_of(record)
+        if failure is not None and TASK_INDEX not in record:  # no pair to count it once for
+            metrics.taken += 1
+            metrics.add_failure(failure, agent_name(record))
+            continue
+        if failure is not None:
+            failures.failure(line.data)  # counted once every result is known
+            continue
+        metrics.taken += 1
+        metrics.add_result(record, None, agent_name(record))
+        failures.result(record)
+        if spool is not None:
+            spool.add(agent_name(record), record)
+        if tasks is not None and TASK_INDEX in record:
+            tasks.rollout_ended(record[TASK_INDEX], reward_of(record))
+    for record in failures.standing():
+        metrics.taken += 1
+        failure = failure_of(record)
+        assert failure is not None
+        metrics.add_failure(failure, agent_name(record))
+        if tasks is not None:
+            tasks.rollout_ended(record[TASK_INDEX], None)
 
 
 class _UnusableLines:
