@@ -1,6 +1,6 @@
 """rollfilter beside the newest NeMo Gym, on a real stack: the same rows, the same bodies, the same four files.
 
-Opt-in: `python -m pytest -m gym tests/test_gym_head.py`. The stack is NeMo Gym's own source (a head server, the
+Opt-in: `python -m pytest -m gym -n 0 tests/test_gym_head.py`. The stack is NeMo Gym's own source (a head server, the
 simple_agent, a resources server and a model server over a deterministic fake LLM, with a proxy that records every
 request), started by the scripts in `../shared/gym-stack-head` beside the repository: their README says how.
 NeMo Gym is installed once under the stack's `ROOT` (stack.env says where, default `$TMPDIR/rf-gym-head`); set
