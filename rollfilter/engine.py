@@ -29,13 +29,13 @@ from rollfilter.headserver import resolve_endpoints
 from rollfilter.http import AgentTransport
 from rollfilter.metrics import UNNAMED_AGENT, Metrics, as_float
 from rollfilter.outcomes import AttemptFailure, Retry
+from rollfilter.passk import TaskStats
 from rollfilter.plan import Job, LineSource, Planner
 from rollfilter.redact import printable, shown
 from rollfilter.resume import ResumeState
 from rollfilter.routing import Agent, Router
 from rollfilter.rows import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX, agent_name
 from rollfilter.sinks import RowSink
-from rollfilter.tasks import TaskStats
 from rollfilter.writers import Release
 
 ERROR_REASON_CHARS = 200  # how much of an agent's failure_reason a message quotes

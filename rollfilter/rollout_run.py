@@ -24,9 +24,9 @@ from rollfilter.connect import transport_for
 from rollfilter.engine import RunControl, RunStatus, prepare
 from rollfilter.metrics import Metrics
 from rollfilter.outcomes import Outcome
+from rollfilter.passk import TaskStats
 from rollfilter.sinks import ChannelSink
 from rollfilter.source import InputLine
-from rollfilter.tasks import TaskStats
 from rollfilter.writers import Release
 
 Rows = Iterable[Any] | AsyncIterable[Any]

@@ -41,6 +41,7 @@ from rollfilter.keytable import KeyTable
 from rollfilter.materialize import write_materialized
 from rollfilter.metrics import Metrics
 from rollfilter.outcomes import AttemptFailure
+from rollfilter.passk import TaskStats
 from rollfilter.plan import Planner
 from rollfilter.redact import printable, shown
 from rollfilter.resume import (
@@ -59,7 +60,6 @@ from rollfilter.source import (
     check_outputs_apart,
     check_outputs_are_not_inputs,
 )
-from rollfilter.tasks import TaskStats
 from rollfilter.writers import BatchWriter, LineWriter, OutputClosed, OutputFailed, WholeFile, write_all
 
 if TYPE_CHECKING:
