@@ -125,7 +125,7 @@ class Engine:
     spool: ResultSpool | None = None  # successful results for /aggregate_metrics
     max_cost: float | None = None  # USD: the run stops once it has spent this much
     # The rollouts in flight that the client has retried, and how many times: the client's
-    # on_retry counts them (see `prepare`). A job is built once; its attempts are counted here.
+    # on_retry counts them (see `connect_engine`). A job is built once; its attempts are counted here.
     retries: dict[Job, int] = dataclasses.field(default_factory=dict)
     _in_flight: dict[Job, float] = dataclasses.field(default_factory=dict)  # in the order sent: when
 
@@ -326,7 +326,7 @@ def stamp(job: Job, result: dict[str, Any]) -> None:
         result["_ng_rollout_id"] = row["_ng_rollout_id"]
 
 
-async def prepare(
+async def connect_engine(
     config: Config,
     *,
     source: LineSource,
@@ -340,7 +340,8 @@ async def prepare(
     on_send: Callable[[Job], None] | None = None,
     spool: ResultSpool | None = None,
 ) -> Engine:
-    """Resolve the agents (one head-server fetch) and build the engine for `config`.
+    """Resolve the agents (one request to the head server, when `config` names one, over
+    `transport`) and build the engine for `config`.
 
     Raises UsageError or ServiceError, before anything is sent, when rows could not be
     routed at all or the head server cannot be used.

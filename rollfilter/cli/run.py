@@ -35,7 +35,7 @@ from rollfilter.config import CommandConfig, Config
 from rollfilter.connect import transport_for
 from rollfilter.demo import DemoAgent, DemoOptions
 from rollfilter.demo import serve as serve_demo
-from rollfilter.engine import Engine, RunControl, RunStatus, describe, prepare, reward_of
+from rollfilter.engine import Engine, RunControl, RunStatus, connect_engine, describe, reward_of
 from rollfilter.errors import ExitStatus, UsageError
 from rollfilter.keytable import KeyTable
 from rollfilter.materialize import write_materialized
@@ -397,7 +397,7 @@ class _CommandLineRun:
             port = await services.start(lambda task_status: serve_demo(DemoAgent(demo), task_status=task_status))
             self.config = dataclasses.replace(self.config, url=f"http://127.0.0.1:{port}/run")
         config = self.config
-        self.engine = engine = await prepare(
+        self.engine = engine = await connect_engine(
             config,
             source=self.reader,
             sink=self.sink,
