@@ -309,7 +309,7 @@ def test_demo_alone_at_a_terminal_runs_the_example_rows():
 async def test_a_run_reads_and_writes_the_descriptors_it_is_given(tmp_path, demo_server: DemoServer):
     """The command's streams are parameters: a run in this process, on pipes and files of the test's own."""
     from rollfilter.cli.outputs import Streams
-    from rollfilter.cli.run import Presentation, run
+    from rollfilter.cli.run import RunOptions, run
     from rollfilter.config import CommandConfig, Config
 
     read_end, write_end = os.pipe()
@@ -321,7 +321,7 @@ async def test_a_run_reads_and_writes_the_descriptors_it_is_given(tmp_path, demo
         status = await run(
             config,
             streams=Streams(stdin=read_end, stdout=out, stderr=err),
-            show=Presentation(handle_signals=False, progress=False),
+            options=RunOptions(handle_signals=False, progress=False),
         )
     finally:
         for fd in (read_end, out, err):
