@@ -21,7 +21,7 @@ import trio
 
 from rollfilter.adaptive import AdaptiveWindow
 from rollfilter.aggregate import ResultSpool
-from rollfilter.client import AgentClient
+from rollfilter.client import AgentClient, DryRunClient, JobClient
 from rollfilter.config import Config, ConfigError, FailureLimit
 from rollfilter.cost import Spending
 from rollfilter.errors import ErrorKind, ExitStatus
@@ -113,7 +113,7 @@ class Engine:
 
     planner: Planner
     router: Router
-    client: AgentClient
+    client: JobClient
     sink: RowSink
     metrics: Metrics
     control: RunControl
@@ -339,9 +339,14 @@ async def connect_engine(
     on_event: Callable[[str], None] | None = None,
     on_send: Callable[[Job], None] | None = None,
     spool: ResultSpool | None = None,
+    dry_run: Callable[[Job, Agent], None] | None = None,
 ) -> Engine:
     """Resolve the agents (one request to the head server, when `config` names one, over
     `transport`) and build the engine for `config`.
+
+    With `dry_run`, nothing is sent: each routed job goes to it instead, one job at a time so
+    that they come in input order, and its empty answer is the rollout's result. The tasks
+    are planned, but no rollout ends in their figures: none was answered.
 
     Raises UsageError or ServiceError, before anything is sent, when rows could not be
     routed at all or the head server cannot be used.
@@ -377,15 +382,19 @@ async def connect_engine(
     return Engine(
         planner=Planner(source, config, resume, tasks),
         router=Router(config, endpoints, head, window_for=window_for if config.adaptive else None),
-        client=AgentClient(config, transport, on_retry=count_retry, on_internal_error=report_internal_error),
+        client=(
+            DryRunClient(dry_run)
+            if dry_run is not None
+            else AgentClient(config, transport, on_retry=count_retry, on_internal_error=report_internal_error)
+        ),
         sink=sink,
         metrics=metrics,
         control=control,
-        concurrency=config.concurrency,
+        concurrency=config.concurrency if dry_run is None else 1,
         retries=retries,
         failure_limit=config.max_failures,
         max_cost=config.max_cost,
-        tasks=tasks,
+        tasks=tasks if dry_run is None else None,
         on_event=on_event,
         on_send=on_send,
         spool=spool,

@@ -40,9 +40,8 @@ from rollfilter.errors import ExitStatus, UsageError
 from rollfilter.keytable import KeyTable
 from rollfilter.materialize import write_materialized
 from rollfilter.metrics import Metrics
-from rollfilter.outcomes import AttemptFailure
 from rollfilter.passk import TaskStats
-from rollfilter.plan import Planner
+from rollfilter.plan import Job, Planner
 from rollfilter.redact import printable, shown
 from rollfilter.resume import (
     ResumeState,
@@ -50,9 +49,9 @@ from rollfilter.resume import (
     read_pairs,
     result_records,
 )
-from rollfilter.routing import Router
+from rollfilter.routing import Agent, Router
 from rollfilter.rows import TASK_INDEX, agent_name
-from rollfilter.sinks import LineSink
+from rollfilter.sinks import BodySink, LineSink
 from rollfilter.source import (
     STDIN,
     LineReader,
@@ -314,13 +313,18 @@ class _CommandLineRun:
         self.display = self._display()
         # While the display is up, stderr lines are printed above it instead of through it.
         self.log: LineWriter = self.display if self.display is not None else self.stderr_lines
-        self.sink = LineSink(
-            self.results,
-            self.log if self.errors is self.stderr_lines else self.errors,
-            records=command.errors_file is not None,
-            ordered=command.ordered,
-            repeats=config.max_repeats,
-            in_options=in_options,
+        errors_out = self.log if self.errors is self.stderr_lines else self.errors
+        self.sink = (
+            BodySink(self.results, errors_out, repeats=config.max_repeats, in_options=in_options)
+            if options.dry_run
+            else LineSink(
+                self.results,
+                errors_out,
+                records=command.errors_file is not None,
+                ordered=command.ordered,
+                repeats=config.max_repeats,
+                in_options=in_options,
+            )
         )
         self.tasks = None
         if config.max_repeats > 1:
@@ -365,6 +369,11 @@ class _CommandLineRun:
     def say(self, text: str) -> None:
         self.log.write(f"rollfilter: {in_options(text)}\n".encode(errors="replace"))
 
+    def show_route(self, job: Job, agent: Agent) -> None:
+        """--dry-run's line for a job it would send: where to."""
+        url = ",".join(shown(replica.url) for replica in agent.replicas)
+        self.log.write(f"rollfilter: {describe(job)} -> POST {url}\n".encode(errors="replace"))
+
     def finished(self) -> int:
         """The progress file's count: rollouts finished, earlier runs' included."""
         given_up = self.engine.planner.given_up if self.engine is not None else 0  # out of attempts: finished too
@@ -408,8 +417,9 @@ class _CommandLineRun:
             metrics=metrics,
             tasks=self.tasks,
             resume=self.resume,
-            on_event=self.say if options.verbose else None,
+            on_event=self.say if options.verbose and not options.dry_run else None,
             spool=self.spool,
+            dry_run=self.show_route if options.dry_run else None,
         )
         planned: int | None = None
         if command.materialized_file is not None:
@@ -422,10 +432,7 @@ class _CommandLineRun:
             services.start_soon(_publish_progress, fds.progress, self.finished, self.say)
         if self.earlier.results is not None and not options.dry_run:
             await trio.to_thread.run_sync(take_earlier_results, self.earlier.results, metrics, self.tasks, self.spool)
-        if options.dry_run:
-            with control.scope:
-                await dry_run(engine, self.results, self.log, repeated=config.max_repeats > 1)
-        elif control.status is None:  # not stopped during the first pass: nothing sent then
+        if control.status is None:  # not stopped during the first pass: nothing sent then
             await engine.run()
         if self.tasks is not None:
             self.tasks.finish()  # --per-task's lines, while its writer runs
@@ -533,20 +540,3 @@ def _known_total(command: CommandConfig) -> Callable[[], int | None]:
         return -(-lines // shards) * config.max_repeats
 
     return count
-
-
-async def dry_run(engine: Engine, out: BatchWriter, log: LineWriter, *, repeated: bool) -> None:
-    """Write each row exactly as it would be sent, to stdout, and its route to stderr; send nothing."""
-    while (job := await engine.planner.next_job()) is not None:
-        engine.metrics.taken += 1
-        route = job.failure or engine.router.route(job.agent_name)
-        if isinstance(route, AttemptFailure):
-            engine.metrics.add_failure(route)
-            log.write(job.as_failure(route).line(repeated=repeated).encode(errors="replace") + b"\n")
-            continue
-        out.write(job.body + b"\n")
-        url = ",".join(shown(replica.url) for replica in route.replicas)
-        log.write(f"rollfilter: {describe(job)} -> POST {url}\n".encode(errors="replace"))
-        engine.metrics.succeeded += 1
-    engine.metrics.skipped = engine.planner.skipped
-    engine.metrics.not_retried = engine.planner.given_up
