@@ -13,7 +13,7 @@ import math
 import random
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import msgspec
@@ -63,6 +63,23 @@ def backoff_delay(attempt: int, rng: random.Random, retry_after: float | None = 
     (itself capped at RETRY_AFTER_CAP)."""
     jittered = rng.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** min(attempt - 1, 64)))  # 2.0**1024 overflows
     return max(jittered, min(retry_after or 0.0, RETRY_AFTER_CAP))
+
+
+class JobClient(Protocol):
+    """What the engine hands each routed job to: it returns the agent's answer or the failure."""
+
+    async def run(self, job: Job, agent: Agent) -> dict[str, Any] | AttemptFailure: ...
+
+
+class DryRunClient:
+    """Sends nothing: each job's route goes to `on_route`, and the answer is empty (--dry-run)."""
+
+    def __init__(self, on_route: Callable[[Job, Agent], None]) -> None:
+        self._on_route = on_route
+
+    async def run(self, job: Job, agent: Agent) -> dict[str, Any] | AttemptFailure:
+        self._on_route(job, agent)
+        return {}
 
 
 class AgentClient:

@@ -21,7 +21,7 @@ import trio
 
 from rollfilter.adaptive import AdaptiveWindow
 from rollfilter.aggregate import ResultSpool
-from rollfilter.client import AgentClient
+from rollfilter.client import AgentClient, DryRunClient, JobClient
 from rollfilter.config import Config, ConfigError, FailureLimit
 from rollfilter.cost import Spending
 from rollfilter.errors import ErrorKind, ExitStatus
@@ -29,13 +29,13 @@ from rollfilter.headserver import resolve_endpoints
 from rollfilter.http import AgentTransport
 from rollfilter.metrics import UNNAMED_AGENT, Metrics, as_float
 from rollfilter.outcomes import AttemptFailure, Retry
+from rollfilter.passk import TaskStats
 from rollfilter.plan import Job, LineSource, Planner
 from rollfilter.redact import printable, shown
 from rollfilter.resume import ResumeState
 from rollfilter.routing import Agent, Router
 from rollfilter.rows import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX, agent_name
 from rollfilter.sinks import RowSink
-from rollfilter.tasks import TaskStats
 from rollfilter.writers import Release
 
 ERROR_REASON_CHARS = 200  # how much of an agent's failure_reason a message quotes
@@ -113,7 +113,7 @@ class Engine:
 
     planner: Planner
     router: Router
-    client: AgentClient
+    client: JobClient
     sink: RowSink
     metrics: Metrics
     control: RunControl
@@ -125,7 +125,7 @@ class Engine:
     spool: ResultSpool | None = None  # successful results for /aggregate_metrics
     max_cost: float | None = None  # USD: the run stops once it has spent this much
     # The rollouts in flight that the client has retried, and how many times: the client's
-    # on_retry counts them (see `prepare`). A job is built once; its attempts are counted here.
+    # on_retry counts them (see `connect_engine`). A job is built once; its attempts are counted here.
     retries: dict[Job, int] = dataclasses.field(default_factory=dict)
     _in_flight: dict[Job, float] = dataclasses.field(default_factory=dict)  # in the order sent: when
 
@@ -326,7 +326,7 @@ def stamp(job: Job, result: dict[str, Any]) -> None:
         result["_ng_rollout_id"] = row["_ng_rollout_id"]
 
 
-async def prepare(
+async def connect_engine(
     config: Config,
     *,
     source: LineSource,
@@ -339,8 +339,14 @@ async def prepare(
     on_event: Callable[[str], None] | None = None,
     on_send: Callable[[Job], None] | None = None,
     spool: ResultSpool | None = None,
+    dry_run: Callable[[Job, Agent], None] | None = None,
 ) -> Engine:
-    """Resolve the agents (one head-server fetch) and build the engine for `config`.
+    """Resolve the agents (one request to the head server, when `config` names one, over
+    `transport`) and build the engine for `config`.
+
+    With `dry_run`, nothing is sent: each routed job goes to it instead, one job at a time so
+    that they come in input order, and its empty answer is the rollout's result. The tasks
+    are planned, but no rollout ends in their figures: none was answered.
 
     Raises UsageError or ServiceError, before anything is sent, when rows could not be
     routed at all or the head server cannot be used.
@@ -376,15 +382,19 @@ async def prepare(
     return Engine(
         planner=Planner(source, config, resume, tasks),
         router=Router(config, endpoints, head, window_for=window_for if config.adaptive else None),
-        client=AgentClient(config, transport, on_retry=count_retry, on_internal_error=report_internal_error),
+        client=(
+            DryRunClient(dry_run)
+            if dry_run is not None
+            else AgentClient(config, transport, on_retry=count_retry, on_internal_error=report_internal_error)
+        ),
         sink=sink,
         metrics=metrics,
         control=control,
-        concurrency=config.concurrency,
+        concurrency=config.concurrency if dry_run is None else 1,
         retries=retries,
         failure_limit=config.max_failures,
         max_cost=config.max_cost,
-        tasks=tasks,
+        tasks=tasks if dry_run is None else None,
         on_event=on_event,
         on_send=on_send,
         spool=spool,

@@ -17,8 +17,8 @@ from rollfilter.adaptive import AdaptiveWindow
 from rollfilter.cost import Spending
 from rollfilter.errors import ErrorKind
 from rollfilter.outcomes import AttemptFailure
+from rollfilter.passk import TaskStats
 from rollfilter.sums import EXACT_FROM, EXACT_FROM_INT, mean_of, scaled
-from rollfilter.tasks import TaskStats
 
 _BUCKET_GROWTH = math.log(1.01)
 _MIN_LATENCY = 1e-6

@@ -22,6 +22,7 @@ from rollfilter.config import Config
 from rollfilter.errors import ErrorKind
 from rollfilter.keytable import KeyTable
 from rollfilter.outcomes import AttemptFailure, Failure, Retry, Rollout
+from rollfilter.passk import TaskStats
 from rollfilter.resume import ResumeState
 from rollfilter.rows import (
     AGENT_REF,
@@ -35,7 +36,6 @@ from rollfilter.rows import (
     parse_row,
 )
 from rollfilter.source import InputLine, next_when_ready
-from rollfilter.tasks import TaskStats
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode

@@ -21,12 +21,12 @@ import trio
 from rollfilter.aggregate import ResultSpool, aggregate_run
 from rollfilter.config import Config
 from rollfilter.connect import transport_for
-from rollfilter.engine import RunControl, RunStatus, prepare
+from rollfilter.engine import RunControl, RunStatus, connect_engine
 from rollfilter.metrics import Metrics
 from rollfilter.outcomes import Outcome
+from rollfilter.passk import TaskStats
 from rollfilter.sinks import ChannelSink
 from rollfilter.source import InputLine
-from rollfilter.tasks import TaskStats
 from rollfilter.writers import Release
 
 Rows = Iterable[Any] | AsyncIterable[Any]
@@ -152,7 +152,7 @@ async def open_rollouts_in_trio(rows: Rows, config: Config) -> AsyncIterator[Rol
     feed = _RowFeed(rows)
     spool = ResultSpool() if config.aggregate else None
     try:
-        engine = await prepare(
+        engine = await connect_engine(
             config, source=feed, sink=ChannelSink(send), transport=transport,
             control=control, metrics=metrics, tasks=tasks, spool=spool,
         )  # fmt: skip

@@ -118,6 +118,22 @@ class LineSink:
             self._reorderer.flush()
 
 
+class BodySink(LineSink):
+    """--dry-run's sink: each row's body as it would be sent, in place of its result; failures
+    as `LineSink` writes them on stderr."""
+
+    def __init__(
+        self, bodies: LineWriter, errors: LineWriter, *, repeats: int, in_options: Callable[[str], str] | None = None
+    ) -> None:
+        super().__init__(bodies, errors, records=False, ordered=False, repeats=repeats, in_options=in_options)
+
+    def result(self, job: Job, result: dict[str, Any], release: Release) -> None:
+        self._results.write(job.body + b"\n")
+        # Given back at once, not when written: a dry run's one worker would otherwise wait
+        # for the writer's next batch after every row.
+        release()
+
+
 class ChannelSink:
     """The API's sink: outcomes into a channel; a row's slot is given back when the consumer takes it."""
 

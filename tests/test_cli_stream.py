@@ -309,7 +309,7 @@ def test_demo_alone_at_a_terminal_runs_the_example_rows():
 async def test_a_run_reads_and_writes_the_descriptors_it_is_given(tmp_path, demo_server: DemoServer):
     """The command's streams are parameters: a run in this process, on pipes and files of the test's own."""
     from rollfilter.cli.outputs import Streams
-    from rollfilter.cli.run import Presentation, run
+    from rollfilter.cli.run import RunOptions, run
     from rollfilter.config import CommandConfig, Config
 
     read_end, write_end = os.pipe()
@@ -321,7 +321,7 @@ async def test_a_run_reads_and_writes_the_descriptors_it_is_given(tmp_path, demo
         status = await run(
             config,
             streams=Streams(stdin=read_end, stdout=out, stderr=err),
-            show=Presentation(handle_signals=False, progress=False),
+            options=RunOptions(handle_signals=False, progress=False),
         )
     finally:
         for fd in (read_end, out, err):
@@ -329,6 +329,50 @@ async def test_a_run_reads_and_writes_the_descriptors_it_is_given(tmp_path, demo
     assert status == 0
     assert sorted(r["_ng_task_index"] for r in result_lines((tmp_path / "out").read_bytes())) == [0, 1, 2]
     assert summary_of((tmp_path / "err").read_bytes())["rollfilter"]["succeeded"] == 3
+
+
+def test_a_dry_run_prints_each_body_as_sent_and_its_route_in_input_order(demo_server: DemoServer):
+    """Through the engine's own loop, with many workers allowed: bodies on stdout, route and
+    failure lines on stderr, both in input order, and nothing sent."""
+    rows = [{"responses_create_params": {"input": f"q{i}"}, "agent_ref": {"name": "ab"[i % 3 == 0]}} for i in range(40)]
+    lines = [json.dumps(row) for row in rows]
+    lines[5] = "{not json"
+    lines[7] = json.dumps({"responses_create_params": {"input": "q7"}, "agent_ref": {"name": "c"}})
+    other = demo_server.url.replace("/run", "/other")
+    args = ["-e", f"a={demo_server.url}", "-e", f"b={other}", "-r", "2", "-j", "16", "--dry-run"]
+    proc = run(args, input="\n".join(lines) + "\n")
+    assert proc.returncode == 1, proc.stderr  # the bad line and agent c's row are lost, as in a real run
+    sent = [(i, k) for i in range(40) if i not in (5, 7) for k in range(2)]
+    bodies = [
+        json.dumps({**rows[i], "_ng_task_index": i, "_ng_rollout_index": k}, separators=(",", ":")).encode()
+        for i, k in sent
+    ]
+    assert proc.stdout.splitlines() == bodies
+    expected: list[bytes] = []
+    for i in range(40):
+        for k in range(2):
+            if i == 5:
+                expected.append(b"rollfilter: <stdin>:6 (rollout %d): bad_input: invalid JSON" % k)
+            elif i == 7:
+                expected.append(
+                    b"rollfilter: <stdin>:8 (rollout %d): no_route: no endpoint for agent 'c'; give -e/--e" % k
+                )
+            else:
+                url = (demo_server.url if i % 3 else other).encode()
+                expected.append(b"rollfilter: <stdin>:%d task %d rollout %d -> POST %s" % (i + 1, i, k, url))
+    printed = proc.stderr.splitlines()[: len(expected)]
+    assert [line[: len(start)] for line, start in zip(printed, expected, strict=True)] == expected
+    assert summary_of(proc.stderr)["rollfilter"]["succeeded"] == len(sent)
+    assert demo_server.stats()["requests"] == 0
+
+
+def test_a_dry_run_stops_at_the_failure_limit(demo_server: DemoServer):
+    rows = ["{bad", "{bad", *map(json.dumps, simple_rows(3))]
+    proc = run(["-u", demo_server.url, "--max-failures", "2", "--dry-run"], input="\n".join(rows) + "\n")
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout == b""  # the rows after the second bad line are not taken
+    assert b"rollfilter: stopped after 2 failed rows" in proc.stderr
+    assert summary_of(proc.stderr)["rollfilter"]["rows_read"] == 2
 
 
 def test_a_dry_run_writes_no_file_even_with_resume(tmp_path, demo_server: DemoServer):

@@ -437,7 +437,7 @@ async def test_the_aggregate_spool_hands_out_results_sorted_by_task_and_rollout_
 
 
 def test_a_tasks_mean_reward_stays_finite_near_the_float_limit():
-    from rollfilter.tasks import TaskStats
+    from rollfilter.passk import TaskStats
 
     records: list[dict[str, Any]] = []
     tasks = TaskStats(2, 1.0, records.append)

@@ -16,7 +16,7 @@ import typer
 from rollfilter import __version__
 from rollfilter.budget import DEFAULT_RATIO
 from rollfilter.cli.messages import say
-from rollfilter.cli.run import Presentation, run
+from rollfilter.cli.run import RunOptions, run
 from rollfilter.cli.summarize import summarize as summarize_results
 from rollfilter.config import (
     DEFAULT_CONCURRENCY,
@@ -496,10 +496,10 @@ def parse(
             say(f"reading {what} from the terminal (give FILE, or pipe them in; Ctrl-D ends)")
     if summarize:
         return lambda: summarize_results(config)
-    show = Presentation(
+    options = RunOptions(
         demo=DemoOptions() if demo else None, quiet=quiet, progress=progress, verbose=verbose, dry_run=dry_run
     )
-    return lambda: run(config, show=show)
+    return lambda: run(config, options=options)
 
 
 def check_demo_alone(

@@ -15,7 +15,7 @@ from rollfilter.aggregate import AggregateReport
 from rollfilter.cli import identity
 from rollfilter.errors import RollfilterError, UsageError
 from rollfilter.metrics import Metrics
-from rollfilter.tasks import TaskStats
+from rollfilter.passk import TaskStats
 from rollfilter.writers import WholeFile
 
 _encode = msgspec.json.Encoder().encode

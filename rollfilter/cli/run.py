@@ -35,13 +35,13 @@ from rollfilter.config import CommandConfig, Config
 from rollfilter.connect import transport_for
 from rollfilter.demo import DemoAgent, DemoOptions
 from rollfilter.demo import serve as serve_demo
-from rollfilter.engine import Engine, RunControl, RunStatus, describe, prepare, reward_of
+from rollfilter.engine import Engine, RunControl, RunStatus, connect_engine, describe, reward_of
 from rollfilter.errors import ExitStatus, UsageError
 from rollfilter.keytable import KeyTable
 from rollfilter.materialize import write_materialized
 from rollfilter.metrics import Metrics
-from rollfilter.outcomes import AttemptFailure
-from rollfilter.plan import Planner
+from rollfilter.passk import TaskStats
+from rollfilter.plan import Job, Planner
 from rollfilter.redact import printable, shown
 from rollfilter.resume import (
     ResumeState,
@@ -49,9 +49,9 @@ from rollfilter.resume import (
     read_pairs,
     result_records,
 )
-from rollfilter.routing import Router
+from rollfilter.routing import Agent, Router
 from rollfilter.rows import TASK_INDEX, agent_name
-from rollfilter.sinks import LineSink
+from rollfilter.sinks import BodySink, LineSink
 from rollfilter.source import (
     STDIN,
     LineReader,
@@ -59,7 +59,6 @@ from rollfilter.source import (
     check_outputs_apart,
     check_outputs_are_not_inputs,
 )
-from rollfilter.tasks import TaskStats
 from rollfilter.writers import BatchWriter, LineWriter, OutputClosed, OutputFailed, WholeFile, write_all
 
 if TYPE_CHECKING:
@@ -188,8 +187,10 @@ async def _publish_progress(
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Presentation:
-    """What a command-line run adds around the engine: the demo agent, signals, what it shows."""
+class RunOptions:
+    """How a command-line run goes beyond its `CommandConfig`: the demo agent it starts, whether it
+    handles signals (off for a run inside another program's loop), what it shows on stderr, and
+    whether it only prints what it would send (--dry-run)."""
 
     demo: DemoOptions | None = None
     handle_signals: bool = True
@@ -200,28 +201,28 @@ class Presentation:
 
 
 async def run(
-    command: CommandConfig, *, streams: Streams = STANDARD_STREAMS, show: Presentation = Presentation()
+    command: CommandConfig, *, streams: Streams = STANDARD_STREAMS, options: RunOptions = RunOptions()
 ) -> ExitStatus:
     """Run the rollouts `command` describes; return the exit status. Prints the summary."""
     config = command.engine
     check_inputs(command.inputs)
-    results_out = [] if command.output and not show.dry_run else [("standard output", streams.stdout)]
+    results_out = [] if command.output and not options.dry_run else [("standard output", streams.stdout)]
     check_outputs_are_not_inputs(command.inputs, [*command.output_files(), *results_out], streams.stdin)
     check_outputs_apart(command.output_files())
-    if not config.names_an_agent and show.demo is None:
+    if not config.names_an_agent and options.demo is None:
         raise UsageError("no agent to send to: give -u URL, -e NAME=URL, --head-server URL, or --demo")
     command, record = identity.settle(command)
     resume = None
     earlier = _Earlier()
     if command.resume and command.output:
         for path in (command.output, command.errors_file, command.materialized_file):
-            if path is not None and not show.dry_run:
+            if path is not None and not options.dry_run:
                 drop_torn_tail(path)
         resume = ResumeState.from_files(command.output, command.errors_file, command.max_attempts)
         if command.materialized_file is not None:
             earlier.materialized = read_pairs(command.materialized_file)
         earlier.results = command.output
-    if show.dry_run:  # it changes no file: it reads what resume reads, and prints the rest
+    if options.dry_run:  # it changes no file: it reads what resume reads, and prints the rest
         command = dataclasses.replace(
             command, output=None, errors_file=None, metrics_file=None, per_task_file=None,
             aggregate_file=None, materialized_file=None, progress_file=None, resume=False,
@@ -247,7 +248,7 @@ async def run(
         if record is not None and command.output is not None:
             files.remove_if_refused(identity.record_path(command.output))
         identity.keep(record, command.output)
-        return await _run_open(command, streams, files_fds, resume, earlier, show)
+        return await _run_open(command, streams, files_fds, resume, earlier, options)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -274,9 +275,9 @@ async def _run_open(
     fds: _Fds,
     resume: ResumeState | None,
     earlier: _Earlier,
-    show: Presentation,
+    options: RunOptions,
 ) -> ExitStatus:
-    return await _CommandLineRun(command, streams, fds, resume, earlier, show).run()
+    return await _CommandLineRun(command, streams, fds, resume, earlier, options).run()
 
 
 class _CommandLineRun:
@@ -290,10 +291,10 @@ class _CommandLineRun:
         fds: _Fds,
         resume: ResumeState | None,
         earlier: _Earlier,
-        show: Presentation,
+        options: RunOptions,
     ) -> None:
-        self.command, self.streams, self.fds, self.resume, self.earlier, self.show = (
-            command, streams, fds, resume, earlier, show,
+        self.command, self.streams, self.fds, self.resume, self.earlier, self.options = (
+            command, streams, fds, resume, earlier, options,
         )  # fmt: skip
         self.config = config = command.engine
         self.control = RunControl()
@@ -312,13 +313,18 @@ class _CommandLineRun:
         self.display = self._display()
         # While the display is up, stderr lines are printed above it instead of through it.
         self.log: LineWriter = self.display if self.display is not None else self.stderr_lines
-        self.sink = LineSink(
-            self.results,
-            self.log if self.errors is self.stderr_lines else self.errors,
-            records=command.errors_file is not None,
-            ordered=command.ordered,
-            repeats=config.max_repeats,
-            in_options=in_options,
+        errors_out = self.log if self.errors is self.stderr_lines else self.errors
+        self.sink = (
+            BodySink(self.results, errors_out, repeats=config.max_repeats, in_options=in_options)
+            if options.dry_run
+            else LineSink(
+                self.results,
+                errors_out,
+                records=command.errors_file is not None,
+                ordered=command.ordered,
+                repeats=config.max_repeats,
+                in_options=in_options,
+            )
         )
         self.tasks = None
         if config.max_repeats > 1:
@@ -330,7 +336,7 @@ class _CommandLineRun:
             command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=streams.stdin, on_problem=self.say
         )
         self.engine: Engine | None = None
-        self.spool = ResultSpool() if config.aggregate and not show.dry_run else None
+        self.spool = ResultSpool() if config.aggregate and not options.dry_run else None
         self.report: AggregateReport | None = None
         self.earlier_done = resume.done_pairs if resume is not None else 0
 
@@ -346,15 +352,15 @@ class _CommandLineRun:
             self.control.stop(ExitStatus.OUTPUT_FAILED, str(failure))
 
     def _display(self) -> ProgressDisplay | None:
-        show = self.show
-        if show.dry_run or not progress_wanted(show.progress, quiet=show.quiet, stderr_fd=self.streams.stderr):
+        options = self.options
+        if options.dry_run or not progress_wanted(options.progress, quiet=options.quiet, stderr_fd=self.streams.stderr):
             return None
         from rollfilter.cli.progress import ProgressDisplay
 
         return ProgressDisplay(
             self.metrics,
             fd=self.streams.stderr,
-            force_terminal=bool(show.progress),
+            force_terminal=bool(options.progress),
             adaptive=self.config.adaptive,
             priced=bool(self.config.prices),
             fallback=self.stderr_lines,
@@ -362,6 +368,11 @@ class _CommandLineRun:
 
     def say(self, text: str) -> None:
         self.log.write(f"rollfilter: {in_options(text)}\n".encode(errors="replace"))
+
+    def show_route(self, job: Job, agent: Agent) -> None:
+        """--dry-run's line for a job it would send: where to."""
+        url = ",".join(shown(replica.url) for replica in agent.replicas)
+        self.log.write(f"rollfilter: {describe(job)} -> POST {url}\n".encode(errors="replace"))
 
     def finished(self) -> int:
         """The progress file's count: rollouts finished, earlier runs' included."""
@@ -385,19 +396,19 @@ class _CommandLineRun:
         return self._finish()
 
     async def _serve(self, services: trio.Nursery) -> None:
-        command, show, control, metrics, fds = self.command, self.show, self.control, self.metrics, self.fds
+        command, options, control, metrics, fds = self.command, self.options, self.control, self.metrics, self.fds
         for writer in self.writers:
             services.start_soon(writer.run)
-        if show.handle_signals:
+        if options.handle_signals:
             await services.start(_watch_signals, control, self.show_status)
         if fds.out == self.streams.stdout and _is_pipe(fds.out):
             services.start_soon(_watch_reader_gone, fds.out, lambda: control.stop(ExitStatus.BROKEN_PIPE))
-        if show.demo is not None:
-            demo = show.demo
+        if options.demo is not None:
+            demo = options.demo
             port = await services.start(lambda task_status: serve_demo(DemoAgent(demo), task_status=task_status))
             self.config = dataclasses.replace(self.config, url=f"http://127.0.0.1:{port}/run")
         config = self.config
-        self.engine = engine = await prepare(
+        self.engine = engine = await connect_engine(
             config,
             source=self.reader,
             sink=self.sink,
@@ -406,8 +417,9 @@ class _CommandLineRun:
             metrics=metrics,
             tasks=self.tasks,
             resume=self.resume,
-            on_event=self.say if show.verbose else None,
+            on_event=self.say if options.verbose and not options.dry_run else None,
             spool=self.spool,
+            dry_run=self.show_route if options.dry_run else None,
         )
         planned: int | None = None
         if command.materialized_file is not None:
@@ -418,17 +430,14 @@ class _CommandLineRun:
             services.start_soon(self.display.run, total)
         if fds.progress is not None:
             services.start_soon(_publish_progress, fds.progress, self.finished, self.say)
-        if self.earlier.results is not None and not show.dry_run:
+        if self.earlier.results is not None and not options.dry_run:
             await trio.to_thread.run_sync(take_earlier_results, self.earlier.results, metrics, self.tasks, self.spool)
-        if show.dry_run:
-            with control.scope:
-                await dry_run(engine, self.results, self.log, repeated=config.max_repeats > 1)
-        elif control.status is None:  # not stopped during the first pass: nothing sent then
+        if control.status is None:  # not stopped during the first pass: nothing sent then
             await engine.run()
         if self.tasks is not None:
             self.tasks.finish()  # --per-task's lines, while its writer runs
         metrics.expected = planned
-        if planned is None and control.status is None and not show.dry_run:
+        if planned is None and control.status is None and not options.dry_run:
             metrics.expected = metrics.taken + metrics.skipped + metrics.not_retried  # all of it was read
         if control.status is not None:
             self.sink.flush_held()
@@ -470,7 +479,7 @@ class _CommandLineRun:
         if engine is not None and control.status is None:
             for name in sorted(set(self.config.repeats_by_agent) - engine.planner.agents_seen):
                 write_stderr(stderr, f"rollfilter: -r {name}=K: no row named agent {name!r}\n".encode())
-        if not self.show.quiet:
+        if not self.options.quiet:
             write_stderr(stderr, summary)
         return status
 
@@ -531,20 +540,3 @@ def _known_total(command: CommandConfig) -> Callable[[], int | None]:
         return -(-lines // shards) * config.max_repeats
 
     return count
-
-
-async def dry_run(engine: Engine, out: BatchWriter, log: LineWriter, *, repeated: bool) -> None:
-    """Write each row exactly as it would be sent, to stdout, and its route to stderr; send nothing."""
-    while (job := await engine.planner.next_job()) is not None:
-        engine.metrics.taken += 1
-        route = job.failure or engine.router.route(job.agent_name)
-        if isinstance(route, AttemptFailure):
-            engine.metrics.add_failure(route)
-            log.write(job.as_failure(route).line(repeated=repeated).encode(errors="replace") + b"\n")
-            continue
-        out.write(job.body + b"\n")
-        url = ",".join(shown(replica.url) for replica in route.replicas)
-        log.write(f"rollfilter: {describe(job)} -> POST {url}\n".encode(errors="replace"))
-        engine.metrics.succeeded += 1
-    engine.metrics.skipped = engine.planner.skipped
-    engine.metrics.not_retried = engine.planner.given_up

@@ -12,6 +12,7 @@ from rollfilter.errors import ErrorKind, ExitStatus
 from rollfilter.headserver import resolve_endpoints
 from rollfilter.metrics import Metrics
 from rollfilter.outcomes import AttemptFailure, failure_of
+from rollfilter.passk import TaskStats
 from rollfilter.redact import printable
 from rollfilter.resume import (
     StandingFailures,
@@ -24,7 +25,6 @@ from rollfilter.source import (
     check_inputs,
     check_outputs_are_not_inputs,
 )
-from rollfilter.tasks import TaskStats
 from rollfilter.writers import write_all
 
 

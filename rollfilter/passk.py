@@ -1,4 +1,8 @@
-"""Per-task figures for repeated rollouts: mean@K and the unbiased pass@k estimator."""
+"""Per-task figures for repeated rollouts: mean@K and the unbiased pass@k estimator.
+
+Named for what it computes: a row's "task" here is NeMo Gym's task (its rows share a task index),
+not a trio task.
+"""
 
 from __future__ import annotations
 
