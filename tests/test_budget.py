@@ -23,8 +23,12 @@ def agent() -> Iterator[DemoServer]:
 
 
 def rows(faulty: int, **fault: object) -> str:
+    """ROWS rows, the last `faulty` of them with `fault`: their retries come once the rows before
+    have paid into the budget, whatever order the answers come back in."""
     return "".join(
-        json.dumps({"id": i, "responses_create_params": {"input": "xx"}, **({"demo": fault} if i < faulty else {})})
+        json.dumps(
+            {"id": i, "responses_create_params": {"input": "xx"}, **({"demo": fault} if i >= ROWS - faulty else {})}
+        )
         + "\n"
         for i in range(ROWS)
     )
