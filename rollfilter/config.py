@@ -127,8 +127,6 @@ class Config:
                     checked_url(value, schemes)
             except UsageError as exc:
                 raise ConfigError(field, f"is not usable: {exc}") from None
-        if self.cacert is not None:
-            check_cacert(self.cacert)
         object.__setattr__(self, "headers", tuple(tuple(header) for header in self.headers))
         for header in self.headers:
             if len(header) != 2 or not all(isinstance(part, str) for part in header):
@@ -224,18 +222,6 @@ class CommandConfig:
         named = ("output", "errors_file", "metrics_file", "per_task_file", "aggregate_file", "materialized_file")
         paths = [(field, getattr(self, field)) for field in (*named, "progress_file")]
         return [(f"CommandConfig.{field} {path}", path) for field, path in paths if path is not None]
-
-
-def check_cacert(path: str) -> None:
-    """UsageError unless `path` is a readable PEM file of certificates (Config.cacert)."""
-    import ssl
-
-    try:
-        ssl.create_default_context(cafile=path)
-    except ssl.SSLError:  # an OSError too: first
-        raise UsageError(f"Config.cacert {path} holds no PEM certificates") from None
-    except OSError as exc:
-        raise UsageError(f"cannot read Config.cacert {path}: {exc.strerror or exc}") from None
 
 
 def agent_url(text: str) -> str:
