@@ -203,7 +203,9 @@ class CommandConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
         if self.aggregate_file is not None and not self.engine.aggregate:
-            object.__setattr__(self, "engine", dataclasses.replace(self.engine, aggregate=True))
+            raise UsageError(
+                "CommandConfig.aggregate_file needs Config.aggregate: the file holds the agents' /aggregate_metrics"
+            )
         if self.max_attempts < 1:
             raise UsageError("CommandConfig.max_attempts must be at least 1")
         if self.resume and self.output is None:

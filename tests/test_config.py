@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from rollfilter.cli.fields import in_options
-from rollfilter.config import Config, ConfigError, parse_header
+from rollfilter.config import CommandConfig, Config, ConfigError, parse_header
+from rollfilter.errors import UsageError
 
 SECRET = "secret-value"
 
@@ -50,3 +51,10 @@ def test_the_command_line_checks_a_header_as_config_does_and_names_the_option():
             parse_header(spec)
         assert in_options(str(refused.value)).startswith("-H/--header ")
         assert SECRET not in str(refused.value)
+
+
+def test_a_command_config_never_changes_the_engine_config_it_is_given():
+    engine = Config(url="http://127.0.0.1:1/run", aggregate=True)
+    assert CommandConfig(engine, aggregate_file="aggregate.json").engine is engine
+    with pytest.raises(UsageError, match=r"^CommandConfig\.aggregate_file needs Config\.aggregate"):
+        CommandConfig(Config(url="http://127.0.0.1:1/run"), aggregate_file="aggregate.json")
