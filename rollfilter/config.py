@@ -69,6 +69,44 @@ class ConfigError(UsageError):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Retries:
+    """How a failed row is sent again: at most `count` more times, for a status in `statuses`
+    (and for the connection failures worth it), while its agent's `budget` of retries a row
+    lasts (see budget.py; None: no budget, every failure gets its retries).
+
+    `Config` builds it from its fields `retries`, `retry_budget` and `retry_statuses`, and
+    errors name those fields.
+    """
+
+    count: int = DEFAULT_RETRIES
+    budget: float | None = DEFAULT_RATIO
+    statuses: frozenset[int] = DEFAULT_RETRY_STATUSES
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.count) or self.count < 0:
+            raise ConfigError("retries", "must be a whole number, 0 or more")
+        budget = self.budget
+        if budget is not None and not (_is_number(budget) and 0 <= budget < math.inf):
+            raise ConfigError("retry_budget", "must be a finite number of retries a row, 0 or more (None: no budget)")
+        try:
+            statuses = frozenset(self.statuses)
+        except TypeError:
+            raise ConfigError("retry_statuses", "wants a set of HTTP statuses, like {429, 503}") from None
+        for status in statuses:
+            if not (_is_int(status) and 100 <= status <= 599):
+                raise ConfigError("retry_statuses", f"wants HTTP statuses from 100 to 599, got {status!r}")
+        object.__setattr__(self, "statuses", statuses)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Config:
     """What one run of the engine does: where rows go, how many, how each is sent and retried.
 
@@ -108,6 +146,8 @@ class Config:
     cacert: str | None = None  # a PEM file of the CAs to trust instead of the system's (--cacert)
     cross_origin_redirects: bool = False  # follow 307/308 to another scheme, host or port too
     max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES  # a longer reply body fails its row as bad_response
+    # retries, retry_budget and retry_statuses, checked as one part: what the client and the router read
+    retry_policy: Retries = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # URLs are checked and completed here, so the API and the CLI agree on them.
@@ -128,6 +168,9 @@ class Config:
             except UsageError as exc:
                 raise ConfigError(field, f"is not usable: {exc}") from None
         object.__setattr__(self, "headers", checked_headers(self.headers))
+        retry_policy = Retries(self.retries, self.retry_budget, self.retry_statuses)
+        object.__setattr__(self, "retry_policy", retry_policy)
+        object.__setattr__(self, "retry_statuses", retry_policy.statuses)
         if self.concurrency < 1:
             raise ConfigError("concurrency", "must be at least 1")
         object.__setattr__(self, "repeats_by_agent", dict(self.repeats_by_agent))
@@ -137,14 +180,10 @@ class Config:
             raise ConfigError("repeats", f"must be at most {MAX_REPEATS}")
         if self.limit is not None and self.limit < 0:
             raise ConfigError("limit", "must not be negative")
-        if self.retries < 0:
-            raise ConfigError("retries", "must not be negative")
         if self.max_cost is not None and not 0 < self.max_cost < math.inf:
             raise ConfigError("max_cost", "must be a positive, finite number of USD")
         if self.max_cost is not None and not self.prices:
             raise ConfigError("max_cost", "needs Config.prices: without them nothing is spent")
-        if self.retry_budget is not None and not 0 <= self.retry_budget < math.inf:
-            raise ConfigError("retry_budget", "must be a finite number of retries a row, 0 or more (None: no budget)")
         if self.timeout is not None and not self.timeout > 0:
             raise ConfigError("timeout", "must be a positive number of seconds")
         if not self.connect_timeout > 0:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any
 
 import pytest
 
 from rollfilter.cli.fields import in_options
-from rollfilter.config import CommandConfig, Config, ConfigError, parse_header
+from rollfilter.config import CommandConfig, Config, ConfigError, Retries, parse_header
 from rollfilter.errors import UsageError
 
 SECRET = "secret-value"
@@ -58,3 +60,38 @@ def test_a_command_config_never_changes_the_engine_config_it_is_given():
     assert CommandConfig(engine, aggregate_file="aggregate.json").engine is engine
     with pytest.raises(UsageError, match=r"^CommandConfig\.aggregate_file needs Config\.aggregate"):
         CommandConfig(Config(url="http://127.0.0.1:1/run"), aggregate_file="aggregate.json")
+
+
+def test_the_retry_fields_make_one_checked_part_that_follows_replace():
+    config = Config(retries=5, retry_budget=None, retry_statuses=[503, 429])  # type: ignore[arg-type]
+    assert config.retry_policy == Retries(count=5, budget=None, statuses=frozenset({429, 503}))
+    assert config.retry_statuses == frozenset({429, 503})  # a list from Python, kept as the set it means
+    assert Config().retry_policy == Retries()
+    assert dataclasses.replace(config, retries=0).retry_policy.count == 0
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("retries", -1),
+        ("retries", 1.5),
+        ("retries", "3"),
+        ("retries", True),
+        ("retry_budget", -0.1),
+        ("retry_budget", math.inf),
+        ("retry_budget", math.nan),
+        ("retry_budget", "0.1"),
+        ("retry_statuses", {999}),
+        ("retry_statuses", {99}),
+        ("retry_statuses", {"429"}),
+        ("retry_statuses", {True}),
+        ("retry_statuses", 503),
+    ],
+)
+def test_a_retry_field_that_cannot_be_used_is_refused_by_its_name(field: str, value: Any):
+    with pytest.raises(ConfigError) as refused:
+        Config(**{field: value})
+    assert refused.value.field == field
+    assert str(refused.value).startswith(f"Config.{field} ")
+    option = {"retries": "--retries", "retry_budget": "--retry-budget", "retry_statuses": "--retry-on"}[field]
+    assert in_options(str(refused.value)).startswith(option + " ")
