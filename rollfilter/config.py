@@ -98,6 +98,24 @@ class Retries:
         object.__setattr__(self, "statuses", statuses)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Timeouts:
+    """How long a row may take: `attempt` bounds one attempt and the wait before the next (None:
+    no bound, an episode can take an hour), `connect` bounds connecting to an agent.
+
+    `Config` builds it from its fields `timeout` and `connect_timeout`, and errors name those fields.
+    """
+
+    attempt: float | None = None
+    connect: float = DEFAULT_CONNECT_TIMEOUT
+
+    def __post_init__(self) -> None:
+        if self.attempt is not None and not (_is_number(self.attempt) and self.attempt > 0):
+            raise ConfigError("timeout", "must be a positive number of seconds")
+        if not (_is_number(self.connect) and self.connect > 0):
+            raise ConfigError("connect_timeout", "must be a positive number of seconds")
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -148,6 +166,8 @@ class Config:
     max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES  # a longer reply body fails its row as bad_response
     # retries, retry_budget and retry_statuses, checked as one part: what the client and the router read
     retry_policy: Retries = dataclasses.field(init=False, repr=False, compare=False)
+    # timeout and connect_timeout, checked as one part
+    timeouts: Timeouts = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # URLs are checked and completed here, so the API and the CLI agree on them.
@@ -171,6 +191,7 @@ class Config:
         retry_policy = Retries(self.retries, self.retry_budget, self.retry_statuses)
         object.__setattr__(self, "retry_policy", retry_policy)
         object.__setattr__(self, "retry_statuses", retry_policy.statuses)
+        object.__setattr__(self, "timeouts", Timeouts(self.timeout, self.connect_timeout))
         if self.concurrency < 1:
             raise ConfigError("concurrency", "must be at least 1")
         object.__setattr__(self, "repeats_by_agent", dict(self.repeats_by_agent))
@@ -184,10 +205,6 @@ class Config:
             raise ConfigError("max_cost", "must be a positive, finite number of USD")
         if self.max_cost is not None and not self.prices:
             raise ConfigError("max_cost", "needs Config.prices: without them nothing is spent")
-        if self.timeout is not None and not self.timeout > 0:
-            raise ConfigError("timeout", "must be a positive number of seconds")
-        if not self.connect_timeout > 0:
-            raise ConfigError("connect_timeout", "must be a positive number of seconds")
         if self.max_reply_bytes < 1:
             raise ConfigError("max_reply_bytes", "must be at least 1")
         if self.shard is not None and not 0 <= self.shard[0] < self.shard[1]:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from rollfilter.cli.fields import in_options
-from rollfilter.config import CommandConfig, Config, ConfigError, Retries, parse_header
+from rollfilter.config import CommandConfig, Config, ConfigError, Retries, Timeouts, parse_header
 from rollfilter.errors import UsageError
 
 SECRET = "secret-value"
@@ -95,3 +95,29 @@ def test_a_retry_field_that_cannot_be_used_is_refused_by_its_name(field: str, va
     assert str(refused.value).startswith(f"Config.{field} ")
     option = {"retries": "--retries", "retry_budget": "--retry-budget", "retry_statuses": "--retry-on"}[field]
     assert in_options(str(refused.value)).startswith(option + " ")
+
+
+def test_the_timeout_fields_make_one_checked_part_that_follows_replace():
+    config = Config(timeout=30, connect_timeout=2.5)
+    assert config.timeouts == Timeouts(attempt=30, connect=2.5)
+    assert Config().timeouts == Timeouts()
+    assert dataclasses.replace(config, timeout=None).timeouts == Timeouts(attempt=None, connect=2.5)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "option"),
+    [
+        ("timeout", 0, "--timeout"),
+        ("timeout", -1.0, "--timeout"),
+        ("timeout", math.nan, "--timeout"),
+        ("timeout", "30", "--timeout"),
+        ("connect_timeout", 0, "--connect-timeout"),
+        ("connect_timeout", None, "--connect-timeout"),
+        ("connect_timeout", "10", "--connect-timeout"),
+    ],
+)
+def test_a_timeout_that_cannot_be_used_is_refused_by_its_name(field: str, value: Any, option: str):
+    with pytest.raises(ConfigError) as refused:
+        Config(**{field: value})
+    assert refused.value.field == field
+    assert in_options(str(refused.value)) == f"{option} must be a positive number of seconds"
