@@ -402,11 +402,12 @@ def checked_headers(headers: Iterable[tuple[str, str]]) -> tuple[tuple[str, str]
     """`headers` as (name, value) pairs of strings that can go on the wire; ConfigError naming
     Config.headers (and the name, never the value) otherwise."""
     try:
-        pairs = tuple(tuple(header) for header in headers)
+        # A string is left whole: as a tuple, "ab" would be the header a: b.
+        pairs = tuple(header if isinstance(header, str) else tuple(header) for header in headers)
     except TypeError:  # not iterable, or holding something that is not a pair
         raise ConfigError("headers", "wants (name, value) pairs of strings") from None
     for pair in pairs:
-        if len(pair) != 2 or not all(isinstance(part, str) for part in pair):
+        if isinstance(pair, str) or len(pair) != 2 or not all(isinstance(part, str) for part in pair):
             raise ConfigError("headers", "wants (name, value) pairs of strings")
         _checked_header(*pair)
     return pairs  # type: ignore[return-value]  # each checked to be a pair of strings

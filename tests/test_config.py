@@ -36,6 +36,8 @@ def test_headers_that_can_go_on_the_wire_are_kept_as_pairs():
         [("X-Token", 5)],
         [5],
         5,
+        ["ab"],
+        "X-Token: " + SECRET,
     ],
 )
 def test_config_refuses_headers_that_cannot_go_on_the_wire_and_never_shows_the_value(headers: Any):
