@@ -295,6 +295,6 @@ async def aggregate_run(spool: ResultSpool, router: Router, config: Config) -> A
     try:
         urls = {name: router.run_url(name) for name in spool.agents}
         known = {name: url for name, url in urls.items() if url}
-        return await request_aggregates(spool, known, transport, config.timeout)
+        return await request_aggregates(spool, known, transport, config.timeouts.attempt)
     finally:
         await transport.aclose()

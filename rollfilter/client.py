@@ -102,9 +102,9 @@ class AgentClient:
         on_internal_error: Callable[[Job, Exception], None] | None = None,
     ) -> None:
         self._transport = transport
-        self._retries = config.retries
-        self._retry_statuses = config.retry_statuses
-        self._timeout = config.timeout if config.timeout is not None else math.inf
+        self._retries = config.retry_policy.count
+        self._retry_statuses = config.retry_policy.statuses
+        self._timeout = config.timeouts.attempt if config.timeouts.attempt is not None else math.inf
         self._cross_origin_redirects = config.cross_origin_redirects
         self._rng = rng or random.Random()
         self._on_retry = on_retry

@@ -69,6 +69,62 @@ class ConfigError(UsageError):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Retries:
+    """How a failed row is sent again: at most `count` more times, for a status in `statuses`
+    (and for the connection failures worth it), while its agent's `budget` of retries a row
+    lasts (see budget.py; None: no budget, every failure gets its retries).
+
+    `Config` builds it from its fields `retries`, `retry_budget` and `retry_statuses`, and
+    errors name those fields.
+    """
+
+    count: int = DEFAULT_RETRIES
+    budget: float | None = DEFAULT_RATIO
+    statuses: frozenset[int] = DEFAULT_RETRY_STATUSES
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.count) or self.count < 0:
+            raise ConfigError("retries", "must be a whole number, 0 or more")
+        budget = self.budget
+        if budget is not None and not (_is_number(budget) and 0 <= budget < math.inf):
+            raise ConfigError("retry_budget", "must be a finite number of retries a row, 0 or more (None: no budget)")
+        try:
+            statuses = frozenset(self.statuses)
+        except TypeError:
+            raise ConfigError("retry_statuses", "wants a set of HTTP statuses, like {429, 503}") from None
+        for status in statuses:
+            if not (_is_int(status) and 100 <= status <= 599):
+                raise ConfigError("retry_statuses", f"wants HTTP statuses from 100 to 599, got {status!r}")
+        object.__setattr__(self, "statuses", statuses)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Timeouts:
+    """How long a row may take: `attempt` bounds one attempt and the wait before the next (None:
+    no bound, an episode can take an hour), `connect` bounds connecting to an agent.
+
+    `Config` builds it from its fields `timeout` and `connect_timeout`, and errors name those fields.
+    """
+
+    attempt: float | None = None
+    connect: float = DEFAULT_CONNECT_TIMEOUT
+
+    def __post_init__(self) -> None:
+        if self.attempt is not None and not (_is_number(self.attempt) and self.attempt > 0):
+            raise ConfigError("timeout", "must be a positive number of seconds")
+        if not (_is_number(self.connect) and self.connect > 0):
+            raise ConfigError("connect_timeout", "must be a positive number of seconds")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Config:
     """What one run of the engine does: where rows go, how many, how each is sent and retried.
 
@@ -108,6 +164,10 @@ class Config:
     cacert: str | None = None  # a PEM file of the CAs to trust instead of the system's (--cacert)
     cross_origin_redirects: bool = False  # follow 307/308 to another scheme, host or port too
     max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES  # a longer reply body fails its row as bad_response
+    # retries, retry_budget and retry_statuses, checked as one part: what the client and the router read
+    retry_policy: Retries = dataclasses.field(init=False, repr=False, compare=False)
+    # timeout and connect_timeout, checked as one part
+    timeouts: Timeouts = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # URLs are checked and completed here, so the API and the CLI agree on them.
@@ -127,17 +187,11 @@ class Config:
                     checked_url(value, schemes)
             except UsageError as exc:
                 raise ConfigError(field, f"is not usable: {exc}") from None
-        if self.cacert is not None:
-            check_cacert(self.cacert)
-        object.__setattr__(self, "headers", tuple(tuple(header) for header in self.headers))
-        for header in self.headers:
-            if len(header) != 2 or not all(isinstance(part, str) for part in header):
-                raise ConfigError("headers", "wants (name, value) pairs of strings")
-            name, value = header
-            if not _is_header_name(name):
-                raise ConfigError("headers", "holds a name that is empty or has spaces, control characters or ':'")
-            if not _is_header_value(value):
-                raise ConfigError("headers", f"{name}: the value holds CR, LF or NUL (the value is not shown)")
+        object.__setattr__(self, "headers", checked_headers(self.headers))
+        retry_policy = Retries(self.retries, self.retry_budget, self.retry_statuses)
+        object.__setattr__(self, "retry_policy", retry_policy)
+        object.__setattr__(self, "retry_statuses", retry_policy.statuses)
+        object.__setattr__(self, "timeouts", Timeouts(self.timeout, self.connect_timeout))
         if self.concurrency < 1:
             raise ConfigError("concurrency", "must be at least 1")
         object.__setattr__(self, "repeats_by_agent", dict(self.repeats_by_agent))
@@ -147,18 +201,10 @@ class Config:
             raise ConfigError("repeats", f"must be at most {MAX_REPEATS}")
         if self.limit is not None and self.limit < 0:
             raise ConfigError("limit", "must not be negative")
-        if self.retries < 0:
-            raise ConfigError("retries", "must not be negative")
         if self.max_cost is not None and not 0 < self.max_cost < math.inf:
             raise ConfigError("max_cost", "must be a positive, finite number of USD")
         if self.max_cost is not None and not self.prices:
             raise ConfigError("max_cost", "needs Config.prices: without them nothing is spent")
-        if self.retry_budget is not None and not 0 <= self.retry_budget < math.inf:
-            raise ConfigError("retry_budget", "must be a finite number of retries a row, 0 or more (None: no budget)")
-        if self.timeout is not None and not self.timeout > 0:
-            raise ConfigError("timeout", "must be a positive number of seconds")
-        if not self.connect_timeout > 0:
-            raise ConfigError("connect_timeout", "must be a positive number of seconds")
         if self.max_reply_bytes < 1:
             raise ConfigError("max_reply_bytes", "must be at least 1")
         if self.shard is not None and not 0 <= self.shard[0] < self.shard[1]:
@@ -213,7 +259,9 @@ class CommandConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
         if self.aggregate_file is not None and not self.engine.aggregate:
-            object.__setattr__(self, "engine", dataclasses.replace(self.engine, aggregate=True))
+            raise UsageError(
+                "CommandConfig.aggregate_file needs Config.aggregate: the file holds the agents' /aggregate_metrics"
+            )
         if self.max_attempts < 1:
             raise UsageError("CommandConfig.max_attempts must be at least 1")
         if self.resume and self.output is None:
@@ -224,18 +272,6 @@ class CommandConfig:
         named = ("output", "errors_file", "metrics_file", "per_task_file", "aggregate_file", "materialized_file")
         paths = [(field, getattr(self, field)) for field in (*named, "progress_file")]
         return [(f"CommandConfig.{field} {path}", path) for field, path in paths if path is not None]
-
-
-def check_cacert(path: str) -> None:
-    """UsageError unless `path` is a readable PEM file of certificates (Config.cacert)."""
-    import ssl
-
-    try:
-        ssl.create_default_context(cafile=path)
-    except ssl.SSLError:  # an OSError too: first
-        raise UsageError(f"Config.cacert {path} holds no PEM certificates") from None
-    except OSError as exc:
-        raise UsageError(f"cannot read Config.cacert {path}: {exc.strerror or exc}") from None
 
 
 def agent_url(text: str) -> str:
@@ -354,24 +390,44 @@ def parse_param(spec: str) -> tuple[str, Any]:
 
 
 def parse_header(spec: str) -> tuple[str, str]:
-    """`Name: value`, as curl's -H. The value is a secret: it never appears in a message."""
+    """`Name: value`, as curl's -H, checked as `Config.headers` checks it. The value is a
+    secret: it never appears in a message."""
     name, sep, value = spec.partition(":")
-    name, value = name.strip(), value.strip()
-    if not sep or not _is_header_name(name):
-        raise UsageError("Config.headers wants 'Name: value' (the value is not shown)")
-    if not _is_header_value(value):
-        raise UsageError(f"Config.headers {name}: the value holds a line break or NUL (the value is not shown)")
+    if not sep:
+        raise ConfigError("headers", "wants 'Name: value' (the value is not shown)")
+    return _checked_header(name.strip(), value.strip())
+
+
+def checked_headers(headers: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """`headers` as (name, value) pairs of strings that can go on the wire; ConfigError naming
+    Config.headers (and the name, never the value) otherwise."""
+    try:
+        # A string is left whole: as a tuple, "ab" would be the header a: b.
+        pairs = tuple(header if isinstance(header, str) else tuple(header) for header in headers)
+    except TypeError:  # not iterable, or holding something that is not a pair
+        raise ConfigError("headers", "wants (name, value) pairs of strings") from None
+    for pair in pairs:
+        if isinstance(pair, str) or len(pair) != 2 or not all(isinstance(part, str) for part in pair):
+            raise ConfigError("headers", "wants (name, value) pairs of strings")
+        _checked_header(*pair)
+    return pairs  # type: ignore[return-value]  # each checked to be a pair of strings
+
+
+def _checked_header(name: str, value: str) -> tuple[str, str]:
+    if not name or not set(name) <= _TOKEN_CHARACTERS:
+        raise ConfigError(
+            "headers", "holds a name that is empty or not an HTTP token (letters, digits, !#$%&'*+-.^_`|~)"
+        )
+    # CR and LF would end the header on the wire and start another (header injection); NUL
+    # ends it for many servers.
+    if any(c in "\r\n\0" for c in value):
+        raise ConfigError("headers", f"{name}: the value holds CR, LF or NUL (the value is not shown)")
     return name, value
 
 
-def _is_header_name(name: str) -> bool:
-    return bool(name) and not any(c.isspace() or not c.isprintable() or c == ":" for c in name)
-
-
-def _is_header_value(value: str) -> bool:
-    # CR and LF would end the header on the wire and start another (header injection); NUL
-    # ends it for many servers.
-    return not any(c in "\r\n\0" for c in value)
+# RFC 9110's token, what a field name is made of: a name outside it is refused by servers and
+# by httpx (the --proxy path), which encodes names as ASCII.
+_TOKEN_CHARACTERS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
 def parse_statuses(spec: str) -> frozenset[int]:

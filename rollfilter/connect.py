@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rollfilter import __version__
-from rollfilter.config import Config
-from rollfilter.http import AgentTransport, open_transport
+from rollfilter.config import Config, ConfigError
+from rollfilter.http import AgentTransport, ca_file_problem, open_transport
 from rollfilter.redact import printable
 
 
@@ -36,14 +36,18 @@ def request_headers(config: Config) -> list[tuple[str, str]]:
 def transport_for(config: Config, on_warning: Callable[[str], None] | None = None) -> AgentTransport:
     """The transport a run sends through, as `config` asks (TLS checks, headers, --proxy);
     `on_warning` gets its one-line warnings (a server that sent bytes nobody asked for),
-    escaped for a terminal."""
+    escaped for a terminal.
 
+    ConfigError when `config.cacert` is no readable PEM file of certificates: the file is read
+    here, at the edge where the transport is built, so that a run refuses it before any row."""
+    if config.cacert is not None and (problem := ca_file_problem(config.cacert)) is not None:
+        raise ConfigError("cacert", f"{config.cacert} {problem}")
     warn = None if on_warning is None else lambda line: on_warning(printable(line))
     return open_transport(
         on_warning=warn,
         verify=not config.insecure,
         cafile=config.cacert,
-        connect_timeout=config.connect_timeout,
+        connect_timeout=config.timeouts.connect,
         headers=request_headers(config),
         proxy=config.proxy,
         max_reply_bytes=config.max_reply_bytes,

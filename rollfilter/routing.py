@@ -86,7 +86,8 @@ class Router:
     ) -> None:
         def agent(name: str | None, urls: Iterable[str]) -> Agent:
             window = window_for(name) if window_for is not None else None
-            budget = RetryBudget(config.retry_budget) if config.retry_budget is not None else None
+            ratio = config.retry_policy.budget
+            budget = RetryBudget(ratio) if ratio is not None else None
             return Agent(name, [Replica(httpx.URL(url)) for url in urls], window, budget)
 
         self._default = agent(None, [config.url]) if config.url else None

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import rollfilter
 from rollfilter import Config, Failure, Rollout, open_rollouts, rollouts
+from rollfilter.config import ConfigError
 from rollfilter.demo import DemoAgent, serve
 from rollfilter.errors import ErrorKind, ServiceError, UsageError
 from tests.conftest import (
@@ -136,6 +137,18 @@ def test_sync_api_raises_misconfiguration_before_sending():
         list(rollouts(simple_rows(2), Config(head_server="http://127.0.0.1:9")))
     with pytest.raises(UsageError):
         Config(url="not a url")
+
+
+def test_a_cacert_file_is_read_by_the_run_not_the_config_and_refused_before_any_row(demo_server: DemoServer, tmp_path):
+    not_pem = tmp_path / "not.pem"
+    not_pem.write_text("hello\n")
+    for path, problem in ((tmp_path / "missing.pem", "cannot be read: "), (not_pem, "holds no PEM certificates")):
+        config = Config(url=demo_server.url, cacert=str(path))  # builds: a Config reads no file
+        with pytest.raises(ConfigError) as refused:
+            list(rollouts(simple_rows(2), config))
+        assert refused.value.field == "cacert"
+        assert str(refused.value).startswith(f"Config.cacert {path} {problem}")
+    assert demo_server.stats()["requests"] == 0
 
 
 def test_api_and_cli_agree(demo_server: DemoServer):

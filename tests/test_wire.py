@@ -662,12 +662,17 @@ def test_a_failed_certificate_check_is_not_retried_and_says_how_to_trust_the_ca(
         assert server.connections == 3  # the trusted run kept its one connection alive
         by_variable = run(["-u", server.url], input=rows_jsonl(rows_for(1)), env=clean_env(SSL_CERT_FILE=str(cert)))
         assert by_variable.returncode == 0, by_variable.stderr
-    not_pem = tmp_path / "not.pem"
-    not_pem.write_text("hello\n")
-    for path in (not_pem, tmp_path / "missing.pem"):
-        refused = run(["-u", "https://127.0.0.1:9/run", "--cacert", str(path)], input=rows_jsonl(rows_for(1)))
-        assert refused.returncode == 2
-        assert "--cacert" in refused.stderr.decode()
+        not_pem = tmp_path / "not.pem"
+        not_pem.write_text("hello\n")
+        output = tmp_path / "refused.jsonl"
+        connections = server.connections
+        for path in (not_pem, tmp_path / "missing.pem"):
+            refused = run(["-u", server.url, "--cacert", str(path), "-o", str(output)], input=rows_jsonl(rows_for(1)))
+            assert refused.returncode == 2
+            assert refused.stderr.decode().splitlines() == [refused.stderr.decode().strip()]  # one line
+            assert refused.stderr.decode().startswith(f"rollfilter: --cacert {path} ")
+            assert not output.exists()  # refused before the run wrote anything
+        assert server.connections == connections  # and before anything was sent
 
 
 @pytest.mark.parametrize("writes", ["one write", "two writes"])

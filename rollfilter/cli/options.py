@@ -466,6 +466,7 @@ def parse(
         cacert=cacert,
         cross_origin_redirects=cross_origin_redirects,
         max_reply_bytes=max_reply_bytes,
+        aggregate=aggregate is not None,  # --aggregate FILE and --gym-layout ask the agents for it
     )
     config = CommandConfig(
         engine,

@@ -7,7 +7,7 @@
     agent_transport.py  the `AgentTransport` interface both implement, and `open_transport`
     origin.py           `Origin`: the pool's key and the boundary of credentials
     headers.py          the headers every request carries, and Basic auth from a URL
-    tls.py              the TLS context, and what a failed certificate check says
+    tls.py              the TLS context, whether a CA file can serve, and what a failed certificate check says
     limits.py           the open-file limit, and the connections that fit under it
     errors.py           the errors raised: httpx's, with `BadReply` and `CertificateError`
 
@@ -23,7 +23,7 @@ from rollfilter.http.limits import connections_that_fit, raise_open_file_limit
 from rollfilter.http.origin import Origin, origin_of
 from rollfilter.http.pool import HTTP11Transport
 from rollfilter.http.proxy import ProxyTransport
-from rollfilter.http.tls import tls_context
+from rollfilter.http.tls import ca_file_problem, tls_context
 
 __all__ = [
     "DEFAULT_MAX_REPLY_BYTES",
@@ -37,6 +37,7 @@ __all__ = [
     "ProxyTransport",
     "Reply",
     "body_framing",
+    "ca_file_problem",
     "connections_that_fit",
     "open_transport",
     "origin_of",

@@ -1,4 +1,5 @@
-"""TLS: the context a transport verifies servers with, and what a failed verification says."""
+"""TLS: the context a transport verifies servers with, whether a CA file can serve in it, and what a
+failed verification says."""
 
 from __future__ import annotations
 
@@ -15,6 +16,18 @@ def tls_context(*, verify: bool, cafile: str | None = None) -> ssl.SSLContext:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
     return context
+
+
+def ca_file_problem(path: str) -> str | None:
+    """What keeps the PEM file at `path` from serving as the CAs to trust ("holds no PEM
+    certificates", "cannot be read: ..."), or None when it can. It reads the file."""
+    try:
+        ssl.create_default_context(cafile=path)
+    except ssl.SSLError:  # an OSError too: first
+        return "holds no PEM certificates"
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror or exc}"
+    return None
 
 
 def certificate_failure(exc: BaseException) -> str | None:
