@@ -244,7 +244,9 @@ class AdaptiveWindow:
             first.count(ticket, signal, latency)
             if first.complete:
                 self._measuring = None
-                self._no_load = first.mean()
+                mean = first.mean()
+                if mean is not None:  # none answered (refused, timed out): keep what was known
+                    self._no_load = mean
         drain = self._drain
         if drain is not None:
             drain.cohort.count(ticket, signal, latency)
@@ -381,7 +383,7 @@ class AdaptiveWindow:
             # until the cohort's long rows are back too).
             self._phase = drain.phase_before
             self._no_load = latency
-            if latency_stayed is not None:
+            if latency_stayed is not None and self._measuring is None:
                 self._measuring = drain.cohort
             self._set(drain.window_before)
         elif latency > QUEUE_FACTOR * self._no_load:

@@ -79,6 +79,8 @@ class DryRunClient:
 
     async def run(self, job: Job, agent: Agent) -> dict[str, Any] | AttemptFailure:
         self._on_route(job, agent)
+        # A row taken from the planner's buffer never waits otherwise: let writers and signals in.
+        await trio.lowlevel.checkpoint()
         return {}
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import faulthandler
 import functools
 import gc
 import http.server
@@ -134,7 +133,7 @@ def invoke(
                 targets[fd] = stack.enter_context(open(os.devnull, "r+b")).fileno()
             else:
                 targets[fd] = given if isinstance(given, int) else given.fileno()
-        saved_fds = {fd: os.dup(fd) for fd in targets}
+        saved_fds = {fd: os.dup(fd) for fd in (0, 1, 2)}  # all three: a run may put /dev/null on 1
         saved_env = dict(os.environ)
         saved_cwd = os.getcwd()
         saved_stdout = sys.stdout
@@ -142,8 +141,7 @@ def invoke(
         saved_threshold = gc.get_threshold()
         for pump in pumps:
             pump.start()
-        faulthandler.dump_traceback_later(timeout, exit=True)  # a hung run ends the suite, with its stack
-        try:
+        try:  # a hung run is failed by pytest-timeout, as any test is
             for fd, target in targets.items():
                 os.dup2(target, fd)
             for end in child_ends:
@@ -156,7 +154,8 @@ def invoke(
             sys.stdout = cli._checked_stdout()
             status = cli.run_command(list(args))
         finally:
-            faulthandler.cancel_dump_traceback_later()
+            with contextlib.suppress(Exception):  # a failed write was the run's to report, and it has
+                sys.stdout.flush()  # what typer left buffered goes to the run's stdout, not to a later one
             sys.stdout = saved_stdout
             for end in child_ends:
                 os.close(end)
@@ -172,6 +171,7 @@ def invoke(
             gc.set_threshold(*saved_threshold)
             for pump in pumps:
                 pump.join(timeout)
+                assert not pump.is_alive(), "a pipe of the command's was still open"
     return subprocess.CompletedProcess(["rollfilter", *args], status, outputs.get(1), outputs.get(2))
 
 

@@ -180,7 +180,7 @@ async def _publish_progress(
             try:
                 file.replace(b"%d\n" % count)
             except (OutputClosed, OutputFailed) as failure:
-                say(in_options(f"{failure}; the run goes on without it"))
+                say(f"{failure}; the run goes on without it")
                 return
             published = count
         await trio.sleep(seconds)
@@ -248,7 +248,7 @@ async def run(
         if record is not None and command.output is not None:
             files.remove_if_refused(identity.record_path(command.output))
         identity.keep(record, command.output)
-        return await _run_open(command, streams, files_fds, resume, earlier, options)
+        return await _CommandLineRun(command, streams, files_fds, resume, earlier, options).run()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -267,17 +267,6 @@ class _Earlier:
 
     materialized: KeyTable | None = None  # pairs whose bodies the materialized file holds
     results: str | None = None  # the results file whose lines the summary and the aggregate cover too
-
-
-async def _run_open(
-    command: CommandConfig,
-    streams: Streams,
-    fds: _Fds,
-    resume: ResumeState | None,
-    earlier: _Earlier,
-    options: RunOptions,
-) -> ExitStatus:
-    return await _CommandLineRun(command, streams, fds, resume, earlier, options).run()
 
 
 class _CommandLineRun:
