@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
@@ -11,15 +10,6 @@ from rollfilter.budget import CAP, RESERVE, RetryBudget
 from tests.conftest import DemoServer, run, summary_of
 
 ROWS = 200
-
-
-@pytest.fixture
-def agent() -> Iterator[DemoServer]:
-    server = DemoServer()
-    try:
-        yield server
-    finally:
-        server.kill()
 
 
 def rows(faulty: int, **fault: object) -> str:
@@ -47,31 +37,35 @@ def test_the_reserve_then_a_share_of_the_rows_sent():
     assert sum(budget.withdraw() for _ in range(int(CAP) * 2)) == int(CAP)
 
 
-def test_an_outage_costs_the_agent_about_one_request_a_row(agent: DemoServer):
-    proc = run(["-u", agent.url, "-j", "50", "--retries", "3"], input=rows(ROWS, fault="500"))
+def test_an_outage_costs_the_agent_about_one_request_a_row(demo_server: DemoServer):
+    proc = run(["-u", demo_server.url, "-j", "50", "--retries", "3"], input=rows(ROWS, fault="500"))
     assert proc.returncode == 1
     figures = summary_of(proc.stderr)["rollfilter"]
-    requests = agent.stats()["requests"]
+    requests = demo_server.stats()["requests"]
     assert figures["failed"] == ROWS
     assert requests == ROWS + figures["retries"]  # counted at the agent
     assert requests <= 1.2 * ROWS  # --retries 3 without a budget: 4 a row
     assert 0 < figures["retries_withheld"] <= ROWS  # a row is told no once, and fails then
 
 
-def test_rare_failures_keep_every_retry(agent: DemoServer):
-    proc = run(["-u", agent.url, "-j", "50", "--retries", "3"], input=rows(ROWS // 20, fault="500", fault_first=2))
+def test_rare_failures_keep_every_retry(demo_server: DemoServer):
+    proc = run(
+        ["-u", demo_server.url, "-j", "50", "--retries", "3"], input=rows(ROWS // 20, fault="500", fault_first=2)
+    )
     assert proc.returncode == 0, proc.stderr  # 5% of the rows fail twice each, then succeed
     figures = summary_of(proc.stderr)["rollfilter"]
     assert (figures["succeeded"], figures["retries"], figures["retries_withheld"]) == (ROWS, ROWS // 10, 0)
-    assert agent.stats()["requests"] == ROWS + ROWS // 10
+    assert demo_server.stats()["requests"] == ROWS + ROWS // 10
 
 
-def test_no_budget_retries_every_failure(agent: DemoServer):
-    proc = run(["-u", agent.url, "-j", "50", "--retries", "1", "--retry-budget", "off"], input=rows(40, fault="500"))
+def test_no_budget_retries_every_failure(demo_server: DemoServer):
+    proc = run(
+        ["-u", demo_server.url, "-j", "50", "--retries", "1", "--retry-budget", "off"], input=rows(40, fault="500")
+    )
     assert proc.returncode == 1
     figures = summary_of(proc.stderr)["rollfilter"]
     assert (figures["retries"], figures["retries_withheld"]) == (40, 0)
-    assert agent.stats()["requests"] == ROWS + 40
+    assert demo_server.stats()["requests"] == ROWS + 40
 
 
 @pytest.mark.parametrize("value", ["-1", "nan", "inf", "x"])

@@ -14,8 +14,8 @@ import os
 import signal
 from types import FrameType
 
-STANDARD_STREAMS = ((0, os.O_WRONLY), (1, os.O_RDONLY), (2, os.O_RDONLY))  # each opened the wrong way round
-STATUS_SIGNALS = ("SIGUSR1", "SIGINFO")  # a run prints its status on these (rollfilter.cli.run)
+CLOSED_STREAM_STAND_INS = ((0, os.O_WRONLY), (1, os.O_RDONLY), (2, os.O_RDONLY))  # each opened the wrong way round
+STATUS_SIGNAL_NAMES = ("SIGUSR1", "SIGINFO")  # as rollfilter.cli.run's STATUS_SIGNALS (importing it would load trio)
 
 
 def exit_interrupted(signum: int, frame: FrameType | None) -> None:
@@ -27,7 +27,7 @@ def hold_closed_streams() -> None:
     descriptor is taken (trio's epoll or an -o file would get it otherwise, and results or the
     summary would go there), and reading or writing it still fails with EBADF, as on a closed
     one, so the command reports that output (or input) as it reports any that cannot be used."""
-    for fd, flags in STANDARD_STREAMS:
+    for fd, flags in CLOSED_STREAM_STAND_INS:
         try:
             os.fstat(fd)
         except OSError:
@@ -39,7 +39,7 @@ def hold_closed_streams() -> None:
 
 def main() -> None:
     signal.signal(signal.SIGINT, exit_interrupted)
-    for name in STATUS_SIGNALS:  # a status asked for while starting is not one to die of
+    for name in STATUS_SIGNAL_NAMES:  # a status asked for while starting is not one to die of
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
     hold_closed_streams()
