@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import gc
 import http.server
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -16,12 +18,17 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+import zlib
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
+import msgspec
 import pytest
 import trio
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 WEATHER = ROOT / "rollfilter" / "examples" / "weather.jsonl"
@@ -375,11 +382,222 @@ def wait_for(predicate: Any, timeout: float = 20.0) -> None:
 
 @pytest.fixture
 def agent() -> Iterator[Any]:
-    """A RecordingAgent named "agent" on 127.0.0.1 (tests/recording_agent.py), closed after the test."""
-    from tests.recording_agent import RecordingAgent  # it imports this module
+    """A RecordingAgent named "agent" on 127.0.0.1 (tests/servers/recording_agent.py), closed after the test."""
+    from tests.servers.recording_agent import RecordingAgent  # it imports this module
 
     server = RecordingAgent(name="agent")
     try:
         yield server
     finally:
         server.close()
+
+
+# Helpers of more than one test module.
+
+
+def body(latency: float | None) -> bytes:
+    row: dict[str, object] = {"responses_create_params": {"input": "hi"}}
+    if latency is not None:
+        row["demo"] = {"latency": latency}  # this row's own episode length
+    return msgspec.json.encode(row)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+NOT_AN_AGENT = "http://127.0.0.1:9"  # the discard port: nothing listens there
+
+
+URL = "http://127.0.0.1:8000/run"
+
+
+def array_task(task: int, first: int, count: int) -> dict[str, str]:
+    """The variables Slurm sets in one task of a job array (`sbatch --array=FIRST-...`)."""
+    return {"SLURM_ARRAY_TASK_ID": str(task), "SLURM_ARRAY_TASK_MIN": str(first), "SLURM_ARRAY_TASK_COUNT": str(count)}
+
+
+def documented_shard(task_index: Any, shards: int) -> int:
+    """The man page's rule, restated: an integer index mod N; any other index by the CRC-32
+    of its compact JSON, which is the same in every process and on every machine."""
+    if isinstance(task_index, int):
+        return task_index % shards
+    return zlib.crc32(json.dumps(task_index, separators=(",", ":")).encode()) % shards
+
+
+class HeadServer(ThreadedHTTPServer):
+    """A stand-in NeMo Gym head server: GET /global_config_dict_yaml answers a JSON string of YAML
+    (`config`, or one agent, `simple_agent`, on 127.0.0.1 at `port`); it keeps each request's headers."""
+
+    def __init__(self, config: dict[str, Any] | None = None, *, port: int = 0) -> None:
+        if config is None:
+            config = {"simple_agent": {"responses_api_agents": {"simple_agent": {"host": "127.0.0.1", "port": port}}}}
+        body = json.dumps(yaml.safe_dump(config)).encode()
+        self.headers: list[dict[str, str]] = []
+        server = self
+
+        class Handler(QuietHandler):
+            def do_GET(self) -> None:
+                server.headers.append(dict(self.headers))
+                if self.path != "/global_config_dict_yaml":
+                    self.send_error(404)
+                    return
+                self.send_json(200, body)
+
+        super().__init__(Handler)
+
+
+@contextlib.contextmanager
+def serving(server: ThreadedHTTPServer) -> Iterator[Any]:
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def task_indices(stdout: bytes) -> list[Any]:
+    return [r["_ng_task_index"] for r in result_lines(stdout)]
+
+
+Handler = Callable[[trio.SocketStream], Awaitable[None]]
+
+
+TOO_LARGE = "File too large"  # strerror(EFBIG)
+
+
+async def serve_raw(nursery: trio.Nursery, handler: Handler) -> httpx.URL:
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
+    port = listeners[0].socket.getsockname()[1]
+    return httpx.URL(f"http://127.0.0.1:{port}/run")
+
+
+async def read_request(stream: trio.SocketStream) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += await stream.receive_some(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(
+        next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+    )
+    while len(body) < length:
+        body += await stream.receive_some(65536)
+    return head
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory) -> tuple[Path, Path]:
+    openssl = shutil.which("openssl")
+    assert openssl, "openssl is needed to make a test certificate"
+    path = tmp_path_factory.mktemp("wire-tls")
+    cert, key = path / "cert.pem", path / "key.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return cert, key
+
+
+class Uvicorn:
+    """uvicorn serving tests/servers/wire_server.py's asgi_app on a free loopback port, in its own process."""
+
+    def __init__(self, *args: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "tests.servers.wire_server:asgi_app", "--host", "127.0.0.1",
+             "--port", "0", "--no-access-log", *args],
+            cwd=ROOT, stderr=subprocess.PIPE, env=clean_env(),
+        )  # fmt: skip
+        assert self.process.stderr is not None
+        deadline = time.monotonic() + SUBPROCESS_TIMEOUT
+        for line in self.process.stderr:
+            found = re.search(rb"running on (http://127\.0\.0\.1:\d+)", line)
+            if found:
+                self.base = found.group(1).decode()
+                break
+            assert time.monotonic() < deadline, "uvicorn did not start"
+        else:
+            pytest.fail("uvicorn exited before it listened")
+        self.url = self.base + "/run"
+        # Its log goes on; keep the pipe drained.
+        self._drain = threading.Thread(target=self.process.stderr.read, daemon=True)
+        self._drain.start()
+
+    def requests(self) -> int:
+        count = httpx.get(self.base + "/stats", timeout=10).json()["requests"]
+        assert isinstance(count, int)
+        return count
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait(SUBPROCESS_TIMEOUT)
+        self._drain.join(SUBPROCESS_TIMEOUT)
+        assert self.process.stderr is not None
+        self.process.stderr.close()
+
+
+@pytest.fixture
+def uvicorn_server() -> Iterator[Any]:
+    servers: list[Uvicorn] = []
+
+    def start_uvicorn(*args: str) -> Uvicorn:
+        servers.append(Uvicorn(*args))
+        return servers[-1]
+
+    try:
+        yield start_uvicorn
+    finally:
+        for server in servers:
+            server.close()
+
+
+# The command, sent signal argv[2] (a name) as module argv[1] starts to be imported; its arguments follow.
+SIGNALLED_AT_IMPORT = """
+import importlib.abc, os, signal, sys
+
+MODULE, SIGNAL = sys.argv[1], getattr(signal, sys.argv[2])
+
+class Signal(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == MODULE:
+            os.kill(os.getpid(), SIGNAL)
+        return None
+
+sys.meta_path.insert(0, Signal())
+sys.argv[:3] = ["rollfilter"]
+from rollfilter.cli.startup import main
+main()
+"""
+
+
+def nemo_gym_bodies(
+    lines: list[str],
+    *,
+    agent_name: str | None = None,
+    num_repeats: int | dict[str, int] = 1,
+    overrides: dict[str, Any] | None = None,
+    add_seed: bool = False,
+) -> list[dict[str, Any]]:
+    """What NeMo Gym's collector POSTs for these input lines (each ending in a newline)."""
+    row_to_task_idx: dict[str, int] = {}
+    task_idx_to_rollout_idx: Counter[Any] = Counter()
+    rows = []
+    for row_str in lines:
+        row = json.loads(row_str)
+        if agent_name:
+            row.setdefault("agent_ref", {"name": agent_name})
+        name = (row.get("agent_ref") or {}).get("name")
+        row["responses_create_params"] = row["responses_create_params"] | (overrides or {})
+        if "_ng_task_index" not in row:
+            row["_ng_task_index"] = row_to_task_idx.setdefault(row_str, len(row_to_task_idx))
+        repeats = num_repeats if isinstance(num_repeats, int) else num_repeats.get(name, num_repeats["_default"])
+        for _ in range(repeats):
+            row = copy.deepcopy(row)
+            row["_ng_rollout_index"] = task_idx_to_rollout_idx[row["_ng_task_index"]]
+            task_idx_to_rollout_idx[row["_ng_task_index"]] += 1
+            if add_seed:
+                metadata = row["responses_create_params"].setdefault("metadata", {})
+                extra_body = json.loads(metadata.get("extra_body", "{}"))
+                extra_body["seed"] = row["_ng_rollout_index"]
+                metadata["extra_body"] = json.dumps(extra_body)
+            rows.append(row)
+    return rows

@@ -1,5 +1,4 @@
-"""The adaptive window on trio's MockClock, against the demo agent in-process: the agent's real
-queue, thrashing, refusals and capacity schedule, seconds of load in milliseconds, no real sleeps."""
+"""adaptive.py: each agent's window on trio's MockClock."""
 
 from __future__ import annotations
 
@@ -8,22 +7,14 @@ import random
 import statistics
 from collections.abc import Callable, Sequence
 
-import msgspec
-import pytest
 import trio
 import trio.testing
 
 from rollfilter.adaptive import AdaptiveWindow, Signal
 from rollfilter.demo import DemoAgent, DemoOptions
+from tests.conftest import body
 
 RETRY_AFTER = 1.0
-
-
-def body(latency: float | None) -> bytes:
-    row: dict[str, object] = {"responses_create_params": {"input": "hi"}}
-    if latency is not None:
-        row["demo"] = {"latency": latency}  # this row's own episode length
-    return msgspec.json.encode(row)
 
 
 class Run:
@@ -108,6 +99,10 @@ def queueing(**changes: object) -> DemoAgent:
 
 def best_fixed(make_agent: Callable[[], DemoAgent], rows: int, sweep: Sequence[int], **kw: object) -> float:
     return max(virtual(Run(make_agent(), rows, j, None, **kw)).rate for j in sweep)  # type: ignore[arg-type]
+
+
+def virtual_scenario(scenario: Callable[[], object]) -> None:
+    trio.run(scenario, clock=trio.testing.MockClock(autojump_threshold=0))  # type: ignore[arg-type]
 
 
 def test_a_queueing_thrashing_server_is_held_near_its_capacity():
@@ -263,111 +258,3 @@ def test_the_window_never_passes_its_ceiling_or_lets_more_in():
         assert most == 5
 
     virtual_scenario(scenario)
-
-
-def virtual_scenario(scenario: Callable[[], object]) -> None:
-    trio.run(scenario, clock=trio.testing.MockClock(autojump_threshold=0))  # type: ignore[arg-type]
-
-
-def test_the_command_finds_the_agents_capacity(start_demo):
-    """End to end: a demo agent that throttles above 10 episodes at once; the window is seen in -v and the summary."""
-    from tests.conftest import result_lines, rows_jsonl, run, simple_rows, summary_of
-
-    agent = start_demo("--capacity", "10", "--latency", "0.05", "--retry-after", "0.2")
-    proc = run(["-u", agent.url, "-j", "100", "--adaptive", "-v"], input=rows_jsonl(simple_rows(400)), timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert len(result_lines(proc.stdout)) == 400
-    stats = agent.stats()
-    assert stats["throttled"] <= 0.1 * stats["requests"]
-    windows = summary_of(proc.stderr)["rollfilter"]["windows"]
-    assert set(windows) == {"(no name)"}
-    assert windows["(no name)"]["max"] <= 2 * 10  # the probe overshoots by at most a doubling
-    assert 5 <= windows["(no name)"]["final"] <= 15
-    changes = [line for line in proc.stderr.decode().splitlines() if ": window " in line]
-    assert changes
-    assert changes[0].startswith("rollfilter: agent (no name): window 8 -> ")
-
-
-def test_the_command_holds_a_queueing_agent_near_its_slots(start_demo):
-    """End to end over HTTP: 10 slots and a queue; -j 200 would put 200 in the system."""
-    from tests.conftest import result_lines, rows_jsonl, run, simple_rows, summary_of
-
-    agent = start_demo("--slots", "10", "--thrash", "0.2", "--latency", "0.05")
-    proc = run(["-u", agent.url, "-j", "200", "--adaptive"], input=rows_jsonl(simple_rows(1000)), timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert len(result_lines(proc.stdout)) == 1000
-    window = summary_of(proc.stderr)["rollfilter"]["windows"]["(no name)"]
-    assert window["max"] <= 60  # never near -j 200 (how far under 60 depends on the machine's load)
-    assert window["final"] <= 30
-
-
-def test_without_adaptive_the_same_agent_throttles_most_requests(start_demo):
-    from tests.conftest import rows_jsonl, run, simple_rows
-
-    agent = start_demo("--capacity", "10", "--latency", "0.05", "--retry-after", "0.2")
-    run(["-u", agent.url, "-j", "100", "--retries", "1"], input=rows_jsonl(simple_rows(400)), timeout=120)
-    stats = agent.stats()
-    assert stats["throttled"] > 0.3 * stats["requests"]
-
-
-def finish_times(agent: DemoAgent, starts: Sequence[float]) -> list[float]:
-    """When each of the requests sent at `starts` (seconds) is answered, in virtual time."""
-    done: list[float] = [0.0] * len(starts)
-
-    async def one(i: int, at: float) -> None:
-        await trio.sleep(at)
-        answer = await agent.answer("POST", "/run", body(None))
-        assert isinstance(answer, tuple)
-        assert answer[0] == 200
-        done[i] = trio.current_time()
-
-    async def scenario() -> None:
-        async with trio.open_nursery() as outer:
-            outer.start_soon(agent.run_timers)
-            async with trio.open_nursery() as nursery:
-                for i, at in enumerate(starts):
-                    nursery.start_soon(one, i, at)
-            outer.cancel_scope.cancel()
-
-    trio.run(scenario, clock=trio.testing.MockClock(autojump_threshold=0))
-    return [round(t, 6) for t in done]
-
-
-def test_the_demo_agents_slots_queue_requests_first_come_first_served():
-    agent = DemoAgent(DemoOptions(latency=1.0, slots=2))
-    assert finish_times(agent, [0.0, 0.0, 0.1, 0.2, 0.3]) == [1.0, 1.0, 2.0, 2.0, 3.0]
-    assert agent.in_system == 0
-    stats = trio.run(agent.answer, "GET", "/stats", b"")
-    assert isinstance(stats, tuple)
-    assert msgspec.json.decode(stats[2])["busy_s"] == 3.0  # from the first request to the last answer
-
-
-def test_the_demo_agent_thrashes_past_twice_its_slots():
-    """Six in the system with two slots: two past twice the slots, so episodes start 1 + 0.5 x 2/2 slower."""
-    agent = DemoAgent(DemoOptions(latency=1.0, slots=2, thrash=0.5))
-    # The first pair starts with six in the system (1.5 s); the next with four and the last with
-    # two, no more than twice the slots (1 s each).
-    assert sorted(finish_times(agent, [0.0] * 6)) == [1.5, 1.5, 2.5, 2.5, 3.5, 3.5]
-
-
-def test_the_demo_agents_schedule_changes_its_slots():
-    agent = DemoAgent(DemoOptions(latency=1.0, slots=1, schedule=((0.5, 3),)))
-    # One slot until 0.5 s after the first request, then three: the two waiting start at 0.5,
-    # and the one sent at 0.6 waits for the first to end.
-    assert sorted(finish_times(agent, [0.0, 0.0, 0.0, 0.6])) == [1.0, 1.5, 1.5, 2.0]
-
-
-def test_the_demo_agent_refuses_bad_slot_options(capsys):
-    from rollfilter.demo import main
-
-    for argv, message in [
-        (["--slots", "4", "--capacity", "4"], "two kinds of server"),
-        (["--schedule", "10=20"], "give one of them"),
-        (["--slots", "4", "--schedule", "ten=20"], "is not T=N"),
-        (["--slots", "4", "--schedule", "10=0"], "at least 1"),
-        (["--slots", "0"], "at least 1"),
-    ]:
-        with pytest.raises(SystemExit) as exit_info:
-            main(argv)
-        assert exit_info.value.code == 2
-        assert message in capsys.readouterr().err

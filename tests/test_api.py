@@ -1,4 +1,4 @@
-"""The Python API: the same engine as the CLI, called from trio, from plain code, from asyncio."""
+"""api.py: the Python API, sync and async, over the demo agent."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import asyncio
 import itertools
 import json
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -21,21 +23,77 @@ from rollfilter.config import ConfigError
 from rollfilter.demo import DemoAgent, serve
 from rollfilter.errors import ErrorKind, ServiceError, UsageError
 from tests.conftest import (
+    SUBPROCESS_TIMEOUT,
     WEATHER,
     DemoProcess,
     DemoServer,
     QuietHandler,
     ThreadedHTTPServer,
+    clean_env,
     expected_reward,
     result_lines,
     run,
     simple_rows,
     summary_of,
 )
+from tests.servers.recording_agent import RecordingAgent
 
 
 def weather_rows() -> list[dict]:
     return [json.loads(line) for line in WEATHER.read_text().splitlines()]
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+# Any text, with lone surrogates (json.loads gives one for "\\ud800") as likely as the rest.
+ANY_TEXT = st.text(st.characters(), max_size=4) | st.text(st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF))
+
+
+JSON_LIKE = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | ANY_TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(ANY_TEXT, inner, max_size=3),
+    max_leaves=6,
+)
+
+
+ANY_ROW = st.one_of(
+    JSON_LIKE.map(lambda value: {"responses_create_params": {"input": "x"}, "extra": value}),
+    JSON_LIKE,
+    JSON_LIKE.map(lambda v: json.dumps({"responses_create_params": {"input": "x"}, "v": v}, ensure_ascii=False)),
+    st.binary(max_size=20),
+    st.builds(object),
+)
+
+
+def is_blank(row: Any) -> bool:
+    """A blank line is not a row, from a file or from the API."""
+    return isinstance(row, str | bytes) and not (row.encode(errors="replace") if isinstance(row, str) else row).strip()
+
+
+class RefusesFirstAgent(ThreadedHTTPServer):
+    """Answers each distinct body 503 the first time, then 200 with the row's `answer` keys merged in."""
+
+    def __init__(self) -> None:
+        seen: set[bytes] = set()
+        lock = threading.Lock()
+
+        class Handler(QuietHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                with lock:
+                    first = body not in seen
+                    seen.add(body)
+                if first:
+                    self.send_response(503)
+                    self.send_header("Retry-After", "0")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                self.send_json(200, json.dumps({"reward": 1.0, **json.loads(body)["answer"]}).encode())
+
+        super().__init__(Handler)
 
 
 async def test_async_api_from_trio():
@@ -105,10 +163,6 @@ def test_sync_api_inside_a_running_asyncio_loop(demo_server: DemoServer):
     outcomes = asyncio.run(training_loop())
     assert len(outcomes) == 50
     assert all(o.ok for o in outcomes)
-
-
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
 
 
 def test_sync_api_early_exit_cancels_and_leaves_nothing_behind(demo_process: DemoProcess):
@@ -181,27 +235,6 @@ def test_an_exception_from_the_callers_rows_reaches_the_caller(demo_server: Demo
     assert threading.active_count() == threads
 
 
-# Any text, with lone surrogates (json.loads gives one for "\\ud800") as likely as the rest.
-ANY_TEXT = st.text(st.characters(), max_size=4) | st.text(st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF))
-JSON_LIKE = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | ANY_TEXT,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(ANY_TEXT, inner, max_size=3),
-    max_leaves=6,
-)
-ANY_ROW = st.one_of(
-    JSON_LIKE.map(lambda value: {"responses_create_params": {"input": "x"}, "extra": value}),
-    JSON_LIKE,
-    JSON_LIKE.map(lambda v: json.dumps({"responses_create_params": {"input": "x"}, "v": v}, ensure_ascii=False)),
-    st.binary(max_size=20),
-    st.builds(object),
-)
-
-
-def is_blank(row: Any) -> bool:
-    """A blank line is not a row, from a file or from the API."""
-    return isinstance(row, str | bytes) and not (row.encode(errors="replace") if isinstance(row, str) else row).strip()
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.lists(ANY_ROW, max_size=6))
 def test_any_row_ends_as_exactly_one_outcome_and_never_raises(demo_server: DemoServer, rows: list[Any]):
@@ -215,30 +248,6 @@ def test_any_row_ends_as_exactly_one_outcome_and_never_raises(demo_server: DemoS
     assert run_.summary is not None
     figures = run_.summary["rollfilter"]
     assert figures["rows_read"] == figures["succeeded"] + figures["failed"] == len(numbered)
-
-
-class RefusesFirstAgent(ThreadedHTTPServer):
-    """Answers each distinct body 503 the first time, then 200 with the row's `answer` keys merged in."""
-
-    def __init__(self) -> None:
-        seen: set[bytes] = set()
-        lock = threading.Lock()
-
-        class Handler(QuietHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                with lock:
-                    first = body not in seen
-                    seen.add(body)
-                if first:
-                    self.send_response(503)
-                    self.send_header("Retry-After", "0")
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                self.send_json(200, json.dumps({"reward": 1.0, **json.loads(body)["answer"]}).encode())
-
-        super().__init__(Handler)
 
 
 def test_a_rollout_that_ends_after_a_retry_counts_both_attempts():
@@ -256,3 +265,44 @@ def test_a_rollout_that_ends_after_a_retry_counts_both_attempts():
     assert failures.keys() == {ErrorKind.AGENT_FAILURE, ErrorKind.NOT_PERSISTED}
     assert [failure.attempts for failure in failures.values()] == [2, 2]
     assert [o.row["responses_create_params"]["input"] for o in outcomes if isinstance(o, Rollout)] == ["c"]
+
+
+async def test_the_python_api_gives_the_same_status(agent: RecordingAgent):
+    agent.hold_after(1, held=3)
+    rows = [{"id": i, "responses_create_params": {"input": "q"}} for i in range(4)]
+    async with open_rollouts(rows, Config(url=agent.run_url, agent="agent", concurrency=4)) as run:
+        first = await run.__anext__()
+        assert first.ok
+        assert agent.answered.wait(SUBPROCESS_TIMEOUT)
+        status = run.status()
+        assert (status.done, status.in_flight) == (1, 3)
+        assert len({r.task_index for r in status.oldest} | {first.task_index}) == 4
+        assert all(r.attempt == 1 and r.age_s >= 0 and r.agent == "agent" for r in status.oldest)
+        agent.release.set()
+        rest = [outcome async for outcome in run]
+    assert len(rest) == 3
+    assert run.status().in_flight == 0
+
+
+API_UNDER_A_LOW_LIMIT = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+from rollfilter import Config, rollouts
+rows = [{"id": i, "responses_create_params": {"input": "x"}} for i in range(1200)]
+with rollouts(rows, Config(url=sys.argv[1], concurrency=600, retries=0)) as run:
+    outcomes = list(run)
+failed = [o.message for o in outcomes if not o.ok]
+print(len(outcomes), len(failed), failed[:1])
+"""
+
+
+def test_the_open_file_limit_never_fails_a_row_through_the_api_either(demo_server: DemoServer):
+    """The API does not fit -j to the limit: the transport waits for a descriptor instead."""
+    proc = subprocess.run(
+        [sys.executable, "-c", API_UNDER_A_LOW_LIMIT, demo_server.url],
+        capture_output=True,
+        timeout=SUBPROCESS_TIMEOUT * 2,
+        env=clean_env(),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.decode().split()[:2] == ["1200", "0"], proc.stdout

@@ -1,5 +1,4 @@
-"""The client over a scripted transport on trio's MockClock: retry sets, kinds, back-off,
-Retry-After, replica cool-downs, redirects and messages, in milliseconds and with no sleeps."""
+"""client.py: one row's attempts, retries, redirects and messages, over scripted transports and real servers."""
 
 from __future__ import annotations
 
@@ -23,17 +22,20 @@ from rollfilter.client import (
     backoff_delay,
     parse_retry_after,
 )
-from rollfilter.config import DEFAULT_RETRY_STATUSES, Config
-from rollfilter.connect import request_headers
+from rollfilter.config import (
+    DEFAULT_RETRY_STATUSES,
+    Config,
+)
 from rollfilter.errors import ErrorKind
 from rollfilter.http import BadReply, CertificateError, Reply
 from rollfilter.outcomes import AttemptFailure
 from rollfilter.plan import Job
-from rollfilter.redact import printable
 from rollfilter.routing import Agent, Replica
+from tests.conftest import URL
 
-URL = "http://127.0.0.1:8000/run"
 BODY = b'{"id": 7}'
+
+
 HANG = "hang"
 
 
@@ -95,6 +97,9 @@ async def send(transport: ScriptedTransport, config: Config | None = None, **opt
 
 
 RETRIED_BY_DEFAULT = [408, 429, 500, 502, 503, 504]  # as the man page documents them, written out again
+
+
+SECRET_URL = "http://us3r:pa55word@127.0.0.1:8000/run?key=k3y-value"
 
 
 def test_the_default_retry_statuses_are_the_documented_ones():
@@ -264,9 +269,6 @@ async def test_cancellation_is_not_swallowed(autojump_clock):
     assert scope.cancelled_caught
 
 
-SECRET_URL = "http://us3r:pa55word@127.0.0.1:8000/run?key=k3y-value"
-
-
 @pytest.mark.parametrize(
     "step",
     [
@@ -386,33 +388,6 @@ async def test_server_text_in_messages_has_control_characters_escaped(autojump_c
     assert "\x1b" not in failure.message
 
 
-def test_printable_escapes_only_what_is_not_printable():
-    assert printable("plain text, ünïcode ok") == "plain text, ünïcode ok"
-    assert printable("a\x1bb\x07c\u202ed\x00") == "a\\x1bb\\x07c\\u202ed\\x00"
-
-
-def test_h_headers_replace_rollfilters_own_of_the_same_name():
-    config = Config(url=URL, headers=(("user-agent", "mine/1"), ("Accept", "*/*"), ("X-Token", "t")))
-    headers = request_headers(config)
-    names = [name.lower() for name, _ in headers]
-    assert len(names) == len(set(names))
-    assert {name.lower(): value for name, value in headers} == {
-        "content-type": "application/json",
-        "accept": "*/*",
-        "accept-encoding": "gzip",
-        "user-agent": "mine/1",
-        "x-token": "t",
-    }
-    own = dict(request_headers(Config(url=URL)))
-    assert own["User-Agent"].startswith("rollfilter/")
-    assert own["Accept-Encoding"] == "gzip"
-
-
-def test_an_empty_h_header_removes_rollfilters_own_as_curl_does():
-    headers = request_headers(Config(url=URL, headers=(("Accept", ""), ("Accept-Encoding", ""))))
-    assert [name for name, _ in headers] == ["Content-Type", "User-Agent"]
-
-
 @pytest.mark.parametrize("status", [200, 201, 202])
 async def test_any_2xx_carries_the_result(status: int, autojump_clock):
     transport = ScriptedTransport(answer(status, b'{"reward": 0.5}'))
@@ -443,3 +418,21 @@ async def test_an_adaptive_window_paces_refusals_the_budget_would_hold_back(adap
         assert isinstance(outcome, AttemptFailure)
         assert "retry budget is spent" in outcome.message
         assert len(transport.calls) == 1
+
+
+def test_retry_after_seconds_and_dates():
+    assert parse_retry_after("3") == 3.0
+    assert parse_retry_after(None) is None
+    assert parse_retry_after("soon") is None
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    date = format_datetime(now + timedelta(seconds=30), usegmt=True)
+    assert parse_retry_after(date, now=now.timestamp()) == pytest.approx(30)
+
+
+def test_backoff_is_jittered_capped_and_never_under_retry_after():
+    rng = random.Random(0)
+    delays = [backoff_delay(1, rng) for _ in range(200)]
+    assert all(0 <= d <= 0.5 for d in delays)
+    assert len(set(delays)) > 100
+    assert all(backoff_delay(30, rng) <= 30 for _ in range(50))
+    assert backoff_delay(1, rng, retry_after=2.0) >= 2.0

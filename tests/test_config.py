@@ -1,4 +1,4 @@
-"""config.py: a `Config` is checked when it is built, each error naming its field."""
+"""config.py: Config and CommandConfig, and the parsers of option text."""
 
 from __future__ import annotations
 
@@ -9,8 +9,23 @@ from typing import Any
 import pytest
 
 from rollfilter.cli.fields import in_options
-from rollfilter.config import CommandConfig, Config, ConfigError, Retries, Timeouts, parse_header
+from rollfilter.config import (
+    CommandConfig,
+    Config,
+    ConfigError,
+    FailureLimit,
+    Retries,
+    Timeouts,
+    agent_url,
+    parse_endpoints,
+    parse_failure_limit,
+    parse_header,
+    parse_param,
+    parse_statuses,
+    slurm_shard,
+)
 from rollfilter.errors import UsageError
+from tests.conftest import array_task
 
 SECRET = "secret-value"
 
@@ -123,3 +138,69 @@ def test_a_timeout_that_cannot_be_used_is_refused_by_its_name(field: str, value:
         Config(**{field: value})
     assert refused.value.field == field
     assert in_options(str(refused.value)) == f"{option} must be a positive number of seconds"
+
+
+def test_shard_auto_is_the_array_tasks_offset_from_the_first():
+    assert [slurm_shard(array_task(task, 0, 4)) for task in range(4)] == [(0, 4), (1, 4), (2, 4), (3, 4)]
+    assert [slurm_shard(array_task(task, 1, 4)) for task in range(1, 5)] == [(0, 4), (1, 4), (2, 4), (3, 4)]
+    stepped = {**array_task(6, 0, 3), "SLURM_ARRAY_TASK_STEP": "3"}  # --array=0-6:3
+    assert slurm_shard(stepped) == (2, 3)
+    for broken in ({}, array_task(5, 1, 4), {**array_task(4, 0, 3), "SLURM_ARRAY_TASK_STEP": "3"}):
+        with pytest.raises(UsageError, match=r"^Config\.shard auto"):
+            slurm_shard(broken)
+
+
+def test_parse_param_takes_json_else_string():
+    assert parse_param("temperature=0.7") == ("temperature", 0.7)
+    assert parse_param("model=my-model") == ("model", "my-model")
+    assert parse_param("tools=[]") == ("tools", [])
+    assert parse_param("x=") == ("x", "")
+    assert parse_param("stop=null") == ("stop", None)
+    for bad in ("novalue", "=3", "a..b=1"):
+        with pytest.raises(UsageError):
+            parse_param(bad)
+
+
+def test_agent_url_appends_run_only_without_a_path():
+    assert agent_url("http://127.0.0.1:8000") == "http://127.0.0.1:8000/run"
+    assert agent_url("http://127.0.0.1:8000/") == "http://127.0.0.1:8000/run"
+    assert agent_url("https://h/agents/x/run") == "https://h/agents/x/run"
+    for bad in ("127.0.0.1:8000", "ftp://h/", "http://h:99999/"):
+        with pytest.raises(UsageError):
+            agent_url(bad)
+
+
+def test_endpoints_collect_replicas():
+    endpoints = parse_endpoints(["a=http://h:1", "a=http://h:2,http://h:3", "b=http://h:4/x"])
+    assert endpoints == {"a": ("http://h:1/run", "http://h:2/run", "http://h:3/run"), "b": ("http://h:4/x",)}
+    with pytest.raises(UsageError):
+        parse_endpoints(["nourl"])
+
+
+def test_header_parsing_never_echoes_the_value():
+    assert parse_header("Authorization: Bearer abc") == ("Authorization", "Bearer abc")
+    for bad in ("Bad Name: secret-value", "X-Token: secret-value\r\nInjected: 1"):
+        with pytest.raises(UsageError) as info:
+            parse_header(bad)
+        assert "secret-value" not in str(info.value)
+
+
+def test_statuses_and_failure_limits():
+    assert parse_statuses("429, 503") == {429, 503}
+    assert parse_statuses("") == frozenset()
+    with pytest.raises(UsageError):
+        parse_statuses("abc")
+    assert parse_failure_limit("5") == FailureLimit(count=5)
+    assert parse_failure_limit("2.5%") == FailureLimit(fraction=0.025)
+    for bad in ("0", "-1", "101%", "x%", "nan%"):
+        with pytest.raises(UsageError):
+            parse_failure_limit(bad)
+    rate = FailureLimit(fraction=0.1)
+    assert not rate.is_reached(failed=5, ended=10)  # too few ended rows to judge a rate
+    assert rate.is_reached(failed=3, ended=20)
+    assert not rate.is_reached(failed=1, ended=20)
+
+
+def test_config_refuses_resume_without_output():
+    with pytest.raises(UsageError, match=r"^CommandConfig\.resume needs CommandConfig\.output"):
+        CommandConfig(Config(url="http://h/run"), resume=True)

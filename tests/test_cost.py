@@ -1,58 +1,10 @@
-"""Cost: tokens of response.usage times prices, by agent; --max-cost stops the run."""
+"""cost.py: prices and their parsing."""
 
 from __future__ import annotations
-
-import json
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 from rollfilter.cost import Price, PriceError, parse_price
-from tests.conftest import result_lines, run, summary_of
-from tests.recording_agent import RecordingAgent
-
-
-@pytest.fixture
-def agent() -> Iterator[RecordingAgent]:
-    server = RecordingAgent(name=None)
-    try:
-        yield server
-    finally:
-        server.close()
-
-
-def rows(n: int, agent: str, **extra: Any) -> str:
-    return "".join(
-        json.dumps({"id": i, "responses_create_params": {"input": "q" * i}, "agent_ref": {"name": agent}, **extra})
-        + "\n"
-        for i in range(n)
-    )
-
-
-def spent(results: list[dict[str, Any]], price_in: float, price_out: float) -> float:
-    usage = [r["response"]["usage"] for r in results]
-    return sum(u["input_tokens"] * price_in + u["output_tokens"] * price_out for u in usage) / 1e6
-
-
-def test_cost_is_tokens_times_prices_by_agent(tmp_path: Path, agent: RecordingAgent):
-    prices = tmp_path / "prices.yaml"
-    prices.write_text("alpha: [3.0, 15.0]\n_default: {input: 1.0, output: 2.0}\n")
-    data = rows(5, "alpha") + rows(4, "beta") + rows(1, "beta", answer={"_ng_failure_class": "model_error"})
-    data += rows(1, "beta", answer={"response": {}})  # an answer without usage: it costs nothing
-    endpoints = ["-e", f"alpha={agent.url}", "-e", f"beta={agent.url}"]
-    proc = run([*endpoints, "--prices", str(prices), "--price", "alpha=3,15,0.3"], input=data)
-    assert proc.returncode == 1  # the agent-reported failure
-    results = result_lines(proc.stdout)
-    alpha = [r for r in results if r["agent_ref"]["name"] == "alpha"]
-    beta = [r for r in results if r["agent_ref"]["name"] == "beta" and r["response"].get("usage")]
-    failed_usage = (len(json.dumps({"input": ""})) * 1.0 + 2 * 2.0) / 1e6  # the failed rollout's tokens count
-    figures = summary_of(proc.stderr)["rollfilter"]
-    assert figures["cost_usd_by_agent"]["alpha"] == pytest.approx(spent(alpha, 3.0, 15.0), abs=1e-6)
-    assert figures["cost_usd_by_agent"]["beta"] == pytest.approx(spent(beta, 1.0, 2.0) + failed_usage, abs=1e-6)
-    assert figures["cost_usd"] == pytest.approx(sum(figures["cost_usd_by_agent"].values()), abs=1e-6)
-    assert figures["rollouts_without_usage"] == 1
 
 
 def test_cached_input_tokens_have_their_own_price():
@@ -66,47 +18,3 @@ def test_cached_input_tokens_have_their_own_price():
 def test_a_bad_price_is_refused(spec: str):
     with pytest.raises(PriceError):
         parse_price(spec)
-
-
-@pytest.mark.parametrize("text", ["a: [true, 2]", "a: ['1', 2]", "a: {input: 1}", "a: 3", "[1, 2]"])
-def test_a_bad_prices_file_is_refused_in_one_line(tmp_path: Path, text: str):
-    prices = tmp_path / "prices.yaml"
-    prices.write_text(text + "\n")
-    proc = run(["-u", "http://127.0.0.1:8000/run", "--prices", str(prices)])  # refused before sending
-    assert proc.returncode == 2
-    (line,) = proc.stderr.decode().splitlines()
-    assert line.startswith(f"rollfilter: --prices {prices}: ")
-
-
-def test_max_cost_stops_within_one_window_of_in_flight_rows(agent: RecordingAgent):
-    # Each row costs (its input tokens + 2 output) dollars at a price of 1e6 USD per million.
-    proc = run(
-        ["-u", agent.run_url, "-a", "x", "-j", "4", "--price", "1e6,1e6", "--max-cost", "200"], input=rows(300, "x")
-    )
-    assert proc.returncode == 1
-    results = result_lines(proc.stdout)
-    costs = sorted(r["response"]["usage"]["total_tokens"] for r in results)
-    assert sum(costs) >= 200
-    assert sum(costs[:-4]) < 200  # the budget was reached by the rows of the last window at most
-    assert len(results) < 300
-    figures = summary_of(proc.stderr)["rollfilter"]
-    spent_then, _, budget = figures["stopped"].removeprefix("stopped after spending $").partition(" of a ")
-    assert budget == "$200 budget"
-    assert 200 <= float(spent_then) <= figures["cost_usd"]  # answers already in when it stopped count too
-
-
-def test_max_cost_needs_prices(agent: RecordingAgent):
-    proc = run(["-u", agent.run_url, "--max-cost", "5"], input=rows(1, "x"))
-    assert proc.returncode == 2
-    assert agent.bodies == []
-    assert "max-cost" in proc.stderr.decode()
-
-
-def test_every_config_field_has_its_command_line_name():
-    import dataclasses
-
-    from rollfilter.cli.fields import OPTION_OF_FIELD
-    from rollfilter.config import CommandConfig, Config
-
-    config_fields = {field.name for field in dataclasses.fields(Config) if field.init}  # the ones a caller sets
-    assert config_fields <= set(OPTION_OF_FIELD) <= config_fields | {f.name for f in dataclasses.fields(CommandConfig)}

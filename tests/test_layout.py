@@ -1,10 +1,11 @@
-"""The package's layout holds: no import cycle (lazy imports included), and the command line is a
-layer over the library, the only one that imports typer or exits the process."""
+"""The package's layout: no import cycle, only cli/ imports typer or exits, http/ a leaf, short functions."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import rollfilter.http
 
 PACKAGE = Path(__file__).parent.parent / "rollfilter"
 
@@ -38,6 +39,18 @@ def imported(name: str, tree: ast.Module, known: set[str]) -> set[str]:
     return found
 
 
+def calls_to(tree: ast.Module, qualified: set[str]) -> list[int]:
+    """The lines that call one of `qualified` (as `os._exit`)."""
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and f"{node.func.value.id}.{node.func.attr}" in qualified
+    ]
+
+
 def test_no_module_imports_itself_through_others():
     trees = modules()
     graph = {name: imported(name, tree, set(trees)) for name, tree in trees.items()}
@@ -60,18 +73,6 @@ def test_no_module_imports_itself_through_others():
         if name not in state:
             visit(name, [name])
     assert cycles == []
-
-
-def calls_to(tree: ast.Module, qualified: set[str]) -> list[int]:
-    """The lines that call one of `qualified` (as `os._exit`)."""
-    return [
-        node.lineno
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and isinstance(node.func.value, ast.Name)
-        and f"{node.func.value.id}.{node.func.attr}" in qualified
-    ]
 
 
 def test_only_the_command_line_imports_typer_or_exits():
@@ -103,3 +104,41 @@ def test_no_function_is_over_80_lines():
         and node.end_lineno - node.body[0].lineno + 1 > 80
     ]
     assert long == []
+
+
+def _is_rollfilter_outside_http(name: str) -> bool:
+    if name.startswith(".."):  # a relative import from above the package
+        return True
+    return (name == "rollfilter" or name.startswith("rollfilter.")) and not (
+        name == "rollfilter.http" or name.startswith("rollfilter.http.")
+    )
+
+
+def test_the_http_package_imports_nothing_else_of_rollfilter():
+    """rollfilter/http is a leaf: the rest of rollfilter is built on it, never under it."""
+    package = Path(rollfilter.http.__file__).parent
+    outside = []
+    for module in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = ["." * node.level + (node.module or "")]
+            else:
+                continue
+            outside += [f"{module.name}: {name}" for name in names if _is_rollfilter_outside_http(name)]
+    assert outside == []
+
+
+def test_each_test_module_is_named_for_the_module_it_tests():
+    """tests/test_<module>.py tests rollfilter/<module>.py (test_http_pool: http/pool.py); tests of the
+    command as a whole are in tests/e2e/, and this module checks the package's layout itself."""
+    tests = Path(__file__).parent
+    unplaced = []
+    for path in sorted(tests.glob("test_*.py")):
+        name = path.stem.removeprefix("test_")
+        package, _, module = name.partition("_")
+        candidates = [PACKAGE / f"{name}.py", PACKAGE / package / f"{module}.py"]
+        if path.name != "test_layout.py" and not any(candidate.is_file() for candidate in candidates):
+            unplaced.append(path.name)
+    assert unplaced == []

@@ -1,4 +1,4 @@
-"""What rollfilter prints of URLs and server text: escaped, and without secrets."""
+"""redact.py: URLs and server text made safe to print."""
 
 from __future__ import annotations
 
@@ -8,6 +8,11 @@ import pytest
 from rollfilter.config import Config
 from rollfilter.errors import UsageError
 from rollfilter.redact import origin, printable, shown
+
+
+def test_printable_escapes_only_what_is_not_printable():
+    assert printable("plain text, ünïcode ok") == "plain text, ünïcode ok"
+    assert printable("a\x1bb\x07c\u202ed\x00") == "a\\x1bb\\x07c\\u202ed\\x00"
 
 
 def test_printable_keeps_what_a_terminal_shows_and_escapes_the_rest():

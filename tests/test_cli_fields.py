@@ -1,4 +1,4 @@
-"""The library speaks Python: its messages name Config fields, and only the command line names options."""
+"""cli/fields.py: library messages name Config fields; the command line names their options."""
 
 from __future__ import annotations
 
@@ -14,12 +14,25 @@ import typer
 from rollfilter import Config, Failure, rollouts
 from rollfilter.cli.fields import OPTION_OF_FIELD
 from rollfilter.cli.options import typer_app
-from rollfilter.config import FailureLimit
+from rollfilter.config import CommandConfig, ConfigError, FailureLimit
 from rollfilter.errors import ErrorKind, UsageError, name_options
-from tests.conftest import rows_jsonl, simple_rows, summary_of
+from tests.conftest import rows_jsonl, run, simple_rows, summary_of
 from tests.conftest import run as run_command
 
+
+def test_every_config_field_has_its_command_line_name():
+    import dataclasses
+
+    from rollfilter.cli.fields import OPTION_OF_FIELD
+    from rollfilter.config import Config
+
+    config_fields = {field.name for field in dataclasses.fields(Config) if field.init}  # the ones a caller sets
+    assert config_fields <= set(OPTION_OF_FIELD) <= config_fields | {f.name for f in dataclasses.fields(CommandConfig)}
+
+
 PACKAGE = Path(__file__).parent.parent / "rollfilter"
+
+
 # The command line's own packages, which may name its options (the demo agent's included).
 COMMAND_LINE_MODULES = {"cli", "demo"}
 
@@ -122,3 +135,11 @@ def test_a_verbose_event_names_the_option_that_the_engine_names_by_its_field(age
     assert [line for line in lines if "not persisted" in line] == [
         "rollfilter: <stdin>:1 task 0 rollout 0: not persisted (the agent's _ng_no_persist); --resume runs it again"
     ]
+
+
+def test_config_errors_name_the_field_and_the_command_line_names_the_option():
+    with pytest.raises(ConfigError, match=r"^Config\.concurrency must be at least 1$") as caught:
+        Config(url="http://h/run", concurrency=0)
+    assert caught.value.field == "concurrency"
+    proc = run(["-u", "http://127.0.0.1:9", "-j", "1", "--shard", "3/2"])
+    assert proc.stderr.decode() == "rollfilter: --shard I/N wants 0 <= I < N\n"

@@ -1,9 +1,4 @@
-"""A run that knows itself: the record beside -o, --resume checking it and taking its shard, --shard auto
-in a Slurm job array, and --summarize saying which shards of N it was given.
-
-The command runs in this process (typer's runner, its own environment) against a recording agent on
-127.0.0.1, so each test sees the exit status, the stderr line and what the agent received.
-"""
+"""The run record beside the output (OUT_run.json): what --resume checks, shards and --summarize read."""
 
 from __future__ import annotations
 
@@ -16,11 +11,9 @@ from typing import Any
 
 import pytest
 
-from rollfilter.cli.identity import RunRecord, differences
-from rollfilter.config import slurm_shard
-from rollfilter.errors import ExitStatus, UsageError
-from tests.conftest import clean_env, invoke, rows_jsonl, run, simple_rows
-from tests.recording_agent import RecordingAgent
+from rollfilter.errors import ExitStatus
+from tests.conftest import array_task, clean_env, invoke, rows_jsonl, run, simple_rows
+from tests.servers.recording_agent import RecordingAgent
 
 
 @pytest.fixture
@@ -65,6 +58,25 @@ def data(tmp_path: Path) -> Path:
 FIRST = ["-r", "2", "-p", "temperature=0.7", "-a", "agent", "--repeat-seeds", "-n", "5"]
 
 
+def varied(option: str, value: str | None) -> list[str]:
+    """FIRST with one option's value changed (a flag left out when `value` is None)."""
+    args = list(FIRST)
+    if option not in args:
+        return [*args, option, value or ""]
+    at = args.index(option)
+    if value is None:
+        del args[at]
+    else:
+        args[at + 1] = value
+    return args
+
+
+def summarize(capfd: pytest.CaptureFixture[str], paths: Sequence[Path]) -> tuple[int, str, dict[str, Any]]:
+    """--summarize in this process: it writes its summary and its problems to descriptors 1 and 2."""
+    proc = invoke(["--summarize", *map(str, paths)])
+    return proc.returncode, proc.stderr.decode(), json.loads(proc.stdout)
+
+
 def test_a_run_records_what_shapes_its_bodies_beside_its_output(
     tmp_path: Path, agent: RecordingAgent, data: Path, rollfilter: Command
 ):
@@ -83,19 +95,6 @@ def test_a_run_records_what_shapes_its_bodies_beside_its_output(
         "limit": 5,
     }
     assert sorted(p.name for p in out.parent.iterdir()) == ["out.jsonl", "out_run.json"]  # no temporary left
-
-
-def varied(option: str, value: str | None) -> list[str]:
-    """FIRST with one option's value changed (a flag left out when `value` is None)."""
-    args = list(FIRST)
-    if option not in args:
-        return [*args, option, value or ""]
-    at = args.index(option)
-    if value is None:
-        del args[at]
-    else:
-        args[at + 1] = value
-    return args
 
 
 @pytest.mark.parametrize(
@@ -166,21 +165,6 @@ def test_a_larger_r_on_resume_adds_the_missing_rollouts(
     assert json.loads((tmp_path / "out_run.json").read_text())["repeats"] == 3  # a later resume wants -r 3
 
 
-def test_a_larger_r_is_one_that_gives_every_agents_rows_at_least_the_rollouts_they_had():
-    recorded = RunRecord(inputs=(), repeats=2, repeats_by_agent={"agent": 4})
-    for repeats, by_agent, refused in (
-        (2, {"agent": 4}, None),
-        (3, {"agent": 5, "new": 2}, None),
-        (3, {"new": 1}, "-r: 2 agent=4 then, 3 new=1 now"),
-        (5, {}, None),
-        (2, {"agent": 3}, "-r: 2 agent=4 then, 2 agent=3 now"),
-        (3, {}, "-r: 2 agent=4 then, 3 now"),
-        (None, {"agent": 4}, "-r: 2 agent=4 then, agent=4 now"),  # the other agents' rows would fail
-    ):
-        found = differences(recorded, RunRecord(inputs=(), repeats=repeats, repeats_by_agent=by_agent))
-        assert found == ([] if refused is None else [f"{refused} (only a larger -r adds to an output)"])
-
-
 @pytest.mark.parametrize("stdout", ["file", "pipe"])
 def test_the_record_sits_beside_the_file_written_not_the_name_given(tmp_path: Path, agent: RecordingAgent, stdout):
     # -o /dev/stdout: standard output's own file gets the record; a pipe, or /dev itself, none.
@@ -229,21 +213,6 @@ def test_a_resumed_shard_is_the_shard_its_record_holds(
     assert "--shard: 1/3 then, 2/3 now" in stderr
 
 
-def array_task(task: int, first: int, count: int) -> dict[str, str]:
-    """The variables Slurm sets in one task of a job array (`sbatch --array=FIRST-...`)."""
-    return {"SLURM_ARRAY_TASK_ID": str(task), "SLURM_ARRAY_TASK_MIN": str(first), "SLURM_ARRAY_TASK_COUNT": str(count)}
-
-
-def test_shard_auto_is_the_array_tasks_offset_from_the_first():
-    assert [slurm_shard(array_task(task, 0, 4)) for task in range(4)] == [(0, 4), (1, 4), (2, 4), (3, 4)]
-    assert [slurm_shard(array_task(task, 1, 4)) for task in range(1, 5)] == [(0, 4), (1, 4), (2, 4), (3, 4)]
-    stepped = {**array_task(6, 0, 3), "SLURM_ARRAY_TASK_STEP": "3"}  # --array=0-6:3
-    assert slurm_shard(stepped) == (2, 3)
-    for broken in ({}, array_task(5, 1, 4), {**array_task(4, 0, 3), "SLURM_ARRAY_TASK_STEP": "3"}):
-        with pytest.raises(UsageError, match=r"^Config\.shard auto"):
-            slurm_shard(broken)
-
-
 def test_shard_auto_outside_a_job_array_is_a_usage_error(
     tmp_path: Path, agent: RecordingAgent, data: Path, rollfilter: Command
 ):
@@ -267,12 +236,6 @@ def test_a_resubmitted_array_task_finishes_its_own_shard(
     assert status == ExitStatus.OK, stderr
     assert sorted(pairs(out)) == whole
     assert len(agent.bodies) == 1
-
-
-def summarize(capfd: pytest.CaptureFixture[str], paths: Sequence[Path]) -> tuple[int, str, dict[str, Any]]:
-    """--summarize in this process: it writes its summary and its problems to descriptors 1 and 2."""
-    proc = invoke(["--summarize", *map(str, paths)])
-    return proc.returncode, proc.stderr.decode(), json.loads(proc.stdout)
 
 
 def test_summarize_says_which_shards_of_n_it_was_given(

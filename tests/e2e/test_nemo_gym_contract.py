@@ -6,19 +6,25 @@ The expected bodies come from `nemo_gym_bodies`, a port of NeMo Gym's own row ma
 
 from __future__ import annotations
 
-import copy
 import json
 import subprocess
 import sys
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import SUBPROCESS_TIMEOUT, clean_env, result_lines, rollfilter_command, run, summary_of
-from tests.recording_agent import RecordingAgent
+from tests.conftest import (
+    SUBPROCESS_TIMEOUT,
+    clean_env,
+    nemo_gym_bodies,
+    result_lines,
+    rollfilter_command,
+    run,
+    summary_of,
+)
+from tests.servers.recording_agent import RecordingAgent
 
 
 @pytest.fixture
@@ -28,40 +34,6 @@ def other_agent() -> Iterator[RecordingAgent]:
         yield server
     finally:
         server.close()
-
-
-def nemo_gym_bodies(
-    lines: list[str],
-    *,
-    agent_name: str | None = None,
-    num_repeats: int | dict[str, int] = 1,
-    overrides: dict[str, Any] | None = None,
-    add_seed: bool = False,
-) -> list[dict[str, Any]]:
-    """What NeMo Gym's collector POSTs for these input lines (each ending in a newline)."""
-    row_to_task_idx: dict[str, int] = {}
-    task_idx_to_rollout_idx: Counter[Any] = Counter()
-    rows = []
-    for row_str in lines:
-        row = json.loads(row_str)
-        if agent_name:
-            row.setdefault("agent_ref", {"name": agent_name})
-        name = (row.get("agent_ref") or {}).get("name")
-        row["responses_create_params"] = row["responses_create_params"] | (overrides or {})
-        if "_ng_task_index" not in row:
-            row["_ng_task_index"] = row_to_task_idx.setdefault(row_str, len(row_to_task_idx))
-        repeats = num_repeats if isinstance(num_repeats, int) else num_repeats.get(name, num_repeats["_default"])
-        for _ in range(repeats):
-            row = copy.deepcopy(row)
-            row["_ng_rollout_index"] = task_idx_to_rollout_idx[row["_ng_task_index"]]
-            task_idx_to_rollout_idx[row["_ng_task_index"]] += 1
-            if add_seed:
-                metadata = row["responses_create_params"].setdefault("metadata", {})
-                extra_body = json.loads(metadata.get("extra_body", "{}"))
-                extra_body["seed"] = row["_ng_rollout_index"]
-                metadata["extra_body"] = json.dumps(extra_body)
-            rows.append(row)
-    return rows
 
 
 def as_sent(body: dict[str, Any]) -> bytes:

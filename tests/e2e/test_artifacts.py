@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import result_lines, run, summary_of
-from tests.recording_agent import RecordingAgent
+from tests.servers.recording_agent import RecordingAgent
 
 HEAVY = {"ng_trajectory": {"turns": [1, 2, 3]}, "ng_agent_observations": {"x": 1}, "ng_model_call_capture": {"c": 1}}
 

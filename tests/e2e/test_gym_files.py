@@ -18,10 +18,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import SUBPROCESS_TIMEOUT, clean_env, run, start, summary_of
-from tests.recording_agent import RecordingAgent
-from tests.test_exit_status import SIGNALLED_AT_IMPORT
-from tests.test_run_contract import nemo_gym_bodies
+from tests.conftest import SIGNALLED_AT_IMPORT, SUBPROCESS_TIMEOUT, clean_env, nemo_gym_bodies, run, start, summary_of
+from tests.servers.recording_agent import RecordingAgent
 
 MAX_ATTEMPTS = 3  # NeMo Gym's default NEMO_GYM_MAX_ROLLOUT_ATTEMPTS
 

@@ -1,4 +1,4 @@
-"""The streaming filter end to end: the installed command against a real demo agent."""
+"""The command as a Unix filter: stdin to stdout, pipes, files, descriptors and Ctrl-C."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import subprocess
 
 from tests.conftest import (
     SUBPROCESS_TIMEOUT,
-    WEATHER,
     DemoServer,
     clean_env,
     expected_reward,
@@ -24,22 +23,6 @@ from tests.conftest import (
     start,
     summary_of,
 )
-
-
-def test_demo_runs_the_weather_example():
-    proc = run(["--demo", str(WEATHER)])
-    assert proc.returncode == 0, proc.stderr
-    rows = [json.loads(line) for line in WEATHER.read_text().splitlines()]
-    results = sorted(result_lines(proc.stdout), key=lambda r: r["_ng_task_index"])
-    assert [r["_ng_task_index"] for r in results] == list(range(len(rows)))
-    for row, result in zip(rows, results, strict=True):
-        assert result["reward"] == expected_reward(row)
-        assert result["responses_create_params"] == row["responses_create_params"]
-        assert result["_ng_rollout_index"] == 0
-    summary = summary_of(proc.stderr)
-    assert summary["reward"] == sum(r["reward"] for r in results) / len(results)
-    assert summary["rollfilter"]["succeeded"] == 5
-    assert summary["rollfilter"]["failed"] == 0
 
 
 def test_results_and_summary_over_a_separate_agent(demo_server: DemoServer):
@@ -294,18 +277,6 @@ def test_a_terminal_on_stdin_gets_a_hint(demo_server: DemoServer):
     assert stdout == b""
 
 
-def test_demo_alone_at_a_terminal_runs_the_example_rows():
-    controller, terminal = pty.openpty()
-    proc = start(["--demo"], stdin=terminal)
-    os.close(terminal)
-    stdout, stderr = proc.communicate(timeout=SUBPROCESS_TIMEOUT)
-    os.close(controller)
-    assert proc.returncode == 0, stderr
-    assert len(result_lines(stdout)) == 5
-    assert b"example rows" in stderr.splitlines()[0]
-    assert summary_of(stderr)["rollfilter"]["succeeded"] == 5
-
-
 async def test_a_run_reads_and_writes_the_descriptors_it_is_given(tmp_path, demo_server: DemoServer):
     """The command's streams are parameters: a run in this process, on pipes and files of the test's own."""
     from rollfilter.cli.outputs import Streams
@@ -329,59 +300,3 @@ async def test_a_run_reads_and_writes_the_descriptors_it_is_given(tmp_path, demo
     assert status == 0
     assert sorted(r["_ng_task_index"] for r in result_lines((tmp_path / "out").read_bytes())) == [0, 1, 2]
     assert summary_of((tmp_path / "err").read_bytes())["rollfilter"]["succeeded"] == 3
-
-
-def test_a_dry_run_prints_each_body_as_sent_and_its_route_in_input_order(demo_server: DemoServer):
-    """Through the engine's own loop, with many workers allowed: bodies on stdout, route and
-    failure lines on stderr, both in input order, and nothing sent."""
-    rows = [{"responses_create_params": {"input": f"q{i}"}, "agent_ref": {"name": "ab"[i % 3 == 0]}} for i in range(40)]
-    lines = [json.dumps(row) for row in rows]
-    lines[5] = "{not json"
-    lines[7] = json.dumps({"responses_create_params": {"input": "q7"}, "agent_ref": {"name": "c"}})
-    other = demo_server.url.replace("/run", "/other")
-    args = ["-e", f"a={demo_server.url}", "-e", f"b={other}", "-r", "2", "-j", "16", "--dry-run"]
-    proc = run(args, input="\n".join(lines) + "\n")
-    assert proc.returncode == 1, proc.stderr  # the bad line and agent c's row are lost, as in a real run
-    sent = [(i, k) for i in range(40) if i not in (5, 7) for k in range(2)]
-    bodies = [
-        json.dumps({**rows[i], "_ng_task_index": i, "_ng_rollout_index": k}, separators=(",", ":")).encode()
-        for i, k in sent
-    ]
-    assert proc.stdout.splitlines() == bodies
-    expected: list[bytes] = []
-    for i in range(40):
-        for k in range(2):
-            if i == 5:
-                expected.append(b"rollfilter: <stdin>:6 (rollout %d): bad_input: invalid JSON" % k)
-            elif i == 7:
-                expected.append(
-                    b"rollfilter: <stdin>:8 (rollout %d): no_route: no endpoint for agent 'c'; give -e/--e" % k
-                )
-            else:
-                url = (demo_server.url if i % 3 else other).encode()
-                expected.append(b"rollfilter: <stdin>:%d task %d rollout %d -> POST %s" % (i + 1, i, k, url))
-    printed = proc.stderr.splitlines()[: len(expected)]
-    assert [line[: len(start)] for line, start in zip(printed, expected, strict=True)] == expected
-    assert summary_of(proc.stderr)["rollfilter"]["succeeded"] == len(sent)
-    assert demo_server.stats()["requests"] == 0
-
-
-def test_a_dry_run_stops_at_the_failure_limit(demo_server: DemoServer):
-    rows = ["{bad", "{bad", *map(json.dumps, simple_rows(3))]
-    proc = run(["-u", demo_server.url, "--max-failures", "2", "--dry-run"], input="\n".join(rows) + "\n")
-    assert proc.returncode == 1, proc.stderr
-    assert proc.stdout == b""  # the rows after the second bad line are not taken
-    assert b"rollfilter: stopped after 2 failed rows" in proc.stderr
-    assert summary_of(proc.stderr)["rollfilter"]["rows_read"] == 2
-
-
-def test_a_dry_run_writes_no_file_even_with_resume(tmp_path, demo_server: DemoServer):
-    out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
-    out.write_text('{"_ng_task_index": 0, "_ng_rollout_index": 0, "reward": 1}\n{"_ng_task_in')  # a torn tail
-    args = ["-u", demo_server.url, "-o", str(out), "--errors", str(errors), "--resume", "--dry-run"]
-    proc = run(args, input=rows_jsonl(simple_rows(3)))
-    assert proc.returncode == 0, proc.stderr
-    assert [json.loads(line)["id"] for line in proc.stdout.splitlines()] == [1, 2]  # what resume would send
-    assert out.read_text().endswith('{"_ng_task_in')  # untouched: not even the torn tail is cut
-    assert not errors.exists()
-    assert demo_server.stats()["requests"] == 0

@@ -1,6 +1,6 @@
 """Shards past one machine, for real: the README's Slurm and GNU parallel recipes on a single-node Slurm.
 
-Opt-in (`python -m pytest -m slurm -n 0 tests/test_slurm.py`; `.ci/run` runs it as root). The module installs
+Opt-in (`python -m pytest -m slurm -n 0 tests/e2e/test_slurm.py`; `.ci/run` runs it as root). The module installs
 `slurm-wlm`, `munge` and `parallel` with apt-get when they are missing, then starts munged, slurmctld
 and slurmd on 127.0.0.1 with their own munge socket, ports and state under a temporary folder, and
 stops them at the end. The recipes' commands are read from the README, so they are the ones it shows.

@@ -1,8 +1,4 @@
-"""The wire, case by case: a raw server misbehaves one way per case, and rollfilter must end
-every row exactly once with the right outcome (a result, or a failure of the right kind) and
-send no request it should not. Where httpx defines the right answer, httpx runs the same
-case as the oracle. uvicorn is the real server for the keep-alive cases.
-"""
+"""The command against misbehaving HTTP servers (tests/servers/wire_server.py): each reply read as itself."""
 
 from __future__ import annotations
 
@@ -11,34 +7,22 @@ import dataclasses
 import gzip
 import itertools
 import json
-import os
 import random
 import re
 import resource
-import shutil
 import socket
 import ssl
 import subprocess
-import sys
 import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import trio
 import yaml
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from rollfilter import redact
-from rollfilter.http import DEFAULT_MAX_REPLY_BYTES, BadReply, HTTP11Transport, pool
-from rollfilter.http.connection import Connection
-from rollfilter.http.framing import MAX_HEAD_BYTES
 from tests.conftest import (
-    ROOT,
     SUBPROCESS_TIMEOUT,
     DemoServer,
     clean_env,
@@ -48,9 +32,11 @@ from tests.conftest import (
     run_process,
     summary_of,
 )
-from tests.wire_server import JOIN_SECONDS, Conn, Request, WireServer, echo, gzipped_echo, reply
+from tests.servers.wire_server import JOIN_SECONDS, Conn, Request, WireServer, echo, gzipped_echo, padded, reply
 
 ROWS = 3  # enough for every connection to be reused at -j 1
+
+
 _runs = itertools.count()
 
 
@@ -211,11 +197,6 @@ def not_json(request: Request, conn: Conn) -> None:
     conn.send(reply(200, b"<html>oops</html>"))
 
 
-def padded(request: Request, size: int = 5000) -> bytes:
-    """A good answer, of `size` bytes or more."""
-    return json.dumps({"echo": request.json().get("id"), "reward": 1.0, "pad": "x" * size}).encode()
-
-
 def long_body(request: Request, conn: Conn) -> None:
     conn.send(reply(200, padded(request)))
 
@@ -313,6 +294,67 @@ CASES = {
 }
 
 
+def limit_open_files(soft: int, hard: int) -> Any:
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    return limit
+
+
+def read_then_reset_on_reuse(request: Request, conn: Conn) -> None:
+    if request.index == 0:
+        conn.send(echo(request))
+    else:
+        conn.reset()  # the request was read: for all the client knows, an episode started
+
+
+def too_large_at_once(request: Request, conn: Conn) -> None:
+    # Answered from the head alone, and closed with the body still coming: the close is a reset.
+    conn.send(reply(413, b"too large", "Connection: close", reason="Content Too Large"))
+    conn.close()
+
+
+class LateDuplicates:
+    """A server script that answers each request, then writes the same answer again 1-5 ms
+    later: a duplicated reply that may land after the next request went out."""
+
+    def __init__(self) -> None:
+        self.random = random.Random(20)
+        self.timers: list[threading.Timer] = []
+
+    def __call__(self, request: Request, conn: Conn) -> None:
+        answer = echo(request)
+        conn.send(answer)
+        timer = threading.Timer(self.random.uniform(0.001, 0.005), conn.send, (answer,))
+        self.timers.append(timer)
+        timer.start()
+
+    def join(self) -> None:
+        for timer in self.timers:
+            timer.join(JOIN_SECONDS)
+
+
+class StrayAfterTheSecondAnswer:
+    """A server script whose second answer on a connection comes with a reply nobody asked for."""
+
+    def __init__(self) -> None:
+        self.answered: dict[Conn, int] = {}
+
+    def __call__(self, request: Request, conn: Conn) -> None:
+        self.answered[conn] = self.answered.get(conn, 0) + 1
+        stray = reply(408, b"", "Connection: close", reason="Request Timeout") if self.answered[conn] == 2 else b""
+        conn.send(echo(request) + stray)
+
+
+def long_config_and_long_aggregate(request: Request, conn: Conn) -> None:
+    if request.method == "GET":  # the head server: a config that is one long string
+        conn.send(reply(200, json.dumps("x" * 5000).encode()))
+    elif request.path == "/aggregate_metrics":
+        conn.send(reply(200, json.dumps({"key_metrics": {"pad": "x" * 5000}}).encode()))
+    else:
+        conn.send(echo(request))
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_conformance(name: str, tmp_path):
     case = CASES[name]
@@ -341,103 +383,6 @@ def test_gzip_is_asked_for_and_decoded(tmp_path):
     assert outcome.results[2]["echo"] == 2
 
 
-async def test_a_reply_sent_while_the_connection_is_idle_is_never_read_as_the_next_answer():
-    first_read, sent_stray = threading.Event(), threading.Event()
-
-    def late_408(request: Request, conn: Conn) -> None:
-        conn.send(echo(request))
-        if request.connection == 0:
-            first_read.wait(10)  # the client has its answer: the connection is idle in its pool
-            conn.send(reply(408, b"", reason="Request Timeout"))  # idle too long, says the server
-            sent_stray.set()
-
-    transport = HTTP11Transport()
-    try:
-        with WireServer(late_408) as server:
-            url = httpx.URL(server.url)
-            first = await transport.post(url, b'{"id": 0}')
-            first_read.set()
-            await trio.to_thread.run_sync(sent_stray.wait, 10)
-            second = await transport.post(url, b'{"id": 1}')
-            assert (json.loads(first.body)["echo"], second.status, json.loads(second.body)["echo"]) == (0, 200, 1)
-            assert server.connections == 2
-    finally:
-        await transport.aclose()
-
-
-async def test_agent_connections_have_tcp_keepalive():
-    transport = HTTP11Transport()
-    try:
-        with WireServer() as server:
-            await transport.post(httpx.URL(server.url), b'{"id": 0}')
-            (idle,) = next(iter(transport._idle.values()))
-            options = [
-                idle.socket.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
-                idle.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
-                idle.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
-                idle.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
-            ]
-            assert options == [1, 60, 10, 3]  # as NeMo Gym sets them
-    finally:
-        await transport.aclose()
-
-
-async def test_idle_connections_expire_before_the_server_times_them_out(monkeypatch):
-    monkeypatch.setattr(pool, "IDLE_EXPIRY", 0.2)
-    transport = HTTP11Transport()
-    try:
-        with WireServer() as server:
-            url = httpx.URL(server.url)
-            await transport.post(url, b'{"id": 0}')
-            await transport.post(url, b'{"id": 1}')
-            assert server.connections == 1  # kept alive...
-            await trio.sleep(0.3)
-            await transport.post(url, b'{"id": 2}')
-            assert server.connections == 2  # ...but not past the expiry
-    finally:
-        await transport.aclose()
-
-
-@pytest.fixture
-def high_descriptors() -> Iterator[None]:
-    """Every socket opened meanwhile gets a descriptor above 1024, where select() fails."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and hard < 1200:
-        pytest.fail(f"the hard open-file limit ({hard}) is too low for this test")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
-    placeholders = [os.open(os.devnull, os.O_RDONLY) for _ in range(1030)]
-    try:
-        yield
-    finally:
-        for fd in placeholders:
-            os.close(fd)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-
-
-async def test_the_check_before_reuse_works_above_descriptor_1024(high_descriptors):
-    closed_once = threading.Event()
-
-    def close_the_third(request: Request, conn: Conn) -> None:
-        conn.send(echo(request))
-        if request.index == 2:
-            conn.close()  # a keep-alive timeout, without saying so
-            closed_once.set()
-
-    transport = HTTP11Transport()
-    try:
-        with WireServer(close_the_third) as server:
-            url = httpx.URL(server.url)
-            for i in range(3):
-                await trio.sleep(0.6)  # idle long enough that the old code checked with select()
-                assert json.loads((await transport.post(url, b'{"id": %d}' % i)).body)["echo"] == i
-            assert server.connections == 1  # a healthy idle connection is reused, not dropped
-            await trio.to_thread.run_sync(closed_once.wait, 10)
-            assert json.loads((await transport.post(url, b'{"id": 3}')).body)["echo"] == 3
-            assert server.connections == 2  # the closed one was noticed and replaced
-    finally:
-        await transport.aclose()
-
-
 def test_closing_after_every_reply_costs_no_rows(tmp_path):
     n = 600
     with WireServer(close_after_each_answer) as server:
@@ -454,58 +399,6 @@ def test_closing_after_every_reply_costs_no_rows(tmp_path):
         assert n <= len(server.requests) - seen <= n + retries
 
 
-class Uvicorn:
-    """uvicorn serving tests.wire_server:asgi_app on a free loopback port, in its own process."""
-
-    def __init__(self, *args: str) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "tests.wire_server:asgi_app", "--host", "127.0.0.1", "--port", "0",
-             "--no-access-log", *args],
-            cwd=ROOT, stderr=subprocess.PIPE, env=clean_env(),
-        )  # fmt: skip
-        assert self.process.stderr is not None
-        deadline = time.monotonic() + SUBPROCESS_TIMEOUT
-        for line in self.process.stderr:
-            found = re.search(rb"running on (http://127\.0\.0\.1:\d+)", line)
-            if found:
-                self.base = found.group(1).decode()
-                break
-            assert time.monotonic() < deadline, "uvicorn did not start"
-        else:
-            pytest.fail("uvicorn exited before it listened")
-        self.url = self.base + "/run"
-        # Its log goes on; keep the pipe drained.
-        self._drain = threading.Thread(target=self.process.stderr.read, daemon=True)
-        self._drain.start()
-
-    def requests(self) -> int:
-        count = httpx.get(self.base + "/stats", timeout=10).json()["requests"]
-        assert isinstance(count, int)
-        return count
-
-    def close(self) -> None:
-        self.process.kill()
-        self.process.wait(SUBPROCESS_TIMEOUT)
-        self._drain.join(SUBPROCESS_TIMEOUT)
-        assert self.process.stderr is not None
-        self.process.stderr.close()
-
-
-@pytest.fixture
-def uvicorn_server() -> Iterator[Any]:
-    servers: list[Uvicorn] = []
-
-    def start_uvicorn(*args: str) -> Uvicorn:
-        servers.append(Uvicorn(*args))
-        return servers[-1]
-
-    try:
-        yield start_uvicorn
-    finally:
-        for server in servers:
-            server.close()
-
-
 def test_uvicorn_closing_after_every_reply_costs_no_rows(uvicorn_server, tmp_path):
     server = uvicorn_server("--timeout-keep-alive", "0")
     n = 2000
@@ -517,35 +410,6 @@ def test_uvicorn_closing_after_every_reply_costs_no_rows(uvicorn_server, tmp_pat
     assert outcome.failures == {}, outcome.stderr
     retries = summary_of(outcome.proc.stderr)["rollfilter"]["retries"]
     assert n <= server.requests() - answered <= n + retries
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("expiry", [pool.IDLE_EXPIRY, 60.0], ids=["expiry", "no expiry"])
-async def test_uvicorn_keep_alive_timeout_race_costs_no_rows(uvicorn_server, expiry: float, monkeypatch):
-    """60 connections reused after idling 4.95 to 5.05 s, around uvicorn's keep-alive timeout
-    (5 s). The client expires idle connections first; without that, the check before reuse
-    and the resend of a request the server reset must cover the race."""
-    monkeypatch.setattr(pool, "IDLE_EXPIRY", expiry)
-    server = uvicorn_server()
-    url = httpx.URL(server.url)
-    width = 60
-    answers: dict[int, list[int]] = {}
-    transport = HTTP11Transport()
-
-    async def reuse_after(i: int, idle: float) -> None:
-        first = await transport.post(url, b'{"id": %d}' % i)
-        await trio.sleep(idle)
-        second = await transport.post(url, b'{"id": %d}' % (width + i))
-        answers[i] = [json.loads(first.body)["echo"], json.loads(second.body)["echo"]]
-
-    try:
-        async with trio.open_nursery() as nursery:
-            for i in range(width):  # all at once: each on its own connection
-                nursery.start_soon(reuse_after, i, 4.95 + 0.1 * i / width)
-    finally:
-        await transport.aclose()
-    assert answers == {i: [i, width + i] for i in range(width)}
-    assert server.requests() == 2 * width
 
 
 def test_h_headers_replace_our_own_and_are_sent_once(tmp_path):
@@ -631,20 +495,6 @@ def test_server_text_cannot_drive_the_terminal(tmp_path):
     assert b"\\x1b[2J" in proc.stderr
 
 
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory) -> tuple[Path, Path]:
-    openssl = shutil.which("openssl")
-    assert openssl, "openssl is needed to make a test certificate"
-    path = tmp_path_factory.mktemp("wire-tls")
-    cert, key = path / "cert.pem", path / "key.pem"
-    subprocess.run(
-        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
-    return cert, key
-
-
 def test_a_failed_certificate_check_is_not_retried_and_says_how_to_trust_the_ca(certificate, tmp_path):
     cert, key = certificate
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -673,43 +523,6 @@ def test_a_failed_certificate_check_is_not_retried_and_says_how_to_trust_the_ca(
             assert refused.stderr.decode().startswith(f"rollfilter: --cacert {path} ")
             assert not output.exists()  # refused before the run wrote anything
         assert server.connections == connections  # and before anything was sent
-
-
-@pytest.mark.parametrize("writes", ["one write", "two writes"])
-async def test_over_tls_a_reply_nobody_asked_for_is_never_read_as_the_next_answer(certificate, writes: str):
-    """TLS holds what it read off the socket beyond the reply asked for, where poll() cannot see it."""
-    cert, key = certificate
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(cert, key)
-    injected = reply(200, b'{"echo": "INJECTED", "reward": 0.5}')
-
-    def stray_after_the_first(request: Request, conn: Conn) -> None:
-        if request.json()["id"] != 0:
-            conn.send(echo(request))
-        elif writes == "one write":
-            conn.send(echo(request) + injected)  # one TLS record
-        else:
-            conn.send(echo(request))
-            conn.send(injected)  # a TLS record of its own
-
-    transport = HTTP11Transport(cafile=str(cert))
-    try:
-        with WireServer(stray_after_the_first, tls=context) as server:
-            url = httpx.URL(server.url)
-            first = await transport.post(url, b'{"id": 0}')
-            await trio.sleep(0.2)  # the injected reply has arrived
-            second = await transport.post(url, b'{"id": 1}')
-            assert (json.loads(first.body)["echo"], json.loads(second.body)["echo"]) == (0, 1)
-            assert server.connections == 2
-    finally:
-        await transport.aclose()
-
-
-def limit_open_files(soft: int, hard: int) -> Any:
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-
-    return limit
 
 
 @pytest.mark.parametrize(("args", "fitted"), [((), 512 - 64), (("--demo",), (512 - 64) // 2)])
@@ -746,73 +559,6 @@ def test_the_soft_open_file_limit_is_raised_to_the_hard_one(demo_server: DemoSer
     assert [line for line in proc.stderr.decode().splitlines() if not line.startswith("{")] == []
 
 
-API_UNDER_A_LOW_LIMIT = """
-import resource, sys
-resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
-from rollfilter import Config, rollouts
-rows = [{"id": i, "responses_create_params": {"input": "x"}} for i in range(1200)]
-with rollouts(rows, Config(url=sys.argv[1], concurrency=600, retries=0)) as run:
-    outcomes = list(run)
-failed = [o.message for o in outcomes if not o.ok]
-print(len(outcomes), len(failed), failed[:1])
-"""
-
-
-def test_the_open_file_limit_never_fails_a_row_through_the_api_either(demo_server: DemoServer):
-    """The API does not fit -j to the limit: the transport waits for a descriptor instead."""
-    proc = subprocess.run(
-        [sys.executable, "-c", API_UNDER_A_LOW_LIMIT, demo_server.url],
-        capture_output=True,
-        timeout=SUBPROCESS_TIMEOUT * 2,
-        env=clean_env(),
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.decode().split()[:2] == ["1200", "0"], proc.stdout
-
-
-class EndlessHead:
-    """A stream that serves `first`, then `then` over and over: a head that never ends."""
-
-    def __init__(self, first: bytes, then: bytes) -> None:
-        self.first, self.then = first, then
-        self.served = 0
-
-    async def send_all(self, data: bytes) -> None:
-        pass
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        chunk = self.then if self.served else self.first
-        self.served += len(chunk)
-        assert self.served < 100 * MAX_HEAD_BYTES, "still reading a head far past the limit"
-        return chunk
-
-
-@pytest.mark.parametrize(
-    ("first", "then"),
-    [
-        (b"HTTP/1.1 200 OK\r\nX-Endless: ", b"h" * 1024),  # one header line that never ends
-        (b"HTTP/1.1 100 Continue\r\n\r\n", b"HTTP/1.1 100 Continue\r\n\r\n" * 40),  # no end of 1xx replies
-    ],
-)
-async def test_a_head_that_never_ends_is_refused_once_past_the_limit(first: bytes, then: bytes):
-    # Checked between reads: httptools gathers a header line by concatenation, in time
-    # quadratic in its length, and hands it over only once it ends.
-    stream = EndlessHead(first, then)
-    connection = Connection.__new__(Connection)
-    connection.stream = stream  # type: ignore[assignment]
-    connection.max_reply_bytes = DEFAULT_MAX_REPLY_BYTES
-    with pytest.raises(BadReply, match="header block is over 64 KiB"):
-        await connection.exchange(b"POST", b"POST /run HTTP/1.1\r\n\r\n")
-    assert stream.served <= MAX_HEAD_BYTES + 2048
-
-
-def read_then_reset_on_reuse(request: Request, conn: Conn) -> None:
-    if request.index == 0:
-        conn.send(echo(request))
-    else:
-        conn.reset()  # the request was read: for all the client knows, an episode started
-
-
 @pytest.mark.parametrize("retries", [0, 3])
 def test_a_request_the_agent_read_is_sent_again_only_as_a_counted_retry(retries: int, tmp_path):
     n = 10
@@ -837,12 +583,6 @@ def test_a_reply_bound_under_one_byte_is_refused_before_anything_is_sent():
     assert "--max-reply-bytes" in proc.stderr.decode()
 
 
-def too_large_at_once(request: Request, conn: Conn) -> None:
-    # Answered from the head alone, and closed with the body still coming: the close is a reset.
-    conn.send(reply(413, b"too large", "Connection: close", reason="Content Too Large"))
-    conn.close()
-
-
 def test_a_reply_that_comes_while_the_request_is_still_being_sent_is_reported_as_itself(tmp_path):
     rows = [{"id": i, "responses_create_params": {"input": "x" * (8 << 20)}} for i in range(2)]
     with WireServer(too_large_at_once, on_head=True) as server:
@@ -855,37 +595,6 @@ def test_a_reply_that_comes_while_the_request_is_still_being_sent_is_reported_as
     assert "HTTP 413" in outcome.failures[0]["error"]["message"]
 
 
-def framing_by_request(request: Request, conn: Conn) -> None:
-    # The framing of each reply is read from its status and headers, in h11's order.
-    if request.index == 0:
-        conn.send(b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n")  # no body, whatever it says
-    elif request.index == 1:
-        conn.send(echo(request))
-    else:
-        body = padded(request, 10)
-        conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n")
-        conn.send(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))  # chunked wins
-
-
-async def test_framing_is_decided_once_from_method_status_and_headers():
-    async with httpx.AsyncClient(trust_env=False) as client:
-        with WireServer(framing_by_request) as server:
-            oracle = [await client.post(server.url, json={"id": i}) for i in range(3)]
-    answered = [(204, b""), (200, b'{"echo": '), (200, b'{"echo": ')]
-    assert [(r.status_code, r.content[:9]) for r in oracle] == answered
-    transport = HTTP11Transport()
-    try:
-        with WireServer(framing_by_request) as server:
-            url = httpx.URL(server.url)
-            replies = [await transport.post(url, b'{"id": %d}' % i) for i in range(4)]
-            assert [(r.status, r.body[:9]) for r in replies[:3]] == [(r.status_code, r.content[:9]) for r in oracle]
-            assert json.loads(replies[2].body)["echo"] == 2
-            # A reply framed both ways may be two replies in one: that connection is not used again.
-            assert (server.connections, replies[3].status) == (2, 204)  # the first reply on the new one
-    finally:
-        await transport.aclose()
-
-
 def test_a_204_says_204(tmp_path):
     with WireServer(lambda request, conn: conn.send(reply(204, b"", reason="No Content"))) as server:
         outcome = rollfilter(server.url, 1, tmp_path)
@@ -893,26 +602,6 @@ def test_a_204_says_204(tmp_path):
     assert outcome.failures[0]["error"]["status"] == 204
     message = outcome.failures[0]["error"]["message"]
     assert message == "HTTP 204 No Content: a reply with no body, where a result was due"
-
-
-class LateDuplicates:
-    """A server script that answers each request, then writes the same answer again 1-5 ms
-    later: a duplicated reply that may land after the next request went out."""
-
-    def __init__(self) -> None:
-        self.random = random.Random(20)
-        self.timers: list[threading.Timer] = []
-
-    def __call__(self, request: Request, conn: Conn) -> None:
-        answer = echo(request)
-        conn.send(answer)
-        timer = threading.Timer(self.random.uniform(0.001, 0.005), conn.send, (answer,))
-        self.timers.append(timer)
-        timer.start()
-
-    def join(self) -> None:
-        for timer in self.timers:
-            timer.join(JOIN_SECONDS)
 
 
 @pytest.mark.parametrize("concurrency", [1, 4])
@@ -941,18 +630,6 @@ def test_late_duplicate_replies_turn_keep_alive_off_and_every_result_at_risk_is_
     assert len(named) <= exposed <= n
 
 
-class StrayAfterTheSecondAnswer:
-    """A server script whose second answer on a connection comes with a reply nobody asked for."""
-
-    def __init__(self) -> None:
-        self.answered: dict[Conn, int] = {}
-
-    def __call__(self, request: Request, conn: Conn) -> None:
-        self.answered[conn] = self.answered.get(conn, 0) + 1
-        stray = reply(408, b"", "Connection: close", reason="Request Timeout") if self.answered[conn] == 2 else b""
-        conn.send(echo(request) + stray)
-
-
 def test_the_keep_alive_warning_is_escaped_for_the_terminal(tmp_path):
     """The warning names the rows at risk by their file: a file name, like a server's text,
     cannot drive the terminal it is printed on."""
@@ -964,15 +641,6 @@ def test_the_keep_alive_warning_is_escaped_for_the_terminal(tmp_path):
     (warning,) = proc.stderr.decode().splitlines()
     assert warning.startswith(f"rollfilter: {server.base} sent bytes nobody asked for")
     assert warning.endswith("\\x1b]0;owned\\x07.jsonl:2)")  # escaped, and named
-
-
-def long_config_and_long_aggregate(request: Request, conn: Conn) -> None:
-    if request.method == "GET":  # the head server: a config that is one long string
-        conn.send(reply(200, json.dumps("x" * 5000).encode()))
-    elif request.path == "/aggregate_metrics":
-        conn.send(reply(200, json.dumps({"key_metrics": {"pad": "x" * 5000}}).encode()))
-    else:
-        conn.send(echo(request))
 
 
 def test_the_head_server_and_aggregate_metrics_have_the_bounds_of_run(tmp_path):
@@ -991,67 +659,6 @@ def test_the_head_server_and_aggregate_metrics_have_the_bounds_of_run(tmp_path):
     assert len(problems) == 1
     assert "/aggregate_metrics failed: " in problems[0]
     assert "body is over 1000 bytes" in problems[0]
-
-
-def head_with_a_length(request: Request, conn: Conn) -> None:
-    conn.send(reply(200, b"", "Content-Length: 5", length=False))  # the length a GET would have had
-
-
-async def test_a_reply_to_head_has_no_body_whatever_its_headers_say():
-    with WireServer(head_with_a_length) as server:
-        async with httpx.AsyncClient(trust_env=False) as client:
-            oracle = await client.head(server.url)
-        transport = HTTP11Transport()
-        try:
-            with trio.fail_after(10):
-                answer = await transport.request(b"HEAD", httpx.URL(server.url))
-        finally:
-            await transport.aclose()
-    assert (answer.status, answer.body) == (oracle.status_code, oracle.content) == (200, b"")
-
-
-def tls_server_context(certificate: tuple[Path, Path]) -> ssl.SSLContext:
-    cert, key = certificate
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(cert, key)
-    return context
-
-
-async def test_a_tls_connection_is_kept_alive_and_reused(certificate):
-    transport = HTTP11Transport(cafile=str(certificate[0]))
-    try:
-        with WireServer(tls=tls_server_context(certificate)) as server:
-            url = httpx.URL(server.url)
-            answers = [json.loads((await transport.post(url, b'{"id": %d}' % i)).body)["echo"] for i in range(3)]
-            assert (answers, server.connections, server.handshakes) == ([0, 1, 2], 1, 1)
-    finally:
-        await transport.aclose()
-
-
-async def test_the_check_before_reuse_sees_a_tls_record_that_came_with_the_reply(certificate):
-    """Two TLS records in one TCP segment: the reply and one nobody asked for. Reading the
-    reply takes both off the socket, so poll() sees nothing: only what TLS holds tells."""
-    injected = reply(200, b'{"echo": "INJECTED", "reward": 0.5}')
-
-    def two_records_at_once(request: Request, conn: Conn) -> None:
-        if request.json()["id"] != 0:
-            conn.send(echo(request))
-            return
-        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)  # hold both records back...
-        conn.send(echo(request))
-        conn.send(injected)
-        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)  # ...and send them together
-
-    transport = HTTP11Transport(cafile=str(certificate[0]))
-    try:
-        with WireServer(two_records_at_once, tls=tls_server_context(certificate)) as server:
-            url = httpx.URL(server.url)
-            first = await transport.post(url, b'{"id": 0}')
-            second = await transport.post(url, b'{"id": 1}')
-            assert (json.loads(first.body)["echo"], json.loads(second.body)["echo"]) == (0, 1)
-            assert server.connections == 2
-    finally:
-        await transport.aclose()
 
 
 @pytest.mark.parametrize(
@@ -1078,62 +685,6 @@ def test_config_refuses_the_headers_that_h_refuses(header: tuple[str, str], prob
         proc = run(["-u", "http://127.0.0.1:9/run", "-H", given], input=rows_jsonl(rows_for(1)))
         assert proc.returncode == 2  # as -H refuses it
         assert b"s3cret" not in proc.stderr
-
-
-HEAD_VALUES = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=12),
-    st.sampled_from(["127.0.0.1", "::1", "agent.example", "8000", "\u00b2", "99999", "a b", "x/y", "u@h", "${port}"]),
-    st.lists(st.integers(), max_size=2),
-)
-HEAD_CONFIGS = st.dictionaries(
-    st.one_of(st.text(max_size=8), st.integers()),
-    st.one_of(
-        HEAD_VALUES,
-        st.fixed_dictionaries(
-            {"responses_api_agents": st.dictionaries(st.text(max_size=8), st.dictionaries(
-                st.sampled_from(["host", "port", "entrypoint"]), HEAD_VALUES, max_size=3), max_size=2)}
-        ),
-    ),
-    max_size=4,
-)  # fmt: skip
-WHERE = "the head server at http://127.0.0.1:11000"
-
-
-def head_answer_outcome(body: bytes) -> dict[str, str] | str:
-    """What rollfilter makes of a head server's answer: agent URLs, or the ServiceError's text."""
-    from rollfilter.errors import ServiceError
-    from rollfilter.headserver import agents_from_answer
-
-    try:
-        return agents_from_answer(body, WHERE).urls
-    except ServiceError as exc:
-        return str(exc)
-
-
-@settings(max_examples=300, deadline=None)
-@given(HEAD_CONFIGS)
-def test_any_config_a_head_server_answers_gives_usable_urls_or_one_line_naming_the_server(config: dict):
-    from rollfilter.config import agent_url
-
-    outcome = head_answer_outcome(json.dumps(yaml.safe_dump(config)).encode())
-    if isinstance(outcome, str):
-        assert outcome.startswith(WHERE)
-        assert "\n" not in outcome
-        return
-    for url in outcome.values():
-        assert agent_url(url) == url  # what -u would take
-        assert 0 < (httpx.URL(url).port or 0) < 65536
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.one_of(st.binary(max_size=64), st.text(max_size=64).map(lambda text: json.dumps(text).encode())))
-def test_any_answer_a_head_server_gives_is_its_agents_or_one_line_naming_the_server(body: bytes):
-    outcome = head_answer_outcome(body)
-    assert isinstance(outcome, dict) or (outcome.startswith(WHERE) and "\n" not in outcome)
 
 
 @pytest.mark.parametrize("port", ["\u00b2", 99999, 0, "8000x"])

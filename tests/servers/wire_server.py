@@ -237,3 +237,8 @@ async def asgi_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
+
+
+def padded(request: Request, size: int = 5000) -> bytes:
+    """A good answer, of `size` bytes or more."""
+    return json.dumps({"echo": request.json().get("id"), "reward": 1.0, "pad": "x" * size}).encode()

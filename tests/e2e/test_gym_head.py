@@ -1,8 +1,9 @@
 """rollfilter beside the newest NeMo Gym, on a real stack: the same rows, the same bodies, the same four files.
 
-Opt-in: `python -m pytest -m gym -n 0 tests/test_gym_head.py`. The stack is NeMo Gym's own source (a head server, the
-simple_agent, a resources server and a model server over a deterministic fake LLM, with a proxy that records every
-request), started by the scripts in `../shared/gym-stack-head` beside the repository: their README says how.
+Opt-in: `python -m pytest -m gym -n 0 tests/e2e/test_gym_head.py`. The stack is NeMo Gym's own source (a head
+server, the simple_agent, a resources server and a model server over a deterministic fake LLM, with a proxy that
+records every request), started by the scripts in `../shared/gym-stack-head` beside the repository:
+their README says how.
 NeMo Gym is installed once under the stack's `ROOT` (stack.env says where, default `$TMPDIR/rf-gym-head`); set
 `MIRROR` to a git directory of NeMo Gym's repository (github NVIDIA-NeMo/Gym) to have this module install it.
 A stack already running under that `ROOT` is used and left running; one started here is stopped at the end.
@@ -30,7 +31,7 @@ import pytest
 
 from rollfilter.errors import ExitStatus
 from tests.conftest import ROOT, SUBPROCESS_TIMEOUT, run, start, summary_of, wait_for
-from tests.marking_proxy import MarkingProxy
+from tests.servers.marking_proxy import MarkingProxy
 
 # Installing NeMo Gym takes minutes on a loaded 2-core machine, starting the stack about half a minute, and
 # each collection some seconds: one bound for a test and the module fixtures it sets up.

@@ -1,0 +1,101 @@
+"""Every numeric option: any value is refused in one line or runs."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import (
+    NOT_AN_AGENT,
+    rows_jsonl,
+    run,
+    simple_rows,
+)
+
+
+def numeric_options() -> dict[str, type]:
+    """Every option whose value typer parses as a number, found in the command itself."""
+    import typer.main
+
+    from rollfilter.cli.options import typer_app
+
+    found = {}
+    for param in typer.main.get_command(typer_app).params:
+        annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+        if annotation in (int, float) and param.opts[0].startswith("-"):
+            found[param.opts[-1]] = annotation
+    return found
+
+
+NUMERIC_OPTIONS = numeric_options()
+
+
+EDGE_INTEGERS = st.integers() | st.sampled_from([0, -1, 2**31, 2**32 - 1, 2**32, 2**63, 2**64, 10**30])
+
+
+EDGE_FLOATS = st.floats().map(repr) | st.sampled_from(["1e400", "-1e400", "1e-400", "1e308", "nan", "inf", "-inf"])
+
+
+VALUE_OF_KIND = {int: EDGE_INTEGERS.map(str), float: EDGE_FLOATS}
+
+
+# Options whose text holds numbers of its own form.
+NUMBERS_IN_TEXT = {
+    "--repeats": EDGE_INTEGERS.map(str) | EDGE_INTEGERS.map(lambda k: f"agent={k}"),
+    "--shard": st.tuples(EDGE_INTEGERS, EDGE_INTEGERS).map(lambda pair: f"{pair[0]}/{pair[1]}"),
+    "--max-failures": EDGE_INTEGERS.map(str) | EDGE_FLOATS.map(lambda p: f"{p}%"),
+    "--retry-on": EDGE_INTEGERS.map(str),
+}
+
+
+OPTION_VALUES = st.one_of(
+    *(st.tuples(st.just(option), VALUE_OF_KIND[kind]) for option, kind in NUMERIC_OPTIONS.items()),
+    *(st.tuples(st.just(option), values) for option, values in NUMBERS_IN_TEXT.items()),
+)
+
+
+def test_the_numeric_options_are_all_found():
+    assert {"--concurrency", "--limit", "--retries", "--timeout", "--pass-threshold"} <= set(NUMERIC_OPTIONS)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(option_value=OPTION_VALUES)
+def test_any_value_of_a_numeric_option_is_refused_in_one_line_or_runs(
+    tmp_path_factory: pytest.TempPathFactory, capfd: pytest.CaptureFixture[str], option_value: tuple[str, str]
+):
+    from rollfilter.cli.main import run_command
+
+    option, value = option_value
+    folder = tmp_path_factory.mktemp("numeric")
+    empty = folder / "rows.jsonl"
+    empty.write_text("")
+    results = folder / "results.jsonl"
+    results.write_text('{"_ng_task_index": 0, "_ng_rollout_index": 0, "reward": 1.0}\n')
+    for mode in (["--dry-run", "-u", NOT_AN_AGENT, str(empty)], ["--summarize", str(results)]):
+        status = run_command([*mode, "-q", f"{option}={value}"])
+        stderr = capfd.readouterr().err
+        assert status in (0, 1, 2), stderr  # 1: it ran, and a line failed (--max-line-bytes 1, say)
+        if status == 2:
+            [line] = stderr.splitlines()
+            assert line.startswith("rollfilter: ")
+        assert all(line.startswith("rollfilter: ") for line in stderr.splitlines()), stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["-r", "4294967296"],
+        ["-r", "agent=4294967296"],
+        ["-r", "1" + "0" * 30],
+        ["--pass-threshold", "nan"],
+        ["--pass-threshold", "inf"],
+        ["--pass-threshold", "-inf"],
+        ["--pass-threshold", "1e400"],
+    ],
+)
+def test_a_value_that_cannot_be_honoured_is_a_usage_error(args: list[str]):
+    proc = run(["-u", NOT_AN_AGENT, *args], input=rows_jsonl(simple_rows(1)))
+    assert proc.returncode == 2
+    [message] = proc.stderr.decode().splitlines()
+    assert message.startswith(f"rollfilter: {'-r/--repeats' if args[0] == '-r' else '--pass-threshold'} must be")

@@ -1,0 +1,102 @@
+"""Retries: which failures are sent again, Retry-After, and the retry budget."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.conftest import (
+    DemoServer,
+    read_jsonl,
+    rows_jsonl,
+    run,
+    simple_rows,
+    summary_of,
+)
+
+ROWS = 200
+
+
+def rows(faulty: int, **fault: object) -> str:
+    """ROWS rows, the last `faulty` of them with `fault`: their retries come once the rows before
+    have paid into the budget, whatever order the answers come back in."""
+    return "".join(
+        json.dumps(
+            {"id": i, "responses_create_params": {"input": "xx"}, **({"demo": fault} if i >= ROWS - faulty else {})}
+        )
+        + "\n"
+        for i in range(ROWS)
+    )
+
+
+def test_an_outage_costs_the_agent_about_one_request_a_row(demo_server: DemoServer):
+    proc = run(["-u", demo_server.url, "-j", "50", "--retries", "3"], input=rows(ROWS, fault="500"))
+    assert proc.returncode == 1
+    figures = summary_of(proc.stderr)["rollfilter"]
+    requests = demo_server.stats()["requests"]
+    assert figures["failed"] == ROWS
+    assert requests == ROWS + figures["retries"]  # counted at the agent
+    assert requests <= 1.2 * ROWS  # --retries 3 without a budget: 4 a row
+    assert 0 < figures["retries_withheld"] <= ROWS  # a row is told no once, and fails then
+
+
+def test_rare_failures_keep_every_retry(demo_server: DemoServer):
+    proc = run(
+        ["-u", demo_server.url, "-j", "50", "--retries", "3"], input=rows(ROWS // 20, fault="500", fault_first=2)
+    )
+    assert proc.returncode == 0, proc.stderr  # 5% of the rows fail twice each, then succeed
+    figures = summary_of(proc.stderr)["rollfilter"]
+    assert (figures["succeeded"], figures["retries"], figures["retries_withheld"]) == (ROWS, ROWS // 10, 0)
+    assert demo_server.stats()["requests"] == ROWS + ROWS // 10
+
+
+def test_no_budget_retries_every_failure(demo_server: DemoServer):
+    proc = run(
+        ["-u", demo_server.url, "-j", "50", "--retries", "1", "--retry-budget", "off"], input=rows(40, fault="500")
+    )
+    assert proc.returncode == 1
+    figures = summary_of(proc.stderr)["rollfilter"]
+    assert (figures["retries"], figures["retries_withheld"]) == (40, 0)
+    assert demo_server.stats()["requests"] == ROWS + 40
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "x"])
+def test_a_bad_budget_is_a_usage_error(value: str):
+    proc = run(["-u", "http://127.0.0.1:8000/run", "--retry-budget", value])  # refused before sending
+    assert proc.returncode == 2
+    assert proc.stderr.decode().startswith("rollfilter: --retry-budget wants R")
+
+
+def test_retry_after_is_honoured(demo_server: DemoServer):
+    row = {"id": 1, "responses_create_params": {"input": "x"}, "demo": {"fault": "429", "fault_first": 1}}
+    start = time.monotonic()
+    proc = run(["-u", demo_server.url], input=rows_jsonl([row]))
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr
+    assert demo_server.stats()["by_id"] == {"1": 2}
+    assert elapsed >= 1.0  # the demo agent's Retry-After: 1 (backoff alone starts under 0.5 s)
+    assert summary_of(proc.stderr)["rollfilter"]["retries"] == 1
+
+
+def test_status_not_in_retry_set_is_not_retried(demo_server: DemoServer):
+    row = {"id": 1, "responses_create_params": {"input": "x"}, "demo": {"fault": "422"}}
+    proc = run(["-u", demo_server.url], input=rows_jsonl([row]))
+    assert proc.returncode == 1
+    assert demo_server.stats()["by_id"] == {"1": 1}
+    message = proc.stderr.decode().splitlines()[0]
+    assert message.startswith("rollfilter: <stdin>:1: http_status: HTTP 422")
+    proc = run(["-u", demo_server.url, "--retry-on", "422", "--retries", "1"], input=rows_jsonl([{**row, "id": 2}]))
+    assert demo_server.stats()["by_id"]["2"] == 2
+
+
+def test_dead_agent_fails_with_connect_after_retries(tmp_path):
+    errors = tmp_path / "errors.jsonl"
+    proc = run(
+        ["-u", "http://127.0.0.1:9", "--retries", "1", "--errors", str(errors)], input=rows_jsonl(simple_rows(3))
+    )
+    assert proc.returncode == 1
+    records = read_jsonl(errors)
+    assert [r["error"]["kind"] for r in records] == ["connect"] * 3
+    assert all(r["attempts"] == 2 for r in records)

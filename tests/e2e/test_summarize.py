@@ -1,0 +1,107 @@
+"""--summarize: the live summary recomputed from result files, pass@k and mean@k."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections import defaultdict
+
+import pytest
+
+from tests.conftest import (
+    DemoServer,
+    result_lines,
+    rows_jsonl,
+    run,
+    summary_of,
+)
+
+
+def direct_pass_at_k(results: list[dict], k: int, threshold: float = 1.0) -> float:
+    by_task: dict[int, list[float]] = defaultdict(list)
+    for result in results:
+        by_task[result["_ng_task_index"]].append(result["reward"])
+    values = []
+    for rewards in by_task.values():
+        n, c = len(rewards), sum(r >= threshold for r in rewards)
+        values.append(1.0 if n - c < k else 1 - math.comb(n - c, k) / math.comb(n, k))
+    return sum(values) / len(values)
+
+
+def test_pass_at_k_and_mean_at_k_match_a_direct_computation(tmp_path, demo_server: DemoServer):
+    rng = random.Random(5)
+    rows = [
+        {"id": i, "responses_create_params": {"input": "x"}, "demo": {"reward_p": rng.choice([0.1, 0.5, 0.9])}}
+        for i in range(40)
+    ]
+    per_task = tmp_path / "tasks.jsonl"
+    proc = run(["-u", demo_server.url, "-r", "8", "--per-task", str(per_task)], input=rows_jsonl(rows))
+    assert proc.returncode == 0, proc.stderr
+    results = result_lines(proc.stdout)
+    summary = summary_of(proc.stderr)
+    for k in (1, 2, 4, 8):
+        assert summary[f"pass@{k}"] == pytest.approx(direct_pass_at_k(results, k))
+    assert 0 < summary["pass@1"] < summary["pass@8"] < 1
+    by_task: dict[int, list[float]] = defaultdict(list)
+    for result in results:
+        by_task[result["_ng_task_index"]].append(result["reward"])
+    assert summary["mean@8"] == pytest.approx(sum(sum(r) / len(r) for r in by_task.values()) / len(by_task))
+    tasks = [json.loads(line) for line in per_task.read_text().splitlines()]
+    assert sorted(t["_ng_task_index"] for t in tasks) == list(range(40))
+    assert all(t["n"] == 8 and t["failed"] == 0 for t in tasks)
+    assert summary["rollfilter"]["tasks"] == 40
+
+
+def test_tasks_with_failed_rollouts_count_as_incorrect(tmp_path, demo_server: DemoServer):
+    rows = [
+        {"responses_create_params": {"input": "xx"}},  # reward 1.0 every time
+        {"responses_create_params": {"input": "xx"}, "demo": {"fault": "422"}},  # every rollout fails
+    ]
+    proc = run(["-u", demo_server.url, "-r", "2"], input=rows_jsonl(rows))
+    assert proc.returncode == 1
+    summary = summary_of(proc.stderr)
+    assert summary["pass@1"] == 0.5
+    assert summary["rollfilter"]["tasks"] == 2
+    assert summary["rollfilter"]["tasks_with_failed_rollouts"] == 1
+
+
+def test_summarize_counts_nemo_gym_failure_lines_and_lines_it_cannot_use():
+    lines = [
+        '{"_ng_task_index": 0, "_ng_rollout_index": 0, "_ng_failure_class": "timeout"}',  # NeMo Gym's sidecar
+        '{"_ng_failure_class": "crash"}',  # no indices to pair it with: a failure all the same
+        '{"_ng_task_index": 1, "_ng_rollout_index": 0, "reward": 1.0}',
+        '{"reward": 1e400}',  # a JSON object, but with a number no float holds
+        "[1]",
+    ]
+    proc = run(["--summarize"], input="".join(line + "\n" for line in lines))
+    assert proc.returncode == 1
+    [message] = proc.stderr.decode().splitlines()
+    assert message.startswith(
+        "rollfilter: 2 lines are not results, counted as failed (bad_input); the first: <stdin>:4:"
+    )
+    summary = json.loads(proc.stdout)
+    assert summary["reward"] == 1.0
+    figures = summary["rollfilter"]
+    assert (figures["rows_read"], figures["succeeded"], figures["failed"]) == (5, 1, 4)
+    assert figures["failed_by_kind"] == {"agent_failure": 2, "bad_input": 2}
+    assert figures["failed_by_class"] == {"crash": 1, "timeout": 1}
+
+
+def test_summarize_recomputes_the_live_summary(tmp_path, demo_server: DemoServer):
+    rows = [{"responses_create_params": {"input": "x" * i}, "demo": {"reward_p": 0.5}} for i in range(30)]
+    rows[3]["demo"] = {"fault": "422"}
+    out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
+    live = run(["-u", demo_server.url, "-r", "4", "-o", str(out), "--errors", str(errors)], input=rows_jsonl(rows))
+    assert live.returncode == 1
+    again = run(["--summarize", "-r", "4", str(out), str(errors)])
+    assert again.returncode == 0, again.stderr
+    live_summary, recomputed = summary_of(live.stderr), json.loads(again.stdout)
+    figures = ("rows_read", "succeeded", "failed", "failed_by_kind", "tasks", "tasks_with_failed_rollouts")
+    for key in ("reward", "accuracy", "mean@4", "pass@1", "pass@2", "pass@4"):
+        assert recomputed[key] == pytest.approx(live_summary[key]), key
+    for key in figures:
+        assert recomputed["rollfilter"][key] == live_summary["rollfilter"][key], key
+    # The same from a pipe, after cat-ing the pieces in another order.
+    piped = run(["--summarize", "-r", "4"], input=errors.read_bytes() + out.read_bytes())
+    assert json.loads(piped.stdout)["pass@2"] == pytest.approx(live_summary["pass@2"])

@@ -1,0 +1,124 @@
+"""http/connection.py: one HTTP/1.1 connection, its keep-alive and the check before reuse."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import threading
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import trio
+
+from rollfilter.http import HTTP11Transport
+from tests.conftest import (
+    read_request,
+    serve_raw,
+)
+from tests.servers.wire_server import Conn, Request, WireServer, echo, reply
+
+
+async def test_a_connection_closed_while_idle_is_not_reused():
+    connections = 0
+
+    async def handler(stream: trio.SocketStream) -> None:
+        nonlocal connections
+        connections += 1
+        await read_request(stream)
+        await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+        await stream.aclose()  # without saying so: a keep-alive timeout on the server
+
+    async with trio.open_nursery() as nursery:
+        url = await serve_raw(nursery, handler)
+        transport = HTTP11Transport()
+        await transport.post(url, b"{}")
+        await trio.sleep(0.6)  # the server's close has arrived: the check before reuse sees it
+        reply = await transport.post(url, b"{}")
+        assert reply.status == 200
+        assert connections == 2
+        await transport.aclose()
+        nursery.cancel_scope.cancel()
+
+
+@pytest.fixture
+def high_descriptors() -> Iterator[None]:
+    """Every socket opened meanwhile gets a descriptor above 1024, where select() fails."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.fail(f"the hard open-file limit ({hard}) is too low for this test")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    placeholders = [os.open(os.devnull, os.O_RDONLY) for _ in range(1030)]
+    try:
+        yield
+    finally:
+        for fd in placeholders:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def test_a_reply_sent_while_the_connection_is_idle_is_never_read_as_the_next_answer():
+    first_read, sent_stray = threading.Event(), threading.Event()
+
+    def late_408(request: Request, conn: Conn) -> None:
+        conn.send(echo(request))
+        if request.connection == 0:
+            first_read.wait(10)  # the client has its answer: the connection is idle in its pool
+            conn.send(reply(408, b"", reason="Request Timeout"))  # idle too long, says the server
+            sent_stray.set()
+
+    transport = HTTP11Transport()
+    try:
+        with WireServer(late_408) as server:
+            url = httpx.URL(server.url)
+            first = await transport.post(url, b'{"id": 0}')
+            first_read.set()
+            await trio.to_thread.run_sync(sent_stray.wait, 10)
+            second = await transport.post(url, b'{"id": 1}')
+            assert (json.loads(first.body)["echo"], second.status, json.loads(second.body)["echo"]) == (0, 200, 1)
+            assert server.connections == 2
+    finally:
+        await transport.aclose()
+
+
+async def test_agent_connections_have_tcp_keepalive():
+    transport = HTTP11Transport()
+    try:
+        with WireServer() as server:
+            await transport.post(httpx.URL(server.url), b'{"id": 0}')
+            (idle,) = next(iter(transport._idle.values()))
+            options = [
+                idle.socket.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+                idle.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+                idle.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+                idle.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+            ]
+            assert options == [1, 60, 10, 3]  # as NeMo Gym sets them
+    finally:
+        await transport.aclose()
+
+
+async def test_the_check_before_reuse_works_above_descriptor_1024(high_descriptors):
+    closed_once = threading.Event()
+
+    def close_the_third(request: Request, conn: Conn) -> None:
+        conn.send(echo(request))
+        if request.index == 2:
+            conn.close()  # a keep-alive timeout, without saying so
+            closed_once.set()
+
+    transport = HTTP11Transport()
+    try:
+        with WireServer(close_the_third) as server:
+            url = httpx.URL(server.url)
+            for i in range(3):
+                await trio.sleep(0.6)  # idle long enough that the old code checked with select()
+                assert json.loads((await transport.post(url, b'{"id": %d}' % i)).body)["echo"] == i
+            assert server.connections == 1  # a healthy idle connection is reused, not dropped
+            await trio.to_thread.run_sync(closed_once.wait, 10)
+            assert json.loads((await transport.post(url, b'{"id": 3}')).body)["echo"] == 3
+            assert server.connections == 2  # the closed one was noticed and replaced
+    finally:
+        await transport.aclose()

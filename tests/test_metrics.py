@@ -1,0 +1,88 @@
+"""metrics.py: latency percentiles and exact means."""
+
+from __future__ import annotations
+
+import fractions
+import math
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rollfilter.errors import ErrorKind
+from rollfilter.metrics import LatencyHistogram, Metrics
+from rollfilter.outcomes import AttemptFailure
+
+FINITE = st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from([1e308, -1e308, 1.7976931348623157e308])
+
+
+def exact_mean(values: list[float]) -> float:
+    return float(sum(map(fractions.Fraction, values)) / len(values))
+
+
+def test_latency_percentiles_within_one_percent():
+    histogram = LatencyHistogram()
+    values = [i / 1000 for i in range(1, 1001)]
+    random.Random(1).shuffle(values)
+    for value in values:
+        histogram.add(value)
+    for p, exact in ((50, 0.5), (90, 0.9), (99, 0.99)):
+        assert abs(histogram.percentile(p) - exact) <= exact * 0.011
+    assert histogram.max == 1.0
+
+
+def test_metrics_means_skip_non_numbers_and_count_booleans():
+    metrics = Metrics()
+    metrics.add_result({"reward": 1.0, "accuracy": True, "note": "x", "score": float("nan")}, 0.1)
+    metrics.add_result({"reward": 0, "accuracy": False, "score": 3}, 0.2)
+    metrics.add_result({"accuracy": True}, 0.3)
+    metrics.add_failure(AttemptFailure(ErrorKind.TIMEOUT, "slow"))
+    summary = metrics.summary()
+    assert summary["reward"] == 0.5
+    assert summary["accuracy"] == 2 / 3
+    assert summary["score"] == 3.0
+    assert "note" not in summary
+    assert summary["rollfilter"]["failed_by_kind"] == {"timeout": 1}
+    assert list(summary)[-1] == "rollfilter"
+    assert Metrics().summary()["reward"] is None  # no result: no mean, rather than a mean of 0
+
+
+def test_means_count_numbers_only_and_usage_one_level_down():
+    from rollfilter.metrics import Means
+
+    means = Means()
+    usage = {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 4}, "note": "n"}
+    odd = {"huge": 10**400, "nan": float("nan"), "_ng_task_index": 3, "text": "x"}
+    means.add({"reward": 1.0, "ok": True, **odd, "response": {"usage": usage}})
+    means.add({"reward": 0, "ok": False, "response": {"usage": {"input_tokens": 20}}})
+    assert means.means() == {"reward": 0.5, "ok": 0.5}
+    assert means.usage() == {"input_tokens": 15.0, "input_tokens_details.cached_tokens": 4.0}
+    assert means.tokens() == 30.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=st.lists(FINITE, min_size=1, max_size=12))
+def test_means_stay_finite_and_exact_near_the_float_limits(values: list[float]):
+    from rollfilter.metrics import Means
+    from rollfilter.sums import EXACT_FROM
+
+    means = Means()
+    for value in values:
+        means.add({"reward": value, "response": {"usage": {"total_tokens": value}}})
+    small = [abs(v) for v in values if abs(v) < EXACT_FROM]
+    # Values past EXACT_FROM are summed exactly; the float sum of the others is off by at most
+    # a few units in the last place of the largest of them.
+    bound = len(values) * 2**-52 * max(small, default=0.0)
+    for mean in (means.mean("reward"), means.means()["reward"], means.usage()["total_tokens"]):
+        assert math.isfinite(mean)
+        assert abs(mean - exact_mean(values)) <= bound or mean == exact_mean(values)
+
+
+def test_the_mean_of_rewards_and_usage_near_the_float_limits():
+    from rollfilter.metrics import Means
+
+    means = Means()
+    for _ in range(2):  # the float sum of these two is infinite
+        means.add({"reward": 1e308, "tokens": 10**308, "response": {"usage": {"input_tokens": 10**308}}})
+    assert means.means() == {"reward": 1e308, "tokens": 1e308}
+    assert means.usage() == {"input_tokens": 1e308}
