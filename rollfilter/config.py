@@ -16,7 +16,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import msgspec
-import yaml
 
 from rollfilter.budget import DEFAULT_RATIO
 from rollfilter.cost import Price, PriceError, parse_price, prices_from_mapping
@@ -328,6 +327,8 @@ def parse_prices(specs: Iterable[str], path: str | None) -> tuple[tuple[str | No
     """`--prices FILE` (YAML or JSON), then each `--price [AGENT=]IN,OUT[,CACHED]`; the last for an agent wins."""
     prices: dict[str | None, Price] = {}
     if path is not None:
+        import yaml  # only a run given a prices file pays for importing it
+
         try:
             with open(path, encoding="utf-8") as file:
                 data = yaml.safe_load(file)
