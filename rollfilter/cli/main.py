@@ -9,6 +9,7 @@ wind-down (`run`), where waiting is what the user asked not to do.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import signal
@@ -44,7 +45,8 @@ def run_command(args: Sequence[str] | None = None) -> int:
     """Parse `args` (default: the command line), run, and return the exit status; every outcome
     of parsing and of typer's own output is mapped here, and `execute` maps a run's."""
     try:
-        code: Any = typer_app(args=None if args is None else list(args), prog_name="rollfilter", standalone_mode=False)
+        given = None if args is None else list(args)
+        code: Any = click_command()(args=given, prog_name="rollfilter", standalone_mode=False)
         sys.stdout.flush()
         if callable(code):  # the run the options ask for (else --help, --version: done)
             code = execute(code)
@@ -69,6 +71,13 @@ def run_command(args: Sequence[str] | None = None) -> int:
             os.write(2, f"{code}\n".encode(errors="backslashreplace"))
         return 1
     return code
+
+
+@functools.cache
+def click_command() -> Any:
+    """The command line as click parses it, built once: typer builds it from `typer_app`'s
+    signature (a tenth of a second), which a process running the command again pays once."""
+    return typer.main.get_command(typer_app)
 
 
 def _report(exc: RollfilterError) -> ExitStatus:
