@@ -284,8 +284,8 @@ def test_gym_layout_files_and_standard_streams_that_are_inputs_are_refused(tmp_p
 
 def test_a_system_exit_message_is_printed_and_exits_1():
     # main() ends with os._exit, which would drop the message Python prints for sys.exit("...").
-    code = "import sys, rollfilter.cli.main as cli\ncli.click_command = lambda: lambda **_: sys.exit('rollfilter: gave up')\n"
-    code += "cli.main()"
+    code = "import sys, rollfilter.cli.main as cli\n"
+    code += "cli.click_command = lambda: lambda **_: sys.exit('rollfilter: gave up')\ncli.main()"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=SUBPROCESS_TIMEOUT)
     assert proc.returncode == 1
     assert proc.stderr == b"rollfilter: gave up\n"

@@ -29,7 +29,6 @@ from tests.conftest import (
     rollfilter_command,
     rows_jsonl,
     run,
-    run_process,
     summary_of,
 )
 from tests.servers.wire_server import JOIN_SECONDS, Conn, Request, WireServer, echo, gzipped_echo, padded, reply
@@ -64,10 +63,10 @@ class Outcome:
 
 
 def rollfilter(url: str, n: int, tmp_path: Path, *args: str, rows: list[dict] | None = None) -> Outcome:
-    """The real command over `n` rows, one at a time, failures into an errors record."""
+    """The command (in this process, as conftest's `run` runs it) over `n` rows, one at a time,
+    failures into an errors record."""
     errors = tmp_path / f"errors-{next(_runs)}.jsonl"
-    # In a process of its own, as the wire meets it: not sharing the GIL with the test's server thread.
-    proc = run_process(["-u", url, "-j", "1", "--errors", str(errors), *args], input=rows_jsonl(rows or rows_for(n)))
+    proc = run(["-u", url, "-j", "1", "--errors", str(errors), *args], input=rows_jsonl(rows or rows_for(n)))
     results = {r["_ng_task_index"]: r for r in map(json.loads, proc.stdout.splitlines())}
     records = [json.loads(line) for line in errors.read_text().splitlines()] if errors.exists() else []
     failures = {r["_ng_task_index"]: r for r in records}
