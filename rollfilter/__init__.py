@@ -12,13 +12,16 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from rollfilter.api import Rollouts, open_rollouts, rollouts
-    from rollfilter.config import Config
+    from rollfilter.config import Config, Retries, Timeouts, Tls
     from rollfilter.errors import ErrorKind, RollfilterError, ServiceError, UsageError
     from rollfilter.outcomes import Failure, Rollout
     from rollfilter.rollout_run import RolloutRun
 
 _EXPORTS = {
     "Config": "rollfilter.config",
+    "Retries": "rollfilter.config",
+    "Timeouts": "rollfilter.config",
+    "Tls": "rollfilter.config",
     "ErrorKind": "rollfilter.errors",
     "RollfilterError": "rollfilter.errors",
     "UsageError": "rollfilter.errors",
@@ -34,11 +37,14 @@ __all__ = [
     "Config",
     "ErrorKind",
     "Failure",
+    "Retries",
     "RollfilterError",
     "Rollout",
     "RolloutRun",
     "Rollouts",
     "ServiceError",
+    "Timeouts",
+    "Tls",
     "UsageError",
     "__version__",
     "open_rollouts",

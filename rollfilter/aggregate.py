@@ -25,7 +25,6 @@ import trio
 
 from rollfilter.client import transport_failure
 from rollfilter.config import Config
-from rollfilter.connect import transport_for
 from rollfilter.http import AgentTransport
 from rollfilter.redact import origin
 from rollfilter.routing import Router
@@ -287,14 +286,12 @@ async def request_aggregates(
     return report
 
 
-async def aggregate_run(spool: ResultSpool, router: Router, config: Config) -> AggregateReport:
+async def aggregate_run(
+    spool: ResultSpool, router: Router, config: Config, transport: AgentTransport
+) -> AggregateReport:
     """Ask each agent of the run for its aggregate metrics at the URL its rows went to
-    (`router`), by the rules of /run: the -H headers, the TLS options, --proxy, the reply
-    bound and the error kinds apply as they do there. `--timeout` bounds each call when given."""
-    transport = transport_for(config)
-    try:
-        urls = {name: router.run_url(name) for name in spool.agents}
-        known = {name: url for name, url in urls.items() if url}
-        return await request_aggregates(spool, known, transport, config.timeouts.attempt)
-    finally:
-        await transport.aclose()
+    (`router`), through the run's `transport`: the -H headers, the TLS options, --proxy, the
+    reply bound and the error kinds apply as they do to /run. `--timeout` bounds each call when given."""
+    urls = {name: router.run_url(name) for name in spool.agents}
+    known = {name: url for name, url in urls.items() if url}
+    return await request_aggregates(spool, known, transport, config.timeout.attempt)

@@ -36,7 +36,9 @@ ERROR_BODY_CHARS = 200  # how much of an error response's body a message quotes
 RETRY_AFTER_CAP = 120.0
 MAX_REDIRECTS = 5  # 307/308 hops followed within one attempt
 BUDGET_SPENT = "not retried: the agent's retry budget is spent"
-TRUST_ADVICE = "to trust its CA, give Config.cacert FILE or set SSL_CERT_FILE=FILE; Config.insecure skips the check"
+TRUST_ADVICE = (
+    "to trust its CA, give Config.tls.cacert FILE or set SSL_CERT_FILE=FILE; Config.tls.insecure skips the check"
+)
 
 _decode = msgspec.json.Decoder().decode
 
@@ -104,9 +106,9 @@ class AgentClient:
         on_internal_error: Callable[[Job, Exception], None] | None = None,
     ) -> None:
         self._transport = transport
-        self._retries = config.retry_policy.count
-        self._retry_statuses = config.retry_policy.statuses
-        self._timeout = config.timeouts.attempt if config.timeouts.attempt is not None else math.inf
+        self._retries = config.retries.count
+        self._retry_statuses = config.retries.statuses
+        self._timeout = config.timeout.attempt if config.timeout.attempt is not None else math.inf
         self._cross_origin_redirects = config.cross_origin_redirects
         self._rng = rng or random.Random()
         self._on_retry = on_retry
@@ -187,7 +189,7 @@ class AgentClient:
                 target = moved
             message = f"HTTP {status} {_reason_phrase(status)}: more than {MAX_REDIRECTS} redirects"
             return AttemptFailure(ErrorKind.HTTP_STATUS, message, status), None
-        message = f"no answer within Config.timeout {self._timeout:g} s"
+        message = f"no answer within Config.timeout.attempt {self._timeout:g} s"
         return AttemptFailure(ErrorKind.TIMEOUT, message, retry=Retry.NOW), None
 
     def _outcome(self, reply: Reply) -> tuple[dict[str, Any] | AttemptFailure, float | None]:

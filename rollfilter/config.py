@@ -73,8 +73,8 @@ class Retries:
     (and for the connection failures worth it), while its agent's `budget` of retries a row
     lasts (see budget.py; None: no budget, every failure gets its retries).
 
-    `Config` builds it from its fields `retries`, `retry_budget` and `retry_statuses`, and
-    errors name those fields.
+    It is `Config.retries`; a whole number there is taken as `Retries(count=...)`. Errors name
+    the part and its field (`Config.retries.budget`).
     """
 
     count: int = DEFAULT_RETRIES
@@ -83,17 +83,17 @@ class Retries:
 
     def __post_init__(self) -> None:
         if not _is_int(self.count) or self.count < 0:
-            raise ConfigError("retries", "must be a whole number, 0 or more")
+            raise ConfigError("retries.count", "must be a whole number, 0 or more")
         budget = self.budget
         if budget is not None and not (_is_number(budget) and 0 <= budget < math.inf):
-            raise ConfigError("retry_budget", "must be a finite number of retries a row, 0 or more (None: no budget)")
+            raise ConfigError("retries.budget", "must be a finite number of retries a row, 0 or more (None: no budget)")
         try:
             statuses = frozenset(self.statuses)
         except TypeError:
-            raise ConfigError("retry_statuses", "wants a set of HTTP statuses, like {429, 503}") from None
+            raise ConfigError("retries.statuses", "wants a set of HTTP statuses, like {429, 503}") from None
         for status in statuses:
             if not (_is_int(status) and 100 <= status <= 599):
-                raise ConfigError("retry_statuses", f"wants HTTP statuses from 100 to 599, got {status!r}")
+                raise ConfigError("retries.statuses", f"wants HTTP statuses from 100 to 599, got {status!r}")
         object.__setattr__(self, "statuses", statuses)
 
 
@@ -102,7 +102,8 @@ class Timeouts:
     """How long a row may take: `attempt` bounds one attempt and the wait before the next (None:
     no bound, an episode can take an hour), `connect` bounds connecting to an agent.
 
-    `Config` builds it from its fields `timeout` and `connect_timeout`, and errors name those fields.
+    It is `Config.timeout`; a number of seconds (or None) there is taken as
+    `Timeouts(attempt=...)`. Errors name the part and its field (`Config.timeout.connect`).
     """
 
     attempt: float | None = None
@@ -110,9 +111,30 @@ class Timeouts:
 
     def __post_init__(self) -> None:
         if self.attempt is not None and not (_is_number(self.attempt) and self.attempt > 0):
-            raise ConfigError("timeout", "must be a positive number of seconds")
+            raise ConfigError("timeout.attempt", "must be a positive number of seconds")
         if not (_is_number(self.connect) and self.connect > 0):
-            raise ConfigError("connect_timeout", "must be a positive number of seconds")
+            raise ConfigError("timeout.connect", "must be a positive number of seconds")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tls:
+    """How agents' certificates are checked: against the CAs in the PEM file `cacert` instead of
+    the system's (as curl's --cacert), or, with `insecure`, not at all.
+
+    It is `Config.tls`. Building it reads no file: a run loads `cacert` once, when it starts, and
+    refuses one that cannot serve before any row (a `ConfigError` naming `Config.tls.cacert`).
+    """
+
+    cacert: str | None = None
+    insecure: bool = False
+
+    def __post_init__(self) -> None:
+        if self.cacert is not None:
+            if not isinstance(self.cacert, (str, os.PathLike)) or not os.fspath(self.cacert):
+                raise ConfigError("tls.cacert", "wants the path of a PEM file of CA certificates")
+            object.__setattr__(self, "cacert", os.fsdecode(self.cacert))
+        if not isinstance(self.insecure, bool):
+            raise ConfigError("tls.insecure", "must be True or False")
 
 
 def _is_int(value: object) -> bool:
@@ -128,7 +150,10 @@ class Config:
     """What one run of the engine does: where rows go, how many, how each is sent and retried.
 
     This is the Python API's whole configuration; the command line builds the same and adds
-    its files around it (`CommandConfig`). Errors name the fields, as `ConfigError`.
+    its files around it (`CommandConfig`). Settings that belong together are frozen parts,
+    checked when built: `retries` (`Retries`), `timeout` (`Timeouts`), `tls` (`Tls`),
+    `max_failures` (`FailureLimit`). Errors name the fields, as `ConfigError`
+    (`Config.limit`, `Config.retries.budget`).
     """
 
     url: str | None = None
@@ -142,31 +167,21 @@ class Config:
     repeats_by_agent: Mapping[str, int] = dataclasses.field(default_factory=dict)
     repeat_seeds: bool = False  # each rollout carries "seed": its rollout index, in metadata.extra_body
     params: tuple[tuple[str, Any], ...] = ()
-    retries: int = DEFAULT_RETRIES
-    # Retries an agent may receive per row sent to it, beyond a small reserve (see budget.py);
-    # None: no budget, every failure gets its retries.
-    retry_budget: float | None = DEFAULT_RATIO
-    retry_statuses: frozenset[int] = DEFAULT_RETRY_STATUSES
-    timeout: float | None = None
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    retries: Retries = Retries()  # or a whole number: Retries(count=...)
+    timeout: Timeouts = Timeouts()  # or seconds, None for no bound: Timeouts(attempt=...)
+    tls: Tls = Tls()
     max_failures: FailureLimit = FailureLimit()
     prices: tuple[tuple[str | None, Price], ...] = ()  # USD per million tokens, by agent (None: the rest)
     max_cost: float | None = None  # stop the run once it has spent this many USD
     headers: tuple[tuple[str, str], ...] = ()
-    insecure: bool = False
     shard: tuple[int, int] | None = None  # (I, N): keep the tasks whose index mod N is I
     pass_threshold: float = 1.0
     head_server: str | None = None
     proxy: str | None = None  # an http(s) proxy URL for every request to an agent
     adaptive: bool = False  # concurrency is a ceiling: each agent's window finds what it keeps up with
     aggregate: bool = False  # ask each agent for its /aggregate_metrics when the run ends
-    cacert: str | None = None  # a PEM file of the CAs to trust instead of the system's (--cacert)
     cross_origin_redirects: bool = False  # follow 307/308 to another scheme, host or port too
     max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES  # a longer reply body fails its row as bad_response
-    # retries, retry_budget and retry_statuses, checked as one part: what the client and the router read
-    retry_policy: Retries = dataclasses.field(init=False, repr=False, compare=False)
-    # timeout and connect_timeout, checked as one part
-    timeouts: Timeouts = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # URLs are checked and completed here, so the API and the CLI agree on them.
@@ -187,10 +202,13 @@ class Config:
             except UsageError as exc:
                 raise ConfigError(field, f"is not usable: {exc}") from None
         object.__setattr__(self, "headers", checked_headers(self.headers))
-        retry_policy = Retries(self.retries, self.retry_budget, self.retry_statuses)
-        object.__setattr__(self, "retry_policy", retry_policy)
-        object.__setattr__(self, "retry_statuses", retry_policy.statuses)
-        object.__setattr__(self, "timeouts", Timeouts(self.timeout, self.connect_timeout))
+        # As httpx's Client(timeout=5.0): the plain value stands for the part it sets.
+        if not isinstance(self.retries, Retries):
+            object.__setattr__(self, "retries", Retries(count=self.retries))
+        if not isinstance(self.timeout, Timeouts):
+            object.__setattr__(self, "timeout", Timeouts(attempt=self.timeout))
+        if not isinstance(self.tls, Tls):
+            raise ConfigError("tls", "wants a Tls, like Tls(cacert='ca.pem')")
         if self.concurrency < 1:
             raise ConfigError("concurrency", "must be at least 1")
         object.__setattr__(self, "repeats_by_agent", dict(self.repeats_by_agent))
@@ -358,7 +376,7 @@ def parse_retry_budget(spec: str) -> float | None:
     except ValueError:
         ratio = math.nan
     if not 0 <= ratio < math.inf:
-        raise UsageError(f"Config.retry_budget wants R (retries a row, 0 or more) or off, got {spec!r}")
+        raise UsageError(f"Config.retries.budget wants R (retries a row, 0 or more) or off, got {spec!r}")
     return ratio
 
 
@@ -439,7 +457,7 @@ def parse_statuses(spec: str) -> frozenset[int]:
         if not item:
             continue
         if not _is_decimal(item) or not 100 <= int(item) <= 599:
-            raise UsageError(f"Config.retry_statuses wants HTTP statuses like 429,503, got {item!r}")
+            raise UsageError(f"Config.retries.statuses wants HTTP statuses like 429,503, got {item!r}")
         statuses.add(int(item))
     return frozenset(statuses)
 

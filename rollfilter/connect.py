@@ -8,11 +8,12 @@ importing the rows' client.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
 
 from rollfilter import __version__
 from rollfilter.config import Config, ConfigError
-from rollfilter.http import AgentTransport, ca_file_problem, open_transport
+from rollfilter.http import AgentTransport, CaFileError, open_transport, tls_context
 from rollfilter.redact import printable
 
 
@@ -33,21 +34,37 @@ def request_headers(config: Config) -> list[tuple[str, str]]:
     ]
 
 
-def transport_for(config: Config, on_warning: Callable[[str], None] | None = None) -> AgentTransport:
+def tls_context_for(config: Config) -> ssl.SSLContext | None:
+    """The TLS context `config.tls` asks for, with its CA file read now; None when it asks for
+    nothing but the system's trust store, which the transport loads on its first https URL.
+
+    ConfigError naming `Config.tls.cacert` when that file is no readable PEM file of
+    certificates. It reads the file: call it at the edge, once a run, before anything is written."""
+    tls = config.tls
+    if tls.cacert is None and not tls.insecure:
+        return None
+    try:
+        return tls_context(verify=not tls.insecure, cafile=tls.cacert)
+    except CaFileError as exc:
+        raise ConfigError("tls.cacert", f"{tls.cacert} {exc.problem}") from None
+
+
+def transport_for(
+    config: Config, *, tls: ssl.SSLContext | None = None, on_warning: Callable[[str], None] | None = None
+) -> AgentTransport:
     """The transport a run sends through, as `config` asks (TLS checks, headers, --proxy);
     `on_warning` gets its one-line warnings (a server that sent bytes nobody asked for),
     escaped for a terminal.
 
-    ConfigError when `config.cacert` is no readable PEM file of certificates: the file is read
-    here, at the edge where the transport is built, so that a run refuses it before any row."""
-    if config.cacert is not None and (problem := ca_file_problem(config.cacert)) is not None:
-        raise ConfigError("cacert", f"{config.cacert} {problem}")
+    `tls` is the run's context from `tls_context_for(config)`, so that a run reads its CA file
+    once; without it, it is made here (ConfigError as there)."""
+    if tls is None:
+        tls = tls_context_for(config)
     warn = None if on_warning is None else lambda line: on_warning(printable(line))
     return open_transport(
         on_warning=warn,
-        verify=not config.insecure,
-        cafile=config.cacert,
-        connect_timeout=config.timeouts.connect,
+        tls=tls,
+        connect_timeout=config.timeout.connect,
         headers=request_headers(config),
         proxy=config.proxy,
         max_reply_bytes=config.max_reply_bytes,

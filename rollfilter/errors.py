@@ -65,8 +65,9 @@ class ServiceError(RollfilterError):
     exit_status = ExitStatus.SERVICE_UNAVAILABLE
 
 
-# A setting named in a message: `Config.<field>` or `CommandConfig.<field>`.
-FIELD_REFERENCE = re.compile(r"\b(?:Command)?Config\.([a-z_]+)\b")
+# A setting named in a message: `Config.<field>`, `Config.<part>.<field>` (Config.retries.budget)
+# or `CommandConfig.<field>`.
+FIELD_REFERENCE = re.compile(r"\b(?:Command)?Config\.([a-z_]+(?:\.[a-z_]+)?)\b")
 
 
 def name_options(text: str, option_of_field: Mapping[str, str]) -> str:

@@ -164,7 +164,7 @@ async def open_rollouts_in_trio(rows: Rows, config: Config) -> AsyncIterator[Rol
                 await engine.run()
                 if spool is not None and not control.scope.cancel_called:
                     with control.stoppable():
-                        report = await aggregate_run(spool, engine.router, config)
+                        report = await aggregate_run(spool, engine.router, config, transport)
             finally:
                 metrics.replicas = engine.router.replica_counts()
                 stopped = control.reason or ("stopped early by the caller" if control.scope.cancel_called else None)

@@ -86,7 +86,7 @@ class Router:
     ) -> None:
         def agent(name: str | None, urls: Iterable[str]) -> Agent:
             window = window_for(name) if window_for is not None else None
-            ratio = config.retry_policy.budget
+            ratio = config.retries.budget
             budget = RetryBudget(ratio) if ratio is not None else None
             return Agent(name, [Replica(httpx.URL(url)) for url in urls], window, budget)
 

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rollfilter
-from rollfilter import Config, Failure, Rollout, open_rollouts, rollouts
+from rollfilter import Config, Failure, Rollout, Tls, open_rollouts, rollouts
 from rollfilter.config import ConfigError
 from rollfilter.demo import DemoAgent, serve
 from rollfilter.errors import ErrorKind, ServiceError, UsageError
@@ -197,11 +197,11 @@ def test_a_cacert_file_is_read_by_the_run_not_the_config_and_refused_before_any_
     not_pem = tmp_path / "not.pem"
     not_pem.write_text("hello\n")
     for path, problem in ((tmp_path / "missing.pem", "cannot be read: "), (not_pem, "holds no PEM certificates")):
-        config = Config(url=demo_server.url, cacert=str(path))  # builds: a Config reads no file
+        config = Config(url=demo_server.url, tls=Tls(cacert=str(path)))  # builds: a Config reads no file
         with pytest.raises(ConfigError) as refused:
             list(rollouts(simple_rows(2), config))
-        assert refused.value.field == "cacert"
-        assert str(refused.value).startswith(f"Config.cacert {path} {problem}")
+        assert refused.value.field == "tls.cacert"
+        assert str(refused.value).startswith(f"Config.tls.cacert {path} {problem}")
     assert demo_server.stats()["requests"] == 0
 
 

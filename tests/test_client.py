@@ -135,7 +135,7 @@ async def test_timeout_is_its_own_kind_and_is_retried(autojump_clock):
     failure = await send(transport, Config(url=URL, timeout=5, retries=1))
     assert isinstance(failure, AttemptFailure)
     assert failure.kind is ErrorKind.TIMEOUT
-    assert "Config.timeout 5" in failure.message
+    assert "Config.timeout.attempt 5" in failure.message
     assert failure.attempts == 2
     assert transport.gaps()[0] >= 5
 
@@ -164,7 +164,7 @@ async def test_a_certificate_failure_says_how_to_trust_the_ca(autojump_clock):
     failure = await send(ScriptedTransport(CertificateError("certificate verify failed: self-signed certificate")))
     assert isinstance(failure, AttemptFailure)
     assert "self-signed certificate" in failure.message
-    assert "give Config.cacert FILE" in failure.message
+    assert "give Config.tls.cacert FILE" in failure.message
     assert "SSL_CERT_FILE" in failure.message
 
 

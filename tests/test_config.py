@@ -4,18 +4,26 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import pathlib
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+import trio
 
+from rollfilter.budget import DEFAULT_RATIO
 from rollfilter.cli.fields import in_options
+from rollfilter.cli.options import typer_app
 from rollfilter.config import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_RETRY_STATUSES,
     CommandConfig,
     Config,
     ConfigError,
     FailureLimit,
     Retries,
     Timeouts,
+    Tls,
     agent_url,
     parse_endpoints,
     parse_failure_limit,
@@ -24,7 +32,7 @@ from rollfilter.config import (
     parse_statuses,
     slurm_shard,
 )
-from rollfilter.errors import UsageError
+from rollfilter.errors import ExitStatus, UsageError
 from tests.conftest import array_task
 
 SECRET = "secret-value"
@@ -79,65 +87,97 @@ def test_a_command_config_never_changes_the_engine_config_it_is_given():
         CommandConfig(Config(url="http://127.0.0.1:1/run"), aggregate_file="aggregate.json")
 
 
-def test_the_retry_fields_make_one_checked_part_that_follows_replace():
-    config = Config(retries=5, retry_budget=None, retry_statuses=[503, 429])  # type: ignore[arg-type]
-    assert config.retry_policy == Retries(count=5, budget=None, statuses=frozenset({429, 503}))
-    assert config.retry_statuses == frozenset({429, 503})  # a list from Python, kept as the set it means
-    assert Config().retry_policy == Retries()
-    assert dataclasses.replace(config, retries=0).retry_policy.count == 0
+def test_a_part_or_its_plain_value_builds_the_same_config():
+    assert Config(retries=5) == Config(retries=Retries(count=5))
+    assert Config(retries=5).retries == Retries(count=5, budget=DEFAULT_RATIO, statuses=DEFAULT_RETRY_STATUSES)
+    assert Config(timeout=30) == Config(timeout=Timeouts(attempt=30))
+    assert Config(timeout=None).timeout == Timeouts(attempt=None, connect=DEFAULT_CONNECT_TIMEOUT)
+    assert Config() == Config(retries=Retries(), timeout=Timeouts(), tls=Tls())
+    assert Config(retries=Retries(count=5, budget=None)) != Config(retries=5)
+    assert dataclasses.replace(Config(timeout=Timeouts(30, connect=2.5)), retries=0).retries.count == 0
+
+
+def test_the_parts_are_frozen_values():
+    config = Config(retries=Retries(statuses=[503, 429]), tls=Tls(cacert=pathlib.Path("ca.pem")))  # type: ignore[arg-type]
+    assert config.retries.statuses == frozenset({429, 503})  # a list from Python, kept as the set it means
+    assert config.tls == Tls(cacert="ca.pem", insecure=False)  # a path, kept as the string it means
+    assert len({Retries(), Retries(), Timeouts(), Timeouts(), Tls(), Tls()}) == 3  # equal and hashable
+    for part, field in ((config.retries, "count"), (config.timeout, "attempt"), (config.tls, "insecure")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(part, field, 1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.retries = Retries()  # type: ignore[misc]
+
+
+def test_the_flat_fields_beside_the_parts_are_gone():
+    for name in ("retry_budget", "retry_statuses", "connect_timeout", "insecure", "cacert"):
+        with pytest.raises(TypeError, match=name):
+            Config(**{name: None})
 
 
 @pytest.mark.parametrize(
-    ("field", "value"),
+    ("build", "field", "option"),
     [
-        ("retries", -1),
-        ("retries", 1.5),
-        ("retries", "3"),
-        ("retries", True),
-        ("retry_budget", -0.1),
-        ("retry_budget", math.inf),
-        ("retry_budget", math.nan),
-        ("retry_budget", "0.1"),
-        ("retry_statuses", {999}),
-        ("retry_statuses", {99}),
-        ("retry_statuses", {"429"}),
-        ("retry_statuses", {True}),
-        ("retry_statuses", 503),
+        (lambda: Config(retries=-1), "retries.count", "--retries"),
+        (lambda: Config(retries=1.5), "retries.count", "--retries"),
+        (lambda: Config(retries="3"), "retries.count", "--retries"),
+        (lambda: Config(retries=True), "retries.count", "--retries"),
+        (lambda: Retries(budget=-0.1), "retries.budget", "--retry-budget"),
+        (lambda: Retries(budget=math.inf), "retries.budget", "--retry-budget"),
+        (lambda: Retries(budget=math.nan), "retries.budget", "--retry-budget"),
+        (lambda: Retries(budget="0.1"), "retries.budget", "--retry-budget"),
+        (lambda: Retries(statuses={999}), "retries.statuses", "--retry-on"),
+        (lambda: Retries(statuses={99}), "retries.statuses", "--retry-on"),
+        (lambda: Retries(statuses={"429"}), "retries.statuses", "--retry-on"),
+        (lambda: Retries(statuses={True}), "retries.statuses", "--retry-on"),
+        (lambda: Retries(statuses=503), "retries.statuses", "--retry-on"),
+        (lambda: Config(timeout=0), "timeout.attempt", "--timeout"),
+        (lambda: Config(timeout=-1.0), "timeout.attempt", "--timeout"),
+        (lambda: Config(timeout=math.nan), "timeout.attempt", "--timeout"),
+        (lambda: Config(timeout="30"), "timeout.attempt", "--timeout"),
+        (lambda: Timeouts(connect=0), "timeout.connect", "--connect-timeout"),
+        (lambda: Timeouts(connect=None), "timeout.connect", "--connect-timeout"),
+        (lambda: Timeouts(connect="10"), "timeout.connect", "--connect-timeout"),
+        (lambda: Tls(cacert=""), "tls.cacert", "--cacert"),
+        (lambda: Tls(cacert=5), "tls.cacert", "--cacert"),
+        (lambda: Tls(insecure="yes"), "tls.insecure", "--insecure"),
+        (lambda: Tls(insecure=1), "tls.insecure", "--insecure"),
+        (lambda: Config(tls=True), "tls", "--cacert/--insecure"),
+        (lambda: Config(tls="ca.pem"), "tls", "--cacert/--insecure"),
     ],
 )
-def test_a_retry_field_that_cannot_be_used_is_refused_by_its_name(field: str, value: Any):
+def test_a_part_that_cannot_be_used_is_refused_by_its_field(build: Callable[[], object], field: str, option: str):
     with pytest.raises(ConfigError) as refused:
-        Config(**{field: value})
+        build()
     assert refused.value.field == field
     assert str(refused.value).startswith(f"Config.{field} ")
-    option = {"retries": "--retries", "retry_budget": "--retry-budget", "retry_statuses": "--retry-on"}[field]
-    assert in_options(str(refused.value)).startswith(option + " ")
+    assert in_options(str(refused.value)).startswith(f"{option} ")
 
 
-def test_the_timeout_fields_make_one_checked_part_that_follows_replace():
-    config = Config(timeout=30, connect_timeout=2.5)
-    assert config.timeouts == Timeouts(attempt=30, connect=2.5)
-    assert Config().timeouts == Timeouts()
-    assert dataclasses.replace(config, timeout=None).timeouts == Timeouts(attempt=None, connect=2.5)
+def test_the_command_line_builds_the_parts_from_its_options():
+    config = typer_run_config(
+        "--retries", "5", "--retry-budget", "off", "--retry-on", "429", "--timeout", "30", "--connect-timeout", "2",
+        "--cacert", "ca.pem", "--insecure",
+    )  # fmt: skip
+    assert config.retries == Retries(count=5, budget=None, statuses=frozenset({429}))
+    assert config.timeout == Timeouts(attempt=30, connect=2)
+    assert config.tls == Tls(cacert="ca.pem", insecure=True)  # as curl, --insecure with a CA file: no check
+    assert typer_run_config() == Config(url="http://127.0.0.1:1/run")
 
 
-@pytest.mark.parametrize(
-    ("field", "value", "option"),
-    [
-        ("timeout", 0, "--timeout"),
-        ("timeout", -1.0, "--timeout"),
-        ("timeout", math.nan, "--timeout"),
-        ("timeout", "30", "--timeout"),
-        ("connect_timeout", 0, "--connect-timeout"),
-        ("connect_timeout", None, "--connect-timeout"),
-        ("connect_timeout", "10", "--connect-timeout"),
-    ],
-)
-def test_a_timeout_that_cannot_be_used_is_refused_by_its_name(field: str, value: Any, option: str):
-    with pytest.raises(ConfigError) as refused:
-        Config(**{field: value})
-    assert refused.value.field == field
-    assert in_options(str(refused.value)) == f"{option} must be a positive number of seconds"
+def typer_run_config(*options: str) -> Config:
+    """The engine's Config the command line builds from `options` (nothing is run, no file read)."""
+    built: list[CommandConfig] = []
+
+    async def keep(config: CommandConfig, **_: object) -> ExitStatus:
+        built.append(config)
+        return ExitStatus.OK
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("rollfilter.cli.options.run", keep)
+        start = typer_app(["-u", "http://127.0.0.1:1", "/dev/null", *options], standalone_mode=False)
+        trio.run(start)
+    return built[0].engine
 
 
 def test_shard_auto_is_the_array_tasks_offset_from_the_first():

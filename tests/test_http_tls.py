@@ -12,10 +12,10 @@ import httpx
 import pytest
 import trio
 
-from rollfilter import Config, Failure, Rollout, open_rollouts
+from rollfilter import Config, Failure, Rollout, Tls, open_rollouts
 from rollfilter.demo import DemoAgent
 from rollfilter.demo.server import _serve_connection
-from rollfilter.http import HTTP11Transport
+from rollfilter.http import HTTP11Transport, tls_context
 from tests.conftest import (
     simple_rows,
 )
@@ -41,7 +41,7 @@ async def test_tls_is_verified_unless_insecure(certificate: tuple[Path, Path], m
             untrusted = [o async for o in run_]
         assert all(isinstance(o, Failure) and o.kind == "connect" for o in untrusted)
         assert "certificate" in untrusted[0].message.lower()  # type: ignore[union-attr]
-        async with open_rollouts(rows, Config(url=url, insecure=True)) as run_:
+        async with open_rollouts(rows, Config(url=url, tls=Tls(insecure=True))) as run_:
             insecure = [o async for o in run_]
         assert all(isinstance(o, Rollout) for o in insecure)
         monkeypatch.setenv("SSL_CERT_FILE", str(cert))
@@ -76,7 +76,7 @@ async def test_over_tls_a_reply_nobody_asked_for_is_never_read_as_the_next_answe
             conn.send(echo(request))
             conn.send(injected)  # a TLS record of its own
 
-    transport = HTTP11Transport(cafile=str(cert))
+    transport = HTTP11Transport(tls=tls_context(cafile=str(cert)))
     try:
         with WireServer(stray_after_the_first, tls=context) as server:
             url = httpx.URL(server.url)
@@ -90,7 +90,7 @@ async def test_over_tls_a_reply_nobody_asked_for_is_never_read_as_the_next_answe
 
 
 async def test_a_tls_connection_is_kept_alive_and_reused(certificate):
-    transport = HTTP11Transport(cafile=str(certificate[0]))
+    transport = HTTP11Transport(tls=tls_context(cafile=str(certificate[0])))
     try:
         with WireServer(tls=tls_server_context(certificate)) as server:
             url = httpx.URL(server.url)
@@ -114,7 +114,7 @@ async def test_the_check_before_reuse_sees_a_tls_record_that_came_with_the_reply
         conn.send(injected)
         conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)  # ...and send them together
 
-    transport = HTTP11Transport(cafile=str(certificate[0]))
+    transport = HTTP11Transport(tls=tls_context(cafile=str(certificate[0])))
     try:
         with WireServer(two_records_at_once, tls=tls_server_context(certificate)) as server:
             url = httpx.URL(server.url)

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import os
 import signal
+import ssl
 import stat
 import tempfile
 from collections.abc import Callable, Sequence
@@ -32,7 +33,7 @@ from rollfilter.cli.outputs import (
     write_stderr,
 )
 from rollfilter.config import CommandConfig, Config
-from rollfilter.connect import transport_for
+from rollfilter.connect import tls_context_for, transport_for
 from rollfilter.demo import DemoAgent, DemoOptions
 from rollfilter.demo import serve as serve_demo
 from rollfilter.engine import Engine, RunControl, RunStatus, connect_engine, describe, reward_of
@@ -211,6 +212,7 @@ async def run(
     check_outputs_apart(command.output_files())
     if not config.names_an_agent and options.demo is None:
         raise UsageError("no agent to send to: give -u URL, -e NAME=URL, --head-server URL, or --demo")
+    tls = tls_context_for(config)  # the CA file, read once and refused before any file is touched
     command, record = identity.settle(command)
     resume = None
     earlier = _Earlier()
@@ -248,7 +250,7 @@ async def run(
         if record is not None and command.output is not None:
             files.remove_if_refused(identity.record_path(command.output))
         identity.keep(record, command.output)
-        return await _CommandLineRun(command, streams, files_fds, resume, earlier, options).run()
+        return await _CommandLineRun(command, streams, files_fds, resume, earlier, options, tls).run()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -281,6 +283,7 @@ class _CommandLineRun:
         resume: ResumeState | None,
         earlier: _Earlier,
         options: RunOptions,
+        tls: ssl.SSLContext | None,
     ) -> None:
         self.command, self.streams, self.fds, self.resume, self.earlier, self.options = (
             command, streams, fds, resume, earlier, options,
@@ -320,7 +323,7 @@ class _CommandLineRun:
             per_task = self.per_task
             on_task = (lambda record: per_task.write(_encode(record) + b"\n")) if per_task is not None else None
             self.tasks = TaskStats(config.max_repeats, config.pass_threshold, on_task)
-        self.transport = transport_for(config, on_warning=self.say)
+        self.transport = transport_for(config, tls=tls, on_warning=self.say)
         self.reader = LineReader(
             command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=streams.stdin, on_problem=self.say
         )
@@ -432,7 +435,7 @@ class _CommandLineRun:
             self.sink.flush_held()
         elif self.spool is not None:
             with control.stoppable():
-                self.report = await aggregate_run(self.spool, engine.router, config)
+                self.report = await aggregate_run(self.spool, engine.router, config, self.transport)
             for problem in self.report.problems if self.report is not None else ():
                 self.say(printable(f"--aggregate: {problem}"))
         for writer in self.writers:

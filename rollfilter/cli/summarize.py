@@ -7,6 +7,7 @@ from rollfilter.cli import identity
 from rollfilter.cli.fields import in_options
 from rollfilter.cli.outputs import STANDARD_STREAMS, OutputFiles, Streams, replace_content, summary_bytes, write_stderr
 from rollfilter.config import CommandConfig
+from rollfilter.connect import transport_for
 from rollfilter.engine import reward_of
 from rollfilter.errors import ErrorKind, ExitStatus
 from rollfilter.headserver import resolve_endpoints
@@ -50,20 +51,24 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
     spool = ResultSpool() if config.aggregate else None
     report = None
     unusable = _UnusableLines()
+    # Made before the files are opened, so that a CA file that cannot serve is refused with none left.
+    transport = transport_for(config) if spool is not None else None
     with OutputFiles() as files:
         metrics_file = files.whole(command.metrics_file, "--metrics")
         aggregate_file = files.whole(command.aggregate_file, "--aggregate")
         try:
-            if spool is not None:
-                endpoints, head = await resolve_endpoints(config)
+            if spool is not None and transport is not None:
+                endpoints, head = await resolve_endpoints(config, transport)
                 router = Router(config, endpoints, head)
             await _count(reader, metrics, tasks, spool, unusable)
-            if spool is not None:
-                report = await aggregate_run(spool, router, config)
+            if spool is not None and transport is not None:
+                report = await aggregate_run(spool, router, config, transport)
         finally:
             reader.close()
             if spool is not None:
                 spool.close()
+            if transport is not None:
+                await transport.aclose()
         if tasks is not None:
             tasks.finish()
         # The files hold no timings.

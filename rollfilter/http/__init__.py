@@ -7,9 +7,9 @@
     agent_transport.py  the `AgentTransport` interface both implement, and `open_transport`
     origin.py           `Origin`: the pool's key and the boundary of credentials
     headers.py          the headers every request carries, and Basic auth from a URL
-    tls.py              the TLS context, whether a CA file can serve, and what a failed certificate check says
+    tls.py              the TLS context (a CA file loaded once), and what a failed certificate check says
     limits.py           the open-file limit, and the connections that fit under it
-    errors.py           the errors raised: httpx's, with `BadReply` and `CertificateError`
+    errors.py           the errors raised: httpx's, with `BadReply` and `CertificateError`; `CaFileError`
 
 Text in its errors and warnings (a server's words, a URL's host) is as it came: the caller
 escapes it before printing it.
@@ -17,19 +17,20 @@ escapes it before printing it.
 
 from rollfilter.http.agent_transport import AgentTransport, open_transport
 from rollfilter.http.connection import BodyChunks
-from rollfilter.http.errors import BadReply, CertificateError
+from rollfilter.http.errors import BadReply, CaFileError, CertificateError
 from rollfilter.http.framing import DEFAULT_MAX_REPLY_BYTES, Framing, Reply, body_framing
 from rollfilter.http.limits import connections_that_fit, raise_open_file_limit
 from rollfilter.http.origin import Origin, origin_of
 from rollfilter.http.pool import HTTP11Transport
 from rollfilter.http.proxy import ProxyTransport
-from rollfilter.http.tls import ca_file_problem, tls_context
+from rollfilter.http.tls import tls_context
 
 __all__ = [
     "DEFAULT_MAX_REPLY_BYTES",
     "AgentTransport",
     "BadReply",
     "BodyChunks",
+    "CaFileError",
     "CertificateError",
     "Framing",
     "HTTP11Transport",
@@ -37,7 +38,6 @@ __all__ = [
     "ProxyTransport",
     "Reply",
     "body_framing",
-    "ca_file_problem",
     "connections_that_fit",
     "open_transport",
     "origin_of",

@@ -3,6 +3,7 @@ which chooses the client that implements it (direct, or through a proxy)."""
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
 from typing import Protocol
 
@@ -31,27 +32,25 @@ class AgentTransport(Protocol):
 
 def open_transport(
     *,
-    verify: bool,
     connect_timeout: float,
     headers: list[tuple[str, str]],
     proxy: str | None = None,
-    cafile: str | None = None,
+    tls: ssl.SSLContext | None = None,
     max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
     on_warning: Callable[[str], None] | None = None,
 ) -> AgentTransport:
-    """The transport for a run: direct HTTP/1.1, or httpx's through the HTTP proxy at `proxy`."""
+    """The transport for a run: direct HTTP/1.1, or httpx's through the HTTP proxy at `proxy`.
+    Servers' certificates are checked with `tls` (see `tls_context`), or the system's trust store."""
     if proxy is not None:
         return ProxyTransport(
             proxy,
-            verify=verify,
-            cafile=cafile,
+            tls=tls,
             connect_timeout=connect_timeout,
             headers=headers,
             max_reply_bytes=max_reply_bytes,
         )
     return HTTP11Transport(
-        verify=verify,
-        cafile=cafile,
+        tls=tls,
         connect_timeout=connect_timeout,
         headers=headers,
         max_reply_bytes=max_reply_bytes,

@@ -7,6 +7,7 @@
       httpx.ReadError           the connection was lost before any byte of the reply
       httpx.RemoteProtocolError
         BadReply                the server answered, but not with a reply that can be used
+    CaFileError                 a CA file that cannot serve: raised by `tls_context`, before any request
 
 Nothing here names anything of the program that uses it: its caller decides what an
 error means for a row.
@@ -26,6 +27,15 @@ class BadReply(httpx.RemoteProtocolError):
 
 class CertificateError(httpx.ConnectError):
     """The server's TLS certificate could not be verified: trying again cannot help."""
+
+
+class CaFileError(Exception):
+    """A file of CA certificates that cannot serve; `problem` says why ("holds no PEM
+    certificates", "cannot be read: No such file or directory")."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
 
 
 def causes(exc: BaseException) -> list[BaseException]:

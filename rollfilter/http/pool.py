@@ -54,7 +54,8 @@ class HTTP11Transport:
     ConnectError (CertificateError when TLS verification failed), ConnectTimeout,
     ReadError (the connection was lost before any reply byte), RemoteProtocolError
     (BadReply: the server answered, but not usably). `connect_timeout` bounds TCP connect
-    plus the TLS handshake; the caller bounds the whole request.
+    plus the TLS handshake; the caller bounds the whole request. Servers' certificates are
+    checked with the context `tls` (see `tls_context`), or the system's trust store.
 
     `headers` go with every request; one the caller names replaces the transport's own
     (Host). URL user info becomes Basic auth unless `headers` has an Authorization.
@@ -70,19 +71,16 @@ class HTTP11Transport:
     def __init__(
         self,
         *,
-        verify: bool = True,
-        cafile: str | None = None,
+        tls: ssl.SSLContext | None = None,
         connect_timeout: float = 10.0,
         headers: list[tuple[str, str]] | None = None,
         max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
         on_warning: Callable[[str], None] | None = None,
     ) -> None:
-        self._verify = verify
         self._max_reply_bytes = max_reply_bytes
         self._on_warning = on_warning
         self._keep_alive_off: set[Origin] = set()  # origins that sent bytes nobody asked for
-        self._cafile = cafile
-        self._ssl_context: ssl.SSLContext | None = None  # made on the first https URL: loading CAs is slow
+        self._ssl_context = tls  # None: the system's, made on the first https URL (loading CAs is slow)
         self._connect_timeout = connect_timeout
         given = {name.lower(): value for name, value in headers or ()}
         self._host = given.get("host")
@@ -302,7 +300,7 @@ class HTTP11Transport:
 
     async def _handshake(self, tcp: trio.SocketStream, host: str) -> trio.SSLStream[trio.SocketStream]:
         if self._ssl_context is None:
-            self._ssl_context = tls_context(verify=self._verify, cafile=self._cafile)
+            self._ssl_context = tls_context()
         tls = trio.SSLStream(tcp, self._ssl_context, server_hostname=host, https_compatible=True)
         await tls.do_handshake()
         return tls

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator
 
 import httpx
@@ -24,8 +25,7 @@ class ProxyTransport:
         self,
         proxy: str,
         *,
-        verify: bool = True,
-        cafile: str | None = None,
+        tls: ssl.SSLContext | None = None,
         connect_timeout: float = 10.0,
         headers: list[tuple[str, str]],
         max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
@@ -38,7 +38,7 @@ class ProxyTransport:
         self._timeout = httpx.Timeout(None, connect=connect_timeout)
         self._transport = httpx.AsyncHTTPTransport(
             proxy=proxy,
-            verify=tls_context(verify=verify, cafile=cafile),
+            verify=tls if tls is not None else tls_context(),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
         )
 
