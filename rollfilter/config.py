@@ -40,10 +40,20 @@ MAX_REPEATS = 2**32 - 1
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class FailureLimit:
-    """Stop once `count` rollouts failed, or once `fraction` of the ended ones did."""
+    """Stop once `count` rollouts failed, or once `fraction` of the ended ones did (neither: never).
+
+    It is `Config.max_failures`; a whole number there is taken as `FailureLimit(count=...)`."""
 
     count: int | None = None
     fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.count is not None and not (_is_int(self.count) and self.count >= 1):
+            raise ConfigError("max_failures.count", "must be a whole number, 1 or more")
+        if self.fraction is not None and not (_is_number(self.fraction) and 0 < self.fraction <= 1):
+            raise ConfigError("max_failures.fraction", "must be a number above 0 and at most 1")
+        if self.count is not None and self.fraction is not None:
+            raise ConfigError("max_failures", "takes a count or a fraction, not both")
 
     def is_reached(self, failed: int, ended: int) -> bool:
         if self.count is not None:
@@ -170,7 +180,7 @@ class Config:
     retries: Retries = Retries()  # or a whole number: Retries(count=...)
     timeout: Timeouts = Timeouts()  # or seconds, None for no bound: Timeouts(attempt=...)
     tls: Tls = Tls()
-    max_failures: FailureLimit = FailureLimit()
+    max_failures: FailureLimit = FailureLimit()  # or a whole number: FailureLimit(count=...)
     prices: tuple[tuple[str | None, Price], ...] = ()  # USD per million tokens, by agent (None: the rest)
     max_cost: float | None = None  # stop the run once it has spent this many USD
     headers: tuple[tuple[str, str], ...] = ()
@@ -207,6 +217,8 @@ class Config:
             object.__setattr__(self, "retries", Retries(count=self.retries))
         if not isinstance(self.timeout, Timeouts):
             object.__setattr__(self, "timeout", Timeouts(attempt=self.timeout))
+        if not isinstance(self.max_failures, FailureLimit):
+            object.__setattr__(self, "max_failures", FailureLimit(count=self.max_failures))
         if not isinstance(self.tls, Tls):
             raise ConfigError("tls", "wants a Tls, like Tls(cacert='ca.pem')")
         if self.concurrency < 1:

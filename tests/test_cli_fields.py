@@ -24,10 +24,10 @@ def test_every_config_field_has_its_command_line_name():
     import dataclasses
 
     from rollfilter.cli.fields import OPTION_OF_FIELD
-    from rollfilter.config import Config, Retries, Timeouts, Tls
+    from rollfilter.config import Config, FailureLimit, Retries, Timeouts, Tls
 
     config_fields = {field.name for field in dataclasses.fields(Config) if field.init}  # the ones a caller sets
-    parts = {"retries": Retries, "timeout": Timeouts, "tls": Tls}  # the parts whose errors name their own fields
+    parts = {"retries": Retries, "timeout": Timeouts, "tls": Tls, "max_failures": FailureLimit}
     config_fields |= {f"{name}.{field.name}" for name, part in parts.items() for field in dataclasses.fields(part)}
     assert config_fields <= set(OPTION_OF_FIELD) <= config_fields | {f.name for f in dataclasses.fields(CommandConfig)}
 

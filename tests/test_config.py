@@ -92,7 +92,8 @@ def test_a_part_or_its_plain_value_builds_the_same_config():
     assert Config(retries=5).retries == Retries(count=5, budget=DEFAULT_RATIO, statuses=DEFAULT_RETRY_STATUSES)
     assert Config(timeout=30) == Config(timeout=Timeouts(attempt=30))
     assert Config(timeout=None).timeout == Timeouts(attempt=None, connect=DEFAULT_CONNECT_TIMEOUT)
-    assert Config() == Config(retries=Retries(), timeout=Timeouts(), tls=Tls())
+    assert Config(max_failures=10) == Config(max_failures=FailureLimit(count=10))
+    assert Config() == Config(retries=Retries(), timeout=Timeouts(), tls=Tls(), max_failures=FailureLimit())
     assert Config(retries=Retries(count=5, budget=None)) != Config(retries=5)
     assert dataclasses.replace(Config(timeout=Timeouts(30, connect=2.5)), retries=0).retries.count == 0
 
@@ -142,6 +143,12 @@ def test_the_flat_fields_beside_the_parts_are_gone():
         (lambda: Tls(cacert=5), "tls.cacert", "--cacert"),
         (lambda: Tls(insecure="yes"), "tls.insecure", "--insecure"),
         (lambda: Tls(insecure=1), "tls.insecure", "--insecure"),
+        (lambda: Config(max_failures=0), "max_failures.count", "--max-failures"),
+        (lambda: Config(max_failures=2.5), "max_failures.count", "--max-failures"),
+        (lambda: FailureLimit(fraction=0), "max_failures.fraction", "--max-failures"),
+        (lambda: FailureLimit(fraction=1.5), "max_failures.fraction", "--max-failures"),
+        (lambda: FailureLimit(fraction="5%"), "max_failures.fraction", "--max-failures"),
+        (lambda: FailureLimit(count=5, fraction=0.5), "max_failures", "--max-failures"),
         (lambda: Config(tls=True), "tls", "--cacert/--insecure"),
         (lambda: Config(tls="ca.pem"), "tls", "--cacert/--insecure"),
     ],

@@ -28,6 +28,8 @@ OPTION_OF_FIELD = {  # every Config field and field of its parts, and the Comman
     "tls.cacert": "--cacert",
     "tls.insecure": "--insecure",
     "max_failures": "--max-failures",
+    "max_failures.count": "--max-failures",
+    "max_failures.fraction": "--max-failures",
     "prices": "--prices",
     "max_cost": "--max-cost",
     "headers": "-H/--header",
