@@ -17,7 +17,6 @@ import msgspec
 import trio
 
 from rollfilter.config import Config
-from rollfilter.connect import transport_for
 from rollfilter.errors import ServiceError, UsageError
 from rollfilter.http import AgentTransport
 from rollfilter.redact import origin, printable
@@ -129,22 +128,15 @@ def agents_from_answer(body: bytes, where: str) -> HeadServerAgents:
 
 
 async def resolve_endpoints(
-    config: Config, transport: AgentTransport | None = None
+    config: Config, transport: AgentTransport
 ) -> tuple[dict[str, tuple[str, ...]], HeadServerAgents | None]:
     """-e endpoints, over the head server's agents when there is one (explicit -e wins).
-    The head server is asked through `transport` (the run's), or one made as a run's is:
-    --proxy, the TLS options, the -H headers (but Host) and the bounds apply to it too."""
+    The head server is asked through `transport`, the run's: --proxy, the TLS options, the -H
+    headers (but Host) and the bounds apply to it too."""
     if config.head_server is None:
         return dict(config.endpoints), None
-    own = transport is None
-    if transport is None:
-        transport = transport_for(config)
-    try:
-        with trio.move_on_after(HEAD_SERVER_TIMEOUT) as scope:
-            head = await fetch_agents(config.head_server, transport)
-    finally:
-        if own:
-            await transport.aclose()
+    with trio.move_on_after(HEAD_SERVER_TIMEOUT) as scope:
+        head = await fetch_agents(config.head_server, transport)
     if scope.cancelled_caught:
         raise ServiceError(
             f"the head server at {origin(config.head_server)} did not answer in {HEAD_SERVER_TIMEOUT:g} s"
