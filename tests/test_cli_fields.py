@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import re
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 import typer
 
 from rollfilter import Config, Failure, rollouts
+from rollfilter.cli import options
 from rollfilter.cli.fields import OPTION_OF_FIELD
 from rollfilter.cli.options import typer_app
 from rollfilter.config import CommandConfig, ConfigError, FailureLimit
@@ -143,3 +146,82 @@ def test_config_errors_name_the_field_and_the_command_line_names_the_option():
     assert caught.value.field == "concurrency"
     proc = run(["-u", "http://127.0.0.1:9", "-j", "1", "--shard", "3/2"])
     assert proc.stderr.decode() == "rollfilter: --shard I/N wants 0 <= I < N\n"
+
+
+URL = "http://127.0.0.1:1/run"  # nothing is sent: the command line is only parsed
+# For each field, a use of the option OPTION_OF_FIELD names for it (with what that option
+# needs beside it): parsing it must change that field.
+USE_OF_FIELD: dict[str, list[str]] = {
+    "url": ["-u", "http://127.0.0.1:2/run"],
+    "endpoints": ["-e", "a=http://127.0.0.1:3/run"],
+    "agent": ["-a", "a"],
+    "concurrency": ["-j", "3"],
+    "limit": ["-n", "5"],
+    "repeats": ["-r", "2"],
+    "repeats_by_agent": ["-r", "a=2"],
+    "repeat_seeds": ["--repeat-seeds", "-r", "2"],
+    "params": ["-p", "temperature=0.5"],
+    "retries": ["--retries", "7"],
+    "retry_budget": ["--retry-budget", "0.5"],
+    "retry_statuses": ["--retry-on", "500"],
+    "timeout": ["--timeout", "9"],
+    "connect_timeout": ["--connect-timeout", "9"],
+    "max_failures": ["--max-failures", "3"],
+    "prices": ["--prices", "prices.json"],
+    "max_cost": ["--max-cost", "5", "--prices", "prices.json"],
+    "headers": ["-H", "X-Test: 1"],
+    "insecure": ["--insecure"],
+    "shard": ["--shard", "1/2"],
+    "pass_threshold": ["--pass-threshold", "0.5"],
+    "head_server": ["--head-server", "http://127.0.0.1:4"],
+    "proxy": ["--proxy", "http://127.0.0.1:5"],
+    "adaptive": ["--adaptive"],
+    "aggregate": ["--aggregate", "aggregate.json"],
+    "cacert": ["--cacert", "ca.pem"],
+    "cross_origin_redirects": ["--cross-origin-redirects"],
+    "max_reply_bytes": ["--max-reply-bytes", "1000"],
+    "output": ["-o", "out.jsonl"],
+    "errors_file": ["--errors", "errors.jsonl"],
+    "metrics_file": ["--metrics", "metrics.json"],
+    "per_task_file": ["--per-task", "tasks.jsonl", "-r", "2"],
+    "aggregate_file": ["--aggregate", "aggregate.json"],
+    "materialized_file": ["--materialized", "materialized.jsonl", "-o", "out.jsonl"],
+    "progress_file": ["--progress-file", "progress"],
+    "resume": ["--resume", "-o", "out.jsonl"],
+    "max_attempts": ["--max-attempts", "5"],
+}
+
+
+def parsed(args: list[str], monkeypatch: pytest.MonkeyPatch) -> CommandConfig:
+    """The CommandConfig the command line `args` gives its run."""
+    given: list[CommandConfig] = []
+    monkeypatch.setattr(options, "run", lambda config, **_: given.append(config))
+    start = options.typer_app(args=["-u", URL, *args, "rows.jsonl"], prog_name="rollfilter", standalone_mode=False)
+    start()
+    return given[0]
+
+
+def field_value(config: CommandConfig, name: str) -> Any:
+    engine_fields = {field.name for field in dataclasses.fields(config.engine)}
+    return getattr(config.engine if name in engine_fields else config, name)
+
+
+def test_every_field_is_set_by_the_option_it_is_named_as(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """A message that names a field sends the user to the option that sets it: each mapping is
+    checked by parsing that option, and fields that share an option are each set by it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "prices.json").write_text('{"a": [1, 2]}')
+    assert set(USE_OF_FIELD) == set(OPTION_OF_FIELD)
+    before = parsed([], monkeypatch)
+    unset = []
+    for name, use in USE_OF_FIELD.items():
+        flags = OPTION_OF_FIELD[name].split(" ")[0].split("/")
+        assert use[0] in flags, f"{name}: {use[0]} is not {OPTION_OF_FIELD[name]}"
+        if field_value(parsed(use, monkeypatch), name) == field_value(before, name):
+            unset.append(f"{name}: {' '.join(use)}")
+    assert unset == []
+    # Fields named as one and the same option are set together, by the same use of it.
+    by_option: dict[str, set[str]] = {}
+    for name, option in OPTION_OF_FIELD.items():
+        by_option.setdefault(option, set()).add(" ".join(USE_OF_FIELD[name]))
+    assert {option: uses for option, uses in by_option.items() if len(uses) > 1} == {}

@@ -32,6 +32,7 @@ OPTION_OF_FIELD = {  # every Config field, and the CommandConfig fields messages
     "head_server": "--head-server",
     "proxy": "--proxy",
     "adaptive": "--adaptive",
+    # --aggregate FILE (and --gym-layout) sets both: it asks the agents and names the file.
     "aggregate": "--aggregate",
     "cacert": "--cacert",
     "cross_origin_redirects": "--cross-origin-redirects",
