@@ -268,7 +268,7 @@ def _shown_location(location: bytes) -> str:
     try:
         return shown(httpx.URL(text))
     except (httpx.InvalidURL, ValueError, UnicodeError):
-        return printable(text.split("?", 1)[0][:ERROR_BODY_CHARS])
+        return repr(text.split("?", 1)[0][:ERROR_BODY_CHARS])
 
 
 def _reason_phrase(status: int) -> str:
@@ -279,7 +279,8 @@ def _reason_phrase(status: int) -> str:
 
 
 def _snippet(content: bytes) -> str:
-    """The start of a body from the server, on one line, with control characters escaped."""
+    """The start of a body from the server, on one line, in quotes (as repr() quotes it, control
+    characters escaped): quoted text is the server's, which the command line leaves as it is."""
     text = content[: ERROR_BODY_CHARS * 4].decode(errors="replace")
     text = " ".join(text.split())
-    return printable(text[:ERROR_BODY_CHARS]) + ("..." if len(text) > ERROR_BODY_CHARS else "")
+    return repr(text[:ERROR_BODY_CHARS]) + ("..." if len(text) > ERROR_BODY_CHARS else "")

@@ -299,7 +299,7 @@ def judge(
     failure_class = failure_class if isinstance(failure_class, str) else msgspec_text(failure_class)
     reason = answer.get("failure_reason")
     message = f"the agent reported failure class {failure_class!r}" + (
-        f": {reason[:ERROR_REASON_CHARS]}" if isinstance(reason, str) and reason else ""
+        f": {reason[:ERROR_REASON_CHARS]!r}" if isinstance(reason, str) and reason else ""
     )
     return AttemptFailure(
         ErrorKind.AGENT_FAILURE,

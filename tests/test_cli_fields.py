@@ -7,6 +7,7 @@ import dataclasses
 import json
 import re
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +16,11 @@ import typer
 
 from rollfilter import Config, Failure, rollouts
 from rollfilter.cli import options
-from rollfilter.cli.fields import OPTION_OF_FIELD
+from rollfilter.cli.fields import OPTION_OF_FIELD, in_options
 from rollfilter.cli.options import typer_app
 from rollfilter.config import CommandConfig, ConfigError, FailureLimit
 from rollfilter.errors import ErrorKind, UsageError, name_options
-from tests.conftest import rows_jsonl, run, simple_rows, summary_of
+from tests.conftest import QuietHandler, ThreadedHTTPServer, rows_jsonl, run, simple_rows, summary_of
 from tests.conftest import run as run_command
 
 
@@ -225,3 +226,59 @@ def test_every_field_is_set_by_the_option_it_is_named_as(monkeypatch: pytest.Mon
     for name, option in OPTION_OF_FIELD.items():
         by_option.setdefault(option, set()).add(" ".join(USE_OF_FIELD[name]))
     assert {option: uses for option, uses in by_option.items() if len(uses) > 1} == {}
+
+
+def test_every_field_the_library_names_in_its_own_words_becomes_an_option():
+    """No quote the library opens by chance hides one of its own field names from the rewrite."""
+    known = re.compile(rf"\b(?:Command)?Config\.({'|'.join(OPTION_OF_FIELD)})\b")
+    left = [
+        f"{path.relative_to(PACKAGE)}:{node.lineno}: {in_options(node.value)!r}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.relative_to(PACKAGE).parts[0] not in {"cli", "demo"}
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and known.search(node.value)
+        if known.search(in_options(node.value))
+    ]
+    assert left == []
+
+
+class _Answers:
+    """What the agent says: a 400 quoting a setting, or an answer that reports the agent's failure."""
+
+    status = 400
+    body = b"Config.timeout is too low; raise Config.timeout"
+
+
+class _QuotingAgent(QuietHandler):
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_json(_Answers.status, _Answers.body)
+
+
+@pytest.fixture
+def quoting_agent() -> Iterator[str]:
+    server = ThreadedHTTPServer(_QuotingAgent)
+    yield f"{server.url}/run"
+    server.close()
+
+
+def test_a_server_s_text_is_left_as_it_is_on_the_command_line(quoting_agent: str, tmp_path: Path):
+    proc = run(["-u", quoting_agent], input=rows_jsonl(simple_rows(1)))
+    assert proc.returncode == 1
+    expected = "HTTP 400 Bad Request: 'Config.timeout is too low; raise Config.timeout'"
+    assert proc.stderr.decode().splitlines()[0] == f"rollfilter: <stdin>:1: http_status: {expected}"
+    errors = tmp_path / "errors.jsonl"
+    run(["-u", quoting_agent, "--errors", str(errors)], input=rows_jsonl(simple_rows(1)))
+    assert json.loads(errors.read_text())["error"]["message"] == expected
+
+
+def test_an_agent_s_failure_reason_is_left_as_it_is_on_the_command_line(
+    quoting_agent: str, monkeypatch: pytest.MonkeyPatch
+):
+    answer = {"_ng_failure_class": "tool_error", "failure_reason": "Config.url answered 500", "reward": 0.0}
+    monkeypatch.setattr(_Answers, "status", 200)
+    monkeypatch.setattr(_Answers, "body", json.dumps(answer).encode())
+    proc = run(["-u", quoting_agent], input=rows_jsonl(simple_rows(1)))
+    assert proc.returncode == 1
+    message = "the agent reported failure class 'tool_error': 'Config.url answered 500'"
+    assert proc.stderr.decode().splitlines()[0] == f"rollfilter: <stdin>:1: agent_failure: {message}"
