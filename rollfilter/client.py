@@ -65,10 +65,23 @@ def backoff_delay(attempt: int, rng: random.Random, retry_after: float | None = 
     return max(jittered, min(retry_after or 0.0, RETRY_AFTER_CAP))
 
 
-class JobClient(Protocol):
-    """What the engine hands each routed job to: it returns the agent's answer or the failure."""
+class Flight:
+    """A job in flight: when it was sent (the engine's clock) and the attempt under way, which
+    the client counts as it makes them. It is the one count of a job's attempts: the engine
+    reads it for the status, and for the outcome of a job that did not fail in the client."""
 
-    async def run(self, job: Job, agent: Agent) -> dict[str, Any] | AttemptFailure: ...
+    __slots__ = ("attempt", "since")
+
+    def __init__(self, since: float = 0.0) -> None:
+        self.since = since
+        self.attempt = 1
+
+
+class JobClient(Protocol):
+    """What the engine hands each routed job to: it returns the agent's answer or the failure,
+    and counts the attempts it makes in `flight`."""
+
+    async def run(self, job: Job, agent: Agent, flight: Flight | None = None) -> dict[str, Any] | AttemptFailure: ...
 
 
 class DryRunClient:
@@ -77,7 +90,7 @@ class DryRunClient:
     def __init__(self, on_route: Callable[[Job, Agent], None]) -> None:
         self._on_route = on_route
 
-    async def run(self, job: Job, agent: Agent) -> dict[str, Any] | AttemptFailure:
+    async def run(self, job: Job, agent: Agent, flight: Flight | None = None) -> dict[str, Any] | AttemptFailure:
         self._on_route(job, agent)
         # A row taken from the planner's buffer never waits otherwise: let writers and signals in.
         await trio.lowlevel.checkpoint()
@@ -112,15 +125,17 @@ class AgentClient:
         self._on_retry = on_retry
         self._on_internal_error = on_internal_error
 
-    async def run(self, job: Job, agent: Agent) -> dict[str, Any] | AttemptFailure:
-        """Send `job`'s body until it succeeds or its retries are spent; `job` goes to the callbacks."""
+    async def run(self, job: Job, agent: Agent, flight: Flight | None = None) -> dict[str, Any] | AttemptFailure:
+        """Send `job`'s body until it succeeds or its retries are spent, counting the attempts in
+        `flight`; `job` goes to the callbacks."""
         body = job.body
         row = f"{job.source}:{job.line}"  # how a warning from the transport names it
         replica: Replica | None = None
-        attempt = 0
+        if flight is None:
+            flight = Flight()
         try:
             while True:
-                attempt += 1
+                attempt = flight.attempt
                 window = agent.window
                 ticket = await window.acquire() if window is not None else 0
                 if attempt == 1 and agent.budget is not None:
@@ -156,12 +171,13 @@ class AgentClient:
                 delay = min(backoff_delay(attempt, self._rng, retry_after), self._timeout)
                 if self._on_retry is not None:
                     self._on_retry(job, failure, delay)
+                flight.attempt = attempt + 1  # under way from the pause on, as the status shows it
                 await trio.sleep(delay)
         except Exception as exc:  # one row's surprise must not end the run
             if self._on_internal_error is not None:
                 self._on_internal_error(job, exc)
             message = f"unexpected {type(exc).__name__} while sending the row or reading its reply"
-            return AttemptFailure(ErrorKind.INTERNAL, message, attempts=attempt)
+            return AttemptFailure(ErrorKind.INTERNAL, message, attempts=flight.attempt)
 
     async def _attempt(
         self, url: httpx.URL, body: bytes, row: str | None = None
