@@ -67,10 +67,23 @@ def backoff_delay(attempt: int, rng: random.Random, retry_after: float | None = 
     return max(jittered, min(retry_after or 0.0, RETRY_AFTER_CAP))
 
 
-class JobClient(Protocol):
-    """What the engine hands each routed job to: it returns the agent's answer or the failure."""
+class Flight:
+    """A job in flight: when it was sent (the engine's clock) and the attempt under way, which
+    the client counts as it makes them. It is the one count of a job's attempts: the engine
+    reads it for the status, and for the outcome of a job that did not fail in the client."""
 
-    async def run(self, job: Job, agent: Agent) -> dict[str, Any] | AttemptFailure: ...
+    __slots__ = ("attempt", "since")
+
+    def __init__(self, since: float = 0.0) -> None:
+        self.since = since
+        self.attempt = 1
+
+
+class JobClient(Protocol):
+    """What the engine hands each routed job to: it returns the agent's answer or the failure,
+    and counts the attempts it makes in `flight`."""
+
+    async def run(self, job: Job, agent: Agent, flight: Flight | None = None) -> dict[str, Any] | AttemptFailure: ...
 
 
 class DryRunClient:
@@ -79,7 +92,7 @@ class DryRunClient:
     def __init__(self, on_route: Callable[[Job, Agent], None]) -> None:
         self._on_route = on_route
 
-    async def run(self, job: Job, agent: Agent) -> dict[str, Any] | AttemptFailure:
+    async def run(self, job: Job, agent: Agent, flight: Flight | None = None) -> dict[str, Any] | AttemptFailure:
         self._on_route(job, agent)
         # A row taken from the planner's buffer never waits otherwise: let writers and signals in.
         await trio.lowlevel.checkpoint()
@@ -114,15 +127,17 @@ class AgentClient:
         self._on_retry = on_retry
         self._on_internal_error = on_internal_error
 
-    async def run(self, job: Job, agent: Agent) -> dict[str, Any] | AttemptFailure:
-        """Send `job`'s body until it succeeds or its retries are spent; `job` goes to the callbacks."""
+    async def run(self, job: Job, agent: Agent, flight: Flight | None = None) -> dict[str, Any] | AttemptFailure:
+        """Send `job`'s body until it succeeds or its retries are spent, counting the attempts in
+        `flight`; `job` goes to the callbacks."""
         body = job.body
         row = f"{job.source}:{job.line}"  # how a warning from the transport names it
         replica: Replica | None = None
-        attempt = 0
+        if flight is None:
+            flight = Flight()
         try:
             while True:
-                attempt += 1
+                attempt = flight.attempt
                 window = agent.window
                 ticket = await window.acquire() if window is not None else 0
                 if attempt == 1 and agent.budget is not None:
@@ -158,12 +173,13 @@ class AgentClient:
                 delay = min(backoff_delay(attempt, self._rng, retry_after), self._timeout)
                 if self._on_retry is not None:
                     self._on_retry(job, failure, delay)
+                flight.attempt = attempt + 1  # under way from the pause on, as the status shows it
                 await trio.sleep(delay)
         except Exception as exc:  # one row's surprise must not end the run
             if self._on_internal_error is not None:
                 self._on_internal_error(job, exc)
             message = f"unexpected {type(exc).__name__} while sending the row or reading its reply"
-            return AttemptFailure(ErrorKind.INTERNAL, message, attempts=attempt)
+            return AttemptFailure(ErrorKind.INTERNAL, message, attempts=flight.attempt)
 
     async def _attempt(
         self, url: httpx.URL, body: bytes, row: str | None = None
@@ -270,7 +286,7 @@ def _shown_location(location: bytes) -> str:
     try:
         return shown(httpx.URL(text))
     except (httpx.InvalidURL, ValueError, UnicodeError):
-        return printable(text.split("?", 1)[0][:ERROR_BODY_CHARS])
+        return repr(text.split("?", 1)[0][:ERROR_BODY_CHARS])
 
 
 def _reason_phrase(status: int) -> str:
@@ -281,7 +297,8 @@ def _reason_phrase(status: int) -> str:
 
 
 def _snippet(content: bytes) -> str:
-    """The start of a body from the server, on one line, with control characters escaped."""
+    """The start of a body from the server, on one line, in quotes (as repr() quotes it, control
+    characters escaped): quoted text is the server's, which the command line leaves as it is."""
     text = content[: ERROR_BODY_CHARS * 4].decode(errors="replace")
     text = " ".join(text.split())
-    return printable(text[:ERROR_BODY_CHARS]) + ("..." if len(text) > ERROR_BODY_CHARS else "")
+    return repr(text[:ERROR_BODY_CHARS]) + ("..." if len(text) > ERROR_BODY_CHARS else "")

@@ -21,7 +21,7 @@ import trio
 
 from rollfilter.adaptive import AdaptiveWindow
 from rollfilter.aggregate import ResultSpool
-from rollfilter.client import AgentClient, DryRunClient, JobClient
+from rollfilter.client import AgentClient, DryRunClient, Flight, JobClient
 from rollfilter.config import Config, ConfigError, FailureLimit
 from rollfilter.cost import Spending
 from rollfilter.errors import ErrorKind, ExitStatus
@@ -124,10 +124,7 @@ class Engine:
     on_send: Callable[[Job], None] | None = None  # each job once, as it is first sent (--materialized)
     spool: ResultSpool | None = None  # successful results for /aggregate_metrics
     max_cost: float | None = None  # USD: the run stops once it has spent this much
-    # The rollouts in flight that the client has retried, and how many times: the client's
-    # on_retry counts them (see `connect_engine`). A job is built once; its attempts are counted here.
-    retries: dict[Job, int] = dataclasses.field(default_factory=dict)
-    _in_flight: dict[Job, float] = dataclasses.field(default_factory=dict)  # in the order sent: when
+    _in_flight: dict[Job, Flight] = dataclasses.field(default_factory=dict)  # in the order sent
 
     def status(self) -> RunStatus:
         """What the run has done so far, and its oldest rollouts in flight (any thread of the run's loop)."""
@@ -139,10 +136,10 @@ class Engine:
                 job.task_index,
                 job.rollout_index,
                 job.agent_name,
-                attempt=self.retries.get(job, 0) + 1,
-                age_s=now - at,
+                attempt=flight.attempt,
+                age_s=now - flight.since,
             )
-            for job, at in itertools.islice(self._in_flight.items(), STATUS_OLDEST)
+            for job, flight in itertools.islice(self._in_flight.items(), STATUS_OLDEST)
         )
         m = self.metrics
         return RunStatus(m.ended, m.failed, len(self._in_flight), m.rate(), m.elapsed(), oldest)
@@ -193,21 +190,20 @@ class Engine:
 
     async def _run_job(self, job: Job, agent: Agent, release: Release) -> None:
         started = trio.current_time()
-        self._in_flight[job] = time.monotonic()
+        flight = self._in_flight[job] = Flight(time.monotonic())
         if self.on_event is not None:
             self.on_event(f"{describe(job)}: sent to agent {agent.name or shown(agent.replicas[0].url)}")
         if self.on_send is not None:
             self.on_send(job)
         try:
-            answer = await self.client.run(job, agent)
+            answer = await self.client.run(job, agent, flight)
             if self.metrics.spending is not None and not isinstance(answer, AttemptFailure):
                 self._spend(job, answer)
-            outcome = judge(job, answer, self.retries.get(job, 0) + 1)
+            outcome = judge(job, answer, flight.attempt)
         except Exception as exc:  # a bug met by one row costs that row, never the run
-            outcome = self._internal_failure(job, exc)
+            outcome = self._internal_failure(job, exc, flight.attempt)
         finally:
             del self._in_flight[job]
-            attempts = self.retries.pop(job, 0) + 1
         if isinstance(outcome, AttemptFailure):
             self._fail(job, outcome, release)
         elif isinstance(outcome, _NotPersisted):
@@ -216,7 +212,7 @@ class Engine:
                 advice = "CommandConfig.resume runs it again"
                 self.on_event(f"{describe(job)}: not persisted (the agent's _ng_no_persist); {advice}")
             self._ended(job, None)
-            self.sink.not_persisted(job, attempts, release)
+            self.sink.not_persisted(job, flight.attempt, release)
             self._check_failure_limit()
         else:
             latency = trio.current_time() - started
@@ -238,11 +234,11 @@ class Engine:
                 ExitStatus.ROWS_FAILED, f"stopped after spending ${spending.total:.4f} of a ${self.max_cost:g} budget"
             )
 
-    def _internal_failure(self, job: Job, exc: Exception) -> AttemptFailure:
+    def _internal_failure(self, job: Job, exc: Exception, attempts: int) -> AttemptFailure:
         if self.on_event is not None:
             self.on_event(internal_error_event(job, exc))
         message = f"unexpected {type(exc).__name__} while handling this row"
-        return AttemptFailure(ErrorKind.INTERNAL, message, attempts=self.retries.get(job, 0) + 1)
+        return AttemptFailure(ErrorKind.INTERNAL, message, attempts=attempts)
 
     def _ended(self, job: Job, reward: float | None) -> None:
         if self.tasks is not None:
@@ -299,7 +295,7 @@ def judge(
     failure_class = failure_class if isinstance(failure_class, str) else msgspec_text(failure_class)
     reason = answer.get("failure_reason")
     message = f"the agent reported failure class {failure_class!r}" + (
-        f": {reason[:ERROR_REASON_CHARS]}" if isinstance(reason, str) and reason else ""
+        f": {reason[:ERROR_REASON_CHARS]!r}" if isinstance(reason, str) and reason else ""
     )
     return AttemptFailure(
         ErrorKind.AGENT_FAILURE,
@@ -367,10 +363,7 @@ async def connect_engine(
         window = metrics.windows[label] = AdaptiveWindow(config.concurrency, on_change=changed)
         return window
 
-    retries: dict[Job, int] = {}  # the engine's: see Engine.retries
-
     def count_retry(job: Job, failure: AttemptFailure, delay: float) -> None:
-        retries[job] = retries.get(job, 0) + 1
         metrics.retries += 1
         if on_event is not None:
             on_event(f"{describe(job)}: retry in {delay:.2f} s after {failure.kind.value}: {failure.message}")
@@ -391,7 +384,6 @@ async def connect_engine(
         metrics=metrics,
         control=control,
         concurrency=config.concurrency if dry_run is None else 1,
-        retries=retries,
         failure_limit=config.max_failures,
         max_cost=config.max_cost,
         tasks=tasks if dry_run is None else None,

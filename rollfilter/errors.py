@@ -65,13 +65,20 @@ class ServiceError(RollfilterError):
     exit_status = ExitStatus.SERVICE_UNAVAILABLE
 
 
-# A setting named in a message: `Config.<field>`, `Config.<part>.<field>` (Config.retries.budget)
-# or `CommandConfig.<field>`.
-FIELD_REFERENCE = re.compile(r"\b(?:Command)?Config\.([a-z_]+(?:\.[a-z_]+)?)\b")
+# A setting named in a message (`Config.<field>`, `Config.<part>.<field>` as Config.retries.budget,
+# or `CommandConfig.<field>`), or a quoted text, which is someone else's: a server's body, an
+# agent's reason, a row's agent name, each quoted as repr() quotes it (so a quote inside is
+# escaped). A quote opens only where no word goes on before it, so the apostrophe of "agent's" opens none.
+FIELD_REFERENCE = re.compile(
+    r"""(?<!\w)'(?:[^'\\]|\\.)*'|(?<!\w)"(?:[^"\\]|\\.)*"|\b(?:Command)?Config\.([a-z_]+(?:\.[a-z_]+)?)\b"""
+)
 
 
 def name_options(text: str, option_of_field: Mapping[str, str]) -> str:
-    """`text` with each field it names (`Config.url`) replaced by the option that sets it (`-u/--url`)."""
+    """`text` with each field it names (`Config.url`) replaced by the option that sets it
+    (`-u/--url`); text in quotes is left as it is, for it is not the library's own words."""
     if "Config." not in text:  # most lines name none
         return text
-    return FIELD_REFERENCE.sub(lambda match: option_of_field.get(match[1], match[0]), text)
+    return FIELD_REFERENCE.sub(
+        lambda match: match[0] if match[1] is None else option_of_field.get(match[1], match[0]), text
+    )

@@ -130,10 +130,11 @@ class Failure:
         return record
 
     def line(self, *, repeated: bool = False) -> str:
-        """The one-line report on stderr, with control characters escaped; `repeated` names the rollout."""
+        """The one-line report (where, kind, message), with control characters escaped; `repeated`
+        names the rollout. The command prints it on stderr, after its prefix."""
         where = f"{self.source}:{self.number}" + (f" (rollout {self.rollout_index})" if repeated else "")
         tries = f" (after {self.attempts} attempts)" if self.attempts > 1 else ""
-        return printable(f"rollfilter: {where}: {self.kind.value}: {self.message}{tries}")
+        return printable(f"{where}: {self.kind.value}: {self.message}{tries}")
 
 
 Outcome = Rollout | Failure

@@ -63,7 +63,10 @@ class Reorderer:
 
 class LineSink:
     """The command's sink: results as JSON lines, failures as errors-record lines or stderr lines,
-    in input order with --ordered."""
+    in input order with --ordered.
+
+    `message_of` is how the command says a failure's message (the settings it names, as options),
+    and `stderr_line` makes a failure's one-line report (`Failure.line`) a line for stderr."""
 
     def __init__(
         self,
@@ -73,10 +76,12 @@ class LineSink:
         records: bool,
         ordered: bool,
         repeats: int,
-        in_options: Callable[[str], str] | None = None,
+        stderr_line: Callable[[str], bytes],
+        message_of: Callable[[Failure], str] | None = None,
     ) -> None:
         self._results = results
-        self._in_options = in_options  # how a failure's message names the settings it names
+        self._message_of = message_of
+        self._stderr_line = stderr_line
         self._errors = errors
         self._records = records
         self._repeated = repeats > 1
@@ -95,13 +100,13 @@ class LineSink:
 
     def report(self, failure: Failure) -> None:
         """Write one failure: a record with --errors, else a line on stderr."""
-        message = failure.message if self._in_options is None else self._in_options(failure.message)
+        message = failure.message if self._message_of is None else self._message_of(failure)
         if message != failure.message:
             failure = dataclasses.replace(failure, message=message)
         if self._records:
             self._errors.write(_encode(failure.record()) + b"\n")
         else:
-            self._errors.write(failure.line(repeated=self._repeated).encode(errors="replace") + b"\n")
+            self._errors.write(self._stderr_line(failure.line(repeated=self._repeated)))
 
     def not_persisted(self, job: Job, attempts: int, release: Release) -> None:
         self._release(job, release)
@@ -123,9 +128,23 @@ class BodySink(LineSink):
     as `LineSink` writes them on stderr."""
 
     def __init__(
-        self, bodies: LineWriter, errors: LineWriter, *, repeats: int, in_options: Callable[[str], str] | None = None
+        self,
+        bodies: LineWriter,
+        errors: LineWriter,
+        *,
+        repeats: int,
+        stderr_line: Callable[[str], bytes],
+        message_of: Callable[[Failure], str] | None = None,
     ) -> None:
-        super().__init__(bodies, errors, records=False, ordered=False, repeats=repeats, in_options=in_options)
+        super().__init__(
+            bodies,
+            errors,
+            records=False,
+            ordered=False,
+            repeats=repeats,
+            stderr_line=stderr_line,
+            message_of=message_of,
+        )
 
     def result(self, job: Job, result: dict[str, Any], release: Release) -> None:
         self._results.write(job.body + b"\n")

@@ -38,6 +38,7 @@ OPTION_OF_FIELD = {  # every Config field and field of its parts, and the Comman
     "head_server": "--head-server",
     "proxy": "--proxy",
     "adaptive": "--adaptive",
+    # --aggregate FILE (and --gym-layout) sets both: it asks the agents and names the file.
     "aggregate": "--aggregate",
     "cross_origin_redirects": "--cross-origin-redirects",
     "max_reply_bytes": "--max-reply-bytes",

@@ -21,7 +21,7 @@ import trio
 import typer
 
 from rollfilter.cli.fields import in_options
-from rollfilter.cli.messages import say
+from rollfilter.cli.messages import message_line, say, write_stderr
 from rollfilter.cli.options import typer_app
 from rollfilter.errors import ExitStatus, RollfilterError
 from rollfilter.gc_policy import collect_garbage_for_a_run
@@ -67,8 +67,7 @@ def run_command(args: Sequence[str] | None = None) -> int:
     if code is None:
         return 0
     if not isinstance(code, int):  # sys.exit("message"): print it, as Python would
-        with contextlib.suppress(OSError):
-            os.write(2, f"{code}\n".encode(errors="backslashreplace"))
+        write_stderr(2, message_line(str(code), prefix=""))
         return 1
     return code
 

@@ -139,8 +139,3 @@ def replace_content(file: WholeFile | None, data: bytes) -> None:
     """Replace the content of a file written whole (--metrics, --aggregate); OutputFailed when it cannot."""
     if file is not None:
         file.replace(data)
-
-
-def write_stderr(fd: int, data: bytes) -> None:
-    with contextlib.suppress(OSError):
-        os.write(fd, data)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import signal
 import ssl
@@ -23,6 +24,7 @@ import trio
 from rollfilter.aggregate import AggregateReport, ResultSpool, aggregate_run
 from rollfilter.cli import identity
 from rollfilter.cli.fields import in_options
+from rollfilter.cli.messages import failure_message, message_line, say, write_stderr
 from rollfilter.cli.outputs import (
     STANDARD_STREAMS,
     OutputFiles,
@@ -30,7 +32,6 @@ from rollfilter.cli.outputs import (
     refuse_earlier_lines,
     replace_content,
     summary_bytes,
-    write_stderr,
 )
 from rollfilter.config import CommandConfig, Config
 from rollfilter.connect import tls_context_for, transport_for
@@ -306,8 +307,12 @@ class _CommandLineRun:
         # While the display is up, stderr lines are printed above it instead of through it.
         self.log: LineWriter = self.display if self.display is not None else self.stderr_lines
         errors_out = self.log if self.errors is self.stderr_lines else self.errors
+        # An internal error's details are a -v event line, and a dry run has none.
+        message_of = functools.partial(failure_message, details_hint=not (options.verbose or options.dry_run))
         self.sink = (
-            BodySink(self.results, errors_out, repeats=config.max_repeats, in_options=in_options)
+            BodySink(
+                self.results, errors_out, repeats=config.max_repeats, stderr_line=message_line, message_of=message_of
+            )
             if options.dry_run
             else LineSink(
                 self.results,
@@ -315,7 +320,8 @@ class _CommandLineRun:
                 records=command.errors_file is not None,
                 ordered=command.ordered,
                 repeats=config.max_repeats,
-                in_options=in_options,
+                stderr_line=message_line,
+                message_of=message_of,
             )
         )
         self.tasks = None
@@ -359,12 +365,12 @@ class _CommandLineRun:
         )
 
     def say(self, text: str) -> None:
-        self.log.write(f"rollfilter: {in_options(text)}\n".encode(errors="replace"))
+        self.log.write(message_line(in_options(text)))
 
     def show_route(self, job: Job, agent: Agent) -> None:
         """--dry-run's line for a job it would send: where to."""
         url = ",".join(shown(replica.url) for replica in agent.replicas)
-        self.log.write(f"rollfilter: {describe(job)} -> POST {url}\n".encode(errors="replace"))
+        self.log.write(message_line(f"{describe(job)} -> POST {url}"))
 
     def finished(self) -> int:
         """The progress file's count: rollouts finished, earlier runs' included."""
@@ -437,7 +443,7 @@ class _CommandLineRun:
             with control.stoppable():
                 self.report = await aggregate_run(self.spool, engine.router, config, self.transport)
             for problem in self.report.problems if self.report is not None else ():
-                self.say(printable(f"--aggregate: {problem}"))
+                self.say(f"--aggregate: {problem}")
         for writer in self.writers:
             writer.close()
         for writer in self.writers:
@@ -465,12 +471,12 @@ class _CommandLineRun:
             self.write_failures.append(failure)
         messages = list(dict.fromkeys([control.reason, *map(str, self.write_failures)]))
         for message in filter(None, messages):
-            write_stderr(stderr, f"rollfilter: {in_options(message)}\n".encode(errors="replace"))
+            say(in_options(message), stderr)
         if self.write_failures:  # whatever stopped the run first, what it wrote is incomplete
             status = ExitStatus.OUTPUT_FAILED
         if engine is not None and control.status is None:
             for name in sorted(set(self.config.repeats_by_agent) - engine.planner.agents_seen):
-                write_stderr(stderr, f"rollfilter: -r {name}=K: no row named agent {name!r}\n".encode())
+                say(f"-r {name}=K: no row named agent {name!r}", stderr)
         if not self.options.quiet:
             write_stderr(stderr, summary)
         return status

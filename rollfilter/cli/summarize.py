@@ -5,7 +5,8 @@ from __future__ import annotations
 from rollfilter.aggregate import ResultSpool, aggregate_run
 from rollfilter.cli import identity
 from rollfilter.cli.fields import in_options
-from rollfilter.cli.outputs import STANDARD_STREAMS, OutputFiles, Streams, replace_content, summary_bytes, write_stderr
+from rollfilter.cli.messages import say
+from rollfilter.cli.outputs import STANDARD_STREAMS, OutputFiles, Streams, replace_content, summary_bytes
 from rollfilter.config import CommandConfig
 from rollfilter.connect import transport_for
 from rollfilter.engine import reward_of
@@ -78,14 +79,13 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
         write_all(streams.stdout, summary, "standard output")
         replace_content(metrics_file, summary)
     if unusable.count:
-        write_stderr(streams.stderr, f"rollfilter: {unusable}\n".encode(errors="replace"))
+        say(str(unusable), streams.stderr)
     for problem in reader.problems:
-        write_stderr(streams.stderr, f"rollfilter: {problem}\n".encode(errors="replace"))
+        say(problem, streams.stderr)
     for problem in report.problems if report is not None else ():
-        text = printable(f"rollfilter: --aggregate: {in_options(problem)}") + "\n"
-        write_stderr(streams.stderr, text.encode(errors="replace"))
+        say(f"--aggregate: {in_options(problem)}", streams.stderr)
     for problem in shards.problems if shards is not None else ():
-        write_stderr(streams.stderr, f"rollfilter: --summarize: {problem}\n".encode(errors="replace"))
+        say(f"--summarize: {problem}", streams.stderr)
     incomplete = reader.problems or unusable.count or (shards is not None and shards.problems)
     return ExitStatus.ROWS_FAILED if incomplete else ExitStatus.OK
 
