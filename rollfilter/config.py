@@ -183,7 +183,8 @@ class Config:
     max_failures: FailureLimit = FailureLimit()  # or a whole number: FailureLimit(count=...)
     prices: tuple[tuple[str | None, Price], ...] = ()  # USD per million tokens, by agent (None: the rest)
     max_cost: float | None = None  # stop the run once it has spent this many USD
-    headers: tuple[tuple[str, str], ...] = ()
+    # Their values are secrets (tokens, keys): kept out of repr, as out of every message.
+    headers: tuple[tuple[str, str], ...] = dataclasses.field(default=(), repr=False)
     shard: tuple[int, int] | None = None  # (I, N): keep the tasks whose index mod N is I
     pass_threshold: float = 1.0
     head_server: str | None = None

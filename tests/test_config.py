@@ -251,3 +251,11 @@ def test_statuses_and_failure_limits():
 def test_config_refuses_resume_without_output():
     with pytest.raises(UsageError, match=r"^CommandConfig\.resume needs CommandConfig\.output"):
         CommandConfig(Config(url="http://h/run"), resume=True)
+
+
+def test_a_configs_repr_never_shows_a_header_value():
+    config = Config(url="http://127.0.0.1:1/run", headers=(("Authorization", "Bearer S3CRET"),))
+    command = CommandConfig(engine=config)
+    assert "S3CRET" not in repr(config)
+    assert "S3CRET" not in repr(command)
+    assert "S3CRET" not in str(config)
