@@ -14,6 +14,7 @@ import queue
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -416,7 +417,37 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-NOT_AN_AGENT = "http://127.0.0.1:9"  # the discard port: nothing listens there
+def closed_port_urls(count: int) -> list[str]:
+    """`count` different URLs, http://127.0.0.1:PORT, where nothing listened when this returned:
+    each port was bound here (to port 0, so the kernel chose a free one), all at once so that no
+    port comes twice, and closed again. A connection to one is refused, unless something listens
+    there meanwhile: nothing stops another process from binding it, as the kernel hands out the
+    ports of its ephemeral range again; the guarantee is for that moment, not for the whole test.
+    Call it in the test, just before the URL is used, not at import or collection."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+    return [f"http://127.0.0.1:{port}" for port in ports]
+
+
+def closed_port_url() -> str:
+    """One URL of `closed_port_urls`."""
+    return closed_port_urls(1)[0]
+
+
+# For parametrized arguments, which are made long before the test runs: with_closed_port
+# gives them a port just closed.
+CLOSED_PORT = "CLOSED_PORT"
+CLOSED_PORT_URL = f"http://127.0.0.1:{CLOSED_PORT}"
+
+
+def with_closed_port(args: Sequence[str]) -> list[str]:
+    """`args` with each CLOSED_PORT replaced by the port of one `closed_port_url()`."""
+    port = closed_port_url().rsplit(":", 1)[1]
+    return [arg.replace(CLOSED_PORT, port) for arg in args]
 
 
 URL = "http://127.0.0.1:8000/run"

@@ -30,6 +30,7 @@ from tests.conftest import (
     QuietHandler,
     ThreadedHTTPServer,
     clean_env,
+    closed_port_url,
     expected_reward,
     result_lines,
     run,
@@ -188,7 +189,7 @@ def test_sync_api_raises_misconfiguration_before_sending():
     with pytest.raises(UsageError, match="no agent"):
         list(rollouts(simple_rows(2), Config()))
     with pytest.raises(ServiceError, match="head server"):
-        list(rollouts(simple_rows(2), Config(head_server="http://127.0.0.1:9")))
+        list(rollouts(simple_rows(2), Config(head_server=closed_port_url())))
     with pytest.raises(UsageError):
         Config(url="not a url")
 

@@ -20,7 +20,7 @@ from rollfilter.cli.fields import OPTION_OF_FIELD, in_options
 from rollfilter.cli.options import typer_app
 from rollfilter.config import CommandConfig, ConfigError, FailureLimit
 from rollfilter.errors import ErrorKind, UsageError, name_options
-from tests.conftest import QuietHandler, ThreadedHTTPServer, rows_jsonl, run, simple_rows, summary_of
+from tests.conftest import QuietHandler, ThreadedHTTPServer, closed_port_url, rows_jsonl, run, simple_rows, summary_of
 from tests.conftest import run as run_command
 
 
@@ -147,7 +147,7 @@ def test_config_errors_name_the_field_and_the_command_line_names_the_option():
     with pytest.raises(ConfigError, match=r"^Config\.concurrency must be at least 1$") as caught:
         Config(url="http://h/run", concurrency=0)
     assert caught.value.field == "concurrency"
-    proc = run(["-u", "http://127.0.0.1:9", "-j", "1", "--shard", "3/2"])
+    proc = run(["-u", closed_port_url(), "-j", "1", "--shard", "3/2"])
     assert proc.stderr.decode() == "rollfilter: --shard I/N wants 0 <= I < N\n"
 
 

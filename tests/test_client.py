@@ -31,7 +31,7 @@ from rollfilter.http import BadReply, CertificateError, Reply
 from rollfilter.outcomes import AttemptFailure
 from rollfilter.plan import Job
 from rollfilter.routing import Agent, Replica
-from tests.conftest import URL
+from tests.conftest import URL, closed_port_urls
 
 BODY = b'{"id": 7}'
 
@@ -212,19 +212,19 @@ async def test_a_retry_after_that_does_not_parse_counts_as_none(value: str, auto
 
 
 async def test_a_replica_whose_connections_fail_cools_down(autojump_clock):
-    bad, good = "http://127.0.0.1:1/run", "http://127.0.0.1:2/run"
-    transport = ScriptedTransport(lambda url: httpx.ConnectError("refused") if url.port == 1 else answer(200))
+    bad, good = (base + "/run" for base in closed_port_urls(2))
+    transport = ScriptedTransport(lambda url: httpx.ConnectError("refused") if str(url) == bad else answer(200))
     client = AgentClient(Config(url=URL), transport, rng=random.Random(1))
     replicas = agent(bad, good)
     assert await client.run(job(), replicas) == {"reward": 1.0}
-    assert [c.url.port for c in transport.calls] == [1, 2]  # the failed replica is avoided for the retry
+    assert [str(c.url) for c in transport.calls] == [bad, good]  # the failed replica is avoided for the retry
     transport.calls.clear()
     assert await client.run(job(), replicas) == {"reward": 1.0}
-    assert [c.url.port for c in transport.calls] == [2]  # cooling down: not tried at all
+    assert [str(c.url) for c in transport.calls] == [good]  # cooling down: not tried at all
     await trio.sleep(replicas.replicas[0].cooldown + 0.01)
     transport.calls.clear()
     assert await client.run(job(), replicas) == {"reward": 1.0}
-    assert [c.url.port for c in transport.calls] == [1, 2]  # tried again once its cool-down is over
+    assert [str(c.url) for c in transport.calls] == [bad, good]  # tried again once its cool-down is over
     assert replicas.replicas[0].cooldown == 2.0  # and it failed again: the cool-down doubles
 
 

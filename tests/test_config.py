@@ -33,7 +33,7 @@ from rollfilter.config import (
     slurm_shard,
 )
 from rollfilter.errors import ExitStatus, UsageError
-from tests.conftest import array_task
+from tests.conftest import array_task, closed_port_url
 
 SECRET = "secret-value"
 
@@ -81,10 +81,11 @@ def test_the_command_line_checks_a_header_as_config_does_and_names_the_option():
 
 
 def test_a_command_config_never_changes_the_engine_config_it_is_given():
-    engine = Config(url="http://127.0.0.1:1/run", aggregate=True)
+    url = closed_port_url() + "/run"
+    engine = Config(url=url, aggregate=True)
     assert CommandConfig(engine, aggregate_file="aggregate.json").engine is engine
     with pytest.raises(UsageError, match=r"^CommandConfig\.aggregate_file needs Config\.aggregate"):
-        CommandConfig(Config(url="http://127.0.0.1:1/run"), aggregate_file="aggregate.json")
+        CommandConfig(Config(url=url), aggregate_file="aggregate.json")
 
 
 def test_a_part_or_its_plain_value_builds_the_same_config():

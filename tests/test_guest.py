@@ -29,6 +29,7 @@ from tests.conftest import (
     DemoProcess,
     DemoServer,
     clean_env,
+    closed_port_url,
     expected_reward,
     simple_rows,
     wait_for,
@@ -432,7 +433,7 @@ def test_misconfiguration_raises_on_entry_before_anything_is_sent(lib: Library):
             async with open_rollouts(rows(), Config()):
                 pytest.fail("entered")
         with pytest.raises(ServiceError, match="head server"):
-            async with open_rollouts(rows(), Config(head_server="http://127.0.0.1:9")):
+            async with open_rollouts(rows(), Config(head_server=closed_port_url())):
                 pytest.fail("entered")
 
     lib.run(scenario)

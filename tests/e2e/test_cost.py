@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import result_lines, run, summary_of
+from tests.conftest import closed_port_url, result_lines, run, summary_of
 from tests.servers.recording_agent import RecordingAgent
 
 
@@ -58,7 +58,7 @@ def test_cost_is_tokens_times_prices_by_agent(tmp_path: Path, agent: RecordingAg
 def test_a_bad_prices_file_is_refused_in_one_line(tmp_path: Path, text: str):
     prices = tmp_path / "prices.yaml"
     prices.write_text(text + "\n")
-    proc = run(["-u", "http://127.0.0.1:8000/run", "--prices", str(prices)])  # refused before sending
+    proc = run(["-u", closed_port_url() + "/run", "--prices", str(prices)])  # refused before sending
     assert proc.returncode == 2
     (line,) = proc.stderr.decode().splitlines()
     assert line.startswith(f"rollfilter: --prices {prices}: ")

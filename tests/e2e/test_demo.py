@@ -9,10 +9,11 @@ import pty
 import pytest
 
 from tests.conftest import (
-    NOT_AN_AGENT,
+    CLOSED_PORT_URL,
     SUBPROCESS_TIMEOUT,
     WEATHER,
     clean_env,
+    closed_port_url,
     expected_reward,
     result_lines,
     rows_jsonl,
@@ -20,6 +21,7 @@ from tests.conftest import (
     simple_rows,
     start,
     summary_of,
+    with_closed_port,
 )
 
 
@@ -51,16 +53,18 @@ def test_demo_alone_at_a_terminal_runs_the_example_rows():
     assert summary_of(stderr)["rollfilter"]["succeeded"] == 5
 
 
-@pytest.mark.parametrize("agent", [["-u", NOT_AN_AGENT], ["-e", f"a={NOT_AN_AGENT}"], ["--head-server", NOT_AN_AGENT]])
+@pytest.mark.parametrize(
+    "agent", [["-u", CLOSED_PORT_URL], ["-e", f"a={CLOSED_PORT_URL}"], ["--head-server", CLOSED_PORT_URL]]
+)
 def test_demo_beside_an_agent_is_a_usage_error(agent: list[str]):
-    proc = run(["--demo", *agent], input=rows_jsonl(simple_rows(2)))
+    proc = run(["--demo", *with_closed_port(agent)], input=rows_jsonl(simple_rows(2)))
     assert proc.returncode == 2
     assert proc.stdout == b""
     assert proc.stderr.decode() == f"rollfilter: --demo starts its own agent: it cannot be combined with {agent[0]}\n"
 
 
 def test_demo_replaces_agent_defaults_from_the_environment():
-    env = clean_env(ROLLFILTER_URL="http://127.0.0.1:9", ROLLFILTER_HEAD_SERVER="http://127.0.0.1:9")
+    env = clean_env(ROLLFILTER_URL=closed_port_url(), ROLLFILTER_HEAD_SERVER=closed_port_url())
     proc = run(["--demo"], input=rows_jsonl(simple_rows(3)), env=env)
     assert proc.returncode == 0, proc.stderr
     assert sorted(r["_ng_task_index"] for r in result_lines(proc.stdout)) == [0, 1, 2]

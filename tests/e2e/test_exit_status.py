@@ -17,12 +17,13 @@ import pytest
 
 from rollfilter.errors import ExitStatus
 from tests.conftest import (
-    NOT_AN_AGENT,
+    CLOSED_PORT_URL,
     SIGNALLED_AT_IMPORT,
     SUBPROCESS_TIMEOUT,
     TOO_LARGE,
     DemoServer,
     clean_env,
+    closed_port_url,
     result_lines,
     rollfilter_command,
     rows_jsonl,
@@ -30,6 +31,7 @@ from tests.conftest import (
     simple_rows,
     start,
     summary_of,
+    with_closed_port,
 )
 
 DISK_FULL = "No space left on device"  # strerror(ENOSPC)
@@ -152,7 +154,7 @@ def test_metrics_to_a_pipe_is_written_not_truncated(tmp_path, demo_server: DemoS
 
 def test_dry_run_stops_when_its_reader_goes_away():
     # Standard input stays open: only the closed stdout can end this run.
-    proc = start(["--dry-run", "-u", NOT_AN_AGENT], stdin=subprocess.PIPE)
+    proc = start(["--dry-run", "-u", closed_port_url()], stdin=subprocess.PIPE)
     assert proc.stdin
     assert proc.stdout
     assert proc.stderr
@@ -351,13 +353,13 @@ def test_a_run_with_stdin_closed_says_it_cannot_read_it(demo_server: DemoServer)
         ("trio", []),
         ("typer", []),
         ("rollfilter.cli.run", []),
-        ("resource", ["-u", NOT_AN_AGENT]),  # imported after the options are parsed, before the run starts
+        ("resource", ["-u", CLOSED_PORT_URL]),  # imported after the options are parsed, before the run starts
         ("rollfilter.cli.progress", ["--demo", "--progress", "-q"]),  # imported once the run has started
     ],
 )
 def test_ctrl_c_at_any_point_of_start_up_exits_130_without_a_traceback(module: str, args: list[str]):
     proc = subprocess.run(
-        [sys.executable, "-c", SIGNALLED_AT_IMPORT, module, "SIGINT", *args],
+        [sys.executable, "-c", SIGNALLED_AT_IMPORT, module, "SIGINT", *with_closed_port(args)],
         input=rows_jsonl(simple_rows(2)).encode(),
         capture_output=True,
         timeout=SUBPROCESS_TIMEOUT,

@@ -15,6 +15,7 @@ from tests.conftest import (
     QuietHandler,
     ThreadedHTTPServer,
     clean_env,
+    closed_port_url,
     result_lines,
     rows_jsonl,
     run,
@@ -128,8 +129,9 @@ def test_unknown_agent_name_is_a_usage_error_listing_known_names(head_server: He
 
 
 def test_unreachable_head_server_exits_3_before_sending():
-    proc = run(["--head-server", "http://127.0.0.1:9", "-a", AGENT], input=rows_jsonl(simple_rows(2)))
+    head_server = closed_port_url()
+    proc = run(["--head-server", head_server, "-a", AGENT], input=rows_jsonl(simple_rows(2)))
     assert proc.returncode == 3
     assert proc.stdout == b""
-    assert proc.stderr.decode().startswith("rollfilter: cannot reach the head server at http://127.0.0.1:9")
+    assert proc.stderr.decode().startswith(f"rollfilter: cannot reach the head server at {head_server}")
     assert proc.stderr.decode().count("\n") == 1

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import (
-    NOT_AN_AGENT,
+    closed_port_url,
     rows_jsonl,
     run,
     simple_rows,
@@ -72,7 +72,7 @@ def test_any_value_of_a_numeric_option_is_refused_in_one_line_or_runs(
     empty.write_text("")
     results = folder / "results.jsonl"
     results.write_text('{"_ng_task_index": 0, "_ng_rollout_index": 0, "reward": 1.0}\n')
-    for mode in (["--dry-run", "-u", NOT_AN_AGENT, str(empty)], ["--summarize", str(results)]):
+    for mode in (["--dry-run", "-u", closed_port_url(), str(empty)], ["--summarize", str(results)]):
         status = run_command([*mode, "-q", f"{option}={value}"])
         stderr = capfd.readouterr().err
         assert status in (0, 1, 2), stderr  # 1: it ran, and a line failed (--max-line-bytes 1, say)
@@ -95,7 +95,7 @@ def test_any_value_of_a_numeric_option_is_refused_in_one_line_or_runs(
     ],
 )
 def test_a_value_that_cannot_be_honoured_is_a_usage_error(args: list[str]):
-    proc = run(["-u", NOT_AN_AGENT, *args], input=rows_jsonl(simple_rows(1)))
+    proc = run(["-u", closed_port_url(), *args], input=rows_jsonl(simple_rows(1)))
     assert proc.returncode == 2
     [message] = proc.stderr.decode().splitlines()
     assert message.startswith(f"rollfilter: {'-r/--repeats' if args[0] == '-r' else '--pass-threshold'} must be")

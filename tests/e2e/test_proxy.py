@@ -11,6 +11,7 @@ from tests.conftest import (
     QuietHandler,
     ThreadedHTTPServer,
     clean_env,
+    closed_port_urls,
     result_lines,
     rows_jsonl,
     run,
@@ -83,8 +84,9 @@ def test_every_call_of_a_run_goes_through_the_proxy(demo_server: DemoServer, tmp
 
 def test_a_socks5_proxy_is_usable(tmp_path):
     """socks5 is accepted, so its support is installed: a dead proxy fails rows, no traceback."""
+    proxy, agent = closed_port_urls(2)
     proc = run(
-        ["--proxy", "socks5://127.0.0.1:9", "-u", "http://127.0.0.1:9", "--retries", "0"],
+        ["--proxy", proxy.replace("http://", "socks5://"), "-u", agent, "--retries", "0"],
         input=rows_jsonl(simple_rows(2)),
     )
     assert proc.returncode == 1

@@ -9,6 +9,7 @@ import pytest
 
 from tests.conftest import (
     DemoServer,
+    closed_port_url,
     read_jsonl,
     rows_jsonl,
     run,
@@ -64,7 +65,7 @@ def test_no_budget_retries_every_failure(demo_server: DemoServer):
 
 @pytest.mark.parametrize("value", ["-1", "nan", "inf", "x"])
 def test_a_bad_budget_is_a_usage_error(value: str):
-    proc = run(["-u", "http://127.0.0.1:8000/run", "--retry-budget", value])  # refused before sending
+    proc = run(["-u", closed_port_url() + "/run", "--retry-budget", value])  # refused before sending
     assert proc.returncode == 2
     assert proc.stderr.decode().startswith("rollfilter: --retry-budget wants R")
 
@@ -93,9 +94,7 @@ def test_status_not_in_retry_set_is_not_retried(demo_server: DemoServer):
 
 def test_dead_agent_fails_with_connect_after_retries(tmp_path):
     errors = tmp_path / "errors.jsonl"
-    proc = run(
-        ["-u", "http://127.0.0.1:9", "--retries", "1", "--errors", str(errors)], input=rows_jsonl(simple_rows(3))
-    )
+    proc = run(["-u", closed_port_url(), "--retries", "1", "--errors", str(errors)], input=rows_jsonl(simple_rows(3)))
     assert proc.returncode == 1
     records = read_jsonl(errors)
     assert [r["error"]["kind"] for r in records] == ["connect"] * 3

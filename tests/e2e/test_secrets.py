@@ -5,10 +5,14 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import (
+    CLOSED_PORT,
+    CLOSED_PORT_URL,
     DemoServer,
+    closed_port_url,
     rows_jsonl,
     run,
     simple_rows,
+    with_closed_port,
 )
 
 
@@ -16,11 +20,12 @@ def test_header_values_never_appear_in_output(tmp_path, start_demo):
     secret = "s3cr3t-t0ken-value"
     server = start_demo("--fail-rate", "1.0")
     errors = tmp_path / "errors.jsonl"
+    dead = closed_port_url()
     for args in (
         ["-u", server.url, "--retries", "0"],
         ["-u", server.url, "--retries", "0", "--errors", str(errors)],
-        ["-u", "http://127.0.0.1:9", "--retries", "0"],
-        ["-u", "http://127.0.0.1:9", "--retries", "0", "--errors", str(errors), "--append"],
+        ["-u", dead, "--retries", "0"],
+        ["-u", dead, "--retries", "0", "--errors", str(errors), "--append"],
         ["-u", server.url, "-H", "Authorization"],  # malformed: value-less
     ):
         proc = run(["-H", f"Authorization: Bearer {secret}", *args], input=rows_jsonl(simple_rows(2)))
@@ -49,11 +54,11 @@ def test_credentials_in_an_agent_url_are_never_printed(demo_server: DemoServer):
         ["-u", "ftp://user:S3CRET@127.0.0.1/run"],  # not http(s)
         ["-e", "a=http://user:S3CRET@127.0.0.1:abc/run"],
         ["--head-server", "http://user:S3CRET@127.0.0.1:99999", "-a", "a"],
-        ["--proxy", "ftp://user:S3CRET@127.0.0.1:1", "-u", "http://127.0.0.1:9"],
+        ["--proxy", f"ftp://user:S3CRET@127.0.0.1:{CLOSED_PORT}", "-u", CLOSED_PORT_URL],
     ],
 )
 def test_unusable_urls_are_one_line_without_their_secrets(args):
-    proc = run(args, input=rows_jsonl(simple_rows(1)))
+    proc = run(with_closed_port(args), input=rows_jsonl(simple_rows(1)))
     assert proc.returncode == 2
     assert proc.stderr.decode().count("\n") == 1
     assert b"Traceback" not in proc.stderr

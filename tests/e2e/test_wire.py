@@ -26,6 +26,7 @@ from tests.conftest import (
     SUBPROCESS_TIMEOUT,
     DemoServer,
     clean_env,
+    closed_port_url,
     rollfilter_command,
     rows_jsonl,
     run,
@@ -576,8 +577,8 @@ def test_a_reply_bound_under_one_byte_is_refused_before_anything_is_sent():
     from rollfilter.config import Config, ConfigError
 
     with pytest.raises(ConfigError, match="max_reply_bytes must be at least 1"):
-        Config(url="http://127.0.0.1:9/run", max_reply_bytes=0)
-    proc = run(["-u", "http://127.0.0.1:9/run", "--max-reply-bytes", "0"], input=rows_jsonl(rows_for(1)))
+        Config(url=closed_port_url() + "/run", max_reply_bytes=0)
+    proc = run(["-u", closed_port_url() + "/run", "--max-reply-bytes", "0"], input=rows_jsonl(rows_for(1)))
     assert proc.returncode == 2
     assert "--max-reply-bytes" in proc.stderr.decode()
 
@@ -675,13 +676,13 @@ def test_config_refuses_the_headers_that_h_refuses(header: tuple[str, str], prob
     from rollfilter.config import Config, ConfigError
 
     with pytest.raises(ConfigError) as refused:
-        Config(url="http://127.0.0.1:9/run", headers=(header,))
+        Config(url=closed_port_url() + "/run", headers=(header,))
     assert refused.value.field == "headers"
     assert problem in str(refused.value)
     assert "s3cret" not in str(refused.value)
     if "\0" not in header[1]:  # an argument cannot hold a NUL
         given = f"{header[0]}: {header[1]}"
-        proc = run(["-u", "http://127.0.0.1:9/run", "-H", given], input=rows_jsonl(rows_for(1)))
+        proc = run(["-u", closed_port_url() + "/run", "-H", given], input=rows_jsonl(rows_for(1)))
         assert proc.returncode == 2  # as -H refuses it
         assert b"s3cret" not in proc.stderr
 
