@@ -512,6 +512,21 @@ async def serve_raw(nursery: trio.Nursery, handler: Handler) -> httpx.URL:
     return httpx.URL(f"http://127.0.0.1:{port}/run")
 
 
+READABLE_WITHIN = 10.0  # seconds: the longest wait for bytes to reach a socket on loopback
+
+
+async def wait_idle_connections_readable(transport: Any) -> None:
+    """Until each idle connection in `transport`'s pool has something to read: bytes, or the
+    server's close. Bytes that came over TLS in the last reply's read are off the socket already,
+    in trio's SSLStream, where the socket does not show them: they count too."""
+    for conn in [conn for stack in transport._idle.values() for conn in stack]:
+        stream = conn.stream
+        if isinstance(stream, trio.SSLStream) and (stream._incoming.pending or stream._ssl_object.pending()):
+            continue
+        with trio.fail_after(READABLE_WITHIN):
+            await trio.lowlevel.wait_readable(conn.socket)
+
+
 async def read_request(stream: trio.SocketStream) -> bytes:
     data = b""
     while b"\r\n\r\n" not in data:

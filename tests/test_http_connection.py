@@ -17,29 +17,40 @@ from rollfilter.http import HTTP11Transport
 from tests.conftest import (
     read_request,
     serve_raw,
+    wait_idle_connections_readable,
 )
 from tests.servers.wire_server import Conn, Request, WireServer, echo, reply
 
 
 async def test_a_connection_closed_while_idle_is_not_reused():
     connections = 0
+    # What each connection received after the server's FIN.
+    after_close_in, after_close = trio.open_memory_channel[bytes](2)
 
     async def handler(stream: trio.SocketStream) -> None:
         nonlocal connections
         connections += 1
         await read_request(stream)
         await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
-        await stream.aclose()  # without saying so: a keep-alive timeout on the server
+        # A keep-alive timeout on the server, without saying so. Only its FIN: it still reads,
+        # so a request sent on this connection anyway is seen here (a resend would hide it).
+        await stream.send_eof()
+        received = b""
+        while chunk := await stream.receive_some(65536):
+            received += chunk
+        await after_close_in.send(received)
 
     async with trio.open_nursery() as nursery:
         url = await serve_raw(nursery, handler)
         transport = HTTP11Transport()
         await transport.post(url, b"{}")
-        await trio.sleep(0.6)  # the server's close has arrived: the check before reuse sees it
+        await wait_idle_connections_readable(transport)  # the server's FIN has arrived
         reply = await transport.post(url, b"{}")
         assert reply.status == 200
         assert connections == 2
         await transport.aclose()
+        with trio.fail_after(10):
+            assert [await after_close.receive() for _ in range(2)] == [b"", b""]  # the closed one was not used
         nursery.cancel_scope.cancel()
 
 
@@ -100,7 +111,7 @@ async def test_agent_connections_have_tcp_keepalive():
         await transport.aclose()
 
 
-async def test_the_check_before_reuse_works_above_descriptor_1024(high_descriptors):
+async def test_the_check_before_reuse_works_above_descriptor_1024(high_descriptors, mock_clock):
     closed_once = threading.Event()
 
     def close_the_third(request: Request, conn: Conn) -> None:
@@ -114,7 +125,7 @@ async def test_the_check_before_reuse_works_above_descriptor_1024(high_descripto
         with WireServer(close_the_third) as server:
             url = httpx.URL(server.url)
             for i in range(3):
-                await trio.sleep(0.6)  # idle long enough that the old code checked with select()
+                mock_clock.jump(0.6)  # idle long enough (on trio's clock) that the old code checked with select()
                 assert json.loads((await transport.post(url, b'{"id": %d}' % i)).body)["echo"] == i
             assert server.connections == 1  # a healthy idle connection is reused, not dropped
             await trio.to_thread.run_sync(closed_once.wait, 10)

@@ -12,8 +12,7 @@ from rollfilter.http import HTTP11Transport, pool
 from tests.servers.wire_server import WireServer
 
 
-async def test_idle_connections_expire_before_the_server_times_them_out(monkeypatch):
-    monkeypatch.setattr(pool, "IDLE_EXPIRY", 0.2)
+async def test_idle_connections_expire_before_the_server_times_them_out(mock_clock):
     transport = HTTP11Transport()
     try:
         with WireServer() as server:
@@ -21,8 +20,11 @@ async def test_idle_connections_expire_before_the_server_times_them_out(monkeypa
             await transport.post(url, b'{"id": 0}')
             await transport.post(url, b'{"id": 1}')
             assert server.connections == 1  # kept alive...
-            await trio.sleep(0.3)
+            mock_clock.jump(pool.IDLE_EXPIRY - 0.01)  # idle on trio's clock, which the pool reads
             await transport.post(url, b'{"id": 2}')
+            assert server.connections == 1  # ...up to the expiry...
+            mock_clock.jump(pool.IDLE_EXPIRY + 0.01)
+            await transport.post(url, b'{"id": 3}')
             assert server.connections == 2  # ...but not past the expiry
     finally:
         await transport.aclose()
@@ -43,7 +45,7 @@ async def test_uvicorn_keep_alive_timeout_race_costs_no_rows(uvicorn_server, exp
 
     async def reuse_after(i: int, idle: float) -> None:
         first = await transport.post(url, b'{"id": %d}' % i)
-        await trio.sleep(idle)
+        await trio.sleep(idle)  # real time: the subject is uvicorn's own 5 s keep-alive clock
         second = await transport.post(url, b'{"id": %d}' % (width + i))
         answers[i] = [json.loads(first.body)["echo"], json.loads(second.body)["echo"]]
 

@@ -18,6 +18,7 @@ from rollfilter.demo.server import _serve_connection
 from rollfilter.http import HTTP11Transport, tls_context
 from tests.conftest import (
     simple_rows,
+    wait_idle_connections_readable,
 )
 from tests.servers.wire_server import Conn, Request, WireServer, echo, reply
 
@@ -81,7 +82,7 @@ async def test_over_tls_a_reply_nobody_asked_for_is_never_read_as_the_next_answe
         with WireServer(stray_after_the_first, tls=context) as server:
             url = httpx.URL(server.url)
             first = await transport.post(url, b'{"id": 0}')
-            await trio.sleep(0.2)  # the injected reply has arrived
+            await wait_idle_connections_readable(transport)  # the injected reply has arrived
             second = await transport.post(url, b'{"id": 1}')
             assert (json.loads(first.body)["echo"], json.loads(second.body)["echo"]) == (0, 1)
             assert server.connections == 2
