@@ -214,6 +214,19 @@ def start(args: Sequence[str], **popen: Any) -> subprocess.Popen[bytes]:
     return subprocess.Popen([*rollfilter_command(), *args], **popen)
 
 
+def lines_of(stream: object) -> queue.Queue[bytes]:
+    """The lines of a pipe, read by a thread of their own, as they come."""
+    lines: queue.Queue[bytes] = queue.Queue()
+
+    def read() -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            lines.put(line)
+        lines.put(b"")
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
 def result_lines(stdout: bytes) -> list[dict[str, Any]]:
     return [json.loads(line) for line in stdout.splitlines()]
 

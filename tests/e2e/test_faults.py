@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import select
 import signal
 import subprocess
-import time
 from collections import Counter
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from tests.conftest import (
     SUBPROCESS_TIMEOUT,
     DemoServer,
+    lines_of,
     read_jsonl,
     result_lines,
     rows_jsonl,
@@ -129,29 +131,38 @@ def test_sigterm_and_sighup_cancel_in_flight_and_print_the_summary(
 def test_second_interrupt_during_the_wind_down_exits_at_once(demo_server: DemoServer, tmp_path):
     data = tmp_path / "rows.jsonl"
     data.write_text(rows_jsonl(simple_rows(5000)))
-    # Nobody reads stdout: once the pipe is full the wind-down cannot finish writing.
-    proc = start(["-u", demo_server.url, str(data)])
+    # Nobody reads stdout: once the pipe is full the wind-down cannot finish writing. A second
+    # open of the pipe's write end, polled, says when it is full, and shares no flags with the
+    # command's.
+    read_end, write_end = os.pipe()
+    probe = os.open(f"/proc/self/fd/{write_end}", os.O_WRONLY)
+    full = select.poll()
+    full.register(probe, select.POLLOUT)
+    proc = start(["-u", demo_server.url, str(data)], stdout=write_end)
+    os.close(write_end)
     try:
-        seen = [-1]
-
-        def stalled() -> bool:  # the pipe is full and every slot waits on a write
-            time.sleep(0.3)
-            count = demo_server.stats()["requests"]
-            previous, seen[0] = seen[0], count
-            return count > 100 and count == previous
-
-        wait_for(stalled)
+        assert proc.stderr is not None
+        stderr = lines_of(proc.stderr)
+        wait_for(lambda: not full.poll(0))
         proc.send_signal(signal.SIGINT)
-        time.sleep(0.5)
+        # Its status, asked for after the interrupt, comes once the interrupt has been taken
+        # (and keeps the second SIGINT from merging with the first).
+        proc.send_signal(signal.SIGUSR1)
+        assert stderr.get(timeout=SUBPROCESS_TIMEOUT).startswith(b"rollfilter: status: ")
         assert proc.poll() is None  # stuck writing finished results to a full pipe
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=10) == 130
+        rest = []
+        while (line := stderr.get(timeout=SUBPROCESS_TIMEOUT)) != b"":
+            rest.append(line)
+        assert not [line for line in rest if line.startswith(b"{")]  # no summary: the wind-down never ended
     finally:
         proc.kill()
         proc.wait(timeout=SUBPROCESS_TIMEOUT)
-        for stream in (proc.stdout, proc.stderr):
-            assert stream is not None
-            stream.close()
+        for fd in (read_end, probe):
+            os.close(fd)
+        assert proc.stderr is not None
+        proc.stderr.close()
 
 
 def test_each_bad_input_line_fails_alone_with_its_line_number(tmp_path, demo_server: DemoServer):

@@ -3,26 +3,11 @@
 from __future__ import annotations
 
 import json
-import queue
 import signal
-import threading
 from pathlib import Path
 
-from tests.conftest import SUBPROCESS_TIMEOUT, result_lines, start, summary_of
+from tests.conftest import SUBPROCESS_TIMEOUT, lines_of, result_lines, start, summary_of
 from tests.servers.recording_agent import RecordingAgent
-
-
-def lines_of(stream: object) -> queue.Queue[bytes]:
-    """The lines of a pipe, read by a thread of their own, as they come."""
-    lines: queue.Queue[bytes] = queue.Queue()
-
-    def read() -> None:
-        for line in stream:  # type: ignore[attr-defined]
-            lines.put(line)
-        lines.put(b"")
-
-    threading.Thread(target=read, daemon=True).start()
-    return lines
 
 
 def test_sigusr1_prints_a_status_block_and_changes_nothing_else(tmp_path: Path, agent: RecordingAgent):
