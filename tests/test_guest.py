@@ -609,9 +609,14 @@ def test_ctrl_c_in_an_asyncio_program_stops_the_run(demo_server: DemoServer, tmp
         assert process.stdout is not None
         assert process.stdout.readline() == b"entered\n"
         wait_for(lambda: demo_server.stats()["requests"] == 4)
-        others = [int(tid) for tid in os.listdir(f"/proc/{process.pid}/task") if int(tid) != process.pid]
+
+        def others() -> list[int]:
+            return [int(tid) for tid in os.listdir(f"/proc/{process.pid}/task") if int(tid) != process.pid]
+
+        if thread == "another":  # trio starts its I/O thread the first time the guest must block: not yet, maybe
+            wait_for(lambda: bool(others()))
         # kill() of a thread's id is still sent to the process, but that thread is offered it first.
-        os.kill(process.pid if thread == "main" else others[0], signal.SIGINT)
+        os.kill(process.pid if thread == "main" else others()[0], signal.SIGINT)
         try:
             _, stderr = process.communicate(timeout=SUBPROCESS_TIMEOUT)
         except subprocess.TimeoutExpired:
