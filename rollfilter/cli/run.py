@@ -444,10 +444,14 @@ class _CommandLineRun:
                 self.report = await aggregate_run(self.spool, engine.router, config, self.transport)
             for problem in self.report.problems if self.report is not None else ():
                 self.say(f"--aggregate: {problem}")
-        for writer in self.writers:
-            writer.close()
-        for writer in self.writers:
-            await writer.drained.wait()
+        # Standard error is closed last: a status asked for (SIGUSR1) while the other outputs are
+        # still written, as when a wind-down waits on a full stdout, is printed, not dropped.
+        others = [writer for writer in self.writers if writer is not self.stderr_lines]
+        for group in (others, [self.stderr_lines]):
+            for writer in group:
+                writer.close()
+            for writer in group:
+                await writer.drained.wait()
 
     def _finish(self) -> ExitStatus:
         """The exit status, with the summary and the files written whole at the end."""
