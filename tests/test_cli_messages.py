@@ -9,7 +9,7 @@ import pytest
 
 from rollfilter import engine
 from rollfilter.cli.messages import message_line
-from tests.conftest import DemoServer, rows_jsonl, run, simple_rows
+from tests.conftest import DemoServer, closed_port_url, rows_jsonl, run, simple_rows
 
 COMMAND_LINE = Path(__file__).parent.parent / "rollfilter" / "cli"
 # Calls that write to a descriptor or to Python's stderr; the others write to stderr when given it.
@@ -67,7 +67,7 @@ def test_a_message_line_escapes_control_characters_and_undecodable_bytes():
 
 def test_the_command_escapes_a_control_character_in_its_message(tmp_path: Path):
     missing = tmp_path / "rows\x1b]0;owned\x07.jsonl"
-    proc = run(["-u", "http://127.0.0.1:1/run", str(missing)])  # refused before anything is sent
+    proc = run(["-u", closed_port_url() + "/run", str(missing)])  # refused before anything is sent
     assert proc.returncode == 2
     assert proc.stderr.count(b"\n") == 1
     assert b"\x1b" not in proc.stderr

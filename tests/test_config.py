@@ -255,7 +255,7 @@ def test_config_refuses_resume_without_output():
 
 
 def test_a_configs_repr_never_shows_a_header_value():
-    config = Config(url="http://127.0.0.1:1/run", headers=(("Authorization", "Bearer S3CRET"),))
+    config = Config(url=closed_port_url() + "/run", headers=(("Authorization", "Bearer S3CRET"),))
     command = CommandConfig(engine=config)
     assert "S3CRET" not in repr(config)
     assert "S3CRET" not in repr(command)
