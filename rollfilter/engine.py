@@ -9,6 +9,7 @@ in memory are bounded by the concurrency however fast the input or slow the outp
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import itertools
 import math
@@ -24,7 +25,7 @@ from rollfilter.aggregate import ResultSpool
 from rollfilter.client import AgentClient, DryRunClient, Flight, JobClient
 from rollfilter.config import Config, ConfigError, FailureLimit
 from rollfilter.cost import Spending
-from rollfilter.errors import ErrorKind, ExitStatus
+from rollfilter.errors import ErrorKind
 from rollfilter.headserver import resolve_endpoints
 from rollfilter.http import AgentTransport
 from rollfilter.metrics import UNNAMED_AGENT, Metrics, as_float
@@ -68,28 +69,39 @@ class RunStatus:
     oldest: tuple[InFlight, ...]
 
 
+class StopCause(enum.Enum):
+    """Why a run was stopped before its rows ran out; the value is how the summary says it."""
+
+    LIMIT_REACHED = "limit reached"  # Config.max_failures or Config.max_cost
+    INTERRUPTED = "interrupted"  # the signals the command line stops on
+    TERMINATED = "terminated"
+    HUNG_UP = "hung up"
+    READER_GONE = "broken pipe"  # the reader of the results went away
+    OUTPUT_FAILED = "output failed"  # an output could not be written
+
+
 class RunControl:
     """Stops a run from anywhere (a signal, a closed stdout, the failure limit).
 
-    The first stop wins: its status is the run's exit status and its reason is reported. A
-    reason given as a function is asked when it is reported, so that counts it quotes include
-    the rows that ended while the stop took effect.
+    The first stop wins: its cause is the run's, and its reason is reported. A reason given as
+    a function is asked when it is reported, so that counts it quotes include the rows that
+    ended while the stop took effect.
     `scope` bounds the engine; `stoppable()` gives more scopes that a stop cancels too.
     """
 
     def __init__(self) -> None:
         self.scope = trio.CancelScope()
         self._scopes = [self.scope]
-        self.status: ExitStatus | None = None
+        self.cause: StopCause | None = None
         self._reason: str | Callable[[], str] | None = None
 
     @property
     def reason(self) -> str | None:
         return self._reason() if callable(self._reason) else self._reason
 
-    def stop(self, status: ExitStatus, reason: str | Callable[[], str] | None = None) -> None:
-        if self.status is None:
-            self.status = status
+    def stop(self, cause: StopCause, reason: str | Callable[[], str] | None = None) -> None:
+        if self.cause is None:
+            self.cause = cause
             self._reason = reason
         self.cancel()
 
@@ -231,7 +243,7 @@ class Engine:
         spending.add(job.agent_name, answer)
         if self.max_cost is not None and spending.total >= self.max_cost:
             self.control.stop(
-                ExitStatus.ROWS_FAILED, f"stopped after spending ${spending.total:.4f} of a ${self.max_cost:g} budget"
+                StopCause.LIMIT_REACHED, f"stopped after spending ${spending.total:.4f} of a ${self.max_cost:g} budget"
             )
 
     def _internal_failure(self, job: Job, exc: Exception, attempts: int) -> AttemptFailure:
@@ -255,7 +267,7 @@ class Engine:
     def _check_failure_limit(self) -> None:
         failed = self.metrics.failed + self.metrics.not_persisted
         if self.failure_limit.is_reached(failed, self.metrics.ended):
-            self.control.stop(ExitStatus.ROWS_FAILED, self._failure_limit_reason)
+            self.control.stop(StopCause.LIMIT_REACHED, self._failure_limit_reason)
 
     def _failure_limit_reason(self) -> str:
         # Rows in flight when the limit was reached may fail before the stop lands: the

@@ -142,3 +142,18 @@ def test_each_test_module_is_named_for_the_module_it_tests():
         if path.name != "test_layout.py" and not any(candidate.is_file() for candidate in candidates):
             unplaced.append(path.name)
     assert unplaced == []
+
+
+def test_exit_statuses_are_chosen_in_one_place():
+    """errors.py defines ExitStatus; cli/statuses.py maps how a run ended to one, and cli/main.py,
+    the error boundary, applies it: no other module names an exit status."""
+    named = sorted(
+        name
+        for name, tree in modules().items()
+        if any(
+            isinstance(node, ast.Name | ast.alias)
+            and "ExitStatus" in (getattr(node, "id", None), getattr(node, "name", None))
+            for node in ast.walk(tree)
+        )
+    )
+    assert named == ["rollfilter.cli.main", "rollfilter.cli.statuses", "rollfilter.errors"]

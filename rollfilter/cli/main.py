@@ -23,6 +23,7 @@ import typer
 from rollfilter.cli.fields import in_options
 from rollfilter.cli.messages import message_line, say, write_stderr
 from rollfilter.cli.options import typer_app
+from rollfilter.cli.statuses import RunEnd, exit_status
 from rollfilter.errors import ExitStatus, RollfilterError
 from rollfilter.gc_policy import collect_garbage_for_a_run
 from rollfilter.writers import OutputClosed, OutputFailed, write_all
@@ -84,15 +85,16 @@ def _report(exc: RollfilterError) -> ExitStatus:
     return exc.exit_status
 
 
-def execute(main: Callable[[], Awaitable[ExitStatus]]) -> ExitStatus:
-    """Run `main` under trio to its end; the one place outcomes become exit statuses."""
+def execute(main: Callable[[], Awaitable[RunEnd]]) -> ExitStatus:
+    """Run `main` under trio to its end; the one place outcomes become exit statuses (with
+    `statuses.exit_status` for the way a run ended)."""
     status = ExitStatus.OK
     collect_garbage_for_a_run()
     # trio takes Ctrl-C over only from Python's own handler; outside the run, the start-up one
     # (rollfilter.cli.startup) stays, and exits at once.
     outside = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        status = trio.run(main)
+        status = exit_status(trio.run(main))
     except* RollfilterError as group:
         status = _report(_first(group))  # type: ignore[arg-type]
     except* KeyboardInterrupt:

@@ -17,6 +17,7 @@ from rollfilter import __version__
 from rollfilter.budget import DEFAULT_RATIO
 from rollfilter.cli.messages import say
 from rollfilter.cli.run import RunOptions, run
+from rollfilter.cli.statuses import RunEnd
 from rollfilter.cli.summarize import summarize as summarize_results
 from rollfilter.config import (
     DEFAULT_CONCURRENCY,
@@ -42,7 +43,7 @@ from rollfilter.config import (
 )
 from rollfilter.config import gym_layout as gym_layout_files
 from rollfilter.demo import DemoOptions
-from rollfilter.errors import ExitStatus, UsageError
+from rollfilter.errors import UsageError
 from rollfilter.http import DEFAULT_MAX_REPLY_BYTES, connections_that_fit, raise_open_file_limit
 from rollfilter.resume import max_attempts_from_environment
 
@@ -430,7 +431,7 @@ def parse(
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
     ] = False,
-) -> Callable[[], Awaitable[ExitStatus]]:
+) -> Callable[[], Awaitable[RunEnd]]:
     """The run the command line asks for, ready to start; a RollfilterError if it cannot be."""
     if demo:
         check_demo_alone(ctx, url=url, endpoints=endpoint, head_server=head_server)

@@ -33,12 +33,13 @@ from rollfilter.cli.outputs import (
     replace_content,
     summary_bytes,
 )
+from rollfilter.cli.statuses import EXIT_STATUS_OF_STOP, RunEnd
 from rollfilter.config import CommandConfig, Config
 from rollfilter.connect import tls_context_for, transport_for
 from rollfilter.demo import DemoAgent, DemoOptions
 from rollfilter.demo import serve as serve_demo
-from rollfilter.engine import Engine, RunControl, RunStatus, connect_engine, describe, reward_of
-from rollfilter.errors import ExitStatus, UsageError
+from rollfilter.engine import Engine, RunControl, RunStatus, StopCause, connect_engine, describe, reward_of
+from rollfilter.errors import UsageError
 from rollfilter.keytable import KeyTable
 from rollfilter.materialize import write_materialized
 from rollfilter.metrics import Metrics
@@ -72,10 +73,10 @@ PROGRESS_SECONDS = 0.5  # how often the progress file is brought up to date
 
 # A status on demand, as dd prints one: SIGUSR1, and SIGINFO (Ctrl-T) where the system has it.
 STATUS_SIGNALS = tuple(getattr(signal, name) for name in ("SIGUSR1", "SIGINFO") if hasattr(signal, name))
-STATUS_OF_SIGNAL = {
-    signal.SIGINT: ExitStatus.INTERRUPTED,
-    signal.SIGTERM: ExitStatus.TERMINATED,
-    signal.SIGHUP: ExitStatus.HUNG_UP,
+CAUSE_OF_SIGNAL = {
+    signal.SIGINT: StopCause.INTERRUPTED,
+    signal.SIGTERM: StopCause.TERMINATED,
+    signal.SIGHUP: StopCause.HUNG_UP,
 }
 
 
@@ -84,16 +85,16 @@ async def _watch_signals(
     show_status: Callable[[], None],
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    with trio.open_signal_receiver(*STATUS_OF_SIGNAL, *STATUS_SIGNALS) as signals:
+    with trio.open_signal_receiver(*CAUSE_OF_SIGNAL, *STATUS_SIGNALS) as signals:
         task_status.started()
         async for signum in signals:
             if signum in STATUS_SIGNALS:
                 show_status()
                 continue
-            status = STATUS_OF_SIGNAL[signal.Signals(signum)]
+            cause = CAUSE_OF_SIGNAL[signal.Signals(signum)]
             if control.scope.cancel_called:
-                os._exit(status)  # a signal during the wind-down: leave now
-            control.stop(status)
+                os._exit(EXIT_STATUS_OF_STOP[cause])  # a signal during the wind-down: leave now
+            control.stop(cause)
 
 
 async def _watch_reader_gone(fd: int, on_gone: Callable[[], None]) -> None:
@@ -204,8 +205,8 @@ class RunOptions:
 
 async def run(
     command: CommandConfig, *, streams: Streams = STANDARD_STREAMS, options: RunOptions = RunOptions()
-) -> ExitStatus:
-    """Run the rollouts `command` describes; return the exit status. Prints the summary."""
+) -> RunEnd:
+    """Run the rollouts `command` describes; return how it ended. Prints the summary."""
     config = command.engine
     check_inputs(command.inputs)
     results_out = [] if command.output and not options.dry_run else [("standard output", streams.stdout)]
@@ -344,10 +345,10 @@ class _CommandLineRun:
     def _output_failed(self, failure: OutputClosed | OutputFailed) -> None:
         # A write that fails stops the run as Ctrl-C does; a closed pipe stops it quietly.
         if isinstance(failure, OutputClosed):
-            self.control.stop(ExitStatus.BROKEN_PIPE)
+            self.control.stop(StopCause.READER_GONE)
         else:
             self.write_failures.append(failure)
-            self.control.stop(ExitStatus.OUTPUT_FAILED, str(failure))
+            self.control.stop(StopCause.OUTPUT_FAILED, str(failure))
 
     def _display(self) -> ProgressDisplay | None:
         options = self.options
@@ -381,7 +382,7 @@ class _CommandLineRun:
         for line in status_lines(self.engine.status() if self.engine is not None else None):
             self.say(line)
 
-    async def run(self) -> ExitStatus:
+    async def run(self) -> RunEnd:
         try:
             async with trio.open_nursery() as services:
                 await self._serve(services)
@@ -400,7 +401,7 @@ class _CommandLineRun:
         if options.handle_signals:
             await services.start(_watch_signals, control, self.show_status)
         if fds.out == self.streams.stdout and _is_pipe(fds.out):
-            services.start_soon(_watch_reader_gone, fds.out, lambda: control.stop(ExitStatus.BROKEN_PIPE))
+            services.start_soon(_watch_reader_gone, fds.out, lambda: control.stop(StopCause.READER_GONE))
         if options.demo is not None:
             demo = options.demo
             port = await services.start(lambda task_status: serve_demo(DemoAgent(demo), task_status=task_status))
@@ -430,14 +431,14 @@ class _CommandLineRun:
             services.start_soon(_publish_progress, fds.progress, self.finished, self.say)
         if self.earlier.results is not None and not options.dry_run:
             await trio.to_thread.run_sync(take_earlier_results, self.earlier.results, metrics, self.tasks, self.spool)
-        if control.status is None:  # not stopped during the first pass: nothing sent then
+        if control.cause is None:  # not stopped during the first pass: nothing sent then
             await engine.run()
         if self.tasks is not None:
             self.tasks.finish()  # --per-task's lines, while its writer runs
         metrics.expected = planned
-        if planned is None and control.status is None and not options.dry_run:
+        if planned is None and control.cause is None and not options.dry_run:
             metrics.expected = metrics.taken + metrics.skipped + metrics.not_retried  # all of it was read
-        if control.status is not None:
+        if control.cause is not None:
             self.sink.flush_held()
         elif self.spool is not None:
             with control.stoppable():
@@ -453,15 +454,12 @@ class _CommandLineRun:
             for writer in group:
                 await writer.drained.wait()
 
-    def _finish(self) -> ExitStatus:
-        """The exit status, with the summary and the files written whole at the end."""
+    def _finish(self) -> RunEnd:
+        """How the run ended, with the summary and the files written whole at the end."""
         control, metrics, engine, fds, stderr = self.control, self.metrics, self.engine, self.fds, self.streams.stderr
         metrics.replicas = engine.router.replica_counts() if engine is not None else []
-        status = control.status
-        if status is None:
-            incomplete = metrics.failed or metrics.not_persisted or self.reader.problems  # an input lost, as cat says
-            status = ExitStatus.ROWS_FAILED if incomplete else ExitStatus.OK
-        stopped = control.reason or (status.name.lower().replace("_", " ") if control.status else None)
+        incomplete = metrics.failed or metrics.not_persisted or self.reader.problems  # an input lost, as cat says
+        stopped = control.reason or (control.cause.value if control.cause is not None else None)
         stopped = in_options(stopped) if stopped is not None else None
         summary = summary_bytes(metrics, self.tasks, stopped, self.report)
         if fds.progress is not None:
@@ -476,14 +474,12 @@ class _CommandLineRun:
         messages = list(dict.fromkeys([control.reason, *map(str, self.write_failures)]))
         for message in filter(None, messages):
             say(in_options(message), stderr)
-        if self.write_failures:  # whatever stopped the run first, what it wrote is incomplete
-            status = ExitStatus.OUTPUT_FAILED
-        if engine is not None and control.status is None:
+        if engine is not None and control.cause is None:
             for name in sorted(set(self.config.repeats_by_agent) - engine.planner.agents_seen):
                 say(f"-r {name}=K: no row named agent {name!r}", stderr)
         if not self.options.quiet:
             write_stderr(stderr, summary)
-        return status
+        return RunEnd(control.cause, bool(incomplete), output_failed=bool(self.write_failures))
 
 
 def status_lines(status: RunStatus | None) -> list[str]:

@@ -7,10 +7,11 @@ from rollfilter.cli import identity
 from rollfilter.cli.fields import in_options
 from rollfilter.cli.messages import say
 from rollfilter.cli.outputs import STANDARD_STREAMS, OutputFiles, Streams, replace_content, summary_bytes
+from rollfilter.cli.statuses import RunEnd
 from rollfilter.config import CommandConfig
 from rollfilter.connect import transport_for
 from rollfilter.engine import reward_of
-from rollfilter.errors import ErrorKind, ExitStatus
+from rollfilter.errors import ErrorKind
 from rollfilter.headserver import resolve_endpoints
 from rollfilter.metrics import Metrics
 from rollfilter.outcomes import AttemptFailure, failure_of
@@ -30,7 +31,7 @@ from rollfilter.source import (
 from rollfilter.writers import write_all
 
 
-async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREAMS) -> ExitStatus:
+async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREAMS) -> RunEnd:
     """Recompute the summary from result lines (and errors records) without sending anything.
 
     Lines with an `error` object or `_ng_failure_class` and indices are failed attempts; other
@@ -87,7 +88,7 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
     for problem in shards.problems if shards is not None else ():
         say(f"--summarize: {problem}", streams.stderr)
     incomplete = reader.problems or unusable.count or (shards is not None and shards.problems)
-    return ExitStatus.ROWS_FAILED if incomplete else ExitStatus.OK
+    return RunEnd(incomplete=bool(incomplete))
 
 
 async def _count(

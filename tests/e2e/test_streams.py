@@ -281,6 +281,7 @@ async def test_a_run_reads_and_writes_the_descriptors_it_is_given(tmp_path, demo
     """The command's streams are parameters: a run in this process, on pipes and files of the test's own."""
     from rollfilter.cli.outputs import Streams
     from rollfilter.cli.run import RunOptions, run
+    from rollfilter.cli.statuses import RunEnd
     from rollfilter.config import CommandConfig, Config
 
     read_end, write_end = os.pipe()
@@ -289,7 +290,7 @@ async def test_a_run_reads_and_writes_the_descriptors_it_is_given(tmp_path, demo
     out, err = (os.open(tmp_path / name, os.O_WRONLY | os.O_CREAT) for name in ("out", "err"))
     try:
         config = CommandConfig(Config(url=demo_server.url))
-        status = await run(
+        end = await run(
             config,
             streams=Streams(stdin=read_end, stdout=out, stderr=err),
             options=RunOptions(handle_signals=False, progress=False),
@@ -297,6 +298,6 @@ async def test_a_run_reads_and_writes_the_descriptors_it_is_given(tmp_path, demo
     finally:
         for fd in (read_end, out, err):
             os.close(fd)
-    assert status == 0
+    assert end == RunEnd()  # ran to its end, nothing lost
     assert sorted(r["_ng_task_index"] for r in result_lines((tmp_path / "out").read_bytes())) == [0, 1, 2]
     assert summary_of((tmp_path / "err").read_bytes())["rollfilter"]["succeeded"] == 3

@@ -1,0 +1,40 @@
+"""How a run's end becomes the command's exit status: the one table `main` applies.
+
+A run (`cli/run.py`, `cli/summarize.py`) ends with a `RunEnd`: why it was stopped, if it was,
+whether rows or inputs were lost, whether an output failed. `exit_status` says which of
+`errors.ExitStatus` that is, and nothing else in the package decides one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rollfilter.engine import StopCause
+from rollfilter.errors import ExitStatus
+
+EXIT_STATUS_OF_STOP = {
+    StopCause.LIMIT_REACHED: ExitStatus.ROWS_FAILED,
+    StopCause.INTERRUPTED: ExitStatus.INTERRUPTED,
+    StopCause.TERMINATED: ExitStatus.TERMINATED,
+    StopCause.HUNG_UP: ExitStatus.HUNG_UP,
+    StopCause.READER_GONE: ExitStatus.BROKEN_PIPE,
+    StopCause.OUTPUT_FAILED: ExitStatus.OUTPUT_FAILED,
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunEnd:
+    """How a run ended: `stopped` before its rows ran out (None: it ran to the end), with rows,
+    lines or inputs `incomplete`, and an output that could not be written whole (`output_failed`)."""
+
+    stopped: StopCause | None = None
+    incomplete: bool = False
+    output_failed: bool = False
+
+
+def exit_status(end: RunEnd) -> ExitStatus:
+    if end.output_failed:  # whatever stopped the run first, what it wrote is incomplete
+        return ExitStatus.OUTPUT_FAILED
+    if end.stopped is not None:
+        return EXIT_STATUS_OF_STOP[end.stopped]
+    return ExitStatus.ROWS_FAILED if end.incomplete else ExitStatus.OK
