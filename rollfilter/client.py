@@ -22,7 +22,7 @@ import trio
 from rollfilter.adaptive import Signal
 from rollfilter.config import Config
 from rollfilter.errors import ErrorKind
-from rollfilter.http import AgentTransport, CertificateError, Reply, origin_of
+from rollfilter.http import AgentTransport, CertificateError, KeptAliveLost, Reply, origin_of
 from rollfilter.outcomes import AttemptFailure, Retry
 from rollfilter.plan import Job
 from rollfilter.redact import origin, printable, shown
@@ -148,7 +148,7 @@ class AgentClient:
                 signal = Signal.NEUTRAL  # a cancelled attempt says nothing about the agent
                 started = trio.current_time()
                 try:
-                    outcome, retry_after = await self._attempt(replica.url, body, row)
+                    outcome, retry_after, kept_alive_lost = await self._attempt(replica.url, body, row)
                     signal = load_signal(outcome)
                 finally:
                     replica.outstanding -= 1
@@ -167,7 +167,12 @@ class AgentClient:
                 # With --adaptive, the agent's window paces the retries of a refusal (429, 503)
                 # itself: the budget holds back the rest, as it does every retry without a window.
                 paced = window is not None and failure.status in OVERLOAD_STATUSES
-                if agent.budget is not None and not paced and not agent.budget.withdraw():
+                # A row's first attempt lost on a kept-alive connection is most often the server
+                # closing it as the request went out, not the agent in trouble: its one retry
+                # is not the budget's (a browser retries such a request once, too).
+                keep_alive_race = kept_alive_lost and attempt == 1
+                budget = agent.budget
+                if budget is not None and not (paced or keep_alive_race) and not budget.withdraw():
                     return dataclasses.replace(failure, message=f"{failure.message} ({BUDGET_SPENT})")
                 # --timeout bounds one attempt, and so the wait before the next one too.
                 delay = min(backoff_delay(attempt, self._rng, retry_after), self._timeout)
@@ -183,30 +188,31 @@ class AgentClient:
 
     async def _attempt(
         self, url: httpx.URL, body: bytes, row: str | None = None
-    ) -> tuple[dict[str, Any] | AttemptFailure, float | None]:
-        """One attempt within --timeout: the POST, and the 307/308 redirects it is sent on to."""
+    ) -> tuple[dict[str, Any] | AttemptFailure, float | None, bool]:
+        """One attempt within --timeout: the POST, and the 307/308 redirects it is sent on to;
+        its outcome, the pause its reply asks for, and whether a kept-alive connection was lost."""
         target, credentials, status = url, True, 0
         with trio.move_on_after(self._timeout):
             for _ in range(MAX_REDIRECTS + 1):
                 try:
                     reply = await self._transport.post(target, body, credentials=credentials, row=row)
                 except httpx.TransportError as exc:
-                    return transport_failure(target, exc), None
+                    return transport_failure(target, exc), None, isinstance(exc, KeptAliveLost)
                 status = reply.status
                 if status not in (307, 308):
-                    return self._outcome(reply)
+                    return (*self._outcome(reply), False)
                 moved = redirect_target(target, reply, cross_origin=self._cross_origin_redirects)
                 if isinstance(moved, AttemptFailure):
-                    return moved, None
+                    return moved, None, False
                 if origin_of(moved) != origin_of(target):
                     credentials = False  # as curl and httpx: Authorization stays with its origin
                 elif credentials and not moved.userinfo and target.userinfo:
                     moved = moved.copy_with(username=target.username, password=target.password)
                 target = moved
             message = f"HTTP {status} {_reason_phrase(status)}: more than {MAX_REDIRECTS} redirects"
-            return AttemptFailure(ErrorKind.HTTP_STATUS, message, status), None
+            return AttemptFailure(ErrorKind.HTTP_STATUS, message, status), None, False
         message = f"no answer within Config.timeout.attempt {self._timeout:g} s"
-        return AttemptFailure(ErrorKind.TIMEOUT, message, retry=Retry.NOW), None
+        return AttemptFailure(ErrorKind.TIMEOUT, message, retry=Retry.NOW), None, False
 
     def _outcome(self, reply: Reply) -> tuple[dict[str, Any] | AttemptFailure, float | None]:
         status = reply.status

@@ -1,4 +1,4 @@
-"""http/pool.py: idle connections expire before the server closes them."""
+"""http/pool.py: idle connections expire before the server closes them; a lost one says if it was kept alive."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import httpx
 import pytest
 import trio
 
-from rollfilter.http import HTTP11Transport, pool
+from rollfilter.http import HTTP11Transport, KeptAliveLost, pool
+from tests.conftest import read_request, serve_raw
 from tests.servers.wire_server import WireServer
 
 
@@ -57,3 +58,34 @@ async def test_uvicorn_keep_alive_timeout_race_costs_no_rows(uvicorn_server, exp
         await transport.aclose()
     assert answers == {i: [i, width + i] for i in range(width)}
     assert server.requests() == 2 * width
+
+
+async def test_a_request_lost_after_it_arrived_says_whether_its_connection_was_kept_alive():
+    """The server reads the request, then closes without a reply: on a connection kept alive
+    from an earlier reply that is KeptAliveLost; on a new one, a plain ReadError. Neither is
+    sent again by the transport (the server may have started the episode)."""
+    requests = 0
+
+    async def handler(stream: trio.SocketStream) -> None:
+        nonlocal requests
+        await read_request(stream)
+        requests += 1
+        if requests == 1:  # the first answer keeps the connection; the next request is dropped
+            await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+            await read_request(stream)
+            requests += 1
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        url = await serve_raw(nursery, handler)
+        transport = HTTP11Transport()
+        await transport.post(url, b"{}")
+        with pytest.raises(KeptAliveLost):
+            await transport.post(url, b"{}")
+        assert requests == 2  # it arrived, and was not sent again
+        with pytest.raises(httpx.ReadError) as lost:
+            await transport.post(url, b"{}")  # a new connection: nothing was kept alive
+        assert not isinstance(lost.value, KeptAliveLost)
+        assert requests == 3
+        await transport.aclose()
+        nursery.cancel_scope.cancel()

@@ -9,7 +9,8 @@
     headers.py          the headers every request carries, and Basic auth from a URL
     tls.py              the TLS context (a CA file loaded once), and what a failed certificate check says
     limits.py           the open-file limit, and the connections that fit under it
-    errors.py           the errors raised: httpx's, with `BadReply` and `CertificateError`; `CaFileError`
+    errors.py           the errors raised: httpx's, with `BadReply`, `CertificateError` and `KeptAliveLost`;
+                        `CaFileError`
 
 Text in its errors and warnings (a server's words, a URL's host) is as it came: the caller
 escapes it before printing it.
@@ -17,7 +18,7 @@ escapes it before printing it.
 
 from rollfilter.http.agent_transport import AgentTransport, open_transport
 from rollfilter.http.connection import BodyChunks
-from rollfilter.http.errors import BadReply, CaFileError, CertificateError
+from rollfilter.http.errors import BadReply, CaFileError, CertificateError, KeptAliveLost
 from rollfilter.http.framing import DEFAULT_MAX_REPLY_BYTES, Framing, Reply, body_framing
 from rollfilter.http.limits import connections_that_fit, raise_open_file_limit
 from rollfilter.http.origin import Origin, origin_of
@@ -34,6 +35,7 @@ __all__ = [
     "CertificateError",
     "Framing",
     "HTTP11Transport",
+    "KeptAliveLost",
     "Origin",
     "ProxyTransport",
     "Reply",

@@ -33,7 +33,7 @@ import httpx
 import trio
 
 from rollfilter.http.connection import BodyChunks, Connection, Lost, OutOfFiles, open_tcp
-from rollfilter.http.errors import CertificateError, reason
+from rollfilter.http.errors import CertificateError, KeptAliveLost, reason
 from rollfilter.http.framing import DEFAULT_MAX_REPLY_BYTES, Reply, decode_body
 from rollfilter.http.headers import RESERVED_HEADERS, authorization_for, header_lines
 from rollfilter.http.origin import Origin, origin_of
@@ -52,7 +52,8 @@ class HTTP11Transport:
     `request` sends anything else (the head server's GET, /aggregate_metrics) by the same
     rules. Errors are httpx's:
     ConnectError (CertificateError when TLS verification failed), ConnectTimeout,
-    ReadError (the connection was lost before any reply byte), RemoteProtocolError
+    ReadError (the connection was lost before any reply byte; KeptAliveLost on a kept-alive
+    one, when the request may have arrived), RemoteProtocolError
     (BadReply: the server answered, but not usably). `connect_timeout` bounds TCP connect
     plus the TLS handshake; the caller bounds the whole request. Servers' certificates are
     checked with the context `tls` (see `tls_context`), or the system's trust store.
@@ -153,8 +154,10 @@ class HTTP11Transport:
                 break
             except Lost as lost:
                 self._discard(conn)
-                if not (reused and lost.unread):
+                if not reused:
                     raise httpx.ReadError(str(lost)) from None
+                if not lost.unread:
+                    raise KeptAliveLost(str(lost)) from None
                 # The request could not be sent on a kept-alive connection, or the server had
                 # closed it (its keep-alive timeout) before the request arrived: no episode
                 # can have started. Send it again, on a new one. Anything else is the caller's
