@@ -195,6 +195,7 @@ class Config:
     max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES  # a longer reply body fails its row as bad_response
 
     def __post_init__(self) -> None:
+        self._check_types()
         # URLs are checked and completed here, so the API and the CLI agree on them.
         if self.url is not None:
             object.__setattr__(self, "url", agent_url(self.url))
@@ -213,6 +214,8 @@ class Config:
             except UsageError as exc:
                 raise ConfigError(field, f"is not usable: {exc}") from None
         object.__setattr__(self, "headers", checked_headers(self.headers))
+        object.__setattr__(self, "params", _checked_params(self.params))
+        object.__setattr__(self, "prices", _checked_prices(self.prices))
         # As httpx's Client(timeout=5.0): the plain value stands for the part it sets.
         if not isinstance(self.retries, Retries):
             object.__setattr__(self, "retries", Retries(count=self.retries))
@@ -225,8 +228,10 @@ class Config:
         if self.concurrency < 1:
             raise ConfigError("concurrency", "must be at least 1")
         object.__setattr__(self, "repeats_by_agent", dict(self.repeats_by_agent))
-        if (self.repeats is not None and self.repeats < 1) or any(k < 1 for k in self.repeats_by_agent.values()):
+        if self.repeats is not None and self.repeats < 1:
             raise ConfigError("repeats", "must be at least 1")
+        if any(k < 1 for k in self.repeats_by_agent.values()):
+            raise ConfigError("repeats_by_agent", "must be at least 1 for each agent")
         if self.max_repeats > MAX_REPEATS:
             raise ConfigError("repeats", f"must be at most {MAX_REPEATS}")
         if self.limit is not None and self.limit < 0:
@@ -237,10 +242,53 @@ class Config:
             raise ConfigError("max_cost", "needs Config.prices: without them nothing is spent")
         if self.max_reply_bytes < 1:
             raise ConfigError("max_reply_bytes", "must be at least 1")
-        if self.shard is not None and not 0 <= self.shard[0] < self.shard[1]:
-            raise ConfigError("shard", "I/N wants 0 <= I < N")
+        if self.shard is not None:
+            object.__setattr__(self, "shard", tuple(self.shard))
+            if not 0 <= self.shard[0] < self.shard[1]:
+                raise ConfigError("shard", "I/N wants 0 <= I < N")
         if not math.isfinite(self.pass_threshold):
             raise ConfigError("pass_threshold", "must be a finite number")
+
+    def _check_types(self) -> None:
+        """Refuse a field of the wrong type before any check of its value could fail on it
+        (`"3" < 1` is a TypeError naming no field) or let it through (True is an int)."""
+        for field in ("url", "agent", "head_server", "proxy"):
+            if not isinstance(getattr(self, field), str | None):
+                raise ConfigError(field, "must be a string or None")
+        for field in ("repeat_seeds", "adaptive", "aggregate", "cross_origin_redirects"):
+            if not isinstance(getattr(self, field), bool):
+                raise ConfigError(field, "must be True or False")
+        for field, value in (("concurrency", self.concurrency), ("max_reply_bytes", self.max_reply_bytes)):
+            if not _is_int(value):
+                raise ConfigError(field, "must be a whole number")
+        for field, optional in (("limit", self.limit), ("repeats", self.repeats)):
+            if optional is not None and not _is_int(optional):
+                raise ConfigError(field, "must be a whole number or None")
+        if self.max_cost is not None and not _is_number(self.max_cost):
+            raise ConfigError("max_cost", "must be a number of USD or None")
+        if not _is_number(self.pass_threshold):
+            raise ConfigError("pass_threshold", "must be a number")
+        if not (
+            isinstance(self.endpoints, Mapping)
+            and all(
+                isinstance(name, str)
+                and (isinstance(urls, str) or (isinstance(urls, Iterable) and all(isinstance(u, str) for u in urls)))
+                for name, urls in self.endpoints.items()
+            )
+        ):
+            raise ConfigError(
+                "endpoints", "wants a mapping of agent names to a URL or URLs, like {'a': ('http://h:1',)}"
+            )
+        if not (
+            isinstance(self.repeats_by_agent, Mapping)
+            and all(isinstance(name, str) and _is_int(k) for name, k in self.repeats_by_agent.items())
+        ):
+            raise ConfigError("repeats_by_agent", "wants a mapping of agent names to whole numbers, like {'a': 4}")
+        shard = self.shard
+        if shard is not None and not (
+            isinstance(shard, tuple | list) and len(shard) == 2 and all(_is_int(part) for part in shard)
+        ):
+            raise ConfigError("shard", "wants (I, N), two whole numbers, or None")
 
     @property
     def names_an_agent(self) -> bool:
@@ -443,6 +491,30 @@ def checked_headers(headers: Iterable[tuple[str, str]]) -> tuple[tuple[str, str]
             raise ConfigError("headers", "wants (name, value) pairs of strings")
         _checked_header(*pair)
     return pairs  # type: ignore[return-value]  # each checked to be a pair of strings
+
+
+def _checked_params(params: Iterable[tuple[str, Any]]) -> tuple[tuple[str, Any], ...]:
+    wanted = "wants (KEY, value) pairs, KEY a name or dotted path like 'temperature' or 'metadata.x'"
+    try:
+        pairs = tuple(param if isinstance(param, str) else tuple(param) for param in params)
+    except TypeError:  # not iterable, or holding something that is not a pair
+        raise ConfigError("params", wanted) from None
+    for pair in pairs:
+        if isinstance(pair, str) or len(pair) != 2 or not isinstance(pair[0], str) or not all(pair[0].split(".")):
+            raise ConfigError("params", wanted)
+    return pairs
+
+
+def _checked_prices(prices: Iterable[tuple[str | None, Price]]) -> tuple[tuple[str | None, Price], ...]:
+    wanted = "wants (agent, Price) pairs, agent None for the rest, like ((None, Price(0.5, 1.5)),)"
+    try:
+        pairs = tuple(tuple(price) for price in prices)
+    except TypeError:  # not iterable, or holding something that is not a pair
+        raise ConfigError("prices", wanted) from None
+    for pair in pairs:
+        if len(pair) != 2 or not isinstance(pair[0], str | None) or not isinstance(pair[1], Price):
+            raise ConfigError("prices", wanted)
+    return pairs  # type: ignore[return-value]  # each checked to be an (agent, Price) pair
 
 
 def _checked_header(name: str, value: str) -> tuple[str, str]:

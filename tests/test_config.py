@@ -32,6 +32,7 @@ from rollfilter.config import (
     parse_statuses,
     slurm_shard,
 )
+from rollfilter.cost import Price
 from rollfilter.errors import ExitStatus, UsageError
 from tests.conftest import array_task, closed_port_url
 
@@ -160,6 +161,116 @@ def test_a_part_that_cannot_be_used_is_refused_by_its_field(build: Callable[[], 
     assert refused.value.field == field
     assert str(refused.value).startswith(f"Config.{field} ")
     assert in_options(str(refused.value)).startswith(f"{option} ")
+
+
+# For every Config field, values of a type it does not take: each refused by that field's name.
+WRONG_TYPES: dict[str, list[Any]] = {
+    "url": [5, b"http://h/run"],
+    "endpoints": [5, "a=http://h/run", {"a": 5}, {"a": [5]}, {5: "http://h/run"}],
+    "agent": [5, ("a",)],
+    "concurrency": [True, "3", 2.0, None],
+    "limit": [True, "2", 1.5],
+    "repeats": [1.5, True, "2"],
+    "repeats_by_agent": [5, {"a": "2"}, {"a": 2.0}, {5: 2}, [("a", 2)]],
+    "repeat_seeds": ["yes", 1, None],
+    "params": [5, ["ab"], [("a",)], [(5, 1)], [("", 1)], [("a..b", 1)], {"temperature": 0.7}],
+    "retries": ["3", 1.5, True],
+    "timeout": ["30", True],
+    "tls": [True, "ca.pem"],
+    "max_failures": ["5%", 2.5, True],
+    "prices": ["x", 5, [("a", 1.0)], [(5, Price(1, 2))], [("a", Price(1, 2), None)]],
+    "max_cost": ["5", True],
+    "headers": [5, ["ab"]],
+    "shard": [(1,), (0, 2, 4), "0/2", (0, "2"), (0.0, 2), (False, True)],
+    "pass_threshold": ["1", None, True],
+    "head_server": [3, b"http://h"],
+    "proxy": [3, b"http://h"],
+    "adaptive": ["yes", 1],
+    "aggregate": ["yes", 0],
+    "cross_origin_redirects": ["yes", 1],
+    "max_reply_bytes": [2.5, True, "1024"],
+}
+
+
+def test_every_config_field_has_wrong_types_to_refuse():
+    assert set(WRONG_TYPES) == {field.name for field in dataclasses.fields(Config)}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [(field, value) for field, values in WRONG_TYPES.items() for value in values], ids=repr
+)
+def test_a_field_of_the_wrong_type_is_refused_by_its_name(field: str, value: Any):
+    with pytest.raises(ConfigError) as refused:
+        Config(**{field: value})
+    assert refused.value.field.partition(".")[0] == field  # or its part's field: retries.count
+    assert str(refused.value).startswith(f"Config.{refused.value.field} ")
+    assert "\n" not in str(refused.value)
+
+
+def test_values_of_the_types_a_field_takes_are_kept_as_what_they_mean():
+    price = Price(0.5, 1.5)
+    config = Config(
+        url="http://127.0.0.1:1",
+        endpoints={"a": "http://127.0.0.1:2", "b": ["http://127.0.0.1:3", "http://127.0.0.1:4/x"]},
+        agent="a",
+        concurrency=4,
+        limit=0,
+        repeats=2,
+        repeats_by_agent={"a": 3},
+        repeat_seeds=True,
+        params=[("temperature", 0.7), ["metadata.x", None]],
+        prices=[(None, price), ["a", price]],
+        max_cost=1,
+        shard=[1, 3],
+        pass_threshold=0,
+        head_server="http://127.0.0.1:5",
+        proxy="socks5://127.0.0.1:6",
+        adaptive=True,
+        aggregate=True,
+        cross_origin_redirects=True,
+        max_reply_bytes=1,
+    )
+    assert config.endpoints == {
+        "a": ("http://127.0.0.1:2/run",),
+        "b": ("http://127.0.0.1:3/run", "http://127.0.0.1:4/x"),
+    }
+    assert config.params == (("temperature", 0.7), ("metadata.x", None))
+    assert config.prices == ((None, price), ("a", price))
+    assert config.shard == (1, 3)
+    assert (config.max_cost, config.pass_threshold, config.max_reply_bytes) == (1, 0, 1)
+
+
+def test_the_command_line_builds_a_config_from_every_option_that_sets_a_field():
+    config = typer_run_config(
+        "-e", "a=http://127.0.0.1:2", "-a", "a", "-j", "4", "--adaptive", "-n", "5", "-r", "2", "-r", "a=3",
+        "--repeat-seeds", "-p", "temperature=0.7", "-p", "model=m", "--price", "1,2", "--max-cost", "3",
+        "-H", "X-Token: t", "--shard", "1/3", "--pass-threshold", "0.5", "--head-server", "http://127.0.0.1:5",
+        "--proxy", "http://127.0.0.1:6", "--aggregate", "aggregate.json", "--cross-origin-redirects",
+        "--max-reply-bytes", "1024", "--max-failures", "10%",
+    )  # fmt: skip
+    assert config == Config(
+        url="http://127.0.0.1:1/run",
+        endpoints={"a": ("http://127.0.0.1:2/run",)},
+        agent="a",
+        concurrency=4,
+        adaptive=True,
+        limit=5,
+        repeats=2,
+        repeats_by_agent={"a": 3},
+        repeat_seeds=True,
+        params=(("temperature", 0.7), ("model", "m")),
+        prices=((None, Price(1, 2)),),
+        max_cost=3,
+        headers=(("X-Token", "t"),),
+        shard=(1, 3),
+        pass_threshold=0.5,
+        head_server="http://127.0.0.1:5",
+        proxy="http://127.0.0.1:6",
+        aggregate=True,
+        cross_origin_redirects=True,
+        max_reply_bytes=1024,
+        max_failures=FailureLimit(fraction=0.1),
+    )
 
 
 def test_the_command_line_builds_the_parts_from_its_options():
