@@ -363,9 +363,12 @@ def agent_url(text: str) -> str:
 def checked_url(text: str, schemes: tuple[str, ...] = ("http", "https")) -> urllib.parse.SplitResult:
     """The parts of an http(s) URL with a host and a valid port; UsageError (which never shows
     the URL's credentials or query) otherwise."""
-    parts = urllib.parse.urlsplit(text)
+    kind = "http(s)" if schemes == ("http", "https") else "/".join(schemes)
+    try:
+        parts = urllib.parse.urlsplit(text)
+    except ValueError as exc:  # a bracketed host that is no IPv6 address; the text names the host at most
+        raise UsageError(f"not an {kind} URL: {exc}") from None
     if parts.scheme not in schemes or not parts.hostname:
-        kind = "http(s)" if schemes == ("http", "https") else "/".join(schemes)
         raise UsageError(f"not an {kind} URL: {shown_split(parts)!r}")
     try:
         port = parts.port

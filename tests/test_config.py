@@ -34,7 +34,7 @@ from rollfilter.config import (
 )
 from rollfilter.cost import Price
 from rollfilter.errors import ExitStatus, UsageError
-from tests.conftest import array_task, closed_port_url
+from tests.conftest import array_task, closed_port_url, run
 
 SECRET = "secret-value"
 
@@ -327,6 +327,24 @@ def test_agent_url_appends_run_only_without_a_path():
     for bad in ("127.0.0.1:8000", "ftp://h/", "http://h:99999/"):
         with pytest.raises(UsageError):
             agent_url(bad)
+
+
+@pytest.mark.parametrize("field", ["url", "endpoints", "head_server", "proxy"])
+def test_a_url_that_does_not_parse_is_refused_in_one_line(field: str):
+    url = "http://us3r:pa55@[::1/run"  # urllib refuses to split it at all
+    with pytest.raises(UsageError) as refused:
+        Config(**{field: {"a": url} if field == "endpoints" else url})
+    assert "not an" in str(refused.value)
+    assert "pa55" not in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+def test_the_command_line_refuses_a_url_that_does_not_parse_as_bad_usage():
+    done = run(["-e", "a=http://[::1/run", "/dev/null"])
+    assert done.returncode == ExitStatus.USAGE
+    assert done.stderr.decode().startswith("rollfilter: not an http(s) URL: ")
+    assert done.stderr.decode().count("\n") == 1
+    assert done.stdout == b""
 
 
 def test_endpoints_collect_replicas():
