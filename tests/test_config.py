@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rollfilter.budget import DEFAULT_RATIO
 from rollfilter.cli.fields import in_options
@@ -205,6 +207,23 @@ def test_a_field_of_the_wrong_type_is_refused_by_its_name(field: str, value: Any
     assert refused.value.field.partition(".")[0] == field  # or its part's field: retries.count
     assert str(refused.value).startswith(f"Config.{refused.value.field} ")
     assert "\n" not in str(refused.value)
+
+
+ANY_VALUE = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8) | st.binary(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.tuples(inner, inner) | st.dictionaries(st.text(max_size=3), inner),
+    max_leaves=6,
+)
+
+
+@given(field=st.sampled_from([field.name for field in dataclasses.fields(Config)]), value=ANY_VALUE)
+def test_any_value_of_any_field_is_taken_or_refused_in_one_line(field: str, value: Any):
+    message = ""
+    try:
+        Config(**{field: value})
+    except UsageError as refused:  # ConfigError naming the field, or a URL refused as not one
+        message = str(refused)
+    assert "\n" not in message
 
 
 def test_values_of_the_types_a_field_takes_are_kept_as_what_they_mean():
