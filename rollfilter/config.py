@@ -1,8 +1,11 @@
 """What a run is told: `Config` (the engine's, all the Python API takes), `CommandConfig` (the command
 line's inputs and files around it), and the parsers that turn option text into them.
 
-The command line and the Python API build the same `Config`; everything here is pure and
-raises `UsageError` (`ConfigError`, naming the field, for a Config) with a one-line message.
+The command line and the Python API build the same `Config`. Building one only checks what it
+is given, and so do the parsers, with two exceptions: `parse_prices` reads its prices file, and
+`parse_shard` reads the Slurm variables of `os.environ` for `auto` unless given an environment.
+Everything raises `UsageError` (`ConfigError`, naming the field, for a Config) with a one-line
+message.
 """
 
 from __future__ import annotations
