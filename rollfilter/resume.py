@@ -16,13 +16,15 @@ from typing import Any
 
 import msgspec
 
-from rollfilter.errors import ErrorKind, UsageError
+from rollfilter.errors import UsageError
 from rollfilter.keytable import KeyTable
+from rollfilter.outcomes import TERMINAL_KINDS
 from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX
 
 DEFAULT_MAX_ATTEMPTS = 3  # NeMo Gym's NEMO_GYM_MAX_ROLLOUT_ATTEMPTS default
 MAX_ATTEMPTS_VARIABLE = "NEMO_GYM_MAX_ROLLOUT_ATTEMPTS"
-_TERMINAL_KINDS = frozenset({ErrorKind.BAD_INPUT.value, ErrorKind.NO_ROUTE.value})  # records without the flag
+# The kinds that make a failure terminal in a record written without the flag, as read from JSON.
+_TERMINAL_KINDS = frozenset(kind.value for kind in TERMINAL_KINDS)
 _encode = msgspec.json.Encoder().encode
 
 
@@ -92,7 +94,8 @@ class ResumeState:
         if failures is not None:
             for record in _records(failures):
                 error = record.error if isinstance(record.error, dict) else {}
-                terminal = bool(record.terminal) or error.get("kind") in _TERMINAL_KINDS
+                kind = error.get("kind")
+                terminal = bool(record.terminal) or (isinstance(kind, str) and kind in _TERMINAL_KINDS)
                 state.add_failure(record.task, record.rollout, terminal=terminal)
         return state
 
