@@ -340,8 +340,10 @@ class CommandConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
         if self.aggregate_file is not None and not self.engine.aggregate:
+            # Named by one field only: the command line shows both as the one option that sets them.
             raise UsageError(
-                "CommandConfig.aggregate_file needs Config.aggregate: the file holds the agents' /aggregate_metrics"
+                "CommandConfig.aggregate_file is written from the agents' /aggregate_metrics,"
+                " which only an engine Config with aggregate=True asks for"
             )
         if self.max_attempts < 1:
             raise UsageError("CommandConfig.max_attempts must be at least 1")

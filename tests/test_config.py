@@ -87,8 +87,15 @@ def test_a_command_config_never_changes_the_engine_config_it_is_given():
     url = closed_port_url() + "/run"
     engine = Config(url=url, aggregate=True)
     assert CommandConfig(engine, aggregate_file="aggregate.json").engine is engine
-    with pytest.raises(UsageError, match=r"^CommandConfig\.aggregate_file needs Config\.aggregate"):
+    with pytest.raises(UsageError) as refused:
         CommandConfig(Config(url=url), aggregate_file="aggregate.json")
+    assert str(refused.value) == (
+        "CommandConfig.aggregate_file is written from the agents' /aggregate_metrics,"
+        " which only an engine Config with aggregate=True asks for"
+    )
+    # --aggregate FILE sets both fields, so the command line names the option once.
+    assert in_options(str(refused.value)).startswith("--aggregate is written from the agents' /aggregate_metrics,")
+    assert in_options(str(refused.value)).count("--aggregate") == 1
 
 
 def test_a_part_or_its_plain_value_builds_the_same_config():
