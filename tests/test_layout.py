@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import rollfilter.http
 
 PACKAGE = Path(__file__).parent.parent / "rollfilter"
@@ -39,16 +41,79 @@ def imported(name: str, tree: ast.Module, known: set[str]) -> set[str]:
     return found
 
 
-def calls_to(tree: ast.Module, qualified: set[str]) -> list[int]:
-    """The lines that call one of `qualified` (as `os._exit`)."""
-    return [
-        node.lineno
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and isinstance(node.func.value, ast.Name)
-        and f"{node.func.value.id}.{node.func.attr}" in qualified
-    ]
+# What ends the process when called, or when passed on to be called (`callback=sys.exit`).
+EXITS = {"os._exit", "os.abort", "sys.exit", "exit", "quit", "builtins.exit", "builtins.quit"}
+
+
+def exits(tree: ast.Module) -> list[int]:
+    """The lines that end the process: an EXITS function named (under any name it is imported
+    as) or imported, or SystemExit raised."""
+    bound: dict[str, str] = {}  # a name the module binds by importing -> what it is
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            bound.update((alias.asname, alias.name) for alias in node.names if alias.asname)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            bound.update((alias.asname or alias.name, f"{node.module}.{alias.name}") for alias in node.names)
+
+    def qualified(node: ast.expr) -> str:
+        if isinstance(node, ast.Name):
+            return bound.get(node.id, node.id)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            return f"{qualified(node.value)}.{node.attr}"
+        return ""
+
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            raised = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            found = qualified(raised) in {"SystemExit", "builtins.SystemExit"}
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found = any(f"{node.module}.{alias.name}" in EXITS for alias in node.names)
+        else:
+            found = isinstance(node, ast.Name | ast.Attribute) and qualified(node) in EXITS
+        if found:
+            lines.add(node.lineno)
+    return sorted(lines)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import sys\nsys.exit(1)",
+        "import os\nos._exit(1)",
+        "import os\nos.abort()",
+        "import sys as system\nsystem.exit()",
+        "from os import _exit\n_exit(1)",
+        "from sys import exit as leave\nleave(2)",
+        "exit()",
+        "quit(1)",
+        "import builtins\nbuiltins.exit()",
+        "raise SystemExit",
+        "raise SystemExit(2)",
+        "import builtins\nraise builtins.SystemExit(2)",
+        "from sys import exit",
+        "def stop():\n    raise SystemExit(2) from None",
+        "import signal, sys\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit())",
+        "import atexit, os\natexit.register(os._exit, 0)",
+    ],
+)
+def test_every_way_of_exiting_is_found(code: str):
+    assert exits(ast.parse(code)) != []
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import sys\ntry:\n    pass\nexcept SystemExit:\n    pass",
+        "class Run:\n    def __exit__(self, *exc):\n        self.exit()",
+        "import os\nos.exit_code = 1\nos.path.exists('x')",
+        "import sys\nsys.exitfunc = None\nprint(sys.argv)",
+        "raise ValueError('exit')",
+        "from rollfilter.errors import ExitStatus",
+    ],
+)
+def test_what_does_not_exit_is_not_found(code: str):
+    assert exits(ast.parse(code)) == []
 
 
 def test_no_module_imports_itself_through_others():
@@ -89,7 +154,7 @@ def test_only_the_command_line_imports_typer_or_exits():
         if command_line and name != "rollfilter.__main__":  # `python -m rollfilter` is the command
             offenders.append(f"{name} imports the command line")
         if name != "rollfilter.demo.command_line":  # the demo agent's own `python -m rollfilter.demo`
-            offenders += [f"{name}:{line} exits" for line in calls_to(tree, {"os._exit", "sys.exit"})]
+            offenders += [f"{name}:{line} exits" for line in exits(tree)]
     assert offenders == []
 
 
