@@ -202,11 +202,7 @@ class Config:
         # URLs are checked and completed here, so the API and the CLI agree on them.
         if self.url is not None:
             object.__setattr__(self, "url", agent_url(self.url))
-        endpoints = {
-            name: tuple(agent_url(u) for u in ([urls] if isinstance(urls, str) else urls))
-            for name, urls in self.endpoints.items()
-        }
-        object.__setattr__(self, "endpoints", endpoints)
+        object.__setattr__(self, "endpoints", _checked_endpoints(self.endpoints))
         for field, value, schemes in (
             ("proxy", self.proxy, ("http", "https", "socks5")),
             ("head_server", self.head_server, ("http", "https")),
@@ -271,17 +267,6 @@ class Config:
             raise ConfigError("max_cost", "must be a number of USD or None")
         if not _is_number(self.pass_threshold):
             raise ConfigError("pass_threshold", "must be a number")
-        if not (
-            isinstance(self.endpoints, Mapping)
-            and all(
-                isinstance(name, str)
-                and (isinstance(urls, str) or (isinstance(urls, Iterable) and all(isinstance(u, str) for u in urls)))
-                for name, urls in self.endpoints.items()
-            )
-        ):
-            raise ConfigError(
-                "endpoints", "wants a mapping of agent names to a URL or URLs, like {'a': ('http://h:1',)}"
-            )
         if not (
             isinstance(self.repeats_by_agent, Mapping)
             and all(isinstance(name, str) and _is_int(k) for name, k in self.repeats_by_agent.items())
@@ -499,6 +484,20 @@ def checked_headers(headers: Iterable[tuple[str, str]]) -> tuple[tuple[str, str]
             raise ConfigError("headers", "wants (name, value) pairs of strings")
         _checked_header(*pair)
     return pairs  # type: ignore[return-value]  # each checked to be a pair of strings
+
+
+def _checked_endpoints(endpoints: Mapping[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """Each agent's URLs, checked and completed (`agent_url`); a single URL is taken as one replica."""
+    wanted = "wants a mapping of agent names to a URL or URLs, like {'a': ('http://h:1',)}"
+    if not isinstance(endpoints, Mapping):
+        raise ConfigError("endpoints", wanted)
+    checked = {}
+    for name, urls in endpoints.items():
+        replicas = (urls,) if isinstance(urls, str) else tuple(urls) if isinstance(urls, Iterable) else None
+        if not isinstance(name, str) or replicas is None or not all(isinstance(url, str) for url in replicas):
+            raise ConfigError("endpoints", wanted)
+        checked[name] = tuple(agent_url(url) for url in replicas)
+    return checked
 
 
 def _checked_params(params: Iterable[tuple[str, Any]]) -> tuple[tuple[str, Any], ...]:

@@ -237,7 +237,11 @@ def test_values_of_the_types_a_field_takes_are_kept_as_what_they_mean():
     price = Price(0.5, 1.5)
     config = Config(
         url="http://127.0.0.1:1",
-        endpoints={"a": "http://127.0.0.1:2", "b": ["http://127.0.0.1:3", "http://127.0.0.1:4/x"]},
+        endpoints={
+            "a": "http://127.0.0.1:2",
+            "b": ["http://127.0.0.1:3", "http://127.0.0.1:4/x"],
+            "c": iter(["http://127.0.0.1:7"]),  # read once: checking it must not use it up
+        },
         agent="a",
         concurrency=4,
         limit=0,
@@ -259,6 +263,7 @@ def test_values_of_the_types_a_field_takes_are_kept_as_what_they_mean():
     assert config.endpoints == {
         "a": ("http://127.0.0.1:2/run",),
         "b": ("http://127.0.0.1:3/run", "http://127.0.0.1:4/x"),
+        "c": ("http://127.0.0.1:7/run",),
     }
     assert config.params == (("temperature", 0.7), ("metadata.x", None))
     assert config.prices == ((None, price), ("a", price))
