@@ -19,7 +19,7 @@ takes longer, which is not overload. So latency alone never cuts the window; an 
   it: short of capacity that is GAIN a round; at capacity, a small queue.
 - A queue is suspected when the mean latency stays over QUEUE_FACTOR times the no-load
   latency (the queue estimate of Vegas and Gradient2), by more than the round's mix of long and
-  short rows explains, for QUEUED_ROUNDS rounds. A drain halves
+  short rows explains (QUEUE_SIGNIFICANT standard errors), for QUEUED_ROUNDS rounds. A drain halves
   the window, and compares the cohort sent after the cut with what a request saw before it
   (by Little's law: in flight over the rate). This is Envoy's min-RTT recalculation window,
   run when the queue estimate asks for it, not on a timer, so an agent that never queues never
@@ -63,6 +63,11 @@ QUEUED_ROUNDS = 2  # ... when it lasts this many rounds in a row (one round may 
 DRAIN_SHARE = 0.5  # a drain cuts the window to this share, to see whether latency follows
 FOLLOWED = 0.7  # latency under this share of the latency before the drain: it followed the window
 SIGNIFICANT = 3.0  # ... and by this many standard errors of the cohort's mean (rows of mixed lengths)
+# A round over the queue estimate by this many standard errors of its mean suggests a queue: more
+# than the drain's verdict asks, because a run tests every round (a hundred in half a minute). At 3,
+# 24 s of lognormal rows on an agent with room met a false queue in about one trio scheduling
+# order of eight; at 5, in none of 20, while a real queue is many times that over.
+QUEUE_SIGNIFICANT = 5.0
 DRAIN_PATIENCE = 10.0  # a drain gives up after this many latencies (a hung request, a stalled input)
 BACKOFF = 0.9  # a refusal where none came before cuts the window to this share of what is in flight
 PLATEAU_ROUNDS = 4  # rounds held just under the level refused at before probing past it ...
@@ -316,7 +321,7 @@ class AdaptiveWindow:
             self._no_load = mean
             self._easy_rounds = 0
         # Over the queue estimate by more than the round's own mix of long and short rows explains.
-        queued = mean - QUEUE_FACTOR * self._no_load > SIGNIFICANT * spread
+        queued = mean - QUEUE_FACTOR * self._no_load > QUEUE_SIGNIFICANT * spread
         self._queued_rounds = self._queued_rounds + 1 if queued else 0
         startup = self._phase is _Phase.STARTUP
         if self._queued_rounds >= (1 if startup else QUEUED_ROUNDS):
