@@ -192,8 +192,13 @@ def test_latency_noise_is_not_taken_for_a_queue():
     adaptive = virtual(
         Run(DemoAgent(), 12_000, 200, window, latencies=lengths.__getitem__, watch=lambda t, w: limits.append((t, w)))
     )
-    assert adaptive.elapsed <= 1.05 * fixed.elapsed
-    assert min(w for t, w in limits if 3 <= t < adaptive.elapsed - 3) == 200  # at the ceiling, and kept there
+    # The window starts low and reaches the ceiling in about a second (4% of this run). Now and then
+    # trio's scheduling order makes a round of noise look like a queue: the drain that finds none
+    # halves the window for about a second. One such is within these bounds; the defect they
+    # guard against (the window at half for 5 s, and 1.12 to 1.16 times the fixed -j) is not.
+    assert adaptive.elapsed <= 1.07 * fixed.elapsed
+    steady = [w for t, w in limits if 3 <= t < adaptive.elapsed - 3]
+    assert sum(w == 200 for w in steady) >= 0.9 * len(steady)  # at the ceiling, and kept there
 
 
 def test_latency_noise_on_a_queueing_server_still_finds_its_capacity():
