@@ -419,7 +419,8 @@ def agent() -> Iterator[Any]:
 # Helpers of more than one test module.
 
 
-def body(latency: float | None) -> bytes:
+def demo_row_body(latency: float | None) -> bytes:
+    """A row's body for the demo agent, with its own episode length (None: the agent's --latency)."""
     row: dict[str, object] = {"responses_create_params": {"input": "hi"}}
     if latency is not None:
         row["demo"] = {"latency": latency}  # this row's own episode length

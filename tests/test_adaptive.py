@@ -12,7 +12,7 @@ import trio.testing
 
 from rollfilter.adaptive import AdaptiveWindow, Signal
 from rollfilter.demo import DemoAgent, DemoOptions
-from tests.conftest import body
+from tests.conftest import demo_row_body
 
 RETRY_AFTER = 1.0
 
@@ -40,7 +40,7 @@ class Run:
         self.elapsed = 0.0
 
     async def _row(self, i: int) -> None:
-        row = body(self.latencies(i))
+        row = demo_row_body(self.latencies(i))
         for _ in range(100):
             ticket = await self.window.acquire() if self.window is not None else 0
             started = trio.current_time()

@@ -10,7 +10,7 @@ import trio
 import trio.testing
 
 from rollfilter.demo import DemoAgent, DemoOptions
-from tests.conftest import body
+from tests.conftest import demo_row_body
 
 
 def finish_times(agent: DemoAgent, starts: Sequence[float]) -> list[float]:
@@ -19,7 +19,7 @@ def finish_times(agent: DemoAgent, starts: Sequence[float]) -> list[float]:
 
     async def one(i: int, at: float) -> None:
         await trio.sleep(at)
-        answer = await agent.answer("POST", "/run", body(None))
+        answer = await agent.answer("POST", "/run", demo_row_body(None))
         assert isinstance(answer, tuple)
         assert answer[0] == 200
         done[i] = trio.current_time()

@@ -10,9 +10,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollfilter.config import (
-    Config,
-)
+from rollfilter.config import Config
 from rollfilter.plan import Planner, TaskNumbering
 from rollfilter.rows import parse_row
 from rollfilter.source import LineReader

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from rollfilter.config import (
-    Config,
-)
+from rollfilter.config import Config
 from rollfilter.outcomes import AttemptFailure
 from rollfilter.routing import Router
 

@@ -525,17 +525,21 @@ def test_a_failed_certificate_check_is_not_retried_and_says_how_to_trust_the_ca(
         assert server.connections == connections  # and before anything was sent
 
 
-@pytest.mark.parametrize(("args", "fitted"), [((), 512 - 64), (("--demo",), (512 - 64) // 2)])
-def test_a_low_open_file_limit_makes_rows_wait_not_fail(args: tuple[str, ...], fitted: int, demo_server: DemoServer):
-    where = list(args) or ["-u", demo_server.url]
-    proc = subprocess.run(
+def run_at_open_file_limits(where: list[str], *, soft: int, hard: int) -> subprocess.CompletedProcess[bytes]:
+    """3,000 rows at -j 1500, in a process whose open-file limits are `soft` and `hard`."""
+    return subprocess.run(
         [*rollfilter_command(), *where, "-j", "1500"],
         input=rows_jsonl(rows_for(3000)).encode(),
         capture_output=True,
         timeout=SUBPROCESS_TIMEOUT * 2,
         env=clean_env(),
-        preexec_fn=limit_open_files(512, 512),
+        preexec_fn=limit_open_files(soft, hard),
     )
+
+
+@pytest.mark.parametrize(("args", "fitted"), [((), 512 - 64), (("--demo",), (512 - 64) // 2)])
+def test_a_low_open_file_limit_makes_rows_wait_not_fail(args: tuple[str, ...], fitted: int, demo_server: DemoServer):
+    proc = run_at_open_file_limits(list(args) or ["-u", demo_server.url], soft=512, hard=512)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len(proc.stdout.splitlines()) == 3000
     notes = [line for line in proc.stderr.decode().splitlines() if not line.startswith("{")]
@@ -546,14 +550,7 @@ def test_a_low_open_file_limit_makes_rows_wait_not_fail(args: tuple[str, ...], f
 
 
 def test_the_soft_open_file_limit_is_raised_to_the_hard_one(demo_server: DemoServer):
-    proc = subprocess.run(
-        [*rollfilter_command(), "-u", demo_server.url, "-j", "1500"],
-        input=rows_jsonl(rows_for(3000)).encode(),
-        capture_output=True,
-        timeout=SUBPROCESS_TIMEOUT * 2,
-        env=clean_env(),
-        preexec_fn=limit_open_files(512, 4096),
-    )
+    proc = run_at_open_file_limits(["-u", demo_server.url], soft=512, hard=4096)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len(proc.stdout.splitlines()) == 3000
     assert [line for line in proc.stderr.decode().splitlines() if not line.startswith("{")] == []
