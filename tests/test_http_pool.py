@@ -35,19 +35,28 @@ async def test_idle_connections_expire_before_the_server_times_them_out(mock_clo
 @pytest.mark.parametrize("expiry", [pool.IDLE_EXPIRY, 60.0], ids=["expiry", "no expiry"])
 async def test_uvicorn_keep_alive_timeout_race_costs_no_rows(uvicorn_server, expiry: float, monkeypatch):
     """60 connections reused after idling 4.95 to 5.05 s, around uvicorn's keep-alive timeout
-    (5 s). The client expires idle connections first; without that, the check before reuse
-    and the resend of a request the server reset must cover the race."""
+    (5 s). The client expires idle connections first, so none is lost. Without that, the check
+    before reuse and the resend of a request the server closed on cover most of the race; what
+    is left is uvicorn closing with the request unread in its socket, a reset that cannot be
+    told from a server that read the request and aborted. The transport says KeptAliveLost for
+    it, which the client sends once more outside the retry budget: so it is sent again here."""
     monkeypatch.setattr(pool, "IDLE_EXPIRY", expiry)
     server = uvicorn_server()
     url = httpx.URL(server.url)
     width = 60
     answers: dict[int, list[int]] = {}
+    lost = 0
     transport = HTTP11Transport()
 
     async def reuse_after(i: int, idle: float) -> None:
+        nonlocal lost
         first = await transport.post(url, b'{"id": %d}' % i)
         await trio.sleep(idle)  # real time: the subject is uvicorn's own 5 s keep-alive clock
-        second = await transport.post(url, b'{"id": %d}' % (width + i))
+        try:
+            second = await transport.post(url, b'{"id": %d}' % (width + i))
+        except KeptAliveLost:
+            lost += 1
+            second = await transport.post(url, b'{"id": %d}' % (width + i))
         answers[i] = [json.loads(first.body)["echo"], json.loads(second.body)["echo"]]
 
     try:
@@ -57,7 +66,9 @@ async def test_uvicorn_keep_alive_timeout_race_costs_no_rows(uvicorn_server, exp
     finally:
         await transport.aclose()
     assert answers == {i: [i, width + i] for i in range(width)}
-    assert server.requests() == 2 * width
+    assert server.requests() == 2 * width  # a request lost to the reset never reached the agent
+    if expiry == pool.IDLE_EXPIRY:
+        assert lost == 0
 
 
 async def test_a_request_lost_after_it_arrived_says_whether_its_connection_was_kept_alive():
