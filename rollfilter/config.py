@@ -342,6 +342,12 @@ class CommandConfig:
         return [(f"CommandConfig.{field} {path}", path) for field, path in paths if path is not None]
 
 
+# What curl refuses in a host name (its hostname_check), '%' included: a host is never
+# percent-decoded here, so "127.0.0.%31" would be looked up as it stands and fail as a
+# connect error, retried, where it is a mistake in the URL.
+_NOT_IN_A_HOST = frozenset(" \r\n\t/:#?!@{}[]\\$'\"^`*<>=;,+&()%")
+
+
 def agent_url(text: str) -> str:
     """Validate an agent URL and append `/run` when it has no path."""
     parts = checked_url(text)
@@ -360,6 +366,10 @@ def checked_url(text: str, schemes: tuple[str, ...] = ("http", "https")) -> urll
         raise UsageError(f"not an {kind} URL: {exc}") from None
     if parts.scheme not in schemes or not parts.hostname:
         raise UsageError(f"not an {kind} URL: {shown_split(parts)!r}")
+    if ":" not in parts.hostname:  # an IPv6 address, which urlsplit has checked
+        bad = next((c for c in parts.hostname if c in _NOT_IN_A_HOST or not c.isprintable()), None)
+        if bad is not None:
+            raise UsageError(f"not an {kind} URL: its host holds {bad!r}")
     try:
         port = parts.port
     except ValueError:

@@ -370,6 +370,21 @@ def test_a_url_that_does_not_parse_is_refused_in_one_line(field: str):
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.parametrize("host", ["127.0.0.1%00x", "127.0.0.%31", "exa mple", "a\x01b", "a\x00b", "a!b", "a<b"])
+@pytest.mark.parametrize("field", ["url", "endpoints", "head_server", "proxy"])
+def test_a_host_with_a_character_curl_refuses_is_refused(field: str, host: str):
+    url = f"http://us3r:pa55@{host}:8000/run"
+    with pytest.raises(UsageError) as refused:
+        Config(**{field: {"a": url} if field == "endpoints" else url})
+    assert "its host holds" in str(refused.value)
+    assert "pa55" not in str(refused.value)
+
+
+def test_hosts_curl_takes_are_taken():
+    for host in ("a_b.localhost", "xn--9ca.localhost", "é.localhost", "[::1]", "[fe80::1%25eth0]", "127.0.0.1"):
+        assert agent_url(f"http://{host}:8000") == f"http://{host}:8000/run"
+
+
 def test_the_command_line_refuses_a_url_that_does_not_parse_as_bad_usage():
     done = run(["-e", "a=http://[::1/run", "/dev/null"])
     assert done.returncode == ExitStatus.USAGE

@@ -70,7 +70,8 @@ class ProxyTransport:
         request = httpx.Request(
             method,
             url.copy_with(username=None, password=None),
-            headers=headers,
+            # As header_lines sends them without a proxy: UTF-8, where httpx would fail on a non-ASCII str.
+            headers=[(name.encode(), value.encode()) for name, value in headers],
             content=content,
             extensions={"timeout": self._timeout.as_dict()},
         )

@@ -28,6 +28,7 @@ class RecordingProxy(ThreadedHTTPServer):
 
     def __init__(self) -> None:
         self.requests: list[str] = []
+        self.notes: list[str | None] = []  # each request's X-Note, as its bytes read in Latin-1
         proxy = self
 
         class Handler(QuietHandler):
@@ -35,6 +36,7 @@ class RecordingProxy(ThreadedHTTPServer):
 
             def forward(self) -> None:
                 proxy.requests.append(f"{self.command} {self.path}")
+                proxy.notes.append(self.headers.get("X-Note"))
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 request = urllib.request.Request(self.path, data=body, method=self.command)
@@ -94,34 +96,20 @@ def test_a_socks5_proxy_is_usable(tmp_path):
     assert summary_of(proc.stderr)["rollfilter"]["failed_by_kind"] == {"connect": 2}
 
 
-class ForwardProxy(ThreadedHTTPServer):
-    """A plain-HTTP forward proxy on 127.0.0.1 that counts what passes through it."""
-
-    def __init__(self) -> None:
-        self.requests = 0
-        proxy = self
-
-        class Handler(QuietHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:
-                proxy.requests += 1
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                request = urllib.request.Request(self.path, data=body, headers={"Content-Type": "application/json"})
-                opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-                with opener.open(request, timeout=30) as response:
-                    self.send_json(response.status, response.read())
-
-        super().__init__(Handler)
-
-
 def test_proxy_option_sends_through_the_proxy(demo_server: DemoServer):
-    proxy = ForwardProxy()
-    try:
+    with serving(RecordingProxy()) as proxy:
         proc = run(["-u", demo_server.url, "--proxy", proxy.url, "-j", "4"], input=rows_jsonl(simple_rows(12)))
-    finally:
-        proxy.close()
     assert proc.returncode == 0, proc.stderr
     assert len(result_lines(proc.stdout)) == 12
-    assert proxy.requests == 12
+    assert len(proxy.requests) == 12
     assert demo_server.stats()["requests"] == 12
+
+
+def test_a_header_value_beyond_ascii_goes_through_the_proxy_as_utf8(demo_server: DemoServer):
+    """As it is sent without a proxy, and as curl sends it: the value's UTF-8 bytes."""
+    with serving(RecordingProxy()) as proxy:
+        proc = run(
+            ["-u", demo_server.url, "--proxy", proxy.url, "-H", "X-Note: café ☕"], input=rows_jsonl(simple_rows(2))
+        )
+    assert proc.returncode == 0, proc.stderr
+    assert proxy.notes == ["café ☕".encode().decode("latin-1")] * 2
