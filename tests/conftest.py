@@ -427,6 +427,28 @@ def demo_row_body(latency: float | None) -> bytes:
     return msgspec.json.encode(row)
 
 
+class Holdings:
+    """What this process holds: its threads, and its open descriptors each by number and what it
+    is (a number an earlier test's thread freed and a leak took would otherwise look the same).
+    `left_behind()` is what was taken since, not given back; what earlier tests' threads give
+    back meanwhile (a server thread ending, trio's idle worker threads) is no concern of it."""
+
+    def __init__(self) -> None:
+        self.threads, self.descriptors = self._now()
+
+    @staticmethod
+    def _now() -> tuple[set[threading.Thread], set[tuple[str, str]]]:
+        descriptors = set()
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(FileNotFoundError):  # the listing's own descriptor, closed by now
+                descriptors.add((fd, os.readlink(f"/proc/self/fd/{fd}")))
+        return set(threading.enumerate()), descriptors
+
+    def left_behind(self) -> tuple[set[threading.Thread], set[tuple[str, str]]]:
+        threads, descriptors = self._now()
+        return threads - self.threads, descriptors - self.descriptors
+
+
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 

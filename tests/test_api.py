@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ from tests.conftest import (
     WEATHER,
     DemoProcess,
     DemoServer,
+    Holdings,
     QuietHandler,
     ThreadedHTTPServer,
     clean_env,
@@ -42,10 +42,6 @@ from tests.servers.recording_agent import RecordingAgent
 
 def weather_rows() -> list[dict]:
     return [json.loads(line) for line in WEATHER.read_text().splitlines()]
-
-
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
 
 
 # Any text, with lone surrogates (json.loads gives one for "\\ud800") as likely as the rest.
@@ -168,7 +164,7 @@ def test_sync_api_inside_a_running_asyncio_loop(demo_server: DemoServer):
 
 def test_sync_api_early_exit_cancels_and_leaves_nothing_behind(demo_process: DemoProcess):
     demo_server = demo_process  # in a process of its own: this one's descriptors are counted
-    threads, fds = threading.active_count(), open_fds()
+    holdings = Holdings()
     concurrency = 8
 
     def endless() -> Iterator[dict]:
@@ -180,8 +176,7 @@ def test_sync_api_early_exit_cancels_and_leaves_nothing_behind(demo_process: Dem
         seen += 1
         if seen == 5:
             break  # the generator's close() stops the run
-    assert threading.active_count() == threads
-    assert open_fds() == fds
+    assert holdings.left_behind() == (set(), set())
     assert demo_server.stats()["requests"] <= seen + concurrency + 1
 
 
@@ -229,11 +224,11 @@ def test_an_exception_from_the_callers_rows_reaches_the_caller(demo_server: Demo
         yield {"responses_create_params": {"input": "x"}}
         raise ValueError("the dataset is broken")
 
-    threads = threading.active_count()
+    holdings = Holdings()
     with pytest.RaisesGroup(pytest.RaisesExc(ValueError, match="dataset is broken"), flatten_subgroups=True):
         for _ in rollouts(broken_rows(), Config(url=demo_server.url)):
             pass
-    assert threading.active_count() == threads
+    assert holdings.left_behind()[0] == set()
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

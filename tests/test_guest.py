@@ -28,6 +28,7 @@ from tests.conftest import (
     SUBPROCESS_TIMEOUT,
     DemoProcess,
     DemoServer,
+    Holdings,
     clean_env,
     closed_port_url,
     expected_reward,
@@ -185,10 +186,6 @@ def connections_open_at(port: int) -> int:
     return count
 
 
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
 async def wait_until(lib: Library, condition: Callable[[], bool], deadline: float | None = None) -> None:
     """Poll `condition` until it holds; fail at `deadline` (time.monotonic()), by default WAIT from now."""
     deadline = time.monotonic() + WAIT if deadline is None else deadline
@@ -322,7 +319,7 @@ def test_the_loop_is_never_blocked_while_thousands_of_rows_run(lib: Library, dem
 def test_cancelling_the_consumer_closes_what_is_in_flight(lib: Library, demo_process: DemoProcess):
     demo_server = demo_process  # in a process of its own: this one's descriptors are counted
     concurrency = 8
-    fds = open_fds()
+    holdings = Holdings()
     closed_rows: list[bool] = []
     consumed = 0
     summaries: list[dict[str, Any] | None] = []
@@ -355,7 +352,7 @@ def test_cancelling_the_consumer_closes_what_is_in_flight(lib: Library, demo_pro
 
     lib.run(scenario)
     assert closed_rows == [True]
-    assert open_fds() == fds
+    assert holdings.left_behind()[1] == set()
     assert summaries[0] is not None
     assert summaries[0]["rollfilter"]["succeeded"] == 1
     assert summaries[0]["rollfilter"]["stopped"] == "stopped early by the caller"
