@@ -35,8 +35,12 @@ HEAVY_FIELDS = frozenset(
     {"response", "responses_create_params", "ng_agent_observations", "ng_model_call_capture", "ng_trajectory"}
 )
 SPOOL_BUFFER_BYTES = 256 * 1024
-RUN_BYTES = 4 * 1024 * 1024  # results gathered in memory, an agent, before a sorted run is written out
-MERGE_BYTES = 8 * 1024 * 1024  # the read buffers of all of an agent's runs together, while they are merged
+RUN_BYTES = 4 * 1024 * 1024  # the memory of results gathered, an agent, before a sorted run is written out
+# What a gathered result holds besides its line (sys.getsizeof, CPython 3.11): the (key, line)
+# tuple, the key's tuple of four, the bytes header and the list slot. Counted, a run takes
+# RUN_BYTES; uncounted, demo-sized results (140 bytes) made a run of 4 MB take 16.
+ENTRY_OVERHEAD_BYTES = 56 + 72 + 33 + 8
+MERGE_BYTES = 2 * 1024 * 1024  # the read buffers of all of an agent's runs together, while they are merged
 MIN_CHUNK_BYTES = 4096  # a run's read buffer is never smaller
 AGGREGATE_PATH = "/aggregate_metrics"
 _PREFIX = b'{"verify_responses":[\n'
@@ -112,7 +116,7 @@ class ResultSpool:
             pair = (result.get(TASK_INDEX), result.get(ROLLOUT_INDEX))
             line = b"%s\t%s\n" % (_encode(pair), entry)
             spool.gathered.append((_sort_key(pair), line))
-            spool.gathered_bytes += len(line)
+            spool.gathered_bytes += len(line) + ENTRY_OVERHEAD_BYTES
             spool.count += 1
             spool.entry_bytes += len(entry)
             if spool.gathered_bytes >= self._run_bytes:
