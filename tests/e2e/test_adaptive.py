@@ -15,7 +15,10 @@ def test_the_command_finds_the_agents_capacity(start_demo):
     assert stats["throttled"] <= 0.1 * stats["requests"]
     windows = summary_of(proc.stderr)["rollfilter"]["windows"]
     assert set(windows) == {"(no name)"}
-    assert windows["(no name)"]["max"] <= 2 * 10  # the probe overshoots by at most a doubling
+    # Slow start goes to at most twice what has come back before the first refusal: 16-20
+    # here, a little more on a starved machine (22 once in a full run under coverage beside
+    # a benchmark, when 11 came back), never the -j 100 a runaway probe would reach.
+    assert windows["(no name)"]["max"] <= 3 * 10
     assert 5 <= windows["(no name)"]["final"] <= 15
     changes = [line for line in proc.stderr.decode().splitlines() if ": window " in line]
     assert changes
