@@ -369,7 +369,7 @@ def checked_url(text: str, schemes: tuple[str, ...] = ("http", "https")) -> urll
     if ":" not in parts.hostname:  # an IPv6 address, which urlsplit has checked
         bad = next((c for c in parts.hostname if c in _NOT_IN_A_HOST or not c.isprintable()), None)
         if bad is not None:
-            raise UsageError(f"not an {kind} URL: its host holds {bad!r}")
+            raise UsageError(f"not an {kind} URL: {shown_split(parts)!r}, whose host holds {bad!r}")
     try:
         port = parts.port
     except ValueError:

@@ -376,8 +376,10 @@ def test_a_host_with_a_character_curl_refuses_is_refused(field: str, host: str):
     url = f"http://us3r:pa55@{host}:8000/run"
     with pytest.raises(UsageError) as refused:
         Config(**{field: {"a": url} if field == "endpoints" else url})
-    assert "its host holds" in str(refused.value)
+    assert "whose host holds" in str(refused.value)
+    assert "8000/run" in str(refused.value)  # which of the URLs it is
     assert "pa55" not in str(refused.value)
+    assert "\n" not in str(refused.value)
 
 
 def test_hosts_curl_takes_are_taken():
