@@ -148,7 +148,7 @@ class AgentClient:
                 signal = Signal.NEUTRAL  # a cancelled attempt says nothing about the agent
                 started = trio.current_time()
                 try:
-                    outcome, retry_after, kept_alive_lost = await self._attempt(replica.url, body, row)
+                    outcome, retry_after = await self._attempt(replica.url, body, row)
                     signal = load_signal(outcome)
                 finally:
                     replica.outstanding -= 1
@@ -170,7 +170,7 @@ class AgentClient:
                 # A row's first attempt lost on a kept-alive connection is most often the server
                 # closing it as the request went out, not the agent in trouble: its one retry
                 # is not the budget's (a browser retries such a request once, too).
-                keep_alive_race = kept_alive_lost and attempt == 1
+                keep_alive_race = failure.kept_alive_lost and attempt == 1
                 budget = agent.budget
                 if budget is not None and not (paced or keep_alive_race) and not budget.withdraw():
                     return dataclasses.replace(failure, message=f"{failure.message} ({BUDGET_SPENT})")
@@ -188,31 +188,31 @@ class AgentClient:
 
     async def _attempt(
         self, url: httpx.URL, body: bytes, row: str | None = None
-    ) -> tuple[dict[str, Any] | AttemptFailure, float | None, bool]:
+    ) -> tuple[dict[str, Any] | AttemptFailure, float | None]:
         """One attempt within --timeout: the POST, and the 307/308 redirects it is sent on to;
-        its outcome, the pause its reply asks for, and whether a kept-alive connection was lost."""
+        its outcome, and the pause its reply asks for."""
         target, credentials, status = url, True, 0
         with trio.move_on_after(self._timeout):
             for _ in range(MAX_REDIRECTS + 1):
                 try:
                     reply = await self._transport.post(target, body, credentials=credentials, row=row)
                 except httpx.TransportError as exc:
-                    return transport_failure(target, exc), None, isinstance(exc, KeptAliveLost)
+                    return transport_failure(target, exc), None
                 status = reply.status
                 if status not in (307, 308):
-                    return (*self._outcome(reply), False)
+                    return self._outcome(reply)
                 moved = redirect_target(target, reply, cross_origin=self._cross_origin_redirects)
                 if isinstance(moved, AttemptFailure):
-                    return moved, None, False
+                    return moved, None
                 if origin_of(moved) != origin_of(target):
                     credentials = False  # as curl and httpx: Authorization stays with its origin
                 elif credentials and not moved.userinfo and target.userinfo:
                     moved = moved.copy_with(username=target.username, password=target.password)
                 target = moved
             message = f"HTTP {status} {_reason_phrase(status)}: more than {MAX_REDIRECTS} redirects"
-            return AttemptFailure(ErrorKind.HTTP_STATUS, message, status), None, False
+            return AttemptFailure(ErrorKind.HTTP_STATUS, message, status), None
         message = f"no answer within Config.timeout.attempt {self._timeout:g} s"
-        return AttemptFailure(ErrorKind.TIMEOUT, message, retry=Retry.NOW), None, False
+        return AttemptFailure(ErrorKind.TIMEOUT, message, retry=Retry.NOW), None
 
     def _outcome(self, reply: Reply) -> tuple[dict[str, Any] | AttemptFailure, float | None]:
         status = reply.status
@@ -262,7 +262,10 @@ def transport_failure(url: httpx.URL, exc: httpx.TransportError) -> AttemptFailu
         return AttemptFailure(ErrorKind.CONNECT, f"cannot connect to {origin(url)}: {exc}", retry=Retry.NOW)
     if isinstance(exc, httpx.RemoteProtocolError):  # the agent answered: sending again would replay the episode
         return AttemptFailure(ErrorKind.BAD_RESPONSE, f"{origin(url)}: {printable(str(exc))}")
-    return AttemptFailure(ErrorKind.CONNECT, f"{origin(url)}: {printable(str(exc))}", retry=Retry.NOW)
+    lost = isinstance(exc, KeptAliveLost)
+    return AttemptFailure(
+        ErrorKind.CONNECT, f"{origin(url)}: {printable(str(exc))}", retry=Retry.NOW, kept_alive_lost=lost
+    )
 
 
 def redirect_target(url: httpx.URL, reply: Reply, *, cross_origin: bool) -> httpx.URL | AttemptFailure:
