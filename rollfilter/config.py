@@ -321,6 +321,7 @@ class CommandConfig:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS  # failed attempts after which --resume gives a pair up
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
     shard_auto: bool = False  # the shard came from --shard auto: a resumed output's own record wins over it
+    wait_lock: bool = False  # an output another run holds is waited for, not refused
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
@@ -334,12 +335,6 @@ class CommandConfig:
             raise UsageError("CommandConfig.max_attempts must be at least 1")
         if self.resume and self.output is None:
             raise UsageError("CommandConfig.resume needs CommandConfig.output FILE: it skips the rows already in FILE")
-
-    def output_files(self) -> list[tuple[str, str]]:
-        """The files a run writes, each named with its field for messages."""
-        named = ("output", "errors_file", "metrics_file", "per_task_file", "aggregate_file", "materialized_file")
-        paths = [(field, getattr(self, field)) for field in (*named, "progress_file")]
-        return [(f"CommandConfig.{field} {path}", path) for field, path in paths if path is not None]
 
 
 # What curl refuses in a host name (its hostname_check), '%' included: a host is never

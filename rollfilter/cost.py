@@ -3,7 +3,9 @@
 A price is USD per million tokens: input, output, and cached input (which OpenAI's usage counts
 within `input_tokens`, as `input_tokens_details.cached_tokens`; priced as input when no cached
 price is given). Every answer an agent gave counts, failed rollouts' answers too: their tokens
-were spent. An answer without usage costs nothing, and is counted as such.
+were spent. An answer without usage costs nothing, and is counted as such; so is one whose token
+counts a cost cannot hold (an integer past the float range, or a cost that would overflow the
+total): an agent's number is never allowed to fail the row it came with.
 """
 
 from __future__ import annotations
@@ -34,11 +36,16 @@ class Price:
     def __post_init__(self) -> None:
         for name in ("input", "output", "cached"):
             value = getattr(self, name)
-            if value is not None and not (type(value) in (int, float) and 0 <= value < math.inf):
-                raise PriceError(f"the {name} price must be a finite number of USD, 0 or more, got {value!r}")
+            if value is None and name == "cached":
+                continue
+            number = _finite(value)
+            if number is None or number < 0:
+                raise PriceError(f"the {name} price must be a finite number of USD, 0 or more, got {_shown(value)}")
+            object.__setattr__(self, name, number)
 
     def of(self, usage: Mapping[str, Any]) -> float | None:
-        """The cost of one answer's usage, or None when it reports no tokens."""
+        """The cost of one answer's usage, or None when it reports no tokens, or counts that no
+        float cost can hold."""
         tokens_in, tokens_out = _count(usage.get("input_tokens")), _count(usage.get("output_tokens"))
         if tokens_in is None and tokens_out is None:
             return None
@@ -46,8 +53,32 @@ class Price:
         cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
         cached = min(cached or 0, tokens_in or 0)
         cached_price = self.input if self.cached is None else self.cached
-        spent = ((tokens_in or 0) - cached) * self.input + cached * cached_price + (tokens_out or 0) * self.output
-        return spent / PER_TOKENS
+        try:  # a price per token first: the product of a count and a price per million may overflow
+            spent = (
+                float((tokens_in or 0) - cached) * (self.input / PER_TOKENS)
+                + float(cached) * (cached_price / PER_TOKENS)
+                + float(tokens_out or 0) * (self.output / PER_TOKENS)
+            )
+        except OverflowError:  # a count past the float range
+            return None
+        return spent if math.isfinite(spent) else None
+
+
+def _finite(value: Any) -> float | None:
+    """A number of a price as a float, or None when it is none, or past the float range."""
+    if type(value) not in (int, float):  # not bool, not a string
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _shown(value: Any) -> str:
+    """A value as a message quotes it: a number of hundreds of digits by its size alone."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"a number of {len(text)} digits"
 
 
 def _count(value: Any) -> int | None:
@@ -111,7 +142,7 @@ class Spending:
         if price is None:  # an agent no price names costs nothing
             return
         cost = price.of(usage)
-        if cost is None:
+        if cost is None or not math.isfinite(self.total + cost):
             self.without_usage += 1
             return
         self.total += cost

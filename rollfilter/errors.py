@@ -2,7 +2,8 @@
 
     RollfilterError          a condition that ends the run before or instead of sending
     ├── UsageError           bad options or unusable files: exit 2, nothing sent
-    └── ServiceError         a service the run depends on (a head server) cannot be used: exit 3
+    ├── ServiceError         a service the run depends on (a head server) cannot be used: exit 3
+    └── OutputInUse          another run holds an output this run would write: exit 75, nothing sent
 
 Per-row failures are not exceptions: they are records (`outcomes.py`: an `AttemptFailure`, tied to
 its row as a `Failure`) that the run writes to the errors record and counts, and the run goes on.
@@ -27,6 +28,7 @@ class ExitStatus(enum.IntEnum):
     USAGE = 2  # bad option, bad -p, unreadable FILE, unwritable -o; nothing was sent
     SERVICE_UNAVAILABLE = 3  # the head server could not be reached or read
     OUTPUT_FAILED = 74  # sysexits EX_IOERR: an output file or stream could not be written
+    OUTPUT_IN_USE = 75  # sysexits EX_TEMPFAIL: another run holds an output; nothing was sent, try again later
     HUNG_UP = 129  # 128+1 SIGHUP: the terminal closed or the ssh session ended; handled as SIGTERM
     INTERRUPTED = 130  # 128+2 SIGINT
     BROKEN_PIPE = 141  # 128+13 SIGPIPE: the reader of stdout went away
@@ -63,6 +65,18 @@ class ServiceError(RollfilterError):
     """A service the run needs before sending (the head server) is unreachable or unusable."""
 
     exit_status = ExitStatus.SERVICE_UNAVAILABLE
+
+
+class OutputInUse(RollfilterError):
+    """Another run holds the lock on an output this run would write; nothing has been sent.
+    `output` names it (`-o out.jsonl`), and `holder` who holds it (`process 4242 (rollfilter)`)."""
+
+    exit_status = ExitStatus.OUTPUT_IN_USE
+
+    def __init__(self, output: str, holder: str) -> None:
+        super().__init__(f"{output} is in use by {holder}: one run writes an output at a time (--wait-lock waits)")
+        self.output = output
+        self.holder = holder
 
 
 # A setting named in a message (`Config.<field>`, `Config.<part>.<field>` as Config.retries.budget,

@@ -271,6 +271,11 @@ class Metrics:
     def tokens(self) -> float:
         return sum(means.tokens() for means in self.by_agent.values())
 
+    def tokens_per_s(self) -> float | None:
+        """Tokens a second so far; None when the agents' counts make no finite rate."""
+        rate = self.tokens() / max(self.elapsed(), 1e-9)
+        return rate if math.isfinite(rate) else None
+
     def window(self) -> int | None:
         """The agents' windows together (--adaptive), for the progress line."""
         return sum(w.limit for w in self.windows.values()) if self.windows else None
@@ -329,7 +334,8 @@ class Metrics:
             elapsed = self.elapsed()
             figures["elapsed_s"] = round(elapsed, 3)
             figures["rows_per_s"] = round(self.rate(), 2)
-            figures["tokens_per_s"] = round(self.tokens() / max(elapsed, 1e-9), 2)
+            tokens_per_s = self.tokens_per_s()
+            figures["tokens_per_s"] = None if tokens_per_s is None else round(tokens_per_s, 2)
             figures["latency_s"] = {
                 "p50": round(self.latency.percentile(50), 4),
                 "p90": round(self.latency.percentile(90), 4),

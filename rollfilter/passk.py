@@ -12,6 +12,8 @@ from array import array
 from collections.abc import Callable
 from typing import Any
 
+from rollfilter.sums import running_mean
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """1 - C(n-c, k) / C(n, k): the chance that k of n rollouts, c of them correct, hold a correct one."""
@@ -88,8 +90,7 @@ class TaskStats:
             counts["failed"][slot] += 1
             return
         rewarded = counts["rewarded"][slot] = counts["rewarded"][slot] + 1
-        mean = self._reward_means[slot]
-        self._reward_means[slot] = mean + (reward - mean) / rewarded  # a running mean stays finite near 1e308
+        self._reward_means[slot] = running_mean(self._reward_means[slot], reward, rewarded)
         if reward >= self.threshold:
             counts["correct"][slot] += 1
 
@@ -116,13 +117,13 @@ class TaskStats:
             mean = self._reward_means[slot] if rewarded else None
             if mean is not None:
                 means += 1
-                mean_of_means += (mean - mean_of_means) / means  # a running mean stays finite
+                mean_of_means = running_mean(mean_of_means, mean, means)
             record: dict[str, Any] = {"_ng_task_index": task, "n": ended, "failed": failed, "mean_reward": mean}
             for k in self.ks:
                 if k <= ended:
                     value = pass_at_k(ended, counts["correct"][slot], k)
                     pass_counts[k] += 1
-                    pass_means[k] += (value - pass_means[k]) / pass_counts[k]
+                    pass_means[k] = running_mean(pass_means[k], value, pass_counts[k])
                     record[f"pass@{k}"] = value
             if self._on_task is not None and ended:
                 self._on_task(record)

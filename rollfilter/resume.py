@@ -20,6 +20,7 @@ from rollfilter.errors import UsageError
 from rollfilter.keytable import KeyTable
 from rollfilter.outcomes import TERMINAL_KINDS
 from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX
+from rollfilter.writers import OutputFailed
 
 DEFAULT_MAX_ATTEMPTS = 3  # NeMo Gym's NEMO_GYM_MAX_ROLLOUT_ATTEMPTS default
 MAX_ATTEMPTS_VARIABLE = "NEMO_GYM_MAX_ROLLOUT_ATTEMPTS"
@@ -129,14 +130,23 @@ def _lines(path: str) -> Iterator[bytes]:
 class StandingFailures:
     """Failure records, held in a temporary file until every result has been seen, so that each
     (task, rollout) pair counts once: as a success if any result has it (a failed attempt that a
-    later, resumed run fixed), else as one failure, its first record's."""
+    later, resumed run fixed), else as one failure, its first record's. OutputFailed when the
+    temporary file cannot be made or written (a full TMPDIR)."""
+
+    NAME = "a temporary file of the failure records"
 
     def __init__(self) -> None:
-        self._file = tempfile.TemporaryFile()  # noqa: SIM115 - closed by standing()
+        try:
+            self._file = tempfile.TemporaryFile()  # noqa: SIM115 - closed by standing()
+        except OSError as exc:
+            raise OutputFailed(self.NAME, exc) from None
         self._succeeded = KeyTable()
 
     def failure(self, line: bytes) -> None:
-        self._file.write(line.strip() + b"\n")
+        try:
+            self._file.write(line.strip() + b"\n")
+        except OSError as exc:
+            raise OutputFailed(self.NAME, exc) from None
 
     def result(self, record: dict[str, Any]) -> None:
         self._succeeded.add(pair_key(record.get(TASK_INDEX), record.get(ROLLOUT_INDEX)))
@@ -145,12 +155,18 @@ class StandingFailures:
         """The failure records of pairs without a result, one a pair; the file is closed after."""
         counted = KeyTable()
         with self._file as file:
-            file.seek(0)
+            try:
+                file.seek(0)  # writes what is buffered first
+            except OSError as exc:
+                raise OutputFailed(self.NAME, exc) from None
             for line in file:
                 record = _decode(line)
                 key = pair_key(record.get(TASK_INDEX), record.get(ROLLOUT_INDEX))
                 if key not in self._succeeded and counted.add(key)[1]:
                     yield record
+
+    def close(self) -> None:
+        self._file.close()
 
 
 def read_pairs(path: str) -> KeyTable:

@@ -12,7 +12,7 @@ import collections
 import dataclasses
 import os
 import stat
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import trio
@@ -75,47 +75,6 @@ def check_inputs(paths: Sequence[str]) -> None:
             raise UsageError(f"cannot read {path}: Is a directory")
         if not os.access(path, os.R_OK):
             raise UsageError(f"cannot read {path}: Permission denied")
-
-
-def check_outputs_are_not_inputs(
-    inputs: Sequence[str], outputs: Iterable[tuple[str, str | int]], stdin_fd: int = 0
-) -> None:
-    """Raise UsageError when an output (a path, or a descriptor such as stdout's) is one of the
-    inputs: the run would read what it writes and never end, or destroy its input. Files are
-    told apart by inode, so symlinks and hard links count; only regular files, as GNU cat does
-    (reading /dev/null and writing it is fine)."""
-    read: dict[tuple[int, int], str] = {}
-    for path in inputs:
-        identity = _regular_file(stdin_fd if path == STDIN else path)
-        if identity is not None:
-            read.setdefault(identity, display_name(path))
-    for name, target in outputs if read else ():
-        identity = _regular_file(target)
-        if identity in read:
-            raise UsageError(f"{name} is also the input {read[identity]}: input file is output file")
-
-
-def check_outputs_apart(outputs: Iterable[tuple[str, str]]) -> None:
-    """Raise UsageError when two outputs are one file (by inode, or by path for one not there
-    yet): one would overwrite or interleave the other. Devices and pipes are the user's to share."""
-    seen: dict[object, str] = {}
-    for name, path in outputs:
-        key: object = _regular_file(path)
-        if key is None:
-            if os.path.lexists(path) and not os.path.islink(path):
-                continue
-            key = os.path.realpath(path)
-        if key in seen:
-            raise UsageError(f"{name} is also {seen[key]}: two outputs cannot be one file")
-        seen[key] = name
-
-
-def _regular_file(target: str | int) -> tuple[int, int] | None:
-    try:
-        info = os.stat(target)
-    except OSError:  # an output not made yet, or an input that check_inputs reports
-        return None
-    return (info.st_dev, info.st_ino) if stat.S_ISREG(info.st_mode) else None
 
 
 class _Unterminated(bytes):

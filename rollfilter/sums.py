@@ -10,6 +10,7 @@ is rounded once, by Python's correctly rounded integer division.
 from __future__ import annotations
 
 import math
+import sys
 
 EXACT_FROM = 2.0**990  # values at or past this (in magnitude) go to the exact sum
 EXACT_FROM_INT = 2**990  # the same, for comparing ints without converting them
@@ -29,3 +30,16 @@ def mean_of(float_sum: float, exact_sum: int, count: int) -> float:
     if not exact_sum or not math.isfinite(float_sum):  # the float sum alone: as plain as it gets
         return float_sum / count
     return (scaled(float_sum) + exact_sum) / (count << _UNIT_BITS)
+
+
+def running_mean(mean: float, value: float, count: int) -> float:
+    """The mean of `count` values, from the mean of the first `count` - 1 and the last one.
+
+    Finite for finite values, even at the float limits, where the usual step `(value - mean)`
+    overflows (1.7e308 after -1.7e308): the mean of finite values lies between them.
+    """
+    step = (value - mean) / count
+    if step - step == 0.0:  # finite: the common case
+        return mean + step
+    blended = mean / count * (count - 1) + value / count
+    return blended if blended - blended == 0.0 else math.copysign(sys.float_info.max, blended)

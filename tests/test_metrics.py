@@ -6,6 +6,7 @@ import fractions
 import math
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -86,3 +87,13 @@ def test_the_mean_of_rewards_and_usage_near_the_float_limits():
         means.add({"reward": 1e308, "tokens": 10**308, "response": {"usage": {"input_tokens": 10**308}}})
     assert means.means() == {"reward": 1e308, "tokens": 1e308}
     assert means.usage() == {"input_tokens": 1e308}
+
+
+def test_a_token_rate_past_the_float_range_is_null_not_infinite():
+    ticks = iter([0.0, *[1e-12] * 10])
+    metrics = Metrics(clock=lambda: next(ticks))
+    for _ in range(30):  # each under the exact sums' threshold, their float sum past what a rate can hold
+        metrics.add_result({"reward": 1.0, "response": {"usage": {"total_tokens": 9e297}}}, 0.1)
+    figures = metrics.summary()["rollfilter"]
+    assert figures["tokens_per_s"] is None
+    assert figures["rows_per_s"] == pytest.approx(3e10)

@@ -1,4 +1,4 @@
-"""A run's record of what shapes its bodies, kept beside `-o OUT.jsonl` as `OUT_run.json`.
+"""A run's record of what shapes its bodies, kept beside `-o OUT.jsonl` as `OUT.jsonl.run.json`.
 
 The record holds a digest of each input file and the options that change what is sent: `-p`, `-a`,
 `-r`, `--repeat-seeds`, `--shard` and `-n`. `--resume` checks it, so that an output is only ever
@@ -9,7 +9,9 @@ which shards of N it was given.
 It is a file of its own rather than fields in the result lines: the results stay exactly what NeMo
 Gym writes and reads (its resume, its aggregation, and `/aggregate_metrics` see no new key), a shard
 that finished no rollout still says what it is, and nothing is added to the per-row path. NeMo Gym's
-readers take `*.jsonl` files, and the record is `.json`.
+readers take `*.jsonl` files, and the record is `.json`. Its name is the output's whole name and a
+suffix, so two outputs never share one (`a.jsonl` and `a.json` each have their own), and no output
+may be given a name with that suffix: it would be another run's record.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import pathlib
 import stat
 from collections.abc import Sequence
 from typing import Any
@@ -29,7 +30,7 @@ from rollfilter.errors import UsageError
 from rollfilter.source import STDIN
 from rollfilter.writers import WholeFile
 
-RECORD_SUFFIX = "_run.json"
+RECORD_SUFFIX = ".run.json"
 _encode = msgspec.json.Encoder().encode
 
 
@@ -58,10 +59,26 @@ _decode_record = msgspec.json.Decoder(RunRecord).decode
 
 
 def record_path(output: str) -> str:
-    """Where the record of the run writing `output` lives: `OUT_run.json` beside `OUT.jsonl`, the
+    """Where the record of the run writing `output` lives: `OUT.jsonl.run.json` beside `OUT.jsonl`, the
     file itself (a symlink's target: `-o /dev/stdout > OUT.jsonl` keeps it beside OUT.jsonl too)."""
-    path = pathlib.Path(os.path.realpath(output))
-    return str(path.with_name(path.stem + RECORD_SUFFIX))
+    return os.path.realpath(output) + RECORD_SUFFIX
+
+
+def is_record_name(path: str) -> bool:
+    """Whether `path` (or the file a symlink names) is named as a run record is."""
+    return any(
+        os.path.basename(name).endswith(RECORD_SUFFIX) and os.path.basename(name) != RECORD_SUFFIX
+        for name in (path, os.path.realpath(path))
+    )
+
+
+def record_target(command: CommandConfig) -> str | None:
+    """The record the run `command` describes keeps beside its -o, or None: no -o, --append (which
+    mixes runs on purpose), or an -o that is no regular file (/dev/null, a pipe)."""
+    output = command.output
+    if output is None or command.append or not _may_hold_a_record(output):
+        return None
+    return record_path(output)
 
 
 def file_digest(path: str) -> str:
@@ -124,12 +141,13 @@ def settle(command: CommandConfig) -> tuple[CommandConfig, RunRecord | None]:
     On --resume, an output that has a record is finished only with the inputs and options that
     began it: anything else is a UsageError naming what differs, before anything is sent. The
     shard comes from the record unless --shard I/N is given (--shard auto does not count: a
-    resubmitted array task sees another array). --append mixes runs on purpose: no record.
+    resubmitted array task sees another array). A shard --shard auto makes must agree with the
+    shards of the same run recorded beside -o (see `check_sibling_shards`). --append mixes runs
+    on purpose: no record.
     """
-    output = command.output
-    if output is None or command.append or not _may_hold_a_record(output):
+    path = record_target(command)
+    if path is None:
         return command, None
-    path = record_path(output)
     recorded = read_record(path) if command.resume else None
     if recorded is not None and recorded.shard is not None and (command.engine.shard is None or command.shard_auto):
         engine = dataclasses.replace(command.engine, shard=recorded.shard)
@@ -139,15 +157,49 @@ def settle(command: CommandConfig) -> tuple[CommandConfig, RunRecord | None]:
         problems = differences(recorded, record)
         if problems:
             raise UsageError(
-                f"--resume: {output} was made from other inputs or options (its record is {path}):"
+                f"--resume: {command.output} was made from other inputs or options (its record is {path}):"
                 f" {'; '.join(problems)}; give the same, or a new -o"
             )
+    elif command.shard_auto:
+        check_sibling_shards(record, path)
     return command, record
+
+
+def check_sibling_shards(record: RunRecord, path: str) -> None:
+    """UsageError when the shard --shard auto made of this array task (in `record`, to be kept at
+    `path`) is not one of the shards the records beside it give for the same run: shards of
+    another N (a part of an array resubmitted: its tasks see an array of their own), or the same
+    shard kept by another output. A task that never started has no record, but the others do."""
+    assert record.shard is not None
+    index, count = record.shard
+    directory = os.path.dirname(path)
+    try:
+        names = sorted(name for name in os.listdir(directory) if name.endswith(RECORD_SUFFIX))
+    except OSError:
+        return
+    for name in names:
+        other_path = os.path.join(directory, name)
+        try:
+            other = read_record(other_path) if other_path != path else None
+        except UsageError:  # not a record this run can read: not one of its shards
+            continue
+        if other is None or other.shard is None or _unlike_shards(record, other, ("here", "there")):
+            continue
+        other_output = other_path.removesuffix(RECORD_SUFFIX)
+        made = f"--shard auto makes this array task shard {index}/{count}"
+        first = "give --shard I/N, the shard this task had in the array first submitted"
+        if other.shard[1] != count:
+            raise UsageError(
+                f"{made}, but {other_output} is shard {_shard(other.shard)} of the same run:"
+                f" a part of an array submitted again sees an array of its own; {first}"
+            )
+        if other.shard[0] == index:
+            raise UsageError(f"{made}, which {other_output} holds already; {first}")
 
 
 def keep(record: RunRecord | None, output: str | None) -> None:
     """Write the record beside `output`, once the outputs are open and before anything is sent."""
-    if record is not None and output is not None and _may_hold_a_record(output):
+    if record is not None and output is not None:
         write_record(record_path(output), record)
 
 

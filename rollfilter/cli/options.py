@@ -56,8 +56,8 @@ and agent_ref. A metrics summary (one JSON object) goes to stderr when the run e
 rows are reported on stderr (or in --errors FILE), never written as results.
 
 Exit status: 0 all rollouts succeeded, 1 some failed or were not persisted, 2 usage error,
-3 head server unreachable, 74 an output could not be written, 129 hung up, 130 interrupted,
-141 stdout closed, 143 terminated.
+3 head server unreachable, 74 an output could not be written, 75 another run holds an output,
+129 hung up, 130 interrupted, 141 stdout closed, 143 terminated.
 """
 
 typer_app = typer.Typer(
@@ -321,6 +321,13 @@ def parse(
         bool,
         typer.Option("--append", help="Let -o and --errors add to files that hold lines of another run."),
     ] = False,
+    wait_lock: Annotated[
+        bool,
+        typer.Option(
+            "--wait-lock",
+            help="Wait for another run that holds -o, --errors or --per-task to end, instead of exiting 75.",
+        ),
+    ] = False,
     header: Annotated[
         list[str] | None,
         typer.Option(
@@ -484,6 +491,7 @@ def parse(
         max_attempts=max_attempts if max_attempts is not None else max_attempts_from_environment(),
         max_line_bytes=max_line_bytes,
         shard_auto=shard == SHARD_AUTO,
+        wait_lock=wait_lock,
     )
     if not summarize and not dry_run:
         config = fit_open_files(config, files_per_connection=2 if demo else 1)

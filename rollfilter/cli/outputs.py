@@ -1,5 +1,14 @@
-"""The command line's files and descriptors: opened and checked before anything is sent, and
-written whole at the end (the summary, --metrics, --aggregate)."""
+"""Every output of a command-line run, in one place: named, checked together, opened and locked
+before anything is sent, and written whole at the end (the summary, --metrics, --aggregate).
+
+A run's outputs are the files its options name (those --gym-layout derives among them), the run
+record beside -o, and the standard streams that carry something: standard output when results
+(or --summarize's summary, or --dry-run's bodies) go there, and standard error always. Two of
+them that are one file (by device and inode, so a symlink, a hard link, /dev/stdout and
+/proc/self/fd/1 all count; by path for one not made yet) would lose or mix lines: a file renamed
+into place takes the other's name from it, and two descriptors of one regular file overwrite each
+other. Only /dev/null may be shared: what goes there is thrown away on purpose.
+"""
 
 from __future__ import annotations
 
@@ -7,19 +16,34 @@ import contextlib
 import dataclasses
 import os
 import stat
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
 import msgspec
 
 from rollfilter.aggregate import AggregateReport
-from rollfilter.cli import identity
-from rollfilter.errors import RollfilterError, UsageError
+from rollfilter.cli import identity, locks
+from rollfilter.cli.identity import RECORD_SUFFIX
+from rollfilter.config import CommandConfig
+from rollfilter.errors import OutputInUse, RollfilterError, UsageError
 from rollfilter.metrics import Metrics
 from rollfilter.passk import TaskStats
+from rollfilter.source import STDIN, display_name
 from rollfilter.writers import WholeFile
 
 _encode = msgspec.json.Encoder().encode
-APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+APPEND_FLAGS = os.O_WRONLY | os.O_APPEND
+# The files of a run, by CommandConfig field, each with the option that names it.
+FILE_OPTIONS = (
+    ("output", "-o"),
+    ("errors_file", "--errors"),
+    ("metrics_file", "--metrics"),
+    ("per_task_file", "--per-task"),
+    ("aggregate_file", "--aggregate"),
+    ("materialized_file", "--materialized"),
+    ("progress_file", "--progress-file"),
+)
+SAME_FILE = "two outputs cannot be one file"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -32,6 +56,93 @@ class Streams:
 
 
 STANDARD_STREAMS = Streams()
+
+
+class RunOutputs:
+    """The outputs of one command-line run (see the module's docstring); `check` refuses, with one
+    line naming both, two that are one file, an output that is an input, and an output named as a
+    run record is, all before any file is opened."""
+
+    def __init__(
+        self, command: CommandConfig, streams: Streams, *, dry_run: bool = False, summarize: bool = False
+    ) -> None:
+        self.command = command
+        self.stdin = streams.stdin
+        # A dry run writes no file: it prints what it would send.
+        self.files = [] if dry_run else [(o, p) for f, o in FILE_OPTIONS if (p := getattr(command, f)) is not None]
+        self.record = None if dry_run or summarize else identity.record_target(command)
+        carries_stdout = summarize or dry_run or command.output is None
+        self.streams = [("standard output", streams.stdout)] * carries_stdout + [("standard error", streams.stderr)]
+
+    def named_files(self) -> list[tuple[str, str]]:
+        """Each file as the messages name it (`--metrics m.json`), the run record last."""
+        named = [(f"{option} {path}", path) for option, path in self.files]
+        if self.record is not None:
+            named.append((f"the run record {self.record}", self.record))
+        return named
+
+    def check(self) -> None:
+        for option, path in self.files:
+            if identity.is_record_name(path):
+                raise UsageError(
+                    f"{option} {path}: a name ending in {RECORD_SUFFIX} is a run record's"
+                    f" (-o FILE keeps its record in FILE{RECORD_SUFFIX}): give another name"
+                )
+        named: list[tuple[str, str | int]] = [*self.streams, *self.named_files()]
+        refuse_inputs(self.command.inputs, named, self.stdin)
+        refuse_shared(self.streams, self.named_files())
+
+
+def refuse_inputs(inputs: Sequence[str], outputs: Iterable[tuple[str, str | int]], stdin_fd: int = 0) -> None:
+    """UsageError when an output (a path, or a descriptor such as stdout's) is one of the inputs:
+    the run would read what it writes and never end, or destroy its input. Only regular files,
+    as GNU cat does (reading /dev/null and writing it is fine)."""
+    read: dict[tuple[int, int], str] = {}
+    for path in inputs:
+        key = _regular_file(stdin_fd if path == STDIN else path)
+        if key is not None:
+            read.setdefault(key, display_name(path))
+    for name, target in outputs if read else ():
+        key = _regular_file(target)
+        if key in read:
+            raise UsageError(f"{name} is also the input {read[key]}: input file is output file")
+
+
+def refuse_shared(streams: Iterable[tuple[str, int]], files: Iterable[tuple[str, str]]) -> None:
+    """UsageError naming both when a file output is another or a standard stream that carries
+    something. The standard streams are not compared with each other: `2>&1` is the shell's."""
+    seen: dict[object, str] = {}
+    for name, fd in streams:
+        key = _identity(fd)
+        if key is not None:
+            seen.setdefault(key, name)
+    for name, path in files:
+        key = _identity(path)
+        if key is None:
+            continue
+        if key in seen:
+            raise UsageError(f"{name} is also {seen[key]}: {SAME_FILE}")
+        seen[key] = name
+
+
+def _identity(target: str | int) -> object | None:
+    """What makes outputs one file: the device and inode (a symlink followed), or for a path not
+    there yet the path it would be made at; None for /dev/null and for a closed descriptor."""
+    try:
+        info = os.stat(target)
+    except OSError:
+        return ("path", os.path.realpath(target)) if isinstance(target, str) else None
+    if stat.S_ISCHR(info.st_mode) and info.st_rdev == os.stat(os.devnull).st_rdev:
+        return None
+    return (info.st_dev, info.st_ino)
+
+
+def _regular_file(target: str | int) -> tuple[int, int] | None:
+    try:
+        info = os.stat(target)
+    except OSError:  # an output not made yet, or an input that check_inputs reports
+        return None
+    return (info.st_dev, info.st_ino) if stat.S_ISREG(info.st_mode) else None
 
 
 def refuse_earlier_lines(path: str, option: str) -> None:
@@ -50,56 +161,58 @@ def refuse_earlier_lines(path: str, option: str) -> None:
         )
 
 
-def open_for_append(path: str, option: str, *, must_be_empty: bool = False) -> int:
-    """Open `path` to append, creating it and its missing parent folders.
-
-    With `must_be_empty`, a regular file that already holds lines is refused: a second run's
-    lines must never be mixed silently into a first run's (give --resume or --append)."""
-    try:
-        parent = os.path.dirname(path)
-        if parent:
-            os.makedirs(parent, exist_ok=True)
-        fd = os.open(path, APPEND_FLAGS, 0o666)
-    except OSError as exc:
-        raise UsageError(f"cannot write {option} {path}: {exc.strerror}") from None
-    if must_be_empty:
-        try:
-            refuse_earlier_lines(path, option)
-        except UsageError:
-            os.close(fd)
-            raise
-    return fd
+Lock = Literal["exclusive", "shared"]
 
 
 class OutputFiles(contextlib.ExitStack):
-    """The files a run appends to, opened (and checked) before anything is sent. A run refused
-    after they were opened (a RollfilterError: nothing was sent) leaves no file it created."""
+    """The files a run writes, opened (and checked, and those it appends to locked) before
+    anything is sent. A run refused after they were opened (a RollfilterError: nothing was
+    sent) leaves no file it created."""
 
     def __init__(self) -> None:
         super().__init__()
         self._created: list[str] = []  # removed on a refusal while still empty
         self._written: list[str] = []  # removed on a refusal
+        self.caveats: list[str] = []  # what to say of locks that do not hold as locks do
 
     def remove_if_refused(self, path: str) -> None:
         """`path` is about to be written by this run: a refused run removes it, unless it was there already."""
         if not os.path.lexists(path):
             self._written.append(path)
 
-    def open(self, path: str | None, option: str, *, must_be_empty: bool = False) -> int | None:
+    def open(
+        self, path: str | None, option: str, *, must_be_empty: bool = False, lock: Lock | None = None
+    ) -> int | None:
+        """Open `path` to append, creating it and its missing parent folders; with `lock`, a
+        regular file is locked too (OutputInUse when another run holds it).
+
+        With `must_be_empty`, a regular file that already holds lines is refused: a second run's
+        lines must never be mixed silently into a first run's (give --resume or --append)."""
         if path is None:
             return None
-        existed = os.path.lexists(path)
-        fd = open_for_append(path, option, must_be_empty=must_be_empty)
-        self.callback(os.close, fd)
-        if not existed:
-            self._created.append(path)
-        return fd
+        try:
+            parent = os.path.dirname(path)
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+            opened = locks.open_locked(path, APPEND_FLAGS, shared=lock == "shared", locking=lock is not None)
+        except locks.Held as held:
+            raise OutputInUse(f"{option} {path}", locks.holder_text(held.holders)) from None
+        except OSError as exc:
+            raise UsageError(f"cannot write {option} {path}: {exc.strerror or exc}") from None
+        self.callback(os.close, opened.fd)
+        if opened.created:
+            self._created.append(os.path.realpath(path))
+        if opened.caveat is not None:
+            self.caveats.append(f"{option} {path}: {opened.caveat}")
+        if must_be_empty:
+            refuse_earlier_lines(path, option)
+        return opened.fd
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> Literal[False]:
-        super().__exit__(kind, error, tb)  # type: ignore[arg-type]  # its callbacks close files: nothing is suppressed
         refused = isinstance(error, RollfilterError) or (
             isinstance(error, BaseExceptionGroup) and error.subgroup(RollfilterError) is not None
         )
+        # Removed while still open and locked: no other run can take a file this one is removing.
         for path in self._created if refused else ():
             with contextlib.suppress(OSError):
                 if os.stat(path).st_size == 0:
@@ -107,6 +220,7 @@ class OutputFiles(contextlib.ExitStack):
         for path in self._written if refused else ():
             with contextlib.suppress(OSError):
                 os.unlink(path)
+        super().__exit__(kind, error, tb)  # type: ignore[arg-type]  # its callbacks close files: nothing is suppressed
         return False
 
     def whole(self, path: str | None, option: str, *, regular_only: bool = False) -> WholeFile | None:

@@ -121,7 +121,7 @@ class ProgressDisplay:
             in_flight=m.taken - m.ended,
             window=m.window() or 0,
             rate=m.rate(),
-            tokens=m.tokens() / max(m.elapsed(), 1e-9),
+            tokens=m.tokens_per_s() or 0.0,
             reward=m.mean("reward"),
             cost=m.spending.total if m.spending is not None else 0.0,
         )

@@ -27,7 +27,9 @@ from rollfilter.cli.fields import in_options
 from rollfilter.cli.messages import failure_message, message_line, say, write_stderr
 from rollfilter.cli.outputs import (
     STANDARD_STREAMS,
+    Lock,
     OutputFiles,
+    RunOutputs,
     Streams,
     refuse_earlier_lines,
     replace_content,
@@ -39,7 +41,7 @@ from rollfilter.connect import tls_context_for, transport_for
 from rollfilter.demo import DemoAgent, DemoOptions
 from rollfilter.demo import serve as serve_demo
 from rollfilter.engine import Engine, RunControl, RunStatus, StopCause, connect_engine, describe, reward_of
-from rollfilter.errors import UsageError
+from rollfilter.errors import OutputInUse, UsageError
 from rollfilter.keytable import KeyTable
 from rollfilter.materialize import write_materialized
 from rollfilter.metrics import Metrics
@@ -55,13 +57,7 @@ from rollfilter.resume import (
 from rollfilter.routing import Agent, Router
 from rollfilter.rows import TASK_INDEX, agent_name
 from rollfilter.sinks import BodySink, LineSink
-from rollfilter.source import (
-    STDIN,
-    LineReader,
-    check_inputs,
-    check_outputs_apart,
-    check_outputs_are_not_inputs,
-)
+from rollfilter.source import STDIN, LineReader, check_inputs
 from rollfilter.writers import BatchWriter, LineWriter, OutputClosed, OutputFailed, WholeFile, write_all
 
 if TYPE_CHECKING:
@@ -149,7 +145,10 @@ async def _plan_first(
 
 def _spooled(fd: int) -> int:
     """A temporary file holding all that `fd` gives until its end, read from the start."""
-    spool = tempfile.TemporaryFile()  # noqa: SIM115 - the descriptor outlives the file object
+    try:
+        spool = tempfile.TemporaryFile()  # noqa: SIM115 - the descriptor outlives the file object
+    except OSError as exc:  # TMPDIR missing, or not writable
+        raise OutputFailed("a temporary copy of standard input", exc) from None
     spool_fd = os.dup(spool.fileno())
     spool.close()
     while chunk := os.read(fd, 1 << 20):
@@ -209,50 +208,91 @@ async def run(
     """Run the rollouts `command` describes; return how it ended. Prints the summary."""
     config = command.engine
     check_inputs(command.inputs)
-    results_out = [] if command.output and not options.dry_run else [("standard output", streams.stdout)]
-    check_outputs_are_not_inputs(command.inputs, [*command.output_files(), *results_out], streams.stdin)
-    check_outputs_apart(command.output_files())
     if not config.names_an_agent and options.demo is None:
         raise UsageError("no agent to send to: give -u URL, -e NAME=URL, --head-server URL, or --demo")
+    outputs = RunOutputs(command, streams, dry_run=options.dry_run)
+    outputs.check()
     tls = tls_context_for(config)  # the CA file, read once and refused before any file is touched
-    command, record = identity.settle(command)
-    resume = None
-    earlier = _Earlier()
-    if command.resume and command.output:
-        for path in (command.output, command.errors_file, command.materialized_file):
-            if path is not None and not options.dry_run:
-                drop_torn_tail(path)
-        resume = ResumeState.from_files(command.output, command.errors_file, command.max_attempts)
-        if command.materialized_file is not None:
-            earlier.materialized = read_pairs(command.materialized_file)
-        earlier.results = command.output
-    if options.dry_run:  # it changes no file: it reads what resume reads, and prints the rest
-        command = dataclasses.replace(
-            command, output=None, errors_file=None, metrics_file=None, per_task_file=None,
-            aggregate_file=None, materialized_file=None, progress_file=None, resume=False,
-        )  # fmt: skip
-        earlier = _Earlier()
-        record = None
-    fresh_only = not (command.resume or command.append)
-    if command.materialized_file is not None:  # written by the first pass, when it is done
-        if fresh_only:
-            refuse_earlier_lines(command.materialized_file, "--materialized")
-        WholeFile(command.materialized_file, "--materialized", regular_only=True).close()  # its folder, checked
     with OutputFiles() as files:
-        out_fd = files.open(command.output, "-o", must_be_empty=fresh_only)
-        err_fd = files.open(command.errors_file, "--errors", must_be_empty=fresh_only)
+        # Locked first: the record, the resume state and a torn tail are read under the lock.
+        out_fd, err_fd, per_task_fd = (
+            (None, None, None) if options.dry_run else await _open_appended(command, files, streams)
+        )
+        for caveat in files.caveats:
+            say(caveat, streams.stderr)
+        command, record = identity.settle(command)
+        resume, earlier = _earlier_runs(command, dry_run=options.dry_run)
+        if options.dry_run:  # it changes no file: it reads what resume reads, and prints the rest
+            command = dataclasses.replace(
+                command, output=None, errors_file=None, metrics_file=None, per_task_file=None,
+                aggregate_file=None, materialized_file=None, progress_file=None, resume=False,
+            )  # fmt: skip
+            earlier, record = _Earlier(), None
+        if command.materialized_file is not None:  # written by the first pass, when it is done
+            if not (command.resume or command.append):
+                refuse_earlier_lines(command.materialized_file, "--materialized")
+            WholeFile(command.materialized_file, "--materialized", regular_only=True).close()  # its folder, checked
         files_fds = _Fds(
             out=streams.stdout if out_fd is None else out_fd,
             err=streams.stderr if err_fd is None else err_fd,
             metrics=files.whole(command.metrics_file, "--metrics"),
-            per_task=files.open(command.per_task_file, "--per-task"),
+            per_task=per_task_fd,
             aggregate=files.whole(command.aggregate_file, "--aggregate"),
             progress=files.whole(command.progress_file, "--progress-file", regular_only=True),
+            record=record,
         )
         if record is not None and command.output is not None:
             files.remove_if_refused(identity.record_path(command.output))
-        identity.keep(record, command.output)
         return await _CommandLineRun(command, streams, files_fds, resume, earlier, options, tls).run()
+
+
+LOCK_POLL_SECONDS = 0.2  # how often --wait-lock tries an output another run holds
+
+
+async def _open_appended(command: CommandConfig, files: OutputFiles, streams: Streams) -> list[int | None]:
+    """-o, --errors and --per-task, opened to append and locked: shared with --append (runs that
+    only add lines may share a file), else exclusive. An output another run holds is refused
+    (OutputInUse), or with --wait-lock waited for; they are locked in the order of their paths,
+    so that two waiting runs never hold one each of what the other waits for."""
+    fresh_only = not (command.resume or command.append)
+    lock: Lock = "shared" if command.append and not command.resume else "exclusive"
+    wanted = [
+        (command.output, "-o", fresh_only),
+        (command.errors_file, "--errors", fresh_only),
+        (command.per_task_file, "--per-task", False),
+    ]
+    fds: dict[int, int | None] = {}
+    for number in sorted(range(len(wanted)), key=lambda n: os.path.realpath(wanted[n][0] or "")):
+        path, option, must_be_empty = wanted[number]
+        said = False
+        while True:
+            try:
+                fds[number] = files.open(path, option, must_be_empty=must_be_empty, lock=lock)
+                break
+            except OutputInUse as held:
+                if not command.wait_lock:
+                    raise
+                if not said:
+                    say(f"{held.output} is in use by {held.holder}: waiting for it (--wait-lock)", streams.stderr)
+                    said = True
+                await trio.sleep(LOCK_POLL_SECONDS)
+    return [fds[number] for number in range(len(wanted))]
+
+
+def _earlier_runs(command: CommandConfig, *, dry_run: bool) -> tuple[ResumeState | None, _Earlier]:
+    """What earlier runs left in the outputs of a resumed run: its resume state, and what the
+    summary, the aggregate and the materialized file take over (a torn last line cut off first)."""
+    earlier = _Earlier()
+    if not (command.resume and command.output):
+        return None, earlier
+    for path in (command.output, command.errors_file, command.materialized_file):
+        if path is not None and not dry_run:
+            drop_torn_tail(path)
+    resume = ResumeState.from_files(command.output, command.errors_file, command.max_attempts)
+    if command.materialized_file is not None:
+        earlier.materialized = read_pairs(command.materialized_file)
+    earlier.results = command.output
+    return resume, earlier
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -263,6 +303,7 @@ class _Fds:
     per_task: int | None
     aggregate: WholeFile | None
     progress: WholeFile | None
+    record: identity.RunRecord | None  # written beside -o before anything is sent
 
 
 @dataclasses.dataclass(slots=True)
@@ -398,6 +439,10 @@ class _CommandLineRun:
         command, options, control, metrics, fds = self.command, self.options, self.control, self.metrics, self.fds
         for writer in self.writers:
             services.start_soon(writer.run)
+        try:
+            identity.keep(fds.record, command.output)
+        except OutputFailed as failure:  # nothing is sent: the summary says so, and the exit status
+            self._output_failed(failure)
         if options.handle_signals:
             await services.start(_watch_signals, control, self.show_status)
         if fds.out == self.streams.stdout and _is_pipe(fds.out):
@@ -421,9 +466,12 @@ class _CommandLineRun:
             dry_run=self.show_route if options.dry_run else None,
         )
         planned: int | None = None
-        if command.materialized_file is not None:
+        if command.materialized_file is not None and control.cause is None:
             with control.stoppable():
-                planned = await _plan_first(command, config, engine.router, self.reader, self.streams, self.earlier)
+                try:
+                    planned = await _plan_first(command, config, engine.router, self.reader, self.streams, self.earlier)
+                except OutputFailed as failure:  # the materialized file, or the copy of stdin it needs
+                    self._output_failed(failure)
         if self.display is not None:
             total = _known_total(command) if planned is None else lambda: planned
             services.start_soon(self.display.run, total)

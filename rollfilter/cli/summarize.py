@@ -5,8 +5,15 @@ from __future__ import annotations
 from rollfilter.aggregate import ResultSpool, aggregate_run
 from rollfilter.cli import identity
 from rollfilter.cli.fields import in_options
-from rollfilter.cli.messages import say
-from rollfilter.cli.outputs import STANDARD_STREAMS, OutputFiles, Streams, replace_content, summary_bytes
+from rollfilter.cli.messages import say, write_stderr
+from rollfilter.cli.outputs import (
+    STANDARD_STREAMS,
+    OutputFiles,
+    RunOutputs,
+    Streams,
+    replace_content,
+    summary_bytes,
+)
 from rollfilter.cli.statuses import RunEnd
 from rollfilter.config import CommandConfig
 from rollfilter.connect import transport_for
@@ -22,13 +29,8 @@ from rollfilter.resume import (
 )
 from rollfilter.routing import Router
 from rollfilter.rows import TASK_INDEX, agent_name, parse_row
-from rollfilter.source import (
-    InputLine,
-    LineReader,
-    check_inputs,
-    check_outputs_are_not_inputs,
-)
-from rollfilter.writers import write_all
+from rollfilter.source import InputLine, LineReader, check_inputs
+from rollfilter.writers import OutputFailed, WholeFile, write_all
 
 
 async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREAMS) -> RunEnd:
@@ -39,13 +41,12 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
     has it (an attempt that failed, then succeeded on --resume), else as one failure. With
     --repeats K > 1, mean@K and pass@k are computed over tasks. With --aggregate, the results
     go to their agents' /aggregate_metrics in one call per agent (shards aggregated as one).
-    The summary goes to stdout (it is this mode's output) and to --metrics FILE.
+    The summary goes to stdout (it is this mode's output) and to --metrics FILE; when stdout
+    cannot take it (or an output fails), to stderr too, after the line that says so (exit status 74).
     """
     config = command.engine
     check_inputs(command.inputs)
-    check_outputs_are_not_inputs(
-        command.inputs, [*command.output_files(), ("standard output", streams.stdout)], streams.stdin
-    )
+    RunOutputs(command, streams, summarize=True).check()
     shards = identity.shard_coverage(command.inputs)
     metrics = Metrics()
     tasks = TaskStats(config.max_repeats, config.pass_threshold) if config.max_repeats > 1 else None
@@ -53,6 +54,7 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
     spool = ResultSpool() if config.aggregate else None
     report = None
     unusable = _UnusableLines()
+    counted_failed: OutputFailed | None = None
     # Made before the files are opened, so that a CA file that cannot serve is refused with none left.
     transport = transport_for(config) if spool is not None else None
     with OutputFiles() as files:
@@ -62,8 +64,11 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
             if spool is not None and transport is not None:
                 endpoints, head = await resolve_endpoints(config, transport)
                 router = Router(config, endpoints, head)
-            await _count(reader, metrics, tasks, spool, unusable)
-            if spool is not None and transport is not None:
+            try:
+                await _count(reader, metrics, tasks, spool, unusable)
+            except OutputFailed as failure:  # its temporary file: the summary says how far it got
+                counted_failed = failure
+            if spool is not None and transport is not None and counted_failed is None:
                 report = await aggregate_run(spool, router, config, transport)
         finally:
             reader.close()
@@ -74,11 +79,27 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
         if tasks is not None:
             tasks.finish()
         # The files hold no timings.
-        summary = summary_bytes(metrics, tasks, None, report, timings=False, shards=shards)
-        if report is not None:
-            replace_content(aggregate_file, report.file_bytes())
-        write_all(streams.stdout, summary, "standard output")
-        replace_content(metrics_file, summary)
+        stopped = None if counted_failed is None else str(counted_failed)
+        summary = summary_bytes(metrics, tasks, stopped, report, timings=False, shards=shards)
+        failures = [] if counted_failed is None else [counted_failed]
+        if counted_failed is not None:
+            say(str(counted_failed), streams.stderr)
+        writes: list[tuple[WholeFile | int | None, bytes]] = [
+            (aggregate_file, report.file_bytes() if report is not None else b""),
+            (streams.stdout, summary),
+            (metrics_file, summary),
+        ]
+        for target, data in writes:
+            try:
+                if isinstance(target, int):
+                    write_all(target, data, "standard output")
+                elif data:
+                    replace_content(target, data)
+            except OutputFailed as failure:
+                failures.append(failure)
+                say(str(failure), streams.stderr)
+                if isinstance(target, int):
+                    write_stderr(streams.stderr, summary)  # the figures are not lost with their output
     if unusable.count:
         say(str(unusable), streams.stderr)
     for problem in reader.problems:
@@ -88,7 +109,7 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
     for problem in shards.problems if shards is not None else ():
         say(f"--summarize: {problem}", streams.stderr)
     incomplete = reader.problems or unusable.count or (shards is not None and shards.problems)
-    return RunEnd(incomplete=bool(incomplete))
+    return RunEnd(incomplete=bool(incomplete), output_failed=bool(failures))
 
 
 async def _count(
@@ -99,33 +120,14 @@ async def _count(
     unusable: _UnusableLines,
 ) -> None:
     """Count each line read: a result, a failed attempt (once per pair, unless a result has the
-    pair), or a line that cannot be used."""
+    pair), or a line that cannot be used. OutputFailed when the failures cannot be held."""
     failures = StandingFailures()
-    while (line := await reader.next_line()) is not None:
-        if line.data is None:  # over --max-line-bytes
-            unusable.add(line, line.problem or "too long", metrics)
-            continue
-        if not line.data.strip():
-            continue
-        record = parse_row(line.data)
-        if isinstance(record, str):
-            unusable.add(line, record, metrics)
-            continue
-        failure = failure_of(record)
-        if failure is not None and TASK_INDEX not in record:  # no pair to count it once for
-            metrics.taken += 1
-            metrics.add_failure(failure, agent_name(record))
-            continue
-        if failure is not None:
-            failures.failure(line.data)  # counted once every result is known
-            continue
-        metrics.taken += 1
-        metrics.add_result(record, None, agent_name(record))
-        failures.result(record)
-        if spool is not None:
-            spool.add(agent_name(record), record)
-        if tasks is not None and TASK_INDEX in record:
-            tasks.rollout_ended(record[TASK_INDEX], reward_of(record))
+    try:
+        while (line := await reader.next_line()) is not None:
+            _count_line(line, metrics, tasks, spool, unusable, failures)
+    except BaseException:
+        failures.close()
+        raise
     for record in failures.standing():
         metrics.taken += 1
         failure = failure_of(record)
@@ -133,6 +135,40 @@ async def _count(
         metrics.add_failure(failure, agent_name(record))
         if tasks is not None:
             tasks.rollout_ended(record[TASK_INDEX], None)
+
+
+def _count_line(
+    line: InputLine,
+    metrics: Metrics,
+    tasks: TaskStats | None,
+    spool: ResultSpool | None,
+    unusable: _UnusableLines,
+    failures: StandingFailures,
+) -> None:
+    if line.data is None:  # over --max-line-bytes
+        unusable.add(line, line.problem or "too long", metrics)
+        return
+    if not line.data.strip():
+        return
+    record = parse_row(line.data)
+    if isinstance(record, str):
+        unusable.add(line, record, metrics)
+        return
+    failure = failure_of(record)
+    if failure is not None and TASK_INDEX not in record:  # no pair to count it once for
+        metrics.taken += 1
+        metrics.add_failure(failure, agent_name(record))
+        return
+    if failure is not None:
+        failures.failure(line.data)  # counted once every result is known
+        return
+    metrics.taken += 1
+    metrics.add_result(record, None, agent_name(record))
+    failures.result(record)
+    if spool is not None:
+        spool.add(agent_name(record), record)
+    if tasks is not None and TASK_INDEX in record:
+        tasks.rollout_ended(record[TASK_INDEX], reward_of(record))
 
 
 class _UnusableLines:

@@ -115,11 +115,11 @@ def test_gym_layout_writes_nemo_gyms_four_files_and_resumes_from_them(
     names = sorted(p.name for p in out.parent.iterdir())
     assert names == [
         "OUT.jsonl",
+        "OUT.jsonl.run.json",  # rollfilter's run record
         "OUT_aggregate_metrics.json",
         "OUT_failures.jsonl",
         "OUT_materialized_inputs.jsonl",
         "OUT_progress",
-        "OUT_run.json",  # rollfilter's run record
     ]
     assert (out.parent / "OUT_progress").read_text() == "10\n"  # every rollout finished, failed ones too
     assert len(read_jsonl(out)) == 8

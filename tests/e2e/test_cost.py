@@ -86,3 +86,39 @@ def test_max_cost_needs_prices(agent: RecordingAgent):
     assert proc.returncode == 2
     assert agent.bodies == []
     assert "max-cost" in proc.stderr.decode()
+
+
+def test_an_answer_whose_usage_no_cost_can_hold_is_kept_and_counted_without_usage(
+    tmp_path: Path, agent: RecordingAgent
+):
+    huge = {"response": {"usage": {"input_tokens": 10**340, "output_tokens": 1}}}
+    data = rows(2, "x") + rows(1, "x", answer=huge) + rows(1, "x", answer={**huge, "_ng_failure_class": "model_error"})
+    errors = tmp_path / "errors.jsonl"
+    proc = run(["-u", agent.run_url, "--price", "3,15", "--errors", str(errors)], input=data)
+    assert proc.returncode == 1  # the agent's own failure, and nothing else
+    results = result_lines(proc.stdout)
+    assert len(results) == 3
+    assert [r["response"]["usage"]["input_tokens"] for r in results].count(10**340) == 1  # kept whole
+    (failure,) = [json.loads(line) for line in errors.read_text().splitlines()]
+    assert failure["error"]["kind"] == "agent_failure"
+    assert failure["response"]["usage"]["input_tokens"] == 10**340  # the answer, with its usage
+    figures = summary_of(proc.stderr)["rollfilter"]
+    assert figures["rollouts_without_usage"] == 2
+    assert figures["failed_by_kind"] == {"agent_failure": 1}
+    ordinary = [r for r in results if r["response"]["usage"]["input_tokens"] < 10**9]
+    assert len(ordinary) == 2
+    assert figures["cost_usd"] == pytest.approx(spent(ordinary, 3, 15), abs=1e-6)
+
+
+def test_a_prices_file_with_a_price_past_the_float_range_is_refused_before_sending(
+    tmp_path: Path, agent: RecordingAgent
+):
+    prices = tmp_path / "prices.yaml"
+    prices.write_text(f"alpha: [1, 2]\nbeta: [{10**400}, 2]\n")
+    proc = run(["-u", agent.run_url, "--prices", str(prices)], input=rows(2, "alpha"))
+    assert proc.returncode == 2
+    assert proc.stderr.decode() == (
+        f"rollfilter: --prices {prices}: the price of 'beta': the input price must be a finite number of USD,"
+        " 0 or more, got a number of 401 digits\n"
+    )
+    assert agent.bodies == []

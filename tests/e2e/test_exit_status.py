@@ -28,6 +28,7 @@ from tests.conftest import (
     rollfilter_command,
     rows_jsonl,
     run,
+    run_process,
     simple_rows,
     start,
     summary_of,
@@ -136,7 +137,9 @@ def test_summarize_with_a_full_metrics_file_or_stdout_exits_74(tmp_path):
     assert proc.stderr.decode() == f"rollfilter: cannot write --metrics /dev/full: {DISK_FULL}\n"
     proc = run_with_output_on("/dev/full", ["--summarize", str(results)], [])
     assert proc.returncode == 74
-    assert proc.stderr.decode() == f"rollfilter: cannot write standard output: {DISK_FULL}\n"
+    message, summary = proc.stderr.decode().splitlines()
+    assert message == f"rollfilter: cannot write standard output: {DISK_FULL}"
+    assert json.loads(summary)["rollfilter"]["succeeded"] == 3  # what stdout could not take goes to stderr
 
 
 def test_per_task_file_on_a_full_device_exits_74(demo_server: DemoServer):
@@ -204,6 +207,48 @@ def test_output_file_that_hits_its_size_limit_then_resume_completes(tmp_path, de
     pairs = read_pairs(out)  # the torn line was cut off: every line parses
     assert sorted(pairs) == [(t, k) for t in range(300) for k in range(2)]
     assert set(pairs.values()) == {1}
+
+
+def test_a_copy_of_stdin_that_cannot_be_written_exits_74_with_the_summary(tmp_path, demo_server: DemoServer):
+    # --materialized plans stdin twice, from a temporary copy: here the file size limit stops it.
+    args = ["-u", demo_server.url, "--materialized", str(tmp_path / "m.jsonl")]
+    unmeasured = {k: v for k, v in clean_env().items() if not k.startswith("COVERAGE_")}
+    proc = run(args, input=rows_jsonl(simple_rows(2000)), preexec_fn=limit_file_size(10_000), env=unmeasured)
+    assert proc.returncode == 74
+    assert messages(proc.stderr) == [f"rollfilter: cannot write a temporary copy of standard input: {TOO_LARGE}"]
+    figures = summary_of(proc.stderr)["rollfilter"]
+    assert (figures["succeeded"], figures["stopped"]) == (0, messages(proc.stderr)[0].removeprefix("rollfilter: "))
+    assert demo_server.stats()["requests"] == 0
+    assert not (tmp_path / "m.jsonl").exists()
+
+
+def test_a_run_record_that_cannot_be_written_exits_74_with_the_summary(tmp_path, demo_server: DemoServer):
+    out = tmp_path / "out.jsonl"
+    unmeasured = {k: v for k, v in clean_env().items() if not k.startswith("COVERAGE_")}
+    args = ["-u", demo_server.url, "-o", str(out), "-p", "long=" + "x" * 300]
+    proc = run(args, input=rows_jsonl(simple_rows(3)), preexec_fn=limit_file_size(100), env=unmeasured)
+    assert proc.returncode == 74
+    record = f"the run record {out}.run.json"
+    assert messages(proc.stderr) == [f"rollfilter: cannot write {record}: {TOO_LARGE}"]
+    assert summary_of(proc.stderr)["rollfilter"]["rows_read"] == 0  # nothing was sent
+    assert demo_server.stats()["requests"] == 0
+
+
+@pytest.mark.skipif(not os.environ.get(TMPFS_OPT_IN), reason=f"mounts a tmpfs as root: set {TMPFS_OPT_IN}=1")
+def test_stdin_spooled_to_a_full_tmpdir_exits_74_with_the_summary(tmp_path, demo_server: DemoServer):
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], check=True, timeout=30)
+    try:
+        args = ["-u", demo_server.url, "--materialized", str(tmp_path / "m.jsonl")]
+        # A process of its own: this one's tempfile has chosen its folder already.
+        proc = run_process(args, input=rows_jsonl(simple_rows(5000)), env=clean_env(TMPDIR=str(mount)))
+        assert proc.returncode == 74
+        assert messages(proc.stderr) == [f"rollfilter: cannot write a temporary copy of standard input: {DISK_FULL}"]
+        assert summary_of(proc.stderr)["rollfilter"]["succeeded"] == 0
+        assert demo_server.stats()["requests"] == 0
+    finally:
+        subprocess.run(["umount", str(mount)], check=True, timeout=30)
 
 
 @pytest.mark.skipif(not os.environ.get(TMPFS_OPT_IN), reason=f"mounts a tmpfs as root: set {TMPFS_OPT_IN}=1")

@@ -1,4 +1,4 @@
-"""The run record beside the output (OUT_run.json): what --resume checks, shards and --summarize read."""
+"""The run record beside the output (OUT.jsonl.run.json): what --resume checks, shards and --summarize read."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def test_a_run_records_what_shapes_its_bodies_beside_its_output(
     out = tmp_path / "results" / "out.jsonl"
     status, stderr = rollfilter(["-u", agent.run_url, *FIRST, "--shard", "1/2", "-o", str(out), str(data)])
     assert status == ExitStatus.OK, stderr
-    record = json.loads((tmp_path / "results" / "out_run.json").read_text())
+    record = json.loads((tmp_path / "results" / "out.jsonl.run.json").read_text())
     assert record == {
         "inputs": [{"name": "data.jsonl", "sha256": hashlib.sha256(data.read_bytes()).hexdigest()}],
         "params": [["temperature", 0.7]],
@@ -94,7 +94,7 @@ def test_a_run_records_what_shapes_its_bodies_beside_its_output(
         "shard": [1, 2],
         "limit": 5,
     }
-    assert sorted(p.name for p in out.parent.iterdir()) == ["out.jsonl", "out_run.json"]  # no temporary left
+    assert sorted(p.name for p in out.parent.iterdir()) == ["out.jsonl", "out.jsonl.run.json"]  # no temporary left
 
 
 @pytest.mark.parametrize(
@@ -114,13 +114,13 @@ def test_resume_refuses_other_options_and_sends_nothing(
     out = tmp_path / "out.jsonl"
     assert rollfilter(["-u", agent.run_url, *FIRST, "-o", str(out), str(data)])[0] == ExitStatus.OK
     out.write_text("".join(out.read_text().splitlines(keepends=True)[:3]))  # an interrupted run
-    before = (out.read_bytes(), (tmp_path / "out_run.json").read_bytes(), len(agent.bodies))
+    before = (out.read_bytes(), (tmp_path / "out.jsonl.run.json").read_bytes(), len(agent.bodies))
     status, stderr = rollfilter(["-u", agent.run_url, *varied(option, value), "--resume", "-o", str(out), str(data)])
     assert status == ExitStatus.USAGE
     assert stderr.count("\n") == 1
     assert stderr.startswith(f"rollfilter: --resume: {out} was made from other inputs or options")
     assert named in stderr
-    assert (out.read_bytes(), (tmp_path / "out_run.json").read_bytes(), len(agent.bodies)) == before
+    assert (out.read_bytes(), (tmp_path / "out.jsonl.run.json").read_bytes(), len(agent.bodies)) == before
 
 
 def test_resume_refuses_other_inputs(tmp_path: Path, agent: RecordingAgent, data: Path, rollfilter: Command):
@@ -162,7 +162,7 @@ def test_a_larger_r_on_resume_adds_the_missing_rollouts(
     assert status == ExitStatus.OK, stderr
     assert sorted(sent_pairs(agent)) == [(task, 2) for task in range(6)]
     assert sorted(Counter(pairs(out)).values()) == [1] * 18
-    assert json.loads((tmp_path / "out_run.json").read_text())["repeats"] == 3  # a later resume wants -r 3
+    assert json.loads((tmp_path / "out.jsonl.run.json").read_text())["repeats"] == 3  # a later resume wants -r 3
 
 
 @pytest.mark.parametrize("stdout", ["file", "pipe"])
@@ -176,11 +176,11 @@ def test_the_record_sits_beside_the_file_written_not_the_name_given(tmp_path: Pa
             ["-u", agent.run_url, "-q", "-o", "/dev/stdout", str(data)], stdout=file if stdout == "file" else None
         )
     assert proc.returncode == 0, proc.stderr
-    assert not Path("/dev/stdout_run.json").exists()
+    assert not Path("/dev/stdout.run.json").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "data.jsonl",
         "out.jsonl",
-        *(["out_run.json"] * (stdout == "file")),
+        *(["out.jsonl.run.json"] * (stdout == "file")),
     ]
 
 
@@ -189,11 +189,11 @@ def test_a_fresh_run_refused_for_a_used_output_keeps_that_outputs_record(
 ):
     out = tmp_path / "out.jsonl"
     assert rollfilter(["-u", agent.run_url, "--shard", "0/2", "-o", str(out), str(data)])[0] == ExitStatus.OK
-    record = (tmp_path / "out_run.json").read_bytes()
+    record = (tmp_path / "out.jsonl.run.json").read_bytes()
     status, stderr = rollfilter(["-u", agent.run_url, "-p", "temperature=1", "-o", str(out), str(data)])
     assert status == ExitStatus.USAGE
     assert "already holds lines of another run" in stderr
-    assert (tmp_path / "out_run.json").read_bytes() == record
+    assert (tmp_path / "out.jsonl.run.json").read_bytes() == record
 
 
 def test_a_resumed_shard_is_the_shard_its_record_holds(
@@ -236,6 +236,52 @@ def test_a_resubmitted_array_task_finishes_its_own_shard(
     assert status == ExitStatus.OK, stderr
     assert sorted(pairs(out)) == whole
     assert len(agent.bodies) == 1
+
+
+@pytest.mark.parametrize("resubmitted", [(2, 3), (0, 1), (1, 3)])
+def test_shard_auto_refuses_a_part_of_an_array_submitted_again(
+    tmp_path: Path, agent: RecordingAgent, data: Path, rollfilter: Command, resubmitted: tuple[int, int]
+):
+    # --array=0-3: two tasks run; the other two, cancelled while pending, are resubmitted alone as
+    # --array=A,B, where each sees an array of two. Their shards of 4 are in no file yet.
+    def args(task: int) -> list[str]:
+        return ["-u", agent.run_url, "--shard", "auto", "--resume", "-o", str(tmp_path / f"shard-{task}.jsonl")]
+
+    for task in sorted(set(range(4)) - set(resubmitted)):
+        assert rollfilter([*args(task), str(data)], env=array_task(task, 0, 4))[0] == ExitStatus.OK
+    sent = len(agent.bodies)
+    for position, task in enumerate(resubmitted):
+        env = {**array_task(task, resubmitted[0], 2), "SLURM_ARRAY_TASK_STEP": str(resubmitted[1] - resubmitted[0])}
+        status, stderr = rollfilter([*args(task), str(data)], env=env)
+        assert status == ExitStatus.USAGE
+        (line,) = stderr.splitlines()
+        assert line.startswith(f"rollfilter: --shard auto makes this array task shard {position}/2, but ")
+        assert line.endswith("give --shard I/N, the shard this task had in the array first submitted")
+        assert not (tmp_path / f"shard-{task}.jsonl").exists()
+    assert len(agent.bodies) == sent
+    for task in resubmitted:  # the form that survives: the task's own shard, given whole
+        command = ["-u", agent.run_url, "--shard", f"{task}/4", "--resume", "-o", str(tmp_path / f"shard-{task}.jsonl")]
+        assert rollfilter([*command, str(data)], env=array_task(task, resubmitted[0], 2))[0] == ExitStatus.OK
+    shards = [tmp_path / f"shard-{task}.jsonl" for task in range(4)]
+    proc = invoke(["--summarize", *map(str, shards)])
+    assert proc.returncode == ExitStatus.OK, proc.stderr
+    assert json.loads(proc.stdout)["rollfilter"]["shards"] == {"of": 4, "present": [0, 1, 2, 3], "missing": []}
+    assert sorted(Counter(sent_pairs(agent)).values()) == [1] * 6  # every pair of the six rows once
+
+
+def test_shard_auto_refuses_a_shard_another_output_holds(
+    tmp_path: Path, agent: RecordingAgent, data: Path, rollfilter: Command
+):
+    first = ["-u", agent.run_url, "--shard", "auto", "-o", str(tmp_path / "a-1.jsonl"), str(data)]
+    assert rollfilter(first, env=array_task(1, 0, 3))[0] == ExitStatus.OK
+    again = ["-u", agent.run_url, "--shard", "auto", "-o", str(tmp_path / "b-1.jsonl"), str(data)]
+    status, stderr = rollfilter(again, env=array_task(1, 0, 3))
+    assert status == ExitStatus.USAGE
+    assert f"shard 1/3, which {tmp_path / 'a-1.jsonl'} holds already" in stderr
+    other_inputs = tmp_path / "other.jsonl"
+    other_inputs.write_text(rows_jsonl(simple_rows(2)))
+    another_run = ["-u", agent.run_url, "--shard", "auto", "-o", str(tmp_path / "c-1.jsonl"), str(other_inputs)]
+    assert rollfilter(another_run, env=array_task(1, 0, 2))[0] == ExitStatus.OK  # not the same run: no matter
 
 
 def test_summarize_says_which_shards_of_n_it_was_given(

@@ -16,7 +16,7 @@ import signal
 import socket
 import subprocess
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -241,15 +241,34 @@ def summarized(folder: Path, command: str) -> dict[str, Any]:
     return summary
 
 
-@pytest.mark.parametrize("array", ["--array=0-3", "--array=1-4"])
-def test_a_job_array_with_shard_auto_runs_every_pair_once(
-    cluster: Cluster, agent: DemoServer, one_process: dict[str, Any], tmp_path: Path, array: str
+SHARD_BY_ID = "--shard $SLURM_ARRAY_TASK_ID/4"  # the recipe's form
+
+
+def submit_and_interfere(command: str, folder: Path, env: dict[str, str], interfere: Callable[[str], None]) -> int:
+    """`command` (an sbatch --wait) in the background, `interfere(job ID)` meanwhile; its exit status."""
+    submitted = subprocess.Popen(
+        ["bash", "-c", command], cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert submitted.stdout is not None
+        interfere(submitted.stdout.readline().decode().split()[-1])  # "Submitted batch job N"
+        return submitted.wait(timeout=300)
+    finally:
+        if submitted.poll() is None:
+            submitted.kill()
+            submitted.wait(timeout=DAEMON_WAIT)
+        for stream in (submitted.stdout, submitted.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def test_the_job_array_runs_every_pair_once(
+    cluster: Cluster, agent: DemoServer, one_process: dict[str, Any], tmp_path: Path
 ):
     folder = job_folder(tmp_path)
-    proc = cluster.sh(SLURM_SUBMIT.replace(ARRAY, array), cwd=folder, AGENT_URL=agent.url)
+    proc = cluster.sh(SLURM_SUBMIT, cwd=folder, AGENT_URL=agent.url)
     assert proc.returncode == 0, (proc.stderr, cluster.logs(folder))
-    first = int(array.split("=")[1].split("-")[0])
-    assert sorted(p.name for p in folder.glob("shard-*.jsonl")) == [f"shard-{first + i}.jsonl" for i in range(4)]
+    assert sorted(p.name for p in folder.glob("shard-*.jsonl")) == [f"shard-{i}.jsonl" for i in range(4)]
     assert pairs_in(folder) == Counter(ALL_PAIRS)
     assert progress_total(folder) == len(ALL_PAIRS)
     summary = summarized(folder, SLURM_SUMMARIZE)
@@ -257,13 +276,59 @@ def test_a_job_array_with_shard_auto_runs_every_pair_once(
     assert summary == one_process
 
 
+@pytest.mark.parametrize("array", ["--array=0-3", "--array=1-4"])
+def test_a_job_array_submitted_whole_with_shard_auto_runs_every_pair_once(
+    cluster: Cluster, agent: DemoServer, one_process: dict[str, Any], tmp_path: Path, array: str
+):
+    folder = job_folder(tmp_path)
+    submit = SLURM_SUBMIT.replace(ARRAY, array).replace(SHARD_BY_ID, "--shard auto")
+    proc = cluster.sh(submit, cwd=folder, AGENT_URL=agent.url)
+    assert proc.returncode == 0, (proc.stderr, cluster.logs(folder))
+    first = int(array.split("=")[1].split("-")[0])
+    assert sorted(p.name for p in folder.glob("shard-*.jsonl")) == [f"shard-{first + i}.jsonl" for i in range(4)]
+    assert pairs_in(folder) == Counter(ALL_PAIRS)
+    summary = summarized(folder, SLURM_SUMMARIZE)
+    assert summary["rollfilter"].pop("shards") == {"of": 4, "present": [0, 1, 2, 3], "missing": []}
+    assert summary == one_process
+
+
+def test_tasks_cancelled_while_pending_and_submitted_again_finish_every_shard_once(
+    cluster: Cluster, start_demo: Any, tmp_path: Path
+):
+    slow = start_demo("--latency", "3")  # tasks 0 and 1 run for seconds: time to cancel the others
+    folder = job_folder(tmp_path)
+    env = cluster.env(AGENT_URL=slow.url)
+    two_at_a_time = SLURM_SUBMIT.replace(ARRAY, "--array=0-3%2")  # tasks 2 and 3 wait their turn
+
+    def cancel_the_pending(job: str) -> None:
+        wait_for(lambda: cluster.sh(f"squeue -h -r -t PD -j {job} -o %K").stdout.split() == ["2", "3"], DAEMON_WAIT)
+        assert cluster.sh(f"scancel {job}_2 {job}_3").returncode == 0
+
+    submit_and_interfere(two_at_a_time, folder, env, cancel_the_pending)  # its status: 0, its tasks' that ran
+    assert sorted(p.name for p in folder.glob("shard-*.jsonl")) == ["shard-0.jsonl", "shard-1.jsonl"]
+    # Submitted again with --shard auto, each sees an array of two, and is refused before sending.
+    auto = SLURM_SUBMIT.replace(ARRAY, "--array=2-3").replace(SHARD_BY_ID, "--shard auto")
+    sent = slow.stats()["requests"]
+    assert cluster.sh(auto, cwd=folder, AGENT_URL=slow.url).returncode != 0
+    assert slow.stats()["requests"] == sent
+    refusals = " ".join(p.read_text() for p in folder.glob("slurm-*_[23].out"))
+    assert refusals.count("--shard auto makes this array task shard") == 2, refusals
+    # The recipe's form, submitted again, finishes them.
+    proc = cluster.sh(SLURM_SUBMIT.replace(ARRAY, "--array=2-3"), cwd=folder, AGENT_URL=slow.url)
+    assert proc.returncode == 0, (proc.stderr, cluster.logs(folder))
+    assert pairs_in(folder) == Counter(ALL_PAIRS)
+    summary = summarized(folder, SLURM_SUMMARIZE)
+    assert summary["rollfilter"]["shards"] == {"of": 4, "present": [0, 1, 2, 3], "missing": []}
+    assert summary["rollfilter"]["succeeded"] == len(ALL_PAIRS)
+
+
 def test_shards_numbered_from_the_task_id_leave_one_out_and_the_summary_names_it(
     cluster: Cluster, agent: DemoServer, tmp_path: Path
 ):
-    # The trap --shard auto closes: --array=1-4 with --shard $SLURM_ARRAY_TASK_ID/4 never runs shard 0.
+    # --array=1-4 with the recipe's --shard $SLURM_ARRAY_TASK_ID/4 never runs shard 0: task 4 is
+    # a usage error, and the summary names the shard missing.
     folder = job_folder(tmp_path)
-    by_id = SLURM_SUBMIT.replace(ARRAY, "--array=1-4").replace("--shard auto", "--shard $SLURM_ARRAY_TASK_ID/4")
-    assert cluster.sh(by_id, cwd=folder, AGENT_URL=agent.url).returncode != 0  # task 4 is a usage error
+    assert cluster.sh(SLURM_SUBMIT.replace(ARRAY, "--array=1-4"), cwd=folder, AGENT_URL=agent.url).returncode != 0
     proc = cluster.sh(SLURM_SUMMARIZE, cwd=folder)
     assert proc.returncode == 1
     assert proc.stderr == "rollfilter: --summarize: shard 0 of 4 is missing (present: 1, 2, 3)\n"
@@ -274,28 +339,18 @@ def test_a_cancelled_task_resubmitted_alone_finishes_its_shard(cluster: Cluster,
     rows = 200
     folder = job_folder(tmp_path, rows)
     env = cluster.env(AGENT_URL=slow.url)
-    submitted = subprocess.Popen(
-        ["bash", "-c", SLURM_SUBMIT], cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    try:
-        assert submitted.stdout is not None
-        job = submitted.stdout.readline().decode().split()[-1]  # "Submitted batch job N"
-        shard = folder / "shard-2.jsonl"
+    shard = folder / "shard-2.jsonl"
+
+    def cancel_task_2(job: str) -> None:
         wait_for(lambda: shard.exists() and shard.read_bytes().count(b"\n") > 0, DAEMON_WAIT)
         assert cluster.sh(f"scancel {job}_2").returncode == 0
-        assert submitted.wait(timeout=300) != 0  # one task of the array was cancelled
-    finally:
-        if submitted.poll() is None:
-            submitted.kill()
-            submitted.wait(timeout=DAEMON_WAIT)
-        for stream in (submitted.stdout, submitted.stderr):
-            if stream is not None:
-                stream.close()
+
+    assert submit_and_interfere(SLURM_SUBMIT, folder, env, cancel_task_2) != 0  # one task was cancelled
     every_pair = {(task, rollout) for task in range(rows) for rollout in range(REPEATS)}
     assert set(pairs_in(folder)) < every_pair  # shard 2 is not finished
     proc = cluster.sh(SLURM_SUBMIT.replace(ARRAY, "--array=2"), cwd=folder, AGENT_URL=slow.url)
     assert proc.returncode == 0, (proc.stderr, cluster.logs(folder))
-    assert json.loads((folder / "shard-2_run.json").read_text())["shard"] == [2, 4]
+    assert json.loads((folder / "shard-2.jsonl.run.json").read_text())["shard"] == [2, 4]
     assert pairs_in(folder) == Counter(every_pair)
     assert progress_total(folder) == len(every_pair)
     summary = summarized(folder, SLURM_SUMMARIZE)
