@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from rollfilter._version import __version__
 
 if TYPE_CHECKING:
     from rollfilter.api import Rollouts, open_rollouts, rollouts

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Callable
 
-from rollfilter import __version__
+from rollfilter._version import __version__
 from rollfilter.config import Config, ConfigError
 from rollfilter.http import AgentTransport, CaFileError, open_transport, tls_context
 from rollfilter.redact import printable

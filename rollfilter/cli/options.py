@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from rollfilter import __version__
+from rollfilter._version import __version__
 from rollfilter.budget import DEFAULT_RATIO
 from rollfilter.cli.messages import say
 from rollfilter.cli.run import RunOptions, run
