@@ -21,7 +21,6 @@ import msgspec
 import trio
 
 from rollfilter.adaptive import AdaptiveWindow
-from rollfilter.aggregate import ResultSpool
 from rollfilter.client import AgentClient, DryRunClient, Flight, JobClient
 from rollfilter.config import Config, ConfigError, FailureLimit
 from rollfilter.cost import Spending
@@ -37,6 +36,7 @@ from rollfilter.resume import ResumeState
 from rollfilter.routing import Agent, Router
 from rollfilter.rows import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX, agent_name
 from rollfilter.sinks import RowSink
+from rollfilter.spool import ResultSpool
 from rollfilter.writers import Release
 
 ERROR_REASON_CHARS = 200  # how much of an agent's failure_reason a message quotes

@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 import trio
 
-from rollfilter.aggregate import ResultSpool, aggregate_run
+from rollfilter.aggregate import aggregate_run
 from rollfilter.config import Config
 from rollfilter.connect import transport_for
 from rollfilter.engine import RunControl, RunStatus, connect_engine
@@ -27,6 +27,7 @@ from rollfilter.outcomes import Outcome
 from rollfilter.passk import TaskStats
 from rollfilter.sinks import ChannelSink
 from rollfilter.source import InputLine
+from rollfilter.spool import ResultSpool
 from rollfilter.writers import Release
 
 Rows = Iterable[Any] | AsyncIterable[Any]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import trio
 
-from rollfilter.aggregate import AggregateReport, ResultSpool, aggregate_run
+from rollfilter.aggregate import AggregateReport, aggregate_run
 from rollfilter.cli import identity
 from rollfilter.cli.fields import in_options
 from rollfilter.cli.messages import failure_message, message_line, say, write_stderr
@@ -58,6 +58,7 @@ from rollfilter.routing import Agent, Router
 from rollfilter.rows import TASK_INDEX, agent_name
 from rollfilter.sinks import BodySink, LineSink
 from rollfilter.source import STDIN, LineReader, check_inputs
+from rollfilter.spool import ResultSpool
 from rollfilter.writers import BatchWriter, LineWriter, OutputClosed, OutputFailed, WholeFile, write_all
 
 if TYPE_CHECKING:

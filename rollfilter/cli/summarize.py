@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rollfilter.aggregate import ResultSpool, aggregate_run
+from rollfilter.aggregate import aggregate_run
 from rollfilter.cli import identity
 from rollfilter.cli.fields import in_options
 from rollfilter.cli.messages import say, write_stderr
@@ -30,6 +30,7 @@ from rollfilter.resume import (
 from rollfilter.routing import Router
 from rollfilter.rows import TASK_INDEX, agent_name, parse_row
 from rollfilter.source import InputLine, LineReader, check_inputs
+from rollfilter.spool import ResultSpool
 from rollfilter.writers import OutputFailed, WholeFile, write_all
 
 

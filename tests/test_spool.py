@@ -1,4 +1,4 @@
-"""aggregate.py: the on-disk sort of results for /aggregate_metrics."""
+"""spool.py: the on-disk sort of results for /aggregate_metrics."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 
 async def test_the_aggregate_spool_hands_out_results_sorted_by_task_and_rollout_from_many_runs():
-    from rollfilter.aggregate import ResultSpool
+    from rollfilter.spool import ResultSpool
 
     pairs = [(task, rollout) for task in [*range(40), "a", "b"] for rollout in range(3)]
     random.Random(3).shuffle(pairs)
