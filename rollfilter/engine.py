@@ -20,19 +20,14 @@ from typing import Any
 import msgspec
 import trio
 
-from rollfilter.adaptive import AdaptiveWindow
-from rollfilter.client import AgentClient, DryRunClient, Flight, JobClient
-from rollfilter.config import Config, ConfigError, FailureLimit
-from rollfilter.cost import Spending
+from rollfilter.client import Flight, JobClient
+from rollfilter.config import FailureLimit
 from rollfilter.errors import ErrorKind
-from rollfilter.headserver import resolve_endpoints
-from rollfilter.http import AgentTransport
-from rollfilter.metrics import UNNAMED_AGENT, Metrics, as_float
+from rollfilter.metrics import Metrics, as_float
 from rollfilter.outcomes import AttemptFailure, Retry
 from rollfilter.passk import TaskStats
-from rollfilter.plan import Job, LineSource, Planner
+from rollfilter.plan import Job, Planner
 from rollfilter.redact import printable, shown
-from rollfilter.resume import ResumeState
 from rollfilter.routing import Agent, Router
 from rollfilter.rows import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX, agent_name
 from rollfilter.sinks import RowSink
@@ -133,7 +128,6 @@ class Engine:
     failure_limit: FailureLimit = dataclasses.field(default_factory=FailureLimit)
     tasks: TaskStats | None = None  # mean@K and pass@k, with --repeats K > 1
     on_event: Callable[[str], None] | None = None  # -v: one line per row event
-    on_send: Callable[[Job], None] | None = None  # each job once, as it is first sent (--materialized)
     spool: ResultSpool | None = None  # successful results for /aggregate_metrics
     max_cost: float | None = None  # USD: the run stops once it has spent this much
     _in_flight: dict[Job, Flight] = dataclasses.field(default_factory=dict)  # in the order sent
@@ -205,8 +199,6 @@ class Engine:
         flight = self._in_flight[job] = Flight(time.monotonic())
         if self.on_event is not None:
             self.on_event(f"{describe(job)}: sent to agent {agent.name or shown(agent.replicas[0].url)}")
-        if self.on_send is not None:
-            self.on_send(job)
         try:
             answer = await self.client.run(job, agent, flight)
             if self.metrics.spending is not None and not isinstance(answer, AttemptFailure):
@@ -332,77 +324,6 @@ def stamp(job: Job, result: dict[str, Any]) -> None:
         result[ATTEMPT_INDEX] = job.attempt_index
     if "_ng_rollout_id" in row:
         result["_ng_rollout_id"] = row["_ng_rollout_id"]
-
-
-async def connect_engine(
-    config: Config,
-    *,
-    source: LineSource,
-    sink: RowSink,
-    transport: AgentTransport,
-    control: RunControl,
-    metrics: Metrics,
-    tasks: TaskStats | None = None,
-    resume: ResumeState | None = None,
-    on_event: Callable[[str], None] | None = None,
-    on_send: Callable[[Job], None] | None = None,
-    spool: ResultSpool | None = None,
-    dry_run: Callable[[Job, Agent], None] | None = None,
-) -> Engine:
-    """Resolve the agents (one request to the head server, when `config` names one, over
-    `transport`) and build the engine for `config`.
-
-    With `dry_run`, nothing is sent: each routed job goes to it instead, one job at a time so
-    that they come in input order, and its empty answer is the rollout's result. The tasks
-    are planned, but no rollout ends in their figures: none was answered.
-
-    Raises UsageError or ServiceError, before anything is sent, when rows could not be
-    routed at all or the head server cannot be used.
-    """
-    if not config.names_an_agent:
-        raise ConfigError("url", "is not given, nor Config.endpoints or Config.head_server: no agent to send rows to")
-    endpoints, head = await resolve_endpoints(config, transport)
-    if config.prices:
-        metrics.spending = Spending(config.prices)
-
-    def window_for(name: str | None) -> AdaptiveWindow:
-        label = name if name is not None else UNNAMED_AGENT
-
-        def changed(old: int, new: int) -> None:
-            if on_event is not None:
-                on_event(f"agent {label}: window {old} -> {new}")
-
-        window = metrics.windows[label] = AdaptiveWindow(config.concurrency, on_change=changed)
-        return window
-
-    def count_retry(job: Job, failure: AttemptFailure, delay: float) -> None:
-        metrics.retries += 1
-        if on_event is not None:
-            on_event(f"{describe(job)}: retry in {delay:.2f} s after {failure.kind.value}: {failure.message}")
-
-    def report_internal_error(job: Job, exc: Exception) -> None:
-        if on_event is not None:
-            on_event(internal_error_event(job, exc))
-
-    return Engine(
-        planner=Planner(source, config, resume, tasks),
-        router=Router(config, endpoints, head, window_for=window_for if config.adaptive else None),
-        client=(
-            DryRunClient(dry_run)
-            if dry_run is not None
-            else AgentClient(config, transport, on_retry=count_retry, on_internal_error=report_internal_error)
-        ),
-        sink=sink,
-        metrics=metrics,
-        control=control,
-        concurrency=config.concurrency if dry_run is None else 1,
-        failure_limit=config.max_failures,
-        max_cost=config.max_cost,
-        tasks=tasks if dry_run is None else None,
-        on_event=on_event,
-        on_send=on_send,
-        spool=spool,
-    )
 
 
 def describe(job: Job) -> str:

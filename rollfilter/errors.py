@@ -73,8 +73,8 @@ class OutputInUse(RollfilterError):
 
     exit_status = ExitStatus.OUTPUT_IN_USE
 
-    def __init__(self, output: str, holder: str) -> None:
-        super().__init__(f"{output} is in use by {holder}: one run writes an output at a time (--wait-lock waits)")
+    def __init__(self, message: str, *, output: str, holder: str) -> None:
+        super().__init__(message)
         self.output = output
         self.holder = holder
 

@@ -18,16 +18,12 @@ from typing import Any
 import msgspec
 import trio
 
-from rollfilter.aggregate import aggregate_run
 from rollfilter.config import Config
-from rollfilter.connect import transport_for
-from rollfilter.engine import RunControl, RunStatus, connect_engine
-from rollfilter.metrics import Metrics
+from rollfilter.engine import RunStatus
 from rollfilter.outcomes import Outcome
-from rollfilter.passk import TaskStats
+from rollfilter.run import Run
 from rollfilter.sinks import ChannelSink
 from rollfilter.source import InputLine
-from rollfilter.spool import ResultSpool
 from rollfilter.writers import Release
 
 Rows = Iterable[Any] | AsyncIterable[Any]
@@ -144,47 +140,35 @@ class _RowFeed:
 @contextlib.asynccontextmanager
 async def open_rollouts_in_trio(rows: Rows, config: Config) -> AsyncIterator[RolloutRun]:
     """`api.open_rollouts` in the caller's trio run: its docstring says what the run does."""
-    metrics = Metrics()
-    control = RunControl()
-    tasks = TaskStats(config.max_repeats, config.pass_threshold) if config.max_repeats > 1 else None
     send, receive = trio.open_memory_channel[tuple[Outcome, Release]](math.inf)
-    run = _ChannelRun(receive)
-    transport = transport_for(config)
+    results = _ChannelRun(receive)
     feed = _RowFeed(rows)
-    spool = ResultSpool() if config.aggregate else None
+    run = Run(config, source=feed, sink=ChannelSink(send))
     try:
-        engine = await connect_engine(
-            config, source=feed, sink=ChannelSink(send), transport=transport,
-            control=control, metrics=metrics, tasks=tasks, spool=spool,
-        )  # fmt: skip
-        run._status = engine.status
+        await run.connect()
+        assert run.engine is not None
+        results._status = run.engine.status
 
         async def drive() -> None:
-            report = None
             try:
-                await engine.run()
-                if spool is not None and not control.scope.cancel_called:
-                    with control.stoppable():
-                        report = await aggregate_run(spool, engine.router, config, transport)
+                await run.send()
+                await run.aggregate()
             finally:
-                metrics.replicas = engine.router.replica_counts()
+                control = run.control
                 stopped = control.reason or ("stopped early by the caller" if control.scope.cancel_called else None)
-                run.summary = metrics.summary(stopped=stopped, tasks=tasks)
-                if report is not None:
-                    run.aggregate = report.entries
-                    run.aggregate_problems = report.problems
-                    report.add_to(run.summary)
+                results.summary = run.summary(stopped=stopped)
+                if run.report is not None:
+                    results.aggregate = run.report.entries
+                    results.aggregate_problems = run.report.problems
                 send.close()
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(drive)
             try:
-                yield run
+                yield results
             finally:
-                control.cancel()
+                run.control.cancel()
     finally:
         with trio.CancelScope(shield=True):
-            await transport.aclose()
+            await run.aclose()
             await feed.aclose()
-            if spool is not None:
-                spool.close()

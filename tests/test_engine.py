@@ -5,71 +5,12 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 from rollfilter import Failure, rollouts
 from rollfilter.config import Config
-from rollfilter.connect import transport_for
-from rollfilter.engine import RunControl, connect_engine
-from rollfilter.metrics import Metrics
-from rollfilter.outcomes import AttemptFailure
-from rollfilter.plan import Job
-from rollfilter.routing import Agent
-from rollfilter.source import LineReader
-from rollfilter.writers import Release
-from tests.conftest import DemoServer, QuietHandler, ThreadedHTTPServer, rows_jsonl, simple_rows
-
-
-class _Shown:
-    """What a dry run shows, in the order shown: each job's route, then its body."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, int]] = []
-
-    def route(self, job: Job, agent: Agent) -> None:
-        self.events.append(("route", job.seq))
-
-    def result(self, job: Job, result: dict[str, Any], release: Release) -> None:
-        self.events.append(("body", job.seq))
-        release()
-
-    def failure(self, job: Job, failure: AttemptFailure, release: Release) -> None:
-        self.events.append(("failure", job.seq))
-        release()
-
-    def not_persisted(self, job: Job, attempts: int, release: Release) -> None:
-        raise AssertionError("a dry run has no answers")
-
-
-async def test_a_dry_run_takes_one_row_at_a_time_whatever_the_concurrency(tmp_path: Path, demo_server: DemoServer):
-    """Each row's route is shown and the client yields to the scheduler before its body comes
-    back: with more than one worker, the next row's route would come in between, and bodies
-    would come back in the scheduler's order rather than the input's."""
-    rows = tmp_path / "rows.jsonl"
-    rows.write_text(rows_jsonl(simple_rows(20)))
-    config = Config(url=demo_server.url, concurrency=16)
-    shown = _Shown()
-    reader = LineReader([str(rows)], max_line_bytes=1 << 20)
-    transport = transport_for(config)
-    try:
-        engine = await connect_engine(
-            config,
-            source=reader,
-            sink=shown,
-            transport=transport,
-            control=RunControl(),
-            metrics=Metrics(),
-            dry_run=shown.route,
-        )
-        await engine.run()
-    finally:
-        reader.close()
-        await transport.aclose()
-    assert shown.events == [(event, seq) for seq in range(20) for event in ("route", "body")]
-    assert demo_server.stats()["requests"] == 0
+from tests.conftest import QuietHandler, ThreadedHTTPServer
 
 
 class _BusyOnce(QuietHandler):

@@ -44,7 +44,7 @@ from rollfilter.config import (
 from rollfilter.config import gym_layout as gym_layout_files
 from rollfilter.demo import DemoOptions
 from rollfilter.errors import UsageError
-from rollfilter.http import DEFAULT_MAX_REPLY_BYTES, connections_that_fit, raise_open_file_limit
+from rollfilter.http import DEFAULT_MAX_REPLY_BYTES
 from rollfilter.resume import max_attempts_from_environment
 
 EXAMPLE_ROWS = Path(__file__).parent.parent / "examples" / "weather.jsonl"  # NeMo Gym's five-row example
@@ -493,8 +493,6 @@ def parse(
         shard_auto=shard == SHARD_AUTO,
         wait_lock=wait_lock,
     )
-    if not summarize and not dry_run:
-        config = fit_open_files(config, files_per_connection=2 if demo else 1)
     if not files and os.isatty(0):
         if demo and not summarize:
             # `rollfilter --demo` typed at a terminal shows the whole job with no setup at all.
@@ -532,18 +530,3 @@ def check_demo_alone(
     ]
     if named:
         raise UsageError(f"--demo starts its own agent: it cannot be combined with {' or '.join(named)}")
-
-
-def fit_open_files(config: CommandConfig, *, files_per_connection: int) -> CommandConfig:
-    """Raise the open-file limit as far as it goes; if -j still does not fit under it, say so
-    once and run fewer rows at a time, so that no row fails for this machine's limit."""
-    limit = raise_open_file_limit()
-    wanted = config.engine.concurrency
-    fitted = connections_that_fit(wanted, limit, files_per_connection=files_per_connection)
-    if fitted == wanted:
-        return config
-    say(
-        f"-j {wanted} needs more open files than this process may have ({limit},"
-        f" see ulimit -n): running {fitted} rows at a time"
-    )
-    return dataclasses.replace(config, engine=dataclasses.replace(config.engine, concurrency=fitted))

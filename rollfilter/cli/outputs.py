@@ -16,18 +16,16 @@ import contextlib
 import dataclasses
 import os
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
 
 import msgspec
+import trio
 
-from rollfilter.aggregate import AggregateReport
 from rollfilter.cli import identity, locks
 from rollfilter.cli.identity import RECORD_SUFFIX
 from rollfilter.config import CommandConfig
 from rollfilter.errors import OutputInUse, RollfilterError, UsageError
-from rollfilter.metrics import Metrics
-from rollfilter.passk import TaskStats
 from rollfilter.source import STDIN, display_name
 from rollfilter.writers import WholeFile
 
@@ -196,7 +194,9 @@ class OutputFiles(contextlib.ExitStack):
                 os.makedirs(parent, exist_ok=True)
             opened = locks.open_locked(path, APPEND_FLAGS, shared=lock == "shared", locking=lock is not None)
         except locks.Held as held:
-            raise OutputInUse(f"{option} {path}", locks.holder_text(held.holders)) from None
+            holder = locks.holder_text(held.holders)
+            message = f"{option} {path} is in use by {holder}: one run writes an output at a time (--wait-lock waits)"
+            raise OutputInUse(message, output=f"{option} {path}", holder=holder) from None
         except OSError as exc:
             raise UsageError(f"cannot write {option} {path}: {exc.strerror or exc}") from None
         self.callback(os.close, opened.fd)
@@ -232,21 +232,94 @@ class OutputFiles(contextlib.ExitStack):
         return file
 
 
-def summary_bytes(
-    metrics: Metrics,
-    tasks: TaskStats | None,
-    stopped: str | None,
-    report: AggregateReport | None = None,
-    *,
-    timings: bool = True,
-    shards: identity.ShardCoverage | None = None,
-) -> bytes:
-    summary = metrics.summary(stopped=stopped, tasks=tasks, timings=timings)
-    if report is not None:
-        report.add_to(summary)
-    if shards is not None:
-        summary["rollfilter"]["shards"] = shards.summary()
-    return _encode(summary) + b"\n"
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunFiles:
+    """A run's outputs as opened: where results, failures and the files written whole go.
+    A dry run has none but standard output and standard error."""
+
+    results: int  # -o's descriptor, or standard output's
+    results_name: str  # as messages name it: "-o out.jsonl", "standard output"
+    errors: int | None  # --errors' descriptor; None: failures are lines on standard error
+    errors_name: str
+    per_task: int | None
+    metrics: WholeFile | None
+    aggregate: WholeFile | None
+    progress: WholeFile | None
+    materialized: str | None  # written by the first pass, when it is done
+    record: identity.RunRecord | None  # written beside -o before anything is sent
+    output: str | None  # -o, beside which the record is written
+
+
+LOCK_POLL_SECONDS = 0.2  # how often --wait-lock tries an output another run holds
+
+
+async def open_appended(
+    command: CommandConfig, files: OutputFiles, stderr: int, say: Callable[[str, int], None]
+) -> list[int | None]:
+    """-o, --errors and --per-task, opened to append and locked: shared with --append (runs that
+    only add lines may share a file), else exclusive. An output another run holds is refused
+    (OutputInUse), or with --wait-lock waited for; they are locked in the order of their paths,
+    so that two waiting runs never hold one each of what the other waits for."""
+    fresh_only = not (command.resume or command.append)
+    lock: Lock = "shared" if command.append and not command.resume else "exclusive"
+    wanted = [
+        (command.output, "-o", fresh_only),
+        (command.errors_file, "--errors", fresh_only),
+        (command.per_task_file, "--per-task", False),
+    ]
+    fds: dict[int, int | None] = {}
+    for number in sorted(range(len(wanted)), key=lambda n: os.path.realpath(wanted[n][0] or "")):
+        path, option, must_be_empty = wanted[number]
+        said = False
+        while True:
+            try:
+                fds[number] = files.open(path, option, must_be_empty=must_be_empty, lock=lock)
+                break
+            except OutputInUse as held:
+                if not command.wait_lock:
+                    raise
+                if not said:
+                    say(f"{held.output} is in use by {held.holder}: waiting for it (--wait-lock)", stderr)
+                    said = True
+                await trio.sleep(LOCK_POLL_SECONDS)
+    return [fds[number] for number in range(len(wanted))]
+
+
+def run_files(
+    command: CommandConfig,
+    files: OutputFiles,
+    streams: Streams,
+    appended: Sequence[int | None],
+    record: identity.RunRecord | None,
+) -> RunFiles:
+    """The files of `command`'s run that are written whole, checked and opened (`appended` are
+    the descriptors of -o, --errors and --per-task, opened by `open_appended`)."""
+    out, errors, per_task = appended
+    materialized = command.materialized_file
+    if materialized is not None:
+        if not (command.resume or command.append):
+            refuse_earlier_lines(materialized, "--materialized")
+        WholeFile(materialized, "--materialized", regular_only=True).close()  # its folder, checked
+    if record is not None and command.output is not None:
+        files.remove_if_refused(identity.record_path(command.output))
+    return RunFiles(
+        results=streams.stdout if out is None else out,
+        results_name="standard output" if out is None else f"-o {command.output}",
+        errors=errors,
+        errors_name=f"--errors {command.errors_file}",
+        per_task=per_task,
+        metrics=files.whole(command.metrics_file, "--metrics"),
+        aggregate=files.whole(command.aggregate_file, "--aggregate"),
+        progress=files.whole(command.progress_file, "--progress-file", regular_only=True),
+        materialized=materialized,
+        record=record,
+        output=command.output,
+    )
+
+
+def dry_run_files(streams: Streams) -> RunFiles:
+    """A dry run's outputs: the bodies on standard output, the rest on standard error."""
+    return RunFiles(streams.stdout, "standard output", None, "", None, None, None, None, None, record=None, output=None)
 
 
 def replace_content(file: WholeFile | None, data: bytes) -> None:

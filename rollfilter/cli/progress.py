@@ -54,7 +54,6 @@ class ProgressDisplay:
 
     def __init__(
         self,
-        metrics: Metrics,
         *,
         fd: int = 2,
         force_terminal: bool = False,
@@ -62,7 +61,7 @@ class ProgressDisplay:
         priced: bool = False,
         fallback: LineWriter | None = None,
     ) -> None:
-        self._metrics = metrics
+        self._metrics: Metrics | None = None  # the run's, from run() on
         self._fallback = fallback
         self.failed = False  # a write failed: nothing more is shown
         terminal: Any = _Terminal(fd)
@@ -114,6 +113,7 @@ class ProgressDisplay:
 
     def _refresh(self) -> None:
         m = self._metrics
+        assert m is not None, "refreshed from run() only"
         self._progress.update(
             self._task,
             completed=m.ended,
@@ -127,8 +127,9 @@ class ProgressDisplay:
         )
         self._progress.refresh()
 
-    async def run(self, count: Callable[[], int | None] | None = None) -> None:
-        """Show and refresh the display until cancelled; `count` (run in a thread) finds the total."""
+    async def run(self, metrics: Metrics, count: Callable[[], int | None] | None = None) -> None:
+        """Show `metrics` and refresh them until cancelled; `count` (run in a thread) finds the total."""
+        self._metrics = metrics
         self._shown(self._progress.start)
         try:
             if count is not None:

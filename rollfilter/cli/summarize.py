@@ -2,36 +2,27 @@
 
 from __future__ import annotations
 
-from rollfilter.aggregate import aggregate_run
+import msgspec
+import trio
+
 from rollfilter.cli import identity
 from rollfilter.cli.fields import in_options
 from rollfilter.cli.messages import say, write_stderr
-from rollfilter.cli.outputs import (
-    STANDARD_STREAMS,
-    OutputFiles,
-    RunOutputs,
-    Streams,
-    replace_content,
-    summary_bytes,
-)
+from rollfilter.cli.outputs import STANDARD_STREAMS, OutputFiles, RunOutputs, Streams, replace_content
 from rollfilter.cli.statuses import RunEnd
 from rollfilter.config import CommandConfig
-from rollfilter.connect import transport_for
 from rollfilter.engine import reward_of
 from rollfilter.errors import ErrorKind
-from rollfilter.headserver import resolve_endpoints
 from rollfilter.metrics import Metrics
 from rollfilter.outcomes import AttemptFailure, failure_of
-from rollfilter.passk import TaskStats
 from rollfilter.redact import printable
-from rollfilter.resume import (
-    StandingFailures,
-)
-from rollfilter.routing import Router
+from rollfilter.resume import StandingFailures
 from rollfilter.rows import TASK_INDEX, agent_name, parse_row
+from rollfilter.run import Run
 from rollfilter.source import InputLine, LineReader, check_inputs
-from rollfilter.spool import ResultSpool
 from rollfilter.writers import OutputFailed, WholeFile, write_all
+
+_encode = msgspec.json.Encoder().encode
 
 
 async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREAMS) -> RunEnd:
@@ -49,39 +40,34 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
     check_inputs(command.inputs)
     RunOutputs(command, streams, summarize=True).check()
     shards = identity.shard_coverage(command.inputs)
-    metrics = Metrics()
-    tasks = TaskStats(config.max_repeats, config.pass_threshold) if config.max_repeats > 1 else None
     reader = LineReader(command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=streams.stdin)
-    spool = ResultSpool() if config.aggregate else None
-    report = None
     unusable = _UnusableLines()
     counted_failed: OutputFailed | None = None
     # Made before the files are opened, so that a CA file that cannot serve is refused with none left.
-    transport = transport_for(config) if spool is not None else None
+    run = Run(config)  # it talks only to the agents' /aggregate_metrics, with --aggregate
     with OutputFiles() as files:
         metrics_file = files.whole(command.metrics_file, "--metrics")
         aggregate_file = files.whole(command.aggregate_file, "--aggregate")
         try:
-            if spool is not None and transport is not None:
-                endpoints, head = await resolve_endpoints(config, transport)
-                router = Router(config, endpoints, head)
+            await run.connect(send=False)
             try:
-                await _count(reader, metrics, tasks, spool, unusable)
+                await _count(reader, run, unusable)
             except OutputFailed as failure:  # its temporary file: the summary says how far it got
                 counted_failed = failure
-            if spool is not None and transport is not None and counted_failed is None:
-                report = await aggregate_run(spool, router, config, transport)
+            if counted_failed is None:
+                await run.aggregate()
         finally:
             reader.close()
-            if spool is not None:
-                spool.close()
-            if transport is not None:
-                await transport.aclose()
-        if tasks is not None:
-            tasks.finish()
+            with trio.CancelScope(shield=True):
+                await run.aclose()
+        if run.tasks is not None:
+            run.tasks.finish()
         # The files hold no timings.
-        stopped = None if counted_failed is None else str(counted_failed)
-        summary = summary_bytes(metrics, tasks, stopped, report, timings=False, shards=shards)
+        figures = run.summary(stopped=None if counted_failed is None else str(counted_failed), timings=False)
+        if shards is not None:
+            figures["rollfilter"]["shards"] = shards.summary()
+        summary = _encode(figures) + b"\n"
+        report = run.report
         failures = [] if counted_failed is None else [counted_failed]
         if counted_failed is not None:
             say(str(counted_failed), streams.stderr)
@@ -113,19 +99,15 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
     return RunEnd(incomplete=bool(incomplete), output_failed=bool(failures))
 
 
-async def _count(
-    reader: LineReader,
-    metrics: Metrics,
-    tasks: TaskStats | None,
-    spool: ResultSpool | None,
-    unusable: _UnusableLines,
-) -> None:
-    """Count each line read: a result, a failed attempt (once per pair, unless a result has the
-    pair), or a line that cannot be used. OutputFailed when the failures cannot be held."""
+async def _count(reader: LineReader, run: Run, unusable: _UnusableLines) -> None:
+    """Count each line read into `run`'s figures: a result, a failed attempt (once per pair, unless
+    a result has the pair), or a line that cannot be used. OutputFailed when the failures cannot
+    be held."""
+    metrics, tasks = run.metrics, run.tasks
     failures = StandingFailures()
     try:
         while (line := await reader.next_line()) is not None:
-            _count_line(line, metrics, tasks, spool, unusable, failures)
+            _count_line(line, run, unusable, failures)
     except BaseException:
         failures.close()
         raise
@@ -138,14 +120,8 @@ async def _count(
             tasks.rollout_ended(record[TASK_INDEX], None)
 
 
-def _count_line(
-    line: InputLine,
-    metrics: Metrics,
-    tasks: TaskStats | None,
-    spool: ResultSpool | None,
-    unusable: _UnusableLines,
-    failures: StandingFailures,
-) -> None:
+def _count_line(line: InputLine, run: Run, unusable: _UnusableLines, failures: StandingFailures) -> None:
+    metrics, tasks, spool = run.metrics, run.tasks, run.spool
     if line.data is None:  # over --max-line-bytes
         unusable.add(line, line.problem or "too long", metrics)
         return

@@ -1,0 +1,186 @@
+"""One run, put together in one place: the parts a `Config` asks for, built once, and the summary
+they make.
+
+    run = Run(config, source=rows, sink=outcomes)   # metrics, task stats, spool, transport
+    await run.connect()     # the agents (a head server asked once), the router, the engine
+    await run.send()        # the engine's nursery, until every row has ended or a stop
+    await run.aggregate()   # the agents' /aggregate_metrics, with Config.aggregate
+    run.summary()           # the summary object
+    await run.aclose()
+
+The command line (`cli/run.py`), the Python API (`rollout_run.py`) and `--summarize` (a run
+whose source is result files and which sends nothing: `connect(send=False)`, its counts fed by
+the caller) wrap a `Run` with their own inputs and outputs. What a run does around the engine
+is built here, and only here.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+from rollfilter.adaptive import AdaptiveWindow
+from rollfilter.aggregate import AggregateReport, aggregate_run
+from rollfilter.client import AgentClient, DryRunClient, JobClient
+from rollfilter.config import Config, ConfigError
+from rollfilter.connect import transport_for
+from rollfilter.cost import Spending
+from rollfilter.engine import Engine, RunControl, describe, internal_error_event, reward_of
+from rollfilter.headserver import resolve_endpoints
+from rollfilter.http import AgentTransport
+from rollfilter.metrics import UNNAMED_AGENT, Metrics
+from rollfilter.outcomes import AttemptFailure
+from rollfilter.passk import TaskStats
+from rollfilter.plan import Job, LineSource, Planner
+from rollfilter.resume import ResumeState
+from rollfilter.routing import Agent, Router
+from rollfilter.rows import TASK_INDEX, agent_name
+from rollfilter.sinks import RowSink
+from rollfilter.spool import ResultSpool
+
+
+class Run:
+    """One run of `config`: its parts, and the summary they make.
+
+    Built at once: `metrics`, `tasks` (mean@K and pass@k, with repeats over 1; `on_task` gets
+    each task's record when they are computed), `spool` (the results for /aggregate_metrics,
+    with `config.aggregate`) and `transport` (what every request goes through, with `tls` and
+    `on_warning`). Built by `connect`: `router` and `engine`, which takes its rows from `source`
+    and hands its outcomes to `sink`. Built by `aggregate`: `report`.
+
+    `resume` is what earlier runs left (their pairs are skipped or retried), `on_event` the -v
+    line for each row event, and `dry_run`, when given, gets each routed job in place of
+    sending it. The run owns its transport and spool: `aclose` closes them.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        source: LineSource | None = None,
+        sink: RowSink | None = None,
+        control: RunControl | None = None,
+        resume: ResumeState | None = None,
+        tls: ssl.SSLContext | None = None,
+        on_task: Callable[[dict[str, Any]], None] | None = None,
+        on_event: Callable[[str], None] | None = None,
+        on_warning: Callable[[str], None] | None = None,
+        dry_run: Callable[[Job, Agent], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.control = control if control is not None else RunControl()
+        self.metrics = Metrics()
+        if config.prices:
+            self.metrics.spending = Spending(config.prices)
+        self.tasks = TaskStats(config.max_repeats, config.pass_threshold, on_task) if config.max_repeats > 1 else None
+        self.spool = ResultSpool() if config.aggregate and dry_run is None else None
+        talks = source is not None or self.spool is not None
+        self.transport: AgentTransport | None = transport_for(config, tls=tls, on_warning=on_warning) if talks else None
+        self.router: Router | None = None
+        self.engine: Engine | None = None
+        self.report: AggregateReport | None = None
+        self._source, self._sink, self._resume = source, sink, resume
+        self._on_event, self._dry_run = on_event, dry_run
+
+    async def connect(self, *, send: bool = True) -> None:
+        """Find the agents (one request to the head server, when the config names one), and
+        build the router, and with `send` the engine.
+
+        Raises UsageError or ServiceError, before anything is sent, when rows could not be
+        routed at all or the head server cannot be used."""
+        config = self.config
+        if send and not config.names_an_agent:
+            raise ConfigError("url", "is not given, nor Config.endpoints or Config.head_server: no agent for the rows")
+        if self.transport is None:
+            return
+        endpoints, head = await resolve_endpoints(config, self.transport)
+        window_for = self._window_for if config.adaptive and self._dry_run is None else None
+        self.router = Router(config, endpoints, head, window_for=window_for)
+        if send:
+            assert self._source is not None, "a run that sends has a source"
+            assert self._sink is not None, "and a sink"
+            self.engine = self._engine(self._source, self._sink, self.router, self.transport)
+
+    def _engine(self, source: LineSource, sink: RowSink, router: Router, transport: AgentTransport) -> Engine:
+        config, dry_run = self.config, self._dry_run
+        client: JobClient = (
+            DryRunClient(dry_run)
+            if dry_run is not None
+            else AgentClient(config, transport, on_retry=self._count_retry, on_internal_error=self._internal_error)
+        )
+        return Engine(
+            planner=Planner(source, config, self._resume, self.tasks),
+            router=router,
+            client=client,
+            sink=sink,
+            metrics=self.metrics,
+            control=self.control,
+            # A dry run shows each row's route, then its body, one row at a time: in input order.
+            concurrency=config.concurrency if dry_run is None else 1,
+            failure_limit=config.max_failures,
+            max_cost=config.max_cost,
+            tasks=self.tasks if dry_run is None else None,  # planned, but no rollout is answered
+            on_event=self._on_event,
+            spool=self.spool,
+        )
+
+    def _window_for(self, name: str | None) -> AdaptiveWindow:
+        label = name if name is not None else UNNAMED_AGENT
+        on_event = self._on_event
+
+        def changed(old: int, new: int) -> None:
+            if on_event is not None:
+                on_event(f"agent {label}: window {old} -> {new}")
+
+        window = self.metrics.windows[label] = AdaptiveWindow(self.config.concurrency, on_change=changed)
+        return window
+
+    def _count_retry(self, job: Job, failure: AttemptFailure, delay: float) -> None:
+        self.metrics.retries += 1
+        if self._on_event is not None:
+            self._on_event(f"{describe(job)}: retry in {delay:.2f} s after {failure.kind.value}: {failure.message}")
+
+    def _internal_error(self, job: Job, exc: Exception) -> None:
+        if self._on_event is not None:
+            self._on_event(internal_error_event(job, exc))
+
+    async def send(self) -> None:
+        """Run the engine until every row has ended, or the run was stopped."""
+        assert self.engine is not None, "connect() builds the engine"
+        await self.engine.run()
+
+    def add_earlier_result(self, result: dict[str, Any]) -> None:
+        """An earlier run's result (a resumed run's summary and aggregate cover the whole
+        output): into the means (not this run's counters), the tasks, and the spool."""
+        agent = agent_name(result)
+        self.metrics.add_earlier_result(result, agent)
+        if self.tasks is not None and TASK_INDEX in result:
+            self.tasks.rollout_ended(result[TASK_INDEX], reward_of(result))
+        if self.spool is not None:
+            self.spool.add(agent, result)
+
+    async def aggregate(self) -> None:
+        """Ask each agent for its aggregate metrics (see `aggregate_run`), unless the run was
+        stopped; a stop during the calls ends them."""
+        if self.spool is None or self.router is None or self.transport is None or self.control.scope.cancel_called:
+            return
+        with self.control.stoppable():
+            self.report = await aggregate_run(self.spool, self.router, self.config, self.transport)
+
+    def summary(self, *, stopped: str | None = None, timings: bool = True) -> dict[str, Any]:
+        """The summary object: the metrics' figures, the tasks', the replicas' counts, and each
+        agent's key_metrics once aggregated. `stopped` says why the run stopped, if it did."""
+        if self.router is not None:
+            self.metrics.replicas = self.router.replica_counts()
+        summary = self.metrics.summary(stopped=stopped, tasks=self.tasks, timings=timings)
+        if self.report is not None:
+            self.report.add_to(summary)
+        return summary
+
+    async def aclose(self) -> None:
+        """Close the transport and the spool (call it shielded from cancellation)."""
+        if self.spool is not None:
+            self.spool.close()
+        if self.transport is not None:
+            await self.transport.aclose()
