@@ -77,8 +77,8 @@ async def request_aggregates(
     report = AggregateReport()
     if spool.unnamed:
         report.problems.append(
-            f"{spool.unnamed} results name no agent (rows routed by Config.url alone):"
-            " give Config.agent NAME to aggregate them"
+            f"{spool.unnamed} results name no agent (their rows went to a URL, not to an agent by name):"
+            " name their agent to aggregate them"
         )
     if spool.error is not None:
         report.problems.append(spool.error)
@@ -86,8 +86,7 @@ async def request_aggregates(
     for name in sorted(spool.agents):
         run_url = run_urls.get(name)
         if run_url is None:
-            where = f"Config.endpoints {name}=URL, Config.head_server, or Config.url"
-            report.problems.append(f"no URL for agent {name!r}: give {where}")
+            report.problems.append(f"no URL for agent {name!r}")
             continue
         url = httpx.URL(aggregate_url(run_url))
         where = f"agent {name!r} ({origin(url)})"

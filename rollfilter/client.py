@@ -20,7 +20,7 @@ import msgspec
 import trio
 
 from rollfilter.adaptive import Signal
-from rollfilter.config import Config
+from rollfilter.config import Config, is_decimal
 from rollfilter.errors import ErrorKind
 from rollfilter.http import AgentTransport, CertificateError, KeptAliveLost, Reply, origin_of
 from rollfilter.outcomes import AttemptFailure, Retry
@@ -37,7 +37,7 @@ RETRY_AFTER_CAP = 120.0
 MAX_REDIRECTS = 5  # 307/308 hops followed within one attempt
 BUDGET_SPENT = "not retried: the agent's retry budget is spent"
 TRUST_ADVICE = (
-    "to trust its CA, give Config.tls.cacert FILE or set SSL_CERT_FILE=FILE; Config.tls.insecure skips the check"
+    "its CA is not trusted: give its CA certificates in a file (SSL_CERT_FILE=FILE does too), or skip the check"
 )
 
 _decode = msgspec.json.Decoder().decode
@@ -49,7 +49,7 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     if not value:
         return None
     value = value.strip()
-    if value.isascii() and value.isdigit():
+    if is_decimal(value):
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
@@ -211,7 +211,7 @@ class AgentClient:
                 target = moved
             message = f"HTTP {status} {_reason_phrase(status)}: more than {MAX_REDIRECTS} redirects"
             return AttemptFailure(ErrorKind.HTTP_STATUS, message, status), None
-        message = f"no answer within Config.timeout.attempt {self._timeout:g} s"
+        message = f"no answer within {self._timeout:g} s"
         return AttemptFailure(ErrorKind.TIMEOUT, message, retry=Retry.NOW), None
 
     def _outcome(self, reply: Reply) -> tuple[dict[str, Any] | AttemptFailure, float | None]:
@@ -283,7 +283,7 @@ def redirect_target(url: httpx.URL, reply: Reply, *, cross_origin: bool) -> http
         return AttemptFailure(ErrorKind.HTTP_STATUS, message, reply.status)
     if not cross_origin and origin_of(target) != origin_of(url):
         message = (
-            f"{status} to another origin, {origin(target)} (Config.cross_origin_redirects follows it):"
+            f"{status} to another origin, {origin(target)} (cross-origin redirects are not followed):"
             f" Location: {shown(target)}"
         )
         return AttemptFailure(ErrorKind.HTTP_STATUS, message, reply.status)

@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 PER_TOKENS = 1_000_000  # prices are per million tokens
-_DECIMAL = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
-DEFAULT_AGENT = "_default"  # in a prices file: the price of agents it does not name
 
 
 class PriceError(ValueError):
@@ -83,42 +80,6 @@ def _shown(value: Any) -> str:
 
 def _count(value: Any) -> int | None:
     return value if type(value) is int and value >= 0 else None
-
-
-def parse_price(spec: str) -> tuple[str | None, Price]:
-    """`[AGENT=]IN,OUT[,CACHED]`: the agent (None: every agent not priced by name) and its price."""
-    name, sep, numbers = spec.rpartition("=")
-    parts = numbers.split(",")
-    try:
-        if not all(_DECIMAL.fullmatch(part.strip()) for part in parts):  # float() takes "1_000", and full-width digits
-            raise ValueError
-        values = [float(part) for part in parts]
-        if len(values) not in (2, 3) or (sep and not name):
-            raise ValueError
-        return (name if sep else None), Price(*values)
-    except (ValueError, PriceError):
-        wanted = "[AGENT=]IN,OUT[,CACHED] in USD per million tokens"
-        raise PriceError(f"Config.prices wants {wanted}, got {spec!r}") from None
-
-
-def prices_from_mapping(data: Any) -> list[tuple[str | None, Price]]:
-    """A prices file's content: {AGENT or "_default": [IN, OUT(, CACHED)] or {input, output, cached}}."""
-    if not isinstance(data, dict):
-        raise PriceError("a prices file holds a map of agent names to prices")
-    prices: list[tuple[str | None, Price]] = []
-    for agent, value in data.items():
-        name = None if agent == DEFAULT_AGENT else str(agent)
-        try:
-            if isinstance(value, list) and len(value) in (2, 3):
-                price = Price(*value)
-            elif isinstance(value, dict) and {"input", "output"} <= set(value) <= {"input", "output", "cached"}:
-                price = Price(value["input"], value["output"], value.get("cached"))
-            else:
-                raise PriceError("want [IN, OUT] or [IN, OUT, CACHED], or {input: IN, output: OUT, cached: CACHED}")
-        except (TypeError, PriceError) as exc:
-            raise PriceError(f"the price of {agent!r}: {exc}") from None
-        prices.append((name, price))
-    return prices
 
 
 class Spending:

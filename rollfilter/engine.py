@@ -67,7 +67,7 @@ class RunStatus:
 class StopCause(enum.Enum):
     """Why a run was stopped before its rows ran out; the value is how the summary says it."""
 
-    LIMIT_REACHED = "limit reached"  # Config.max_failures or Config.max_cost
+    LIMIT_REACHED = "limit reached"  # the failure limit, or the budget
     INTERRUPTED = "interrupted"  # the signals the command line stops on
     TERMINATED = "terminated"
     HUNG_UP = "hung up"
@@ -213,7 +213,7 @@ class Engine:
         elif isinstance(outcome, _NotPersisted):
             self.metrics.not_persisted += 1
             if self.on_event is not None:
-                advice = "CommandConfig.resume runs it again"
+                advice = "a resumed run runs it again"
                 self.on_event(f"{describe(job)}: not persisted (the agent's _ng_no_persist); {advice}")
             self._ended(job, None)
             self.sink.not_persisted(job, flight.attempt, release)
@@ -272,7 +272,7 @@ class Engine:
             counts += f" rows of {metrics.ended} ended"
         else:
             counts += " rows"
-        return f"stopped after {counts} ({self.failure_limit.describe()})"
+        return f"stopped after {counts} (the limit: {self.failure_limit.describe()})"
 
 
 class _NotPersisted:

@@ -8,16 +8,14 @@
 Per-row failures are not exceptions: they are records (`outcomes.py`: an `AttemptFailure`, tied to
 its row as a `Failure`) that the run writes to the errors record and counts, and the run goes on.
 
-Messages (of errors, failures and events alike) that refer to a setting name its field, as
-`Config.agent` or `CommandConfig.output`, and say what to do in Python terms; the command line
-says the same with its options instead (`name_options`).
+A `ConfigError` (config.py) names the Config field at fault; the command line reports a bad
+option value by the option it came from. Failures and events say what happened without naming a
+setting, so that they read the same from Python and from the command line.
 """
 
 from __future__ import annotations
 
 import enum
-import re
-from collections.abc import Mapping
 
 
 class ExitStatus(enum.IntEnum):
@@ -77,22 +75,3 @@ class OutputInUse(RollfilterError):
         super().__init__(message)
         self.output = output
         self.holder = holder
-
-
-# A setting named in a message (`Config.<field>`, `Config.<part>.<field>` as Config.retries.budget,
-# or `CommandConfig.<field>`), or a quoted text, which is someone else's: a server's body, an
-# agent's reason, a row's agent name, each quoted as repr() quotes it (so a quote inside is
-# escaped). A quote opens only where no word goes on before it, so the apostrophe of "agent's" opens none.
-FIELD_REFERENCE = re.compile(
-    r"""(?<!\w)'(?:[^'\\]|\\.)*'|(?<!\w)"(?:[^"\\]|\\.)*"|\b(?:Command)?Config\.([a-z_]+(?:\.[a-z_]+)?)\b"""
-)
-
-
-def name_options(text: str, option_of_field: Mapping[str, str]) -> str:
-    """`text` with each field it names (`Config.url`) replaced by the option that sets it
-    (`-u/--url`); text in quotes is left as it is, for it is not the library's own words."""
-    if "Config." not in text:  # most lines name none
-        return text
-    return FIELD_REFERENCE.sub(
-        lambda match: match[0] if match[1] is None else option_of_field.get(match[1], match[0]), text
-    )

@@ -16,7 +16,7 @@ import httpx
 import msgspec
 import trio
 
-from rollfilter.config import Config
+from rollfilter.config import Config, is_decimal
 from rollfilter.errors import ServiceError, UsageError
 from rollfilter.http import AgentTransport
 from rollfilter.redact import origin, printable
@@ -84,7 +84,7 @@ def agents_from_config(config: Any, where: str = "the head server") -> HeadServe
 
 def _agent_url(host: Any, port: Any, where: str) -> str:
     """http://host:port/run from a config entry's values, or ServiceError naming the field."""
-    if type(port) is str and port.isascii() and port.isdigit():  # "²" is a digit to Python
+    if type(port) is str and is_decimal(port):
         port = int(port)
     if type(port) is not int or not 0 < port < 65536:
         raise ServiceError(f"{where}.port, which is not a TCP port (an integer from 1 to 65535)")

@@ -40,16 +40,17 @@ class MaterializedPlan:
 
 
 async def write_materialized(
-    planner: Planner, router: Router, path: str, *, keep_existing: bool, already: KeyTable | None
+    planner: Planner, router: Router, path: str, *, name: str, keep_existing: bool, already: KeyTable | None
 ) -> MaterializedPlan:
     """Plan every job of `planner` and write the body of each sendable one to `path`, replacing
-    it at once when done. With `keep_existing`, the file's lines stay first and only pairs not in
-    `already` are added (a resumed or appended run); the file is left alone when none is new.
+    it at once when done (`name` is how messages name it). With `keep_existing`, the file's lines
+    stay first and only pairs not in `already` are added (a resumed or appended run); the file is
+    left alone when none is new.
 
     Raises OutputFailed when the file cannot be written; `path` is then as it was. It is left
     as it was too when some rows have no repeat count (`agents_without_repeats`).
     """
-    staged = _StagedFile(path, keep_existing=keep_existing)
+    staged = _StagedFile(path, name, keep_existing=keep_existing)
     rollouts = written = 0
     try:
         pending: list[bytes] = []
@@ -80,8 +81,8 @@ class _StagedFile:
     """The materialized file being built: a temporary file beside the (regular) target, holding
     the target's lines first with `keep_existing`, renamed over it by `commit`."""
 
-    def __init__(self, path: str, *, keep_existing: bool) -> None:
-        self.name = f"CommandConfig.materialized_file {path}"
+    def __init__(self, path: str, name: str, *, keep_existing: bool) -> None:
+        self.name = name
         self._target = os.path.realpath(path)
         directory, base = os.path.split(self._target)
         _remove_left_behind(directory, base)

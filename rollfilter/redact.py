@@ -1,13 +1,11 @@
 """URLs and server text made safe to print: on a terminal, in a log, in an errors record.
 
 Every message that quotes a server, a file or a URL goes through here: `printable` escapes
-what could drive a terminal, `shown` takes the secrets out of a URL (`shown_split` out of one
-that httpx may not take), and `origin` names a server by its origin alone.
+what could drive a terminal, `shown` takes the secrets out of a URL, and `origin` names a server
+by its origin alone.
 """
 
 from __future__ import annotations
-
-import urllib.parse
 
 import httpx
 
@@ -22,15 +20,26 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
-def shown(url: httpx.URL) -> str:
-    """A URL as rollfilter prints it: without user, password or query, which may hold secrets."""
+def shown(url: httpx.URL | str) -> str:
+    """A URL as rollfilter prints it: without user, password, query or fragment, which may hold
+    secrets. A text that no URL parser takes is cut the same way, as text."""
+    if isinstance(url, str):
+        text = url
+        try:
+            url = httpx.URL(text)
+        except httpx.InvalidURL:
+            return printable(_without_secrets(text))
     return printable(str(url.copy_with(username=None, password=None, query=None, fragment=None)))
 
 
-def shown_split(parts: urllib.parse.SplitResult) -> str:
-    """A URL that httpx may not take, split by urllib, as a message may show it: without user,
-    password or query. Not escaped: the caller quotes it with repr()."""
-    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2], query=""))
+def _without_secrets(text: str) -> str:
+    """A URL's text without what precedes an '@' in its authority, and what follows a '?' or '#'."""
+    text = text.partition("#")[0].partition("?")[0]
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        return text.rpartition("@")[2]
+    authority, slash, path = rest.partition("/")
+    return scheme + sep + authority.rpartition("@")[2] + slash + path
 
 
 def origin(url: httpx.URL | str) -> str:

@@ -119,7 +119,7 @@ def _lines(path: str) -> Iterator[bytes]:
     except FileNotFoundError:
         return
     except OSError as exc:
-        raise UsageError(f"cannot read {path} for CommandConfig.resume: {exc.strerror}") from None
+        raise UsageError(f"cannot read {path} to resume from it: {exc.strerror}") from None
     with os.fdopen(fd, "rb") as file:
         for line in file:
             if not line.endswith(b"\n"):

@@ -102,13 +102,13 @@ class Router:
         if self._default is not None:
             return self._default
         if name is None:
-            message = "row has no agent_ref.name; give Config.agent NAME to name its agent, or Config.url URL"
+            message = "row has no agent_ref.name, and the run has no default agent or URL for it"
         elif self._head is not None and name in self._head.incomplete:
             message = f"agent {name!r} has no host and port in the head server's config"
         elif self._head is not None:
             message = f"agent {name!r} is not known to the head server (it knows: {self._head.describe_known()})"
         else:
-            message = f"no endpoint for agent {name!r}; give Config.endpoints {name}=URL or Config.url URL"
+            message = f"no endpoint for agent {name!r}, and the run has no URL for every row"
         return AttemptFailure(ErrorKind.NO_ROUTE, message)
 
     def run_url(self, name: str) -> str | None:

@@ -69,7 +69,7 @@ def apply_params(row: dict[str, Any], params: Iterable[tuple[str, Any]]) -> str 
             reached += 1
         if not isinstance(target, dict):
             where = ".".join(["responses_create_params", *parents[:reached]])
-            return f"cannot set Config.params {key}: {where} is not an object"
+            return f"cannot set the param {key}: {where} is not an object"
         target[leaf] = value
     return None
 
@@ -82,18 +82,18 @@ def agent_name(row: dict[str, Any]) -> str | None:
 
 
 def check_seedable(row: dict[str, Any]) -> str | None:
-    """Why Config.repeat_seeds cannot put a seed into this row, or None."""
+    """Why a rollout's seed cannot be put into this row (Config.repeat_seeds), or None."""
     params = row.get("responses_create_params", {})
     metadata = params.get("metadata", {}) if isinstance(params, dict) else None
     if not isinstance(metadata, dict):
-        return "Config.repeat_seeds: responses_create_params.metadata is not an object"
+        return "cannot seed its rollouts: responses_create_params.metadata is not an object"
     extra = metadata.get("extra_body", "{}")
     try:
         if isinstance(extra, str) and isinstance(json.loads(extra), dict):
             return None
     except ValueError:
         pass
-    return "Config.repeat_seeds: responses_create_params.metadata.extra_body is not a JSON object in a string"
+    return "cannot seed its rollouts: responses_create_params.metadata.extra_body is not a JSON object in a string"
 
 
 def add_seed(row: dict[str, Any], rollout: int) -> None:

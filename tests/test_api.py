@@ -197,7 +197,7 @@ def test_a_cacert_file_is_read_by_the_run_not_the_config_and_refused_before_any_
         with pytest.raises(ConfigError) as refused:
             list(rollouts(simple_rows(2), config))
         assert refused.value.field == "tls.cacert"
-        assert str(refused.value).startswith(f"Config.tls.cacert {path} {problem}")
+        assert str(refused.value).startswith(f"Config.tls.cacert: {path} {problem}")
     assert demo_server.stats()["requests"] == 0
 
 

@@ -135,7 +135,7 @@ async def test_timeout_is_its_own_kind_and_is_retried(autojump_clock):
     failure = await send(transport, Config(url=URL, timeout=5, retries=1))
     assert isinstance(failure, AttemptFailure)
     assert failure.kind is ErrorKind.TIMEOUT
-    assert "Config.timeout.attempt 5" in failure.message
+    assert failure.message == "no answer within 5 s"
     assert failure.attempts == 2
     assert transport.gaps()[0] >= 5
 
@@ -164,7 +164,7 @@ async def test_a_certificate_failure_says_how_to_trust_the_ca(autojump_clock):
     failure = await send(ScriptedTransport(CertificateError("certificate verify failed: self-signed certificate")))
     assert isinstance(failure, AttemptFailure)
     assert "self-signed certificate" in failure.message
-    assert "give Config.tls.cacert FILE" in failure.message
+    assert "(its CA is not trusted: give its CA certificates in a file" in failure.message
     assert "SSL_CERT_FILE" in failure.message
 
 
@@ -336,7 +336,7 @@ async def test_a_redirect_to_another_origin_is_followed_only_when_asked(autojump
     failure = await send(transport)
     assert isinstance(failure, AttemptFailure)
     assert (failure.kind, failure.status, len(transport.calls)) == (ErrorKind.HTTP_STATUS, 307, 1)
-    assert "Config.cross_origin_redirects" in failure.message
+    assert "(cross-origin redirects are not followed)" in failure.message
     assert "http://127.0.0.1:9000/run" in failure.message
     transport = ScriptedTransport(elsewhere, answer(200))
     assert await send(transport, Config(url=URL, cross_origin_redirects=True)) == {"reward": 1.0}

@@ -66,7 +66,7 @@ def test_a_ca_file_that_cannot_serve_is_refused_by_its_field(bad_ca_files: list[
             with pytest.raises(ConfigError) as refused:
                 tls_context_for(Config(tls=tls))
             assert refused.value.field == "tls.cacert"
-            assert str(refused.value) == f"Config.tls.cacert {path} {problem}"
+            assert str(refused.value) == f"Config.tls.cacert: {path} {problem}"
 
 
 def test_a_bad_cacert_is_refused_before_any_output_file_is_created(

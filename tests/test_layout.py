@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
+import typer
 
 import rollfilter.http
+from rollfilter.cli.options import typer_app
 
 PACKAGE = Path(__file__).parent.parent / "rollfilter"
 
@@ -229,3 +232,64 @@ def test_no_module_imports_the_package_root():
     trees = modules()
     importers = sorted(name for name, tree in trees.items() if "rollfilter" in imported(name, tree, set(trees)))
     assert importers == []
+
+
+# The command line's own packages, which may name its options (the demo agent's included).
+COMMAND_LINE_MODULES = {"cli", "demo"}
+
+
+def command_line_options() -> set[str]:
+    command = typer.main.get_command(typer_app)
+    return {name for param in command.params for name in (*param.opts, *param.secondary_opts) if name.startswith("-")}
+
+
+def messages_of(path: Path) -> list[tuple[int, str]]:
+    """The string constants of a module that are not docstrings, with their lines."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
+
+
+def test_no_string_outside_the_command_line_names_an_option():
+    options = command_line_options()
+    assert {"-u", "--url", "-a", "--cacert", "--resume", "-v"} <= options  # the scan looks for real names
+    alternatives = "|".join(map(re.escape, sorted(options, key=len, reverse=True)))
+    named = re.compile(rf"(?<![\w-])({alternatives})(?![\w-])")
+    found = [
+        f"{path.relative_to(PACKAGE)}:{line}: {text!r}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.relative_to(PACKAGE).parts[0] not in COMMAND_LINE_MODULES
+        for line, text in messages_of(path)
+        if named.search(text)
+    ]
+    assert found == []
+
+
+# Where a message may name a Config field: the refusals of a Config that cannot be used.
+CONFIG_ERRORS = {"config.py", "run.py"}
+
+
+def test_failures_and_events_name_no_setting():
+    """A failure's message, an event or a stop reads the same from Python and from the command line:
+    what happened, in plain words. Only a ConfigError names a Config field (and the command line
+    checks its options before it builds a Config, naming them)."""
+    named = re.compile(r"\b(?:Command)?Config\.[a-z_]+")
+    found = [
+        f"{path.relative_to(PACKAGE)}:{line}: {text!r}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.relative_to(PACKAGE).parts[0] not in COMMAND_LINE_MODULES and path.name not in CONFIG_ERRORS
+        for line, text in messages_of(path)
+        if named.search(text)
+    ]
+    assert found == []

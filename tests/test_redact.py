@@ -48,8 +48,12 @@ def test_an_origin_is_shown_as_urls_write_it_and_never_more(url: str, expected: 
 @pytest.mark.parametrize(
     ("url", "message"),
     [
-        ("ftp://us3r:pa55@127.0.0.1/run?key=s3cret", "not an http(s) URL: 'ftp://127.0.0.1/run'"),
-        ("http://us3r:pa55@127.0.0.1:99999/run?key=s3cret", "bad port in URL 'http://127.0.0.1:99999/run'"),
+        ("ftp://us3r:pa55@127.0.0.1/run?key=s3cret", "Config.url: not an http(s) URL: 'ftp://127.0.0.1/run'"),
+        ("http://us3r:pa55@127.0.0.1:99999/run?key=s3cret", "Config.url: bad port in URL 'http://127.0.0.1:99999/run'"),
+        (
+            "http://us3r:pa55@[::1/run?key=s3cret",
+            "Config.url: not an http(s) URL: 'http://[::1/run' (Invalid port: ':1')",
+        ),
     ],
 )
 def test_a_url_that_is_refused_is_quoted_without_its_secrets(url: str, message: str):

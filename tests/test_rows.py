@@ -59,7 +59,7 @@ def test_a_param_that_cannot_be_set_names_the_value_in_its_way(params: Any, key:
             value = value[part]
         assert value == "set"
         return
-    where = reason.removeprefix(f"cannot set Config.params {key}: ").removesuffix(" is not an object").split(".")
+    where = reason.removeprefix(f"cannot set the param {key}: ").removesuffix(" is not an object").split(".")
     assert where[0] == "responses_create_params"
     assert key.split(".")[: len(where) - 1] == where[1:]  # a parent on the key's own path...
     value = row
@@ -72,5 +72,5 @@ def test_a_param_that_cannot_be_set_names_the_value_in_its_way(params: Any, key:
 def test_a_param_on_a_row_whose_params_are_a_string_names_them():
     row = {"responses_create_params": "hello"}
     assert apply_params(row, [("temperature", 0.5)]) == (
-        "cannot set Config.params temperature: responses_create_params is not an object"
+        "cannot set the param temperature: responses_create_params is not an object"
     )

@@ -47,8 +47,9 @@ async def plan_first(
         reader.use_stdin(first_stdin)
     first = LineReader(inputs, max_line_bytes=max_line_bytes, stdin_fd=first_stdin)
     try:
+        name = f"--materialized {path}"
         plan = await write_materialized(
-            Planner(first, config), router, path, keep_existing=keep_existing, already=already
+            Planner(first, config), router, path, name=name, keep_existing=keep_existing, already=already
         )
     finally:
         first.close()

@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from rollfilter.config import CommandConfig
+from rollfilter.cli.command import CommandConfig
 from rollfilter.errors import UsageError
 from rollfilter.source import STDIN
 from rollfilter.writers import WholeFile

@@ -20,7 +20,6 @@ from typing import Any
 import trio
 import typer
 
-from rollfilter.cli.fields import in_options
 from rollfilter.cli.messages import message_line, say, write_stderr
 from rollfilter.cli.options import typer_app
 from rollfilter.cli.statuses import RunEnd, exit_status
@@ -81,7 +80,7 @@ def click_command() -> Any:
 
 
 def _report(exc: RollfilterError) -> ExitStatus:
-    say(in_options(str(exc)))
+    say(str(exc))
     return exc.exit_status
 
 
@@ -102,7 +101,7 @@ def execute(main: Callable[[], Awaitable[RunEnd]]) -> ExitStatus:
     except* (BrokenPipeError, OutputClosed):
         status = ExitStatus.BROKEN_PIPE
     except* OutputFailed as group:
-        say(in_options(str(_first(group))))
+        say(str(_first(group)))
         status = ExitStatus.OUTPUT_FAILED
     finally:
         signal.signal(signal.SIGINT, outside)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 
-from rollfilter.cli.fields import in_options
 from rollfilter.errors import ErrorKind
 from rollfilter.outcomes import Failure
 from rollfilter.redact import printable
@@ -43,7 +42,7 @@ def write_stderr(fd: int, data: bytes) -> None:
 def failure_message(failure: Failure, *, details_hint: bool) -> str:
     """A failure's message as the command says it: the settings it names as their options, and
     for an internal error, with `details_hint`, where its details are (the library has no -v)."""
-    message = in_options(failure.message)
+    message = failure.message
     if details_hint and failure.kind is ErrorKind.INTERNAL:
         message += " (-v shows it)"
     return message

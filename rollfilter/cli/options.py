@@ -1,7 +1,5 @@
-"""The command line's options (typer): each parsed into a `Config` or a `CommandConfig`, then run.
-
-A library error names the `Config` field at fault; `cli.fields` says it as the option instead.
-"""
+"""The command line's options (typer): each parsed by its own parser (`cli/parsers.py`), which
+names the option in what it refuses, into a `Config` and a `CommandConfig`, then run."""
 
 from __future__ import annotations
 
@@ -15,6 +13,8 @@ import typer
 
 from rollfilter._version import __version__
 from rollfilter.budget import DEFAULT_RATIO
+from rollfilter.cli import parsers
+from rollfilter.cli.command import DEFAULT_MAX_LINE_BYTES, CommandConfig
 from rollfilter.cli.messages import say
 from rollfilter.cli.run import RunOptions, run
 from rollfilter.cli.statuses import RunEnd
@@ -22,31 +22,20 @@ from rollfilter.cli.summarize import summarize as summarize_results
 from rollfilter.config import (
     DEFAULT_CONCURRENCY,
     DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_MAX_LINE_BYTES,
     DEFAULT_RETRIES,
     DEFAULT_RETRY_STATUSES,
-    SHARD_AUTO,
-    CommandConfig,
     Config,
+    FailureLimit,
     Retries,
     Timeouts,
     Tls,
-    parse_endpoints,
-    parse_failure_limit,
-    parse_header,
-    parse_param,
-    parse_prices,
-    parse_repeats,
-    parse_retry_budget,
-    parse_shard,
-    parse_statuses,
 )
-from rollfilter.config import gym_layout as gym_layout_files
 from rollfilter.demo import DemoOptions
 from rollfilter.errors import UsageError
 from rollfilter.http import DEFAULT_MAX_REPLY_BYTES
 from rollfilter.resume import max_attempts_from_environment
 
+NO_FAILURE_LIMIT = FailureLimit()
 EXAMPLE_ROWS = Path(__file__).parent.parent / "examples" / "weather.jsonl"  # NeMo Gym's five-row example
 HELP = """Collect agent rollouts: JSONL rows in (FILEs or stdin), one result line out per row as it finishes.
 
@@ -241,29 +230,32 @@ def parse(
         ),
     ] = DEFAULT_RETRIES,
     retry_budget: Annotated[
-        str,
+        float | None,
         typer.Option(
             "--retry-budget",
             metavar="R|off",
+            parser=parsers.retry_budget,
             help=(
                 "Retries an agent may receive per row sent to it, beyond a reserve of 10"
                 " (an outage costs about 1+R requests a row); off: every failure gets its retries."
             ),
         ),
-    ] = str(DEFAULT_RATIO),
+    ] = DEFAULT_RATIO,
     retry_on: Annotated[
-        str,
+        frozenset[int],
         typer.Option(
             "--retry-on",
             metavar="STATUSES",
+            parser=parsers.statuses,
             help="Comma list of HTTP statuses to retry. A retried /run may replay an episode the agent did run.",
         ),
-    ] = ",".join(map(str, sorted(DEFAULT_RETRY_STATUSES))),
+    ] = ",".join(map(str, sorted(DEFAULT_RETRY_STATUSES))),  # type: ignore[assignment]  # the text it parses
     timeout: Annotated[
         float | None,
         typer.Option(
             "--timeout",
             metavar="SECONDS",
+            parser=parsers.positive("--timeout", "seconds"),
             help="Bound on one attempt and on the wait before the next. Default: none, episodes can take an hour.",
             envvar="ROLLFILTER_TIMEOUT",
         ),
@@ -273,16 +265,21 @@ def parse(
         typer.Option(
             "--connect-timeout",
             metavar="SECONDS",
+            parser=parsers.positive("--connect-timeout", "seconds"),
             help="Bound on connecting to an agent.",
             envvar="ROLLFILTER_CONNECT_TIMEOUT",
         ),
     ] = DEFAULT_CONNECT_TIMEOUT,
     max_failures: Annotated[
-        str | None,
+        FailureLimit,
         typer.Option(
-            "--max-failures", metavar="N|P%", help="Stop once N rows (or P% of ended rows) have failed; exit 1."
+            "--max-failures",
+            metavar="N|P%",
+            help="Stop once N rows (or P% of ended rows) have failed; exit 1.",
+            parser=parsers.failure_limit,
+            show_default=False,
         ),
-    ] = None,
+    ] = NO_FAILURE_LIMIT,
     price: Annotated[
         list[str] | None,
         typer.Option(
@@ -297,7 +294,12 @@ def parse(
     ] = None,
     max_cost: Annotated[
         float | None,
-        typer.Option("--max-cost", metavar="USD", help="Stop once the run has spent USD (needs prices); exit 1."),
+        typer.Option(
+            "--max-cost",
+            metavar="USD",
+            help="Stop once the run has spent USD (needs prices); exit 1.",
+            parser=parsers.positive("--max-cost", "USD"),
+        ),
     ] = None,
     resume: Annotated[
         bool,
@@ -384,7 +386,12 @@ def parse(
     ] = None,
     pass_threshold: Annotated[
         float,
-        typer.Option("--pass-threshold", metavar="R", help="A rollout counts as correct for pass@k when reward >= R."),
+        typer.Option(
+            "--pass-threshold",
+            metavar="R",
+            help="A rollout counts as correct for pass@k when reward >= R.",
+            parser=parsers.finite("--pass-threshold"),
+        ),
     ] = 1.0,
     per_task: Annotated[
         str | None,
@@ -443,15 +450,20 @@ def parse(
     if demo:
         check_demo_alone(ctx, url=url, endpoints=endpoint, head_server=head_server)
         url = head_server = None  # defaults from the environment: --demo replaces them
-    default_repeats, repeats_by_agent = parse_repeats(repeats or ())
+    default_repeats, repeats_by_agent = parsers.repeats(repeats or ())
     if gym_layout:
         if errors is not None or materialized is not None or aggregate is not None or progress_file is not None:
             raise UsageError("--gym-layout names the errors, materialized, aggregate and progress files itself")
         if not summarize:
-            materialized, errors, aggregate, progress_file = gym_layout_files(output)
+            materialized, errors, aggregate, progress_file = parsers.gym_layout(output)
+    priced = parsers.prices(price or (), prices)
+    if max_cost is not None and not priced:
+        raise UsageError("--max-cost needs --prices: without them nothing is spent")
+    if cacert == "":
+        raise UsageError("--cacert wants the path of a PEM file of CA certificates")
     engine = Config(
-        url=url or None,
-        endpoints=parse_endpoints(endpoint or ()),
+        url=parsers.url(url) if url else None,
+        endpoints=parsers.endpoints(endpoint or ()),
         agent=agent,
         concurrency=concurrency,
         adaptive=adaptive,
@@ -459,18 +471,18 @@ def parse(
         repeats=default_repeats,
         repeats_by_agent=repeats_by_agent,
         repeat_seeds=repeat_seeds,
-        params=tuple(parse_param(p) for p in param or ()),
-        retries=Retries(count=retries, budget=parse_retry_budget(retry_budget), statuses=parse_statuses(retry_on)),
+        params=tuple(parsers.param(p) for p in param or ()),
+        retries=Retries(count=retries, budget=retry_budget, statuses=retry_on),
         timeout=Timeouts(attempt=timeout, connect=connect_timeout),
         tls=Tls(cacert=cacert, insecure=insecure),
-        max_failures=parse_failure_limit(max_failures),
-        prices=parse_prices(price or (), prices),
+        max_failures=max_failures,
+        prices=priced,
         max_cost=max_cost,
-        headers=tuple(parse_header(h) for h in header or ()),
-        shard=parse_shard(shard),
+        headers=tuple(parsers.header(h) for h in header or ()),
+        shard=parsers.shard(shard, os.environ),
         pass_threshold=pass_threshold,
-        head_server=head_server,
-        proxy=proxy,
+        head_server=parsers.service_url("--head-server")(head_server) if head_server else None,
+        proxy=parsers.service_url("--proxy", ("http", "https", "socks5"))(proxy) if proxy else None,
         cross_origin_redirects=cross_origin_redirects,
         max_reply_bytes=max_reply_bytes,
         aggregate=aggregate is not None,  # --aggregate FILE and --gym-layout ask the agents for it
@@ -490,7 +502,7 @@ def parse(
         append=append,
         max_attempts=max_attempts if max_attempts is not None else max_attempts_from_environment(),
         max_line_bytes=max_line_bytes,
-        shard_auto=shard == SHARD_AUTO,
+        shard_auto=shard == parsers.SHARD_AUTO,
         wait_lock=wait_lock,
     )
     if not files and os.isatty(0):

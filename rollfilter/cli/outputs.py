@@ -23,8 +23,8 @@ import msgspec
 import trio
 
 from rollfilter.cli import identity, locks
+from rollfilter.cli.command import CommandConfig
 from rollfilter.cli.identity import RECORD_SUFFIX
-from rollfilter.config import CommandConfig
 from rollfilter.errors import OutputInUse, RollfilterError, UsageError
 from rollfilter.source import STDIN, display_name
 from rollfilter.writers import WholeFile

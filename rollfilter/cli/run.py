@@ -21,7 +21,7 @@ import msgspec
 import trio
 
 from rollfilter.cli import identity
-from rollfilter.cli.fields import in_options
+from rollfilter.cli.command import CommandConfig
 from rollfilter.cli.first_pass import plan_first
 from rollfilter.cli.messages import failure_message, message_line, say, write_stderr
 from rollfilter.cli.outputs import (
@@ -38,7 +38,7 @@ from rollfilter.cli.outputs import (
 from rollfilter.cli.progress_file import known_total, publish_progress
 from rollfilter.cli.signals import is_pipe, status_lines, watch_reader_gone, watch_signals
 from rollfilter.cli.statuses import RunEnd
-from rollfilter.config import CommandConfig
+from rollfilter.config import Config, ConfigError
 from rollfilter.connect import tls_context_for
 from rollfilter.demo import DemoAgent, DemoOptions
 from rollfilter.demo import serve as serve_demo
@@ -83,7 +83,7 @@ async def run(
     if not command.engine.names_an_agent and options.demo is None:
         raise UsageError("no agent to send to: give -u URL, -e NAME=URL, --head-server URL, or --demo")
     RunOutputs(command, streams, dry_run=options.dry_run).check()
-    tls = tls_context_for(command.engine)  # the CA file, read once and refused before any file is touched
+    tls = ca_file(command.engine)  # read once, and refused before any file is touched
     if not options.dry_run:
         command = fit_open_files(command, files_per_connection=2 if options.demo else 1, stderr=streams.stderr)
     with OutputFiles() as files:
@@ -101,6 +101,14 @@ async def run(
             if url is not None:
                 command = dataclasses.replace(command, engine=dataclasses.replace(command.engine, url=url))
             return await _CommandLineRun(command, streams, opened, resume, earlier, options, tls).execute()
+
+
+def ca_file(config: Config) -> ssl.SSLContext | None:
+    """The TLS context of --cacert's file (see `tls_context_for`); UsageError naming the option."""
+    try:
+        return tls_context_for(config)
+    except ConfigError as exc:
+        raise UsageError(f"--cacert {exc.problem}") from None
 
 
 def fit_open_files(command: CommandConfig, *, files_per_connection: int, stderr: int) -> CommandConfig:
@@ -254,7 +262,7 @@ class _CommandLineRun:
         )
 
     def say(self, text: str) -> None:
-        self.log.write(message_line(in_options(text)))
+        self.log.write(message_line(text))
 
     def show_route(self, job: Job, agent: Agent) -> None:
         """--dry-run's line for a job it would send: where to."""
@@ -372,7 +380,6 @@ class _CommandLineRun:
             run.metrics.failed or run.metrics.not_persisted or self.reader.problems
         )  # an input lost, as cat says
         stopped = control.reason or (control.cause.value if control.cause is not None else None)
-        stopped = in_options(stopped) if stopped is not None else None
         summary = _encode(run.summary(stopped=stopped)) + b"\n"
         if files.progress is not None:
             with contextlib.suppress(OutputClosed, OutputFailed):  # best effort, as while running
@@ -385,7 +392,7 @@ class _CommandLineRun:
             self.write_failures.append(failure)
         messages = list(dict.fromkeys([control.reason, *map(str, self.write_failures)]))
         for message in filter(None, messages):
-            say(in_options(message), stderr)
+            say(message, stderr)
         if run.engine is not None and control.cause is None:
             for name in sorted(set(self.command.engine.repeats_by_agent) - run.engine.planner.agents_seen):
                 say(f"-r {name}=K: no row named agent {name!r}", stderr)

@@ -6,11 +6,11 @@ import msgspec
 import trio
 
 from rollfilter.cli import identity
-from rollfilter.cli.fields import in_options
+from rollfilter.cli.command import CommandConfig
 from rollfilter.cli.messages import say, write_stderr
 from rollfilter.cli.outputs import STANDARD_STREAMS, OutputFiles, RunOutputs, Streams, replace_content
+from rollfilter.cli.run import ca_file
 from rollfilter.cli.statuses import RunEnd
-from rollfilter.config import CommandConfig
 from rollfilter.engine import reward_of
 from rollfilter.errors import ErrorKind
 from rollfilter.metrics import Metrics
@@ -44,7 +44,8 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
     unusable = _UnusableLines()
     counted_failed: OutputFailed | None = None
     # Made before the files are opened, so that a CA file that cannot serve is refused with none left.
-    run = Run(config)  # it talks only to the agents' /aggregate_metrics, with --aggregate
+    # It talks only to the agents' /aggregate_metrics, with --aggregate.
+    run = Run(config, tls=ca_file(config) if config.aggregate else None)
     with OutputFiles() as files:
         metrics_file = files.whole(command.metrics_file, "--metrics")
         aggregate_file = files.whole(command.aggregate_file, "--aggregate")
@@ -92,7 +93,7 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
     for problem in reader.problems:
         say(problem, streams.stderr)
     for problem in report.problems if report is not None else ():
-        say(f"--aggregate: {in_options(problem)}", streams.stderr)
+        say(f"--aggregate: {problem}", streams.stderr)
     for problem in shards.problems if shards is not None else ():
         say(f"--summarize: {problem}", streams.stderr)
     incomplete = reader.problems or unusable.count or (shards is not None and shards.problems)

@@ -209,4 +209,4 @@ def _gunzip(data: bytes, max_bytes: int) -> bytes:
 def body_too_large(max_bytes: int, how: str = "") -> str:
     """The message for a body longer than `max_bytes` (`how`: "decoded", or as received)."""
     size = f"{max_bytes // 2**20} MiB" if max_bytes % 2**20 == 0 else f"{max_bytes} bytes"
-    return f"the reply's body is over {size}{' ' + how if how else ''} (Config.max_reply_bytes)"
+    return f"the reply's body is over {size}{' ' + how if how else ''} (the limit on replies)"

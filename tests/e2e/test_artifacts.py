@@ -90,7 +90,7 @@ def test_aggregate_problems_are_one_line_each_and_do_not_change_the_exit_status(
     assert len(problems) == 3
     assert any("'missing'" in line and "404" in line for line in problems)
     assert any("'failing'" in line and "HTTP 500" in line for line in problems)
-    assert any("2 results name no agent" in line and "-a/--agent NAME" in line for line in problems)
+    assert any("2 results name no agent" in line and "name their agent to aggregate them" in line for line in problems)
     assert json.loads((tmp_path / "agg.json").read_text()) == []
     assert summary_of(proc.stderr)["key_metrics"] == {}
 

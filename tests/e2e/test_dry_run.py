@@ -39,7 +39,7 @@ def test_a_dry_run_prints_each_body_as_sent_and_its_route_in_input_order(demo_se
                 expected.append(b"rollfilter: <stdin>:6 (rollout %d): bad_input: invalid JSON" % k)
             elif i == 7:
                 expected.append(
-                    b"rollfilter: <stdin>:8 (rollout %d): no_route: no endpoint for agent 'c'; give -e/--e" % k
+                    b"rollfilter: <stdin>:8 (rollout %d): no_route: no endpoint for agent 'c', and the run" % k
                 )
             else:
                 url = (demo_server.url if i % 3 else other).encode()

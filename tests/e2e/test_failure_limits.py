@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from rollfilter import rollouts
+from rollfilter.config import Config, FailureLimit
 from tests.conftest import (
     DemoServer,
+    closed_port_url,
     read_jsonl,
     rows_jsonl,
     run,
@@ -37,7 +40,7 @@ def test_max_failures_stops_early(start_demo):
         ["-u", server.url, "-j", "4", "--retries", "0", "--max-failures", "5"], input=rows_jsonl(simple_rows(2000))
     )
     assert proc.returncode == 1
-    assert "--max-failures 5" in proc.stderr.decode()
+    assert "(the limit: 5)" in proc.stderr.decode()
     figures = summary_of(proc.stderr)["rollfilter"]
     assert 5 <= figures["failed"] < 20
     assert server.stats()["requests"] < 20
@@ -49,7 +52,7 @@ def test_max_failures_as_a_rate(start_demo):
         ["-u", server.url, "-j", "4", "--retries", "0", "--max-failures", "10%"], input=rows_jsonl(simple_rows(2000))
     )
     assert proc.returncode == 1
-    assert "--max-failures 10%" in proc.stderr.decode()
+    assert "(the limit: 10%)" in proc.stderr.decode()
     assert server.stats()["requests"] < 200
 
 
@@ -64,5 +67,19 @@ def test_max_failures_says_the_counts_the_summary_gives(start_demo, limit: str):
     figures = summary_of(proc.stderr)["rollfilter"]
     # Rows in flight when the limit is reached may still fail before the stop lands.
     ended = f" of {figures['succeeded'] + figures['failed']} ended" if limit.endswith("%") else ""
-    assert message == f"rollfilter: stopped after {figures['failed']} failed rows{ended} (--max-failures {limit})"
+    assert message == f"rollfilter: stopped after {figures['failed']} failed rows{ended} (the limit: {limit})"
     assert figures["stopped"] == message.removeprefix("rollfilter: ")
+
+
+def test_the_stopped_reason_reads_the_same_from_python_and_the_command_line():
+    url = closed_port_url() + "/run"
+    rows = simple_rows(30)
+    config = Config(url=url, retries=0, concurrency=1, max_failures=FailureLimit(count=2))
+    with rollouts(rows, config) as outcomes:
+        assert len(list(outcomes)) == 2
+    assert outcomes.summary is not None
+    assert outcomes.summary["rollfilter"]["stopped"] == "stopped after 2 failed rows (the limit: 2)"
+    proc = run(["-u", url, "--retries", "0", "-j", "1", "--max-failures", "2"], input=rows_jsonl(rows))
+    assert proc.returncode == 1
+    assert "rollfilter: stopped after 2 failed rows (the limit: 2)\n" in proc.stderr.decode()
+    assert summary_of(proc.stderr)["rollfilter"]["stopped"] == "stopped after 2 failed rows (the limit: 2)"

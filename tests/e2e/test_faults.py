@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
 import subprocess
 from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from rollfilter import Config, Failure, rollouts
+from rollfilter.errors import ErrorKind
 from tests.conftest import (
     SUBPROCESS_TIMEOUT,
     DemoServer,
+    QuietHandler,
+    ThreadedHTTPServer,
     lines_of,
     read_jsonl,
     result_lines,
@@ -219,3 +226,63 @@ def test_an_input_that_vanishes_mid_run_is_skipped_as_cat_skips_it(tmp_path, dem
     ids = sorted(r["_ng_task_index"] for r in read_jsonl(out))
     assert len(ids) == 43  # every row of a.jsonl and c.jsonl, none lost in flight
     assert summary_of(stderr)["rollfilter"]["succeeded"] == 43
+
+
+def test_a_row_without_a_route_is_told_the_same_from_python_and_the_command_line(demo_server, tmp_path):
+    rows = simple_rows(2)  # no agent_ref: only a default agent could take them
+    config = Config(endpoints={"demo": demo_server.url})
+    failures = [outcome for outcome in rollouts(rows, config) if isinstance(outcome, Failure)]
+    assert [failure.kind for failure in failures] == [ErrorKind.NO_ROUTE] * 2
+    said = "row has no agent_ref.name, and the run has no default agent or URL for it"
+    assert {failure.message for failure in failures} == {said}
+
+    errors = tmp_path / "errors.jsonl"
+    proc = run(["-e", f"demo={demo_server.url}", "--errors", str(errors)], input=rows_jsonl(rows))
+    assert proc.returncode == 1
+    records = [json.loads(line) for line in errors.read_text().splitlines()]
+    assert [record["error"]["message"] for record in records] == [said] * 2
+    proc = run(["-e", f"demo={demo_server.url}", "-q"], input=rows_jsonl(rows[:1]))
+    assert proc.stderr.decode() == f"rollfilter: <stdin>:1: no_route: {said}\n"
+    assert demo_server.stats()["requests"] == 0
+
+
+class _Answers:
+    """What the agent says: a 400 quoting a setting, or an answer that reports the agent's failure."""
+
+    status = 400
+    body = b"Config.timeout is too low; raise Config.timeout"
+
+
+class _QuotingAgent(QuietHandler):
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_json(_Answers.status, _Answers.body)
+
+
+@pytest.fixture
+def quoting_agent() -> Iterator[str]:
+    server = ThreadedHTTPServer(_QuotingAgent)
+    yield f"{server.url}/run"
+    server.close()
+
+
+def test_a_server_s_text_is_left_as_it_is_on_the_command_line(quoting_agent: str, tmp_path: Path):
+    proc = run(["-u", quoting_agent], input=rows_jsonl(simple_rows(1)))
+    assert proc.returncode == 1
+    expected = "HTTP 400 Bad Request: 'Config.timeout is too low; raise Config.timeout'"
+    assert proc.stderr.decode().splitlines()[0] == f"rollfilter: <stdin>:1: http_status: {expected}"
+    errors = tmp_path / "errors.jsonl"
+    run(["-u", quoting_agent, "--errors", str(errors)], input=rows_jsonl(simple_rows(1)))
+    assert json.loads(errors.read_text())["error"]["message"] == expected
+
+
+def test_an_agent_s_failure_reason_is_left_as_it_is_on_the_command_line(
+    quoting_agent: str, monkeypatch: pytest.MonkeyPatch
+):
+    answer = {"_ng_failure_class": "tool_error", "failure_reason": "Config.url answered 500", "reward": 0.0}
+    monkeypatch.setattr(_Answers, "status", 200)
+    monkeypatch.setattr(_Answers, "body", json.dumps(answer).encode())
+    proc = run(["-u", quoting_agent], input=rows_jsonl(simple_rows(1)))
+    assert proc.returncode == 1
+    message = "the agent reported failure class 'tool_error': 'Config.url answered 500'"
+    assert proc.stderr.decode().splitlines()[0] == f"rollfilter: <stdin>:1: agent_failure: {message}"

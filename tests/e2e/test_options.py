@@ -98,4 +98,17 @@ def test_a_value_that_cannot_be_honoured_is_a_usage_error(args: list[str]):
     proc = run(["-u", closed_port_url(), *args], input=rows_jsonl(simple_rows(1)))
     assert proc.returncode == 2
     [message] = proc.stderr.decode().splitlines()
-    assert message.startswith(f"rollfilter: {'-r/--repeats' if args[0] == '-r' else '--pass-threshold'} must be")
+    repeats = "-r/--repeats wants K or NAME=K with 1 <= K <= 4294967295"
+    start = repeats if args[0] == "-r" else "--pass-threshold must be"
+    assert message.startswith(f"rollfilter: {start}")
+
+
+def test_a_verbose_event_of_a_rollout_not_persisted_says_a_resume_runs_it(agent):
+    row = {"responses_create_params": {"input": "q"}, "answer": {"_ng_no_persist": True}}
+    proc = run(["-u", agent.run_url, "-a", "agent", "-v", "-q"], input=rows_jsonl([row]))
+    assert proc.returncode == 1
+    lines = proc.stderr.decode().splitlines()
+    assert [line for line in lines if "not persisted" in line] == [
+        "rollfilter: <stdin>:1 task 0 rollout 0: not persisted (the agent's _ng_no_persist);"
+        " a resumed run runs it again"
+    ]

@@ -1,0 +1,43 @@
+"""A command-line run: the engine's `Config`, and the inputs and files the command line adds."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rollfilter.config import Config
+from rollfilter.errors import UsageError
+from rollfilter.resume import DEFAULT_MAX_ATTEMPTS
+
+# Lines longer than this are refused as bad input instead of being held in memory.
+DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CommandConfig:
+    """A command-line run: the engine's `Config`, and the inputs and files around it."""
+
+    engine: Config
+    inputs: tuple[str, ...] = ("-",)
+    ordered: bool = False  # -k: results in input order
+    output: str | None = None
+    errors_file: str | None = None
+    metrics_file: str | None = None
+    per_task_file: str | None = None
+    aggregate_file: str | None = None  # --aggregate FILE: NeMo Gym's aggregate file
+    materialized_file: str | None = None  # --materialized FILE: every /run body as sent
+    progress_file: str | None = None  # --progress-file FILE: the number of finished rollouts
+    resume: bool = False
+    append: bool = False  # -o and --errors may already hold lines of another run
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS  # failed attempts after which --resume gives a pair up
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    shard_auto: bool = False  # the shard came from --shard auto: a resumed output's own record wins over it
+    wait_lock: bool = False  # an output another run holds is waited for, not refused
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        if self.aggregate_file is not None and not self.engine.aggregate:
+            raise UsageError("--aggregate FILE is written from the agents' /aggregate_metrics, which it asks for")
+        if self.max_attempts < 1:
+            raise UsageError("--max-attempts must be at least 1")
+        if self.resume and self.output is None:
+            raise UsageError("--resume needs -o FILE: it skips the rows already in FILE")

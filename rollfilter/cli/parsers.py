@@ -1,0 +1,291 @@
+"""The command line's option texts, parsed into what `Config` and `CommandConfig` take.
+
+Each parser belongs to one option (typer's `parser=`, or the command's own assembly of several)
+and says what is wrong with its text by that option's name, in one line, as `UsageError`: the
+library's `ConfigError` names Config fields, which a command-line user never sees. Two read
+outside their argument: `prices` reads its file, and `shard` the Slurm variables of the
+environment for `auto`.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import msgspec
+
+from rollfilter.config import MAX_REPEATS, FailureLimit, agent_url, checked_url, header_problem, is_decimal
+from rollfilter.cost import Price, PriceError
+from rollfilter.errors import UsageError
+
+SHARD_AUTO = "auto"  # --shard auto: the shard of this Slurm array task
+DEFAULT_AGENT = "_default"  # in a prices file: the price of agents it does not name
+# A price's number as --price takes it: float() would take "1_000" and full-width digits too.
+_DECIMAL = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
+
+
+def url(text: str) -> str:
+    """-u: an agent URL, with /run when it has no path."""
+    return agent_url(text)
+
+
+def service_url(option: str, schemes: tuple[str, ...] = ("http", "https")) -> Any:
+    """--head-server, --proxy: a URL of `schemes`."""
+
+    def parse(text: str) -> str:
+        try:
+            return str(checked_url(text, schemes))
+        except UsageError as exc:
+            raise UsageError(f"{option} is not usable: {exc}") from None
+
+    return parse
+
+
+def endpoints(specs: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """-e `NAME=URL[,URL...]`, repeatable; several URLs for one NAME are its replicas."""
+    found: dict[str, tuple[str, ...]] = {}
+    for spec in specs:
+        name, sep, urls = spec.partition("=")
+        if not sep or not name or not urls:
+            raise UsageError(f"-e/--endpoint wants NAME=URL, got {spec!r}")
+        replicas = tuple(agent_url(url.strip()) for url in urls.split(",") if url.strip())
+        found[name] = found.get(name, ()) + replicas
+    return found
+
+
+def prices(specs: Iterable[str], path: str | None) -> tuple[tuple[str | None, Price], ...]:
+    """`--prices FILE` (YAML or JSON), then each `--price [AGENT=]IN,OUT[,CACHED]`; the last for an agent wins."""
+    found: dict[str | None, Price] = {}
+    if path is not None:
+        import yaml  # only a run given a prices file pays for importing it
+
+        try:
+            with open(path, encoding="utf-8") as file:
+                data = yaml.safe_load(file)
+        except OSError as exc:
+            raise UsageError(f"cannot read --prices {path}: {exc.strerror}") from None
+        except (yaml.YAMLError, UnicodeDecodeError):
+            raise UsageError(f"--prices {path} is not YAML or JSON") from None
+        try:
+            found.update(prices_from_mapping(data))
+        except PriceError as exc:
+            raise UsageError(f"--prices {path}: {exc}") from None
+    for spec in specs:
+        agent, price = parse_price(spec)
+        found[agent] = price
+    return tuple(found.items())
+
+
+def parse_price(spec: str) -> tuple[str | None, Price]:
+    """--price `[AGENT=]IN,OUT[,CACHED]`: the agent (None: every agent not priced by name) and its price."""
+    name, sep, numbers = spec.rpartition("=")
+    parts = numbers.split(",")
+    try:
+        if not all(_DECIMAL.fullmatch(part.strip()) for part in parts):
+            raise ValueError
+        values = [float(part) for part in parts]
+        if len(values) not in (2, 3) or (sep and not name):
+            raise ValueError
+        return (name if sep else None), Price(*values)
+    except (ValueError, PriceError):
+        raise UsageError(f"--price wants [AGENT=]IN,OUT[,CACHED] in USD per million tokens, got {spec!r}") from None
+
+
+def prices_from_mapping(data: Any) -> list[tuple[str | None, Price]]:
+    """A prices file's content: {AGENT or "_default": [IN, OUT(, CACHED)] or {input, output, cached}}."""
+    if not isinstance(data, dict):
+        raise PriceError("a prices file holds a map of agent names to prices")
+    found: list[tuple[str | None, Price]] = []
+    for agent, value in data.items():
+        name = None if agent == DEFAULT_AGENT else str(agent)
+        try:
+            if isinstance(value, list) and len(value) in (2, 3):
+                price = Price(*value)
+            elif isinstance(value, dict) and {"input", "output"} <= set(value) <= {"input", "output", "cached"}:
+                price = Price(value["input"], value["output"], value.get("cached"))
+            else:
+                raise PriceError("want [IN, OUT] or [IN, OUT, CACHED], or {input: IN, output: OUT, cached: CACHED}")
+        except (TypeError, PriceError) as exc:
+            raise PriceError(f"the price of {agent!r}: {exc}") from None
+        found.append((name, price))
+    return found
+
+
+def retry_budget(spec: str | float | None) -> float | None:
+    """`--retry-budget R`: a number of retries a row, 0 or more; `off` for no budget."""
+    if not isinstance(spec, str):  # the default
+        return spec
+    if spec.strip().lower() == "off":
+        return None
+    try:
+        ratio = float(spec)
+    except ValueError:
+        ratio = math.nan
+    if not 0 <= ratio < math.inf:
+        raise UsageError(f"--retry-budget wants R (retries a row, 0 or more) or off, got {spec!r}")
+    return ratio
+
+
+def repeats(specs: Iterable[str]) -> tuple[int | None, dict[str, int]]:
+    """-r `K` (the default for every agent) and `NAME=K` (for agent NAME), each repeatable; the last
+    wins. The default is None when no `K` is given."""
+    default = None
+    by_agent: dict[str, int] = {}
+    for spec in specs:
+        name, sep, count = spec.rpartition("=")
+        count = count.strip()
+        if not is_decimal(count) or (sep and not name) or not 1 <= int(count) <= MAX_REPEATS:
+            raise UsageError(f"-r/--repeats wants K or NAME=K with 1 <= K <= {MAX_REPEATS}, got {spec!r}")
+        if sep:
+            by_agent[name] = int(count)
+        else:
+            default = int(count)
+    return default, by_agent
+
+
+def param(spec: str) -> tuple[str, Any]:
+    """-p `KEY=VALUE`: VALUE as JSON when it parses as JSON, else as a string."""
+    key, sep, text = spec.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise UsageError(f"-p/--param wants KEY=VALUE, got {spec!r}")
+    try:
+        value: Any = msgspec.json.decode(text)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        value = text
+    return key, value
+
+
+def header(spec: str) -> tuple[str, str]:
+    """-H `Name: value`, as curl's. The value is a secret: it never appears in a message."""
+    name, sep, value = spec.partition(":")
+    if not sep:
+        raise UsageError("-H/--header wants 'Name: value' (the value is not shown)")
+    name, value = name.strip(), value.strip()
+    problem = header_problem(name, value)
+    if problem is not None:
+        raise UsageError(f"-H/--header {problem}")
+    return name, value
+
+
+def statuses(spec: str | frozenset[int]) -> frozenset[int]:
+    """--retry-on: a comma list of HTTP statuses, as `429,503`; empty retries no status."""
+    if not isinstance(spec, str):
+        return spec
+    found: set[int] = set()
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if not is_decimal(item) or not 100 <= int(item) <= 599:
+            raise UsageError(f"--retry-on wants HTTP statuses like 429,503, got {item!r}")
+        found.add(int(item))
+    return frozenset(found)
+
+
+def shard(spec: str | None, environ: Mapping[str, str]) -> tuple[int, int] | None:
+    """--shard `I/N`: this process's share of the tasks, 0 <= I < N; `auto`: this Slurm array task's
+    (see `slurm_shard`)."""
+    if spec is None:
+        return None
+    if spec == SHARD_AUTO:
+        return slurm_shard(environ)
+    index, sep, count = spec.partition("/")
+    if not sep or not is_decimal(index.strip()) or not is_decimal(count.strip()):
+        raise UsageError(f"--shard wants I/N, like 0/4, got {spec!r}")
+    if not int(index) < int(count):
+        raise UsageError("--shard I/N wants 0 <= I < N")
+    return int(index), int(count)
+
+
+def slurm_shard(environ: Mapping[str, str]) -> tuple[int, int]:
+    """The shard of a Slurm job array's task: I = (SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN) / step,
+    N = SLURM_ARRAY_TASK_COUNT, so `--array=0-3` and `--array=1-4` both run shards 0..3 of 4.
+
+    UsageError outside a job array, or in one whose task IDs are not an evenly stepped range."""
+    names = ("ID", "MIN", "COUNT")
+    if any(f"SLURM_ARRAY_TASK_{name}" not in environ for name in names):
+        raise UsageError("--shard auto works inside a Slurm job array (sbatch --array): give --shard I/N")
+    try:
+        task, first, count = (int(environ[f"SLURM_ARRAY_TASK_{name}"]) for name in names)
+        step = int(environ.get("SLURM_ARRAY_TASK_STEP") or 1)
+    except ValueError:
+        raise UsageError("--shard auto: the SLURM_ARRAY_TASK_* variables do not hold numbers") from None
+    offset = task - first
+    if step < 1 or offset % step or not 0 <= offset // step < count:
+        raise UsageError(
+            f"--shard auto: array task {task} is not in an evenly stepped range of {count} tasks from {first}"
+            " (sbatch --array=A-B[:S]): give --shard I/N"
+        )
+    return offset // step, count
+
+
+def failure_limit(spec: str | FailureLimit | None) -> FailureLimit:
+    """--max-failures: `N` rollouts, or `P%` of the rollouts ended so far."""
+    if spec is None:
+        return FailureLimit()
+    if isinstance(spec, FailureLimit):  # the default
+        return spec
+    text = spec.strip()
+    try:
+        if text.endswith("%"):
+            percent = float(text[:-1])
+            if not (math.isfinite(percent) and 0 < percent <= 100):
+                raise ValueError
+            return FailureLimit(fraction=percent / 100)
+        count = int(text)
+        if count < 1:
+            raise ValueError
+        return FailureLimit(count=count)
+    except ValueError:
+        raise UsageError(f"--max-failures wants a count like 10 or a rate like 5%, got {spec!r}") from None
+
+
+def positive(option: str, what: str) -> Any:
+    """A parser of `option`'s positive, finite number (`what` it counts: seconds, USD)."""
+
+    def parse(value: str | float | None) -> float | None:
+        if value is None:
+            return None
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not 0 < number < math.inf:
+            raise UsageError(f"{option} must be a positive, finite number of {what}, got {value!r}")
+        return number
+
+    return parse
+
+
+def finite(option: str) -> Any:
+    """A parser of `option`'s finite number."""
+
+    def parse(value: str | float) -> float:
+        if isinstance(value, float):  # the default
+            return value
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not math.isfinite(number):
+            raise UsageError(f"{option} must be a finite number, got {value!r}")
+        return number
+
+    return parse
+
+
+def gym_layout(output: str | None) -> tuple[str, str, str, str]:
+    """The files ng_collect_rollouts writes beside OUT.jsonl: its materialized inputs, failures
+    sidecar, aggregate metrics and progress counter, named as NeMo Gym names them."""
+    if output is None:
+        raise UsageError("--gym-layout needs -o OUT.jsonl: the other files are named after it")
+    path = pathlib.Path(output)
+    return (
+        str(path.with_stem(path.stem + "_materialized_inputs").with_suffix(".jsonl")),
+        str(path.with_name(path.stem + "_failures.jsonl")),
+        str(path.with_stem(path.stem + "_aggregate_metrics").with_suffix(".json")),
+        str(path.with_name(path.stem + "_progress")),
+    )

@@ -1,0 +1,142 @@
+"""cli/parsers.py: option texts parsed, and what each refuses said by its option, never the value of a secret."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollfilter.cli import parsers
+from rollfilter.config import FailureLimit
+from rollfilter.cost import Price, PriceError
+from rollfilter.errors import ExitStatus, UsageError
+from tests.conftest import array_task, run
+
+SECRET = "secret-value"
+
+
+def test_a_header_is_checked_as_config_checks_it_and_named_by_its_option():
+    assert parsers.header(" X-Token :  a b ") == ("X-Token", "a b")
+    assert parsers.header("Authorization: Bearer abc") == ("Authorization", "Bearer abc")
+    for spec in ("X-Token " + SECRET, "Bad Name: " + SECRET, "Tôken: " + SECRET, "X-Token: " + SECRET + "\r\nA: 1"):
+        with pytest.raises(UsageError) as refused:
+            parsers.header(spec)
+        assert str(refused.value).startswith("-H/--header ")
+        assert SECRET not in str(refused.value)
+
+
+def test_shard_auto_is_the_array_tasks_offset_from_the_first():
+    slurm_shard = parsers.slurm_shard
+    assert [slurm_shard(array_task(task, 0, 4)) for task in range(4)] == [(0, 4), (1, 4), (2, 4), (3, 4)]
+    assert [slurm_shard(array_task(task, 1, 4)) for task in range(1, 5)] == [(0, 4), (1, 4), (2, 4), (3, 4)]
+    stepped = {**array_task(6, 0, 3), "SLURM_ARRAY_TASK_STEP": "3"}  # --array=0-6:3
+    assert slurm_shard(stepped) == (2, 3)
+    for broken in ({}, array_task(5, 1, 4), {**array_task(4, 0, 3), "SLURM_ARRAY_TASK_STEP": "3"}):
+        with pytest.raises(UsageError, match=r"^--shard auto"):
+            slurm_shard(broken)
+
+
+def test_a_shard_is_i_of_n():
+    assert parsers.shard("1/3", {}) == (1, 3)
+    assert parsers.shard(None, {}) is None
+    for bad, said in (("3/2", "--shard I/N wants 0 <= I < N"), ("x", "--shard wants I/N, like 0/4, got 'x'")):
+        with pytest.raises(UsageError) as refused:
+            parsers.shard(bad, {})
+        assert str(refused.value) == said
+
+
+def test_a_param_takes_json_else_string():
+    assert parsers.param("temperature=0.7") == ("temperature", 0.7)
+    assert parsers.param("model=my-model") == ("model", "my-model")
+    assert parsers.param("tools=[]") == ("tools", [])
+    assert parsers.param("x=") == ("x", "")
+    assert parsers.param("stop=null") == ("stop", None)
+    for bad in ("novalue", "=3", "a..b=1"):
+        with pytest.raises(UsageError, match=r"^-p/--param wants KEY=VALUE"):
+            parsers.param(bad)
+
+
+def test_endpoints_collect_replicas():
+    endpoints = parsers.endpoints(["a=http://h:1", "a=http://h:2,http://h:3", "b=http://h:4/x"])
+    assert endpoints == {"a": ("http://h:1/run", "http://h:2/run", "http://h:3/run"), "b": ("http://h:4/x",)}
+    with pytest.raises(UsageError, match=r"^-e/--endpoint wants NAME=URL"):
+        parsers.endpoints(["nourl"])
+
+
+def test_statuses_and_failure_limits():
+    assert parsers.statuses("429, 503") == {429, 503}
+    assert parsers.statuses("") == frozenset()
+    with pytest.raises(UsageError, match=r"^--retry-on wants HTTP statuses"):
+        parsers.statuses("abc")
+    assert parsers.failure_limit("5") == FailureLimit(count=5)
+    assert parsers.failure_limit("2.5%") == FailureLimit(fraction=0.025)
+    for bad in ("0", "-1", "101%", "x%", "nan%"):
+        with pytest.raises(UsageError, match=r"^--max-failures wants"):
+            parsers.failure_limit(bad)
+    rate = FailureLimit(fraction=0.1)
+    assert not rate.is_reached(failed=5, ended=10)  # too few ended rows to judge a rate
+    assert rate.is_reached(failed=3, ended=20)
+    assert not rate.is_reached(failed=1, ended=20)
+
+
+def test_numbers_of_seconds_and_usd_are_positive_and_finite():
+    timeout = parsers.positive("--timeout", "seconds")
+    assert timeout("2.5") == 2.5
+    assert timeout(None) is None
+    for bad in ("0", "-1", "inf", "nan", "1e400", "x"):
+        with pytest.raises(UsageError, match=r"^--timeout must be a positive, finite number of seconds, got "):
+            timeout(bad)
+    threshold = parsers.finite("--pass-threshold")
+    assert threshold("-3") == -3.0
+    with pytest.raises(UsageError, match=r"^--pass-threshold must be a finite number"):
+        threshold("nan")
+
+
+def test_repeats_are_a_default_and_counts_by_agent():
+    assert parsers.repeats(["2", "a=3", "b=1", "4"]) == (4, {"a": 3, "b": 1})
+    assert parsers.repeats([]) == (None, {})
+    for bad in ("0", "=2", "a=", "²", "4294967296"):
+        with pytest.raises(UsageError, match=r"^-r/--repeats wants K or NAME=K with 1 <= K <= 4294967295"):
+            parsers.repeats([bad])
+
+
+@pytest.mark.parametrize("spec", ["1", "a=1", "=1,2", "1,2,3,4", "1,-2", "x=1,nan", "1,inf", "1_000,2", "\uff11,2"])
+def test_a_bad_price_is_refused_by_its_option(spec: str):
+    with pytest.raises(UsageError) as refused:
+        parsers.parse_price(spec)
+    assert str(refused.value) == f"--price wants [AGENT=]IN,OUT[,CACHED] in USD per million tokens, got {spec!r}"
+
+
+def test_the_last_price_of_an_agent_wins_over_the_file(tmp_path):
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("a: [1, 2, 0.5]\nb: [3, 4]\n_default: [5, 6]\n")
+    found = dict(parsers.prices(["a=7,8", "9,10"], str(prices)))
+    # --price a=7,8 replaces the file's price of a whole: its cached price too.
+    assert found == {"a": Price(7, 8), "b": Price(3, 4), None: Price(9, 10)}
+
+
+def test_a_prices_file_names_the_agent_whose_price_cannot_be_held():
+    with pytest.raises(PriceError) as refused:
+        parsers.prices_from_mapping({"alpha": [1, 2], "beta": [10**400, 2]})
+    assert str(refused.value) == (
+        "the price of 'beta': the input price must be a finite number of USD, 0 or more, got a number of 401 digits"
+    )
+    with pytest.raises(PriceError, match="the price of 'c': the output price must be a finite number"):
+        parsers.prices_from_mapping({"c": {"input": 1, "output": -2}})  # Price's own check, reached
+
+
+def test_the_command_line_refuses_a_url_that_does_not_parse_as_bad_usage():
+    done = run(["-e", "a=http://[::1/run", "/dev/null"])
+    assert done.returncode == ExitStatus.USAGE
+    assert done.stderr.decode().startswith("rollfilter: not an http(s) URL: ")
+    assert done.stderr.decode().count("\n") == 1
+    assert done.stdout == b""
+
+
+def test_gym_layout_names_nemo_gyms_files_after_the_output():
+    assert parsers.gym_layout("out/OUT.jsonl") == (
+        "out/OUT_materialized_inputs.jsonl",
+        "out/OUT_failures.jsonl",
+        "out/OUT_aggregate_metrics.json",
+        "out/OUT_progress",
+    )
+    with pytest.raises(UsageError, match=r"^--gym-layout needs -o OUT.jsonl"):
+        parsers.gym_layout(None)
