@@ -555,9 +555,11 @@ async def wait_idle_connections_readable(transport: Any) -> None:
     """Until each idle connection in `transport`'s pool has something to read: bytes, or the
     server's close. Bytes that came over TLS in the last reply's read are off the socket already,
     in trio's SSLStream, where the socket does not show them: they count too."""
+    from rollfilter.http.connection import tls_holds_bytes
+
     for conn in [conn for stack in transport._idle.values() for conn in stack]:
         stream = conn.stream
-        if isinstance(stream, trio.SSLStream) and (stream._incoming.pending or stream._ssl_object.pending()):
+        if tls_holds_bytes(stream):
             continue
         with trio.fail_after(READABLE_WITHIN):
             await trio.lowlevel.wait_readable(conn.socket)

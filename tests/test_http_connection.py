@@ -6,12 +6,14 @@ import json
 import os
 import resource
 import socket
+import ssl
 import threading
 from collections.abc import Iterator
 
 import httpx
 import pytest
 import trio
+import trio.testing
 
 from rollfilter.http import HTTP11Transport
 from tests.conftest import (
@@ -133,3 +135,29 @@ async def test_the_check_before_reuse_works_above_descriptor_1024(high_descripto
             assert server.connections == 2  # the closed one was noticed and replaced
     finally:
         await transport.aclose()
+
+
+async def test_bytes_a_tls_stream_holds_past_its_socket_are_seen(certificate):
+    """trio keeps TLS records it has read off the socket, not yet decrypted, in a private BIO
+    (`SSLStream._incoming`): if trio moves it, this fails, and every TLS connection would count
+    as holding bytes (never reused) until `tls_holds_bytes` looks where trio keeps them now."""
+    from rollfilter.http.connection import tls_holds_bytes
+
+    cert, key = certificate
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_context.load_cert_chain(cert, key)
+    client_context = ssl.create_default_context(cafile=str(cert))
+    client_raw, server_raw = trio.testing.memory_stream_pair()
+    client = trio.SSLStream(client_raw, client_context, server_hostname="127.0.0.1")
+    server = trio.SSLStream(server_raw, server_context, server_side=True)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(client.do_handshake)
+        nursery.start_soon(server.do_handshake)
+    assert hasattr(client, "_incoming")  # where trio keeps what it read off the socket
+    assert not tls_holds_bytes(client)
+    await server.send_all(b"first reply")
+    await server.send_all(b"a stray second record")
+    assert await client.receive_some(len(b"first reply")) == b"first reply"
+    assert tls_holds_bytes(client)  # the second record came with the first: off the socket already
+    assert await client.receive_some(100) == b"a stray second record"
+    assert not tls_holds_bytes(client)

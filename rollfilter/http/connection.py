@@ -57,15 +57,17 @@ class OutOfFiles(Exception):
     """socket() failed for the process's or the system's open-file limit."""
 
 
-def _tls_holds_bytes(stream: trio.abc.Stream) -> bool:
+def tls_holds_bytes(stream: trio.abc.Stream) -> bool:
     """Whether a TLS stream has bytes read off its socket but not yet asked for: a record that
-    came in with the last reply's, which poll() on the socket cannot see. trio keeps them in
-    its SSLStream (the incoming BIO, and what OpenSSL has decrypted); if those are not where
-    this looks, the connection counts as holding bytes, and is not reused."""
+    came in with the last reply's, which poll() on the socket cannot see. What OpenSSL has
+    decrypted, SSLStream's public `pending()` tells; the records not yet decrypted sit in its
+    incoming BIO, which trio keeps private (`_incoming`): the one private attribute read here,
+    and tests/test_http_connection.py fails when trio moves it. Should it be missing, the
+    connection counts as holding bytes, and is not reused."""
     if not isinstance(stream, trio.SSLStream):
         return False
     try:
-        return bool(stream._incoming.pending or stream._ssl_object.pending())
+        return bool(stream.pending() or stream._incoming.pending)
     except AttributeError:
         return True
 
@@ -106,7 +108,7 @@ class Connection:
         # An idle keep-alive connection has nothing to read. Readable (or hung up) means
         # the server closed it, or sent bytes nobody asked for (a late reply, an idle 408):
         # either way, a reply read from it could not be trusted to answer our request.
-        if _tls_holds_bytes(self.stream):
+        if tls_holds_bytes(self.stream):
             self.stray = True
             return True
         if not self.poller.poll(0):
