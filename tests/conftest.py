@@ -450,23 +450,32 @@ class Holdings:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    """The JSON lines of `path`, which must exist: a file that was never written is no empty one."""
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+_HELD_PORTS: list[socket.socket] = []  # the ports of closed_port_urls, held until the test ends
+
+
+@pytest.fixture(autouse=True)
+def _release_held_ports() -> Iterator[None]:
+    yield
+    while _HELD_PORTS:
+        _HELD_PORTS.pop().close()
 
 
 def closed_port_urls(count: int) -> list[str]:
-    """`count` different URLs, http://127.0.0.1:PORT, where nothing listened when this returned:
-    each port was bound here (to port 0, so the kernel chose a free one), all at once so that no
-    port comes twice, and closed again. A connection to one is refused, unless something listens
-    there meanwhile: nothing stops another process from binding it, as the kernel hands out the
-    ports of its ephemeral range again; the guarantee is for that moment, not for the whole test.
-    Call it in the test, just before the URL is used, not at import or collection."""
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind(("127.0.0.1", 0))
-            ports.append(sock.getsockname()[1])
-    return [f"http://127.0.0.1:{port}" for port in ports]
+    """`count` different URLs, http://127.0.0.1:PORT, where nothing listens for the whole test:
+    each port is bound here (to port 0, so the kernel chose a free one) and held, not listening,
+    until the test ends. A connection to it is refused, and no server of another test (the suite
+    runs on four workers) can take the port meanwhile. Call it in the test, not at collection."""
+    urls = []
+    for _ in range(count):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        _HELD_PORTS.append(sock)
+        urls.append(f"http://127.0.0.1:{sock.getsockname()[1]}")
+    return urls
 
 
 def closed_port_url() -> str:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import result_lines, run, summary_of
+from tests.conftest import read_jsonl, result_lines, run, summary_of
 from tests.servers.recording_agent import RecordingAgent
 
 HEAVY = {"ng_trajectory": {"turns": [1, 2, 3]}, "ng_agent_observations": {"x": 1}, "ng_model_call_capture": {"c": 1}}
@@ -37,10 +37,6 @@ def rows(n: int, agent: str | None = None, **extra: Any) -> str:
             row["agent_ref"] = {"name": agent}
         lines.append(json.dumps(row) + "\n")
     return "".join(lines)
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def test_aggregate_sends_stripped_results_and_writes_what_each_agent_answered(

@@ -18,7 +18,17 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import SIGNALLED_AT_IMPORT, SUBPROCESS_TIMEOUT, clean_env, nemo_gym_bodies, run, start, summary_of
+from tests.conftest import (
+    SIGNALLED_AT_IMPORT,
+    SUBPROCESS_TIMEOUT,
+    clean_env,
+    nemo_gym_bodies,
+    read_jsonl,
+    run,
+    start,
+    summary_of,
+    wait_for,
+)
 from tests.servers.recording_agent import RecordingAgent
 
 MAX_ATTEMPTS = 3  # NeMo Gym's default NEMO_GYM_MAX_ROLLOUT_ATTEMPTS
@@ -27,10 +37,6 @@ MAX_ATTEMPTS = 3  # NeMo Gym's default NEMO_GYM_MAX_ROLLOUT_ATTEMPTS
 def input_lines(tasks: int) -> list[str]:
     lines = [json.dumps({"id": i, "responses_create_params": {"input": f"q{i}"}}) + "\n" for i in range(tasks)]
     return [*lines, lines[1]]  # a line seen twice: one task, its rollouts counted on
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def pairs_of(records: list[dict[str, Any]]) -> list[tuple[Any, Any]]:
@@ -166,6 +172,25 @@ def test_the_progress_file_counts_finished_rollouts(tmp_path: Path, agent: Recor
     assert proc.returncode == 1  # the failing row
     assert progress.read_text() == "18\n"  # 6 lines x 3 rollouts: failed ones finished too
     assert not [p for p in progress.parent.iterdir() if p.name != "progress"]  # no temporary file left
+
+
+def test_the_progress_file_says_how_far_a_run_is_while_it_goes(tmp_path: Path, agent: RecordingAgent):
+    progress = tmp_path / "progress"
+    agent.hold_after(5, held=3)  # five answered, the other three wait
+    proc = start(["-u", agent.run_url, "-q", "-j", "3", "--progress-file", str(progress)], stdin=subprocess.PIPE)
+    assert proc.stdin is not None
+    proc.stdin.write("".join(input_lines(8)).encode())
+    proc.stdin.close()
+    try:
+        assert agent.answered.wait(SUBPROCESS_TIMEOUT)
+        wait_for(lambda: progress.exists() and progress.read_text() == "5\n")  # read while the run goes
+        assert proc.poll() is None
+    finally:
+        agent.release.set()
+    assert proc.wait(SUBPROCESS_TIMEOUT) == 0
+    for stream in (proc.stdout, proc.stderr):
+        stream.close()  # type: ignore[union-attr]
+    assert progress.read_text() == "9\n"  # every line's rollout
 
 
 def test_a_line_seen_twice_is_one_task_everywhere(tmp_path: Path, agent: RecordingAgent):

@@ -19,6 +19,7 @@ from tests.conftest import (
     SUBPROCESS_TIMEOUT,
     clean_env,
     nemo_gym_bodies,
+    read_jsonl,
     result_lines,
     rollfilter_command,
     run,
@@ -117,10 +118,6 @@ def test_rows_without_an_agent_fail_as_no_route_and_terminal(tmp_path: Path, age
 
 def to_line(row: dict[str, Any]) -> str:
     return json.dumps(row) + "\n"
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 FAILING = {"_ng_failure_class": "model_error", "reward": 0.0}

@@ -63,6 +63,23 @@ def test_no_budget_retries_every_failure(demo_server: DemoServer):
     assert demo_server.stats()["requests"] == ROWS + 40
 
 
+def test_a_budget_of_none_beyond_the_reserve_retries_ten_rows_of_each_agent(demo_server: DemoServer):
+    # Two agents on one failing server: each has its own reserve of 10, and --retry-budget 0 adds none.
+    data = "".join(
+        json.dumps(
+            {"id": i, "responses_create_params": {"input": "x"}, "agent_ref": {"name": name}, "demo": {"fault": "500"}}
+        )
+        + "\n"
+        for i, name in enumerate(["a", "b"] * 20)
+    )
+    args = ["-e", f"a={demo_server.url}", "-e", f"b={demo_server.url}", "-j", "4", "--retries", "3"]
+    proc = run([*args, "--retry-budget", "0"], input=data)
+    assert proc.returncode == 1
+    figures = summary_of(proc.stderr)["rollfilter"]
+    assert figures["retries"] == 20  # 10 for each agent
+    assert demo_server.stats()["requests"] == 40 + 20
+
+
 @pytest.mark.parametrize("value", ["-1", "nan", "inf", "x"])
 def test_a_bad_budget_is_a_usage_error(value: str):
     proc = run(["-u", closed_port_url() + "/run", "--retry-budget", value])  # refused before sending

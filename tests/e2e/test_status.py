@@ -21,8 +21,7 @@ def test_sigusr1_prints_a_status_block_and_changes_nothing_else(tmp_path: Path, 
         assert agent.answered.wait(SUBPROCESS_TIMEOUT)
         proc.send_signal(signal.SIGUSR1)
         head = stderr.get(timeout=SUBPROCESS_TIMEOUT).decode()
-        assert head.startswith("rollfilter: status: ")
-        assert " in flight," in head
+        assert head.startswith("rollfilter: status: 2 done, 0 failed, 6 in flight, ")
         block = [stderr.get(timeout=SUBPROCESS_TIMEOUT).decode() for _ in range(5)]  # the oldest 5 of 6
     finally:
         agent.release.set()
@@ -43,5 +42,10 @@ def test_sigusr1_prints_a_status_block_and_changes_nothing_else(tmp_path: Path, 
         assert " agent agent attempt 1" in line
     lines_named = [int(line.split(f"{data}:")[1].split()[0]) for line in block]
     assert len(set(lines_named)) == 5
+    # Oldest first: four of the first six rows sent, then one of the two sent when two slots freed.
+    assert set(lines_named[:4]) <= set(range(1, 7))
+    assert lines_named[4] in (7, 8)
+    ages = [float(line.split("in flight ")[1].split(" s:")[0].replace(",", "")) for line in block]
+    assert ages == sorted(ages, reverse=True)
     answered = {json.loads(body)["id"] + 1 for body in agent.raw_bodies[:2]}  # their line numbers
     assert not set(lines_named) & answered  # the held rows only
