@@ -27,6 +27,7 @@ from rollfilter.outcomes import AttemptFailure, Retry
 from rollfilter.plan import Job
 from rollfilter.redact import origin, printable, shown
 from rollfilter.routing import Agent, Replica
+from rollfilter.rows import decode_exact
 
 BACKOFF_BASE = 0.5  # seconds before the first retry (times full jitter)
 BACKOFF_CAP = 30.0  # the longest jittered pause between two attempts
@@ -223,7 +224,13 @@ class AgentClient:
                 return AttemptFailure(ErrorKind.BAD_RESPONSE, message, status), None
             try:
                 result = _decode(content)
-            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            except msgspec.ValidationError:  # a number msgspec cannot hold: kept whole
+                try:
+                    result = decode_exact(content)
+                except (ValueError, RecursionError):
+                    message = f"{status} with a body that is not JSON: {_snippet(content)}"
+                    return AttemptFailure(ErrorKind.BAD_RESPONSE, message, status), None
+            except (msgspec.DecodeError, RecursionError):
                 message = f"{status} with a body that is not JSON: {_snippet(content)}"
                 return AttemptFailure(ErrorKind.BAD_RESPONSE, message, status), None
             if not isinstance(result, dict):

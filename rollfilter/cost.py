@@ -41,13 +41,17 @@ class Price:
             object.__setattr__(self, name, number)
 
     def of(self, usage: Mapping[str, Any]) -> float | None:
-        """The cost of one answer's usage, or None when it reports no tokens, or counts that no
-        float cost can hold."""
-        tokens_in, tokens_out = _count(usage.get("input_tokens")), _count(usage.get("output_tokens"))
+        """The cost of one answer's usage, or None when it reports no tokens, or a count that is
+        none (a string, a negative, a number kept whole past the float range) or that no float
+        cost can hold: a usage half understood is not priced at half."""
+        details = usage.get("input_tokens_details")
+        given = [usage.get("input_tokens"), usage.get("output_tokens")]
+        given.append(details.get("cached_tokens") if isinstance(details, dict) else None)
+        if any(value is not None and _count(value) is None for value in given):
+            return None
+        tokens_in, tokens_out, cached = (_count(value) for value in given)
         if tokens_in is None and tokens_out is None:
             return None
-        details = usage.get("input_tokens_details")
-        cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
         cached = min(cached or 0, tokens_in or 0)
         cached_price = self.input if self.cached is None else self.cached
         try:  # a price per token first: the product of a count and a price per million may overflow

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+from collections.abc import Callable
 
 import trio
 
@@ -40,17 +41,27 @@ class MaterializedPlan:
 
 
 async def write_materialized(
-    planner: Planner, router: Router, path: str, *, name: str, keep_existing: bool, already: KeyTable | None
+    planner: Planner,
+    router: Router,
+    path: str,
+    *,
+    name: str,
+    keep_existing: bool,
+    already: KeyTable | None,
+    on_staged: Callable[[int], None] | None = None,
 ) -> MaterializedPlan:
     """Plan every job of `planner` and write the body of each sendable one to `path`, replacing
     it at once when done (`name` is how messages name it). With `keep_existing`, the file's lines
     stay first and only pairs not in `already` are added (a resumed or appended run); the file is
     left alone when none is new.
 
+    `on_staged` gets the descriptor of the file being built, the one renamed into place (the
+    command line locks it, as it locks the file it replaces).
+
     Raises OutputFailed when the file cannot be written; `path` is then as it was. It is left
     as it was too when some rows have no repeat count (`agents_without_repeats`).
     """
-    staged = _StagedFile(path, name, keep_existing=keep_existing)
+    staged = _StagedFile(path, name, keep_existing=keep_existing, on_staged=on_staged)
     rollouts = written = 0
     try:
         pending: list[bytes] = []
@@ -81,7 +92,7 @@ class _StagedFile:
     """The materialized file being built: a temporary file beside the (regular) target, holding
     the target's lines first with `keep_existing`, renamed over it by `commit`."""
 
-    def __init__(self, path: str, name: str, *, keep_existing: bool) -> None:
+    def __init__(self, path: str, name: str, *, keep_existing: bool, on_staged: Callable[[int], None] | None) -> None:
         self.name = name
         self._target = os.path.realpath(path)
         directory, base = os.path.split(self._target)
@@ -91,6 +102,8 @@ class _StagedFile:
             self._fd = os.open(self._temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except OSError as exc:
             raise OutputFailed(self.name, exc) from None
+        if on_staged is not None:
+            on_staged(self._fd)
         if keep_existing:
             try:
                 _copy_existing(self._target, self._fd, self.name)
@@ -120,24 +133,53 @@ class _StagedFile:
             self._temporary = None
 
 
+def claim(path: str) -> str:
+    """Mark the materialized file at `path` as built by this process, from before its first pass
+    (which may wait long for standard input) to its end: a temporary file named as the ones being
+    built are, which `building` finds. The caller removes it, by the name returned. OSError."""
+    directory, base = os.path.split(os.path.realpath(path))
+    name = os.path.join(directory, f".{base}.{os.getpid()}.claim.tmp")
+    os.close(os.open(name, os.O_WRONLY | os.O_CREAT, 0o600))
+    return name
+
+
+def building(path: str) -> list[int]:
+    """The processes (this one left out) whose first pass is building the materialized file at
+    `path`: its temporary files are named by their process."""
+    directory, base = os.path.split(os.path.realpath(path))
+    return sorted({pid for _, pid, alive in _staged(directory, base) if alive})
+
+
 def _remove_left_behind(directory: str, base: str) -> None:
     """Remove the temporary files of `base` that a killed run left (their process is gone)."""
+    for name, _, alive in _staged(directory, base):
+        if not alive:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, name))
+
+
+def _staged(directory: str, base: str) -> list[tuple[str, int, bool]]:
+    """The temporary files of `base` in `directory` that other processes made: each name, the
+    process that made it, and whether that process is alive."""
     prefix = f".{base}."
     try:
         names = [name for name in os.listdir(directory) if name.startswith(prefix) and name.endswith(".tmp")]
     except OSError:
-        return
+        return []
+    found = []
     for name in names:
         pid = name[len(prefix) :].split(".", 1)[0]
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
             os.kill(int(pid), 0)
+            alive = True
         except ProcessLookupError:
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(directory, name))
+            alive = False
         except PermissionError:  # another user's live process
-            pass
+            alive = True
+        found.append((name, int(pid), alive))
+    return found
 
 
 def _copy_existing(path: str, fd: int, name: str) -> None:

@@ -18,7 +18,7 @@ from rollfilter.cost import Spending
 from rollfilter.errors import ErrorKind
 from rollfilter.outcomes import AttemptFailure
 from rollfilter.passk import TaskStats
-from rollfilter.sums import EXACT_FROM, EXACT_FROM_INT, mean_of, scaled
+from rollfilter.sums import EXACT_FROM, EXACT_FROM_INT, mean_of, scaled, total_of
 
 _BUCKET_GROWTH = math.log(1.01)
 _MIN_LATENCY = 1e-6
@@ -142,10 +142,16 @@ class Means:
         return {key: mean_of(total, exact.get(key, 0), counts[key]) for key, total in self.usage_sums.items()}
 
     def tokens(self) -> float:
-        """Tokens used so far: usage's total_tokens, or input plus output tokens."""
+        """Tokens used so far: usage's total_tokens, or input plus output tokens; the counts past
+        the exact sums' threshold included (inf when their sum is past the float range)."""
         if "total_tokens" in self.usage_sums:
-            return self.usage_sums["total_tokens"]
-        return self.usage_sums.get("input_tokens", 0.0) + self.usage_sums.get("output_tokens", 0.0)
+            return self._usage_total("total_tokens")
+        return self._usage_total("input_tokens") + self._usage_total("output_tokens")
+
+    def _usage_total(self, key: str) -> float:
+        exact = self.usage_exact.get(key, 0)
+        total = self.usage_sums.get(key, 0.0)
+        return total if not exact else total_of(total, exact)
 
 
 def _add_usage(

@@ -148,8 +148,9 @@ class StandingFailures:
         except OSError as exc:
             raise OutputFailed(self.NAME, exc) from None
 
-    def result(self, record: dict[str, Any]) -> None:
-        self._succeeded.add(pair_key(record.get(TASK_INDEX), record.get(ROLLOUT_INDEX)))
+    def result(self, record: dict[str, Any]) -> bool:
+        """Count a result's pair as succeeded; whether no earlier result had it."""
+        return self._succeeded.add(pair_key(record.get(TASK_INDEX), record.get(ROLLOUT_INDEX)))[1]
 
     def standing(self) -> Iterator[dict[str, Any]]:
         """The failure records of pairs without a result, one a pair; the file is closed after."""

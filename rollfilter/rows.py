@@ -3,7 +3,9 @@ run makes to it (the -p overrides, the --repeat-seeds seed)."""
 
 from __future__ import annotations
 
+import decimal
 import json
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -17,19 +19,53 @@ AGENT_REF = "agent_ref"
 _decode = msgspec.json.Decoder().decode
 
 
-def parse_row(data: bytes) -> dict[str, Any] | str:
-    """The row as a dict, or a short reason why the line is not a JSON object."""
+# Writes a number decode_exact kept as a Decimal back as the number it was.
+encode_json = msgspec.json.Encoder(decimal_format="number").encode
+
+
+def parse_row(data: bytes, *, exact: bool = False) -> dict[str, Any] | str:
+    """The row as a dict, or a short reason why the line is not a JSON object. With `exact`, a
+    number past what msgspec holds is kept (`decode_exact`) instead of refused."""
     try:
         value = _decode(data)
+    except msgspec.ValidationError as exc:  # numbers like 1e400 (a DecodeError too: caught first)
+        if not exact:
+            return f"invalid JSON: {exc}"
+        try:
+            value = decode_exact(data)
+        except (ValueError, RecursionError):
+            return f"invalid JSON: {exc}"
     except msgspec.DecodeError as exc:
         return _describe_decode_error(data, exc)
-    except msgspec.ValidationError as exc:  # numbers like 1e400
-        return f"invalid JSON: {exc}"
     except RecursionError:
         return "invalid JSON: nested too deeply"
     if not isinstance(value, dict):
         return f"not a JSON object (a JSON {_json_type(value)})"
     return value
+
+
+def decode_exact(data: bytes) -> Any:
+    """JSON that msgspec refuses for a number it cannot hold (past the float range, or an integer
+    of more digits than Python converts): each such number kept whole, as a Decimal, which
+    `encode_json` writes back as it was; the others as msgspec gives them. An agent's number
+    never fails the answer it came with. ValueError (or RecursionError) for what is not JSON."""
+    return json.loads(data, parse_int=_whole, parse_float=_real, parse_constant=_not_json)
+
+
+def _whole(text: str) -> int | decimal.Decimal:
+    try:
+        return int(text)
+    except ValueError:  # more digits than int() converts
+        return decimal.Decimal(text)
+
+
+def _real(text: str) -> float | decimal.Decimal:
+    number = float(text)
+    return number if math.isfinite(number) else decimal.Decimal(text)
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def _describe_decode_error(data: bytes, exc: msgspec.DecodeError) -> str:

@@ -11,15 +11,13 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import msgspec
 import trio
 
 from rollfilter.errors import ErrorKind
 from rollfilter.outcomes import AttemptFailure, Failure, Outcome
 from rollfilter.plan import Job
+from rollfilter.rows import encode_json as _encode
 from rollfilter.writers import LineWriter, Release
-
-_encode = msgspec.json.Encoder().encode
 
 
 class RowSink(Protocol):

@@ -16,6 +16,7 @@ from typing import IO, Any
 import msgspec
 
 from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX
+from rollfilter.rows import encode_json as _encode
 
 # What NeMo Gym's collector leaves out of each verify response (response.usage is put back).
 HEAVY_FIELDS = frozenset(
@@ -32,7 +33,6 @@ MIN_CHUNK_BYTES = 4096  # a run's read buffer is never smaller
 _PREFIX = b'{"verify_responses":[\n'
 _SUFFIX = b"\n]}"
 _SEPARATOR = b",\n"
-_encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 
 

@@ -32,6 +32,16 @@ def mean_of(float_sum: float, exact_sum: int, count: int) -> float:
     return (scaled(float_sum) + exact_sum) / (count << _UNIT_BITS)
 
 
+def total_of(float_sum: float, exact_sum: int) -> float:
+    """float_sum + exact_sum (in 2**-1074 units): the nearest float, or inf past the float range."""
+    if not math.isfinite(float_sum):
+        return float_sum
+    try:
+        return (scaled(float_sum) + exact_sum) / (1 << _UNIT_BITS)
+    except OverflowError:
+        return math.inf
+
+
 def running_mean(mean: float, value: float, count: int) -> float:
     """The mean of `count` values, from the mean of the first `count` - 1 and the last one.
 

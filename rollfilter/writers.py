@@ -162,14 +162,16 @@ class WholeFile:
     it over it: a reader, or a run killed mid-write, finds the old content or the new, never
     an empty or torn file, and nothing is created until there is content. A path that is not
     a regular file (a terminal, a pipe, /dev/stderr) is opened now and written in place, unless
-    `regular_only` refuses it.
+    `regular_only` refuses it; so is `fd`, when given, for the path it stands for.
     Opening checks what it can before anything is sent, and raises UsageError.
     """
 
-    def __init__(self, path: str, option: str, *, regular_only: bool = False) -> None:
+    def __init__(self, path: str, option: str, *, regular_only: bool = False, fd: int | None = None) -> None:
         self.path = path
         self.name = f"{option} {path}"
-        self._fd: int | None = None
+        self._fd: int | None = fd  # given: what the path names, written in place (and closed by close())
+        if fd is not None:
+            return
         try:
             parent = os.path.dirname(path)
             if parent:

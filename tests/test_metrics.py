@@ -97,3 +97,13 @@ def test_a_token_rate_past_the_float_range_is_null_not_infinite():
     figures = metrics.summary()["rollfilter"]
     assert figures["tokens_per_s"] is None
     assert figures["rows_per_s"] == pytest.approx(3e10)
+
+
+def test_token_counts_past_the_exact_sums_threshold_count_in_the_token_rate():
+    metrics = Metrics()
+    for _ in range(4):
+        metrics.add_result(
+            {"reward": 1.0, "response": {"usage": {"input_tokens": 10**300, "output_tokens": 10**300}}}, 0.1
+        )
+    assert metrics.tokens() == pytest.approx(8e300)
+    assert metrics.summary()["rollfilter"]["tokens_per_s"] > 8e300

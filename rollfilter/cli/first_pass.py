@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 
 import trio
 
@@ -34,10 +35,12 @@ async def plan_first(
     max_line_bytes: int,
     keep_existing: bool,
     already: KeyTable | None,
+    on_staged: Callable[[int], None] | None = None,
 ) -> int:
     """Write every body of `inputs` to the materialized file `path` (after its lines, and those
     `already` there left out, with `keep_existing`); returns the number of rollouts the inputs
-    hold. `reader`, the run's, reads a copy of standard input afterwards.
+    hold. `reader`, the run's, reads a copy of standard input afterwards; `on_staged` gets the
+    file being built (see `write_materialized`).
 
     Raises UsageError, with nothing sent, when some rows have no repeat count (as NeMo Gym
     refuses them), and OutputFailed when the file or the copy cannot be written."""
@@ -49,7 +52,13 @@ async def plan_first(
     try:
         name = f"--materialized {path}"
         plan = await write_materialized(
-            Planner(first, config), router, path, name=name, keep_existing=keep_existing, already=already
+            Planner(first, config),
+            router,
+            path,
+            name=name,
+            keep_existing=keep_existing,
+            already=already,
+            on_staged=on_staged,
         )
     finally:
         first.close()

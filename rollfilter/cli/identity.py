@@ -204,9 +204,10 @@ def keep(record: RunRecord | None, output: str | None) -> None:
 
 
 def _may_hold_a_record(output: str) -> bool:
-    # A record sits beside a regular file only: -o /dev/null or a pipe gets none.
+    # A record sits beside a regular file only: -o /dev/null or a pipe gets none. The path is
+    # stat()ed as given: the realpath of /dev/stdout on a pipe is no path at all ("pipe:[N]").
     try:
-        return stat.S_ISREG(os.stat(os.path.realpath(output)).st_mode)
+        return stat.S_ISREG(os.stat(output).st_mode)
     except FileNotFoundError:
         return True
     except OSError:

@@ -50,12 +50,21 @@ class Locked:
 
 
 def open_locked(
-    path: str, flags: int, *, shared: bool, locking: bool = True, lock: Callable[[int, int], None] = fcntl.flock
-) -> Locked:
-    """Open (creating) `path` with `flags` and, with `locking`, lock it at once if it is a regular
-    file; Held when another process has it. OSError when it cannot be opened."""
+    path: str,
+    flags: int,
+    *,
+    shared: bool,
+    locking: bool = True,
+    create: bool = True,
+    lock: Callable[[int, int], None] = fcntl.flock,
+) -> Locked | None:
+    """Open (creating, unless not `create`) `path` with `flags` and, with `locking`, lock it at
+    once if it is a regular file; Held when another process has it. None when `path` is not
+    there and not to be created; OSError when it cannot be opened."""
     for _ in range(ATTEMPTS):
-        opened = _open(path, flags)
+        if not create and not os.path.exists(path):
+            return None
+        opened = _open(path, flags) if create else _open_existing(path, flags)
         if opened is None:  # removed since it was found: look again
             continue
         fd, created = opened
@@ -73,6 +82,19 @@ def open_locked(
             return Locked(fd, created, caveat)
         os.close(fd)  # locked a file that the path no longer names
     raise OSError(errno.EAGAIN, "the file was replaced while it was being locked")
+
+
+def _open_existing(path: str, flags: int) -> tuple[int, bool] | None:
+    try:
+        return os.open(path, flags), False
+    except FileNotFoundError:
+        return None
+
+
+def lock_held(fd: int) -> None:
+    """Lock a file this process made and no other opened yet (it cannot be held): for as long
+    as a duplicate of `fd` stays open."""
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 def _open(path: str, flags: int) -> tuple[int, bool] | None:

@@ -514,6 +514,7 @@ def parse(
             what = "result lines" if summarize else "rows"
             say(f"reading {what} from the terminal (give FILE, or pipe them in; Ctrl-D ends)")
     if summarize:
+        check_summarize_outputs(ctx)
         return lambda: summarize_results(config)
     options = RunOptions(
         demo=DemoOptions() if demo else None, quiet=quiet, progress=progress, verbose=verbose, dry_run=dry_run
@@ -542,3 +543,22 @@ def check_demo_alone(
     ]
     if named:
         raise UsageError(f"--demo starts its own agent: it cannot be combined with {' or '.join(named)}")
+
+
+# What --summarize writes: its summary on standard output, --metrics, --aggregate and --per-task.
+NOT_SUMMARIZED = ("output", "errors", "materialized", "progress_file", "resume", "append", "wait_lock", "dry_run")
+
+
+def check_summarize_outputs(ctx: typer.Context) -> None:
+    """UsageError for an option --summarize would leave unused: it sends nothing and writes no rollout."""
+    sources = {
+        param.opts[-1]: ctx.get_parameter_source(param.name or "")
+        for param in ctx.command.params
+        if param.name in NOT_SUMMARIZED
+    }
+    given = [option for option, source in sources.items() if source is not None and source.name != "DEFAULT"]
+    if given:
+        raise UsageError(
+            f"--summarize writes its summary to standard output, --metrics, --aggregate and --per-task:"
+            f" {', '.join(given)} {'is' if len(given) == 1 else 'are'} not for it"
+        )

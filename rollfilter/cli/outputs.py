@@ -24,8 +24,10 @@ import trio
 
 from rollfilter.cli import identity, locks
 from rollfilter.cli.command import CommandConfig
+from rollfilter.cli.descriptors import started_without
 from rollfilter.cli.identity import RECORD_SUFFIX
 from rollfilter.errors import OutputInUse, RollfilterError, UsageError
+from rollfilter.materialize import building, claim
 from rollfilter.source import STDIN, display_name
 from rollfilter.writers import WholeFile
 
@@ -93,15 +95,16 @@ class RunOutputs:
 
 def refuse_inputs(inputs: Sequence[str], outputs: Iterable[tuple[str, str | int]], stdin_fd: int = 0) -> None:
     """UsageError when an output (a path, or a descriptor such as stdout's) is one of the inputs:
-    the run would read what it writes and never end, or destroy its input. Only regular files,
-    as GNU cat does (reading /dev/null and writing it is fine)."""
+    the run would read what it writes and never end, or destroy its input. Regular files, as GNU
+    cat tells them, and pipes (`--errors /dev/stdin` would feed its records back as rows); a
+    terminal or /dev/null may be read and written."""
     read: dict[tuple[int, int], str] = {}
     for path in inputs:
-        key = _regular_file(stdin_fd if path == STDIN else path)
+        key = _file_or_pipe(stdin_fd if path == STDIN else path)
         if key is not None:
             read.setdefault(key, display_name(path))
     for name, target in outputs if read else ():
-        key = _regular_file(target)
+        key = _file_or_pipe(target)
         if key in read:
             raise UsageError(f"{name} is also the input {read[key]}: input file is output file")
 
@@ -135,12 +138,14 @@ def _identity(target: str | int) -> object | None:
     return (info.st_dev, info.st_ino)
 
 
-def _regular_file(target: str | int) -> tuple[int, int] | None:
+def _file_or_pipe(target: str | int) -> tuple[int, int] | None:
     try:
         info = os.stat(target)
     except OSError:  # an output not made yet, or an input that check_inputs reports
         return None
-    return (info.st_dev, info.st_ino) if stat.S_ISREG(info.st_mode) else None
+    if stat.S_ISREG(info.st_mode) or stat.S_ISFIFO(info.st_mode) or stat.S_ISSOCK(info.st_mode):
+        return (info.st_dev, info.st_ino)
+    return None
 
 
 def refuse_earlier_lines(path: str, option: str) -> None:
@@ -171,6 +176,7 @@ class OutputFiles(contextlib.ExitStack):
         super().__init__()
         self._created: list[str] = []  # removed on a refusal while still empty
         self._written: list[str] = []  # removed on a refusal
+        self._folders: list[str] = []  # made for an output, removed on a refusal while still empty
         self.caveats: list[str] = []  # what to say of locks that do not hold as locks do
 
     def remove_if_refused(self, path: str) -> None:
@@ -188,17 +194,19 @@ class OutputFiles(contextlib.ExitStack):
         lines must never be mixed silently into a first run's (give --resume or --append)."""
         if path is None:
             return None
+        stand_in = started_without(path)
+        if stand_in is not None:  # a write to it fails, as to the closed descriptor it stands for
+            fd = os.dup(stand_in)
+            self.callback(os.close, fd)
+            return fd
         try:
-            parent = os.path.dirname(path)
-            if parent:
-                os.makedirs(parent, exist_ok=True)
+            self.make_folders(path)
             opened = locks.open_locked(path, APPEND_FLAGS, shared=lock == "shared", locking=lock is not None)
         except locks.Held as held:
-            holder = locks.holder_text(held.holders)
-            message = f"{option} {path} is in use by {holder}: one run writes an output at a time (--wait-lock waits)"
-            raise OutputInUse(message, output=f"{option} {path}", holder=holder) from None
+            raise in_use(f"{option} {path}", held.holders) from None
         except OSError as exc:
             raise UsageError(f"cannot write {option} {path}: {exc.strerror or exc}") from None
+        assert opened is not None, "made when not there"
         self.callback(os.close, opened.fd)
         if opened.created:
             self._created.append(os.path.realpath(path))
@@ -220,16 +228,75 @@ class OutputFiles(contextlib.ExitStack):
         for path in self._written if refused else ():
             with contextlib.suppress(OSError):
                 os.unlink(path)
+        for folder in reversed(self._folders) if refused else ():
+            with contextlib.suppress(OSError):  # not empty: another run's, or a file of this one kept
+                os.rmdir(folder)
         super().__exit__(kind, error, tb)  # type: ignore[arg-type]  # its callbacks close files: nothing is suppressed
         return False
+
+    def lock_replaced(self, path: str, option: str) -> None:
+        """Hold the file at `path` that this run will replace whole (--materialized) until the run
+        ends: claimed by this process (see `materialize.claim`), and locked if it is there.
+        OutputInUse when another run holds it, or builds its own."""
+        builders = building(path)
+        if builders:
+            raise in_use(f"{option} {path}", builders)
+        try:
+            claimed = claim(path)
+            self.callback(_remove, claimed)
+            builders = building(path)  # two runs claiming at once: each finds the other, neither writes
+            if builders:
+                raise in_use(f"{option} {path}", builders)
+            # Not blocking: a FIFO with no writer (refused as no regular file) would hang the start.
+            opened = locks.open_locked(path, os.O_RDONLY | os.O_NONBLOCK, shared=False, create=False)
+        except locks.Held as held:
+            raise in_use(f"{option} {path}", held.holders) from None
+        except OSError as exc:
+            raise UsageError(f"cannot write {option} {path}: {exc.strerror or exc}") from None
+        if opened is not None:
+            self.callback(os.close, opened.fd)
+
+    def keep_locked(self, fd: int) -> None:
+        """Lock the file this run made at `fd` (the one renamed into place) until the run ends."""
+        held = os.dup(fd)
+        self.callback(os.close, held)
+        locks.lock_held(held)
+
+    def make_folders(self, path: str) -> None:
+        """Make the missing folders above `path`, which a refused run removes again. OSError."""
+        missing = []
+        folder = os.path.dirname(os.path.abspath(path))
+        while folder and not os.path.lexists(folder):
+            missing.append(folder)
+            folder = os.path.dirname(folder)
+        for folder in reversed(missing):
+            os.mkdir(folder)
+            self._folders.append(folder)
 
     def whole(self, path: str | None, option: str, *, regular_only: bool = False) -> WholeFile | None:
         """A file written whole when there is content (see WholeFile), checked now."""
         if path is None:
             return None
-        file = WholeFile(path, option, regular_only=regular_only)
+        try:
+            self.make_folders(path)
+        except OSError as exc:
+            raise UsageError(f"cannot write {option} {path}: {exc.strerror or exc}") from None
+        stand_in = started_without(path)
+        file = WholeFile(path, option, regular_only=regular_only, fd=None if stand_in is None else os.dup(stand_in))
         self.callback(file.close)
         return file
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def in_use(output: str, holders: list[int]) -> OutputInUse:
+    """Another run holds `output` (`-o out.jsonl`): its processes are `holders`, if known."""
+    holder = locks.holder_text(holders)
+    message = f"{output} is in use by {holder}: one run writes an output at a time (--wait-lock waits)"
+    return OutputInUse(message, output=output, holder=holder)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -246,6 +313,7 @@ class RunFiles:
     aggregate: WholeFile | None
     progress: WholeFile | None
     materialized: str | None  # written by the first pass, when it is done
+    keep_locked: Callable[[int], None] | None  # what locks the materialized file made, until the end
     record: identity.RunRecord | None  # written beside -o before anything is sent
     output: str | None  # -o, beside which the record is written
 
@@ -266,6 +334,7 @@ async def open_appended(
         (command.output, "-o", fresh_only),
         (command.errors_file, "--errors", fresh_only),
         (command.per_task_file, "--per-task", False),
+        (command.materialized_file, "--materialized", False),  # replaced whole: its file is locked
     ]
     fds: dict[int, int | None] = {}
     for number in sorted(range(len(wanted)), key=lambda n: os.path.realpath(wanted[n][0] or "")):
@@ -273,7 +342,12 @@ async def open_appended(
         said = False
         while True:
             try:
-                fds[number] = files.open(path, option, must_be_empty=must_be_empty, lock=lock)
+                if option == "--materialized":
+                    fds[number] = None
+                    if path is not None:
+                        files.lock_replaced(path, option)
+                else:
+                    fds[number] = files.open(path, option, must_be_empty=must_be_empty, lock=lock)
                 break
             except OutputInUse as held:
                 if not command.wait_lock:
@@ -282,7 +356,7 @@ async def open_appended(
                     say(f"{held.output} is in use by {held.holder}: waiting for it (--wait-lock)", stderr)
                     said = True
                 await trio.sleep(LOCK_POLL_SECONDS)
-    return [fds[number] for number in range(len(wanted))]
+    return [fds[number] for number in range(len(wanted) - 1)]
 
 
 def run_files(
@@ -299,7 +373,8 @@ def run_files(
     if materialized is not None:
         if not (command.resume or command.append):
             refuse_earlier_lines(materialized, "--materialized")
-        WholeFile(materialized, "--materialized", regular_only=True).close()  # its folder, checked
+        checked = files.whole(materialized, "--materialized", regular_only=True)  # its folder, made and checked
+        assert checked is not None
     if record is not None and command.output is not None:
         files.remove_if_refused(identity.record_path(command.output))
     return RunFiles(
@@ -312,6 +387,7 @@ def run_files(
         aggregate=files.whole(command.aggregate_file, "--aggregate"),
         progress=files.whole(command.progress_file, "--progress-file", regular_only=True),
         materialized=materialized,
+        keep_locked=files.keep_locked,
         record=record,
         output=command.output,
     )
@@ -319,7 +395,9 @@ def run_files(
 
 def dry_run_files(streams: Streams) -> RunFiles:
     """A dry run's outputs: the bodies on standard output, the rest on standard error."""
-    return RunFiles(streams.stdout, "standard output", None, "", None, None, None, None, None, record=None, output=None)
+    return RunFiles(
+        streams.stdout, "standard output", None, "", None, None, None, None, None, None, record=None, output=None
+    )
 
 
 def replace_content(file: WholeFile | None, data: bytes) -> None:

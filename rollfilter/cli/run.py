@@ -349,6 +349,7 @@ class _CommandLineRun:
                     max_line_bytes=command.max_line_bytes,
                     keep_existing=command.resume or command.append,
                     already=self.earlier.materialized,
+                    on_staged=self.files.keep_locked,
                 )
             except OutputFailed as failure:  # the materialized file, or the copy of stdin it needs
                 self._output_failed(failure)

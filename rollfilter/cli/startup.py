@@ -18,27 +18,11 @@ import sys
 from collections.abc import Sequence
 from types import FrameType, ModuleType
 
-CLOSED_STREAM_STAND_INS = ((0, os.O_WRONLY), (1, os.O_RDONLY), (2, os.O_RDONLY))  # each opened the wrong way round
 STATUS_SIGNAL_NAMES = ("SIGUSR1", "SIGINFO")  # as rollfilter.cli.run's STATUS_SIGNALS (importing it would load trio)
 
 
 def exit_interrupted(signum: int, frame: FrameType | None) -> None:
     os._exit(130)  # ExitStatus.INTERRUPTED; rollfilter.errors is not imported yet
-
-
-def hold_closed_streams() -> None:
-    """Put /dev/null on each closed standard descriptor, opened for the other direction: the
-    descriptor is taken (trio's epoll or an -o file would get it otherwise, and results or the
-    summary would go there), and reading or writing it still fails with EBADF, as on a closed
-    one, so the command reports that output (or input) as it reports any that cannot be used."""
-    for fd, flags in CLOSED_STREAM_STAND_INS:
-        try:
-            os.fstat(fd)
-        except OSError:
-            held = os.open(os.devnull, flags)
-            if held != fd:
-                os.dup2(held, fd)
-                os.close(held)
 
 
 class WithoutHttpxCommandLine(importlib.abc.MetaPathFinder):
@@ -59,6 +43,8 @@ def main() -> None:
     for name in STATUS_SIGNAL_NAMES:  # a status asked for while starting is not one to die of
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
+    from rollfilter.cli.descriptors import hold_closed_streams
+
     hold_closed_streams()
     sys.meta_path.insert(0, WithoutHttpxCommandLine())
     from rollfilter.cli.main import main as run_command

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import trio
 
@@ -17,7 +19,7 @@ from rollfilter.metrics import Metrics
 from rollfilter.outcomes import AttemptFailure, failure_of
 from rollfilter.redact import printable
 from rollfilter.resume import StandingFailures
-from rollfilter.rows import TASK_INDEX, agent_name, parse_row
+from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name, parse_row
 from rollfilter.run import Run
 from rollfilter.source import InputLine, LineReader, check_inputs
 from rollfilter.writers import OutputFailed, WholeFile, write_all
@@ -45,10 +47,12 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
     counted_failed: OutputFailed | None = None
     # Made before the files are opened, so that a CA file that cannot serve is refused with none left.
     # It talks only to the agents' /aggregate_metrics, with --aggregate.
-    run = Run(config, tls=ca_file(config) if config.aggregate else None)
+    per_task = _PerTask(command.per_task_file)
+    run = Run(config, tls=ca_file(config) if config.aggregate else None, on_task=per_task.write)
     with OutputFiles() as files:
         metrics_file = files.whole(command.metrics_file, "--metrics")
         aggregate_file = files.whole(command.aggregate_file, "--aggregate")
+        per_task.fd = files.open(command.per_task_file, "--per-task", lock="exclusive")
         try:
             await run.connect(send=False)
             try:
@@ -62,16 +66,16 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
             with trio.CancelScope(shield=True):
                 await run.aclose()
         if run.tasks is not None:
-            run.tasks.finish()
+            run.tasks.finish()  # --per-task's lines
         # The files hold no timings.
         figures = run.summary(stopped=None if counted_failed is None else str(counted_failed), timings=False)
         if shards is not None:
             figures["rollfilter"]["shards"] = shards.summary()
         summary = _encode(figures) + b"\n"
         report = run.report
-        failures = [] if counted_failed is None else [counted_failed]
-        if counted_failed is not None:
-            say(str(counted_failed), streams.stderr)
+        failures = [failed for failed in (counted_failed, per_task.failure) if failed is not None]
+        for failed in failures:
+            say(str(failed), streams.stderr)
         writes: list[tuple[WholeFile | int | None, bytes]] = [
             (aggregate_file, report.file_bytes() if report is not None else b""),
             (streams.stdout, summary),
@@ -88,15 +92,15 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
                 say(str(failure), streams.stderr)
                 if isinstance(target, int):
                     write_stderr(streams.stderr, summary)  # the figures are not lost with their output
-    if unusable.count:
-        say(str(unusable), streams.stderr)
+    for problem in unusable.problems():
+        say(problem, streams.stderr)
     for problem in reader.problems:
         say(problem, streams.stderr)
     for problem in report.problems if report is not None else ():
         say(f"--aggregate: {problem}", streams.stderr)
     for problem in shards.problems if shards is not None else ():
         say(f"--summarize: {problem}", streams.stderr)
-    incomplete = reader.problems or unusable.count or (shards is not None and shards.problems)
+    incomplete = reader.problems or unusable.problems() or (shards is not None and shards.problems)
     return RunEnd(incomplete=bool(incomplete), output_failed=bool(failures))
 
 
@@ -128,7 +132,7 @@ def _count_line(line: InputLine, run: Run, unusable: _UnusableLines, failures: S
         return
     if not line.data.strip():
         return
-    record = parse_row(line.data)
+    record = parse_row(line.data, exact=True)  # a result rollfilter wrote, numbers of every size kept
     if isinstance(record, str):
         unusable.add(line, record, metrics)
         return
@@ -140,23 +144,59 @@ def _count_line(line: InputLine, run: Run, unusable: _UnusableLines, failures: S
     if failure is not None:
         failures.failure(line.data)  # counted once every result is known
         return
+    if not failures.result(record) and TASK_INDEX in record and ROLLOUT_INDEX in record:
+        unusable.repeated(line)  # a pair counted already: the same file twice, or runs mixed
+        return
     metrics.taken += 1
     metrics.add_result(record, None, agent_name(record))
-    failures.result(record)
     if spool is not None:
         spool.add(agent_name(record), record)
     if tasks is not None and TASK_INDEX in record:
         tasks.rollout_ended(record[TASK_INDEX], reward_of(record))
 
 
+class _PerTask:
+    """--per-task FILE: one line a task, written as the tasks' figures are made; the first write
+    that fails is kept, and nothing more is written."""
+
+    def __init__(self, path: str | None) -> None:
+        self.name = f"--per-task {path}"
+        self.fd: int | None = None
+        self.failure: OutputFailed | None = None
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.fd is None or self.failure is not None:
+            return
+        try:
+            write_all(self.fd, _encode(record) + b"\n", self.name)
+        except OutputFailed as failure:
+            self.failure = failure
+
+
 class _UnusableLines:
-    """The lines --summarize cannot use (not JSON objects, numbers past the float range): each
-    counts as a failed row of kind bad_input, as a bad input line does in a run, and makes
-    the exit status 1."""
+    """The lines --summarize cannot use (not JSON objects): each counts as a failed row of kind
+    bad_input, as a bad input line does in a run; and results of a (task, rollout) pair counted
+    already, which count once. Either makes the exit status 1."""
 
     def __init__(self) -> None:
         self.count = 0
         self._first = ""
+        self.repeats = 0
+        self._first_repeat = ""
+
+    def repeated(self, line: InputLine) -> None:
+        if not self.repeats:
+            self._first_repeat = printable(f"{line.source}:{line.number}")
+        self.repeats += 1
+
+    def problems(self) -> list[str]:
+        found = [str(self)] if self.count else []
+        if self.repeats:
+            lines = "1 result repeats" if self.repeats == 1 else f"{self.repeats} results repeat"
+            found.append(
+                f"{lines} a (task, rollout) pair counted already, counted once; the first: {self._first_repeat}"
+            )
+        return found
 
     def add(self, line: InputLine, reason: str, metrics: Metrics) -> None:
         metrics.taken += 1

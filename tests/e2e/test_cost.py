@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import closed_port_url, result_lines, run, summary_of
+from tests.conftest import QuietHandler, ThreadedHTTPServer, closed_port_url, result_lines, run, summary_of
 from tests.servers.recording_agent import RecordingAgent
 
 
@@ -122,3 +122,36 @@ def test_a_prices_file_with_a_price_past_the_float_range_is_refused_before_sendi
         " 0 or more, got a number of 401 digits\n"
     )
     assert agent.bodies == []
+
+
+class _RawAnswers(QuietHandler):
+    """Answers each /run with the body of its row's "answer", as bytes: JSON that Python's json
+    could not write (a float past its range, an integer of 5,000 digits)."""
+
+    def do_POST(self) -> None:
+        row = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.send_json(200, row["answer"].encode())
+
+
+def test_an_answer_with_numbers_no_float_holds_is_kept_exactly(tmp_path: Path):
+    huge = "9" * 5000
+    answers = [
+        f'{{"reward": 1.0, "response": {{"usage": {{"input_tokens": {huge}, "output_tokens": 1}}}}}}',
+        '{"reward": 1e400, "response": {"usage": {"input_tokens": 1e400, "output_tokens": 1}}}',
+        '{"reward": 0.0, "response": {"usage": {"input_tokens": 1000000, "output_tokens": 0}}}',
+    ]
+    server = ThreadedHTTPServer(_RawAnswers)
+    try:
+        data = "".join(json.dumps({"responses_create_params": {"input": "x"}, "answer": a}) + "\n" for a in answers)
+        proc = run(["-u", server.url + "/run", "-k", "--price", "3,15"], input=data)
+    finally:
+        server.close()
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 3
+    assert f'"input_tokens":{huge}'.encode() in lines[0]  # written back as it came
+    assert b'"reward":1E+400' in lines[1]
+    figures = summary_of(proc.stderr)["rollfilter"]
+    assert figures["rollouts_without_usage"] == 2
+    assert figures["cost_usd"] == pytest.approx(3.0)
+    assert summary_of(proc.stderr)["reward"] == 0.5  # the reward no float holds is no figure of the mean

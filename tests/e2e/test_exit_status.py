@@ -413,3 +413,19 @@ def test_ctrl_c_at_any_point_of_start_up_exits_130_without_a_traceback(module: s
     assert proc.returncode == 130
     assert b"Traceback" not in proc.stderr
     assert len(messages(proc.stderr)) <= 1
+
+
+@pytest.mark.parametrize("option", ["-o", "--metrics", "--errors"])
+def test_an_output_on_a_standard_stream_the_command_was_started_without_exits_74(
+    tmp_path, demo_server: DemoServer, option: str
+):
+    # Start-up holds the closed descriptor with /dev/null: /dev/stdout must not be opened again onto it.
+    data = tmp_path / "rows.jsonl"
+    data.write_text(
+        rows_jsonl([*simple_rows(3), {"responses_create_params": {"input": "x"}, "demo": {"fault": "422"}}])
+    )
+    args = ["-u", demo_server.url, "--retries", "0", "-o", str(tmp_path / "out.jsonl")] if option != "-o" else []
+    proc = run_with_closed("stdout", ["-u", demo_server.url, *args, option, "/dev/stdout", str(data)])
+    assert proc.returncode == 74
+    assert f"rollfilter: cannot write {option} /dev/stdout: {BAD_FD}" in messages(proc.stderr)
+    assert "rows_read" in summary_of(proc.stderr)["rollfilter"]

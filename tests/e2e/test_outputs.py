@@ -320,3 +320,87 @@ def test_two_resumes_started_together_finish_every_pair_once(tmp_path: Path, dat
         assert pairs == Counter({(task, rollout): 1 for task in range(20) for rollout in range(5)})
     finally:
         slow.kill()
+
+
+def test_results_to_dev_stdout_on_a_pipe_keep_no_record(tmp_path: Path, agent: RecordingAgent, data: Path):
+    # A pipe's real path is no path ("pipe:[N]"): there is nothing to keep a record beside.
+    proc = run(["-u", agent.run_url, "-q", "-o", "/dev/stdout", str(data)], cwd=tmp_path)
+    assert proc.returncode == ExitStatus.OK, proc.stderr
+    assert len(proc.stdout.splitlines()) == 20
+    assert listing(tmp_path) == ["data.jsonl"]
+
+
+def test_an_output_that_is_an_input_pipe_is_refused(tmp_path: Path, agent: RecordingAgent, data: Path):
+    # --errors /dev/stdin would feed its records back as rows, and the run would never end.
+    proc = run(
+        ["-u", agent.run_url, "--errors", "/dev/stdin", "-o", str(tmp_path / "out.jsonl")], input=data.read_text()
+    )
+    assert proc.returncode == ExitStatus.USAGE
+    assert (
+        proc.stderr.decode() == "rollfilter: --errors /dev/stdin is also the input <stdin>: input file is output file\n"
+    )
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    proc = run(["-u", agent.run_url, "--errors", str(fifo), str(fifo)])  # refused before either is opened
+    assert proc.returncode == ExitStatus.USAGE
+    assert agent.bodies == []
+
+
+def test_a_refused_run_removes_the_folders_it_made(tmp_path: Path, agent: RecordingAgent, data: Path):
+    used = tmp_path / "used.jsonl"
+    used.write_text("{}\n")
+    proc = run(
+        ["-u", agent.run_url, "-o", str(tmp_path / "new" / "sub" / "out.jsonl"), "--errors", str(used), str(data)]
+    )
+    assert proc.returncode == ExitStatus.USAGE
+    assert listing(tmp_path) == ["data.jsonl", "used.jsonl"]
+    held = hold(tmp_path / "held.jsonl")
+    try:
+        proc = run(
+            [
+                "-u",
+                agent.run_url,
+                "-o",
+                str(tmp_path / "held.jsonl"),
+                "--errors",
+                str(tmp_path / "e" / "e.jsonl"),
+                str(data),
+            ]
+        )
+    finally:
+        os.close(held)
+    assert proc.returncode == ExitStatus.OUTPUT_IN_USE
+    assert listing(tmp_path) == ["data.jsonl", "held.jsonl", "used.jsonl"]
+
+
+def test_a_materialized_file_another_run_builds_or_holds_is_refused(tmp_path: Path, agent: RecordingAgent, data: Path):
+    materialized = tmp_path / "m.jsonl"
+    args = ["-u", agent.run_url, "-q", "-a", "agent", "--materialized", str(materialized)]
+    # The first run holds its materialized file from before its first pass, which waits for stdin.
+    first = start([*args, "-o", str(tmp_path / "a.jsonl")], stdin=subprocess.PIPE)
+    assert first.stdin is not None
+    try:
+        wait_for(lambda: any(name.endswith(".claim.tmp") for name in os.listdir(tmp_path)))
+        second = run([*args, "-o", str(tmp_path / "b.jsonl"), str(data)])
+        assert second.returncode == ExitStatus.OUTPUT_IN_USE
+        assert second.stderr.decode().startswith(
+            f"rollfilter: --materialized {materialized} is in use by process {first.pid} ("
+        )
+        first.stdin.write(data.read_bytes())
+        first.stdin.close()
+        assert first.wait(SUBPROCESS_TIMEOUT) == ExitStatus.OK
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait(SUBPROCESS_TIMEOUT)
+        for stream in (first.stdout, first.stderr):
+            stream.close()  # type: ignore[union-attr]
+    assert len(read_jsonl(materialized)) == 20
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
+    held = hold(materialized)  # as the first run held the file it made, until it ended
+    try:
+        again = run([*args, "--append", "-o", str(tmp_path / "a.jsonl"), str(data)])
+    finally:
+        os.close(held)
+    assert again.returncode == ExitStatus.OUTPUT_IN_USE
+    assert len(read_jsonl(materialized)) == 20

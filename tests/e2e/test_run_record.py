@@ -300,7 +300,10 @@ def test_summarize_says_which_shards_of_n_it_was_given(
     assert summary["rollfilter"]["shards"] == {"of": 3, "present": [0, 2], "missing": [1]}
     status, stderr, _ = summarize(capfd, [*shards, shards[1]])
     assert status == ExitStatus.ROWS_FAILED
-    assert stderr == f"rollfilter: --summarize: shard 1/3 is given 2 times: {shards[1]} {shards[1]}\n"
+    assert stderr == (
+        f"rollfilter: 2 results repeat a (task, rollout) pair counted already, counted once; the first: {shards[1]}:1\n"
+        f"rollfilter: --summarize: shard 1/3 is given 2 times: {shards[1]} {shards[1]}\n"
+    )
 
 
 def test_summarize_names_shards_that_are_not_of_one_run(
@@ -315,6 +318,8 @@ def test_summarize_names_shards_that_are_not_of_one_run(
     status, stderr, _ = summarize(capfd, [one, other, whole])
     assert status == ExitStatus.ROWS_FAILED
     assert stderr.splitlines() == [
+        # whole.jsonl has every pair of the other two again
+        f"rollfilter: 6 results repeat a (task, rollout) pair counted already, counted once; the first: {whole}:1",
         f"rollfilter: --summarize: {other} is not from the run {one} is from: -p: none in {one}, x=1 here",
         f"rollfilter: --summarize: {whole} is not a shard: its run had no --shard",
     ]

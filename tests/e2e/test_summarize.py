@@ -71,20 +71,21 @@ def test_summarize_counts_nemo_gym_failure_lines_and_lines_it_cannot_use():
         '{"_ng_task_index": 0, "_ng_rollout_index": 0, "_ng_failure_class": "timeout"}',  # NeMo Gym's sidecar
         '{"_ng_failure_class": "crash"}',  # no indices to pair it with: a failure all the same
         '{"_ng_task_index": 1, "_ng_rollout_index": 0, "reward": 1.0}',
-        '{"reward": 1e400}',  # a JSON object, but with a number no float holds
+        '{"reward": 1e400}',  # a result whose number no float holds: kept, out of the means
         "[1]",
     ]
     proc = run(["--summarize"], input="".join(line + "\n" for line in lines))
     assert proc.returncode == 1
     [message] = proc.stderr.decode().splitlines()
-    assert message.startswith(
-        "rollfilter: 2 lines are not results, counted as failed (bad_input); the first: <stdin>:4:"
+    assert message == (
+        "rollfilter: 1 line is not a result, counted as failed (bad_input); the first: <stdin>:5:"
+        " not a JSON object (a JSON array)"
     )
     summary = json.loads(proc.stdout)
     assert summary["reward"] == 1.0
     figures = summary["rollfilter"]
-    assert (figures["rows_read"], figures["succeeded"], figures["failed"]) == (5, 1, 4)
-    assert figures["failed_by_kind"] == {"agent_failure": 2, "bad_input": 2}
+    assert (figures["rows_read"], figures["succeeded"], figures["failed"]) == (5, 2, 3)
+    assert figures["failed_by_kind"] == {"agent_failure": 2, "bad_input": 1}
     assert figures["failed_by_class"] == {"crash": 1, "timeout": 1}
 
 
@@ -105,3 +106,47 @@ def test_summarize_recomputes_the_live_summary(tmp_path, demo_server: DemoServer
     # The same from a pipe, after cat-ing the pieces in another order.
     piped = run(["--summarize", "-r", "4"], input=errors.read_bytes() + out.read_bytes())
     assert json.loads(piped.stdout)["pass@2"] == pytest.approx(live_summary["pass@2"])
+
+
+def test_a_pair_given_twice_counts_once_and_is_said(tmp_path):
+    results = tmp_path / "results.jsonl"
+    results.write_text(rows_jsonl([{"_ng_task_index": i, "_ng_rollout_index": 0, "reward": 1.0} for i in range(3)]))
+    proc = run(["--summarize", str(results), str(results)])
+    assert proc.returncode == 1
+    assert json.loads(proc.stdout)["rollfilter"]["succeeded"] == 3
+    assert proc.stderr.decode() == (
+        f"rollfilter: 3 results repeat a (task, rollout) pair counted already, counted once; the first: {results}:1\n"
+    )
+
+
+def test_summarize_writes_per_task_lines_and_refuses_what_it_would_not_write(tmp_path):
+    results = tmp_path / "results.jsonl"
+    results.write_text(
+        rows_jsonl(
+            [{"_ng_task_index": t, "_ng_rollout_index": k, "reward": float(t == k)} for t in range(2) for k in range(2)]
+        )
+    )
+    per_task = tmp_path / "tasks.jsonl"
+    proc = run(["--summarize", "-r", "2", "--per-task", str(per_task), str(results)])
+    assert proc.returncode == 0, proc.stderr
+    assert [json.loads(line)["pass@1"] for line in per_task.read_text().splitlines()] == [0.5, 0.5]
+    for option in (["-o", str(tmp_path / "o.jsonl")], ["--errors", str(tmp_path / "e.jsonl")], ["--append"]):
+        refused = run(["--summarize", *option, str(results)])
+        assert refused.returncode == 2
+        assert refused.stderr.decode().startswith("rollfilter: --summarize writes its summary to standard output")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl", "tasks.jsonl"]
+
+
+def test_a_result_with_numbers_past_the_float_range_is_counted(tmp_path):
+    # As an agent can answer them, and rollfilter writes them back: exactly.
+    huge = "9" * 5000
+    results = tmp_path / "results.jsonl"
+    results.write_text(
+        f'{{"_ng_task_index":0,"_ng_rollout_index":0,"reward":1.0,"response":{{"usage":{{"input_tokens":{huge}}}}}}}\n'
+        '{"_ng_task_index":1,"_ng_rollout_index":0,"reward":1e400}\n'
+    )
+    proc = run(["--summarize", str(results)])
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["rollfilter"]["succeeded"] == 2
+    assert summary["reward"] == 1.0  # the reward past the float range is no figure of the mean
