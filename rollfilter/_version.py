@@ -1,3 +1,3 @@
 """The package's version, alone in a module: what needs it imports this, never the package root."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -47,9 +47,9 @@ DAEMON_WAIT = 60  # seconds for a daemon to come up or go down
 
 
 def recipe(title: str) -> list[str]:
-    """The commands of the README's `sh` block that starts with `title`, in its section on shards."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("\n## Past one machine: Slurm and GNU parallel\n")[1].split("\n## ")[0]
+    """The commands of the `sh` block that starts with `title`, in docs/scale-out.md's section on shards."""
+    page = (ROOT / "docs" / "scale-out.md").read_text()
+    section = page.split("\n## Past one machine: Slurm and GNU parallel\n")[1].split("\n## ")[0]
     blocks = re.findall(r"```sh\n(.*?)```", section, re.S)
     (block,) = [b for b in blocks if b.startswith(title)]
     return block.splitlines()
