@@ -1,12 +1,16 @@
 """rollfilter against a NeMo Gym-style reference collector, side by side, in one run.
 
-    pip install -e '.[test,bench]' && python tests/perf/bench.py [--quick] [--json FILE]
+    pip install -e '.[test,bench]' && python tests/perf/bench.py [--quick] [--json FILE] [--baseline COMMAND]
 
 Each client runs pinned to core 0 and the demo agent, in its own process, to core 1
 (on a machine with one core both share it). The runs of rollfilter and of the reference
 alternate. Each scenario's medians go into a table with their ratios and targets, and the
 whole run is written as JSON (default tests/perf/results.json). Only loopback addresses
 are used, and every wait is bounded.
+
+--baseline COMMAND (another build's `rollfilter` script) runs that build too, as the client
+"rollfilter (baseline)", in the same alternation in overhead, scale and memory (its
+1,000,000-row plain run); the table gets a column for it and the ratio of this build to it.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REFERENCE = HERE / "reference_collector.py"
 RUN_TIMEOUT = 1800  # seconds: no single client run may take longer
+BASELINE = "rollfilter (baseline)"  # the client --baseline runs
 VARIANTS = (("rollfilter", ()), ("rollfilter --ordered", ("--ordered",)))  # the targets hold for both
 QUEUEING = ["--slots", "40", "--thrash", "0.2"]  # the demo agent as a model server: a queue, thrashing past 80
 SCENARIOS = (
@@ -180,6 +185,11 @@ class Row:
     target: str
     passed: bool | None
     runs: dict[str, list[float]] = field(default_factory=dict)
+    baseline: float | None = None  # the --baseline build's figure, beside this build's
+
+    def record(self) -> dict[str, object]:
+        """The row as JSON, without `baseline` when there is none."""
+        return {key: value for key, value in self.__dict__.items() if key != "baseline" or value is not None}
 
 
 def labelled(scenario: str, variant: str) -> str:
@@ -192,10 +202,11 @@ def median(values: list[float]) -> float:
 
 
 class Bench:
-    def __init__(self, workdir: Path, runs: int, quick: bool) -> None:
+    def __init__(self, workdir: Path, runs: int, quick: bool, baseline: Sequence[str] | None = None) -> None:
         self.workdir = workdir
         self.runs = runs
         self.quick = quick
+        self.baseline = list(baseline) if baseline else None  # another build's command, or None
         self.rows: list[Row] = []
 
     def out(self, name: str) -> Path:
@@ -211,9 +222,12 @@ class Bench:
         extra: Sequence[str] = (),
         stdin: Path | None = None,
         may_fail_rows: bool = False,
+        command: Sequence[str] | None = None,
     ) -> Measure:
+        """Run rollfilter (this build, or `command`) to its end against `agent`."""
         output = self.out("rf.jsonl")
-        argv = [*rollfilter_cmd(), "-q", "-u", agent.url, "-j", str(concurrency), "-o", str(output), *extra]
+        argv = [*(command or rollfilter_cmd()), "-q", "-u", agent.url, "-j", str(concurrency), "-o", str(output)]
+        argv.extend(extra)
         if data:
             argv.append(str(data))
         return run_client(argv, stdin_path=stdin, output=output, may_fail_rows=may_fail_rows)
@@ -236,20 +250,37 @@ class Bench:
                 )
         return results
 
+    def _with_baseline(
+        self, clients: dict[str, Callable[[], Measure]], baseline: Callable[[Sequence[str]], Measure]
+    ) -> dict[str, Callable[[], Measure]]:
+        """`clients`, and the --baseline build run by `baseline` after the plain rollfilter when it is given."""
+        if not self.baseline:
+            return clients
+        command = self.baseline
+        named = list(clients.items())
+        named.insert(list(clients).index("rollfilter") + 1, (BASELINE, lambda: baseline(command)))
+        return dict(named)
+
+    @staticmethod
+    def _beside(row: Row, runs: list[float]) -> Row:
+        """`row` with the --baseline build's runs and their median beside this build's."""
+        row.runs[BASELINE] = runs
+        row.baseline = median(runs)
+        return row
+
     def overhead(self) -> None:
         n = 5_000 if self.quick else 20_000
         data = make_rows(self.workdir / f"rows-{n}.jsonl", n)
         agent = Agent(latency=0.0)
         try:
             print(f"overhead: instant agent, {n} rows, -j 64", file=sys.stderr)
-            results = self.alternate(
-                {
-                    "rollfilter": lambda: self.rf(agent, 64, data),
-                    "rollfilter --ordered": lambda: self.rf(agent, 64, data, ["--ordered"]),
-                    "reference": lambda: self.ref(agent, 64, data),
-                },
-                self.runs,
-            )
+            clients: dict[str, Callable[[], Measure]] = {
+                "rollfilter": lambda: self.rf(agent, 64, data),
+                "rollfilter --ordered": lambda: self.rf(agent, 64, data, ["--ordered"]),
+                "reference": lambda: self.ref(agent, 64, data),
+            }
+            clients = self._with_baseline(clients, lambda command: self.rf(agent, 64, data, command=command))
+            results = self.alternate(clients, self.runs)
         finally:
             agent.stop()
         ref_rate = median([n / m.wall_s for m in results["reference"]])
@@ -259,8 +290,18 @@ class Bench:
             cpus = {label: [m.cpu_s for m in results[label]] for label in (name, "reference")}
             rate, cpu = median(rates[name]), median(cpus[name])
             scenario = f"overhead ({name})"
-            self.rows.append(Row(scenario, "rows/s", rate, ref_rate, ">= 1.0x reference", rate >= ref_rate, rates))
-            self.rows.append(Row(scenario, "CPU s (user+sys)", cpu, ref_cpu, "<= 1.0x reference", cpu <= ref_cpu, cpus))
+            rate_row = Row(scenario, "rows/s", rate, ref_rate, ">= 1.0x reference", rate >= ref_rate, rates)
+            cpu_row = Row(scenario, "CPU s (user+sys)", cpu, ref_cpu, "<= 1.0x reference", cpu <= ref_cpu, cpus)
+            if not (self.baseline and name == "rollfilter"):
+                self.rows.extend((rate_row, cpu_row))
+                continue
+            per_row = {label: [m.cpu_s * 1e6 / n for m in results[label]] for label in (name, "reference")}
+            us, ref_us = median(per_row[name]), median(per_row["reference"])
+            us_row = Row(scenario, "CPU us a row", us, ref_us, "<= 1.0x reference", us <= ref_us, per_row)
+            baseline = results[BASELINE]
+            self.rows.append(self._beside(rate_row, [n / m.wall_s for m in baseline]))
+            self.rows.append(self._beside(cpu_row, [m.cpu_s for m in baseline]))
+            self.rows.append(self._beside(us_row, [m.cpu_s * 1e6 / n for m in baseline]))
 
     def scale(self) -> None:
         latency, concurrency = 2.0, 2000
@@ -270,14 +311,13 @@ class Bench:
         agent = Agent(latency=latency)
         try:
             print(f"scale: {latency:g} s agent, {n} rows, -j {concurrency} (ideal {ideal:.0f} rows/s)", file=sys.stderr)
-            results = self.alternate(
-                {
-                    "rollfilter": lambda: self.rf(agent, concurrency, data),
-                    "rollfilter --ordered": lambda: self.rf(agent, concurrency, data, ["--ordered"]),
-                    "reference": lambda: self.ref(agent, concurrency, data),
-                },
-                self.runs,
-            )
+            clients: dict[str, Callable[[], Measure]] = {
+                "rollfilter": lambda: self.rf(agent, concurrency, data),
+                "rollfilter --ordered": lambda: self.rf(agent, concurrency, data, ["--ordered"]),
+                "reference": lambda: self.ref(agent, concurrency, data),
+            }
+            clients = self._with_baseline(clients, lambda command: self.rf(agent, concurrency, data, command=command))
+            results = self.alternate(clients, self.runs)
         finally:
             agent.stop()
         fractions = {name: [n / m.wall_s / ideal for m in runs] for name, runs in results.items()}
@@ -287,7 +327,10 @@ class Bench:
             runs = {label: fractions[label] for label in (name, "reference")}
             scenario = labelled("scale", name)
             target = ">= 0.95 and >= reference"
-            self.rows.append(Row(scenario, "fraction of ideal rows/s", rf, ref, target, rf >= 0.95 and rf >= ref, runs))
+            row = Row(scenario, "fraction of ideal rows/s", rf, ref, target, rf >= 0.95 and rf >= ref, runs)
+            self.rows.append(
+                self._beside(row, fractions[BASELINE]) if BASELINE in fractions and name == "rollfilter" else row
+            )
 
     def adaptive(self) -> None:
         """A refusing agent: 429 with Retry-After 1 above 40 episodes at once, 0.2 s each: ideal 200 rows/s."""
@@ -485,6 +528,7 @@ class Bench:
             print(f"memory: {sizes[0]} and {sizes[1]} rows from stdin, -j 256", file=sys.stderr)
             rf_small = self.rf(agent, 256, None, stdin=small)
             rf_large = self.rf(agent, 256, None, stdin=large)
+            baseline_large = self.rf(agent, 256, None, stdin=large, command=self.baseline) if self.baseline else None
             rf_ordered = self.rf(agent, 256, None, ["--ordered"], stdin=large)
             aggregate = ["-a", "bench", "--aggregate", str(self.out("aggregate.json"))]
             rf_aggregate = self.rf(agent, 256, None, aggregate, stdin=large)
@@ -497,22 +541,25 @@ class Bench:
         for label, m in (
             ("rollfilter", rf_small),
             ("rollfilter", rf_large),
+            *([(BASELINE, baseline_large)] if baseline_large else []),
             ("rollfilter --ordered", rf_ordered),
             ("rollfilter --aggregate", rf_aggregate),
             ("rollfilter --gym-layout", rf_gym),
             ("reference", ref_small),
         ):
             print(f"    {label}: {m.rows} rows, peak RSS {m.peak_rss_mb:.1f} MB, {m.wall_s:.1f} s", file=sys.stderr)
-        self.rows.append(
-            Row(
-                f"memory {sizes[1]:,} rows",
-                "peak RSS MB",
-                rf_large.peak_rss_mb,
-                None,
-                "<= 100 MB",
-                rf_large.peak_rss_mb <= 100,
-            )
+        large_row = Row(
+            f"memory {sizes[1]:,} rows",
+            "peak RSS MB",
+            rf_large.peak_rss_mb,
+            None,
+            "<= 100 MB",
+            rf_large.peak_rss_mb <= 100,
         )
+        if baseline_large:
+            large_row.runs["rollfilter"] = [rf_large.peak_rss_mb]
+            self._beside(large_row, [baseline_large.peak_rss_mb])
+        self.rows.append(large_row)
         self.rows.append(
             Row(
                 f"memory {sizes[1]:,} rows --ordered",
@@ -673,12 +720,23 @@ def _cell(value: float | None) -> str:
     return "-" if value is None else f"{value:,.3f}" if value < 10 else f"{value:,.0f}"
 
 
+def _ratio(value: float | None, against: float | None) -> str:
+    return f"{value / against:.2f}" if value is not None and against else "-"
+
+
 def table(rows: list[Row]) -> str:
-    lines = ["| scenario | metric | rollfilter | reference | ratio | target | met |", "|---|---|---|---|---|---|---|"]
+    """The rows as markdown; with --baseline's figures, two more columns: the baseline and the ratio to it."""
+    baseline = any(row.baseline is not None for row in rows)
+    header = ["scenario", "metric", "rollfilter", "reference", "ratio", "target", "met"]
+    if baseline:
+        header += [BASELINE, "ratio to baseline"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        ratio = f"{row.rollfilter / row.reference:.2f}" if row.rollfilter is not None and row.reference else "-"
         met = {True: "yes", False: "NO", None: "-"}[row.passed]
+        ratio = _ratio(row.rollfilter, row.reference)
         cells = [row.scenario, row.metric, _cell(row.rollfilter), _cell(row.reference), ratio, row.target, met]
+        if baseline:
+            cells += [_cell(row.baseline), _ratio(row.rollfilter, row.baseline)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -691,6 +749,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="alternating runs per client in each scenario")
     parser.add_argument("--json", type=Path, default=HERE / "results.json", help="where to write the results")
     parser.add_argument(
+        "--baseline",
+        metavar="COMMAND",
+        default=None,
+        help=f"another build's rollfilter script: overhead, scale and memory run it too, as {BASELINE!r}",
+    )
+    parser.add_argument(
         "--only",
         nargs="*",
         choices=SCENARIOS,
@@ -698,8 +762,10 @@ def main() -> None:
         help="scenarios (default all): " + " ".join(SCENARIOS) + "; --adaptive's are healthy adaptive queueing moving",
     )
     args = parser.parse_args()
+    if args.baseline and not shutil.which(args.baseline):
+        parser.error(f"--baseline {args.baseline}: not an executable command")
     with tempfile.TemporaryDirectory(prefix="rollfilter-bench-") as tmp:
-        bench = Bench(Path(tmp), args.runs, args.quick)
+        bench = Bench(Path(tmp), args.runs, args.quick, [args.baseline] if args.baseline else None)
         for name in args.only or SCENARIOS:
             getattr(bench, name)()
     text = table(bench.rows)
@@ -715,7 +781,8 @@ def main() -> None:
                 },
                 "quick": args.quick,
                 "runs": args.runs,
-                "rows": [row.__dict__ for row in bench.rows],
+                **({"baseline": args.baseline} if args.baseline else {}),
+                "rows": [row.record() for row in bench.rows],
                 "table": text,
             },
             indent=2,
