@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from rollfilter.api import Rollouts, open_rollouts, rollouts
     from rollfilter.config import Config, Retries, Timeouts, Tls
     from rollfilter.errors import ErrorKind, RollfilterError, ServiceError, UsageError
-    from rollfilter.outcomes import Failure, Rollout
+    from rollfilter.outcomes import Failure, Group, Rollout
     from rollfilter.rollout_run import RolloutRun
 
 _EXPORTS = {
@@ -27,6 +27,7 @@ _EXPORTS = {
     "UsageError": "rollfilter.errors",
     "ServiceError": "rollfilter.errors",
     "Failure": "rollfilter.outcomes",
+    "Group": "rollfilter.outcomes",
     "Rollout": "rollfilter.outcomes",
     "RolloutRun": "rollfilter.rollout_run",
     "Rollouts": "rollfilter.api",
@@ -37,6 +38,7 @@ __all__ = [
     "Config",
     "ErrorKind",
     "Failure",
+    "Group",
     "Retries",
     "RollfilterError",
     "Rollout",

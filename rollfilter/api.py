@@ -9,7 +9,8 @@
         ...
 
 Each outcome is a `Rollout` (the row as sent and the agent's result) or a `Failure` (the
-same kinds as the errors record). A failed row is data, never an exception: only
+same kinds as the errors record); with `Config(groups=True)`, a `Group` of a task's rollouts,
+and `run.groups()` gives the kept ones to a trainer as each is whole. A failed row is data, never an exception: only
 misconfiguration raises (`UsageError`, `ServiceError`), and it does so before anything
 is sent. Under asyncio the engine runs as a trio guest on the running loop, in the same
 thread (`rollfilter.guest`); under trio it runs in the caller's trio run
@@ -26,7 +27,7 @@ import sniffio
 import trio
 
 from rollfilter.config import Config
-from rollfilter.outcomes import Outcome
+from rollfilter.outcomes import Group, Outcome
 from rollfilter.rollout_run import RolloutRun, Rows, RunResults, open_rollouts_in_trio
 
 
@@ -94,6 +95,13 @@ class Rollouts(RunResults):
             self.close()
         if self._error is not None:  # the run ended by failing, after its last outcome
             raise self._error
+
+    def groups(self) -> Iterator[Group]:
+        """With `Config(groups=True)`: the groups to train on (`Group.ok`), each as soon as it is
+        whole (iterating the run itself gives every group, the dropped ones too)."""
+        for outcome in self:
+            if isinstance(outcome, Group) and outcome.ok:
+                yield outcome
 
     def _next_from_thread(self) -> Outcome | None:
         if self._error is None:

@@ -203,6 +203,12 @@ class Config:
     aggregate: bool = False  # ask each agent for its /aggregate_metrics when the run ends
     cross_origin_redirects: bool = False  # follow 307/308 to another scheme, host or port too
     max_reply_bytes: AtLeastOne = DEFAULT_MAX_REPLY_BYTES  # a longer reply body fails its row as bad_response
+    # A task's rollouts (a row's repeats) as one group, handed out whole once every one has ended.
+    groups: bool = False
+    keep_incomplete: bool = False  # a group with a failed rollout hands out its finished ones anyway
+    drop_uniform: bool = False  # drop a group whose group_field is the same number in every rollout (implies groups)
+    group_field: str = "reward"  # a numeric top-level field of each result
+    target_groups: AtLeastOne | None = None  # stop once this many groups have been handed out
 
     def __post_init__(self) -> None:
         # As httpx's Client(timeout=5.0): the plain value stands for the part it sets.
@@ -232,6 +238,17 @@ class Config:
             raise ConfigError("shard", "I/N wants 0 <= I < N")
         if self.max_cost is not None and not self.prices:
             raise ConfigError("max_cost", "needs Config.prices: without them nothing is spent")
+        if self.drop_uniform:
+            object.__setattr__(self, "groups", True)
+        if not self.groups:
+            for name in ("keep_incomplete", "target_groups"):
+                if getattr(self, name) not in (False, None):
+                    raise ConfigError(name, "needs Config.groups (or drop_uniform)")
+        elif self.max_repeats < 2:
+            raise ConfigError("groups", "needs repeats over 1: a group is a row's repeated rollouts")
+        problem = group_field_problem(self.group_field)
+        if problem is not None:
+            raise ConfigError("group_field", problem)
 
     @property
     def names_an_agent(self) -> bool:
@@ -316,6 +333,21 @@ def header_problem(name: str, value: str) -> str | None:
     # ends it for many servers.
     if any(c in "\r\n\0" for c in value):
         return f"{name}: the value holds CR, LF or NUL (the value is not shown)"
+    return None
+
+
+# Fields of a result that are never a reward to tell a group by: NeMo Gym's objects and indices.
+NOT_GROUP_FIELDS = frozenset(
+    {"response", "responses_create_params", "agent_ref", "skills_ref", "_ng_task_index", "_ng_rollout_index"}
+)
+
+
+def group_field_problem(name: str) -> str | None:
+    """Why `name` cannot be the numeric result field that tells a uniform group; None if it can."""
+    if not name.strip():
+        return "wants the name of a numeric top-level field of the results, such as reward"
+    if name in NOT_GROUP_FIELDS:
+        return f"{name!r} is not a numeric field of a result: name one such as reward or accuracy"
     return None
 
 

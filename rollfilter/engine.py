@@ -15,7 +15,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import trio
@@ -72,6 +72,7 @@ class StopCause(enum.Enum):
     TERMINATED = "terminated"
     HUNG_UP = "hung up"
     READER_GONE = "broken pipe"  # the reader of the results went away
+    TARGET_REACHED = "target reached"  # as many groups written as Config.target_groups asks
     OUTPUT_FAILED = "output failed"  # an output could not be written
 
 
@@ -95,10 +96,22 @@ class RunControl:
         return self._reason() if callable(self._reason) else self._reason
 
     def stop(self, cause: StopCause, reason: str | Callable[[], str] | None = None) -> None:
-        if self.cause is None:
+        # A target reached ends the engine only: what follows a finished run (the aggregate) runs,
+        # and a stop after it (a signal during the aggregate) is the run's.
+        if self.cause is None or (self.cause is StopCause.TARGET_REACHED and cause is not StopCause.TARGET_REACHED):
             self.cause = cause
             self._reason = reason
-        self.cancel()
+        if cause is StopCause.TARGET_REACHED:
+            self.scope.cancel()
+        else:
+            self.cancel()
+
+    @property
+    def stopped_early(self) -> bool:
+        """Whether the run was stopped before its end (a target reached is an end)."""
+        if self.cause is StopCause.TARGET_REACHED:
+            return False
+        return self.cause is not None or self.scope.cancel_called
 
     def cancel(self) -> None:
         """Cancel the engine and what runs after it, without a stop status (the caller left)."""
@@ -108,10 +121,18 @@ class RunControl:
     def stoppable(self) -> trio.CancelScope:
         """A cancel scope for work after the engine (the aggregate calls) that a stop cancels."""
         scope = trio.CancelScope()
-        if self.scope.cancel_called:
+        if self.stopped_early:
             scope.cancel()
         self._scopes.append(scope)
         return scope
+
+
+class ResultStage(Protocol):
+    """What takes a finished rollout in place of the sink: the groups of `rollfilter.groups`."""
+
+    def result(self, job: Job, result: dict[str, Any], latency: float, release: Release) -> None: ...
+
+    def failure(self, job: Job, failure: AttemptFailure) -> None: ...
 
 
 @dataclasses.dataclass(slots=True)
@@ -130,6 +151,8 @@ class Engine:
     on_event: Callable[[str], None] | None = None  # -v: one line per row event
     spool: ResultSpool | None = None  # successful results for /aggregate_metrics
     max_cost: float | None = None  # USD: the run stops once it has spent this much
+    groups: ResultStage | None = None  # results held by group, counted when their group closes
+    group_field: str | None = None  # a result must hold this numeric field (to tell uniform groups)
     _in_flight: dict[Job, Flight] = dataclasses.field(default_factory=dict)  # in the order sent
 
     def status(self) -> RunStatus:
@@ -217,16 +240,31 @@ class Engine:
                 self.on_event(f"{describe(job)}: not persisted (the agent's _ng_no_persist); {advice}")
             self._ended(job, None)
             self.sink.not_persisted(job, flight.attempt, release)
+            if self.groups is not None:
+                message = "the agent asked for this rollout not to be kept (_ng_no_persist)"
+                self.groups.failure(job, AttemptFailure(ErrorKind.NOT_PERSISTED, message, attempts=flight.attempt))
             self._check_failure_limit()
+        elif self.group_field is not None and as_float(outcome.get(self.group_field)) is None:
+            message = f"the result has no number {self.group_field!r} to tell its group by"
+            self._fail(
+                job, AttemptFailure(ErrorKind.GROUP_FIELD, message, attempts=flight.attempt, answer=outcome), release
+            )
         else:
             latency = trio.current_time() - started
-            self.metrics.add_result(outcome, latency, job.agent_name)
             if self.on_event is not None:
                 self.on_event(f"{describe(job)}: finished in {latency:.3f} s, reward {outcome.get('reward')}")
-            self._ended(job, reward_of(outcome))
-            if self.spool is not None:  # by the result's agent, as an earlier run's results are spooled
-                self.spool.add(agent_name(outcome), outcome)
-            self.sink.result(job, outcome, release)
+            if self.groups is not None:
+                self.groups.result(job, outcome, latency, release)  # counted when its group closes
+            else:
+                self.count_result(job, outcome, latency)
+                self.sink.result(job, outcome, release)
+
+    def count_result(self, job: Job, result: dict[str, Any], latency: float | None) -> None:
+        """Put a result into the run's figures: the means, the tasks, the spool."""
+        self.metrics.add_result(result, latency, job.agent_name)
+        self._ended(job, reward_of(result))
+        if self.spool is not None:  # by the result's agent, as an earlier run's results are spooled
+            self.spool.add(agent_name(result), result)
 
     def _spend(self, job: Job, answer: dict[str, Any]) -> None:
         """Count what an agent's answer cost (an agent-reported failure's too); stop at the budget."""
@@ -254,6 +292,8 @@ class Engine:
             self.on_event(f"{describe(job)}: failed after {failure.attempts} attempts: {failure.kind.value}")
         self._ended(job, None)
         self.sink.failure(job, failure, release)
+        if self.groups is not None:
+            self.groups.failure(job, failure)
         self._check_failure_limit()
 
     def _check_failure_limit(self) -> None:

@@ -1,11 +1,11 @@
 """What became of one rollout, in one shape for the command line and the Python API.
 
 `Rollout` (the row as sent and the agent's result) and `Failure` (the row, where it came
-from, and why) are what the API hands out; the command writes the same objects, a result
-line for a Rollout and an errors-record line (`Failure.record()`) or a stderr line
-(`Failure.line()`) for a Failure. `AttemptFailure` is the engine's account of how a rollout's
-attempt failed (or why none was made), before it is tied to its row; the job
-(`plan.Job.as_failure`, `as_rollout`) ties it.
+from, and why) are what the API hands out (with `Config.groups`, in a `Group`); the command
+writes the same objects, a result line for a Rollout and an errors-record line
+(`Failure.record()`) or a stderr line (`Failure.line()`) for a Failure. `AttemptFailure` is
+the engine's account of how a rollout's attempt failed (or why none was made), before it is
+tied to its row; the job (`plan.Job.as_failure`, `as_rollout`) ties it.
 """
 
 from __future__ import annotations
@@ -139,7 +139,30 @@ class Failure:
         return printable(f"{where}: {self.kind.value}: {self.message}{tries}")
 
 
-Outcome = Rollout | Failure
+@dataclasses.dataclass(frozen=True, slots=True)
+class Group:
+    """A task's rollouts at the end of their group (with `Config.groups`), in rollout order.
+
+    `fate` says what became of it: "kept" (every rollout finished, and with `drop_uniform` their
+    `group_field` differs), "uniform" (dropped: the same `group_field` throughout), "incomplete"
+    (a rollout failed after its retries: `failures` says how) or "cancelled" (the run stopped
+    first, at `target_groups` or when left early). `ok` says whether it is handed out to train
+    on: kept, or incomplete with `keep_incomplete` (`RolloutRun.groups()` gives those).
+    """
+
+    task_index: Any
+    fate: str
+    rollouts: tuple[Rollout, ...]
+    failures: tuple[Failure, ...] = ()
+    ok: bool = False
+
+    @property
+    def rewards(self) -> list[Any]:
+        """Each rollout's reward, in rollout order."""
+        return [rollout.result.get("reward") for rollout in self.rollouts]
+
+
+Outcome = Rollout | Failure | Group
 
 
 def failure_of(record: dict[str, Any]) -> AttemptFailure | None:

@@ -104,6 +104,7 @@ class TaskStats:
         means = 0
         pass_means = dict.fromkeys(self.ks, 0.0)
         pass_counts = dict.fromkeys(self.ks, 0)
+        histogram: list[int] = []  # finished tasks by their rollouts at or over the threshold, 0 to the most ended
         slots = itertools.chain(range(self._numbered), (self._others[_key(task)] for task in self._other_keys))
         names = itertools.chain(range(self._numbered), self._other_keys)
         for slot, task in zip(slots, names, strict=True):
@@ -114,6 +115,10 @@ class TaskStats:
             failed, rewarded = counts["failed"][slot], counts["rewarded"][slot]
             with_failures += failed > 0
             unfinished += ended < planned
+            if ended >= planned:
+                if ended >= len(histogram):
+                    histogram.extend([0] * (ended + 1 - len(histogram)))
+                histogram[counts["correct"][slot]] += 1
             mean = self._reward_means[slot] if rewarded else None
             if mean is not None:
                 means += 1
@@ -130,6 +135,7 @@ class TaskStats:
         fields: dict[str, Any] = {f"mean@{self.repeats}": mean_of_means if means else None}
         for k in self.ks:
             fields[f"pass@{k}"] = pass_means[k] if pass_counts[k] else None
+        fields["pass_histogram"] = histogram
         self._finished = {
             "fields": fields,
             "figures": {
@@ -141,7 +147,9 @@ class TaskStats:
         }
 
     def summary_fields(self) -> dict[str, Any]:
-        """mean@K, and pass@k for each k; null when no task had k rollouts to judge."""
+        """mean@K, pass@k for each k (null when no task had k rollouts to judge), and
+        `pass_histogram`: of the tasks whose rollouts all ended, how many had 0, 1, ..., K
+        rollouts at or over the threshold (K: the most rollouts a task had)."""
         self.finish()
         assert self._finished is not None
         return dict(self._finished["fields"])

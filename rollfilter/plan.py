@@ -11,8 +11,10 @@ on a resumed retry.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import zlib
 from array import array
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import msgspec
@@ -60,6 +62,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     agent_name: str | None = None  # the row's agent_ref.name (after -a filled it), the route by name
     attempt_index: Any = None  # _ng_attempt_index as sent, if any
     failure: AttemptFailure | None = None  # known before sending: bad input
+    group: int = 0  # the first rollout index of its line: with the task, the key of its group
 
     def as_rollout(self, result: dict[str, Any]) -> Rollout:
         """This rollout finished with `result`: the row as sent, and the result."""
@@ -74,6 +77,19 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, eq=False):
             self.line, failure.failure_class, terminal=failure.retry is Retry.NEVER, answer=failure.answer,
             source=self.source, raw=raw, attempt_index=self.attempt_index,
         )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GroupPlan:
+    """A line's rollouts as one group: what this run sends, and what earlier runs left of it."""
+
+    task_index: Any
+    first: int  # its first rollout index: with the task, the group's key (Job.group)
+    sent: tuple[int, ...]  # rollout indices this run sends
+    held: dict[int, dict[str, Any]]  # finished by an earlier run, their group then still open
+    done: int  # written whole by an earlier run
+    dropped: int  # dropped by an earlier run (uniform)
+    given_up: int  # out of attempts, or terminal: the group can never be whole
 
 
 def shard_of(task_index: Any, shards: int) -> int:
@@ -148,9 +164,15 @@ class Planner:
     """Turns input lines into jobs, one at a time, as the engine asks for them."""
 
     def __init__(
-        self, reader: LineSource, config: Config, resume: ResumeState | None = None, tasks: TaskStats | None = None
+        self,
+        reader: LineSource,
+        config: Config,
+        resume: ResumeState | None = None,
+        tasks: TaskStats | None = None,
+        on_group: Callable[[GroupPlan], None] | None = None,
     ) -> None:
         self._reader = reader
+        self._on_group = on_group  # told each line's group before any of its jobs runs
         self._tasks = tasks  # told each task's rollouts, and the failed ones resume gives up
         self._config = config
         self._resume = resume
@@ -246,17 +268,25 @@ class Planner:
         prefix = _encoded_prefix(sent, seeds=config.repeat_seeds) if sent is not None else None
         given_attempt = row.get(ATTEMPT_INDEX) if row is not None else None
         jobs = []
+        held: dict[int, dict[str, Any]] = {}
+        done = dropped = given_up = 0
         for rollout in range(first, first + repeats):
             attempt = 0
             if self._resume is not None:
                 attempt = self._resume.decide(task, rollout)
-                if attempt == ResumeState.DONE:
-                    self.skipped += 1
-                    continue
-                if attempt == ResumeState.GIVE_UP:
-                    self.given_up += 1
-                    if self._tasks is not None:
-                        self._tasks.rollout_ended(task, None)  # an earlier run's failure that stands
+                if attempt < 0:
+                    self.skipped += attempt != ResumeState.GIVE_UP
+                    if attempt == ResumeState.DONE:
+                        done += 1
+                    elif attempt == ResumeState.DROPPED:
+                        dropped += 1
+                    elif attempt == ResumeState.HELD:
+                        held[rollout] = self._resume.take_held(task, rollout)
+                    else:
+                        given_up += 1
+                        self.given_up += 1
+                        if self._tasks is not None:
+                            self._tasks.rollout_ended(task, None)  # an earlier run's failure that stands
                     continue
             rollout_body = body
             attempt_index = None
@@ -279,9 +309,13 @@ class Planner:
                     agent_name=name,
                     attempt_index=attempt_index,
                     failure=failure,
+                    group=first,
                 )
             )
             self._seq += 1
+        if self._on_group is not None:
+            sending = tuple(job.rollout_index for job in jobs)
+            self._on_group(GroupPlan(task, first, sending, held, done, dropped, given_up))
         self._pending.extend(jobs)
 
 

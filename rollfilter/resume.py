@@ -5,6 +5,15 @@ A (task, rollout) pair found in the results file is done. Each line of the failu
 attempt of its pair; a pair marked terminal, or with `max_attempts` failed attempts, is not
 run again. A pair run again carries `_ng_attempt_index`: its failed attempts so far.
 Memory grows by about 30 bytes a pair, whatever the indices hold.
+
+A run of whole groups also keeps a held file beside its results (`held_path`): each rollout's
+result as it finished, a marker for each rollout of a group dropped as uniform, and, each time
+whole groups have reached the results file, how far that file then held only whole groups
+(`written_through`, in bytes). Resuming, a pair of a dropped group is not run again, and the
+finished rollouts of a group not yet written are taken back (`take_held`) instead of being
+sent again. Results past the last `written_through` that the held file holds too are cut off
+the results file: they may be the first part of a group that a kill cut in two, and are
+written again, whole, with the rest of their group.
 """
 
 from __future__ import annotations
@@ -41,6 +50,27 @@ class _Record(msgspec.Struct):
 _decode_record = msgspec.json.Decoder(_Record).decode
 _decode = msgspec.json.Decoder().decode
 
+HELD_SUFFIX = ".held"
+DROPPED_BECAUSE = "dropped_because"  # the key of a dropped group's rollouts (and of the held file's markers)
+WRITTEN_THROUGH = "written_through"  # the held file's marker: the results file's whole groups end there
+
+
+class _HeldRecord(msgspec.Struct):
+    """What resume reads of a held-file line: a result's indices, or a marker."""
+
+    task: Any = msgspec.field(name="_ng_task_index", default=msgspec.UNSET)
+    rollout: Any = msgspec.field(name="_ng_rollout_index", default=msgspec.UNSET)
+    dropped: Any = msgspec.field(name=DROPPED_BECAUSE, default=None)
+    written_through: Any = msgspec.field(name=WRITTEN_THROUGH, default=None)
+
+
+_decode_held = msgspec.json.Decoder(_HeldRecord).decode
+
+
+def held_path(results: str) -> str:
+    """Where a run of whole groups keeps the finished rollouts of its groups, beside `results`."""
+    return results + HELD_SUFFIX
+
 
 def pair_key(task: Any, rollout: Any) -> bytes:
     """A (task, rollout) pair as a KeyTable key."""
@@ -52,11 +82,16 @@ class ResumeState:
 
     DONE = -1  # the pair is in the results: skip it
     GIVE_UP = -2  # terminal, or out of attempts: do not run it again
+    DROPPED = -3  # its group was dropped (uniform): do not run it again
+    HELD = -4  # finished, its group not yet written: take its result back (`take_held`)
 
     def __init__(self, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> None:
         self.max_attempts = max_attempts
         self._done = KeyTable()
         self._failed = KeyTable(("I", "B"))  # failed attempts, terminal
+        self._dropped = KeyTable()
+        self._held: dict[bytes, bytes] = {}  # pair -> its result line, of groups still open
+        self.cut_bytes = 0  # cut off the results file: the start of a group a kill cut in two
 
     @property
     def done_pairs(self) -> int:
@@ -76,6 +111,10 @@ class ResumeState:
         key = pair_key(task, rollout)
         if self._done.count and key in self._done:
             return self.DONE
+        if self._dropped.count and key in self._dropped:
+            return self.DROPPED
+        if self._held and key in self._held:
+            return self.HELD
         if not self._failed.count:
             return 0
         handle = self._failed.find(key)
@@ -86,12 +125,41 @@ class ResumeState:
             return self.GIVE_UP
         return attempts
 
+    def take_held(self, task: Any, rollout: Any) -> dict[str, Any]:
+        """The result an earlier run finished for a pair that `decide` calls HELD (given once)."""
+        result: dict[str, Any] = _decode(self._held.pop(pair_key(task, rollout)))
+        return result
+
+    def dropped_results(self, held: str) -> Iterator[dict[str, Any]]:
+        """The results of the held file's dropped groups (a resumed run's summary covers them too)."""
+        if not self._dropped.count:
+            return
+        for line in _lines(held):
+            record = _held_record(line)
+            if record is None or record.dropped is not None or record.written_through is not None:
+                continue
+            if pair_key(record.task, record.rollout) in self._dropped:
+                value = _decode(line)
+                if isinstance(value, dict):
+                    yield value
+
     @classmethod
-    def from_files(cls, results: str, failures: str | None, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> ResumeState:
-        """Read a results file and, if given, a failures file; missing files are empty."""
+    def from_files(
+        cls,
+        results: str,
+        failures: str | None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        *,
+        held: str | None = None,
+    ) -> ResumeState:
+        """Read a results file and, if given, a failures file and a held file (see the module
+        docstring: this may cut the results file's tail); missing files are empty."""
         state = cls(max_attempts)
-        for record in _records(results):
-            state.add_done(record.task, record.rollout)
+        if held is None:
+            for record in _records(results):
+                state.add_done(record.task, record.rollout)
+        else:
+            state._read_held(results, held)
         if failures is not None:
             for record in _records(failures):
                 error = record.error if isinstance(record.error, dict) else {}
@@ -99,6 +167,76 @@ class ResumeState:
                 terminal = bool(record.terminal) or (isinstance(kind, str) and kind in _TERMINAL_KINDS)
                 state.add_failure(record.task, record.rollout, terminal=terminal)
         return state
+
+    def _read_held(self, results: str, held: str) -> None:
+        vouched = 0
+        for line in _lines(held):
+            marker = _held_record(line)
+            if marker is None:
+                continue
+            if type(marker.written_through) is int:
+                vouched = max(vouched, marker.written_through)
+            elif marker.dropped is not None:
+                self._dropped.add(pair_key(marker.task, marker.rollout))
+        beyond: dict[bytes, bool] = {}  # pairs past `vouched` -> whether the held file has them
+        for record, offset in _records_at(results):
+            key = pair_key(record.task, record.rollout)
+            if offset < vouched:
+                self._done.add(key)
+            else:
+                beyond.setdefault(key, False)
+        taken_back: dict[bytes, bytes] = {}
+        for line in _lines(held):
+            result = _held_record(line)
+            if result is None or result.dropped is not None or result.written_through is not None:
+                continue
+            key = pair_key(result.task, result.rollout)
+            if key in beyond:
+                beyond[key] = True
+                taken_back[key] = line
+            elif key not in self._done and key not in self._dropped:
+                self._held[key] = line
+        if beyond and all(beyond.values()):
+            self.cut_bytes = _cut_at(results, vouched)
+            self._held.update(taken_back)
+        else:  # lines another program wrote (or none): they stand
+            for key in beyond:
+                self._done.add(key)
+                self._held.pop(key, None)
+
+
+def _held_record(line: bytes) -> _HeldRecord | None:
+    try:
+        record = _decode_held(line)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return None
+    if record.written_through is None and (record.task is msgspec.UNSET or record.rollout is msgspec.UNSET):
+        return None
+    return record
+
+
+def _cut_at(path: str, size: int) -> int:
+    """Cut the file at `path` down to `size` bytes; the bytes removed."""
+    try:
+        with open(path, "r+b") as file:
+            before = file.seek(0, os.SEEK_END)
+            file.truncate(size)
+    except OSError as exc:
+        raise UsageError(f"cannot resume from {path}: {exc.strerror}") from None
+    return before - size
+
+
+def _records_at(path: str) -> Iterator[tuple[_Record, int]]:
+    """`_records`, each with the offset its line starts at."""
+    offset = 0
+    for line in _lines(path):
+        start, offset = offset, offset + len(line)
+        try:
+            record = _decode_record(line)
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            continue
+        if record.task is not msgspec.UNSET and record.rollout is not msgspec.UNSET:
+            yield record, start
 
 
 def _records(path: str) -> Iterator[_Record]:

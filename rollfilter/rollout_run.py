@@ -20,7 +20,7 @@ import trio
 
 from rollfilter.config import Config
 from rollfilter.engine import RunStatus
-from rollfilter.outcomes import Outcome
+from rollfilter.outcomes import Group, Outcome
 from rollfilter.run import Run
 from rollfilter.sinks import ChannelSink
 from rollfilter.source import InputLine
@@ -70,6 +70,13 @@ class RolloutRun(RunResults, abc.ABC):
 
     @abc.abstractmethod
     async def __anext__(self) -> Outcome: ...
+
+    async def groups(self) -> AsyncIterator[Group]:
+        """With `Config(groups=True)`: the groups to train on (`Group.ok`), each as soon as it is
+        whole (iterating the run itself gives every group, the dropped ones too)."""
+        async for outcome in self:
+            if isinstance(outcome, Group) and outcome.ok:
+                yield outcome
 
 
 class _ChannelRun(RolloutRun):
@@ -143,7 +150,8 @@ async def open_rollouts_in_trio(rows: Rows, config: Config) -> AsyncIterator[Rol
     send, receive = trio.open_memory_channel[tuple[Outcome, Release]](math.inf)
     results = _ChannelRun(receive)
     feed = _RowFeed(rows)
-    run = Run(config, source=feed, sink=ChannelSink(send))
+    sink = ChannelSink(send, grouped=config.groups, keep_incomplete=config.keep_incomplete)
+    run = Run(config, source=feed, sink=sink)
     try:
         await run.connect()
         assert run.engine is not None
@@ -155,7 +163,7 @@ async def open_rollouts_in_trio(rows: Rows, config: Config) -> AsyncIterator[Rol
                 await run.aggregate()
             finally:
                 control = run.control
-                stopped = control.reason or ("stopped early by the caller" if control.scope.cancel_called else None)
+                stopped = control.reason or ("stopped early by the caller" if control.stopped_early else None)
                 results.summary = run.summary(stopped=stopped)
                 if run.report is not None:
                     results.aggregate = run.report.entries

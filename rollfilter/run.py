@@ -26,7 +26,8 @@ from rollfilter.client import AgentClient, DryRunClient, JobClient
 from rollfilter.config import Config, ConfigError
 from rollfilter.connect import transport_for
 from rollfilter.cost import Spending
-from rollfilter.engine import Engine, RunControl, describe, internal_error_event, reward_of
+from rollfilter.engine import Engine, RunControl, StopCause, describe, internal_error_event, reward_of
+from rollfilter.groups import GroupStage, Member
 from rollfilter.headserver import resolve_endpoints
 from rollfilter.http import AgentTransport
 from rollfilter.metrics import UNNAMED_AGENT, Metrics
@@ -51,7 +52,9 @@ class Run:
 
     `resume` is what earlier runs left (their pairs are skipped or retried), `on_event` the -v
     line for each row event, and `dry_run`, when given, gets each routed job in place of
-    sending it. The run owns its transport and spool: `aclose` closes them.
+    sending it. With `config.groups`, `connect` builds `groups` too, which hands the sink whole
+    groups, and `hold` gets each finished rollout's line (the command's held file). The run owns
+    its transport and spool: `aclose` closes them.
     """
 
     def __init__(
@@ -67,6 +70,7 @@ class Run:
         on_event: Callable[[str], None] | None = None,
         on_warning: Callable[[str], None] | None = None,
         dry_run: Callable[[Job, Agent], None] | None = None,
+        hold: Callable[[bytes], None] | None = None,
     ) -> None:
         self.config = config
         self.control = control if control is not None else RunControl()
@@ -80,8 +84,9 @@ class Run:
         self.router: Router | None = None
         self.engine: Engine | None = None
         self.report: AggregateReport | None = None
+        self.groups: GroupStage | None = None
         self._source, self._sink, self._resume = source, sink, resume
-        self._on_event, self._dry_run = on_event, dry_run
+        self._on_event, self._dry_run, self._hold = on_event, dry_run, hold
 
     async def connect(self, *, send: bool = True) -> None:
         """Find the agents (one request to the head server, when the config names one), and
@@ -109,8 +114,19 @@ class Run:
             if dry_run is not None
             else AgentClient(config, transport, on_retry=self._count_retry, on_internal_error=self._internal_error)
         )
+        if config.groups:
+            self.groups = GroupStage(
+                sink,
+                self._target_reached,
+                self._count_member,
+                field=config.group_field,
+                drop_uniform=config.drop_uniform,
+                target=config.target_groups,
+                hold=self._hold,
+            )
+        on_group = self.groups.planned if self.groups is not None else None
         return Engine(
-            planner=Planner(source, config, self._resume, self.tasks),
+            planner=Planner(source, config, self._resume, self.tasks, on_group),
             router=router,
             client=client,
             sink=sink,
@@ -123,7 +139,21 @@ class Run:
             tasks=self.tasks if dry_run is None else None,  # planned, but no rollout is answered
             on_event=self._on_event,
             spool=self.spool,
+            groups=self.groups,
+            group_field=config.group_field if config.drop_uniform else None,
         )
+
+    def _target_reached(self) -> None:
+        reason = f"stopped once {self.config.target_groups} groups were kept (the target)"
+        self.control.stop(StopCause.TARGET_REACHED, reason)
+
+    def _count_member(self, member: Member) -> None:
+        """A rollout of a group that closed: into the figures (one an earlier run finished, as its)."""
+        if member.job is None:
+            self.add_earlier_result(member.result)
+        else:
+            assert self.engine is not None
+            self.engine.count_result(member.job, member.result, member.latency)
 
     def _window_for(self, name: str | None) -> AdaptiveWindow:
         label = name if name is not None else UNNAMED_AGENT
@@ -148,7 +178,11 @@ class Run:
     async def send(self) -> None:
         """Run the engine until every row has ended, or the run was stopped."""
         assert self.engine is not None, "connect() builds the engine"
-        await self.engine.run()
+        try:
+            await self.engine.run()
+        finally:
+            if self.groups is not None:
+                self.groups.cancel_open()
 
     def add_earlier_result(self, result: dict[str, Any]) -> None:
         """An earlier run's result (a resumed run's summary and aggregate cover the whole
@@ -163,7 +197,7 @@ class Run:
     async def aggregate(self) -> None:
         """Ask each agent for its aggregate metrics (see `aggregate_run`), unless the run was
         stopped; a stop during the calls ends them."""
-        if self.spool is None or self.router is None or self.transport is None or self.control.scope.cancel_called:
+        if self.spool is None or self.router is None or self.transport is None or self.control.stopped_early:
             return
         with self.control.stoppable():
             self.report = await aggregate_run(self.spool, self.router, self.config, self.transport)
@@ -174,6 +208,12 @@ class Run:
         if self.router is not None:
             self.metrics.replicas = self.router.replica_counts()
         summary = self.metrics.summary(stopped=stopped, tasks=self.tasks, timings=timings)
+        if self.groups is not None:
+            figures = summary["rollfilter"]
+            figures["groups"] = self.groups.figures()
+            expected = self.metrics.expected
+            read = self.metrics.taken + self.metrics.skipped + self.metrics.not_retried
+            figures["not_started"] = None if expected is None else max(0, expected - read)
         if self.report is not None:
             self.report.add_to(summary)
         return summary

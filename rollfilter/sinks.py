@@ -14,8 +14,10 @@ from typing import Any, Protocol
 import trio
 
 from rollfilter.errors import ErrorKind
-from rollfilter.outcomes import AttemptFailure, Failure, Outcome
+from rollfilter.groups import ClosedGroup, Fate
+from rollfilter.outcomes import AttemptFailure, Failure, Group, Outcome
 from rollfilter.plan import Job
+from rollfilter.resume import DROPPED_BECAUSE, WRITTEN_THROUGH
 from rollfilter.rows import encode_json as _encode
 from rollfilter.writers import LineWriter, Release
 
@@ -30,6 +32,10 @@ class RowSink(Protocol):
     def not_persisted(self, job: Job, attempts: int, release: Release) -> None:
         """A rollout the agent asked to keep nowhere (`_ng_no_persist`), after `attempts` requests:
         it leaves no line."""
+        ...
+
+    def group(self, closed: ClosedGroup, release: Release) -> None:
+        """A group at its end (with `Config.groups`; see `rollfilter.groups`)."""
         ...
 
 
@@ -59,9 +65,30 @@ class Reorderer:
             self._waiting.pop(seq)()
 
 
+class HeldWriter(LineWriter, Protocol):
+    """The held file's writer: it can write what it holds at once (a regular file never blocks)."""
+
+    def flush_now(self) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GroupOutputs:
+    """Where the command writes what whole groups leave beside their results.
+
+    `dropped` takes the rollouts of groups not written, each stamped with why. With `held` (the
+    held file, which holds each rollout as it finished), a group reaches the results only once
+    its rollouts have reached `held`, and `held` is told `results_size()` each time whole groups
+    have been written: a resumed run then knows the results file's whole groups from a torn one."""
+
+    keep_incomplete: bool = False
+    dropped: LineWriter | None = None
+    held: HeldWriter | None = None
+    results_size: Callable[[], int] | None = None
+
+
 class LineSink:
     """The command's sink: results as JSON lines, failures as errors-record lines or stderr lines,
-    in input order with --ordered.
+    in input order with --ordered; with `groups`, whole groups (`group`).
 
     `message_of` is how the command says a failure's message (the settings it names, as options),
     and `stderr_line` makes a failure's one-line report (`Failure.line`) a line for stderr."""
@@ -76,8 +103,11 @@ class LineSink:
         repeats: int,
         stderr_line: Callable[[str], bytes],
         message_of: Callable[[Failure], str] | None = None,
+        groups: GroupOutputs | None = None,
     ) -> None:
         self._results = results
+        self._groups = groups if groups is not None else GroupOutputs()
+        self._vouched = -1  # the results' size the held file was last told
         self._message_of = message_of
         self._stderr_line = stderr_line
         self._errors = errors
@@ -95,6 +125,38 @@ class LineSink:
     def failure(self, job: Job, failure: AttemptFailure, release: Release) -> None:
         self.report(job.as_failure(failure))
         self._release(job, release)
+
+    def group(self, closed: ClosedGroup, release: Release) -> None:
+        """A group at its end: its rollouts written together (kept, or incomplete with
+        keep_incomplete), else to `dropped`, each stamped with why."""
+        outputs = self._groups
+        members = closed.members
+        if closed.fate is Fate.KEPT or (closed.fate is Fate.INCOMPLETE and outputs.keep_incomplete):
+            if members:
+                self._write_group(b"".join(_encode(member.result) + b"\n" for member in members), release)
+                return
+        elif outputs.dropped is not None and members:
+            why = closed.fate.value
+            lines = b"".join(_encode({**member.result, DROPPED_BECAUSE: why}) + b"\n" for member in members)
+            outputs.dropped.write(lines, release)
+            return
+        release()
+
+    def _write_group(self, lines: bytes, release: Release) -> None:
+        held, results_size = self._groups.held, self._groups.results_size
+        if held is None or results_size is None:
+            self._results.write(lines, release)
+            return
+
+        def written() -> None:
+            release()
+            size = results_size()
+            if size != self._vouched:  # once for the groups of one write
+                self._vouched = size
+                held.write(_encode({WRITTEN_THROUGH: size}) + b"\n")
+
+        held.flush_now()  # the group's rollouts are in the held file before any of its lines is in the results
+        self._results.write(lines, written)
 
     def report(self, failure: Failure) -> None:
         """Write one failure: a record with --errors, else a line on stderr."""
@@ -152,18 +214,40 @@ class BodySink(LineSink):
 
 
 class ChannelSink:
-    """The API's sink: outcomes into a channel; a row's slot is given back when the consumer takes it."""
+    """The API's sink: outcomes into a channel; a row's slot is given back when the consumer takes it.
 
-    def __init__(self, send: trio.MemorySendChannel[tuple[Outcome, Release]]) -> None:
+    With `grouped`, a failure is handed out in its group (`Group.failures`), not alone."""
+
+    def __init__(
+        self,
+        send: trio.MemorySendChannel[tuple[Outcome, Release]],
+        *,
+        grouped: bool = False,
+        keep_incomplete: bool = False,
+    ) -> None:
         self._send = send
+        self._grouped = grouped
+        self._keep_incomplete = keep_incomplete
 
     def result(self, job: Job, result: dict[str, Any], release: Release) -> None:
         self._send.send_nowait((job.as_rollout(result), release))
 
     def failure(self, job: Job, failure: AttemptFailure, release: Release) -> None:
-        self._send.send_nowait((job.as_failure(failure), release))
+        if self._grouped:
+            release()
+        else:
+            self._send.send_nowait((job.as_failure(failure), release))
 
     def not_persisted(self, job: Job, attempts: int, release: Release) -> None:
+        if self._grouped:
+            release()
+            return
         message = "the agent asked for this rollout not to be kept (_ng_no_persist)"
         failure = AttemptFailure(ErrorKind.NOT_PERSISTED, message, attempts=attempts)
         self._send.send_nowait((job.as_failure(failure), release))
+
+    def group(self, closed: ClosedGroup, release: Release) -> None:
+        rollouts = tuple(member.job.as_rollout(member.result) for member in closed.members if member.job is not None)
+        failures = tuple(job.as_failure(failure) for job, failure in closed.failures)
+        ok = closed.fate is Fate.KEPT or (closed.fate is Fate.INCOMPLETE and self._keep_incomplete)
+        self._send.send_nowait((Group(closed.task_index, closed.fate.value, rollouts, failures, ok), release))

@@ -134,25 +134,44 @@ class BatchWriter:
                     continue
                 if not self._direct and not self._closing:
                     await trio.sleep(GATHER_SECONDS)
+                if self._direct:
+                    self.flush_now()
+                    await trio.lowlevel.checkpoint()
+                    continue
                 batch, self._lines = b"".join(self._lines), []
                 releases, self._releases = self._releases, []
                 try:
-                    if self._direct:
-                        write_all(self.fd, batch, self.name)
-                        await trio.lowlevel.checkpoint()
-                    else:
-                        await trio.to_thread.run_sync(write_all, self.fd, batch, self.name, limiter=self._limiter)
+                    await trio.to_thread.run_sync(write_all, self.fd, batch, self.name, limiter=self._limiter)
                 except (OutputClosed, OutputFailed) as failure:
-                    self.broken = True
-                    self._lines.clear()
-                    releases += self._releases
-                    self._releases = []
-                    if self._on_failure is not None:
-                        self._on_failure(failure)
+                    releases += self._failed(failure)
                 for release in releases:
                     release()
         finally:
             self.drained.set()
+
+    def flush_now(self) -> None:
+        """Write what is queued now, in the caller's step (a descriptor that never blocks, such as
+        a regular file's, only): what comes after it is written after it."""
+        assert self._direct, "a write that may block is made in a thread"
+        if not self._lines:
+            return
+        batch, self._lines = b"".join(self._lines), []
+        releases, self._releases = self._releases, []
+        try:
+            write_all(self.fd, batch, self.name)
+        except (OutputClosed, OutputFailed) as failure:
+            releases += self._failed(failure)
+        for release in releases:
+            release()
+
+    def _failed(self, failure: OutputClosed | OutputFailed) -> list[Release]:
+        """Write no more; the releases of what was queued since, to run now."""
+        self.broken = True
+        self._lines.clear()
+        releases, self._releases = self._releases, []
+        if self._on_failure is not None:
+            self._on_failure(failure)
+        return releases
 
 
 class WholeFile:

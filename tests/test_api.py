@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rollfilter
-from rollfilter import Config, Failure, Rollout, Tls, open_rollouts, rollouts
+from rollfilter import Config, Failure, Group, Rollout, Tls, open_rollouts, rollouts
 from rollfilter.config import ConfigError
 from rollfilter.demo import DemoAgent, serve
 from rollfilter.errors import ErrorKind, ServiceError, UsageError
@@ -37,6 +37,7 @@ from tests.conftest import (
     simple_rows,
     summary_of,
 )
+from tests.e2e.test_groups import K, group_rows, reward, uniform
 from tests.servers.recording_agent import RecordingAgent
 
 
@@ -302,3 +303,92 @@ def test_the_open_file_limit_never_fails_a_row_through_the_api_either(demo_serve
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.decode().split()[:2] == ["1200", "0"], proc.stdout
+
+
+# Config(groups=...): whole groups, under trio, asyncio and threads alike (rewards: tests/e2e/test_groups.py).
+
+N = 24
+
+
+def grouped(url: str, **groups: Any) -> Config:
+    return Config(url=url, repeats=K, concurrency=16, drop_uniform=True, **groups)
+
+
+def check_kept(groups: list[Group]) -> None:
+    assert sorted(group.task_index for group in groups) == [task for task in range(N) if not uniform(task)]
+    for group in groups:
+        assert group.ok
+        assert group.fate == "kept"
+        assert all(isinstance(rollout, Rollout) for rollout in group.rollouts)
+        assert [rollout.rollout_index for rollout in group.rollouts] == list(range(K))
+        assert group.rewards == [reward(group.task_index, rollout) for rollout in range(K)]
+
+
+def test_groups_from_threads(demo_server: DemoServer):
+    run = rollouts(group_rows(N), grouped(demo_server.url))
+    check_kept(list(run.groups()))
+    assert run.summary is not None
+    groups = run.summary["rollfilter"]["groups"]
+    assert groups["kept"] + groups["dropped_uniform"] == N
+
+
+def test_groups_from_trio(demo_server: DemoServer):
+    async def main() -> list[Group]:
+        async with open_rollouts(group_rows(N), grouped(demo_server.url)) as run:
+            return [group async for group in run.groups()]
+
+    check_kept(trio.run(main))
+
+
+def test_groups_from_asyncio(demo_server: DemoServer):
+    async def main() -> list[Group]:
+        async with open_rollouts(group_rows(N), grouped(demo_server.url)) as run:
+            return [group async for group in run.groups()]
+
+    check_kept(asyncio.run(main()))
+
+
+def test_iterating_the_run_gives_every_group_with_its_fate_and_failures(demo_server: DemoServer):
+    rows = group_rows(N)
+    rows[1]["demo"]["faults"] = [None, None, "422", None]
+    outcomes = list(rollouts(rows, grouped(demo_server.url)))
+    assert all(isinstance(outcome, Group) for outcome in outcomes)  # failures come in their group
+    fates = {outcome.task_index: outcome.fate for outcome in outcomes if isinstance(outcome, Group)}
+    assert fates == {task: "incomplete" if task == 1 else "uniform" if uniform(task) else "kept" for task in range(N)}
+    (incomplete,) = [o for o in outcomes if isinstance(o, Group) and o.fate == "incomplete"]
+    assert [failure.rollout_index for failure in incomplete.failures] == [2]
+    assert [rollout.rollout_index for rollout in incomplete.rollouts] == [0, 1, 3]
+    assert not incomplete.ok
+
+
+def test_keep_incomplete_hands_out_the_finished_rollouts(demo_server: DemoServer):
+    rows = group_rows(3)
+    rows[0]["demo"]["faults"] = ["422", None, None, None]
+    groups = list(rollouts(rows, Config(url=demo_server.url, repeats=K, groups=True, keep_incomplete=True)).groups())
+    assert sorted((g.task_index, g.fate, len(g.rollouts)) for g in groups) == [
+        (0, "incomplete", 3),
+        (1, "kept", 4),
+        (2, "kept", 4),
+    ]
+
+
+def test_target_groups_ends_the_run_after_that_many(demo_server: DemoServer):
+    run = rollouts(group_rows(N), grouped(demo_server.url, target_groups=2))
+    assert len(list(run.groups())) == 2
+    assert run.summary is not None
+    assert run.summary["rollfilter"]["groups"]["kept"] == 2
+
+
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        ({"groups": True}, "Config.groups"),  # repeats of 1
+        ({"repeats": 4, "target_groups": 3}, "Config.target_groups"),
+        ({"repeats": 4, "keep_incomplete": True}, "Config.keep_incomplete"),
+        ({"repeats": 4, "target_groups": 0, "groups": True}, "Config.target_groups"),
+        ({"repeats": 4, "drop_uniform": True, "group_field": "response"}, "Config.group_field"),
+    ],
+)
+def test_group_settings_that_cannot_work_are_refused(settings: dict[str, Any], field: str):
+    with pytest.raises(ConfigError, match=field):
+        Config(url="http://127.0.0.1:9", **settings)

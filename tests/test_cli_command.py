@@ -162,6 +162,12 @@ USE_OF_FIELD: dict[str, list[str]] = {
     "progress_file": ["--progress-file", "progress"],
     "resume": ["--resume", "-o", "out.jsonl"],
     "max_attempts": ["--max-attempts", "5"],
+    "groups": ["--groups", "-r", "2"],
+    "keep_incomplete": ["--keep-incomplete", "--groups", "-r", "2"],
+    "drop_uniform": ["--drop-uniform", "-r", "2"],
+    "group_field": ["--group-field", "accuracy", "--drop-uniform", "-r", "2"],
+    "target_groups": ["--target-groups", "3", "--groups", "-r", "2"],
+    "dropped_file": ["--dropped", "dropped.jsonl", "--groups", "-r", "2"],
 }
 
 

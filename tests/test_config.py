@@ -162,6 +162,11 @@ WRONG_TYPES: dict[str, list[Any]] = {
     "aggregate": ["yes", 0],
     "cross_origin_redirects": ["yes", 1],
     "max_reply_bytes": [2.5, True, "1024"],
+    "groups": ["yes", 1],
+    "keep_incomplete": ["yes", 1],
+    "drop_uniform": ["yes", 1],
+    "group_field": [5, None, b"reward"],
+    "target_groups": [0, 2.5, True, "3"],
 }
 
 

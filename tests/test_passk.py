@@ -30,3 +30,21 @@ def test_means_of_rewards_at_both_float_limits_stay_finite_and_right():
     assert [r["mean_reward"] for r in records] == [0.0, 1.7e308, -1.7e308]
     assert tasks.summary_fields()["mean@2"] == pytest.approx(0.0, abs=1e300)  # finite, between the means
     assert tasks.summary_fields()["pass@2"] == pytest.approx(2 / 3)
+
+
+def test_the_pass_histogram_counts_finished_tasks_by_their_correct_rollouts():
+    from rollfilter.passk import TaskStats
+
+    tasks = TaskStats(3, 0.5)
+    rewards = {0: [1.0, 1.0, 1.0], 1: [0.0, 0.7, None], 2: [0.0, 0.0, 0.0], 3: [0.5, 0.0, 0.2]}
+    for task, values in rewards.items():
+        tasks.planned(task, 3)
+        for value in values:
+            tasks.rollout_ended(task, value)
+    tasks.planned(4, 3)  # unfinished: one of three ended
+    tasks.rollout_ended(4, 1.0)
+    tasks.planned(5, 3)  # a task met again: six rollouts, five correct
+    tasks.planned(5, 3)
+    for value in (1.0, 1.0, 1.0, 1.0, 1.0, 0.0):
+        tasks.rollout_ended(5, value)
+    assert tasks.summary_fields()["pass_histogram"] == [1, 2, 0, 1, 0, 1, 0]  # up to the six of task 5

@@ -37,3 +37,52 @@ def test_a_failure_of_a_terminal_kind_is_not_run_again_though_its_record_has_no_
         task: ResumeState.GIVE_UP if isinstance(kind, ErrorKind) and kind in TERMINAL_KINDS else 1
         for task, kind in enumerate(kinds)
     }
+
+
+def _jsonl(path, records) -> None:
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+
+
+def _result(task: int, rollout: int, **fields: object) -> dict[str, object]:
+    return {"_ng_task_index": task, "_ng_rollout_index": rollout, "reward": 1.0, **fields}
+
+
+def test_the_held_file_gives_back_open_groups_and_keeps_dropped_ones_from_running(tmp_path):
+    out, held = tmp_path / "out.jsonl", tmp_path / "out.jsonl.held"
+    _jsonl(out, [_result(0, 0), _result(0, 1)])
+    size = out.stat().st_size
+    _jsonl(held, [
+        _result(0, 0), _result(0, 1),  # written whole
+        {"written_through": size},
+        _result(1, 0), _result(1, 1),  # dropped
+        {"_ng_task_index": 1, "_ng_rollout_index": 0, "dropped_because": "uniform"},
+        {"_ng_task_index": 1, "_ng_rollout_index": 1, "dropped_because": "uniform"},
+        _result(2, 1, reward=0.25),  # its group still open
+    ])  # fmt: skip
+    state = ResumeState.from_files(str(out), None, held=str(held))
+    assert state.cut_bytes == 0
+    assert [state.decide(0, k) for k in (0, 1)] == [ResumeState.DONE] * 2
+    assert [state.decide(1, k) for k in (0, 1)] == [ResumeState.DROPPED] * 2
+    assert [state.decide(2, k) for k in (0, 1)] == [0, ResumeState.HELD]
+    assert state.take_held(2, 1)["reward"] == 0.25
+    assert [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in state.dropped_results(str(held))] == [(1, 0), (1, 1)]
+
+
+def test_results_past_the_held_files_mark_are_cut_only_when_the_held_file_has_them(tmp_path):
+    out, held = tmp_path / "out.jsonl", tmp_path / "out.jsonl.held"
+    _jsonl(out, [_result(0, 0), _result(0, 1)])
+    whole = out.stat().st_size
+    with out.open("a") as file:  # the first half of a group a kill cut in two
+        file.write(json.dumps(_result(1, 0)) + "\n")
+    _jsonl(held, [_result(0, 0), _result(0, 1), {"written_through": whole}, _result(1, 0)])
+    state = ResumeState.from_files(str(out), None, held=str(held))
+    assert state.cut_bytes == len(json.dumps(_result(1, 0))) + 1
+    assert out.stat().st_size == whole
+    assert state.decide(1, 0) == ResumeState.HELD
+
+    # A line another program wrote past the mark (NeMo Gym's collector finishing the file) stands.
+    with out.open("a") as file:
+        file.write(json.dumps(_result(1, 0)) + "\n" + json.dumps(_result(7, 0)) + "\n")
+    state = ResumeState.from_files(str(out), None, held=str(held))
+    assert state.cut_bytes == 0
+    assert (state.decide(1, 0), state.decide(7, 0)) == (ResumeState.DONE, ResumeState.DONE)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from rollfilter.config import Config
 from rollfilter.errors import UsageError
-from rollfilter.resume import DEFAULT_MAX_ATTEMPTS
+from rollfilter.resume import DEFAULT_MAX_ATTEMPTS, held_path
 
 # Lines longer than this are refused as bad input instead of being held in memory.
 DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
@@ -32,6 +33,7 @@ class CommandConfig:
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
     shard_auto: bool = False  # the shard came from --shard auto: a resumed output's own record wins over it
     wait_lock: bool = False  # an output another run holds is waited for, not refused
+    dropped_file: str | None = None  # --dropped FILE: the rollouts of groups not written, stamped with why
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
@@ -41,3 +43,14 @@ class CommandConfig:
             raise UsageError("--max-attempts must be at least 1")
         if self.resume and self.output is None:
             raise UsageError("--resume needs -o FILE: it skips the rows already in FILE")
+        if self.dropped_file is not None and not self.engine.groups:
+            raise UsageError("--dropped FILE takes the rollouts of dropped groups: give --groups or --drop-uniform")
+
+    @property
+    def held_file(self) -> str | None:
+        """Where a run of whole groups keeps the finished rollouts of its groups (beside -o): a
+        resumed run takes them back. None without --groups, without -o, and with --append (runs
+        that share -o keep no groups of their own)."""
+        if not self.engine.groups or self.output is None or (self.append and not self.resume):
+            return None
+        return held_path(os.path.realpath(self.output))  # beside a symlink's file, as the run record

@@ -7,6 +7,7 @@ Standard input is read to its end first, into a temporary file that both passes 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 
@@ -22,6 +23,28 @@ from rollfilter.source import STDIN, LineReader
 from rollfilter.writers import OutputFailed, write_all
 
 STDIN_COPY = "a temporary copy of standard input"
+
+
+async def count_rollouts(inputs: tuple[str, ...], config: Config, max_line_bytes: int) -> int | None:
+    """The rollouts `inputs` hold, planned again from the start; None when an input cannot be read
+    twice (standard input, a pipe) or a line cannot be read."""
+    for path in inputs:
+        try:
+            if path == STDIN or not stat.S_ISREG(os.stat(path).st_mode):
+                return None
+        except OSError:
+            return None
+    reader = LineReader(inputs, max_line_bytes=max_line_bytes)
+    planner = Planner(reader, config)
+    count = 0
+    try:
+        while await planner.next_job() is not None:
+            count += 1
+            if count % 4096 == 0:
+                await trio.lowlevel.checkpoint()  # a stop (a signal) ends the count
+    finally:
+        reader.close()
+    return count
 
 
 async def plan_first(

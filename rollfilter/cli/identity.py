@@ -1,7 +1,8 @@
 """A run's record of what shapes its bodies, kept beside `-o OUT.jsonl` as `OUT.jsonl.run.json`.
 
 The record holds a digest of each input file and the options that change what is sent: `-p`, `-a`,
-`-r`, `--repeat-seeds`, `--shard` and `-n`. `--resume` checks it, so that an output is only ever
+`-r`, `--repeat-seeds`, `--shard` and `-n`, and those that change which groups are written:
+`--groups`, `--drop-uniform` and `--group-field`. `--resume` checks it, so that an output is only ever
 finished with the inputs and options that began it (a larger `-r` only adds rollouts, so it is
 allowed), and takes the shard from it. `--summarize` reads the records beside shard outputs to say
 which shards of N it was given.
@@ -53,6 +54,9 @@ class RunRecord(msgspec.Struct, frozen=True, kw_only=True):
     repeat_seeds: bool = False
     shard: tuple[int, int] | None = None
     limit: int | None = None
+    groups: bool = False
+    drop_uniform: bool = False
+    group_field: str | None = None  # with drop_uniform
 
 
 _decode_record = msgspec.json.Decoder(RunRecord).decode
@@ -76,7 +80,7 @@ def record_target(command: CommandConfig) -> str | None:
     """The record the run `command` describes keeps beside its -o, or None: no -o, --append (which
     mixes runs on purpose), or an -o that is no regular file (/dev/null, a pipe)."""
     output = command.output
-    if output is None or command.append or not _may_hold_a_record(output):
+    if output is None or command.append or not may_hold_a_record(output):
         return None
     return record_path(output)
 
@@ -106,6 +110,9 @@ def record_of(command: CommandConfig) -> RunRecord:
         repeat_seeds=config.repeat_seeds,
         shard=config.shard,
         limit=config.limit,
+        groups=config.groups,
+        drop_uniform=config.drop_uniform,
+        group_field=config.group_field if config.drop_uniform else None,
     )
     return _decode_record(_encode(record))  # as it reads back from the file, so that the two compare
 
@@ -203,7 +210,7 @@ def keep(record: RunRecord | None, output: str | None) -> None:
         write_record(record_path(output), record)
 
 
-def _may_hold_a_record(output: str) -> bool:
+def may_hold_a_record(output: str) -> bool:
     # A record sits beside a regular file only: -o /dev/null or a pipe gets none. The path is
     # stat()ed as given: the realpath of /dev/stdout on a pipe is no path at all ("pipe:[N]").
     try:
@@ -225,10 +232,15 @@ def differences(recorded: RunRecord, current: RunRecord, *, words: tuple[str, st
         ("--repeat-seeds", _on(recorded.repeat_seeds), _on(current.repeat_seeds)),
         ("-n", _none(recorded.limit), _none(current.limit)),
         ("--shard", _shard(recorded.shard), _shard(current.shard)),
+        ("--groups", _on(recorded.groups), _on(current.groups)),
+        ("--drop-uniform", _on(recorded.drop_uniform), _on(current.drop_uniform)),
+        ("--group-field", _none(recorded.group_field), _none(current.group_field)),
     ]
     found = _input_differences(recorded.inputs, current.inputs)
     found += [f"{option}: {then} {then_word}, {now} {now_word}" for option, then, now in compared if then != now]
-    if not _repeats_cover(recorded, current):
+    if recorded.groups and (recorded.repeats, recorded.repeats_by_agent) != (current.repeats, current.repeats_by_agent):
+        found.append(f"-r: {_repeats(recorded)} {then_word}, {_repeats(current)} {now_word} (a group keeps its size)")
+    elif not _repeats_cover(recorded, current):
         found.append(
             f"-r: {_repeats(recorded)} {then_word}, {_repeats(current)} {now_word} (only a larger -r adds to an output)"
         )

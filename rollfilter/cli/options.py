@@ -424,6 +424,51 @@ def parse(
             min=1,
         ),
     ] = DEFAULT_MAX_REPLY_BYTES,
+    groups: Annotated[
+        bool,
+        typer.Option(
+            "--groups",
+            help="With -r K > 1: write a row's K rollouts together, in rollout order, once all K have ended;"
+            " a group with a failed rollout is not written (see --keep-incomplete).",
+        ),
+    ] = False,
+    keep_incomplete: Annotated[
+        bool,
+        typer.Option("--keep-incomplete", help="Write the finished rollouts of a group whose other rollouts failed."),
+    ] = False,
+    drop_uniform: Annotated[
+        bool,
+        typer.Option(
+            "--drop-uniform",
+            help="Drop a group whose --group-field is the same in every rollout (no gradient); implies --groups.",
+        ),
+    ] = False,
+    group_field: Annotated[
+        str | None,
+        typer.Option(
+            "--group-field",
+            metavar="FIELD",
+            help="The numeric top-level result field --drop-uniform compares [default: reward].",
+            show_default=False,
+        ),
+    ] = None,
+    dropped: Annotated[
+        str | None,
+        typer.Option(
+            "--dropped",
+            metavar="FILE",
+            help="Write the rollouts of groups not written to FILE, each stamped with dropped_because.",
+        ),
+    ] = None,
+    target_groups: Annotated[
+        int | None,
+        typer.Option(
+            "--target-groups",
+            metavar="N",
+            help="Stop once N groups are written (the rollouts in flight are cancelled, no more rows sent); exit 0.",
+            min=1,
+        ),
+    ] = None,
     dry_run: Annotated[
         bool,
         typer.Option("--dry-run", help="Send nothing: print each row as it would be sent, its route on stderr."),
@@ -456,6 +501,14 @@ def parse(
             raise UsageError("--gym-layout names the errors, materialized, aggregate and progress files itself")
         if not summarize:
             materialized, errors, aggregate, progress_file = parsers.gym_layout(output)
+    group_settings = parsers.groups(
+        groups,
+        repeats=max([default_repeats or 1, *repeats_by_agent.values()]),
+        drop_uniform=drop_uniform,
+        group_field=group_field,
+        given={"--keep-incomplete": keep_incomplete, "--target-groups": target_groups, "--dropped": dropped},
+        refused={"--dry-run": dry_run, "-k": ordered},
+    )
     priced = parsers.prices(price or (), prices)
     if max_cost is not None and not priced:
         raise UsageError("--max-cost needs --prices: without them nothing is spent")
@@ -486,6 +539,9 @@ def parse(
         cross_origin_redirects=cross_origin_redirects,
         max_reply_bytes=max_reply_bytes,
         aggregate=aggregate is not None,  # --aggregate FILE and --gym-layout ask the agents for it
+        keep_incomplete=keep_incomplete,
+        target_groups=target_groups,
+        **group_settings,
     )
     config = CommandConfig(
         engine,
@@ -504,15 +560,10 @@ def parse(
         max_line_bytes=max_line_bytes,
         shard_auto=shard == parsers.SHARD_AUTO,
         wait_lock=wait_lock,
+        dropped_file=dropped,
     )
     if not files and os.isatty(0):
-        if demo and not summarize:
-            # `rollfilter --demo` typed at a terminal shows the whole job with no setup at all.
-            config = dataclasses.replace(config, inputs=(str(EXAMPLE_ROWS),))
-            say(f"--demo with no input: running the example rows in {EXAMPLE_ROWS}")
-        else:
-            what = "result lines" if summarize else "rows"
-            say(f"reading {what} from the terminal (give FILE, or pipe them in; Ctrl-D ends)")
+        config = from_the_terminal(config, demo=demo, summarize=summarize)
     if summarize:
         check_summarize_outputs(ctx)
         return lambda: summarize_results(config)
@@ -520,6 +571,17 @@ def parse(
         demo=DemoOptions() if demo else None, quiet=quiet, progress=progress, verbose=verbose, dry_run=dry_run
     )
     return lambda: run(config, options=options)
+
+
+def from_the_terminal(config: CommandConfig, *, demo: bool, summarize: bool) -> CommandConfig:
+    """The run of a command typed at a terminal with no input: `rollfilter --demo` shows the whole
+    job with no setup at all (the example rows); anything else says it reads the terminal."""
+    if demo and not summarize:
+        say(f"--demo with no input: running the example rows in {EXAMPLE_ROWS}")
+        return dataclasses.replace(config, inputs=(str(EXAMPLE_ROWS),))
+    what = "result lines" if summarize else "rows"
+    say(f"reading {what} from the terminal (give FILE, or pipe them in; Ctrl-D ends)")
+    return config
 
 
 def check_demo_alone(
@@ -546,7 +608,10 @@ def check_demo_alone(
 
 
 # What --summarize writes: its summary on standard output, --metrics, --aggregate and --per-task.
-NOT_SUMMARIZED = ("output", "errors", "materialized", "progress_file", "resume", "append", "wait_lock", "dry_run")
+NOT_SUMMARIZED = (
+    *("output", "errors", "materialized", "progress_file", "resume", "append", "wait_lock", "dry_run"),
+    *("groups", "keep_incomplete", "drop_uniform", "group_field", "dropped", "target_groups"),
+)
 
 
 def check_summarize_outputs(ctx: typer.Context) -> None:

@@ -42,6 +42,7 @@ FILE_OPTIONS = (
     ("aggregate_file", "--aggregate"),
     ("materialized_file", "--materialized"),
     ("progress_file", "--progress-file"),
+    ("dropped_file", "--dropped"),
 )
 SAME_FILE = "two outputs cannot be one file"
 
@@ -71,12 +72,15 @@ class RunOutputs:
         # A dry run writes no file: it prints what it would send.
         self.files = [] if dry_run else [(o, p) for f, o in FILE_OPTIONS if (p := getattr(command, f)) is not None]
         self.record = None if dry_run or summarize else identity.record_target(command)
+        self.held = held_target(command) if not (dry_run or summarize) else None
         carries_stdout = summarize or dry_run or command.output is None
         self.streams = [("standard output", streams.stdout)] * carries_stdout + [("standard error", streams.stderr)]
 
     def named_files(self) -> list[tuple[str, str]]:
         """Each file as the messages name it (`--metrics m.json`), the run record last."""
         named = [(f"{option} {path}", path) for option, path in self.files]
+        if self.held is not None:
+            named.append((f"the held file {self.held}", self.held))
         if self.record is not None:
             named.append((f"the run record {self.record}", self.record))
         return named
@@ -91,6 +95,13 @@ class RunOutputs:
         named: list[tuple[str, str | int]] = [*self.streams, *self.named_files()]
         refuse_inputs(self.command.inputs, named, self.stdin)
         refuse_shared(self.streams, self.named_files())
+
+
+def held_target(command: CommandConfig) -> str | None:
+    """The held file of `command`'s run (`CommandConfig.held_file`), if -o may have one beside it:
+    a regular file, or one not made yet."""
+    held = command.held_file
+    return held if held is not None and identity.may_hold_a_record(command.output or "") else None
 
 
 def refuse_inputs(inputs: Sequence[str], outputs: Iterable[tuple[str, str | int]], stdin_fd: int = 0) -> None:
@@ -309,6 +320,8 @@ class RunFiles:
     errors: int | None  # --errors' descriptor; None: failures are lines on standard error
     errors_name: str
     per_task: int | None
+    dropped: int | None  # --dropped's descriptor
+    held: int | None  # the held file's (see CommandConfig.held_file)
     metrics: WholeFile | None
     aggregate: WholeFile | None
     progress: WholeFile | None
@@ -324,16 +337,20 @@ LOCK_POLL_SECONDS = 0.2  # how often --wait-lock tries an output another run hol
 async def open_appended(
     command: CommandConfig, files: OutputFiles, stderr: int, say: Callable[[str, int], None]
 ) -> list[int | None]:
-    """-o, --errors and --per-task, opened to append and locked: shared with --append (runs that
-    only add lines may share a file), else exclusive. An output another run holds is refused
-    (OutputInUse), or with --wait-lock waited for; they are locked in the order of their paths,
-    so that two waiting runs never hold one each of what the other waits for."""
+    """-o, --errors, --per-task, --dropped and the held file, opened to append and locked: shared
+    with --append (runs that only add lines may share a file), else exclusive. An output another
+    run holds is refused (OutputInUse), or with --wait-lock waited for; they are locked in the
+    order of their paths, so that two waiting runs never hold one each of what the other waits
+    for. A fresh run's held file is emptied: what an earlier run left in it is not this run's."""
     fresh_only = not (command.resume or command.append)
     lock: Lock = "shared" if command.append and not command.resume else "exclusive"
+    held_file = held_target(command)
     wanted = [
         (command.output, "-o", fresh_only),
         (command.errors_file, "--errors", fresh_only),
         (command.per_task_file, "--per-task", False),
+        (command.dropped_file, "--dropped", fresh_only),
+        (held_file, "the held file", False),
         (command.materialized_file, "--materialized", False),  # replaced whole: its file is locked
     ]
     fds: dict[int, int | None] = {}
@@ -356,6 +373,12 @@ async def open_appended(
                     say(f"{held.output} is in use by {held.holder}: waiting for it (--wait-lock)", stderr)
                     said = True
                 await trio.sleep(LOCK_POLL_SECONDS)
+    held_fd = fds[4]
+    if held_fd is not None and not command.resume:
+        try:
+            os.ftruncate(held_fd, 0)
+        except OSError as exc:
+            raise UsageError(f"cannot write the held file {held_file}: {exc.strerror}") from None
     return [fds[number] for number in range(len(wanted) - 1)]
 
 
@@ -368,7 +391,7 @@ def run_files(
 ) -> RunFiles:
     """The files of `command`'s run that are written whole, checked and opened (`appended` are
     the descriptors of -o, --errors and --per-task, opened by `open_appended`)."""
-    out, errors, per_task = appended
+    out, errors, per_task, dropped, held = appended
     materialized = command.materialized_file
     if materialized is not None:
         if not (command.resume or command.append):
@@ -383,6 +406,8 @@ def run_files(
         errors=errors,
         errors_name=f"--errors {command.errors_file}",
         per_task=per_task,
+        dropped=dropped,
+        held=held,
         metrics=files.whole(command.metrics_file, "--metrics"),
         aggregate=files.whole(command.aggregate_file, "--aggregate"),
         progress=files.whole(command.progress_file, "--progress-file", regular_only=True),
@@ -396,7 +421,7 @@ def run_files(
 def dry_run_files(streams: Streams) -> RunFiles:
     """A dry run's outputs: the bodies on standard output, the rest on standard error."""
     return RunFiles(
-        streams.stdout, "standard output", None, "", None, None, None, None, None, None, record=None, output=None
+        streams.stdout, "standard output", None, "", None, None, None, None, None, None, None, None, None, None
     )
 
 

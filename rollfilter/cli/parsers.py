@@ -17,7 +17,15 @@ from typing import Any
 
 import msgspec
 
-from rollfilter.config import MAX_REPEATS, FailureLimit, agent_url, checked_url, header_problem, is_decimal
+from rollfilter.config import (
+    MAX_REPEATS,
+    FailureLimit,
+    agent_url,
+    checked_url,
+    group_field_problem,
+    header_problem,
+    is_decimal,
+)
 from rollfilter.cost import Price, PriceError
 from rollfilter.errors import UsageError
 
@@ -289,3 +297,43 @@ def gym_layout(output: str | None) -> tuple[str, str, str, str]:
         str(path.with_stem(path.stem + "_aggregate_metrics").with_suffix(".json")),
         str(path.with_name(path.stem + "_progress")),
     )
+
+
+def groups(
+    groups: bool,
+    *,
+    repeats: int,
+    drop_uniform: bool,
+    group_field: str | None,
+    given: dict[str, object],
+    refused: dict[str, bool],
+) -> dict[str, Any]:
+    """Config's groups, drop_uniform and group_field from --groups, --drop-uniform and
+    --group-field; UsageError for group options that cannot work: one that needs --groups without
+    it (those `given`), groups of one rollout, a --group-field that can never be a number, or an
+    option groups cannot go with (those `refused`)."""
+    settings = {"groups": groups or drop_uniform, "drop_uniform": drop_uniform, "group_field": group_field or "reward"}
+    if not settings["groups"]:
+        for option, value in given.items():
+            if value not in (None, False):
+                raise UsageError(f"{option} is about groups: give --groups (or --drop-uniform)")
+        if group_field is not None:
+            raise UsageError("--group-field is what --drop-uniform compares: give --drop-uniform")
+        return settings
+    if repeats < 2:
+        raise UsageError("--groups needs -r K with K > 1: a group is a row's K rollouts")
+    if group_field is not None and not drop_uniform:
+        raise UsageError("--group-field is what --drop-uniform compares: give --drop-uniform")
+    problem = group_field_problem(group_field) if group_field is not None else None
+    if problem is not None:
+        raise UsageError(f"--group-field {group_field}: {problem}")
+    for option, value in refused.items():
+        if value:
+            raise UsageError(f"--groups cannot go with {option}: {_REFUSED_WITH_GROUPS[option]}")
+    return settings
+
+
+_REFUSED_WITH_GROUPS = {
+    "--dry-run": "a dry run sends nothing, so no group ever ends",
+    "-k": "a group is written as soon as it is whole, not in input order",
+}

@@ -21,8 +21,9 @@ import msgspec
 import trio
 
 from rollfilter.cli import identity
+from rollfilter.cli.chart import chart_lines
 from rollfilter.cli.command import CommandConfig
-from rollfilter.cli.first_pass import plan_first
+from rollfilter.cli.first_pass import count_rollouts, plan_first
 from rollfilter.cli.messages import failure_message, message_line, say, write_stderr
 from rollfilter.cli.outputs import (
     STANDARD_STREAMS,
@@ -31,6 +32,7 @@ from rollfilter.cli.outputs import (
     RunOutputs,
     Streams,
     dry_run_files,
+    held_target,
     open_appended,
     replace_content,
     run_files,
@@ -51,7 +53,7 @@ from rollfilter.redact import shown
 from rollfilter.resume import ResumeState, drop_torn_tail, read_pairs, result_records
 from rollfilter.routing import Agent
 from rollfilter.run import Run
-from rollfilter.sinks import BodySink, LineSink
+from rollfilter.sinks import BodySink, GroupOutputs, LineSink
 from rollfilter.source import LineReader, check_inputs
 from rollfilter.writers import BatchWriter, LineWriter, OutputClosed, OutputFailed
 
@@ -88,7 +90,7 @@ async def run(
         command = fit_open_files(command, files_per_connection=2 if options.demo else 1, stderr=streams.stderr)
     with OutputFiles() as files:
         # Locked first: the record, the resume state and a torn tail are read under the lock.
-        appended = [None, None, None] if options.dry_run else await open_appended(command, files, streams.stderr, say)
+        appended = [None] * 5 if options.dry_run else await open_appended(command, files, streams.stderr, say)
         for caveat in files.caveats:
             say(caveat, streams.stderr)
         command, record = identity.settle(command)
@@ -145,6 +147,7 @@ class _Earlier:
 
     materialized: KeyTable | None = None  # pairs whose bodies the materialized file holds
     results: str | None = None  # the results file whose lines the summary and the aggregate cover too
+    held: str | None = None  # the held file, whose dropped groups the summary covers too
 
 
 def _earlier_runs(command: CommandConfig, *, dry_run: bool) -> tuple[ResumeState | None, _Earlier]:
@@ -153,13 +156,15 @@ def _earlier_runs(command: CommandConfig, *, dry_run: bool) -> tuple[ResumeState
     earlier = _Earlier()
     if not (command.resume and command.output):
         return None, earlier
-    for path in (command.output, command.errors_file, command.materialized_file):
+    held = held_target(command)
+    for path in (command.output, command.errors_file, command.materialized_file, command.dropped_file, held):
         if path is not None and not dry_run:
             drop_torn_tail(path)
-    resume = ResumeState.from_files(command.output, command.errors_file, command.max_attempts)
+    resume = ResumeState.from_files(command.output, command.errors_file, command.max_attempts, held=held)
     if command.materialized_file is not None:
         earlier.materialized = read_pairs(command.materialized_file)
     earlier.results = command.output
+    earlier.held = held
     return resume, earlier
 
 
@@ -178,6 +183,7 @@ class _CommandLineRun:
         tls: ssl.SSLContext | None,
     ) -> None:
         self.command, self.streams, self.files, self.earlier, self.options = command, streams, files, earlier, options
+        self.resume = resume
         self.control = RunControl()
         self.write_failures: list[OutputFailed] = []
         self.results = self._writer(files.results, files.results_name)
@@ -186,8 +192,14 @@ class _CommandLineRun:
         self.per_task = (
             None if files.per_task is None else self._writer(files.per_task, f"--per-task {command.per_task_file}")
         )
+        self.dropped = (
+            None if files.dropped is None else self._writer(files.dropped, f"--dropped {command.dropped_file}")
+        )
+        self.held = None if files.held is None else self._writer(files.held, f"the held file {command.held_file}")
         self.writers = list(
-            dict.fromkeys(w for w in (self.results, self.errors, self.stderr_lines, self.per_task) if w)
+            dict.fromkeys(
+                w for w in (self.results, self.errors, self.stderr_lines, self.per_task, self.dropped, self.held) if w
+            )
         )
         self.display = self._display()
         self.reader = LineReader(
@@ -205,8 +217,14 @@ class _CommandLineRun:
             on_event=self.say if options.verbose and not options.dry_run else None,
             on_warning=self.say,
             dry_run=self.show_route if options.dry_run else None,
+            hold=self.held.write if self.held is not None else None,
         )
         self.earlier_done = resume.done_pairs if resume is not None else 0
+        if resume is not None and resume.cut_bytes:
+            self.say(
+                f"--resume: cut {resume.cut_bytes} bytes of results off -o {command.output} that may be a group"
+                " a kill left in part: they are written again with their group"
+            )
 
     @property
     def log(self) -> LineWriter:
@@ -221,6 +239,13 @@ class _CommandLineRun:
         repeats = self.command.engine.max_repeats
         if self.options.dry_run:
             return BodySink(self.results, errors_out, repeats=repeats, stderr_line=message_line, message_of=message_of)
+        results_fd = self.files.results
+        groups = GroupOutputs(
+            keep_incomplete=self.command.engine.keep_incomplete,
+            dropped=self.dropped,
+            held=self.held,
+            results_size=lambda: os.lseek(results_fd, 0, os.SEEK_CUR),
+        )
         return LineSink(
             self.results,
             errors_out,
@@ -229,6 +254,7 @@ class _CommandLineRun:
             repeats=repeats,
             stderr_line=message_line,
             message_of=message_of,
+            groups=groups,
         )
 
     def _write_task(self, record: dict[str, object]) -> None:
@@ -315,17 +341,19 @@ class _CommandLineRun:
             await run.send()
         if run.tasks is not None:
             run.tasks.finish()  # --per-task's lines, while its writer runs
-        self._expect(planned)
-        if control.cause is not None:
+        await self._expect(planned)
+        if control.stopped_early:
             self.sink.flush_held()  # what --ordered holds behind rows that never finished
         else:
             await run.aggregate()
             for problem in run.report.problems if run.report is not None else ():
                 self.say(f"--aggregate: {problem}")
         # Standard error is closed last: a status asked for (SIGUSR1) while the other outputs are
-        # still written, as when a wind-down waits on a full stdout, is printed, not dropped.
-        others = [writer for writer in self.writers if writer is not self.stderr_lines]
-        for group in (others, [self.stderr_lines]):
+        # still written, as when a wind-down waits on a full stdout, is printed, not dropped. The
+        # held file is closed after the results: it is told how far they hold whole groups.
+        last = (self.held, self.stderr_lines)
+        others = [writer for writer in self.writers if writer not in last]
+        for group in (others, [self.held] if self.held is not None else [], [self.stderr_lines]):
             for writer in group:
                 writer.close()
             for writer in group:
@@ -366,13 +394,22 @@ class _CommandLineRun:
     def _take_earlier_results(self, path: str) -> None:
         for result in result_records(path):
             self.run.add_earlier_result(result)
+        resume = self.resume
+        if resume is not None and self.earlier.held is not None:
+            for result in resume.dropped_results(self.earlier.held):  # dropped groups are real samples too
+                self.run.add_earlier_result(result)
 
-    def _expect(self, planned: int | None) -> None:
+    async def _expect(self, planned: int | None) -> None:
         """What the summary gives as `expected`: every pair of the input, when it is known."""
         metrics, control = self.run.metrics, self.control
         metrics.expected = planned
         if planned is None and control.cause is None and not self.options.dry_run:
             metrics.expected = metrics.taken + metrics.skipped + metrics.not_retried  # all of it was read
+        elif planned is None and control.cause is StopCause.TARGET_REACHED:
+            # The summary's not_started: the rows past the target, counted when they can be read again.
+            command = self.command
+            with self.control.stoppable():
+                metrics.expected = await count_rollouts(command.inputs, command.engine, command.max_line_bytes)
 
     def _finish(self) -> RunEnd:
         """How the run ended, with the summary and the files written whole at the end."""
@@ -381,7 +418,8 @@ class _CommandLineRun:
             run.metrics.failed or run.metrics.not_persisted or self.reader.problems
         )  # an input lost, as cat says
         stopped = control.reason or (control.cause.value if control.cause is not None else None)
-        summary = _encode(run.summary(stopped=stopped)) + b"\n"
+        summary_object = run.summary(stopped=stopped)
+        summary = _encode(summary_object) + b"\n"
         if files.progress is not None:
             with contextlib.suppress(OutputClosed, OutputFailed):  # best effort, as while running
                 files.progress.replace(b"%d\n" % self.finished())
@@ -394,10 +432,12 @@ class _CommandLineRun:
         messages = list(dict.fromkeys([control.reason, *map(str, self.write_failures)]))
         for message in filter(None, messages):
             say(message, stderr)
-        if run.engine is not None and control.cause is None:
+        if run.engine is not None and not control.stopped_early:
             for name in sorted(set(self.command.engine.repeats_by_agent) - run.engine.planner.agents_seen):
                 say(f"-r {name}=K: no row named agent {name!r}", stderr)
         if not self.options.quiet:
+            for line in chart_lines(summary_object, stderr):
+                write_stderr(stderr, line.encode() + b"\n")
             write_stderr(stderr, summary)
         return RunEnd(control.cause, bool(incomplete), output_failed=bool(self.write_failures))
 

@@ -39,7 +39,7 @@ async def watch_signals(
                 show_status()
                 continue
             cause = CAUSE_OF_SIGNAL[signal.Signals(signum)]
-            if control.scope.cancel_called:
+            if control.stopped_early:
                 os._exit(EXIT_STATUS_OF_STOP[cause])  # a signal during the wind-down: leave now
             control.stop(cause)
 

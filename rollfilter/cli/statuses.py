@@ -35,6 +35,6 @@ class RunEnd:
 def exit_status(end: RunEnd) -> ExitStatus:
     if end.output_failed:  # whatever stopped the run first, what it wrote is incomplete
         return ExitStatus.OUTPUT_FAILED
-    if end.stopped is not None:
+    if end.stopped is not None and end.stopped is not StopCause.TARGET_REACHED:  # a target reached is the end
         return EXIT_STATUS_OF_STOP[end.stopped]
     return ExitStatus.ROWS_FAILED if end.incomplete else ExitStatus.OK

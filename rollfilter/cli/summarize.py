@@ -8,6 +8,7 @@ import msgspec
 import trio
 
 from rollfilter.cli import identity
+from rollfilter.cli.chart import chart_lines
 from rollfilter.cli.command import CommandConfig
 from rollfilter.cli.messages import say, write_stderr
 from rollfilter.cli.outputs import STANDARD_STREAMS, OutputFiles, RunOutputs, Streams, replace_content
@@ -92,6 +93,8 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
                 say(str(failure), streams.stderr)
                 if isinstance(target, int):
                     write_stderr(streams.stderr, summary)  # the figures are not lost with their output
+    for line in chart_lines(figures, streams.stderr):
+        write_stderr(streams.stderr, line.encode() + b"\n")
     for problem in unusable.problems():
         say(problem, streams.stderr)
     for problem in reader.problems:

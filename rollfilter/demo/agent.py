@@ -6,7 +6,11 @@ separator) has an even number of characters, else 0.0. A row may steer its own e
 with a `demo` object (agents ignore unknown keys): `{"reward": 0.5}`, `{"reward_p": 0.3}` (1.0 with
 that probability, else 0.0: rollouts of one task then differ, as pass@k needs), `{"latency": 1.5}`,
 `{"fault": "500" | "429" | "hang" | "garbage" | "drop" | "422"}`, and
-`{"fault_first": N}` (the fault applies to the first N requests for that row only).
+`{"fault_first": N}` (the fault applies to the first N requests for that row only). Each rollout
+of a row may be steered apart, by its `_ng_rollout_index` i: `{"rewards": [1, 0, 0.5]}` gives
+rollout i the reward at i modulo the list's length (null: a result without a reward),
+`{"latencies": [0.1, 2.5]}` its episode's length, and `{"faults": [null, "422"]}` its fault, on
+its first attempt only (a resumed run's retry, which carries `_ng_attempt_index`, succeeds).
 """
 
 from __future__ import annotations
@@ -63,14 +67,31 @@ def input_text(row: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-def demo_reward(row: dict[str, Any], rng: random.Random | None = None) -> float:
-    """The demo agent's reward for a row (see the module docstring)."""
+def demo_reward(row: dict[str, Any], rng: random.Random | None = None) -> float | None:
+    """The demo agent's reward for a row (see the module docstring); None: no reward at all."""
     steer = row.get("demo")
+    by_rollout = _by_rollout(row, "rewards")
+    if by_rollout is not _UNSTEERED:
+        return None if by_rollout is None else float(by_rollout)
     if isinstance(steer, dict) and isinstance(steer.get("reward"), (int, float)):
         return float(steer["reward"])
     if isinstance(steer, dict) and isinstance(steer.get("reward_p"), (int, float)):
         return 1.0 if (rng or random).random() < steer["reward_p"] else 0.0
     return 1.0 if len(input_text(row)) % 2 == 0 else 0.0
+
+
+_UNSTEERED = object()
+
+
+def _by_rollout(row: dict[str, Any], key: str) -> Any:
+    """The entry of the row's `demo[key]` list for its rollout index (see the module docstring),
+    or _UNSTEERED."""
+    steer = row.get("demo")
+    values = steer.get(key) if isinstance(steer, dict) else None
+    if not isinstance(values, list) or not values:
+        return _UNSTEERED
+    rollout = row.get("_ng_rollout_index")
+    return values[(rollout if isinstance(rollout, int) else 0) % len(values)]
 
 
 class _FixedDelay:
@@ -125,6 +146,9 @@ class DemoAgent:
         self._last_answer_at = 0.0  # /stats' busy_s: from the first /run to the last answer
 
     def _fault(self, row: dict[str, Any], body: bytes) -> str | None:
+        by_rollout = _by_rollout(row, "faults")
+        if by_rollout in FAULTS and not row.get("_ng_attempt_index"):
+            return str(by_rollout)
         steer = row.get("demo")
         if isinstance(steer, dict) and steer.get("fault") in FAULTS:
             first = steer.get("fault_first")
@@ -236,6 +260,9 @@ class DemoAgent:
         latency = self.options.latency + self._rng.uniform(0, self.options.jitter)
         if isinstance(steer.get("latency"), (int, float)):
             latency = float(steer["latency"])
+        by_rollout = _by_rollout(row, "latencies")
+        if isinstance(by_rollout, (int, float)):
+            latency = float(by_rollout)
         latency *= slowdown
         if latency > 0:
             if latency == self.options.latency:
@@ -259,7 +286,7 @@ class DemoAgent:
         self._next_id += 1
         reward = demo_reward(row, self._rng)
         text = input_text(row)
-        return {
+        result = {
             "responses_create_params": row["responses_create_params"],
             "response": {
                 "id": f"resp_demo_{self._next_id}",
@@ -276,8 +303,11 @@ class DemoAgent:
                 "usage": {"input_tokens": len(text) // 4, "output_tokens": 5, "total_tokens": len(text) // 4 + 5},
             },
             "reward": reward,
-            "accuracy": reward >= 1.0,
+            "accuracy": reward is not None and reward >= 1.0,
         }
+        if reward is None:
+            del result["reward"]
+        return result
 
 
 class Aggregation:

@@ -93,6 +93,9 @@ def test_a_run_records_what_shapes_its_bodies_beside_its_output(
         "repeat_seeds": True,
         "shard": [1, 2],
         "limit": 5,
+        "groups": False,
+        "drop_uniform": False,
+        "group_field": None,
     }
     assert sorted(p.name for p in out.parent.iterdir()) == ["out.jsonl", "out.jsonl.run.json"]  # no temporary left
 

@@ -50,6 +50,8 @@ SCENARIOS = (
     "memory",
     "first_result",
     "early_exit",
+    "groups",
+    "stragglers",
 )
 
 
@@ -165,6 +167,26 @@ def run_client(
         raise SystemExit(f"{' '.join(argv)} failed ({process.returncode}): {stderr.decode()[-500:]}")
     rows = count_lines(output) if output else 0
     return Measure(wall, usage.ru_utime + usage.ru_stime, (peak_kb or usage.ru_maxrss) / 1024, rows)
+
+
+def make_group_rows(path: Path, n: int, repeats: int, *, tail: float = 0.0, seed: int = 7) -> list[bool]:
+    """n rows whose `repeats` rollouts the demo agent answers with a reward of 0 or 1 drawn here,
+    and, with `tail`, that share of rollouts 25 times slower than the rest (0.2 s); returns, by
+    task, whether its group is kept by --drop-uniform (its rewards differ)."""
+    import random
+
+    rng = random.Random(seed)
+    kept = []
+    with open(path, "w") as file:
+        for i in range(n):
+            rewards = [rng.randrange(2) for _ in range(repeats)]
+            demo: dict[str, object] = {"rewards": rewards}
+            if tail:
+                demo["latencies"] = [5.0 if rng.random() < tail else 0.2 for _ in range(repeats)]
+            row = {"responses_create_params": {"input": f"task {i:08d}"}, "id": i, "demo": demo}
+            file.write(json.dumps(row) + "\n")
+            kept.append(len(set(rewards)) > 1)
+    return kept
 
 
 def make_rows(path: Path, n: int) -> Path:
@@ -714,6 +736,83 @@ class Bench:
             file=sys.stderr,
         )
         return exit_s, requests
+
+    def groups(self) -> None:
+        """The memory --groups costs: a task's rollouts held until the group ends."""
+        tasks, repeats, concurrency = (1_000 if self.quick else 5_000), 8, 256
+        data = self.workdir / f"group-rows-{tasks}.jsonl"
+        make_group_rows(data, tasks, repeats)
+        # Episodes of 0 to 0.2 s at random: a task's rollouts end out of order, its group open meanwhile.
+        agent = Agent(latency=0.0, extra=["--jitter", "0.2", "--no-aggregate-groups"])
+        plain = ["-r", str(repeats)]
+        try:
+            print(f"groups: {tasks} tasks x {repeats}, -j {concurrency}, episodes of 0-0.2 s", file=sys.stderr)
+            results = self.alternate(
+                {
+                    "rollfilter -r 8": lambda: self.rf(agent, concurrency, data, plain),
+                    "rollfilter -r 8 --groups": lambda: self.rf(agent, concurrency, data, [*plain, "--groups"]),
+                    "rollfilter -r 8 --drop-uniform": lambda: self.rf(
+                        agent, concurrency, data, [*plain, "--drop-uniform"]
+                    ),
+                },
+                self.runs,
+            )
+        finally:
+            agent.stop()
+        rss = {name: [m.peak_rss_mb for m in runs] for name, runs in results.items()}
+        cpu = {name: [m.cpu_s for m in runs] for name, runs in results.items()}
+        base = median(rss["rollfilter -r 8"])
+        for name in ("rollfilter -r 8 --groups", "rollfilter -r 8 --drop-uniform"):
+            peak = median(rss[name])
+            runs = {label: rss[label] for label in ("rollfilter -r 8", name)}
+            self.rows.append(
+                Row(f"groups ({name})", "peak RSS MB", peak, base, "<= 1.3x -r 8", peak <= 1.3 * base, runs)
+            )
+            cpus = {label: cpu[label] for label in ("rollfilter -r 8", name)}
+            self.rows.append(
+                Row(
+                    f"groups ({name})",
+                    "CPU s (user+sys)",
+                    median(cpu[name]),
+                    median(cpu["rollfilter -r 8"]),
+                    "-",
+                    None,
+                    cpus,
+                )
+            )
+
+    def stragglers(self) -> None:
+        """--target-groups against a heavy tail: 3% of episodes take 5 s, the rest 0.2 s. The target of
+        N groups over-provisioned (-j 1024 > N x K) against a plain run of the first tasks that hold N
+        kept groups: the time to N kept groups."""
+        tasks, repeats, target = 2_000, 8, 64
+        data = self.workdir / "straggler-rows.jsonl"
+        kept = make_group_rows(data, tasks, repeats, tail=0.03)
+        first = next(i + 1 for i in range(tasks) if sum(kept[: i + 1]) == target)
+        head = self.workdir / "straggler-rows-head.jsonl"
+        with open(data) as source, open(head, "w") as out:
+            for _ in range(first):
+                out.write(source.readline())
+        agent = Agent(latency=0.0, extra=["--no-aggregate-groups"])
+        options = ["-r", str(repeats), "--drop-uniform"]
+        try:
+            print(f"stragglers: {target} kept groups of {repeats}, 3% of episodes 25x longer", file=sys.stderr)
+            results = self.alternate(
+                {
+                    f"--target-groups {target} -j 1024": lambda: self.rf(
+                        agent, 1024, data, [*options, "--target-groups", str(target)]
+                    ),
+                    f"the first {first} tasks -j 1024": lambda: self.rf(agent, 1024, head, options),
+                },
+                self.runs,
+            )
+        finally:
+            agent.stop()
+        walls = {name: [m.wall_s for m in runs] for name, runs in results.items()}
+        cut, plain = (median(walls[name]) for name in walls)
+        names = list(walls)
+        metric = f"s to {target} kept groups"
+        self.rows.append(Row(f"stragglers ({names[0]})", metric, cut, plain, "< 1.0x plain", cut < plain, walls))
 
 
 def _cell(value: float | None) -> str:

@@ -1,0 +1,208 @@
+"""A task's rollouts as one group: held until every one has ended, then kept or dropped whole.
+
+GRPO-style training takes a task's K rollouts together, and a group whose rewards are all equal
+gives it no gradient. With `Config.groups`, the engine hands each finished rollout here instead
+of to its sink: `GroupStage` holds a group's results until its last rollout ends, then decides
+its fate (`Fate`): kept (written, adjacent, in rollout order), dropped as uniform (with
+`drop_uniform`, every member's `group_field` the same), incomplete (a member failed after its
+retries, or could not be run), or cancelled (the run stopped first: `target_groups` reached, a
+signal). Only the members of groups that closed count in the run's figures: a cancelled group's
+fast members are left out, so that cutting stragglers does not favour fast answers.
+
+A group's results are in memory only while it is open, at most one group per rollout in flight.
+Each member's slot is given back as soon as it is held, but the one that closes the group, whose
+slot comes back once the group is written (or, from the Python API, taken): that keeps what is
+written or handed out behind a slow reader bounded, and never waits on a slot a group holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from rollfilter.outcomes import AttemptFailure
+from rollfilter.plan import GroupPlan, Job
+from rollfilter.resume import DROPPED_BECAUSE
+from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, encode_json
+from rollfilter.writers import Release
+
+
+class Fate(enum.StrEnum):
+    """What became of a group."""
+
+    KEPT = "kept"
+    UNIFORM = "uniform"  # dropped: every member's group field the same
+    INCOMPLETE = "incomplete"  # a member failed, was not persisted, or could not be run
+    CANCELLED = "cancelled"  # the run stopped before every member ended
+
+
+@dataclasses.dataclass(slots=True)
+class Member:
+    """A finished rollout of a group: its job (None: one an earlier run finished), result, latency."""
+
+    job: Job | None
+    result: dict[str, Any]
+    latency: float | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClosedGroup:
+    """A group at its end: its fate, and its finished members in rollout order."""
+
+    task_index: Any
+    fate: Fate
+    members: tuple[Member, ...]
+    failures: tuple[tuple[Job, AttemptFailure], ...]
+
+
+class GroupSink(Protocol):
+    """Where closed groups go: `release` (of the member that closed it) runs once it is written."""
+
+    def group(self, closed: ClosedGroup, release: Release) -> None: ...
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class _Open:
+    task_index: Any
+    waiting: set[int]
+    members: dict[int, Member]
+    failures: list[tuple[Job, AttemptFailure]]
+    broken: bool  # a member can never end well: the group is incomplete
+
+
+class GroupStage:
+    """Holds groups from the first rollout planned to the last ended (see the module docstring).
+
+    `count(member)` puts a closed group's member into the run's figures; `hold(line)` keeps a
+    finished member's result line (or a uniform group's markers) on disk, for a resumed run;
+    `reached()` is called once `target` groups are kept (an earlier run's included).
+    """
+
+    def __init__(
+        self,
+        sink: GroupSink,
+        reached: Callable[[], None],
+        count: Callable[[Member], None],
+        *,
+        field: str = "reward",
+        drop_uniform: bool = False,
+        target: int | None = None,
+        hold: Callable[[bytes], None] | None = None,
+    ) -> None:
+        self._sink = sink
+        self._reached = reached
+        self._count = count
+        self._field = field
+        self._drop_uniform = drop_uniform
+        self._target = target
+        self._hold = hold
+        self._open: dict[tuple[Any, int], _Open] = {}
+        self.fates: dict[Fate, int] = dict.fromkeys(Fate, 0)
+        self.kept_earlier = 0  # groups an earlier run wrote whole
+        self.dropped_earlier = 0  # groups an earlier run dropped as uniform
+        self.target_reached = False
+
+    def planned(self, plan: GroupPlan) -> None:
+        """A line's rollouts are planned: open their group (or close it now, when nothing of it is sent)."""
+        if not plan.sent and not plan.held and not plan.given_up:
+            if plan.done:
+                self.kept_earlier += 1
+                self._check_target()
+            elif plan.dropped:
+                self.dropped_earlier += 1
+            return
+        members = {rollout: Member(None, result, None) for rollout, result in plan.held.items()}
+        group = _Open(plan.task_index, set(plan.sent), members, [], broken=plan.given_up > 0)
+        if group.waiting:
+            self._open[_key(plan.task_index, plan.first)] = group
+        else:
+            self._close(group, None)
+
+    def result(self, job: Job, result: dict[str, Any], latency: float, release: Release) -> None:
+        """A member finished with `result`."""
+        group = self._open[_key(job.task_index, job.group)]
+        group.members[job.rollout_index] = Member(job, result, latency)
+        if self._hold is not None:
+            self._hold(encode_json(result) + b"\n")
+        self._ended(job, group, release)
+
+    def failure(self, job: Job, failure: AttemptFailure) -> None:
+        """A member failed (after its retries), or was not persisted: its group is incomplete."""
+        group = self._open[_key(job.task_index, job.group)]
+        group.broken = True
+        group.failures.append((job, failure))
+        self._ended(job, group, None)
+
+    def _ended(self, job: Job, group: _Open, release: Release | None) -> None:
+        group.waiting.discard(job.rollout_index)
+        if group.waiting or self.target_reached:  # past the target, a group is cancelled with the rest
+            if release is not None:
+                release()
+            return
+        del self._open[_key(job.task_index, job.group)]
+        self._close(group, release)
+
+    def _close(self, group: _Open, release: Release | None) -> None:
+        members = tuple(group.members[rollout] for rollout in sorted(group.members))
+        if group.broken:
+            fate = Fate.INCOMPLETE
+        elif self._drop_uniform and _uniform(members, self._field):
+            fate = Fate.UNIFORM
+        else:
+            fate = Fate.KEPT
+        self.fates[fate] += 1
+        for member in members:
+            self._count(member)
+        if fate is Fate.UNIFORM and self._hold is not None:  # so that a resumed run sends it no more
+            for member in members:
+                marker = {TASK_INDEX: member.result[TASK_INDEX], ROLLOUT_INDEX: member.result[ROLLOUT_INDEX]}
+                self._hold(encode_json({**marker, DROPPED_BECAUSE: Fate.UNIFORM.value}) + b"\n")
+        self._sink.group(ClosedGroup(group.task_index, fate, members, tuple(group.failures)), release or _nothing)
+        if fate is Fate.KEPT:
+            self._check_target()
+
+    def _check_target(self) -> None:
+        if self._target is not None and self.fates[Fate.KEPT] + self.kept_earlier >= self._target:
+            self.target_reached = True
+            self._reached()
+
+    def cancel_open(self) -> None:
+        """The run stopped: every group still open is cancelled, its members left out of the figures."""
+        for group in self._open.values():
+            members = tuple(group.members[rollout] for rollout in sorted(group.members))
+            self.fates[Fate.CANCELLED] += 1
+            self._sink.group(ClosedGroup(group.task_index, Fate.CANCELLED, members, tuple(group.failures)), _nothing)
+        self._open.clear()
+
+    def figures(self) -> dict[str, Any]:
+        """The summary's `groups`: how many of each fate (kept ones an earlier run wrote included)."""
+        figures: dict[str, Any] = {
+            "kept": self.fates[Fate.KEPT] + self.kept_earlier,
+            "dropped_uniform": self.fates[Fate.UNIFORM] + self.dropped_earlier,
+            "incomplete": self.fates[Fate.INCOMPLETE],
+            "cancelled": self.fates[Fate.CANCELLED],
+        }
+        if self.fates[Fate.CANCELLED]:
+            figures["figures_cover"] = "the kept, dropped and incomplete groups: not the cancelled ones"
+        return figures
+
+
+def _key(task_index: Any, first: int) -> tuple[Any, int]:
+    return (task_index if type(task_index) in (int, str) else encode_json(task_index), first)
+
+
+def _uniform(members: tuple[Member, ...], field: str) -> bool:
+    """Whether every member's `field` is the same number (the engine refused results without it)."""
+    values = {_number(member.result.get(field)) for member in members}
+    return len(values) == 1
+
+
+def _number(value: Any) -> float:
+    return float(value) if not isinstance(value, float) or math.isfinite(value) else value
+
+
+def _nothing() -> None:
+    pass
