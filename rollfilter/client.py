@@ -26,7 +26,7 @@ from rollfilter.http import AgentTransport, CertificateError, KeptAliveLost, Rep
 from rollfilter.outcomes import AttemptFailure, Retry
 from rollfilter.plan import Job
 from rollfilter.redact import origin, printable, shown
-from rollfilter.routing import Agent, Replica
+from rollfilter.routing import Agent, Replica, affinity_value, task_key
 from rollfilter.rows import decode_exact
 
 BACKOFF_BASE = 0.5  # seconds before the first retry (times full jitter)
@@ -124,6 +124,7 @@ class AgentClient:
         self._retry_statuses = config.retries.statuses
         self._timeout = config.timeout.attempt if config.timeout.attempt is not None else math.inf
         self._cross_origin_redirects = config.cross_origin_redirects
+        self._affinity_header = config.affinity_header
         self._rng = rng or random.Random()
         self._on_retry = on_retry
         self._on_internal_error = on_internal_error
@@ -133,6 +134,8 @@ class AgentClient:
         `flight`; `job` goes to the callbacks."""
         body = job.body
         row = f"{job.source}:{job.line}"  # how a warning from the transport names it
+        task = task_key(job.task_index) if agent.placement is not None else None
+        headers = ((self._affinity_header, affinity_value(job.task_index)),) if self._affinity_header else ()
         replica: Replica | None = None
         if flight is None:
             flight = Flight()
@@ -143,13 +146,13 @@ class AgentClient:
                 ticket = await window.acquire() if window is not None else 0
                 if attempt == 1 and agent.budget is not None:
                     agent.budget.deposit()
-                replica = agent.pick(trio.current_time(), avoid=replica)
+                replica = agent.pick(trio.current_time(), avoid=replica, task=task)
                 replica.outstanding += 1
                 replica.requests += 1
                 signal = Signal.NEUTRAL  # a cancelled attempt says nothing about the agent
                 started = trio.current_time()
                 try:
-                    outcome, retry_after = await self._attempt(replica.url, body, row)
+                    outcome, retry_after = await self._attempt(replica.url, body, row, headers)
                     signal = load_signal(outcome)
                 finally:
                     replica.outstanding -= 1
@@ -188,15 +191,15 @@ class AgentClient:
             return AttemptFailure(ErrorKind.INTERNAL, message, attempts=flight.attempt)
 
     async def _attempt(
-        self, url: httpx.URL, body: bytes, row: str | None = None
+        self, url: httpx.URL, body: bytes, row: str | None = None, headers: tuple[tuple[str, str], ...] = ()
     ) -> tuple[dict[str, Any] | AttemptFailure, float | None]:
-        """One attempt within --timeout: the POST, and the 307/308 redirects it is sent on to;
-        its outcome, and the pause its reply asks for."""
+        """One attempt within --timeout: the POST (with `headers` besides the run's), and the
+        307/308 redirects it is sent on to; its outcome, and the pause its reply asks for."""
         target, credentials, status = url, True, 0
         with trio.move_on_after(self._timeout):
             for _ in range(MAX_REDIRECTS + 1):
                 try:
-                    reply = await self._transport.post(target, body, credentials=credentials, row=row)
+                    reply = await self._transport.post(target, body, credentials=credentials, row=row, headers=headers)
                 except httpx.TransportError as exc:
                     return transport_failure(target, exc), None
                 status = reply.status

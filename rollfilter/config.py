@@ -17,8 +17,8 @@ import os
 import re
 import sys
 import typing
-from collections.abc import Iterator, Mapping
-from typing import Annotated, Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Annotated, Any, Literal
 
 import httpx
 import msgspec
@@ -209,6 +209,10 @@ class Config:
     drop_uniform: bool = False  # drop a group whose group_field is the same number in every rollout (implies groups)
     group_field: str = "reward"  # a numeric top-level field of each result
     target_groups: AtLeastOne | None = None  # stop once this many groups have been handed out
+    # Of an agent's replicas: "task", every rollout of a task on one (its prefix cache), or
+    # "least-outstanding". None: by task with repeats over 1, else the least outstanding.
+    route: Literal["task", "least-outstanding"] | None = None
+    affinity_header: str | None = None  # a header each /run carries, of one opaque value a task
 
     def __post_init__(self) -> None:
         # As httpx's Client(timeout=5.0): the plain value stands for the part it sets.
@@ -249,6 +253,15 @@ class Config:
         problem = group_field_problem(self.group_field)
         if problem is not None:
             raise ConfigError("group_field", problem)
+        if self.affinity_header is not None:
+            problem = affinity_header_problem(self.affinity_header, [name for name, _ in self.headers])
+            if problem is not None:
+                raise ConfigError("affinity_header", problem)
+
+    @property
+    def route_by_task(self) -> bool:
+        """Whether a task's rollouts go to one replica of its agent."""
+        return self.route == "task" or (self.route is None and self.max_repeats > 1)
 
     @property
     def names_an_agent(self) -> bool:
@@ -340,6 +353,26 @@ def header_problem(name: str, value: str) -> str | None:
 NOT_GROUP_FIELDS = frozenset(
     {"response", "responses_create_params", "agent_ref", "skills_ref", "_ng_task_index", "_ng_rollout_index"}
 )
+
+
+ROUTE_BY_TASK = "task"
+ROUTE_LEAST_OUTSTANDING = "least-outstanding"
+ROUTES = (ROUTE_BY_TASK, ROUTE_LEAST_OUTSTANDING)  # Config.route's policies
+# Headers every request carries already (rollfilter's own, or the transport's framing).
+SENT_HEADERS = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "content-type", "accept", "accept-encoding"}
+    | {"user-agent", "authorization", "te", "upgrade", "expect", "keep-alive", "proxy-authorization"}
+)
+
+
+def affinity_header_problem(name: str, given: Iterable[str] = ()) -> str | None:
+    """Why `name` cannot be the affinity header (not a token, or one a request carries already,
+    rollfilter's own or one of `given`); None if it can."""
+    if not _TOKEN.match(name):
+        return f"{name!r} is not an HTTP header name (letters, digits, !#$%&'*+-.^_`|~)"
+    if name.lower() in SENT_HEADERS or name.lower() in {other.lower() for other in given}:
+        return f"every request carries {name} already: name another header, such as X-Session-ID"
+    return None
 
 
 def group_field_problem(name: str) -> str | None:

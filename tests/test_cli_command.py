@@ -168,6 +168,8 @@ USE_OF_FIELD: dict[str, list[str]] = {
     "group_field": ["--group-field", "accuracy", "--drop-uniform", "-r", "2"],
     "target_groups": ["--target-groups", "3", "--groups", "-r", "2"],
     "dropped_file": ["--dropped", "dropped.jsonl", "--groups", "-r", "2"],
+    "route": ["--route", "task"],
+    "affinity_header": ["--affinity-header", "X-Session-ID"],
 }
 
 

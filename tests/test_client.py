@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from typing import Any
@@ -58,7 +58,15 @@ class ScriptedTransport:
         self.steps = list(steps)
         self.calls: list[Call] = []
 
-    async def post(self, url: httpx.URL, body: bytes, *, credentials: bool = True, row: str | None = None) -> Reply:
+    async def post(
+        self,
+        url: httpx.URL,
+        body: bytes,
+        *,
+        credentials: bool = True,
+        row: str | None = None,
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> Reply:
         self.calls.append(Call(trio.current_time(), url, body, credentials))
         step = self.steps.pop(0) if len(self.steps) > 1 else self.steps[0]
         if callable(step):

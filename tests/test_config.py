@@ -167,6 +167,8 @@ WRONG_TYPES: dict[str, list[Any]] = {
     "drop_uniform": ["yes", 1],
     "group_field": [5, None, b"reward"],
     "target_groups": [0, 2.5, True, "3"],
+    "route": ["random", 1, True],
+    "affinity_header": [5, "Session ID", "Host", "content-length"],
 }
 
 

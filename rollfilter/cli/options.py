@@ -123,6 +123,25 @@ def parse(
             min=1,
         ),
     ] = DEFAULT_CONCURRENCY,
+    route: Annotated[
+        str | None,
+        typer.Option(
+            "--route",
+            metavar="task|least-outstanding",
+            help="Of an agent's replicas: every rollout of a task on one (its prefix cache), load bounded;"
+            " or each to the least busy [default: task with -r K > 1, else least-outstanding].",
+            show_default=False,
+        ),
+    ] = None,
+    affinity_header: Annotated[
+        str | None,
+        typer.Option(
+            "--affinity-header",
+            metavar="NAME",
+            help="Send header NAME with every /run, one opaque value a task (the same in every run),"
+            " for a router that pins sessions (X-Session-ID).",
+        ),
+    ] = None,
     adaptive: Annotated[
         bool,
         typer.Option(
@@ -509,9 +528,7 @@ def parse(
         given={"--keep-incomplete": keep_incomplete, "--target-groups": target_groups, "--dropped": dropped},
         refused={"--dry-run": dry_run, "-k": ordered},
     )
-    priced = parsers.prices(price or (), prices)
-    if max_cost is not None and not priced:
-        raise UsageError("--max-cost needs --prices: without them nothing is spent")
+    priced = parsers.prices(price or (), prices, max_cost=max_cost)
     if cacert == "":
         raise UsageError("--cacert wants the path of a PEM file of CA certificates")
     engine = Config(
@@ -538,6 +555,8 @@ def parse(
         proxy=parsers.service_url("--proxy", ("http", "https", "socks5"))(proxy) if proxy else None,
         cross_origin_redirects=cross_origin_redirects,
         max_reply_bytes=max_reply_bytes,
+        route=parsers.route(route),
+        affinity_header=parsers.affinity_header(affinity_header, header or ()),
         aggregate=aggregate is not None,  # --aggregate FILE and --gym-layout ask the agents for it
         keep_incomplete=keep_incomplete,
         target_groups=target_groups,

@@ -12,14 +12,18 @@ from __future__ import annotations
 import math
 import pathlib
 import re
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
 
 import msgspec
 
 from rollfilter.config import (
     MAX_REPEATS,
+    ROUTE_BY_TASK,
+    ROUTE_LEAST_OUTSTANDING,
+    ROUTES,
     FailureLimit,
+    affinity_header_problem,
     agent_url,
     checked_url,
     group_field_problem,
@@ -64,8 +68,11 @@ def endpoints(specs: Iterable[str]) -> dict[str, tuple[str, ...]]:
     return found
 
 
-def prices(specs: Iterable[str], path: str | None) -> tuple[tuple[str | None, Price], ...]:
-    """`--prices FILE` (YAML or JSON), then each `--price [AGENT=]IN,OUT[,CACHED]`; the last for an agent wins."""
+def prices(
+    specs: Iterable[str], path: str | None, *, max_cost: float | None = None
+) -> tuple[tuple[str | None, Price], ...]:
+    """`--prices FILE` (YAML or JSON), then each `--price [AGENT=]IN,OUT[,CACHED]`; the last for an
+    agent wins. UsageError too for a `--max-cost` without any."""
     found: dict[str | None, Price] = {}
     if path is not None:
         import yaml  # only a run given a prices file pays for importing it
@@ -84,6 +91,8 @@ def prices(specs: Iterable[str], path: str | None) -> tuple[tuple[str | None, Pr
     for spec in specs:
         agent, price = parse_price(spec)
         found[agent] = price
+    if max_cost is not None and not found:
+        raise UsageError("--max-cost needs --prices: without them nothing is spent")
     return tuple(found.items())
 
 
@@ -337,3 +346,25 @@ _REFUSED_WITH_GROUPS = {
     "--dry-run": "a dry run sends nothing, so no group ever ends",
     "-k": "a group is written as soon as it is whole, not in input order",
 }
+
+
+def route(text: str | None) -> Literal["task", "least-outstanding"] | None:
+    """--route's policy; UsageError naming the ones there are."""
+    if text is None:
+        return None
+    if text == ROUTE_BY_TASK:
+        return "task"
+    if text == ROUTE_LEAST_OUTSTANDING:
+        return "least-outstanding"
+    raise UsageError(f"--route {text!r}: the policies are {' and '.join(ROUTES)}")
+
+
+def affinity_header(name: str | None, headers: Sequence[str]) -> str | None:
+    """--affinity-header's name; UsageError when it is no header name, or one every request carries."""
+    if name is None:
+        return None
+    given = [text.partition(":")[0].strip() for text in headers]
+    problem = affinity_header_problem(name, given)
+    if problem is not None:
+        raise UsageError(f"--affinity-header {problem}")
+    return name

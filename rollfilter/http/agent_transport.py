@@ -4,7 +4,7 @@ which chooses the client that implements it (direct, or through a proxy)."""
 from __future__ import annotations
 
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import httpx
@@ -21,7 +21,15 @@ class AgentTransport(Protocol):
 
     Errors are httpx's, as `HTTP11Transport` documents them."""
 
-    async def post(self, url: httpx.URL, body: bytes, *, credentials: bool = True, row: str | None = None) -> Reply: ...
+    async def post(
+        self,
+        url: httpx.URL,
+        body: bytes,
+        *,
+        credentials: bool = True,
+        row: str | None = None,
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> Reply: ...
 
     async def request(
         self, method: bytes, url: httpx.URL, body: BodyChunks | None = None, *, length: int = 0, to_agent: bool = True

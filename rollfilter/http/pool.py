@@ -27,7 +27,7 @@ transport's own to be freed (idle connections are closed first) rather than fail
 from __future__ import annotations
 
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import httpx
 import trio
@@ -97,10 +97,18 @@ class HTTP11Transport:
         self._waiting_for_files = 0  # requests parked until a descriptor is freed
         self._closed = False
 
-    async def post(self, url: httpx.URL, body: bytes, *, credentials: bool = True, row: str | None = None) -> Reply:
+    async def post(
+        self,
+        url: httpx.URL,
+        body: bytes,
+        *,
+        credentials: bool = True,
+        row: str | None = None,
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> Reply:
         """POST `body` (JSON) to `url` with the transport's headers; the whole reply, its
-        body decoded. Without `credentials`, no Authorization header is sent. `row` names
-        what the request is for in a warning."""
+        body decoded. Without `credentials`, no Authorization header is sent; `headers` go on
+        this request only. `row` names what the request is for in a warning."""
         heads = self._heads if credentials else self._heads_without_credentials
         cached = heads.get(url)
         if cached is None:
@@ -108,7 +116,8 @@ class HTTP11Transport:
                 heads.clear()
             cached = heads[url] = (origin_of(url), self._head(b"POST", url, credentials=credentials))
         origin, head = cached
-        request = b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body)
+        extra = header_lines(headers) if headers else b""
+        request = b"%s%sContent-Length: %d\r\n\r\n%s" % (head, extra, len(body), body)
         reply = await self._round_trip(origin, b"POST", request, row)
         if reply.encoding is not None:
             reply.body = decode_body(reply.encoding, reply.body, self._max_reply_bytes)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import httpx
 
@@ -42,8 +42,16 @@ class ProxyTransport:
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
         )
 
-    async def post(self, url: httpx.URL, body: bytes, *, credentials: bool = True, row: str | None = None) -> Reply:
-        return await self._send("POST", url, body, credentials=credentials, to_agent=True)
+    async def post(
+        self,
+        url: httpx.URL,
+        body: bytes,
+        *,
+        credentials: bool = True,
+        row: str | None = None,
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> Reply:
+        return await self._send("POST", url, body, credentials=credentials, to_agent=True, extra=list(headers))
 
     async def request(
         self, method: bytes, url: httpx.URL, body: BodyChunks | None = None, *, length: int = 0, to_agent: bool = True

@@ -52,6 +52,7 @@ SCENARIOS = (
     "early_exit",
     "groups",
     "stragglers",
+    "fleet",
 )
 
 
@@ -93,6 +94,34 @@ class Agent:
 
     def requests(self) -> int:
         return self.stats()["requests"]
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait(timeout=30)
+
+
+@dataclass
+class FleetProcess:
+    """tests/servers/fleet.py in its own process: an agent's replicas with prefix caches."""
+
+    def __init__(self, extra: Sequence[str] = ()) -> None:
+        command = [*pinned(1), sys.executable, "-m", "tests.servers.fleet", *extra]
+        self.process = subprocess.Popen(command, stderr=subprocess.PIPE, cwd=HERE.parent.parent)
+        assert self.process.stderr is not None
+        line = self.process.stderr.readline().decode()
+        if "listening on" not in line:
+            raise SystemExit(f"the fleet did not start: {line!r}")
+        self.urls = line.rsplit(" ", 1)[1].strip().split(",")
+
+    def stats(self) -> list[dict[str, object]]:
+        found = []
+        for url in self.urls:
+            try:
+                with urllib.request.urlopen(url.removesuffix("/run") + "/stats", timeout=30) as response:
+                    found.append(json.load(response))
+            except OSError:
+                found.append({"requests": 0, "hits": 0, "down": True})
+        return found
 
     def stop(self) -> None:
         self.process.kill()
@@ -813,6 +842,76 @@ class Bench:
         names = list(walls)
         metric = f"s to {target} kept groups"
         self.rows.append(Row(f"stragglers ({names[0]})", metric, cut, plain, "< 1.0x plain", cut < plain, walls))
+
+    def fleet(self) -> None:
+        """--route task against least-outstanding on a stand-in fleet: 4 replicas of 8 slots, an LRU
+        prefix cache, 0.05 s a hit and 0.2 s a miss; 200 tasks x -r 8, -j 64. Then one replica at 0.4
+        of the speed, and one that dies 1 s in."""
+        tasks, repeats, concurrency = 200, 8, 64
+        data = self.workdir / "fleet-rows.jsonl"
+        with open(data, "w") as file:
+            for task in range(tasks):
+                file.write(json.dumps({"responses_create_params": {"input": f"the prompt of task {task:05d}"}}) + "\n")
+        found: dict[str, list[tuple[Measure, list[dict[str, object]], int]]] = {}
+
+        def one(route: str, fleet_options: Sequence[str]) -> Measure:
+            fleet = FleetProcess(fleet_options)
+            try:
+                output = self.out("rf.jsonl")
+                argv = [*rollfilter_cmd(), "-q", "-e", f"a={','.join(fleet.urls)}", "-a", "a", "-r", str(repeats)]
+                argv += ["-j", str(concurrency), "--route", route, "-o", str(output), str(data)]
+                measure = run_client(argv, output=output)
+                pairs = {(r["_ng_task_index"], r["_ng_rollout_index"]) for r in map(json.loads, output.open())}
+                found.setdefault(f"{route} {' '.join(fleet_options)}".strip(), []).append(
+                    (measure, fleet.stats(), len(pairs))
+                )
+                return measure
+            finally:
+                fleet.stop()
+
+        setups = {
+            "even": (),
+            "one replica at 0.4": ("--speed", "0=0.4"),
+            "one replica dies 1 s in": ("--death", "3=1.0"),
+        }
+        print(f"fleet: {tasks} tasks x {repeats}, -j {concurrency}, 4 replicas", file=sys.stderr)
+        clients = {
+            f"{route} ({setup})": (lambda route=route, options=options: one(route, options))
+            for setup, options in setups.items()
+            for route in ("task", "least-outstanding")
+            if setup == "even" or route == "task"
+        }
+        self.alternate(clients, self.runs)
+        rollouts = tasks * repeats
+
+        def figures(name: str) -> tuple[float, float, float, list[float]]:
+            route, setup = name.split(" (", 1)
+            key = f"{route} {' '.join(setups[setup.rstrip(')')])}".strip()
+            runs = found[key]
+            hits = [sum(int(s.get("hits", 0)) for s in stats) / rollouts for _, stats, _ in runs]
+            skew = [
+                max(int(s["requests"]) for s in st) / (sum(int(s["requests"]) for s in st) / 4) for _, st, _ in runs
+            ]
+            walls = [m.wall_s for m, _, _ in runs]
+            return median(hits), median(walls), median(skew), walls
+
+        even_hits, even_wall, even_skew, even_walls = figures("task (even)")
+        least_hits, least_wall, _, least_walls = figures("least-outstanding (even)")
+        name = "fleet, even (--route task)"
+        self.rows.append(Row(name, "prefix-cache hit rate", even_hits, least_hits, ">= 0.85", even_hits >= 0.85))
+        speedup = least_wall / even_wall
+        walls = {"task": even_walls, "least-outstanding": least_walls}
+        self.rows.append(Row(name, "rows/s vs least-outstanding", speedup, None, ">= 1.5x", speedup >= 1.5, walls))
+        self.rows.append(Row(name, "busiest replica / mean requests", even_skew, None, "<= 1.25", even_skew <= 1.25))
+        slow_hits, slow_wall, _, _ = figures("task (one replica at 0.4)")
+        ratio = slow_wall / even_wall
+        name = "fleet, one replica at 0.4 (--route task)"
+        self.rows.append(Row(name, "wall vs even fleet", ratio, None, "<= 1.35x", ratio <= 1.35))
+        self.rows.append(Row(name, "prefix-cache hit rate", slow_hits, None, ">= 0.7", slow_hits >= 0.7))
+        died = found["task --death 3=1.0"]
+        complete = all(pairs == rollouts for _, _, pairs in died)
+        name = "fleet, one replica dies 1 s in (--route task)"
+        self.rows.append(Row(name, "runs with every pair once, exit 0", float(complete), None, "1", complete))
 
 
 def _cell(value: float | None) -> str:
