@@ -144,6 +144,8 @@ class AgentClient:
                 attempt = flight.attempt
                 window = agent.window
                 ticket = await window.acquire() if window is not None else 0
+                limits = agent.limits
+                charged = await limits.acquire() if limits is not None else 0.0
                 if attempt == 1 and agent.budget is not None:
                     agent.budget.deposit()
                 replica = agent.pick(trio.current_time(), avoid=replica, task=task)
@@ -151,13 +153,17 @@ class AgentClient:
                 replica.requests += 1
                 signal = Signal.NEUTRAL  # a cancelled attempt says nothing about the agent
                 started = trio.current_time()
+                answer: dict[str, Any] | None = None
                 try:
                     outcome, retry_after = await self._attempt(replica.url, body, row, headers)
                     signal = load_signal(outcome)
+                    answer = outcome if not isinstance(outcome, AttemptFailure) else outcome.answer
                 finally:
                     replica.outstanding -= 1
                     if window is not None:
                         window.release(ticket, signal, trio.current_time() - started)
+                    if limits is not None:
+                        limits.settle(charged, answer)
                 if not isinstance(outcome, AttemptFailure):
                     if replica.cooldown:
                         replica.connection_worked()

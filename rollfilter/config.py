@@ -213,6 +213,12 @@ class Config:
     # "least-outstanding". None: by task with repeats over 1, else the least outstanding.
     route: Literal["task", "least-outstanding"] | None = None
     affinity_header: str | None = None  # a header each /run carries, of one opaque value a task
+    # Requests and tokens a minute an agent may get (paced, see limits.py): `rpm` for every agent
+    # that `rpm_by_agent` does not name (and for url's rows), the same for tokens.
+    rpm: Positive | None = None
+    rpm_by_agent: Mapping[str, Positive] = dataclasses.field(default_factory=dict)
+    tpm: Positive | None = None
+    tpm_by_agent: Mapping[str, Positive] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # As httpx's Client(timeout=5.0): the plain value stands for the part it sets.
@@ -257,6 +263,12 @@ class Config:
             problem = affinity_header_problem(self.affinity_header, [name for name, _ in self.headers])
             if problem is not None:
                 raise ConfigError("affinity_header", problem)
+
+    def limits_for(self, agent: str | None) -> tuple[float | None, float | None]:
+        """The requests and tokens a minute rows of `agent` may use (None: no limit)."""
+        if agent is None:
+            return self.rpm, self.tpm
+        return self.rpm_by_agent.get(agent, self.rpm), self.tpm_by_agent.get(agent, self.tpm)
 
     @property
     def route_by_task(self) -> bool:

@@ -23,6 +23,7 @@ import trio
 from rollfilter.client import Flight, JobClient
 from rollfilter.config import FailureLimit
 from rollfilter.errors import ErrorKind
+from rollfilter.limits import SlotLending
 from rollfilter.metrics import Metrics, as_float
 from rollfilter.outcomes import AttemptFailure, Retry
 from rollfilter.passk import TaskStats
@@ -62,6 +63,7 @@ class RunStatus:
     rows_per_s: float
     elapsed_s: float
     oldest: tuple[InFlight, ...]
+    held_by_limits: int = 0  # requests waiting on an agent's rate limit (Config.rpm, Config.tpm)
 
 
 class StopCause(enum.Enum):
@@ -153,6 +155,7 @@ class Engine:
     max_cost: float | None = None  # USD: the run stops once it has spent this much
     groups: ResultStage | None = None  # results held by group, counted when their group closes
     group_field: str | None = None  # a result must hold this numeric field (to tell uniform groups)
+    lending: SlotLending | None = None  # rows waiting on a rate limit lend their slot: workers for them too
     _in_flight: dict[Job, Flight] = dataclasses.field(default_factory=dict)  # in the order sent
 
     def status(self) -> RunStatus:
@@ -171,15 +174,19 @@ class Engine:
             for job, flight in itertools.islice(self._in_flight.items(), STATUS_OLDEST)
         )
         m = self.metrics
-        return RunStatus(m.ended, m.failed, len(self._in_flight), m.rate(), m.elapsed(), oldest)
+        return RunStatus(m.ended, m.failed, len(self._in_flight), m.rate(), m.elapsed(), oldest, m.held_by_limits())
 
     async def run(self) -> None:
         """Return when every job has ended, or when `control` stopped the run."""
         limiter = trio.CapacityLimiter(self.concurrency)
+        workers = self.concurrency
+        if self.lending is not None:
+            self.lending.limiter = limiter
+            workers += self.lending.most
         reading = trio.Lock()
         with self.control.scope:
             async with trio.open_nursery() as nursery:
-                for started in range(1, self.concurrency + 1):
+                for started in range(1, workers + 1):
                     nursery.start_soon(self._worker, limiter, reading)
                     if started % START_BATCH == 0:
                         # Workers started together connect and send in one scheduler step; in

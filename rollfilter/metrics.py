@@ -16,6 +16,7 @@ from typing import Any
 from rollfilter.adaptive import AdaptiveWindow
 from rollfilter.cost import Spending
 from rollfilter.errors import ErrorKind
+from rollfilter.limits import AgentLimits
 from rollfilter.outcomes import AttemptFailure
 from rollfilter.passk import TaskStats
 from rollfilter.sums import EXACT_FROM, EXACT_FROM_INT, mean_of, scaled, total_of
@@ -220,6 +221,7 @@ class Metrics:
         self.earlier_by_agent: dict[str | None, Means] = {}  # earlier runs' results (--resume): figures only
         self.replicas: list[dict[str, Any]] = []
         self.windows: dict[str, AdaptiveWindow] = {}  # --adaptive: each agent's window, by name
+        self.limits: dict[str, AgentLimits] = {}  # each agent's rate limits, by name
 
     @property
     def ended(self) -> int:
@@ -281,6 +283,10 @@ class Metrics:
         """Tokens a second so far; None when the agents' counts make no finite rate."""
         rate = self.tokens() / max(self.elapsed(), 1e-9)
         return rate if math.isfinite(rate) else None
+
+    def held_by_limits(self) -> int:
+        """Requests waiting on a rate limit now."""
+        return sum(limits.waiting for limits in self.limits.values())
 
     def window(self) -> int | None:
         """The agents' windows together (--adaptive), for the progress line."""
@@ -354,6 +360,8 @@ class Metrics:
             figures["replicas"] = self.replicas
         if self.windows:
             figures["windows"] = {name: dataclasses.asdict(w.stats()) for name, w in sorted(self.windows.items())}
+        if self.limits:
+            figures["limits"] = {name: limits.figures() for name, limits in sorted(self.limits.items())}
         if stopped:
             figures["stopped"] = stopped
         summary["rollfilter"] = figures

@@ -21,8 +21,9 @@ import msgspec
 
 from rollfilter.adaptive import AdaptiveWindow
 from rollfilter.budget import RetryBudget
-from rollfilter.config import Config
+from rollfilter.config import Config, ConfigError
 from rollfilter.errors import ErrorKind
+from rollfilter.limits import AgentLimits
 from rollfilter.outcomes import AttemptFailure
 from rollfilter.redact import shown
 
@@ -166,6 +167,7 @@ class Agent:
     window: AdaptiveWindow | None = None
     budget: RetryBudget | None = None  # None: every failure gets its retries
     placement: TaskPlacement | None = None
+    limits: AgentLimits | None = None  # its requests and tokens a minute
 
     def pick(self, now: float, avoid: Replica | None = None, task: bytes | None = None) -> Replica:
         """The replica for a rollout of the task `task` (its `task_key`): by placement, or the one
@@ -198,6 +200,7 @@ class Router:
         head: HeadServerAgents | None = None,
         *,
         window_for: Callable[[str | None], AdaptiveWindow] | None = None,
+        limits_for: Callable[[str | None, float | None, float | None], AgentLimits] | None = None,
     ) -> None:
         by_task = config.route_by_task
 
@@ -207,12 +210,20 @@ class Router:
             budget = RetryBudget(ratio) if ratio is not None else None
             replicas = [Replica(httpx.URL(url)) for url in urls]
             placement = TaskPlacement(replicas) if by_task and len(replicas) > 1 else None
-            return Agent(name, replicas, window, budget, placement)
+            rpm, tpm = config.limits_for(name)
+            limits = None
+            if rpm is not None or tpm is not None:
+                limits = limits_for(name, rpm, tpm) if limits_for is not None else AgentLimits(rpm, tpm)
+            return Agent(name, replicas, window, budget, placement, limits)
 
         self._default = agent(None, [config.url]) if config.url else None
         named = endpoints if endpoints is not None else config.endpoints
         self.agents = {name: agent(name, urls) for name, urls in named.items()}
         self._head = head
+        for field, limited in (("rpm_by_agent", config.rpm_by_agent), ("tpm_by_agent", config.tpm_by_agent)):
+            unknown = sorted(set(limited) - set(self.agents))
+            if unknown:
+                raise ConfigError(field, f"names no agent of the run: {', '.join(map(repr, unknown))}")
 
     def route(self, name: str | None) -> Agent | AttemptFailure:
         """The agent for a row of agent `name` (None: the row names none), or a no_route failure."""

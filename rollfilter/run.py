@@ -30,6 +30,7 @@ from rollfilter.engine import Engine, RunControl, StopCause, describe, internal_
 from rollfilter.groups import GroupStage, Member
 from rollfilter.headserver import resolve_endpoints
 from rollfilter.http import AgentTransport
+from rollfilter.limits import AgentLimits, SlotLending, lent_slots
 from rollfilter.metrics import UNNAMED_AGENT, Metrics
 from rollfilter.outcomes import AttemptFailure
 from rollfilter.passk import TaskStats
@@ -85,6 +86,8 @@ class Run:
         self.engine: Engine | None = None
         self.report: AggregateReport | None = None
         self.groups: GroupStage | None = None
+        limited = config.rpm or config.tpm or config.rpm_by_agent or config.tpm_by_agent
+        self.lending = SlotLending(lent_slots(config.concurrency)) if limited and dry_run is None else None
         self._source, self._sink, self._resume = source, sink, resume
         self._on_event, self._dry_run, self._hold = on_event, dry_run, hold
 
@@ -101,7 +104,7 @@ class Run:
             return
         endpoints, head = await resolve_endpoints(config, self.transport)
         window_for = self._window_for if config.adaptive and self._dry_run is None else None
-        self.router = Router(config, endpoints, head, window_for=window_for)
+        self.router = Router(config, endpoints, head, window_for=window_for, limits_for=self._limits_for)
         if send:
             assert self._source is not None, "a run that sends has a source"
             assert self._sink is not None, "and a sink"
@@ -141,6 +144,7 @@ class Run:
             spool=self.spool,
             groups=self.groups,
             group_field=config.group_field if config.drop_uniform else None,
+            lending=self.lending,
         )
 
     def _target_reached(self) -> None:
@@ -165,6 +169,11 @@ class Run:
 
         window = self.metrics.windows[label] = AdaptiveWindow(self.config.concurrency, on_change=changed)
         return window
+
+    def _limits_for(self, name: str | None, rpm: float | None, tpm: float | None) -> AgentLimits:
+        limits = AgentLimits(rpm, tpm, self.lending)
+        self.metrics.limits[name if name is not None else UNNAMED_AGENT] = limits
+        return limits
 
     def _count_retry(self, job: Job, failure: AttemptFailure, delay: float) -> None:
         self.metrics.retries += 1

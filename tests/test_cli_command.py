@@ -170,6 +170,10 @@ USE_OF_FIELD: dict[str, list[str]] = {
     "dropped_file": ["--dropped", "dropped.jsonl", "--groups", "-r", "2"],
     "route": ["--route", "task"],
     "affinity_header": ["--affinity-header", "X-Session-ID"],
+    "rpm": ["--rpm", "600"],
+    "rpm_by_agent": ["--rpm", "a=600", "-e", "a=http://127.0.0.1:3/run"],
+    "tpm": ["--tpm", "60000"],
+    "tpm_by_agent": ["--tpm", "a=60000", "-e", "a=http://127.0.0.1:3/run"],
 }
 
 

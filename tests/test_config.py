@@ -169,6 +169,10 @@ WRONG_TYPES: dict[str, list[Any]] = {
     "target_groups": [0, 2.5, True, "3"],
     "route": ["random", 1, True],
     "affinity_header": [5, "Session ID", "Host", "content-length"],
+    "rpm": [0, -1.0, "60", float("inf"), True],
+    "rpm_by_agent": [{"a": 0}, {"a": "60"}, [("a", 60)], {5: 60}],
+    "tpm": [0, -5, "x", float("nan")],
+    "tpm_by_agent": [{"a": -1}, {"a": None}],
 }
 
 

@@ -28,7 +28,6 @@ from rollfilter.config import (
     FailureLimit,
     Retries,
     Timeouts,
-    Tls,
 )
 from rollfilter.demo import DemoOptions
 from rollfilter.errors import UsageError
@@ -140,6 +139,24 @@ def parse(
             metavar="NAME",
             help="Send header NAME with every /run, one opaque value a task (the same in every run),"
             " for a router that pins sessions (X-Session-ID).",
+        ),
+    ] = None,
+    rpm: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--rpm",
+            metavar="[AGENT=]N",
+            help="Send an agent at most N requests a minute, paced (a bare N: every agent without its own).",
+            show_default=False,
+        ),
+    ] = None,
+    tpm: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--tpm",
+            metavar="[AGENT=]N",
+            help="Send an agent at most N tokens a minute, by its replies' usage so far (as --rpm).",
+            show_default=False,
         ),
     ] = None,
     adaptive: Annotated[
@@ -529,8 +546,6 @@ def parse(
         refused={"--dry-run": dry_run, "-k": ordered},
     )
     priced = parsers.prices(price or (), prices, max_cost=max_cost)
-    if cacert == "":
-        raise UsageError("--cacert wants the path of a PEM file of CA certificates")
     engine = Config(
         url=parsers.url(url) if url else None,
         endpoints=parsers.endpoints(endpoint or ()),
@@ -544,7 +559,7 @@ def parse(
         params=tuple(parsers.param(p) for p in param or ()),
         retries=Retries(count=retries, budget=retry_budget, statuses=retry_on),
         timeout=Timeouts(attempt=timeout, connect=connect_timeout),
-        tls=Tls(cacert=cacert, insecure=insecure),
+        tls=parsers.tls(cacert, insecure=insecure),
         max_failures=max_failures,
         prices=priced,
         max_cost=max_cost,
@@ -555,6 +570,7 @@ def parse(
         proxy=parsers.service_url("--proxy", ("http", "https", "socks5"))(proxy) if proxy else None,
         cross_origin_redirects=cross_origin_redirects,
         max_reply_bytes=max_reply_bytes,
+        **parsers.limits(rpm or (), tpm or ()),
         route=parsers.route(route),
         affinity_header=parsers.affinity_header(affinity_header, header or ()),
         aggregate=aggregate is not None,  # --aggregate FILE and --gym-layout ask the agents for it

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import pathlib
 import re
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -23,6 +24,7 @@ from rollfilter.config import (
     ROUTE_LEAST_OUTSTANDING,
     ROUTES,
     FailureLimit,
+    Tls,
     affinity_header_problem,
     agent_url,
     checked_url,
@@ -163,6 +165,30 @@ def repeats(specs: Iterable[str]) -> tuple[int | None, dict[str, int]]:
     return default, by_agent
 
 
+def rate_limits(specs: Iterable[str], option: str) -> tuple[float | None, dict[str, float]]:
+    """--rpm or --tpm: `N` (for every agent without its own) and `NAME=N` (for agent NAME), each
+    repeatable, N a positive number a minute; the last wins."""
+    default = None
+    by_agent: dict[str, float] = {}
+    for spec in specs:
+        name, sep, text = spec.rpartition("=")
+        text = text.strip()
+        number = float(text) if _DECIMAL.fullmatch(text) else math.nan
+        if not (0 < number <= sys.float_info.max) or (sep and not name):
+            raise UsageError(f"{option} wants N or NAME=N, N a positive number a minute, got {spec!r}")
+        if sep:
+            by_agent[name] = number
+        else:
+            default = number
+    return default, by_agent
+
+
+def limits(rpm: Iterable[str], tpm: Iterable[str]) -> dict[str, Any]:
+    """Config's rpm, rpm_by_agent, tpm and tpm_by_agent from --rpm and --tpm."""
+    (rpm_default, rpm_by_agent), (tpm_default, tpm_by_agent) = rate_limits(rpm, "--rpm"), rate_limits(tpm, "--tpm")
+    return {"rpm": rpm_default, "rpm_by_agent": rpm_by_agent, "tpm": tpm_default, "tpm_by_agent": tpm_by_agent}
+
+
 def param(spec: str) -> tuple[str, Any]:
     """-p `KEY=VALUE`: VALUE as JSON when it parses as JSON, else as a string."""
     key, sep, text = spec.partition("=")
@@ -173,6 +199,12 @@ def param(spec: str) -> tuple[str, Any]:
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         value = text
     return key, value
+
+
+def tls(cacert: str | None, *, insecure: bool) -> Tls:
+    if cacert == "":
+        raise UsageError("--cacert wants the path of a PEM file of CA certificates")
+    return Tls(cacert=cacert, insecure=insecure)
 
 
 def header(spec: str) -> tuple[str, str]:

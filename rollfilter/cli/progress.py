@@ -59,6 +59,7 @@ class ProgressDisplay:
         force_terminal: bool = False,
         adaptive: bool = False,
         priced: bool = False,
+        limited: bool = False,
         fallback: LineWriter | None = None,
     ) -> None:
         self._metrics: Metrics | None = None  # the run's, from run() on
@@ -68,6 +69,8 @@ class ProgressDisplay:
         self.console = Console(file=terminal, force_terminal=force_terminal or None, highlight=False)
         window = (TextColumn("window {task.fields[window]:>5,}"),) if adaptive else ()
         cost = (TextColumn("${task.fields[cost]:,.4f}"),) if priced else ()
+        # Held by --rpm/--tpm rather than by the agent: said while rows wait on a limit.
+        held = (TextColumn("{task.fields[held]}"),) if limited else ()
         self._progress = Progress(
             TextColumn("{task.completed:>8,.0f} done"),
             TextColumn("{task.fields[failed]:>6,} failed"),
@@ -77,6 +80,7 @@ class ProgressDisplay:
             TextColumn("{task.fields[tokens]:>9,.0f} tokens/s"),
             TextColumn("reward {task.fields[reward]:.3f}"),
             *cost,
+            *held,
             BarColumn(),
             TaskProgressColumn(),
             TimeRemainingColumn(),
@@ -85,7 +89,16 @@ class ProgressDisplay:
             transient=True,
         )
         self._task = self._progress.add_task(
-            "rollouts", total=None, failed=0, in_flight=0, window=0, rate=0.0, tokens=0.0, reward=0.0, cost=0.0
+            "rollouts",
+            total=None,
+            failed=0,
+            in_flight=0,
+            window=0,
+            rate=0.0,
+            tokens=0.0,
+            reward=0.0,
+            cost=0.0,
+            held="",
         )
 
     def set_total(self, total: int | None) -> None:
@@ -124,6 +137,7 @@ class ProgressDisplay:
             tokens=m.tokens_per_s() or 0.0,
             reward=m.mean("reward"),
             cost=m.spending.total if m.spending is not None else 0.0,
+            held="held by rate limit" if m.held_by_limits() else "",
         )
         self._progress.refresh()
 

@@ -61,6 +61,8 @@ if TYPE_CHECKING:
     from rollfilter.cli.progress import ProgressDisplay
 
 _encode = msgspec.json.Encoder().encode
+# The options of the Config fields a run checks once it knows its agents (Run.connect).
+OPTION_OF_FIELD = {"rpm_by_agent": "--rpm NAME=N", "tpm_by_agent": "--tpm NAME=N"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -284,6 +286,7 @@ class _CommandLineRun:
             force_terminal=bool(options.progress),
             adaptive=config.adaptive,
             priced=bool(config.prices),
+            limited=bool(config.rpm or config.tpm or config.rpm_by_agent or config.tpm_by_agent),
             fallback=self.stderr_lines,
         )
 
@@ -329,7 +332,10 @@ class _CommandLineRun:
             await services.start(watch_signals, control, self.show_status)
         if files.results == self.streams.stdout and is_pipe(files.results):
             services.start_soon(watch_reader_gone, files.results, lambda: control.stop(StopCause.READER_GONE))
-        await run.connect()
+        try:
+            await run.connect()
+        except ConfigError as exc:  # an agent the head server did not name, say
+            raise UsageError(f"{OPTION_OF_FIELD.get(exc.field, exc.field)} {exc.problem}") from None
         planned = await self._plan_first() if files.materialized is not None and control.cause is None else None
         if self.display is not None:
             services.start_soon(self.display.run, run.metrics, self._total(planned))

@@ -62,8 +62,9 @@ def status_lines(status: RunStatus | None) -> list[str]:
     """The status block that SIGUSR1 prints: the run's figures, then its oldest rollouts in flight."""
     if status is None:
         return ["status: starting, nothing sent yet"]
+    held = f" ({status.held_by_limits:,} held by --rpm/--tpm)" if status.held_by_limits else ""
     lines = [
-        f"status: {status.done:,} done, {status.failed:,} failed, {status.in_flight:,} in flight,"
+        f"status: {status.done:,} done, {status.failed:,} failed, {status.in_flight:,} in flight{held},"
         f" {status.rows_per_s:,.1f} rows/s, {status.elapsed_s:,.1f} s"
     ]
     for rollout in status.oldest:

@@ -47,6 +47,7 @@ class DemoOptions:
     capacity: int | None = None  # episodes at once; more are answered 429 with Retry-After at once
     slots: int | None = None  # episodes at once; more wait their turn in a queue, as a model server's do
     thrash: float = 0.0  # with slots: each episode slows by this share per `slots` in the system past twice them
+    record_arrivals: bool = False  # /stats lists when each /run arrived (seconds after the first)
     # (seconds after the first /run, episodes at once from then on): --slots, or --capacity, as time goes
     schedule: tuple[tuple[float, int], ...] = ()
 
@@ -139,6 +140,7 @@ class DemoAgent:
         self._seen: Counter[bytes] = Counter()
         self._next_id = 0
         self._fixed_delay = _FixedDelay()
+        self.arrivals: list[float] = []  # with record_arrivals
         self.in_system = 0  # with slots: episodes running or queued
         self._slots = trio.CapacityLimiter(options.slots) if options.slots is not None else None
         self._first_run = trio.Event()  # the schedule's clock starts at the first /run
@@ -178,6 +180,8 @@ class DemoAgent:
         if method == "GET" and path == "/stats":
             busy = self._last_answer_at - self._first_run_at if self._first_run.is_set() else 0.0
             stats = {"requests": self.requests, "throttled": self.throttled, "by_id": dict(self.by_id), "busy_s": busy}
+            if self.options.record_arrivals:
+                stats["arrivals"] = [at - self.arrivals[0] for at in self.arrivals]
             return 200, [], _encode(stats)
         if isinstance(body, Aggregation):
             return 200, [], _encode(body.answer())
@@ -187,6 +191,8 @@ class DemoAgent:
         if method != "POST":
             return 405, [], _encode({"detail": "Method Not Allowed"})
         self.requests += 1
+        if self.options.record_arrivals:
+            self.arrivals.append(trio.current_time())
         try:
             return await self._answer_run(body)
         finally:

@@ -70,6 +70,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[DemoOptions, str, int]:
         help="--slots (or --capacity) becomes N at T seconds after the first /run, e.g. 10=20,20=40",
     )
     parser.add_argument(
+        "--record-arrivals", action="store_true", help="GET /stats lists when each /run arrived (memory grows)"
+    )
+    parser.add_argument(
         "--no-aggregate-groups",
         action="store_true",
         help="answer /aggregate_metrics without per-task groups (counts only what it reads)",
@@ -86,6 +89,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[DemoOptions, str, int]:
         drop_rate=args.drop_rate,
         seed=args.seed,
         aggregate_groups=not args.no_aggregate_groups,
+        record_arrivals=args.record_arrivals,
         capacity=args.capacity,
         slots=args.slots,
         thrash=args.thrash,

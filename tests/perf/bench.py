@@ -53,6 +53,7 @@ SCENARIOS = (
     "groups",
     "stragglers",
     "fleet",
+    "rate_limits",
 )
 
 
@@ -94,6 +95,11 @@ class Agent:
 
     def requests(self) -> int:
         return self.stats()["requests"]
+
+    def arrivals(self) -> list[float]:
+        """When each /run arrived, in seconds after the first (an agent started with --record-arrivals)."""
+        with urllib.request.urlopen(self.base + "/stats", timeout=30) as response:
+            return [float(at) for at in json.load(response)["arrivals"]]
 
     def stop(self) -> None:
         self.process.kill()
@@ -394,6 +400,8 @@ class Bench:
             "rollfilter -j 40": ("40", ()),
             "rollfilter -j 400": ("400", ()),
             "rollfilter -j 400 --adaptive": ("400", ("--adaptive",)),
+            # A rate limit over the agent's capacity (200 rows/s): the window still finds the capacity.
+            "rollfilter -j 400 --adaptive --rpm 18000": ("400", ("--adaptive", "--rpm", "18000")),
         }
         figures: dict[str, list[tuple[float, float, int]]] = {name: [] for name in clients}
         try:
@@ -912,6 +920,73 @@ class Bench:
         complete = all(pairs == rollouts for _, _, pairs in died)
         name = "fleet, one replica dies 1 s in (--route task)"
         self.rows.append(Row(name, "runs with every pair once, exit 0", float(complete), None, "1", complete))
+
+    def rate_limits(self) -> None:
+        """--rpm and --tpm against an instant agent that logs arrivals; per agent, one limited beside one not."""
+
+        def most_in(times: list[float], seconds: float) -> int:
+            most, end = 0, 0
+            for start, at in enumerate(times):
+                while end < len(times) and times[end] < at + seconds:
+                    end += 1
+                most = max(most, end - start)
+            return most
+
+        rows = self.workdir / "limit-rows.jsonl"
+        with open(rows, "w") as file:
+            for i in range(500):
+                file.write(json.dumps({"responses_create_params": {"input": f"row {i}"}}) + "\n")
+        # The demo agent reports len(input) // 4 + 5 tokens: 3,980 characters make 1,000.
+        thousand = self.workdir / "limit-rows-1000-tokens.jsonl"
+        with open(thousand, "w") as file:
+            for i in range(300):
+                file.write(json.dumps({"responses_create_params": {"input": f"{i:06d}" + "x" * 3974}}) + "\n")
+        print("rate limits: --rpm 3000 over 500 rows, --tpm 600000 over 300 rows of 1,000 tokens", file=sys.stderr)
+        agent = Agent(latency=0.0, extra=["--record-arrivals", "--no-aggregate-groups"])
+        try:
+            self.rf(agent, 64, rows, ["--rpm", "3000"])
+            times = agent.arrivals()
+        finally:
+            agent.stop()
+        rate = (len(times) - 1) / (times[-1] - times[0])
+        one, five = most_in(times, 1.0), most_in(times, 5.0)
+        name = "rate limits (--rpm 3000, 500 rows)"
+        self.rows.append(Row(name, "rows/s, first to last arrival", rate, 50.0, "50 within 5%", abs(rate - 50) <= 2.5))
+        self.rows.append(Row(name, "most arrivals in 1 s", float(one), None, "<= 60", one <= 60))
+        self.rows.append(Row(name, "most arrivals in 5 s", float(five), None, "<= 262", five <= 262))
+        agent = Agent(latency=0.0, extra=["--record-arrivals", "--no-aggregate-groups"])
+        try:
+            self.rf(agent, 64, thousand, ["--tpm", "600000"])
+            times = agent.arrivals()
+        finally:
+            agent.stop()
+        rate = (len(times) - 1) / (times[-1] - times[0])
+        five = most_in(times, 5.0)
+        name = "rate limits (--tpm 600000, 1,000 tokens a row)"
+        self.rows.append(Row(name, "rows/s, first to last arrival", rate, None, ">= 9", rate >= 9))
+        self.rows.append(Row(name, "most arrivals in 5 s", float(five), None, "<= 60", five <= 60))
+        limited = Agent(latency=0.0, extra=["--record-arrivals", "--no-aggregate-groups"])
+        free = Agent(latency=0.05, extra=["--record-arrivals", "--no-aggregate-groups"])
+        try:
+            mixed = self.workdir / "limit-rows-two-agents.jsonl"
+            with open(mixed, "w") as file:
+                for i in range(300):
+                    name = "a" if i % 3 == 0 else "b"  # 100 rows of a (10 s at 10/s), 200 of b
+                    file.write(json.dumps({"responses_create_params": {"input": f"{i}"}, "agent_ref": {"name": name}}))
+                    file.write("\n")
+            output = self.out("rf.jsonl")
+            argv = [*rollfilter_cmd(), "-q", "-e", f"a={limited.url}", "-e", f"b={free.url}", "-j", "64"]
+            run_client([*argv, "--rpm", "a=600", "-o", str(output), str(mixed)], output=output)
+            a_times, b_times = limited.arrivals(), free.arrivals()
+        finally:
+            limited.stop()
+            free.stop()
+        a_rate = (len(a_times) - 1) / (a_times[-1] - a_times[0])
+        b_span = b_times[-1] - b_times[0]
+        name = "rate limits (--rpm a=600 beside an unlimited b)"
+        self.rows.append(Row(name, "a's rows/s", a_rate, 10.0, "10 within 5%", abs(a_rate - 10) <= 0.5))
+        # b's 200 rows, 0.05 s each, at most 64 at once, take about 0.16 s when nothing holds them back.
+        self.rows.append(Row(name, "s b's rows took", b_span, None, "< 1 (not slowed)", b_span < 1.0))
 
 
 def _cell(value: float | None) -> str:
