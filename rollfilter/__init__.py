@@ -6,11 +6,14 @@ From Python: `rollouts(rows, Config(...))` (any thread) or `open_rollouts(rows, 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from rollfilter._version import __version__
 
+# Not typing's own: the package root imports nothing it does not need, so that the command's entry
+# point (rollfilter.cli.startup, below this package) sets its signal handling within a millisecond.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from rollfilter.api import Rollouts, open_rollouts, rollouts
     from rollfilter.config import Config, Retries, Timeouts, Tls
     from rollfilter.errors import ErrorKind, RollfilterError, ServiceError, UsageError

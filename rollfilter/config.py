@@ -25,15 +25,11 @@ import msgspec
 
 from rollfilter.budget import DEFAULT_RATIO
 from rollfilter.cost import Price
+from rollfilter.defaults import DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_RETRIES, DEFAULT_RETRY_STATUSES
 from rollfilter.errors import UsageError
-from rollfilter.http import DEFAULT_MAX_REPLY_BYTES
+from rollfilter.http.limits import DEFAULT_MAX_REPLY_BYTES
 from rollfilter.redact import shown
 
-DEFAULT_CONCURRENCY = 32
-DEFAULT_RETRIES = 3
-DEFAULT_CONNECT_TIMEOUT = 10.0
-# The statuses curl's --retry treats as transient.
-DEFAULT_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 # A percentage limit judged on fewer finished rollouts than this would stop on the first failure.
 MIN_ROWS_FOR_FAILURE_RATE = 20
 # Numbering counts the rollouts of a task in 4 bytes (plan.TaskNumbering).

@@ -7,9 +7,10 @@ by its origin alone.
 
 from __future__ import annotations
 
-import httpx
+from typing import TYPE_CHECKING
 
-from rollfilter.http import origin_of
+if TYPE_CHECKING:
+    import httpx
 
 
 def printable(text: str) -> str:
@@ -23,6 +24,8 @@ def printable(text: str) -> str:
 def shown(url: httpx.URL | str) -> str:
     """A URL as rollfilter prints it: without user, password, query or fragment, which may hold
     secrets. A text that no URL parser takes is cut the same way, as text."""
+    import httpx  # here: every message escapes its text with `printable`, before any URL is parsed
+
     if isinstance(url, str):
         text = url
         try:
@@ -45,6 +48,10 @@ def _without_secrets(text: str) -> str:
 def origin(url: httpx.URL | str) -> str:
     """A URL's origin for messages (scheme://host, and the port unless it is the scheme's
     default): never the path, query or credentials of a URL."""
+    import httpx
+
+    from rollfilter.http.origin import origin_of
+
     try:
         return printable(str(origin_of(httpx.URL(url))))
     except (httpx.InvalidURL, httpx.UnsupportedProtocol):

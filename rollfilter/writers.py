@@ -16,11 +16,12 @@ import os
 import select
 import stat
 from collections.abc import Callable
-from typing import Protocol
-
-import trio
+from typing import TYPE_CHECKING, Protocol
 
 from rollfilter.errors import UsageError
+
+if TYPE_CHECKING:
+    pass
 
 Release = Callable[[], None]
 GATHER_SECONDS = 0.002  # how long a threaded writer lets lines gather before a write
@@ -95,6 +96,10 @@ class BatchWriter:
         name: str = "standard output",
         on_failure: Callable[[OutputClosed | OutputFailed], None] | None = None,
     ) -> None:
+        # trio is imported by the writers that use it: the command's messages go through
+        # write_all before it knows it will run, and --help and usage errors never load trio.
+        import trio
+
         self.fd = fd
         self.name = name
         self._lines: list[bytes] = []
@@ -124,6 +129,8 @@ class BatchWriter:
         self._wakeup.set()
 
     async def run(self) -> None:
+        import trio
+
         try:
             while True:
                 if not self._lines:

@@ -87,7 +87,7 @@ def typer_run_config(*options: str) -> Config:
         return ExitStatus.OK
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("rollfilter.cli.options.run", keep)
+        patch.setattr("rollfilter.cli.run.run", keep)
         start = typer_app(["-u", "http://127.0.0.1:1", "/dev/null", *options], standalone_mode=False)
         trio.run(start)
     return built[0].engine
@@ -180,7 +180,7 @@ USE_OF_FIELD: dict[str, list[str]] = {
 def parsed(args: list[str], monkeypatch: pytest.MonkeyPatch) -> CommandConfig:
     """The CommandConfig the command line `args` gives its run."""
     given: list[CommandConfig] = []
-    monkeypatch.setattr(options, "run", lambda config, **_: given.append(config))
+    monkeypatch.setattr("rollfilter.cli.run.run", lambda config, **_: given.append(config))
     start = options.typer_app(args=["-u", URL, *args, "rows.jsonl"], prog_name="rollfilter", standalone_mode=False)
     start()
     return given[0]

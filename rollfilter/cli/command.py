@@ -6,11 +6,9 @@ import dataclasses
 import os
 
 from rollfilter.config import Config
+from rollfilter.defaults import DEFAULT_MAX_LINE_BYTES
 from rollfilter.errors import UsageError
 from rollfilter.resume import DEFAULT_MAX_ATTEMPTS, held_path
-
-# Lines longer than this are refused as bad input instead of being held in memory.
-DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

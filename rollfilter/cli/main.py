@@ -15,17 +15,18 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import trio
 import typer
 
 from rollfilter.cli.messages import message_line, say, write_stderr
 from rollfilter.cli.options import typer_app
-from rollfilter.cli.statuses import RunEnd, exit_status
 from rollfilter.errors import ExitStatus, RollfilterError
 from rollfilter.gc_policy import collect_garbage_for_a_run
 from rollfilter.writers import OutputClosed, OutputFailed, write_all
+
+if TYPE_CHECKING:
+    from rollfilter.cli.statuses import RunEnd
 
 
 def main() -> None:
@@ -87,6 +88,10 @@ def _report(exc: RollfilterError) -> ExitStatus:
 def execute(main: Callable[[], Awaitable[RunEnd]]) -> ExitStatus:
     """Run `main` under trio to its end; the one place outcomes become exit statuses (with
     `statuses.exit_status` for the way a run ended)."""
+    import trio  # here, with the run: --help, --version and usage errors never load it
+
+    from rollfilter.cli.statuses import exit_status
+
     status = ExitStatus.OK
     collect_garbage_for_a_run()
     # trio takes Ctrl-C over only from Python's own handler; outside the run, the start-up one

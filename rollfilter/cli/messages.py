@@ -12,11 +12,14 @@ writes what is already whole lines, the summary.
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
 from rollfilter.errors import ErrorKind
-from rollfilter.outcomes import Failure
 from rollfilter.redact import printable
 from rollfilter.writers import OutputClosed, OutputFailed, write_all
+
+if TYPE_CHECKING:
+    from rollfilter.outcomes import Failure
 
 PREFIX = "rollfilter: "
 
@@ -37,6 +40,16 @@ def write_stderr(fd: int, data: bytes) -> None:
     """Whole lines on stderr (`fd`), at once and best effort, as `say` writes them."""
     with contextlib.suppress(OutputClosed, OutputFailed):
         write_all(fd, data, "standard error")
+
+
+def write_summary(fd: int, data: bytes) -> bool:
+    """The summary (and its chart) on stderr (`fd`): True once written. The summary is an output
+    of the run, as its results are: where it cannot be written, the exit status says so."""
+    try:
+        write_all(fd, data, "standard error")
+    except (OutputClosed, OutputFailed):
+        return False
+    return True
 
 
 def failure_message(failure: Failure, *, details_hint: bool) -> str:

@@ -1,41 +1,41 @@
 """The command line's options (typer): each parsed by its own parser (`cli/parsers.py`), which
-names the option in what it refuses, into a `Config` and a `CommandConfig`, then run."""
+names the option in what it refuses, into a `Config` and a `CommandConfig`, then run.
 
-from __future__ import annotations
+Declaring the options is all that --help needs, and the command declares them before it knows
+whether it will run: this module imports typer and constants only. The parsers, the library's
+`Config` and the run (trio, httpx) are imported in `parse`, once the options are to be used.
+"""
 
-import dataclasses
+# No `from __future__ import annotations`: typer reads these annotations once per start, and as
+# strings it would evaluate each of them again every time (a tenth of a run's CPU).
 import os
 from collections.abc import Awaitable, Callable
-from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from rollfilter._version import __version__
 from rollfilter.budget import DEFAULT_RATIO
-from rollfilter.cli import parsers
-from rollfilter.cli.command import DEFAULT_MAX_LINE_BYTES, CommandConfig
 from rollfilter.cli.messages import say
-from rollfilter.cli.run import RunOptions, run
-from rollfilter.cli.statuses import RunEnd
-from rollfilter.cli.summarize import summarize as summarize_results
-from rollfilter.config import (
+from rollfilter.defaults import (
     DEFAULT_CONCURRENCY,
     DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_MAX_LINE_BYTES,
     DEFAULT_RETRIES,
     DEFAULT_RETRY_STATUSES,
-    Config,
-    FailureLimit,
-    Retries,
-    Timeouts,
 )
-from rollfilter.demo import DemoOptions
 from rollfilter.errors import UsageError
-from rollfilter.http import DEFAULT_MAX_REPLY_BYTES
-from rollfilter.resume import max_attempts_from_environment
+from rollfilter.http.limits import DEFAULT_MAX_REPLY_BYTES
 
-NO_FAILURE_LIMIT = FailureLimit()
-EXAMPLE_ROWS = Path(__file__).parent.parent / "examples" / "weather.jsonl"  # NeMo Gym's five-row example
+if TYPE_CHECKING:
+    from rollfilter.cli.command import CommandConfig
+
+# What `parse` gives `main` to execute: the run, which ends with a `cli.statuses.RunEnd` (not
+# named here: typer resolves this annotation, and that module loads the engine).
+Execute = Callable[[], Awaitable[object]]
+EXAMPLE_ROWS = os.path.join(
+    os.path.dirname(os.path.dirname(__file__)), "examples", "weather.jsonl"
+)  # NeMo Gym's five rows
 HELP = """Collect agent rollouts: JSONL rows in (FILEs or stdin), one result line out per row as it finishes.
 
 Each row is POSTed to an agent's /run endpoint as NeMo Gym's collector sends it; each JSON
@@ -55,6 +55,19 @@ typer_app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def parsed_by(name: str, *made_with: str) -> Callable[[Any], Any]:
+    """The parser `name` of cli/parsers.py (made by calling it with `made_with`, if given),
+    imported when an option is parsed: declaring the options loads neither it nor `Config`."""
+
+    def parse(value: Any) -> Any:
+        from rollfilter.cli import parsers
+
+        parser = getattr(parsers, name)
+        return (parser(*made_with) if made_with else parser)(value)
+
+    return parse
 
 
 def _version(value: bool) -> None:
@@ -270,7 +283,7 @@ def parse(
         typer.Option(
             "--retry-budget",
             metavar="R|off",
-            parser=parsers.retry_budget,
+            parser=parsed_by("retry_budget"),
             help=(
                 "Retries an agent may receive per row sent to it, beyond a reserve of 10"
                 " (an outage costs about 1+R requests a row); off: every failure gets its retries."
@@ -282,7 +295,7 @@ def parse(
         typer.Option(
             "--retry-on",
             metavar="STATUSES",
-            parser=parsers.statuses,
+            parser=parsed_by("statuses"),
             help="Comma list of HTTP statuses to retry. A retried /run may replay an episode the agent did run.",
         ),
     ] = ",".join(map(str, sorted(DEFAULT_RETRY_STATUSES))),  # type: ignore[assignment]  # the text it parses
@@ -291,7 +304,7 @@ def parse(
         typer.Option(
             "--timeout",
             metavar="SECONDS",
-            parser=parsers.positive("--timeout", "seconds"),
+            parser=parsed_by("positive", "--timeout", "seconds"),
             help="Bound on one attempt and on the wait before the next. Default: none, episodes can take an hour.",
             envvar="ROLLFILTER_TIMEOUT",
         ),
@@ -301,21 +314,21 @@ def parse(
         typer.Option(
             "--connect-timeout",
             metavar="SECONDS",
-            parser=parsers.positive("--connect-timeout", "seconds"),
+            parser=parsed_by("positive", "--connect-timeout", "seconds"),
             help="Bound on connecting to an agent.",
             envvar="ROLLFILTER_CONNECT_TIMEOUT",
         ),
     ] = DEFAULT_CONNECT_TIMEOUT,
     max_failures: Annotated[
-        FailureLimit,
+        Any,  # a FailureLimit (config.py, which --help does not load)
         typer.Option(
             "--max-failures",
             metavar="N|P%",
             help="Stop once N rows (or P% of ended rows) have failed; exit 1.",
-            parser=parsers.failure_limit,
+            parser=parsed_by("failure_limit"),
             show_default=False,
         ),
-    ] = NO_FAILURE_LIMIT,
+    ] = None,
     price: Annotated[
         list[str] | None,
         typer.Option(
@@ -334,7 +347,7 @@ def parse(
             "--max-cost",
             metavar="USD",
             help="Stop once the run has spent USD (needs prices); exit 1.",
-            parser=parsers.positive("--max-cost", "USD"),
+            parser=parsed_by("positive", "--max-cost", "USD"),
         ),
     ] = None,
     resume: Annotated[
@@ -426,7 +439,7 @@ def parse(
             "--pass-threshold",
             metavar="R",
             help="A rollout counts as correct for pass@k when reward >= R.",
-            parser=parsers.finite("--pass-threshold"),
+            parser=parsed_by("finite", "--pass-threshold"),
         ),
     ] = 1.0,
     per_task: Annotated[
@@ -526,8 +539,12 @@ def parse(
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
     ] = False,
-) -> Callable[[], Awaitable[RunEnd]]:
+) -> Execute:
     """The run the command line asks for, ready to start; a RollfilterError if it cannot be."""
+    from rollfilter.cli import parsers
+    from rollfilter.cli.command import CommandConfig
+    from rollfilter.config import Config, Retries, Timeouts
+
     if demo:
         check_demo_alone(ctx, url=url, endpoints=endpoint, head_server=head_server)
         url = head_server = None  # defaults from the environment: --demo replaces them
@@ -560,7 +577,7 @@ def parse(
         retries=Retries(count=retries, budget=retry_budget, statuses=retry_on),
         timeout=Timeouts(attempt=timeout, connect=connect_timeout),
         tls=parsers.tls(cacert, insecure=insecure),
-        max_failures=max_failures,
+        max_failures=parsers.failure_limit(max_failures),
         prices=priced,
         max_cost=max_cost,
         headers=tuple(parsers.header(h) for h in header or ()),
@@ -591,7 +608,7 @@ def parse(
         progress_file=progress_file,
         resume=resume,
         append=append,
-        max_attempts=max_attempts if max_attempts is not None else max_attempts_from_environment(),
+        max_attempts=parsers.max_attempts(max_attempts),
         max_line_bytes=max_line_bytes,
         shard_auto=shard == parsers.SHARD_AUTO,
         wait_lock=wait_lock,
@@ -601,19 +618,33 @@ def parse(
         config = from_the_terminal(config, demo=demo, summarize=summarize)
     if summarize:
         check_summarize_outputs(ctx)
-        return lambda: summarize_results(config)
-    options = RunOptions(
-        demo=DemoOptions() if demo else None, quiet=quiet, progress=progress, verbose=verbose, dry_run=dry_run
-    )
-    return lambda: run(config, options=options)
+        return summarizing(config)
+    return running(config, demo=demo, quiet=quiet, progress=progress, verbose=verbose, dry_run=dry_run)
 
 
-def from_the_terminal(config: CommandConfig, *, demo: bool, summarize: bool) -> CommandConfig:
+def running(config: "CommandConfig", *, demo: bool, **options: Any) -> Execute:
+    """The run `config` asks for; `options` are RunOptions' (cli/run.py)."""
+    from rollfilter.cli.run import RunOptions, run
+    from rollfilter.demo import DemoOptions
+
+    run_options = RunOptions(demo=DemoOptions() if demo else None, **options)
+    return lambda: run(config, options=run_options)
+
+
+def summarizing(config: "CommandConfig") -> Execute:
+    from rollfilter.cli.summarize import summarize
+
+    return lambda: summarize(config)
+
+
+def from_the_terminal(config: "CommandConfig", *, demo: bool, summarize: bool) -> "CommandConfig":
     """The run of a command typed at a terminal with no input: `rollfilter --demo` shows the whole
     job with no setup at all (the example rows); anything else says it reads the terminal."""
+    import dataclasses
+
     if demo and not summarize:
         say(f"--demo with no input: running the example rows in {EXAMPLE_ROWS}")
-        return dataclasses.replace(config, inputs=(str(EXAMPLE_ROWS),))
+        return dataclasses.replace(config, inputs=(EXAMPLE_ROWS,))
     what = "result lines" if summarize else "rows"
     say(f"reading {what} from the terminal (give FILE, or pipe them in; Ctrl-D ends)")
     return config

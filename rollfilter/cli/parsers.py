@@ -34,6 +34,7 @@ from rollfilter.config import (
 )
 from rollfilter.cost import Price, PriceError
 from rollfilter.errors import UsageError
+from rollfilter.resume import max_attempts_from_environment
 
 SHARD_AUTO = "auto"  # --shard auto: the shard of this Slurm array task
 DEFAULT_AGENT = "_default"  # in a prices file: the price of agents it does not name
@@ -199,6 +200,11 @@ def param(spec: str) -> tuple[str, Any]:
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         value = text
     return key, value
+
+
+def max_attempts(given: int | None) -> int:
+    """--max-attempts N, or else NEMO_GYM_MAX_ROLLOUT_ATTEMPTS's, as NeMo Gym reads it."""
+    return given if given is not None else max_attempts_from_environment()
 
 
 def tls(cacert: str | None, *, insecure: bool) -> Tls:

@@ -24,7 +24,7 @@ from rollfilter.cli import identity
 from rollfilter.cli.chart import chart_lines
 from rollfilter.cli.command import CommandConfig
 from rollfilter.cli.first_pass import count_rollouts, plan_first
-from rollfilter.cli.messages import failure_message, message_line, say, write_stderr
+from rollfilter.cli.messages import failure_message, message_line, say, write_summary
 from rollfilter.cli.outputs import (
     STANDARD_STREAMS,
     OutputFiles,
@@ -441,11 +441,11 @@ class _CommandLineRun:
         if run.engine is not None and not control.stopped_early:
             for name in sorted(set(self.command.engine.repeats_by_agent) - run.engine.planner.agents_seen):
                 say(f"-r {name}=K: no row named agent {name!r}", stderr)
+        summary_lost = False
         if not self.options.quiet:
-            for line in chart_lines(summary_object, stderr):
-                write_stderr(stderr, line.encode() + b"\n")
-            write_stderr(stderr, summary)
-        return RunEnd(control.cause, bool(incomplete), output_failed=bool(self.write_failures))
+            chart = b"".join(line.encode() + b"\n" for line in chart_lines(summary_object, stderr))
+            summary_lost = not write_summary(stderr, chart + summary)
+        return RunEnd(control.cause, bool(incomplete), output_failed=bool(self.write_failures) or summary_lost)
 
 
 def progress_wanted(forced: bool | None, *, quiet: bool, stderr_fd: int = 2) -> bool:

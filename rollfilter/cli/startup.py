@@ -1,22 +1,29 @@
 """The `rollfilter` command's start-up: `python -m rollfilter` and the installed script both run `main`.
 
-Before the command's modules are imported (most of a second, cold), what no later code
-could do: a Ctrl-C exits 130 at once, without a traceback, whenever the trio run is not
-going (which handles it itself: `rollfilter.cli.main.execute`); a status signal (SIGUSR1) is ignored until
-the run listens for it, rather than killing the command; and a standard descriptor the
-command was started without (`>&-`, `2>&-`, `<&-`) is taken up, so that no file or socket
-opened later gets its number. And httpx is kept from loading its own command line.
+Before the command's modules are imported, what no later code could do: a Ctrl-C exits 130 at
+once, without a traceback, whenever the trio run is not going (which handles it itself:
+`rollfilter.cli.main.execute`); a status signal (SIGUSR1) is ignored until the run listens for
+it, rather than killing the command; and a standard descriptor the command was started without
+(`>&-`, `2>&-`, `<&-`) is taken up, so that no file or socket opened later gets its number. And
+httpx is kept from loading its own command line.
+
+This module and the package above it import nothing but `signal` (and `gc`, `os` and `sys`, which
+every Python has loaded before it runs a line): the handlers are set within a millisecond of the
+interpreter's own start-up, where a traceback would otherwise name whatever was being imported.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
+import gc
 import os
 import signal
 import sys
-from collections.abc import Sequence
-from types import FrameType, ModuleType
+
+TYPE_CHECKING = False  # not typing's: importing typing would take longer than all of this module
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from importlib.machinery import ModuleSpec
+    from types import FrameType, ModuleType
 
 STATUS_SIGNAL_NAMES = ("SIGUSR1", "SIGINFO")  # as rollfilter.cli.run's STATUS_SIGNALS (importing it would load trio)
 
@@ -25,14 +32,15 @@ def exit_interrupted(signum: int, frame: FrameType | None) -> None:
     os._exit(130)  # ExitStatus.INTERRUPTED; rollfilter.errors is not imported yet
 
 
-class WithoutHttpxCommandLine(importlib.abc.MetaPathFinder):
-    """Refuses `httpx._main`, the `httpx` command, which the httpx package imports when rich, click
-    and pygments are installed (typer brings them), and which rollfilter never runs: on the
-    ImportError httpx puts a stub in its place. It is a sixth of the command's start-up."""
+class WithoutHttpxCommandLine:
+    """An import finder (sys.meta_path) that refuses `httpx._main`, the `httpx` command, which the
+    httpx package imports when rich, click and pygments are installed (typer brings them), and
+    which rollfilter never runs: on the ImportError httpx puts a stub in its place. It is a sixth
+    of a run's start-up. (Not an importlib.abc.MetaPathFinder: that module loads tempfile and shutil.)"""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
+    ) -> ModuleSpec | None:
         if fullname == "httpx._main":
             raise ImportError("rollfilter does not run the httpx command", name=fullname)
         return None
@@ -43,6 +51,12 @@ def main() -> None:
     for name in STATUS_SIGNAL_NAMES:  # a status asked for while starting is not one to die of
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
+    if sys.argv[1:] == ["--version"] and _print_version():
+        os._exit(0)
+    # The imports ahead make a few hundred thousand objects and no garbage: the collections they
+    # set off free nothing, and take a fourteenth of a short run's CPU. A run turns the collector
+    # back on, as it wants it (rollfilter.gc_policy).
+    gc.disable()
     from rollfilter.cli.descriptors import hold_closed_streams
 
     hold_closed_streams()
@@ -50,3 +64,16 @@ def main() -> None:
     from rollfilter.cli.main import main as run_command
 
     run_command()
+
+
+def _print_version() -> bool:
+    """`rollfilter --version`, the way scripts ask it, answered before the command line is built
+    (a tenth of a second): True once written. Where it cannot be (standard output closed, full, or
+    its reader gone), the command answers it, and reports the failure as for any other output."""
+    from rollfilter._version import __version__
+
+    line = f"rollfilter {__version__}\n".encode()
+    try:
+        return os.write(1, line) == len(line)
+    except OSError:
+        return False

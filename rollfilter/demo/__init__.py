@@ -8,8 +8,23 @@
 - `command_line`: `python -m rollfilter.demo`'s options.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from rollfilter.demo.agent import DemoAgent, DemoOptions, demo_reward, input_text
-from rollfilter.demo.command_line import main, parse_args
 from rollfilter.demo.server import serve
 
+if TYPE_CHECKING:
+    from rollfilter.demo.command_line import main, parse_args
+
 __all__ = ["DemoAgent", "DemoOptions", "demo_reward", "input_text", "main", "parse_args", "serve"]
+
+
+def __getattr__(name: str) -> Any:
+    # `python -m rollfilter.demo`'s options (argparse) are not loaded by `rollfilter --demo`.
+    if name in ("main", "parse_args"):
+        from rollfilter.demo import command_line
+
+        return getattr(command_line, name)
+    raise AttributeError(f"module 'rollfilter.demo' has no attribute {name!r}")

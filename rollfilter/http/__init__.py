@@ -14,18 +14,46 @@
 
 Text in its errors and warnings (a server's words, a URL's host) is as it came: the caller
 escapes it before printing it.
+
+Names are imported on first use: the command's options take the reply bound from `limits`
+before it knows whether it will run, and that loads neither httpx nor the parser.
 """
 
-from rollfilter.http.agent_transport import AgentTransport, open_transport
-from rollfilter.http.connection import BodyChunks
-from rollfilter.http.errors import BadReply, CaFileError, CertificateError, KeptAliveLost
-from rollfilter.http.framing import DEFAULT_MAX_REPLY_BYTES, Framing, Reply, body_framing
-from rollfilter.http.limits import connections_that_fit, raise_open_file_limit
-from rollfilter.http.origin import Origin, origin_of
-from rollfilter.http.pool import HTTP11Transport
-from rollfilter.http.proxy import ProxyTransport
-from rollfilter.http.tls import tls_context
+from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rollfilter.http.agent_transport import AgentTransport, open_transport
+    from rollfilter.http.connection import BodyChunks
+    from rollfilter.http.errors import BadReply, CaFileError, CertificateError, KeptAliveLost
+    from rollfilter.http.framing import Framing, Reply, body_framing
+    from rollfilter.http.limits import DEFAULT_MAX_REPLY_BYTES, connections_that_fit, raise_open_file_limit
+    from rollfilter.http.origin import Origin, origin_of
+    from rollfilter.http.pool import HTTP11Transport
+    from rollfilter.http.proxy import ProxyTransport
+    from rollfilter.http.tls import tls_context
+
+_EXPORTS = {
+    "AgentTransport": "rollfilter.http.agent_transport",
+    "open_transport": "rollfilter.http.agent_transport",
+    "BodyChunks": "rollfilter.http.connection",
+    "BadReply": "rollfilter.http.errors",
+    "CaFileError": "rollfilter.http.errors",
+    "CertificateError": "rollfilter.http.errors",
+    "KeptAliveLost": "rollfilter.http.errors",
+    "DEFAULT_MAX_REPLY_BYTES": "rollfilter.http.limits",
+    "Framing": "rollfilter.http.framing",
+    "Reply": "rollfilter.http.framing",
+    "body_framing": "rollfilter.http.framing",
+    "connections_that_fit": "rollfilter.http.limits",
+    "raise_open_file_limit": "rollfilter.http.limits",
+    "Origin": "rollfilter.http.origin",
+    "origin_of": "rollfilter.http.origin",
+    "HTTP11Transport": "rollfilter.http.pool",
+    "ProxyTransport": "rollfilter.http.proxy",
+    "tls_context": "rollfilter.http.tls",
+}
 __all__ = [
     "DEFAULT_MAX_REPLY_BYTES",
     "AgentTransport",
@@ -46,3 +74,12 @@ __all__ = [
     "raise_open_file_limit",
     "tls_context",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rollfilter.http' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

@@ -10,7 +10,8 @@ from typing import Protocol
 import httpx
 
 from rollfilter.http.connection import BodyChunks
-from rollfilter.http.framing import DEFAULT_MAX_REPLY_BYTES, Reply
+from rollfilter.http.framing import Reply
+from rollfilter.http.limits import DEFAULT_MAX_REPLY_BYTES
 from rollfilter.http.pool import HTTP11Transport
 from rollfilter.http.proxy import ProxyTransport
 

@@ -13,11 +13,9 @@ from collections.abc import Iterable
 import httptools
 
 from rollfilter.http.errors import BadReply
+from rollfilter.http.limits import DEFAULT_MAX_REPLY_BYTES
 
 MAX_HEAD_BYTES = 64 * 1024  # a reply's status line and headers; more is refused as a bad reply
-# Longer than any plausible agent reply: the default bound on a reply's body, as received and as
-# decoded, whatever frames it (Content-Length, chunked, the connection's end, gzip).
-DEFAULT_MAX_REPLY_BYTES = 256 * 1024 * 1024
 HEAD_TOO_LARGE = f"the reply's header block is over {MAX_HEAD_BYTES // 1024} KiB"
 
 

@@ -1,6 +1,11 @@
-"""The open-file limit: raised as far as it goes, and the connections that fit under it."""
+"""The open-file limit: raised as far as it goes, and the connections that fit under it; and the
+default bound on a reply's size."""
 
 from __future__ import annotations
+
+# Longer than any plausible agent reply: the default bound on a reply's body, as received and as
+# decoded, whatever frames it (Content-Length, chunked, the connection's end, gzip).
+DEFAULT_MAX_REPLY_BYTES = 256 * 1024 * 1024
 
 # Open files kept for everything but agent connections (standard streams, outputs, trio's
 # own descriptors, a head-server connection) when the connections are fitted to the open-file limit.

@@ -9,8 +9,9 @@ import httpx
 
 from rollfilter.http.connection import BodyChunks
 from rollfilter.http.errors import BadReply, CertificateError
-from rollfilter.http.framing import DEFAULT_MAX_REPLY_BYTES, Reply, body_too_large
+from rollfilter.http.framing import Reply, body_too_large
 from rollfilter.http.headers import RESERVED_HEADERS, authorization_for
+from rollfilter.http.limits import DEFAULT_MAX_REPLY_BYTES
 from rollfilter.http.tls import certificate_failure, tls_context
 
 

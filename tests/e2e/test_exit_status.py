@@ -377,10 +377,13 @@ def test_a_run_with_stdout_closed_exits_74_and_names_it(demo_server: DemoServer)
     assert messages(proc.stderr) == [f"rollfilter: cannot write standard output: {BAD_FD}"]
 
 
-def test_a_run_with_stderr_closed_writes_only_results_to_its_output_file(tmp_path, demo_server: DemoServer):
+@pytest.mark.parametrize(("quiet", "status"), [([], 74), (["-q"], 0)])
+def test_a_run_with_stderr_closed_writes_only_results_to_its_output_file(
+    tmp_path, demo_server: DemoServer, quiet: list[str], status: int
+):
     out = tmp_path / "out.jsonl"
-    proc = run_with_closed("stderr", ["-u", demo_server.url, "-o", str(out)], input=rows_jsonl(simple_rows(3)))
-    assert proc.returncode == 0
+    proc = run_with_closed("stderr", ["-u", demo_server.url, *quiet, "-o", str(out)], input=rows_jsonl(simple_rows(3)))
+    assert proc.returncode == status  # the summary is an output: lost, it is a failed write (-q asks for none)
     # Descriptor 2 was free: without it held, the -o file got it, and the summary went there.
     assert sorted(r["_ng_task_index"] for r in result_lines(out.read_bytes())) == [0, 1, 2]
 
@@ -394,6 +397,7 @@ def test_a_run_with_stdin_closed_says_it_cannot_read_it(demo_server: DemoServer)
 @pytest.mark.parametrize(
     ("module", "args"),
     [
+        ("rollfilter.cli.descriptors", []),  # the first import after start-up sets its handlers
         ("msgspec", []),
         ("trio", []),
         ("typer", []),
@@ -413,6 +417,41 @@ def test_ctrl_c_at_any_point_of_start_up_exits_130_without_a_traceback(module: s
     assert proc.returncode == 130
     assert b"Traceback" not in proc.stderr
     assert len(messages(proc.stderr)) <= 1
+
+
+@pytest.mark.parametrize(
+    "module", ["rollfilter.cli.descriptors", "typer", "rollfilter.cli.parsers", "trio", "rollfilter.cli.run"]
+)
+def test_a_status_signal_at_any_point_of_start_up_is_not_fatal(module: str):
+    proc = subprocess.run(
+        [sys.executable, "-c", SIGNALLED_AT_IMPORT, module, "SIGUSR1", "--demo", "-q"],
+        input=rows_jsonl(simple_rows(2)).encode(),
+        capture_output=True,
+        timeout=SUBPROCESS_TIMEOUT,
+        env=clean_env(),
+    )
+    assert (proc.returncode, proc.stderr) == (0, b"")
+    assert len(result_lines(proc.stdout)) == 2
+
+
+@pytest.mark.parametrize("stderr", ["full", "a pipe whose reader is gone"])
+@pytest.mark.parametrize(("quiet", "status"), [([], 74), (["-q"], 0)])
+def test_a_summary_that_cannot_be_written_exits_74_with_the_results_whole(
+    demo_server: DemoServer, stderr: str, quiet: list[str], status: int
+):
+    args = ["-u", demo_server.url, *quiet]
+    if stderr == "full":
+        with open("/dev/full", "wb") as full:
+            proc = run_process(args, input=rows_jsonl(simple_rows(5)), stderr=full)
+    else:
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        try:
+            proc = run_process(args, input=rows_jsonl(simple_rows(5)), stderr=write_end)
+        finally:
+            os.close(write_end)
+    assert proc.returncode == status
+    assert sorted(r["_ng_task_index"] for r in result_lines(proc.stdout)) == [0, 1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("option", ["-o", "--metrics", "--errors"])

@@ -15,16 +15,22 @@ from tests.conftest import (
 
 
 def numeric_options() -> dict[str, type]:
-    """Every option whose value typer parses as a number, found in the command itself."""
+    """Every option whose value is a number, found in the command itself: the annotations of the
+    command's parameters (int or float, or either or None), by the option that sets each."""
+    import types
+    import typing
+
     import typer.main
 
-    from rollfilter.cli.options import typer_app
+    from rollfilter.cli.options import parse, typer_app
 
+    hints = typing.get_type_hints(parse)  # Annotated[...] stripped
     found = {}
     for param in typer.main.get_command(typer_app).params:
-        annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
-        if annotation in (int, float) and param.opts[0].startswith("-"):
-            found[param.opts[-1]] = annotation
+        hint = hints.get(param.name or "")  # none for typer's own (--install-completion)
+        kinds = set(typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)) - {type(None)}
+        if len(kinds) == 1 and kinds <= {int, float} and param.opts[0].startswith("-"):
+            found[param.opts[-1]] = kinds.pop()
     return found
 
 

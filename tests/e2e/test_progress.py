@@ -98,14 +98,16 @@ def test_a_terminal_that_hangs_up_ends_the_display_not_the_run(tmp_path):
     assert ready
     assert ESC in os.read(controller, 65536)  # the display is up...
     os.close(controller)  # ...and its terminal goes away: every write to it fails (EIO)
-    assert proc.wait(timeout=SUBPROCESS_TIMEOUT) == 0
+    assert proc.wait(timeout=SUBPROCESS_TIMEOUT) == 74  # the summary, an output, could not be written
     assert len(out.read_bytes().splitlines()) == 200
 
 
 def test_a_full_stderr_ends_the_display_and_lost_failure_lines_exit_74(tmp_path):
     rows = rows_file(tmp_path)
     with open("/dev/full", "wb") as full:
-        proc = run(["--demo", "--progress", str(rows)], stderr=full)
+        proc = run(["--demo", "--progress", "-q", str(rows)], stderr=full)
         assert (proc.returncode, len(proc.stdout.splitlines())) == (0, 200)  # the display is only shown
-        proc = run(["--demo", "--progress"], input=rows.read_bytes() + b"not json\n", stderr=full)
+        proc = run(["--demo", "--progress", "-q"], input=rows.read_bytes() + b"not json\n", stderr=full)
         assert proc.returncode == 74  # the failure's line was lost
+        proc = run(["--demo", "--progress", str(rows)], stderr=full)
+        assert (proc.returncode, len(proc.stdout.splitlines())) == (74, 200)  # the summary was lost

@@ -54,6 +54,7 @@ SCENARIOS = (
     "stragglers",
     "fleet",
     "rate_limits",
+    "startup",
 )
 
 
@@ -61,6 +62,36 @@ def pinned(core: int) -> list[str]:
     if shutil.which("taskset") and (os.cpu_count() or 1) > core:
         return ["taskset", "-c", str(core)]
     return []
+
+
+EXAMPLE_ROWS = HERE.parent.parent / "rollfilter" / "examples" / "weather.jsonl"  # NeMo Gym's five rows
+
+
+def process_cpu_ms(argv: Sequence[str]) -> float:
+    """The CPU (user and system) of one run of `argv` to its end, its output discarded."""
+    with open(os.devnull, "r+b") as devnull:
+        proc = subprocess.Popen(argv, stdin=devnull, stdout=devnull, stderr=devnull)
+        _, _, usage = os.wait4(proc.pid, 0)
+        proc.returncode = 0  # reaped here: Popen must not wait for it again
+    return (usage.ru_utime + usage.ru_stime) * 1000
+
+
+def process_wall_s(argv: Sequence[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+    return time.perf_counter() - start
+
+
+def signalled_at(argv: Sequence[str], name: str, delay_s: float) -> tuple[int, bytes]:
+    """`argv` sent signal `name` `delay_s` after it was started: its exit status and its stderr."""
+    import signal
+
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(delay_s)
+    if proc.poll() is None:
+        proc.send_signal(getattr(signal, name))
+    _, stderr = proc.communicate(timeout=60)
+    return (proc.returncode if proc.returncode >= 0 else 128 - proc.returncode), stderr
 
 
 def rollfilter_cmd() -> list[str]:
@@ -920,6 +951,79 @@ class Bench:
         complete = all(pairs == rollouts for _, _, pairs in died)
         name = "fleet, one replica dies 1 s in (--route task)"
         self.rows.append(Row(name, "runs with every pair once, exit 0", float(complete), None, "1", complete))
+
+    def startup(self) -> None:
+        """The CPU of a process per shard: --version, --help and a 5-row --demo run, each beside
+        `python -c pass` (the same venv) and the --baseline build, alternating; then signals sent
+        across the start-up window (SIGINT: exit 130 and no traceback naming rollfilter; SIGUSR1:
+        never fatal)."""
+        runs = 5 if self.quick else 15
+        python = [sys.executable]
+        builds = {"rollfilter": rollfilter_cmd(), **({BASELINE: self.baseline} if self.baseline else {})}
+        cases = {
+            "--version": ["--version"],
+            "--help": ["--help"],
+            "--demo, 5 rows": ["--demo", "-q", str(EXAMPLE_ROWS)],
+        }
+        bare: list[float] = []
+        cpu: dict[tuple[str, str], list[float]] = {(case, name): [] for case in cases for name in builds}
+        for _ in range(runs):
+            bare.append(process_cpu_ms([*python, "-c", "pass"]))
+            for case, args in cases.items():
+                for name, command in builds.items():
+                    cpu[case, name].append(process_cpu_ms([*command, *args]))
+        bare_ms = median(bare)
+        print(f"startup: python -c pass {bare_ms:.1f} ms CPU", file=sys.stderr)
+        bound = {"--version": ("<= 4x python -c pass", None), "--help": ("<= 0.5x baseline", 0.5)}
+        bound["--demo, 5 rows"] = ("<= 0.7x baseline", 0.7)
+        for case in cases:
+            mine = median(cpu[case, "rollfilter"])
+            before = median(cpu[case, BASELINE]) if self.baseline else None
+            target, ratio = bound[case]
+            if ratio is None:
+                passed: bool | None = mine <= 4 * bare_ms
+            else:
+                passed = mine <= ratio * before if before is not None else None
+            row = Row(
+                f"startup {case}",
+                "CPU ms, median",
+                mine,
+                bare_ms,
+                target,
+                passed,
+                {"rollfilter": cpu[case, "rollfilter"]},
+            )
+            self.rows.append(self._beside(row, cpu[case, BASELINE]) if self.baseline else row)
+        self._signal_window(statistics.median(process_wall_s([*python, "-c", "pass"]) for _ in range(5)))
+
+    def _signal_window(self, bare_s: float) -> None:
+        """SIGINT and SIGUSR1 at evenly spread moments from bare Python's start-up (`bare_s`, wall)
+        to the end of a 5-row demo run's start-up: from twice `bare_s` on, SIGINT must exit 130 with
+        no traceback naming rollfilter, and SIGUSR1 must never be fatal; before that, what Python
+        does before any of rollfilter runs is counted apart."""
+        samples = 30 if self.quick else 90
+        command = [*rollfilter_cmd(), "--demo", "-q", str(EXAMPLE_ROWS)]
+        span_s = 0.4
+        counts = {(early, what): 0 for early in (True, False) for what in ("traceback", "not 130", "USR1 fatal")}
+        for i in range(samples):
+            delay = bare_s + span_s * i / samples
+            early = delay < 2 * bare_s
+            code, stderr = signalled_at(command, "SIGINT", delay)
+            counts[early, "traceback"] += b"Traceback" in stderr and b"/rollfilter/" in stderr  # a frame of the package
+            counts[early, "not 130"] += code not in (130, 0)  # 0: the run was over before the signal came
+            code, _ = signalled_at(command, "SIGUSR1", delay)
+            counts[early, "USR1 fatal"] += code != 0
+        late = f"{2 * bare_s * 1000:.0f}-{(bare_s + span_s) * 1000:.0f} ms after start"
+        early = f"{bare_s * 1000:.0f}-{2 * bare_s * 1000:.0f} ms (before twice bare Python's start-up)"
+        for window, is_early in ((late, False), (early, True)):
+            for what, metric in (
+                ("traceback", "SIGINT: tracebacks naming rollfilter"),
+                ("not 130", "SIGINT: exits other than 130"),
+                ("USR1 fatal", "SIGUSR1: runs not exiting 0"),
+            ):
+                found = counts[is_early, what]
+                target, passed = ("-", None) if is_early else ("0", found == 0)
+                self.rows.append(Row(f"startup signals, {window}", metric, float(found), None, target, passed))
 
     def rate_limits(self) -> None:
         """--rpm and --tpm against an instant agent that logs arrivals; per agent, one limited beside one not."""
