@@ -18,6 +18,7 @@ export (it costs start-up time).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 from collections.abc import Iterable
@@ -127,12 +128,17 @@ def exposition(registry: CollectorRegistry) -> bytes:
 def families(run: Parts) -> list[Metric]:
     """The run's figures now, as metric families (call it in the run's own thread)."""
     metrics = run.metrics
+    in_flight = run.engine.in_flight_by_agent() if run.engine is not None else collections.Counter()
+    # Every agent a rollout has ended or is in flight for: each with all its outcomes and its
+    # rollouts in flight, at 0 when there are none (a series that vanishes is not a 0).
+    seen = {*metrics.by_agent, *(agent for agent, _ in metrics.failed_by_agent), *metrics.not_persisted_by_agent}
+    seen |= in_flight.keys()
     found = [
-        _outcomes(metrics),
+        _outcomes(metrics, seen),
         CounterMetricFamily("rollfilter_rollouts_started_total", "Rollouts taken from the input.", value=metrics.taken),
         _by_agent(
             GaugeMetricFamily("rollfilter_rollouts_in_flight", "Rollouts sent and not ended yet.", labels=("agent",)),
-            run.engine.in_flight_by_agent().items() if run.engine is not None else (),
+            [(agent, in_flight[agent]) for agent in seen],
         ),
         _by_agent(_counter("retries", "Attempts sent again after a failure."), metrics.retries_by_agent.items()),
         _by_agent(
@@ -156,20 +162,15 @@ def families(run: Parts) -> list[Metric]:
             ),
             [(a, m.mean("reward")) for a, m in metrics.figures_by_agent().items() if m.counts.get("reward")],
         ),
-        _by_agent(
-            GaugeMetricFamily(
-                "rollfilter_adaptive_window", "Requests the adaptive window lets in flight.", labels=("agent",)
-            ),
-            [(name, window.limit) for name, window in metrics.windows.items()],
-        ),
     ]
-    if metrics.spending is not None:
-        found.append(
-            _by_agent(
-                _counter("cost_usd", "What the agents' answers cost, in US dollars, by the prices given."),
-                metrics.spending.by_agent.items(),
-            )
+    if metrics.windows:
+        window = GaugeMetricFamily(
+            "rollfilter_adaptive_window", "Requests the adaptive window lets in flight.", labels=("agent",)
         )
+        found.append(_by_agent(window, [(name, adaptive.limit) for name, adaptive in metrics.windows.items()]))
+    if metrics.spending is not None:
+        cost = _counter("cost_usd", "What the agents' answers cost, in US dollars, by the prices given.")
+        found.append(_by_agent(cost, metrics.spending.by_agent.items()))
     if run.groups is not None:
         groups = CounterMetricFamily(
             "rollfilter_groups_total", "Groups of a task's rollouts, by fate.", labels=("fate",)
@@ -181,9 +182,8 @@ def families(run: Parts) -> list[Metric]:
     return found
 
 
-def _outcomes(metrics: Metrics) -> CounterMetricFamily:
-    """Every outcome of every agent seen so far, those with none at 0 (a rate needs a start)."""
-    seen = {*metrics.by_agent, *(agent for agent, _ in metrics.failed_by_agent), *metrics.not_persisted_by_agent}
+def _outcomes(metrics: Metrics, seen: Iterable[str | None]) -> CounterMetricFamily:
+    """Every outcome of each agent `seen`, those with none at 0 (a rate needs a start)."""
     ended = {(_label(agent), outcome): 0 for agent in seen for outcome in OUTCOMES}
     for agent, means in metrics.by_agent.items():
         ended[_label(agent), SUCCEEDED] += means.succeeded
@@ -215,9 +215,7 @@ def _by_agent(family: Family, values: Iterable[tuple[str | None, float]]) -> Fam
 def _latency(metrics: Metrics) -> HistogramMetricFamily:
     latency = metrics.latency
     counts = latency.cumulative(LATENCY_BOUNDS)
-    buckets: list[tuple[str, float]] = [
-        (f"{bound:g}", count) for bound, count in zip(LATENCY_BOUNDS, counts, strict=True)
-    ]
+    buckets = [(str(bound), float(count)) for bound, count in zip(LATENCY_BOUNDS, counts, strict=True)]
     return HistogramMetricFamily(
         "rollfilter_rollout_duration_seconds",
         "Time from sending a rollout to its answer, retries included (a bucket's bound within 1%).",
