@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,3 +90,16 @@ async def test_the_file_is_replaced_whole_and_a_failure_is_said_once(tmp_path: P
     with trio.fail_after(5):
         await publish(file, a_registry(), said.append, seconds=0.01)
     assert said == [f"cannot write --prometheus-file {gone}: No such file or directory; the run goes on without it"]
+
+
+def test_the_command_imports_prometheus_client_only_for_a_run_that_exports():
+    code = (
+        "import sys\n"
+        "from rollfilter.cli import main, options, outputs, run\n"
+        "from rollfilter import api, rollout_run, guest\n"
+        "assert 'prometheus_client' not in sys.modules, 'imported'\n"
+        "from rollfilter.cli import exporter\n"
+        "assert 'prometheus_client' in sys.modules\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert result.returncode == 0, result.stderr.decode()
