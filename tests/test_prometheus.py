@@ -113,7 +113,8 @@ async def test_a_callers_registry_scraped_in_the_run_and_from_another_thread(mon
         nursery.cancel_scope.cancel()
     assert mid_run["rollfilter_rollouts_total", (("agent", "(no name)"), ("outcome", "succeeded"))] >= 1
     assert from_a_thread["rollfilter_rollouts_started_total", ()] >= 1
-    assert read_in[:2] == [threading.get_ident()] * 2  # the figures are read in the run's thread, always
+    assert len(read_in) >= 3
+    assert set(read_in) == {threading.get_ident()}  # the figures are read in the run's thread, always
     assert len(rest) == 9
     assert run.summary is not None
     at_the_end = samples(await trio.to_thread.run_sync(generate_latest, registry))  # the run has ended
