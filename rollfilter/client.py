@@ -23,7 +23,7 @@ from rollfilter.adaptive import Signal
 from rollfilter.config import Config, is_decimal
 from rollfilter.errors import ErrorKind
 from rollfilter.http import AgentTransport, CertificateError, KeptAliveLost, Reply, origin_of
-from rollfilter.outcomes import AttemptFailure, Retry
+from rollfilter.outcomes import OVERLOAD_STATUSES, AttemptFailure, Retry
 from rollfilter.plan import Job
 from rollfilter.redact import origin, printable, shown
 from rollfilter.routing import Agent, Replica, affinity_value, task_key
@@ -256,9 +256,6 @@ class AgentClient:
         if content:
             message += f": {_snippet(content)}"
         return AttemptFailure(ErrorKind.HTTP_STATUS, message, status, retry=retry), retry_after
-
-
-OVERLOAD_STATUSES = frozenset({429, 503})  # --adaptive: the agent asks for less
 
 
 def load_signal(outcome: dict[str, Any] | AttemptFailure) -> Signal:

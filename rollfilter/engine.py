@@ -8,6 +8,7 @@ in memory are bounded by the concurrency however fast the input or slow the outp
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import functools
@@ -176,6 +177,10 @@ class Engine:
         m = self.metrics
         return RunStatus(m.ended, m.failed, len(self._in_flight), m.rate(), m.elapsed(), oldest, m.held_by_limits())
 
+    def in_flight_by_agent(self) -> collections.Counter[str | None]:
+        """The rollouts in flight now, by their rows' agent names."""
+        return collections.Counter(job.agent_name for job in self._in_flight)
+
     async def run(self) -> None:
         """Return when every job has ended, or when `control` stopped the run."""
         limiter = trio.CapacityLimiter(self.concurrency)
@@ -241,7 +246,7 @@ class Engine:
         if isinstance(outcome, AttemptFailure):
             self._fail(job, outcome, release)
         elif isinstance(outcome, _NotPersisted):
-            self.metrics.not_persisted += 1
+            self.metrics.add_not_persisted(job.agent_name)
             if self.on_event is not None:
                 advice = "a resumed run runs it again"
                 self.on_event(f"{describe(job)}: not persisted (the agent's _ng_no_persist); {advice}")

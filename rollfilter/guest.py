@@ -260,6 +260,7 @@ class GuestRolloutRun(RolloutRun):
             with self._scope:
                 async with open_rollouts_in_trio(self._rows, self._config) as run:
                     self._status = run.status
+                    self.figures = run.figures
                     _resolve(self._entered, None)
                     await self._answer_asks(run)
         except BaseException as exc:  # handed to the asyncio side

@@ -6,18 +6,20 @@ log-spaced buckets (1% wide), so percentiles are within 1% however many rows pas
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
+import itertools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rollfilter.adaptive import AdaptiveWindow
 from rollfilter.cost import Spending
 from rollfilter.errors import ErrorKind
 from rollfilter.limits import AgentLimits
-from rollfilter.outcomes import AttemptFailure
+from rollfilter.outcomes import OVERLOAD_STATUSES, AttemptFailure
 from rollfilter.passk import TaskStats
 from rollfilter.sums import EXACT_FROM, EXACT_FROM_INT, mean_of, scaled, total_of
 
@@ -31,12 +33,25 @@ class LatencyHistogram:
     def __init__(self) -> None:
         self._counts: collections.Counter[int] = collections.Counter()
         self.count = 0
+        self.sum = 0.0
         self.max = 0.0
 
     def add(self, seconds: float) -> None:
         self._counts[math.floor(math.log(max(seconds, _MIN_LATENCY) / _MIN_LATENCY) / _BUCKET_GROWTH)] += 1
         self.count += 1
+        self.sum += seconds
         self.max = max(self.max, seconds)
+
+    def cumulative(self, bounds: Sequence[float]) -> list[int]:
+        """How many latencies are at most each of `bounds` (ascending), as a Prometheus histogram
+        counts them; to within a bucket's 1%: a bucket is counted under a bound its middle is under."""
+        counts = [0] * len(bounds)
+        for bucket, count in self._counts.items():
+            middle = _MIN_LATENCY * math.exp((bucket + 0.5) * _BUCKET_GROWTH)
+            first = bisect.bisect_left(bounds, middle)
+            if first < len(bounds):
+                counts[first] += count
+        return list(itertools.accumulate(counts))
 
     def percentile(self, p: float) -> float:
         if not self.count:
@@ -216,6 +231,12 @@ class Metrics:
         self.spending: Spending | None = None  # with prices: what the run spent
         self.failed_by_kind: collections.Counter[str] = collections.Counter()
         self.failed_by_class: collections.Counter[str] = collections.Counter()  # the agents' own classes
+        # By the rows' agent names (None: no name), for those who watch a run from outside: these
+        # move only when a row fails or an attempt does, never on the path of a success.
+        self.failed_by_agent: collections.Counter[tuple[str | None, str]] = collections.Counter()  # and kind
+        self.not_persisted_by_agent: collections.Counter[str | None] = collections.Counter()
+        self.retries_by_agent: collections.Counter[str | None] = collections.Counter()
+        self.throttled_by_agent: collections.Counter[str | None] = collections.Counter()  # 429 and 503 replies
         self.latency = LatencyHistogram()
         self.by_agent: dict[str | None, Means] = {}
         self.earlier_by_agent: dict[str | None, Means] = {}  # earlier runs' results (--resume): figures only
@@ -248,7 +269,7 @@ class Metrics:
             means = self.earlier_by_agent[agent] = Means()
         means.add(result)
 
-    def _figures_by_agent(self) -> dict[str | None, Means]:
+    def figures_by_agent(self) -> dict[str | None, Means]:
         if not self.earlier_by_agent:
             return self.by_agent
         combined: dict[str | None, Means] = {}
@@ -260,12 +281,26 @@ class Metrics:
     def add_failure(self, failure: AttemptFailure, agent: str | None = None) -> None:
         self.failed += 1
         self.failed_by_kind[failure.kind.value] += 1
+        self.failed_by_agent[agent, failure.kind.value] += 1
+        if failure.status in OVERLOAD_STATUSES:
+            self.throttled_by_agent[agent] += 1
         if failure.failure_class is not None:
             self.failed_by_class[failure.failure_class] += 1
         self._agent(agent).failed += 1
 
+    def add_retry(self, failure: AttemptFailure, agent: str | None = None) -> None:
+        """An attempt that failed with `failure` and is sent again."""
+        self.retries += 1
+        self.retries_by_agent[agent] += 1
+        if failure.status in OVERLOAD_STATUSES:
+            self.throttled_by_agent[agent] += 1
+
+    def add_not_persisted(self, agent: str | None = None) -> None:
+        self.not_persisted += 1
+        self.not_persisted_by_agent[agent] += 1
+
     def overall(self) -> Means:
-        by_agent = self._figures_by_agent()
+        by_agent = self.figures_by_agent()
         if len(by_agent) == 1:
             return next(iter(by_agent.values()))
         total = Means()
@@ -310,7 +345,7 @@ class Metrics:
         if tasks is not None:
             summary.update(tasks.summary_fields())
         summary["usage"] = overall.usage()
-        by_agent = self._figures_by_agent()
+        by_agent = self.figures_by_agent()
         if len(by_agent) > 1:
             summary["agents"] = {
                 UNNAMED_AGENT if name is None else name: {

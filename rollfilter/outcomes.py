@@ -19,6 +19,7 @@ from rollfilter.redact import printable
 from rollfilter.rows import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX
 
 TERMINAL_KINDS = frozenset({ErrorKind.BAD_INPUT, ErrorKind.NO_ROUTE})  # no run can fix these
+OVERLOAD_STATUSES = frozenset({429, 503})  # the agent asks for less: --adaptive's signal, and a throttled reply
 ROLLFILTER_FIELDS = ("source", "line", "attempts", "error", "row", "raw", "agent_fields")  # of an errors record
 
 

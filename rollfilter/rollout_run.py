@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
 import math
+import threading
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from typing import Any
 
@@ -50,12 +52,23 @@ class RunResults:
         self.aggregate_problems = run.aggregate_problems
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunFigures:
+    """Where a run's figures are (`rollfilter.prometheus` reads them), and the trio loop that
+    changes them, with its thread: a reader in another thread asks that loop to read them."""
+
+    run: Run
+    token: trio.lowlevel.TrioToken
+    thread: int
+
+
 class RolloutRun(RunResults, abc.ABC):
     """The outcomes of one run, as they finish; `summary` is set once the run has ended."""
 
     def __init__(self) -> None:
         super().__init__()
         self._status: Callable[[], RunStatus] | None = None
+        self.figures: RunFigures | None = None  # set once the run has started
 
     def status(self) -> RunStatus:
         """A snapshot of the run so far: done, failed, in flight, rows/s, and its oldest rollouts
@@ -156,6 +169,7 @@ async def open_rollouts_in_trio(rows: Rows, config: Config) -> AsyncIterator[Rol
         await run.connect()
         assert run.engine is not None
         results._status = run.engine.status
+        results.figures = RunFigures(run, trio.lowlevel.current_trio_token(), threading.get_ident())
 
         async def drive() -> None:
             try:

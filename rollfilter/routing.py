@@ -248,8 +248,12 @@ class Router:
 
     def retries_withheld(self) -> int:
         """Retries the agents' budgets did not send, over the run."""
+        return sum(withheld for _, withheld in self.withheld_by_agent())
+
+    def withheld_by_agent(self) -> list[tuple[str | None, int]]:
+        """Retries each agent's budget did not send, by agent name (None for -u)."""
         agents = [*self.agents.values(), *([self._default] if self._default is not None else [])]
-        return sum(agent.budget.withheld for agent in agents if agent.budget is not None)
+        return [(agent.name, agent.budget.withheld) for agent in agents if agent.budget is not None]
 
     def replica_counts(self) -> list[dict[str, Any]]:
         """Requests and failures per replica, for agents that have more than one; placed by task,

@@ -176,7 +176,7 @@ class Run:
         return limits
 
     def _count_retry(self, job: Job, failure: AttemptFailure, delay: float) -> None:
-        self.metrics.retries += 1
+        self.metrics.add_retry(failure, job.agent_name)
         if self._on_event is not None:
             self._on_event(f"{describe(job)}: retry in {delay:.2f} s after {failure.kind.value}: {failure.message}")
 

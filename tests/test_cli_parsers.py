@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from rollfilter.cli import parsers
@@ -140,3 +142,21 @@ def test_gym_layout_names_nemo_gyms_files_after_the_output():
     )
     with pytest.raises(UsageError, match=r"^--gym-layout needs -o OUT.jsonl"):
         parsers.gym_layout(None)
+
+
+def test_a_prometheus_address_is_host_and_port():
+    assert parsers.listen_address("127.0.0.1:9464") == ("127.0.0.1", 9464)
+    assert parsers.listen_address("[::1]:9464") == ("::1", 9464)
+    assert parsers.listen_address("localhost:1") == ("localhost", 1)
+    for text, problem in (
+        ("9464", "give HOST:PORT"),
+        (":9464", "give HOST:PORT"),
+        ("::1:9464", "an IPv6 address goes in brackets"),
+        ("127.0.0.1:65536", "the port must be a number from 1 to 65535"),
+        ("127.0.0.1:0", "the port must be a number from 1 to 65535"),
+        ("127.0.0.1:९४", "the port must be a number from 1 to 65535"),
+        ("127.0.0.1:", "the port must be a number from 1 to 65535"),
+    ):
+        with pytest.raises(UsageError, match=f"^--prometheus {re.escape(text)}: {problem}"):
+            parsers.listen_address(text)
+    assert parsers.prometheus(None, None) == {"prometheus": None, "prometheus_file": None}

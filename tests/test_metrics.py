@@ -32,6 +32,37 @@ def test_latency_percentiles_within_one_percent():
     assert histogram.max == 1.0
 
 
+def test_latencies_counted_under_bounds_as_a_prometheus_histogram_counts_them():
+    histogram = LatencyHistogram()
+    values = [i / 1000 for i in range(1, 1001)]  # 1 ms to 1 s
+    for value in values:
+        histogram.add(value)
+    bounds = (0.001, 0.1, 0.5, 0.999, 2.0)
+    for bound, counted in zip(bounds, histogram.cumulative(bounds), strict=True):
+        exact = sum(value <= bound for value in values)
+        assert abs(counted - exact) <= max(1, 0.011 * exact)  # a bucket is 1% wide
+    assert histogram.cumulative(bounds)[-1] == histogram.count == 1000
+    assert histogram.sum == pytest.approx(sum(values))
+    assert LatencyHistogram().cumulative(bounds) == [0] * 5
+
+
+def test_failures_retries_and_throttled_replies_are_counted_by_agent():
+    metrics = Metrics()
+    throttled = AttemptFailure(ErrorKind.HTTP_STATUS, "429", status=429)
+    metrics.add_retry(throttled, "a")
+    metrics.add_retry(AttemptFailure(ErrorKind.TIMEOUT, "slow"), "a")
+    metrics.add_failure(AttemptFailure(ErrorKind.HTTP_STATUS, "503", status=503), "b")
+    metrics.add_failure(AttemptFailure(ErrorKind.CONNECT, "refused"), None)
+    metrics.add_not_persisted("a")
+    assert metrics.retries == 2
+    assert metrics.retries_by_agent == {"a": 2}
+    assert metrics.throttled_by_agent == {"a": 1, "b": 1}
+    assert metrics.failed_by_agent == {("b", "http_status"): 1, (None, "connect"): 1}
+    assert metrics.failed_by_kind == {"http_status": 1, "connect": 1}
+    assert metrics.not_persisted == 1
+    assert metrics.not_persisted_by_agent == {"a": 1}
+
+
 def test_metrics_means_skip_non_numbers_and_count_booleans():
     metrics = Metrics()
     metrics.add_result({"reward": 1.0, "accuracy": True, "note": "x", "score": float("nan")}, 0.1)

@@ -32,6 +32,8 @@ class CommandConfig:
     shard_auto: bool = False  # the shard came from --shard auto: a resumed output's own record wins over it
     wait_lock: bool = False  # an output another run holds is waited for, not refused
     dropped_file: str | None = None  # --dropped FILE: the rollouts of groups not written, stamped with why
+    prometheus: tuple[str, int] | None = None  # --prometheus HOST:PORT: where to serve /metrics
+    prometheus_file: str | None = None  # --prometheus-file FILE: the same text, for node_exporter
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))

@@ -257,6 +257,23 @@ def parse(
             help="Keep FILE holding the number of finished rollouts (replaced at once, best effort).",
         ),
     ] = None,
+    prometheus: Annotated[
+        str | None,
+        typer.Option(
+            "--prometheus",
+            metavar="HOST:PORT",
+            help="Serve the run's metrics at http://HOST:PORT/metrics for Prometheus while it goes"
+            " (no authentication: 127.0.0.1 keeps them on this machine).",
+        ),
+    ] = None,
+    prometheus_file: Annotated[
+        str | None,
+        typer.Option(
+            "--prometheus-file",
+            metavar="FILE",
+            help="Keep FILE holding the same metrics for node_exporter's textfile collector (replaced at once).",
+        ),
+    ] = None,
     gym_layout: Annotated[
         bool,
         typer.Option(
@@ -549,11 +566,10 @@ def parse(
         check_demo_alone(ctx, url=url, endpoints=endpoint, head_server=head_server)
         url = head_server = None  # defaults from the environment: --demo replaces them
     default_repeats, repeats_by_agent = parsers.repeats(repeats or ())
-    if gym_layout:
-        if errors is not None or materialized is not None or aggregate is not None or progress_file is not None:
-            raise UsageError("--gym-layout names the errors, materialized, aggregate and progress files itself")
-        if not summarize:
-            materialized, errors, aggregate, progress_file = parsers.gym_layout(output)
+    given_files = (materialized, errors, aggregate, progress_file)
+    materialized, errors, aggregate, progress_file = parsers.gym_files(
+        gym_layout, output, given_files, summarize=summarize
+    )
     group_settings = parsers.groups(
         groups,
         repeats=max([default_repeats or 1, *repeats_by_agent.values()]),
@@ -613,6 +629,7 @@ def parse(
         shard_auto=shard == parsers.SHARD_AUTO,
         wait_lock=wait_lock,
         dropped_file=dropped,
+        **parsers.prometheus(prometheus, prometheus_file),
     )
     if not files and os.isatty(0):
         config = from_the_terminal(config, demo=demo, summarize=summarize)
@@ -676,6 +693,7 @@ def check_demo_alone(
 # What --summarize writes: its summary on standard output, --metrics, --aggregate and --per-task.
 NOT_SUMMARIZED = (
     *("output", "errors", "materialized", "progress_file", "resume", "append", "wait_lock", "dry_run"),
+    *("prometheus", "prometheus_file"),
     *("groups", "keep_incomplete", "drop_uniform", "group_field", "dropped", "target_groups"),
 )
 

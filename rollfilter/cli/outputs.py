@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import socket
 import stat
 from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
@@ -43,6 +44,7 @@ FILE_OPTIONS = (
     ("materialized_file", "--materialized"),
     ("progress_file", "--progress-file"),
     ("dropped_file", "--dropped"),
+    ("prometheus_file", "--prometheus-file"),
 )
 SAME_FILE = "two outputs cannot be one file"
 
@@ -325,6 +327,8 @@ class RunFiles:
     metrics: WholeFile | None
     aggregate: WholeFile | None
     progress: WholeFile | None
+    prometheus: WholeFile | None  # --prometheus-file's
+    listening: list[socket.socket]  # --prometheus's sockets, bound before anything is sent
     materialized: str | None  # written by the first pass, when it is done
     keep_locked: Callable[[int], None] | None  # what locks the materialized file made, until the end
     record: identity.RunRecord | None  # written beside -o before anything is sent
@@ -411,6 +415,8 @@ def run_files(
         metrics=files.whole(command.metrics_file, "--metrics"),
         aggregate=files.whole(command.aggregate_file, "--aggregate"),
         progress=files.whole(command.progress_file, "--progress-file", regular_only=True),
+        prometheus=files.whole(command.prometheus_file, "--prometheus-file", regular_only=True),
+        listening=listening(command, files),
         materialized=materialized,
         keep_locked=files.keep_locked,
         record=record,
@@ -421,8 +427,29 @@ def run_files(
 def dry_run_files(streams: Streams) -> RunFiles:
     """A dry run's outputs: the bodies on standard output, the rest on standard error."""
     return RunFiles(
-        streams.stdout, "standard output", None, "", None, None, None, None, None, None, None, None, None, None
+        streams.stdout,
+        "standard output",
+        None,
+        "",
+        *(None,) * 7,
+        listening=[],
+        materialized=None,
+        keep_locked=None,
+        record=None,
+        output=None,
     )
+
+
+def listening(command: CommandConfig, files: OutputFiles) -> list[socket.socket]:
+    """--prometheus's sockets, bound now (UsageError when they cannot be), closed when the run ends."""
+    if command.prometheus is None:
+        return []
+    from rollfilter.cli.exporter import listen  # and prometheus_client: only for a run that exports
+
+    sockets = listen(*command.prometheus)
+    for sock in sockets:
+        files.callback(sock.close)
+    return sockets
 
 
 def replace_content(file: WholeFile | None, data: bytes) -> None:

@@ -332,6 +332,18 @@ def finite(option: str) -> Any:
     return parse
 
 
+GymFiles = tuple[str | None, str | None, str | None, str | None]  # materialized, errors, aggregate, progress
+
+
+def gym_files(gym: bool, output: str | None, given: GymFiles, *, summarize: bool) -> GymFiles:
+    """The four files --gym-layout names (`given` without it); --summarize writes none of them."""
+    if not gym:
+        return given
+    if any(path is not None for path in given):
+        raise UsageError("--gym-layout names the errors, materialized, aggregate and progress files itself")
+    return given if summarize else gym_layout(output)
+
+
 def gym_layout(output: str | None) -> tuple[str, str, str, str]:
     """The files ng_collect_rollouts writes beside OUT.jsonl: its materialized inputs, failures
     sidecar, aggregate metrics and progress counter, named as NeMo Gym names them."""
@@ -406,3 +418,23 @@ def affinity_header(name: str | None, headers: Sequence[str]) -> str | None:
     if problem is not None:
         raise UsageError(f"--affinity-header {problem}")
     return name
+
+
+def prometheus(address: str | None, file: str | None) -> dict[str, Any]:
+    """--prometheus HOST:PORT and --prometheus-file FILE, as CommandConfig takes them."""
+    return {"prometheus": None if address is None else listen_address(address), "prometheus_file": file}
+
+
+def listen_address(text: str) -> tuple[str, int]:
+    """--prometheus's HOST:PORT (an IPv6 address in brackets, [::1]:9464); UsageError when it is
+    none. Whether it can be bound is known once it is (`cli/exporter.listen`)."""
+    host, colon, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise UsageError(f"--prometheus {text}: an IPv6 address goes in brackets, [::1]:9464")
+    if not colon or not host:
+        raise UsageError(f"--prometheus {text}: give HOST:PORT, such as 127.0.0.1:9464")
+    if not is_decimal(port) or not 1 <= int(port) <= 65535:
+        raise UsageError(f"--prometheus {text}: the port must be a number from 1 to 65535")
+    return host, int(port)

@@ -58,6 +58,7 @@ from rollfilter.source import LineReader, check_inputs
 from rollfilter.writers import BatchWriter, LineWriter, OutputClosed, OutputFailed
 
 if TYPE_CHECKING:
+    from rollfilter.cli.exporter import Exporter
     from rollfilter.cli.progress import ProgressDisplay
 
 _encode = msgspec.json.Encoder().encode
@@ -221,6 +222,7 @@ class _CommandLineRun:
             dry_run=self.show_route if options.dry_run else None,
             hold=self.held.write if self.held is not None else None,
         )
+        self.exporter = self._exporter()
         self.earlier_done = resume.done_pairs if resume is not None else 0
         if resume is not None and resume.cut_bytes:
             self.say(
@@ -273,6 +275,14 @@ class _CommandLineRun:
         else:
             self.write_failures.append(failure)
             self.control.stop(StopCause.OUTPUT_FAILED, str(failure))
+
+    def _exporter(self) -> Exporter | None:
+        """--prometheus and --prometheus-file's, when either is given (prometheus_client is imported then)."""
+        if not self.files.listening and self.files.prometheus is None:
+            return None
+        from rollfilter.cli.exporter import Exporter
+
+        return Exporter(self.run, self.files.listening, self.files.prometheus)
 
     def _display(self) -> ProgressDisplay | None:
         options, config = self.options, self.command.engine
@@ -332,6 +342,8 @@ class _CommandLineRun:
             await services.start(watch_signals, control, self.show_status)
         if files.results == self.streams.stdout and is_pipe(files.results):
             services.start_soon(watch_reader_gone, files.results, lambda: control.stop(StopCause.READER_GONE))
+        if self.exporter is not None:
+            self.exporter.start(services, self.say)
         try:
             await run.connect()
         except ConfigError as exc:  # an agent the head server did not name, say
@@ -429,6 +441,8 @@ class _CommandLineRun:
         if files.progress is not None:
             with contextlib.suppress(OutputClosed, OutputFailed):  # best effort, as while running
                 files.progress.replace(b"%d\n" % self.finished())
+        if self.exporter is not None:
+            self.exporter.finish()
         try:
             replace_content(files.metrics, summary)
             if run.report is not None:

@@ -22,6 +22,7 @@ import os
 import platform
 import select
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -55,6 +56,7 @@ SCENARIOS = (
     "fleet",
     "rate_limits",
     "startup",
+    "prometheus",
 )
 
 
@@ -163,6 +165,43 @@ class FleetProcess:
     def stop(self) -> None:
         self.process.kill()
         self.process.wait(timeout=30)
+
+
+SCRAPE_SECONDS = 0.5  # how often the prometheus scenario's scraper asks, as a busy Prometheus might
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Scraper:
+    """GET /metrics on 127.0.0.1:`port` every SCRAPE_SECONDS, in a thread, while the block runs;
+    `scrapes` counts the answers (none come before the run has bound the port, or after it ends)."""
+
+    def __init__(self, port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}/metrics"
+        self.scrapes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(SCRAPE_SECONDS):
+            try:
+                with urllib.request.urlopen(self.url, timeout=5) as response:
+                    response.read()
+                self.scrapes += 1
+            except OSError:
+                continue
+
+    def __enter__(self) -> Scraper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
 
 
 @dataclass
@@ -390,6 +429,37 @@ class Bench:
             self.rows.append(self._beside(rate_row, [n / m.wall_s for m in baseline]))
             self.rows.append(self._beside(cpu_row, [m.cpu_s for m in baseline]))
             self.rows.append(self._beside(us_row, [m.cpu_s * 1e6 / n for m in baseline]))
+
+    def prometheus(self) -> None:
+        """CPU a row with and without --prometheus, scraped every SCRAPE_SECONDS meanwhile (rows
+        enough for a run of seconds: importing prometheus_client is a start-up cost, not a row's)."""
+        n = 20_000 if self.quick else 100_000
+        data = make_rows(self.workdir / f"rows-{n}.jsonl", n)
+        agent = Agent(latency=0.0)
+        scrapes: list[int] = []
+
+        def exported() -> Measure:
+            port = free_port()
+            with Scraper(port) as scraper:
+                measure = self.rf(agent, 64, data, ["--prometheus", f"127.0.0.1:{port}"])
+            scrapes.append(scraper.scrapes)
+            return measure
+
+        try:
+            print(f"prometheus: instant agent, {n} rows, -j 64, scraped every {SCRAPE_SECONDS} s", file=sys.stderr)
+            clients = {"rollfilter": lambda: self.rf(agent, 64, data), "rollfilter --prometheus": exported}
+            results = self.alternate(clients, self.runs)
+        finally:
+            agent.stop()
+        per_row = {label: [m.cpu_s * 1e6 / n for m in runs] for label, runs in results.items()}
+        rates = {label: [n / m.wall_s for m in runs] for label, runs in results.items()}
+        off, on = median(per_row["rollfilter"]), median(per_row["rollfilter --prometheus"])
+        scenario = f"prometheus (scraped {median([float(s) for s in scrapes]):.0f} times a run)"
+        self.rows.append(Row(scenario, "CPU us a row", on, off, "<= 1.05x without", on <= off * 1.05, per_row))
+        rate_on, rate_off = median(rates["rollfilter --prometheus"]), median(rates["rollfilter"])
+        self.rows.append(
+            Row(scenario, "rows/s", rate_on, rate_off, ">= 0.95x without", rate_on >= rate_off * 0.95, rates)
+        )
 
     def scale(self) -> None:
         latency, concurrency = 2.0, 2000

@@ -1,0 +1,229 @@
+"""A run's figures as Prometheus metrics: a prometheus_client collector that reads them when scraped.
+
+    from prometheus_client import CollectorRegistry
+    async with open_rollouts(rows, config) as run:
+        rollfilter.prometheus.register(run, registry)   # a trainer's own registry
+        ...
+
+The collector holds nothing of its own: each scrape reads the run's `Metrics`, its engine and its
+router as they are then, so that the path of a row does no work for it. The figures belong to the
+thread of the run's trio loop; a scrape from another thread (prometheus_client's
+`start_http_server` serves from one) has that thread make them, so it never reads them half
+changed. Names follow Prometheus' conventions: the `rollfilter_` prefix, base units, `_total` on
+counters; `agent` is the rows' agent name (`(no name)` for rows that name none).
+
+Importing this module imports prometheus_client: the command line imports it only when asked to
+export (it costs start-up time).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from collections.abc import Iterable
+from typing import Protocol, TypeVar
+
+import trio
+from prometheus_client import generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import CollectorRegistry
+
+from rollfilter.engine import Engine
+from rollfilter.errors import ErrorKind
+from rollfilter.groups import GroupStage
+from rollfilter.metrics import UNNAMED_AGENT, Metrics
+from rollfilter.rollout_run import RolloutRun, RunFigures
+from rollfilter.routing import Router
+
+# The latency histogram's upper bounds, in seconds: an agent's episode takes from milliseconds
+# (a cached answer) to most of an hour.
+LATENCY_BOUNDS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    25.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+)
+SUCCEEDED = "succeeded"
+NOT_PERSISTED = "not_persisted"
+# Each rollout ends with one outcome: it succeeded, was not persisted, or failed with a kind.
+OUTCOMES = (SUCCEEDED, NOT_PERSISTED, *(kind.value for kind in ErrorKind if kind is not ErrorKind.NOT_PERSISTED))
+
+
+class Parts(Protocol):
+    """What the figures are read from: a `rollfilter.run.Run`."""
+
+    metrics: Metrics
+    engine: Engine | None
+    router: Router | None
+    groups: GroupStage | None
+
+
+def _label(agent: str | None) -> str:
+    return UNNAMED_AGENT if agent is None else agent
+
+
+class RunCollector:
+    """A prometheus_client collector of one run's figures, read at each scrape (see the module's
+    docstring): in the run's own thread, or by its trio loop for a scrape from another thread."""
+
+    def __init__(self, figures: RunFigures) -> None:
+        self._figures = figures
+
+    def collect(self) -> list[Metric]:
+        figures = self._figures
+        if threading.get_ident() == figures.thread:
+            return families(figures.run)
+        try:
+            return trio.from_thread.run_sync(families, figures.run, trio_token=figures.token)
+        except trio.RunFinishedError:  # the run has ended: its figures stay as they are
+            return families(figures.run)
+
+    def describe(self) -> list[Metric]:
+        """The names only (a registry checks them for clashes), read from no figure."""
+        described = families(_Nothing(Metrics()))
+        for family in described:
+            family.samples = []
+        return described
+
+
+@dataclasses.dataclass
+class _Nothing:
+    metrics: Metrics
+    engine: Engine | None = None
+    router: Router | None = None
+    groups: GroupStage | None = None
+
+
+def register(run: RolloutRun, registry: CollectorRegistry) -> RunCollector:
+    """Add `run`'s figures to `registry` (a trainer's own, say), read at each scrape while the run
+    goes and as they ended once it has; call it inside `async with open_rollouts(...) as run`.
+    Returns the collector: `registry.unregister(collector)` takes the figures out again.
+    ValueError (prometheus_client's) when the registry holds these names already: one run each."""
+    if run.figures is None:
+        raise ValueError("the run has not started: register it inside its async with block")
+    collector = RunCollector(run.figures)
+    registry.register(collector)
+    return collector
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    """The registry's metrics in Prometheus' text format (version 0.0.4)."""
+    return generate_latest(registry)
+
+
+def families(run: Parts) -> list[Metric]:
+    """The run's figures now, as metric families (call it in the run's own thread)."""
+    metrics = run.metrics
+    in_flight = run.engine.in_flight_by_agent() if run.engine is not None else collections.Counter()
+    # Every agent a rollout has ended or is in flight for: each with all its outcomes and its
+    # rollouts in flight, at 0 when there are none (a series that vanishes is not a 0).
+    seen = {*metrics.by_agent, *(agent for agent, _ in metrics.failed_by_agent), *metrics.not_persisted_by_agent}
+    seen |= in_flight.keys()
+    found = [
+        _outcomes(metrics, seen),
+        CounterMetricFamily("rollfilter_rollouts_started_total", "Rollouts taken from the input.", value=metrics.taken),
+        _by_agent(
+            GaugeMetricFamily("rollfilter_rollouts_in_flight", "Rollouts sent and not ended yet.", labels=("agent",)),
+            [(agent, in_flight[agent]) for agent in seen],
+        ),
+        _by_agent(_counter("retries", "Attempts sent again after a failure."), metrics.retries_by_agent.items()),
+        _by_agent(
+            _counter("retries_withheld", "Retries the agent's retry budget did not send."),
+            run.router.withheld_by_agent() if run.router is not None else (),
+        ),
+        _by_agent(
+            _counter("throttled_replies", "Replies 429 or 503: the agent asked for less."),
+            metrics.throttled_by_agent.items(),
+        ),
+        _latency(metrics),
+        _by_agent(
+            _counter("tokens", "Tokens the agents' answers report using (usage)."),
+            [(agent, means.tokens()) for agent, means in metrics.by_agent.items()],
+        ),
+        _by_agent(
+            GaugeMetricFamily(
+                "rollfilter_reward_mean",
+                "The mean reward so far (earlier runs' results included, as in the summary).",
+                labels=("agent",),
+            ),
+            [(a, m.mean("reward")) for a, m in metrics.figures_by_agent().items() if m.counts.get("reward")],
+        ),
+    ]
+    if metrics.windows:
+        window = GaugeMetricFamily(
+            "rollfilter_adaptive_window", "Requests the adaptive window lets in flight.", labels=("agent",)
+        )
+        found.append(_by_agent(window, [(name, adaptive.limit) for name, adaptive in metrics.windows.items()]))
+    if metrics.spending is not None:
+        cost = _counter("cost_usd", "What the agents' answers cost, in US dollars, by the prices given.")
+        found.append(_by_agent(cost, metrics.spending.by_agent.items()))
+    if run.groups is not None:
+        groups = CounterMetricFamily(
+            "rollfilter_groups_total", "Groups of a task's rollouts, by fate.", labels=("fate",)
+        )
+        for fate, count in run.groups.figures().items():
+            if type(count) is int:  # not the note on what the figures cover
+                groups.add_metric((fate,), count)
+        found.append(groups)
+    return found
+
+
+def _outcomes(metrics: Metrics, seen: Iterable[str | None]) -> CounterMetricFamily:
+    """Every outcome of each agent `seen`, those with none at 0 (a rate needs a start)."""
+    ended = {(_label(agent), outcome): 0 for agent in seen for outcome in OUTCOMES}
+    for agent, means in metrics.by_agent.items():
+        ended[_label(agent), SUCCEEDED] += means.succeeded
+    for agent, count in metrics.not_persisted_by_agent.items():
+        ended[_label(agent), NOT_PERSISTED] += count
+    for (agent, kind), count in metrics.failed_by_agent.items():
+        ended[_label(agent), kind] += count
+    family = CounterMetricFamily(
+        "rollfilter_rollouts_total", "Rollouts ended in this run, by agent and outcome.", labels=("agent", "outcome")
+    )
+    for labels, count in sorted(ended.items()):
+        family.add_metric(labels, count)
+    return family
+
+
+def _counter(name: str, documentation: str) -> CounterMetricFamily:
+    return CounterMetricFamily(f"rollfilter_{name}_total", documentation, labels=("agent",))
+
+
+Family = TypeVar("Family", CounterMetricFamily, GaugeMetricFamily)
+
+
+def _by_agent(family: Family, values: Iterable[tuple[str | None, float]]) -> Family:
+    for agent, value in sorted((_label(agent), value) for agent, value in values):
+        family.add_metric((agent,), value)
+    return family
+
+
+def _latency(metrics: Metrics) -> HistogramMetricFamily:
+    latency = metrics.latency
+    counts = latency.cumulative(LATENCY_BOUNDS)
+    buckets = [(str(bound), float(count)) for bound, count in zip(LATENCY_BOUNDS, counts, strict=True)]
+    return HistogramMetricFamily(
+        "rollfilter_rollout_duration_seconds",
+        "Time from sending a rollout to its answer, retries included (a bucket's bound within 1%).",
+        buckets=[*buckets, ("+Inf", latency.count)],
+        sum_value=latency.sum,
+    )
+
+
+def _named(family: Metric) -> Metric:
+    family.samples = []
+    return family

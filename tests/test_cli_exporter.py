@@ -1,0 +1,105 @@
+"""cli/exporter.py: the address bound up front, the /metrics endpoint, the file for node_exporter."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+from prometheus_client import CollectorRegistry, Counter
+
+from rollfilter.cli.exporter import listen, publish, reply, serve
+from rollfilter.errors import UsageError
+from rollfilter.writers import WholeFile
+
+
+def a_registry() -> CollectorRegistry:
+    registry = CollectorRegistry()
+    Counter("rollfilter_test_total", "A test counter.", registry=registry).inc(3)
+    return registry
+
+
+def test_replies_only_get_and_head_of_metrics():
+    registry = a_registry()
+    ok = reply(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", registry)
+    assert ok.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert b"Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n" in ok
+    head, body = ok.split(b"\r\n\r\n", 1)
+    assert f"Content-Length: {len(body)}".encode() in head
+    assert b"rollfilter_test_total 3.0" in body
+    assert reply(b"GET /metrics?x=1 HTTP/1.0\r\n\r\n", registry).startswith(b"HTTP/1.1 200 ")
+    head_only = reply(b"HEAD /metrics HTTP/1.1\r\n\r\n", registry)
+    assert head_only.endswith(b"\r\n\r\n")
+    assert f"Content-Length: {len(body)}".encode() in head_only
+    assert reply(b"GET / HTTP/1.1\r\n\r\n", registry).startswith(b"HTTP/1.1 404 ")
+    assert reply(b"POST /metrics HTTP/1.1\r\n\r\n", registry).startswith(b"HTTP/1.1 405 ")
+    assert reply(b"hello\r\n\r\n", registry).startswith(b"HTTP/1.1 400 ")
+
+
+def test_listen_refuses_a_port_in_use_in_one_line_naming_the_option():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(UsageError, match=rf"^--prometheus 127.0.0.1:{port}: cannot listen there: Address already"):
+            listen("127.0.0.1", port)
+    with pytest.raises(UsageError, match=r"^--prometheus no-such-host.invalid:9464: cannot listen there: "):
+        listen("no-such-host.invalid", 9464)
+
+
+async def test_serves_scrapes_and_outlives_scrapers_that_go_away():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    sockets = listen("127.0.0.1", port)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve, sockets, a_registry())
+        await trio.lowlevel.checkpoint()
+        gone = await trio.open_tcp_stream("127.0.0.1", port)
+        await gone.send_all(b"GET /met")
+        await gone.aclose()  # a scraper that leaves mid-request costs nothing but its answer
+        for _ in range(2):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = b""
+            while data := await stream.receive_some():
+                answer += data
+            await stream.aclose()
+            assert answer.startswith(b"HTTP/1.1 200 OK")
+            assert b"rollfilter_test_total 3.0" in answer
+        nursery.cancel_scope.cancel()
+    with pytest.raises(OSError, match="onnect"):  # the server closed its socket when it was cancelled
+        await trio.open_tcp_stream("127.0.0.1", port)
+
+
+async def test_the_file_is_replaced_whole_and_a_failure_is_said_once(tmp_path: Path):
+    path = tmp_path / "m.prom"
+    said: list[str] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: publish(WholeFile(str(path), "--prometheus-file"), a_registry(), said.append))
+        await trio.lowlevel.checkpoint()
+        nursery.cancel_scope.cancel()
+    assert "rollfilter_test_total 3.0" in path.read_text()
+    assert said == []
+    gone = tmp_path / "gone" / "m.prom"
+    file = WholeFile(str(gone), "--prometheus-file")
+    gone.parent.rmdir()  # its folder removed while the run goes
+    with trio.fail_after(5):
+        await publish(file, a_registry(), said.append, seconds=0.01)
+    assert said == [f"cannot write --prometheus-file {gone}: No such file or directory; the run goes on without it"]
+
+
+def test_the_command_imports_prometheus_client_only_for_a_run_that_exports():
+    code = (
+        "import sys\n"
+        "from rollfilter.cli import main, options, outputs, run\n"
+        "from rollfilter import api, rollout_run, guest\n"
+        "assert 'prometheus_client' not in sys.modules, 'imported'\n"
+        "from rollfilter.cli import exporter\n"
+        "assert 'prometheus_client' in sys.modules\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert result.returncode == 0, result.stderr.decode()

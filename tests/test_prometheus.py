@@ -1,0 +1,130 @@
+"""prometheus.py: a run's figures as Prometheus metrics, and in a caller's own registry."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import trio
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from rollfilter import Config, open_rollouts
+from rollfilter.config import Retries
+from rollfilter.demo import DemoAgent, serve
+from rollfilter.errors import ErrorKind
+from rollfilter.outcomes import AttemptFailure
+from rollfilter.prometheus import OUTCOMES, RunCollector, exposition, families, register
+from rollfilter.rollout_run import RunFigures
+from rollfilter.run import Run
+
+
+def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text.decode())
+        for sample in family.samples
+    }
+
+
+def registry_of(run: Run) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(RunCollector(RunFigures(run, None, threading.get_ident())))  # type: ignore[arg-type]
+    return registry
+
+
+def test_the_figures_by_agent_and_outcome_each_outcome_from_zero():
+    run = Run(Config(url="http://127.0.0.1:9/run", prices=(("a", _price()),)))
+    metrics = run.metrics
+    metrics.add_result({"reward": 1.0, "response": {"usage": {"total_tokens": 7}}}, 0.2, "a")
+    metrics.add_result({"reward": 0.0, "response": {"usage": {"total_tokens": 3}}}, 2.0, "a")
+    metrics.add_failure(AttemptFailure(ErrorKind.HTTP_STATUS, "429", status=429), "b")
+    metrics.add_retry(AttemptFailure(ErrorKind.TIMEOUT, "slow"), "a")
+    metrics.add_not_persisted(None)
+    assert metrics.spending is not None
+    metrics.spending.add("a", {"response": {"usage": {"input_tokens": 1_000_000, "output_tokens": 0}}})
+    figures = samples(exposition(registry_of(run)))
+
+    def ended(agent: str, outcome: str) -> float:
+        return figures["rollfilter_rollouts_total", (("agent", agent), ("outcome", outcome))]
+
+    assert ended("a", "succeeded") == 2
+    assert ended("b", "http_status") == 1
+    assert ended("(no name)", "not_persisted") == 1
+    assert ended("b", "succeeded") == ended("a", "timeout") == 0  # every outcome of an agent seen
+    assert {
+        o for (name, labels) in figures if name == "rollfilter_rollouts_total" for k, o in labels if k == "outcome"
+    } == set(OUTCOMES)
+    assert figures["rollfilter_retries_total", (("agent", "a"),)] == 1
+    assert figures["rollfilter_throttled_replies_total", (("agent", "b"),)] == 1
+    assert figures["rollfilter_tokens_total", (("agent", "a"),)] == 10
+    assert figures["rollfilter_reward_mean", (("agent", "a"),)] == 0.5
+    assert figures["rollfilter_rollout_duration_seconds_bucket", (("le", "0.25"),)] == 1
+    assert figures["rollfilter_rollout_duration_seconds_bucket", (("le", "2.5"),)] == 2
+    assert figures["rollfilter_rollout_duration_seconds_bucket", (("le", "+Inf"),)] == 2
+    assert figures["rollfilter_rollout_duration_seconds_count", ()] == 2
+    assert figures["rollfilter_rollout_duration_seconds_sum", ()] == pytest.approx(2.2)
+    assert figures["rollfilter_cost_usd_total", (("agent", "a"),)] == 1.0
+    assert not any(name == "rollfilter_adaptive_window" for name, _ in figures)  # only with an adaptive window
+
+
+def _price():  # type: ignore[no-untyped-def]
+    from rollfilter.cost import Price
+
+    return Price(1.0, 2.0)
+
+
+def test_describe_names_the_metrics_without_reading_a_figure():
+    run = Run(Config(url="http://127.0.0.1:9/run"))
+    collector = RunCollector(RunFigures(run, None, threading.get_ident()))  # type: ignore[arg-type]
+    names = {family.name for family in collector.describe()}
+    assert {"rollfilter_rollouts", "rollfilter_rollout_duration_seconds", "rollfilter_reward_mean"} <= names
+    assert all(not family.samples for family in collector.describe())
+    registry = CollectorRegistry()
+    registry.register(collector)
+    with pytest.raises(ValueError, match="Duplicated timeseries"):  # one run a registry
+        registry.register(RunCollector(RunFigures(run, None, threading.get_ident())))  # type: ignore[arg-type]
+
+
+def weather_rows() -> list[dict]:
+    return [{"responses_create_params": {"input": f"q{i}"}} for i in range(5)]
+
+
+async def test_a_callers_registry_scraped_in_the_run_and_from_another_thread(monkeypatch: pytest.MonkeyPatch):
+    read_in: list[int] = []
+
+    def recorded(run: Run) -> list:
+        read_in.append(threading.get_ident())
+        return families(run)
+
+    monkeypatch.setattr("rollfilter.prometheus.families", recorded)
+    agent = DemoAgent()
+    registry = CollectorRegistry()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(lambda task_status: serve(agent, task_status=task_status))
+        config = Config(url=f"http://127.0.0.1:{port}", repeats=2, retries=Retries(count=0))
+        async with open_rollouts(weather_rows(), config) as run:
+            collector = register(run, registry)
+            first = await anext(run)
+            assert first is not None
+            mid_run = samples(generate_latest(registry))
+            from_a_thread = samples(await trio.to_thread.run_sync(generate_latest, registry))
+            rest = [outcome async for outcome in run]
+        nursery.cancel_scope.cancel()
+    assert mid_run["rollfilter_rollouts_total", (("agent", "(no name)"), ("outcome", "succeeded"))] >= 1
+    assert from_a_thread["rollfilter_rollouts_started_total", ()] >= 1
+    assert len(read_in) >= 3
+    assert set(read_in) == {threading.get_ident()}  # the figures are read in the run's thread, always
+    assert len(rest) == 9
+    assert run.summary is not None
+    at_the_end = samples(await trio.to_thread.run_sync(generate_latest, registry))  # the run has ended
+    ended = at_the_end["rollfilter_rollouts_total", (("agent", "(no name)"), ("outcome", "succeeded"))]
+    assert ended == run.summary["rollfilter"]["succeeded"] == 10
+    assert at_the_end["rollfilter_reward_mean", (("agent", "(no name)"),)] == run.summary["reward"]
+    registry.unregister(collector)
+    assert b"rollfilter_" not in generate_latest(registry)
+
+
+def test_families_of_a_run_not_connected_yet():
+    found = {family.name for family in families(Run(Config(url="http://127.0.0.1:9/run")))}
+    assert "rollfilter_rollouts_in_flight" in found
