@@ -168,6 +168,13 @@ def families(run: Parts) -> list[Metric]:
             "rollfilter_adaptive_window", "Requests the adaptive window lets in flight.", labels=("agent",)
         )
         found.append(_by_agent(window, [(name, adaptive.limit) for name, adaptive in metrics.windows.items()]))
+    if metrics.limits:  # --rpm, --tpm: what waits on the run's own limits, not on the agent
+        held = GaugeMetricFamily(
+            "rollfilter_rollouts_held_by_rate_limit", "Requests waiting on --rpm or --tpm.", labels=("agent",)
+        )
+        waited = _counter("rate_limit_wait_seconds", "Seconds requests waited on --rpm or --tpm, summed.")
+        found.append(_by_agent(held, [(name, limits.waiting) for name, limits in metrics.limits.items()]))
+        found.append(_by_agent(waited, [(name, limits.waited_s) for name, limits in metrics.limits.items()]))
     if metrics.spending is not None:
         cost = _counter("cost_usd", "What the agents' answers cost, in US dollars, by the prices given.")
         found.append(_by_agent(cost, metrics.spending.by_agent.items()))
@@ -222,8 +229,3 @@ def _latency(metrics: Metrics) -> HistogramMetricFamily:
         buckets=[*buckets, ("+Inf", latency.count)],
         sum_value=latency.sum,
     )
-
-
-def _named(family: Metric) -> Metric:
-    family.samples = []
-    return family

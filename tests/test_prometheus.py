@@ -13,6 +13,7 @@ from rollfilter import Config, open_rollouts
 from rollfilter.config import Retries
 from rollfilter.demo import DemoAgent, serve
 from rollfilter.errors import ErrorKind
+from rollfilter.limits import AgentLimits
 from rollfilter.outcomes import AttemptFailure
 from rollfilter.prometheus import OUTCOMES, RunCollector, exposition, families, register
 from rollfilter.rollout_run import RunFigures
@@ -128,3 +129,20 @@ async def test_a_callers_registry_scraped_in_the_run_and_from_another_thread(mon
 def test_families_of_a_run_not_connected_yet():
     found = {family.name for family in families(Run(Config(url="http://127.0.0.1:9/run")))}
     assert "rollfilter_rollouts_in_flight" in found
+
+
+async def test_requests_held_by_a_rate_limit_and_the_seconds_they_waited(autojump_clock):
+    run = Run(Config(url="http://127.0.0.1:9/run", rpm=60))
+    limits = run.metrics.limits["a"] = AgentLimits(rpm=60, tpm=None)
+
+    def figures() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return samples(exposition(registry_of(run)))
+
+    await limits.acquire()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(limits.acquire)  # the second of a minute's 60: it waits its turn
+        await trio.sleep(0.1)
+        assert figures()["rollfilter_rollouts_held_by_rate_limit", (("agent", "a"),)] == 1
+    ended = figures()
+    assert ended["rollfilter_rollouts_held_by_rate_limit", (("agent", "a"),)] == 0
+    assert ended["rollfilter_rate_limit_wait_seconds_total", (("agent", "a"),)] == limits.waited_s > 0.5
