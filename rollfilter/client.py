@@ -23,6 +23,7 @@ from rollfilter.adaptive import Signal
 from rollfilter.config import Config, is_decimal
 from rollfilter.errors import ErrorKind
 from rollfilter.http import AgentTransport, CertificateError, KeptAliveLost, Reply, origin_of
+from rollfilter.limits import SendSlots
 from rollfilter.outcomes import OVERLOAD_STATUSES, AttemptFailure, Retry
 from rollfilter.plan import Job
 from rollfilter.redact import origin, printable, shown
@@ -66,6 +67,12 @@ def backoff_delay(attempt: int, rng: random.Random, retry_after: float | None = 
     (itself capped at RETRY_AFTER_CAP)."""
     jittered = rng.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** min(attempt - 1, 64)))  # 2.0**1024 overflows
     return max(jittered, min(retry_after or 0.0, RETRY_AFTER_CAP))
+
+
+class _Request:
+    """An attempt, as the borrower of its slot among the requests out (SendSlots)."""
+
+    __slots__ = ()
 
 
 class Flight:
@@ -118,8 +125,10 @@ class AgentClient:
         rng: random.Random | None = None,
         on_retry: Callable[[Job, AttemptFailure, float], None] | None = None,
         on_internal_error: Callable[[Job, Exception], None] | None = None,
+        send_slots: SendSlots | None = None,
     ) -> None:
         self._transport = transport
+        self._send_slots = send_slots  # under rate limits: what bounds the requests out at once
         self._retries = config.retries.count
         self._retry_statuses = config.retries.statuses
         self._timeout = config.timeout.attempt if config.timeout.attempt is not None else math.inf
@@ -144,8 +153,8 @@ class AgentClient:
                 attempt = flight.attempt
                 window = agent.window
                 ticket = await window.acquire() if window is not None else 0
-                limits = agent.limits
-                charged = await limits.acquire() if limits is not None else 0.0
+                limits, out, request = agent.limits, self._send_slots, _Request()
+                charged = await self._turn(agent, request)
                 if attempt == 1 and agent.budget is not None:
                     agent.budget.deposit()
                 replica = agent.pick(trio.current_time(), avoid=replica, task=task)
@@ -164,6 +173,8 @@ class AgentClient:
                         window.release(ticket, signal, trio.current_time() - started)
                     if limits is not None:
                         limits.settle(charged, answer)
+                    if out is not None:
+                        out.give_back(request)
                 if not isinstance(outcome, AttemptFailure):
                     if replica.cooldown:
                         replica.connection_worked()
@@ -195,6 +206,15 @@ class AgentClient:
                 self._on_internal_error(job, exc)
             message = f"unexpected {type(exc).__name__} while sending the row or reading its reply"
             return AttemptFailure(ErrorKind.INTERNAL, message, attempts=flight.attempt)
+
+    async def _turn(self, agent: Agent, request: _Request) -> float:
+        """Wait for the agent's rate limits, and under limits for a slot among the requests out
+        (given back when the attempt ends); the tokens the request was charged."""
+        if agent.limits is not None:
+            return await agent.limits.acquire(self._send_slots, request)
+        if self._send_slots is not None:
+            await self._send_slots.take(request)
+        return 0.0
 
     async def _attempt(
         self, url: httpx.URL, body: bytes, row: str | None = None, headers: tuple[tuple[str, str], ...] = ()

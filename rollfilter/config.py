@@ -37,6 +37,10 @@ MAX_REPEATS = 2**32 - 1
 
 _FINITE = sys.float_info.max  # a bound of `le` refuses inf, and nan fails every bound
 Positive = Annotated[float, msgspec.Meta(gt=0, le=_FINITE)]
+# A rate limit's least: a request in about 17 hours. A smaller one is no run, and its interval
+# is past what a float holds.
+MIN_RATE = 0.001
+Rate = Annotated[float, msgspec.Meta(ge=MIN_RATE, le=_FINITE)]
 NonNegative = Annotated[float, msgspec.Meta(ge=0, le=_FINITE)]
 Finite = Annotated[float, msgspec.Meta(ge=-_FINITE, le=_FINITE)]
 Count = Annotated[int, msgspec.Meta(ge=0)]
@@ -211,10 +215,10 @@ class Config:
     affinity_header: str | None = None  # a header each /run carries, of one opaque value a task
     # Requests and tokens a minute an agent may get (paced, see limits.py): `rpm` for every agent
     # that `rpm_by_agent` does not name (and for url's rows), the same for tokens.
-    rpm: Positive | None = None
-    rpm_by_agent: Mapping[str, Positive] = dataclasses.field(default_factory=dict)
-    tpm: Positive | None = None
-    tpm_by_agent: Mapping[str, Positive] = dataclasses.field(default_factory=dict)
+    rpm: Rate | None = None
+    rpm_by_agent: Mapping[str, Rate] = dataclasses.field(default_factory=dict)
+    tpm: Rate | None = None
+    tpm_by_agent: Mapping[str, Rate] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # As httpx's Client(timeout=5.0): the plain value stands for the part it sets.

@@ -24,7 +24,6 @@ import trio
 from rollfilter.client import Flight, JobClient
 from rollfilter.config import FailureLimit
 from rollfilter.errors import ErrorKind
-from rollfilter.limits import SlotLending
 from rollfilter.metrics import Metrics, as_float
 from rollfilter.outcomes import AttemptFailure, Retry
 from rollfilter.passk import TaskStats
@@ -156,7 +155,7 @@ class Engine:
     max_cost: float | None = None  # USD: the run stops once it has spent this much
     groups: ResultStage | None = None  # results held by group, counted when their group closes
     group_field: str | None = None  # a result must hold this numeric field (to tell uniform groups)
-    lending: SlotLending | None = None  # rows waiting on a rate limit lend their slot: workers for them too
+    waiting_rows: int = 0  # rows that may wait on a rate limit beside the `concurrency` in flight
     _in_flight: dict[Job, Flight] = dataclasses.field(default_factory=dict)  # in the order sent
 
     def status(self) -> RunStatus:
@@ -183,11 +182,8 @@ class Engine:
 
     async def run(self) -> None:
         """Return when every job has ended, or when `control` stopped the run."""
-        limiter = trio.CapacityLimiter(self.concurrency)
-        workers = self.concurrency
-        if self.lending is not None:
-            self.lending.limiter = limiter
-            workers += self.lending.most
+        workers = self.concurrency + self.waiting_rows  # the requests out are bounded by the client then
+        limiter = trio.CapacityLimiter(workers)
         reading = trio.Lock()
         with self.control.scope:
             async with trio.open_nursery() as nursery:

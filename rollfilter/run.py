@@ -30,7 +30,7 @@ from rollfilter.engine import Engine, RunControl, StopCause, describe, internal_
 from rollfilter.groups import GroupStage, Member
 from rollfilter.headserver import resolve_endpoints
 from rollfilter.http import AgentTransport
-from rollfilter.limits import AgentLimits, SlotLending, lent_slots
+from rollfilter.limits import AgentLimits, SendSlots
 from rollfilter.metrics import UNNAMED_AGENT, Metrics
 from rollfilter.outcomes import AttemptFailure
 from rollfilter.passk import TaskStats
@@ -87,7 +87,7 @@ class Run:
         self.report: AggregateReport | None = None
         self.groups: GroupStage | None = None
         limited = config.rpm or config.tpm or config.rpm_by_agent or config.tpm_by_agent
-        self.lending = SlotLending(lent_slots(config.concurrency)) if limited and dry_run is None else None
+        self.send_slots = SendSlots(config.concurrency) if limited and dry_run is None else None
         self._source, self._sink, self._resume = source, sink, resume
         self._on_event, self._dry_run, self._hold = on_event, dry_run, hold
 
@@ -115,7 +115,13 @@ class Run:
         client: JobClient = (
             DryRunClient(dry_run)
             if dry_run is not None
-            else AgentClient(config, transport, on_retry=self._count_retry, on_internal_error=self._internal_error)
+            else AgentClient(
+                config,
+                transport,
+                on_retry=self._count_retry,
+                on_internal_error=self._internal_error,
+                send_slots=self.send_slots,
+            )
         )
         if config.groups:
             self.groups = GroupStage(
@@ -144,7 +150,7 @@ class Run:
             spool=self.spool,
             groups=self.groups,
             group_field=config.group_field if config.drop_uniform else None,
-            lending=self.lending,
+            waiting_rows=self.send_slots.waiting_rows if self.send_slots is not None else 0,
         )
 
     def _target_reached(self) -> None:
@@ -171,7 +177,7 @@ class Run:
         return window
 
     def _limits_for(self, name: str | None, rpm: float | None, tpm: float | None) -> AgentLimits:
-        limits = AgentLimits(rpm, tpm, self.lending)
+        limits = AgentLimits(rpm, tpm)
         self.metrics.limits[name if name is not None else UNNAMED_AGENT] = limits
         return limits
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import trio
 import trio.testing
 
-from rollfilter.limits import AgentLimits, Pacer, usage_tokens
+from rollfilter.config import Config, ConfigError
+from rollfilter.limits import AgentLimits, usage_tokens
 
 
 def most_in_a_window(times: list[float], seconds: float) -> int:
@@ -20,11 +24,11 @@ def most_in_a_window(times: list[float], seconds: float) -> int:
 
 
 async def test_requests_a_minute_are_paced_with_a_small_burst(autojump_clock: trio.testing.MockClock):
-    pacer = Pacer(3000 / 60)
+    limits = AgentLimits(3000, None)
     arrivals: list[float] = []
 
     async def request() -> None:
-        await pacer.take(1)
+        await limits.acquire()
         arrivals.append(trio.current_time())
 
     async with trio.open_nursery() as nursery:
@@ -80,3 +84,65 @@ def test_usage_tokens_reads_the_total_or_its_parts():
     assert usage_tokens({"response": {"usage": {"total_tokens": True}}}) is None
     assert usage_tokens({"response": "text"}) is None
     assert usage_tokens(None) is None
+
+
+async def test_until_a_reply_tells_the_tokens_requests_go_one_at_a_time(autojump_clock: trio.testing.MockClock):
+    limits = AgentLimits(None, 600_000)
+    sent: list[float] = []
+
+    async def row(answer: dict | None) -> None:
+        charged = await limits.acquire()
+        sent.append(trio.current_time())
+        await trio.sleep(1.0)  # the episode
+        limits.settle(charged, answer)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(row, {"reward": 1.0})  # no usage
+        await trio.sleep(0.1)
+        nursery.start_soon(row, None)  # no reply at all (a failed attempt)
+        await trio.sleep(0.1)
+        nursery.start_soon(row, {"response": {"usage": {"total_tokens": 1000}}})
+        await trio.sleep(0.1)
+        for _ in range(5):
+            nursery.start_soon(row, {"response": {"usage": {"total_tokens": 1000}}})
+    assert sent[:3] == [0.0, 1.0, 2.0]  # each alone: until the third, no reply told the tokens a reply takes
+    assert all(at < 3.5 for at in sent[3:])  # then they go, paced: 10,000 tokens a second, 1,000 each
+    assert limits.without_usage == 1
+
+
+@pytest.mark.parametrize("reported", [10**400, 10**30, int(1e300)])
+async def test_a_reply_claiming_absurd_usage_holds_the_agent_back_a_minute_at_most(
+    autojump_clock: trio.testing.MockClock, reported: int
+):
+    limits = AgentLimits(None, 600_000)
+    charged = await limits.acquire()
+    limits.settle(charged, {"response": {"usage": {"total_tokens": reported}}})  # no OverflowError
+    assert limits.estimate == 600_000
+    start = trio.current_time()
+    await limits.acquire()
+    assert trio.current_time() - start <= 60.0
+    assert math.isfinite(limits.waited_s)
+
+
+async def test_a_limit_that_does_not_bind_waits_for_nothing(autojump_clock: trio.testing.MockClock):
+    limits = AgentLimits(1e300, None)
+    async with trio.open_nursery() as nursery:
+        for _ in range(1000):
+            nursery.start_soon(limits.acquire)
+    assert limits.waited_s == 0.0
+    assert trio.current_time() == 0.0
+
+
+async def test_the_seconds_waited_count_a_wait_cut_short(autojump_clock: trio.testing.MockClock):
+    limits = AgentLimits(60, None)
+    await limits.acquire()
+    with trio.move_on_after(0.5):
+        await limits.acquire()  # its turn was 1 s away: cancelled after half of it
+    assert limits.waited_s == pytest.approx(0.5)
+    assert limits.waiting == 0
+
+
+@pytest.mark.parametrize("rate", [5e-324, 1e-320, 0.0009])
+def test_a_rate_too_small_to_pace_is_refused(rate: float):
+    with pytest.raises(ConfigError, match="rpm"):
+        Config(url="http://127.0.0.1:9/run", rpm=rate)

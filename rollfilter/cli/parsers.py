@@ -20,6 +20,7 @@ import msgspec
 
 from rollfilter.config import (
     MAX_REPEATS,
+    MIN_RATE,
     ROUTE_BY_TASK,
     ROUTE_LEAST_OUTSTANDING,
     ROUTES,
@@ -175,8 +176,8 @@ def rate_limits(specs: Iterable[str], option: str) -> tuple[float | None, dict[s
         name, sep, text = spec.rpartition("=")
         text = text.strip()
         number = float(text) if _DECIMAL.fullmatch(text) else math.nan
-        if not (0 < number <= sys.float_info.max) or (sep and not name):
-            raise UsageError(f"{option} wants N or NAME=N, N a positive number a minute, got {spec!r}")
+        if not (MIN_RATE <= number <= sys.float_info.max) or (sep and not name):
+            raise UsageError(f"{option} wants N or NAME=N, N a number a minute of {MIN_RATE} or more, got {spec!r}")
         if sep:
             by_agent[name] = number
         else:

@@ -31,6 +31,28 @@ class ArrivalLog(ThreadedHTTPServer):
         super().__init__(Handler)
 
 
+class InFlightLog(ThreadedHTTPServer):
+    """An agent whose episodes take `seconds`, counting the most requests it held at once."""
+
+    def __init__(self, seconds: float) -> None:
+        self.in_flight = self.most = 0
+        lock = threading.Lock()
+        log = self
+
+        class Handler(QuietHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                with lock:
+                    log.in_flight += 1
+                    log.most = max(log.most, log.in_flight)
+                time.sleep(seconds)
+                with lock:
+                    log.in_flight -= 1
+                self.send_json(200, b'{"reward": 1.0}')
+
+        super().__init__(Handler)
+
+
 def rows(n: int, agent: str | None = None) -> str:
     extra = {"agent_ref": {"name": agent}} if agent else {}
     return rows_jsonl([{"responses_create_params": {"input": f"row {i}"}, **extra} for i in range(n)])
@@ -120,3 +142,15 @@ def test_rows_waiting_on_one_agents_limit_do_not_hold_up_another_agents():
     assert proc.returncode == 0, proc.stderr
     assert len(limited.arrivals) == len(free.arrivals) == 8
     assert max(free.arrivals) < limited.arrivals[4]  # b's rows went while a's waited their turns
+
+
+def test_rows_waiting_on_a_limit_never_put_more_than_j_in_flight():
+    # The waiting rows lend their slots to the run; each takes one back before it is sent.
+    log = InFlightLog(1.0)
+    try:
+        proc = run(["-u", log.url + "/run", "-j", "4", "--rpm", "600"], input=rows(24))  # 10 a second, 2 at once
+    finally:
+        log.close()
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout.splitlines()) == 24
+    assert log.most == 4  # the limit would let 10 episodes of 1 s be out: -j holds them to 4
