@@ -32,7 +32,7 @@ from prometheus_client.registry import CollectorRegistry
 from rollfilter.engine import Engine
 from rollfilter.errors import ErrorKind
 from rollfilter.groups import GroupStage
-from rollfilter.metrics import UNNAMED_AGENT, Metrics
+from rollfilter.metrics import UNNAMED_AGENT, Means, Metrics
 from rollfilter.rollout_run import RolloutRun, RunFigures
 from rollfilter.routing import Router
 
@@ -85,7 +85,7 @@ class RunCollector:
 
     def collect(self) -> list[Metric]:
         figures = self._figures
-        if threading.get_ident() == figures.thread:
+        if figures.ended or threading.get_ident() == figures.thread:  # ended: nothing changes them now
             return families(figures.run)
         try:
             return trio.from_thread.run_sync(families, figures.run, trio_token=figures.token)
@@ -133,21 +133,28 @@ def families(run: Parts) -> list[Metric]:
     # rollouts in flight, at 0 when there are none (a series that vanishes is not a 0).
     seen = {*metrics.by_agent, *(agent for agent, _ in metrics.failed_by_agent), *metrics.not_persisted_by_agent}
     seen |= in_flight.keys()
+    zeros = [(agent, 0) for agent in seen]  # a series that vanishes is not a 0
+    cancelled = metrics.taken - metrics.ended - sum(in_flight.values())
     found = [
         _outcomes(metrics, seen),
         CounterMetricFamily("rollfilter_rollouts_started_total", "Rollouts taken from the input.", value=metrics.taken),
+        CounterMetricFamily(
+            "rollfilter_rollouts_cancelled_total", "Rollouts stopped before they ended (a stop).", value=cancelled
+        ),
         _by_agent(
             GaugeMetricFamily("rollfilter_rollouts_in_flight", "Rollouts sent and not ended yet.", labels=("agent",)),
             [(agent, in_flight[agent]) for agent in seen],
         ),
-        _by_agent(_counter("retries", "Attempts sent again after a failure."), metrics.retries_by_agent.items()),
+        _by_agent(
+            _counter("retries", "Attempts sent again after a failure."), [*zeros, *metrics.retries_by_agent.items()]
+        ),
         _by_agent(
             _counter("retries_withheld", "Retries the agent's retry budget did not send."),
             run.router.withheld_by_agent() if run.router is not None else (),
         ),
         _by_agent(
             _counter("throttled_replies", "Replies 429 or 503: the agent asked for less."),
-            metrics.throttled_by_agent.items(),
+            [*zeros, *metrics.throttled_by_agent.items()],
         ),
         _latency(metrics),
         _by_agent(
@@ -160,7 +167,11 @@ def families(run: Parts) -> list[Metric]:
                 "The mean reward so far (earlier runs' results included, as in the summary).",
                 labels=("agent",),
             ),
-            [(a, m.mean("reward")) for a, m in metrics.figures_by_agent().items() if m.counts.get("reward")],
+            [
+                (label, m.mean("reward"))
+                for label, m in _merged(metrics.figures_by_agent()).items()
+                if m.counts.get("reward")
+            ],
         ),
     ]
     if metrics.windows:
@@ -170,9 +181,9 @@ def families(run: Parts) -> list[Metric]:
         found.append(_by_agent(window, [(name, adaptive.limit) for name, adaptive in metrics.windows.items()]))
     if metrics.limits:  # --rpm, --tpm: what waits on the run's own limits, not on the agent
         held = GaugeMetricFamily(
-            "rollfilter_rollouts_held_by_rate_limit", "Requests waiting on --rpm or --tpm.", labels=("agent",)
+            "rollfilter_rollouts_held_by_rate_limit", "Requests waiting on the agent's rate limits.", labels=("agent",)
         )
-        waited = _counter("rate_limit_wait_seconds", "Seconds requests waited on --rpm or --tpm, summed.")
+        waited = _counter("rate_limit_wait_seconds", "Seconds requests waited on the agent's rate limits, summed.")
         found.append(_by_agent(held, [(name, limits.waiting) for name, limits in metrics.limits.items()]))
         found.append(_by_agent(waited, [(name, limits.waited_s) for name, limits in metrics.limits.items()]))
     if metrics.spending is not None:
@@ -214,9 +225,23 @@ Family = TypeVar("Family", CounterMetricFamily, GaugeMetricFamily)
 
 
 def _by_agent(family: Family, values: Iterable[tuple[str | None, float]]) -> Family:
-    for agent, value in sorted((_label(agent), value) for agent, value in values):
-        family.add_metric((agent,), value)
+    """`family` with one sample an agent's label: the values of agents that share one are summed
+    (a row may name its agent as the label of rows that name none), so no series is given twice."""
+    totals: dict[str, float] = {}
+    for agent, value in values:
+        label = _label(agent)
+        totals[label] = totals.get(label, 0) + value
+    for label, value in sorted(totals.items()):
+        family.add_metric((label,), value)
     return family
+
+
+def _merged(by_agent: dict[str | None, Means]) -> dict[str, Means]:
+    """`by_agent`'s figures by label, those of agents that share one merged (as `_by_agent`)."""
+    merged: dict[str, Means] = {}
+    for agent, means in by_agent.items():
+        merged.setdefault(_label(agent), Means()).merge(means)
+    return merged
 
 
 def _latency(metrics: Metrics) -> HistogramMetricFamily:

@@ -52,14 +52,16 @@ class RunResults:
         self.aggregate_problems = run.aggregate_problems
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class RunFigures:
     """Where a run's figures are (`rollfilter.prometheus` reads them), and the trio loop that
-    changes them, with its thread: a reader in another thread asks that loop to read them."""
+    changes them, with its thread: a reader in another thread asks that loop to read them, until
+    the run has `ended` (the loop may be busy with the caller's own work then)."""
 
     run: Run
     token: trio.lowlevel.TrioToken
     thread: int
+    ended: bool = False
 
 
 class RolloutRun(RunResults, abc.ABC):
@@ -169,7 +171,7 @@ async def open_rollouts_in_trio(rows: Rows, config: Config) -> AsyncIterator[Rol
         await run.connect()
         assert run.engine is not None
         results._status = run.engine.status
-        results.figures = RunFigures(run, trio.lowlevel.current_trio_token(), threading.get_ident())
+        results.figures = figures = RunFigures(run, trio.lowlevel.current_trio_token(), threading.get_ident())
 
         async def drive() -> None:
             try:
@@ -179,6 +181,7 @@ async def open_rollouts_in_trio(rows: Rows, config: Config) -> AsyncIterator[Rol
                 control = run.control
                 stopped = control.reason or ("stopped early by the caller" if control.stopped_early else None)
                 results.summary = run.summary(stopped=stopped)
+                figures.ended = True
                 if run.report is not None:
                     results.aggregate = run.report.entries
                     results.aggregate_problems = run.report.problems

@@ -16,7 +16,7 @@ from rollfilter.errors import ErrorKind
 from rollfilter.limits import AgentLimits
 from rollfilter.outcomes import AttemptFailure
 from rollfilter.prometheus import OUTCOMES, RunCollector, exposition, families, register
-from rollfilter.rollout_run import RunFigures
+from rollfilter.rollout_run import RolloutRun, RunFigures
 from rollfilter.run import Run
 
 
@@ -92,11 +92,13 @@ def weather_rows() -> list[dict]:
 
 
 async def test_a_callers_registry_scraped_in_the_run_and_from_another_thread(monkeypatch: pytest.MonkeyPatch):
-    read_in: list[int] = []
+    read_in: list[tuple[int, bool]] = []  # each read's thread, and whether the run had ended
+    runs: list[RolloutRun] = []
 
-    def recorded(run: Run) -> list:
-        read_in.append(threading.get_ident())
-        return families(run)
+    def recorded(parts: Run) -> list:
+        figures = runs[0].figures if runs else None
+        read_in.append((threading.get_ident(), figures is not None and figures.ended))
+        return families(parts)
 
     monkeypatch.setattr("rollfilter.prometheus.families", recorded)
     agent = DemoAgent()
@@ -105,6 +107,7 @@ async def test_a_callers_registry_scraped_in_the_run_and_from_another_thread(mon
         port = await nursery.start(lambda task_status: serve(agent, task_status=task_status))
         config = Config(url=f"http://127.0.0.1:{port}", repeats=2, retries=Retries(count=0))
         async with open_rollouts(weather_rows(), config) as run:
+            runs.append(run)
             collector = register(run, registry)
             first = await anext(run)
             assert first is not None
@@ -115,7 +118,8 @@ async def test_a_callers_registry_scraped_in_the_run_and_from_another_thread(mon
     assert mid_run["rollfilter_rollouts_total", (("agent", "(no name)"), ("outcome", "succeeded"))] >= 1
     assert from_a_thread["rollfilter_rollouts_started_total", ()] >= 1
     assert len(read_in) >= 3
-    assert set(read_in) == {threading.get_ident()}  # the figures are read in the run's thread, always
+    # The figures are read in the run's thread while it goes; once it has ended, where they are.
+    assert all(thread == threading.get_ident() or ended for thread, ended in read_in)
     assert len(rest) == 9
     assert run.summary is not None
     at_the_end = samples(await trio.to_thread.run_sync(generate_latest, registry))  # the run has ended
@@ -124,6 +128,15 @@ async def test_a_callers_registry_scraped_in_the_run_and_from_another_thread(mon
     assert at_the_end["rollfilter_reward_mean", (("agent", "(no name)"),)] == run.summary["reward"]
     registry.unregister(collector)
     assert b"rollfilter_" not in generate_latest(registry)
+
+
+def test_rollouts_taken_and_not_ended_nor_in_flight_are_counted_cancelled():
+    run = Run(Config(url="http://127.0.0.1:9/run"))
+    run.metrics.taken = 3  # three taken, one ended, no engine to hold the others in flight: a stop cut them
+    run.metrics.add_result({"reward": 1.0}, 0.1, None)
+    figures = samples(exposition(registry_of(run)))
+    assert figures["rollfilter_rollouts_cancelled_total", ()] == 2
+    assert figures["rollfilter_rollouts_started_total", ()] == 3
 
 
 def test_families_of_a_run_not_connected_yet():
@@ -146,3 +159,36 @@ async def test_requests_held_by_a_rate_limit_and_the_seconds_they_waited(autojum
     ended = figures()
     assert ended["rollfilter_rollouts_held_by_rate_limit", (("agent", "a"),)] == 0
     assert ended["rollfilter_rate_limit_wait_seconds_total", (("agent", "a"),)] == limits.waited_s > 0.5
+
+
+def test_a_row_naming_its_agent_as_the_unnamed_rows_label_gives_no_series_twice():
+    run = Run(Config(url="http://127.0.0.1:9/run"))
+    run.metrics.add_result({"reward": 1.0, "response": {"usage": {"total_tokens": 2}}}, 0.1, "(no name)")
+    run.metrics.add_result({"reward": 0.0, "response": {"usage": {"total_tokens": 3}}}, 0.1, None)
+    run.metrics.add_retry(AttemptFailure(ErrorKind.TIMEOUT, "slow"), None)
+    text = exposition(registry_of(run)).decode()
+    series = [line.rsplit(" ", 1)[0] for line in text.splitlines() if line and not line.startswith("#")]
+    assert len(series) == len(set(series))
+    figures = samples(text.encode())
+    assert figures["rollfilter_tokens_total", (("agent", "(no name)"),)] == 5
+    assert figures["rollfilter_reward_mean", (("agent", "(no name)"),)] == 0.5
+    assert figures["rollfilter_retries_total", (("agent", "(no name)"),)] == 1
+
+
+async def test_a_scrape_after_the_run_ended_reads_the_figures_without_its_loop():
+    agent = DemoAgent()
+    registry = CollectorRegistry()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(lambda task_status: serve(agent, task_status=task_status))
+        async with open_rollouts(weather_rows(), Config(url=f"http://127.0.0.1:{port}")) as run:
+            register(run, registry)
+            assert len([outcome async for outcome in run]) == 5
+        scraped: list[bytes] = []
+        scraper = threading.Thread(target=lambda: scraped.append(generate_latest(registry)))
+        scraper.start()
+        scraper.join(timeout=10)  # the run's loop blocked meanwhile, as by a trainer's own step
+        answered_at_once = bool(scraped)
+        nursery.cancel_scope.cancel()
+    scraper.join(timeout=10)  # (with the loop free again, a scrape that waited for it ends too)
+    assert answered_at_once, "the scrape waited for the run's loop"
+    assert b'rollfilter_rollouts_total{agent="(no name)",outcome="succeeded"} 5.0' in scraped[0]

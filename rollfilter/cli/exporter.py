@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import socket
 import threading
+import time
 from collections.abc import Callable
 
 import trio
@@ -28,6 +30,7 @@ from rollfilter.run import Run
 from rollfilter.writers import OutputClosed, OutputFailed, WholeFile
 
 FILE_SECONDS = 5.0  # how often --prometheus-file is replaced: node_exporter reads it when scraped
+REUSE_FACTOR = 10  # see Scrapes
 REQUEST_SECONDS = 10.0  # how long a scraper has to send its request and take the answer
 MAX_REQUEST_BYTES = 16 * 1024  # a request's head, at most: a scrape sends a few hundred bytes
 LISTEN_BACKLOG = 16
@@ -72,7 +75,7 @@ class Exporter:
     def start(self, services: trio.Nursery, say: Callable[[str], None]) -> None:
         """Serve and publish in `services` until it is cancelled."""
         if self.sockets:
-            services.start_soon(serve, self.sockets, self.registry)
+            services.start_soon(serve, self.sockets, Scrapes(self.registry))
         if self.file is not None:
             services.start_soon(functools.partial(publish, seconds=FILE_SECONDS), self.file, self.registry, say)
 
@@ -83,13 +86,13 @@ class Exporter:
                 self.file.replace(exposition(self.registry))
 
 
-async def serve(sockets: list[socket.socket], registry: CollectorRegistry) -> None:
+async def serve(sockets: list[socket.socket], scrapes: Scrapes) -> None:
     """Answer GET /metrics on `sockets` until cancelled."""
     listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in sockets]
-    await trio.serve_listeners(functools.partial(answer, registry=registry), listeners)
+    await trio.serve_listeners(functools.partial(answer, scrapes=scrapes), listeners)
 
 
-async def answer(stream: trio.SocketStream, *, registry: CollectorRegistry) -> None:
+async def answer(stream: trio.SocketStream, *, scrapes: Scrapes) -> None:
     """One request on `stream`, one reply, then the connection is closed. A scraper that goes away
     or takes too long costs nothing but its own answer."""
     async with stream:
@@ -104,12 +107,33 @@ async def answer(stream: trio.SocketStream, *, registry: CollectorRegistry) -> N
                     if not data:
                         return
                     head += data
-                await stream.send_all(reply(head, registry))
+                await stream.send_all(reply(head, scrapes))
             except (trio.BrokenResourceError, trio.ClosedResourceError):  # the scraper went away
                 return
 
 
-def reply(head: bytes, registry: CollectorRegistry) -> bytes:
+class Scrapes:
+    """The text each scrape gets, made in the run's loop, which does nothing else meanwhile: made
+    again unless the last was made within REUSE_FACTOR times what making it took. Whatever the
+    number of scrapers, and however many agents the figures cover (a run of 5,000 takes a third
+    of a second a scrape), they take at most about a tenth of the loop; a run's usual figures take
+    a millisecond, and are reused for ten at most."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self._text = b""
+        self._made = -math.inf
+        self._took = 0.0
+
+    def text(self) -> bytes:
+        started = time.perf_counter()
+        if started - self._made >= REUSE_FACTOR * self._took:
+            self._text = exposition(self.registry)
+            self._made, self._took = started, time.perf_counter() - started
+        return self._text
+
+
+def reply(head: bytes, scrapes: Scrapes) -> bytes:
     """The whole reply to a request whose head is `head`."""
     words = head.split(b"\n", 1)[0].split()
     if len(words) != 3 or not words[2].startswith(b"HTTP/"):
@@ -119,7 +143,7 @@ def reply(head: bytes, registry: CollectorRegistry) -> bytes:
         return _reply(404, b"Not Found", b"the metrics are at /metrics\n")
     if method not in (b"GET", b"HEAD"):
         return _reply(405, b"Method Not Allowed", b"GET /metrics\n", extra=b"Allow: GET, HEAD\r\n")
-    body = exposition(registry)
+    body = scrapes.text()
     return _reply(200, b"OK", body, content_type=CONTENT_TYPE_PLAIN_0_0_4.encode(), head_only=method == b"HEAD")
 
 

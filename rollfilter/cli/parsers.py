@@ -423,6 +423,8 @@ def affinity_header(name: str | None, headers: Sequence[str]) -> str | None:
 
 def prometheus(address: str | None, file: str | None) -> dict[str, Any]:
     """--prometheus HOST:PORT and --prometheus-file FILE, as CommandConfig takes them."""
+    if file == "":
+        raise UsageError("--prometheus-file wants the path of a file")
     return {"prometheus": None if address is None else listen_address(address), "prometheus_file": file}
 
 

@@ -155,6 +155,13 @@ def test_the_prometheus_file_is_checked_against_the_other_outputs(tmp_path: Path
     assert b"cannot be one file" in result.stderr
 
 
+def test_an_empty_prometheus_file_name_is_a_usage_error(agent: RecordingAgent):
+    row = json.dumps({"responses_create_params": {"input": "q"}}) + "\n"
+    result = run(["-u", agent.run_url, "--prometheus-file", ""], input=row)
+    assert (result.returncode, result.stderr) == (2, b"rollfilter: --prometheus-file wants the path of a file\n")
+    assert agent.raw_bodies == []
+
+
 def test_summarize_refuses_the_prometheus_options(tmp_path: Path):
     result = run(["--summarize", "--prometheus-file", str(tmp_path / "m.prom")], input="")
     assert result.returncode == 2
