@@ -130,8 +130,18 @@ class AgentLimits:
         (the caller gives it back when the attempt ends); the tokens it was charged (settle them
         with `settle`)."""
         now = trio.current_time()
-        if not self.held(now) and (out is None or out.take_now(request)):
-            return self._leave(now)  # the common case under a limit that does not bind: no wait, no lock
+        if not self.held(now):  # the common case under a limit that does not bind: no lock
+            if out is not None and not out.take_now(request):
+                await out.take(request)  # in line with every other request for a place
+                now = trio.current_time()
+                if self.held(now):  # the limit binds by now: wait for it without holding a place
+                    out.give_back(request)
+                    return await self._acquire_held(now, out, request)
+            return self._leave(now)
+        return await self._acquire_held(now, out, request)
+
+    async def _acquire_held(self, now: float, out: SendSlots | None, request: object) -> float:
+        """`acquire` when the limits hold the request back: in turn, then a place among those out."""
         self.waiting += 1
         waited_until: float | None = None
         taken = False
