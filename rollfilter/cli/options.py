@@ -9,10 +9,12 @@ whether it will run: this module imports typer and constants only. The parsers, 
 # No `from __future__ import annotations`: typer reads these annotations once per start, and as
 # strings it would evaluate each of them again every time (a tenth of a run's CPU).
 import os
+import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from typer._click.types import IntRange  # typer's own click (0.28), whose ranges --help describes
 
 from rollfilter._version import __version__
 from rollfilter.budget import DEFAULT_RATIO
@@ -70,6 +72,27 @@ def parsed_by(name: str, *made_with: str) -> Callable[[Any], Any]:
     return parse
 
 
+# What typer 0.29 (through pydantic) took as a whole number, and how it said what it did not take:
+# "1.0", " 3 ", "1_000" and "+4" are numbers; "2.5", "1e3" and digits beyond ASCII are not.
+_WHOLE = re.compile(r"\s*[+-]?[0-9](?:_?[0-9])*(?:\.0*)?\s*")
+
+
+class WholeNumber(IntRange):
+    """An option's whole number, `min` or more, read and refused as typer 0.29 did (its --help
+    gives the range, as for any IntRange)."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):  # the default
+            number = value
+        elif isinstance(value, str) and _WHOLE.fullmatch(value):
+            number = int(value.strip().split(".")[0])
+        else:
+            self.fail("Input should be a valid integer, unable to parse string as an integer", param, ctx)
+        if self.min is not None and number < self.min:
+            self.fail(f"Input should be greater than or equal to {self.min}", param, ctx)
+        return number
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"rollfilter {__version__}")
@@ -82,7 +105,7 @@ def parse(
     files: Annotated[
         list[str] | None,
         typer.Argument(
-            metavar="FILE", help="JSONL input files, read in order; - or none means stdin.", show_default=False
+            metavar="[FILE]...", help="JSONL input files, read in order; - or none means stdin.", show_default=False
         ),
     ] = None,
     url: Annotated[
@@ -132,7 +155,7 @@ def parse(
             metavar="N",
             help="Rows in flight at once (fewer if the open-file limit cannot fit N connections).",
             envvar="ROLLFILTER_CONCURRENCY",
-            min=1,
+            click_type=WholeNumber(min=1),
         ),
     ] = DEFAULT_CONCURRENCY,
     route: Annotated[
@@ -180,7 +203,8 @@ def parse(
         ),
     ] = False,
     limit: Annotated[
-        int | None, typer.Option("-n", "--limit", metavar="N", help="Take only the first N rows.", min=0)
+        int | None,
+        typer.Option("-n", "--limit", metavar="N", help="Take only the first N rows.", click_type=WholeNumber(min=0)),
     ] = None,
     repeats: Annotated[
         list[str] | None,
@@ -292,7 +316,7 @@ def parse(
                 " (a Retry-After wait is capped at 120 s)."
             ),
             envvar="ROLLFILTER_RETRIES",
-            min=0,
+            click_type=WholeNumber(min=0),
         ),
     ] = DEFAULT_RETRIES,
     retry_budget: Annotated[
@@ -381,7 +405,7 @@ def parse(
             "--max-attempts",
             metavar="N",
             help="--resume gives up a pair after N failed attempts [default: $NEMO_GYM_MAX_ROLLOUT_ATTEMPTS, or 3].",
-            min=1,
+            click_type=WholeNumber(min=1),
             show_default=False,
         ),
     ] = None,
@@ -478,7 +502,7 @@ def parse(
             "--max-line-bytes",
             metavar="N",
             help="Refuse input lines longer than N bytes (each counts as a failed row).",
-            min=1,
+            click_type=WholeNumber(min=1),
         ),
     ] = DEFAULT_MAX_LINE_BYTES,
     max_reply_bytes: Annotated[
@@ -487,7 +511,7 @@ def parse(
             "--max-reply-bytes",
             metavar="N",
             help="Fail a row whose reply body is longer than N bytes, as received or decoded (bad_response).",
-            min=1,
+            click_type=WholeNumber(min=1),
         ),
     ] = DEFAULT_MAX_REPLY_BYTES,
     groups: Annotated[
@@ -532,7 +556,7 @@ def parse(
             "--target-groups",
             metavar="N",
             help="Stop once N groups are written (the rollouts in flight are cancelled, no more rows sent); exit 0.",
-            min=1,
+            click_type=WholeNumber(min=1),
         ),
     ] = None,
     dry_run: Annotated[

@@ -459,7 +459,9 @@ class _CommandLineRun:
         if not self.options.quiet:
             chart = b"".join(line.encode() + b"\n" for line in chart_lines(summary_object, stderr))
             summary_lost = not write_summary(stderr, chart + summary)
-        return RunEnd(control.cause, bool(incomplete), output_failed=bool(self.write_failures) or summary_lost)
+        return RunEnd(
+            control.cause, bool(incomplete), output_failed=bool(self.write_failures), summary_lost=summary_lost
+        )
 
 
 def progress_wanted(forced: bool | None, *, quiet: bool, stderr_fd: int = 2) -> bool:

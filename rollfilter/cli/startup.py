@@ -51,7 +51,8 @@ def main() -> None:
     for name in STATUS_SIGNAL_NAMES:  # a status asked for while starting is not one to die of
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
-    if sys.argv[1:] == ["--version"] and _print_version():
+    # (Not while a shell asks the command to complete its words: typer answers that.)
+    if sys.argv[1:] == ["--version"] and "_ROLLFILTER_COMPLETE" not in os.environ and _print_version():
         os._exit(0)
     # The imports ahead make a few hundred thousand objects and no garbage: the collections they
     # set off free nothing, and take a fourteenth of a short run's CPU. A run turns the collector

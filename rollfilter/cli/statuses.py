@@ -30,11 +30,14 @@ class RunEnd:
     stopped: StopCause | None = None
     incomplete: bool = False
     output_failed: bool = False
+    summary_lost: bool = False  # the summary could not be written on stderr (closed, full, no reader)
 
 
 def exit_status(end: RunEnd) -> ExitStatus:
     if end.output_failed:  # whatever stopped the run first, what it wrote is incomplete
         return ExitStatus.OUTPUT_FAILED
     if end.stopped is not None and end.stopped is not StopCause.TARGET_REACHED:  # a target reached is the end
-        return EXIT_STATUS_OF_STOP[end.stopped]
+        return EXIT_STATUS_OF_STOP[end.stopped]  # a stop says why, even when its summary was lost
+    if end.summary_lost:  # an output, as the results are: lost, the run's end is not all reported
+        return ExitStatus.OUTPUT_FAILED
     return ExitStatus.ROWS_FAILED if end.incomplete else ExitStatus.OK

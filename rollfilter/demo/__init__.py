@@ -28,3 +28,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(command_line, name)
     raise AttributeError(f"module 'rollfilter.demo' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})  # the names imported on first use too

@@ -454,6 +454,23 @@ def test_a_summary_that_cannot_be_written_exits_74_with_the_results_whole(
     assert sorted(r["_ng_task_index"] for r in result_lines(proc.stdout)) == [0, 1, 2, 3, 4]
 
 
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_a_stop_by_a_signal_keeps_its_status_when_the_summary_is_lost(
+    demo_server: DemoServer, signum: int, status: int
+):
+    with open("/dev/full", "wb") as full:
+        proc = start(["-u", demo_server.url], stdin=subprocess.PIPE, stderr=full)
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        proc.stdin.write(rows_jsonl(simple_rows(1)).encode())
+        proc.stdin.flush()  # stdin stays open: the run waits for more rows
+        assert proc.stdout.readline()  # the row's result: the run is going
+        proc.send_signal(signum)
+        assert proc.wait(timeout=SUBPROCESS_TIMEOUT) == status
+        proc.stdin.close()
+        proc.stdout.close()
+
+
 @pytest.mark.parametrize("option", ["-o", "--metrics", "--errors"])
 def test_an_output_on_a_standard_stream_the_command_was_started_without_exits_74(
     tmp_path, demo_server: DemoServer, option: str

@@ -118,3 +118,30 @@ def test_a_verbose_event_of_a_rollout_not_persisted_says_a_resume_runs_it(agent)
         "rollfilter: <stdin>:1 task 0 rollout 0: not persisted (the agent's _ng_no_persist);"
         " a resumed run runs it again"
     ]
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("1.0", None),  # a whole number, as typer 0.29 read it
+        (" 2 ", None),
+        ("1_0", None),
+        ("2.5", "Input should be a valid integer, unable to parse string as an integer"),
+        ("\u0663", "Input should be a valid integer, unable to parse string as an integer"),  # an Arabic-Indic 3
+        ("0", "Input should be greater than or equal to 1"),
+    ],
+)
+def test_a_whole_number_option_reads_and_refuses_as_before(value: str, said: str | None):
+    proc = run(["--dry-run", "-q", "-u", closed_port_url(), "-j", value], input=rows_jsonl(simple_rows(1)))
+    if said is None:
+        assert proc.returncode == 0, proc.stderr
+    else:
+        assert proc.returncode == 2
+        assert proc.stderr.decode() == (
+            "rollfilter: Invalid value for '-j' / '--concurrency' (env var: 'ROLLFILTER_CONCURRENCY'):"
+            f" {said} (see 'rollfilter --help')\n"
+        )
+
+
+def test_the_usage_line_says_several_files_are_taken():
+    assert "Usage: rollfilter [OPTIONS] [FILE]...\n" in run(["--help"]).stdout.decode()
