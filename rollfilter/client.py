@@ -80,11 +80,13 @@ class Flight:
     the client counts as it makes them. It is the one count of a job's attempts: the engine
     reads it for the status, and for the outcome of a job that did not fail in the client."""
 
-    __slots__ = ("attempt", "since")
+    __slots__ = ("attempt", "held", "held_s", "since")
 
     def __init__(self, since: float = 0.0) -> None:
         self.since = since
         self.attempt = 1
+        self.held = False  # waiting on its agent's rate limits (or, under limits, for a place among those out)
+        self.held_s = 0.0  # how long it waited so, over its attempts: not sent, so not its latency
 
 
 class JobClient(Protocol):
@@ -154,7 +156,12 @@ class AgentClient:
                 window = agent.window
                 ticket = await window.acquire() if window is not None else 0
                 limits, out, request = agent.limits, self._send_slots, _Request()
-                charged = await self._turn(agent, request)
+                flight.held, held_since = True, trio.current_time()
+                try:
+                    charged = await self._turn(agent, request)
+                finally:
+                    flight.held = False
+                    flight.held_s += trio.current_time() - held_since
                 if attempt == 1 and agent.budget is not None:
                     agent.budget.deposit()
                 replica = agent.pick(trio.current_time(), avoid=replica, task=task)

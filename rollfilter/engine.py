@@ -51,6 +51,7 @@ class InFlight:
     agent: str | None
     attempt: int  # this run's attempt at it, 1 for the first
     age_s: float  # since it was first sent in this run
+    held: bool = False  # waiting on its agent's rate limits, not sent
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -170,6 +171,7 @@ class Engine:
                 job.agent_name,
                 attempt=flight.attempt,
                 age_s=now - flight.since,
+                held=flight.held,
             )
             for job, flight in itertools.islice(self._in_flight.items(), STATUS_OLDEST)
         )
@@ -258,7 +260,7 @@ class Engine:
                 job, AttemptFailure(ErrorKind.GROUP_FIELD, message, attempts=flight.attempt, answer=outcome), release
             )
         else:
-            latency = trio.current_time() - started
+            latency = trio.current_time() - started - flight.held_s  # from sending, not from waiting to
             if self.on_event is not None:
                 self.on_event(f"{describe(job)}: finished in {latency:.3f} s, reward {outcome.get('reward')}")
             if self.groups is not None:

@@ -73,6 +73,7 @@ def status_lines(status: RunStatus | None) -> list[str]:
             printable(
                 f"  in flight {rollout.age_s:,.1f} s: {rollout.source}:{rollout.line} task {rollout.task_index}"
                 f" rollout {rollout.rollout_index} agent {agent} attempt {rollout.attempt}"
+                + (" (not sent yet: --rpm/--tpm)" if rollout.held else "")
             )
         )
     return lines

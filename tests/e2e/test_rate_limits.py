@@ -125,6 +125,8 @@ async def test_the_status_says_rows_are_held_by_a_limit_and_the_api_takes_the_li
         log.close()
     assert status.held_by_limits >= 1
     assert "held by --rpm/--tpm" in status_lines(status)[0]
+    assert any(rollout.held for rollout in status.oldest)
+    assert any(line.endswith(" (not sent yet: --rpm/--tpm)") for line in status_lines(status)[1:])
     assert len(rest) == 4
     assert run_.summary is not None
     assert run_.summary["rollfilter"]["limits"]["(no name)"]["rpm"] == 120
@@ -154,3 +156,20 @@ def test_rows_waiting_on_a_limit_never_put_more_than_j_in_flight():
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stdout.splitlines()) == 24
     assert log.most == 4  # the limit would let 10 episodes of 1 s be out: -j holds them to 4
+
+
+async def test_the_wait_on_a_limit_is_no_part_of_a_rollouts_latency():
+    from rollfilter import Config, open_rollouts
+
+    log = ArrivalLog()
+    try:
+        config = Config(url=log.url + "/run", concurrency=8, rpm=30)  # one every 2 s: the third waits 4 s
+        async with open_rollouts([{"responses_create_params": {"input": str(i)}} for i in range(3)], config) as run_:
+            outcomes = [outcome async for outcome in run_]
+    finally:
+        log.close()
+    assert len(outcomes) == 3
+    assert run_.summary is not None
+    figures = run_.summary["rollfilter"]
+    assert figures["limits"]["(no name)"]["waited_s"] >= 5.0  # 2 s and 4 s, less the burst's share
+    assert figures["latency_s"]["max"] < 1.5  # an instant agent: the waits are not the agent's
