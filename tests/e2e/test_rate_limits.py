@@ -13,28 +13,11 @@ from tests.test_limits import most_in_a_window
 
 
 class ArrivalLog(ThreadedHTTPServer):
-    """An agent that answers every /run at once and logs when each arrived."""
+    """An agent whose episodes take `seconds` (none: it answers at once), 1,000 tokens each; it logs
+    when each /run arrived, and counts the most it held at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, seconds: float = 0.0) -> None:
         self.arrivals: list[float] = []
-        lock = threading.Lock()
-        log = self
-
-        class Handler(QuietHandler):
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                with lock:
-                    log.arrivals.append(time.monotonic())
-                usage = {"input_tokens": 900, "output_tokens": 100, "total_tokens": 1000}
-                self.send_json(200, json.dumps({"reward": 1.0, "response": {"usage": usage}}).encode())
-
-        super().__init__(Handler)
-
-
-class InFlightLog(ThreadedHTTPServer):
-    """An agent whose episodes take `seconds`, counting the most requests it held at once."""
-
-    def __init__(self, seconds: float) -> None:
         self.in_flight = self.most = 0
         lock = threading.Lock()
         log = self
@@ -43,12 +26,15 @@ class InFlightLog(ThreadedHTTPServer):
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 with lock:
+                    log.arrivals.append(time.monotonic())
                     log.in_flight += 1
                     log.most = max(log.most, log.in_flight)
-                time.sleep(seconds)
+                if seconds:
+                    time.sleep(seconds)
                 with lock:
                     log.in_flight -= 1
-                self.send_json(200, b'{"reward": 1.0}')
+                usage = {"input_tokens": 900, "output_tokens": 100, "total_tokens": 1000}
+                self.send_json(200, json.dumps({"reward": 1.0, "response": {"usage": usage}}).encode())
 
         super().__init__(Handler)
 
@@ -148,7 +134,7 @@ def test_rows_waiting_on_one_agents_limit_do_not_hold_up_another_agents():
 
 def test_rows_waiting_on_a_limit_never_put_more_than_j_in_flight():
     # The waiting rows lend their slots to the run; each takes one back before it is sent.
-    log = InFlightLog(1.0)
+    log = ArrivalLog(1.0)
     try:
         proc = run(["-u", log.url + "/run", "-j", "4", "--rpm", "600"], input=rows(24))  # 10 a second, 2 at once
     finally:
