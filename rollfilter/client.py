@@ -155,13 +155,11 @@ class AgentClient:
                 attempt = flight.attempt
                 window = agent.window
                 ticket = await window.acquire() if window is not None else 0
-                limits, out, request = agent.limits, self._send_slots, _Request()
-                flight.held, held_since = True, trio.current_time()
-                try:
-                    charged = await self._turn(agent, request)
-                finally:
-                    flight.held = False
-                    flight.held_s += trio.current_time() - held_since
+                limits, out = agent.limits, self._send_slots
+                request, charged = None, 0.0
+                if limits is not None or out is not None:  # under rate limits only: no work on a plain run's path
+                    request = _Request()
+                    charged = await self._turn(agent, flight, request)
                 if attempt == 1 and agent.budget is not None:
                     agent.budget.deposit()
                 replica = agent.pick(trio.current_time(), avoid=replica, task=task)
@@ -214,14 +212,20 @@ class AgentClient:
             message = f"unexpected {type(exc).__name__} while sending the row or reading its reply"
             return AttemptFailure(ErrorKind.INTERNAL, message, attempts=flight.attempt)
 
-    async def _turn(self, agent: Agent, request: _Request) -> float:
+    async def _turn(self, agent: Agent, flight: Flight, request: _Request) -> float:
         """Wait for the agent's rate limits, and under limits for a slot among the requests out
-        (given back when the attempt ends); the tokens the request was charged."""
-        if agent.limits is not None:
-            return await agent.limits.acquire(self._send_slots, request)
-        if self._send_slots is not None:
-            await self._send_slots.take(request)
-        return 0.0
+        (given back when the attempt ends), counting the wait in `flight`; the tokens the request
+        was charged."""
+        flight.held, since = True, trio.current_time()
+        try:
+            if agent.limits is not None:
+                return await agent.limits.acquire(self._send_slots, request)
+            if self._send_slots is not None:
+                await self._send_slots.take(request)
+            return 0.0
+        finally:
+            flight.held = False
+            flight.held_s += trio.current_time() - since
 
     async def _attempt(
         self, url: httpx.URL, body: bytes, row: str | None = None, headers: tuple[tuple[str, str], ...] = ()

@@ -271,6 +271,11 @@ class Config:
         return self.rpm_by_agent.get(agent, self.rpm), self.tpm_by_agent.get(agent, self.tpm)
 
     @property
+    def rate_limited(self) -> bool:
+        """Whether any agent has a request or token limit."""
+        return bool(self.rpm or self.tpm or self.rpm_by_agent or self.tpm_by_agent)
+
+    @property
     def route_by_task(self) -> bool:
         """Whether a task's rollouts go to one replica of its agent."""
         return self.route == "task" or (self.route is None and self.max_repeats > 1)

@@ -86,8 +86,7 @@ class Run:
         self.engine: Engine | None = None
         self.report: AggregateReport | None = None
         self.groups: GroupStage | None = None
-        limited = config.rpm or config.tpm or config.rpm_by_agent or config.tpm_by_agent
-        self.send_slots = SendSlots(config.concurrency) if limited and dry_run is None else None
+        self.send_slots = SendSlots(config.concurrency) if config.rate_limited and dry_run is None else None
         self._source, self._sink, self._resume = source, sink, resume
         self._on_event, self._dry_run, self._hold = on_event, dry_run, hold
 

@@ -16,12 +16,9 @@ import os
 import select
 import stat
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from rollfilter.errors import UsageError
-
-if TYPE_CHECKING:
-    pass
 
 Release = Callable[[], None]
 GATHER_SECONDS = 0.002  # how long a threaded writer lets lines gather before a write

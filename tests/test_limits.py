@@ -126,6 +126,11 @@ async def test_a_reply_claiming_absurd_usage_holds_the_agent_back_a_minute_at_mo
 
 async def test_a_limit_that_does_not_bind_waits_for_nothing(autojump_clock: trio.testing.MockClock):
     limits = AgentLimits(1e300, None)
+
+    async def held(*_: object) -> float:
+        raise AssertionError("a request its limit lets go took the way of a held one (the lock)")
+
+    limits._acquire_held = held  # type: ignore[method-assign]
     async with trio.open_nursery() as nursery:
         for _ in range(1000):
             nursery.start_soon(limits.acquire)

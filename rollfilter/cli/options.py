@@ -35,9 +35,8 @@ if TYPE_CHECKING:
 # What `parse` gives `main` to execute: the run, which ends with a `cli.statuses.RunEnd` (not
 # named here: typer resolves this annotation, and that module loads the engine).
 Execute = Callable[[], Awaitable[object]]
-EXAMPLE_ROWS = os.path.join(
-    os.path.dirname(os.path.dirname(__file__)), "examples", "weather.jsonl"
-)  # NeMo Gym's five rows
+# NeMo Gym's five-row example
+EXAMPLE_ROWS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples", "weather.jsonl")
 HELP = """Collect agent rollouts: JSONL rows in (FILEs or stdin), one result line out per row as it finishes.
 
 Each row is POSTed to an agent's /run endpoint as NeMo Gym's collector sends it; each JSON

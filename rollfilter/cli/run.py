@@ -296,7 +296,7 @@ class _CommandLineRun:
             force_terminal=bool(options.progress),
             adaptive=config.adaptive,
             priced=bool(config.prices),
-            limited=bool(config.rpm or config.tpm or config.rpm_by_agent or config.tpm_by_agent),
+            limited=config.rate_limited,
             fallback=self.stderr_lines,
         )
 

@@ -1116,24 +1116,24 @@ class Bench:
             for i in range(300):
                 file.write(json.dumps({"responses_create_params": {"input": f"{i:06d}" + "x" * 3974}}) + "\n")
         print("rate limits: --rpm 3000 over 500 rows, --tpm 600000 over 300 rows of 1,000 tokens", file=sys.stderr)
-        agent = Agent(latency=0.0, extra=["--record-arrivals", "--no-aggregate-groups"])
-        try:
-            self.rf(agent, 64, rows, ["--rpm", "3000"])
-            times = agent.arrivals()
-        finally:
-            agent.stop()
+
+        def arrivals(data: Path, limit: list[str]) -> list[float]:
+            """When each /run of a run of `data` under `limit` arrived at an instant agent."""
+            agent = Agent(latency=0.0, extra=["--record-arrivals", "--no-aggregate-groups"])
+            try:
+                self.rf(agent, 64, data, limit)
+                return agent.arrivals()
+            finally:
+                agent.stop()
+
+        times = arrivals(rows, ["--rpm", "3000"])
         rate = (len(times) - 1) / (times[-1] - times[0])
         one, five = most_in(times, 1.0), most_in(times, 5.0)
         name = "rate limits (--rpm 3000, 500 rows)"
         self.rows.append(Row(name, "rows/s, first to last arrival", rate, 50.0, "50 within 5%", abs(rate - 50) <= 2.5))
         self.rows.append(Row(name, "most arrivals in 1 s", float(one), None, "<= 60", one <= 60))
         self.rows.append(Row(name, "most arrivals in 5 s", float(five), None, "<= 262", five <= 262))
-        agent = Agent(latency=0.0, extra=["--record-arrivals", "--no-aggregate-groups"])
-        try:
-            self.rf(agent, 64, thousand, ["--tpm", "600000"])
-            times = agent.arrivals()
-        finally:
-            agent.stop()
+        times = arrivals(thousand, ["--tpm", "600000"])
         rate = (len(times) - 1) / (times[-1] - times[0])
         five = most_in(times, 5.0)
         name = "rate limits (--tpm 600000, 1,000 tokens a row)"
