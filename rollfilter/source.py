@@ -1,8 +1,8 @@
 """Bytes in, lines out: JSONL input read in chunks from files and stdin, in order, like `cat`.
 
-Reading happens in a worker thread, a large chunk per hop (a thread hop per line is ruinous
-at millions of lines: 200,000 lines took a minute that way, where chunks take a tenth of a
-second), and the chunk is split into lines on the trio side.
+Reading happens in a worker thread, a large chunk per hop, and the chunk is split into lines on
+the trio side: a hop to a thread and back for every line would cost more than the rest of the
+run at millions of lines (docs/benchmarks.md, "Reading the input").
 Memory holds one chunk's lines plus at most one partial line, never the whole input.
 """
 

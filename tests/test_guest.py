@@ -36,7 +36,6 @@ from tests.conftest import (
     wait_for,
 )
 
-CANCEL_BOUND = 1.0  # seconds from cancelling the consumer to no connection left open at the agent
 TICK = 0.01  # the other task's sleep, in seconds
 GAP_BOUND = 1.0  # the longest wait for a 0.01 s tick: a stalled loop, not a speed test (0.11 s seen under load)
 WAIT = 20.0  # seconds: every wait for a condition is bounded
@@ -64,11 +63,8 @@ class Library:
     async def gather(self, *bodies: Callable[[], Awaitable[Any]]) -> list[Any]:
         raise NotImplementedError
 
-    async def cancel_when(self, body: Callable[[], Awaitable[None]], ready: Callable[[], bool]) -> float:
-        """Run `body()` in a task, cancel that task once `ready()` holds, and return when it has ended.
-
-        Returns when it was cancelled (time.monotonic()).
-        """
+    async def cancel_when(self, body: Callable[[], Awaitable[None]], ready: Callable[[], bool]) -> None:
+        """Run `body()` in a task, cancel that task once `ready()` holds, and return when it has ended."""
         raise NotImplementedError
 
     def raises(self, exc_type: type[BaseException], match: str) -> Any:
@@ -109,13 +105,11 @@ class Trio(Library):
                 nursery.start_soon(keep, i)
         return results
 
-    async def cancel_when(self, body: Callable[[], Awaitable[None]], ready: Callable[[], bool]) -> float:
+    async def cancel_when(self, body: Callable[[], Awaitable[None]], ready: Callable[[], bool]) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(body)
             await wait_until(self, ready)
-            cancelled = time.monotonic()
             nursery.cancel_scope.cancel()
-        return cancelled
 
     def raises(self, exc_type: type[BaseException], match: str) -> Any:
         return pytest.RaisesGroup(pytest.RaisesExc(exc_type, match=match), flatten_subgroups=True)
@@ -154,15 +148,13 @@ class Asyncio(Library):
     async def gather(self, *bodies: Callable[[], Awaitable[Any]]) -> list[Any]:
         return list(await asyncio.gather(*(body() for body in bodies)))
 
-    async def cancel_when(self, body: Callable[[], Awaitable[None]], ready: Callable[[], bool]) -> float:
+    async def cancel_when(self, body: Callable[[], Awaitable[None]], ready: Callable[[], bool]) -> None:
         task = asyncio.ensure_future(body())
         await wait_until(self, lambda: ready() or task.done())
         assert not task.done(), task
-        cancelled = time.monotonic()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        return cancelled
 
     def raises(self, exc_type: type[BaseException], match: str) -> Any:
         return pytest.raises(exc_type, match=match)
@@ -194,10 +186,11 @@ async def wait_until(lib: Library, condition: Callable[[], bool], deadline: floa
         await lib.sleep(0.01)
 
 
-async def no_connection_left(lib: Library, port: int, since: float) -> None:
-    """Within CANCEL_BOUND of `since`, the agent on `port` holds no connection open."""
-    await wait_until(lib, lambda: connections_open_at(port) == 0, since + CANCEL_BOUND)
-    assert time.monotonic() - since < CANCEL_BOUND
+async def no_connection_left(lib: Library, port: int) -> None:
+    """The agent on `port` comes to hold no connection open. The episodes these tests cancel last
+    30 s, longer than any wait here (WAIT): a run that waited them out instead of cancelling them
+    fails, and no figure of speed is asserted."""
+    await wait_until(lib, lambda: connections_open_at(port) == 0)
 
 
 def row(i: int, **demo: Any) -> dict[str, Any]:
@@ -346,9 +339,9 @@ def test_cancelling_the_consumer_closes_what_is_in_flight(lib: Library, demo_pro
         return consumed == 1 and demo_server.stats()["requests"] == concurrency + 1
 
     async def scenario() -> None:
-        cancelled = await lib.cancel_when(consume, all_in_flight)
+        await lib.cancel_when(consume, all_in_flight)
         assert closed_rows == [True]  # by the run, not later by the garbage collector
-        await no_connection_left(lib, demo_server.port, cancelled)
+        await no_connection_left(lib, demo_server.port)
 
     lib.run(scenario)
     assert closed_rows == [True]
@@ -376,9 +369,8 @@ def test_leaving_the_loop_early_cancels_and_closes(lib: Library, demo_server: De
                 consumed += 1
                 await lib.sleep(0.005)  # a slow consumer
                 if consumed == 10:
-                    left = time.monotonic()
                     break
-        await no_connection_left(lib, demo_server.port, left)
+        await no_connection_left(lib, demo_server.port)
         return consumed, run.summary
 
     consumed, summary = lib.run(scenario)
@@ -492,13 +484,11 @@ def test_runs_side_by_side_and_one_after_another_on_one_loop(lib: Library, demo_
 def test_an_error_in_the_block_passes_through_and_the_run_is_stopped(lib: Library, demo_server: DemoServer):
     async def scenario() -> dict[str, Any] | None:
         rows = [row(0), *(row(i, latency=30) for i in range(1, 5))]
-        raised = 0.0
         with lib.raises(KeyError, match="the caller's own"):
             async with open_rollouts(rows, Config(url=demo_server.url)) as run:
                 async for _ in run:
-                    raised = time.monotonic()
                     raise KeyError("the caller's own")
-        await no_connection_left(lib, demo_server.port, raised)
+        await no_connection_left(lib, demo_server.port)
         return run.summary
 
     summary = lib.run(scenario)
@@ -516,7 +506,7 @@ def test_a_timeout_around_the_block_stops_the_run(demo_server: DemoServer):
     async def scenario() -> None:
         with pytest.raises(TimeoutError):
             await collect()
-        await no_connection_left(Asyncio(), demo_server.port, time.monotonic())
+        await no_connection_left(Asyncio(), demo_server.port)
 
     Asyncio().run(scenario)
 
@@ -560,13 +550,12 @@ def test_a_second_cancellation_while_leaving_still_waits_for_the_run(demo_server
     async def scenario() -> None:
         task = asyncio.ensure_future(consume())
         await wait_until(Asyncio(), lambda: demo_server.stats()["requests"] == 4)
-        cancelled = time.monotonic()
         task.cancel()
         asyncio.get_running_loop().call_soon(task.cancel)  # lands while the block is being left
         with pytest.raises(asyncio.CancelledError):
             await task
         assert closed_rows == [True]
-        await no_connection_left(Asyncio(), demo_server.port, cancelled)
+        await no_connection_left(Asyncio(), demo_server.port)
 
     Asyncio().run(scenario)
 

@@ -76,7 +76,8 @@ def run_command(args: Sequence[str] | None = None) -> int:
 @functools.cache
 def click_command() -> Any:
     """The command line as click parses it, built once: typer builds it from `typer_app`'s
-    signature (a tenth of a second), which a process running the command again pays once."""
+    signature, the largest part of `--help`'s time, and a process running the command several
+    times (the tests) pays for it once."""
     return typer.main.get_command(typer_app)
 
 

@@ -35,8 +35,9 @@ def exit_interrupted(signum: int, frame: FrameType | None) -> None:
 class WithoutHttpxCommandLine:
     """An import finder (sys.meta_path) that refuses `httpx._main`, the `httpx` command, which the
     httpx package imports when rich, click and pygments are installed (typer brings them), and
-    which rollfilter never runs: on the ImportError httpx puts a stub in its place. It is a sixth
-    of a run's start-up. (Not an importlib.abc.MetaPathFinder: that module loads tempfile and shutil.)"""
+    which rollfilter never runs: on the ImportError httpx puts a stub in its place, and the start
+    is shorter by what loading that command line would take (docs/benchmarks.md, start-up). It is
+    not an importlib.abc.MetaPathFinder because that module loads tempfile and shutil."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
@@ -54,9 +55,9 @@ def main() -> None:
     # (Not while a shell asks the command to complete its words: typer answers that.)
     if sys.argv[1:] == ["--version"] and "_ROLLFILTER_COMPLETE" not in os.environ and _print_version():
         os._exit(0)
-    # The imports ahead make a few hundred thousand objects and no garbage: the collections they
-    # set off free nothing, and take a fourteenth of a short run's CPU. A run turns the collector
-    # back on, as it wants it (rollfilter.gc_policy).
+    # The imports ahead make a few hundred thousand objects and no garbage, so the collections
+    # they would set off free nothing and only cost time. A run turns the collector back on, as
+    # it wants it (rollfilter.gc_policy).
     gc.disable()
     from rollfilter.cli.descriptors import hold_closed_streams
 
@@ -69,8 +70,9 @@ def main() -> None:
 
 def _print_version() -> bool:
     """`rollfilter --version`, the way scripts ask it, answered before the command line is built
-    (a tenth of a second): True once written. Where it cannot be (standard output closed, full, or
-    its reader gone), the command answers it, and reports the failure as for any other output."""
+    (building it is most of what `--help` costs): True once written. Where it cannot be
+    (standard output closed, full, or its reader gone), the command answers it, and reports the
+    failure as for any other output."""
     from rollfilter._version import __version__
 
     line = f"rollfilter {__version__}\n".encode()

@@ -38,6 +38,8 @@ def exit_status(end: RunEnd) -> ExitStatus:
         return ExitStatus.OUTPUT_FAILED
     if end.stopped is not None and end.stopped is not StopCause.TARGET_REACHED:  # a target reached is the end
         return EXIT_STATUS_OF_STOP[end.stopped]  # a stop says why, even when its summary was lost
-    if end.summary_lost:  # an output, as the results are: lost, the run's end is not all reported
+    if end.summary_lost:
+        # The summary is one of the run's outputs, as the results are: when it could not be
+        # written, part of what the run reports is missing, so the run failed to write an output.
         return ExitStatus.OUTPUT_FAILED
     return ExitStatus.ROWS_FAILED if end.incomplete else ExitStatus.OK
