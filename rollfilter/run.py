@@ -54,8 +54,10 @@ class Run:
     `resume` is what earlier runs left (their pairs are skipped or retried), `on_event` the -v
     line for each row event, and `dry_run`, when given, gets each routed job in place of
     sending it. With `config.groups`, `connect` builds `groups` too, which hands the sink whole
-    groups, and `hold` gets each finished rollout's line (the command's held file). The run owns
-    its transport and spool: `aclose` closes them.
+    groups, and `hold` gets each finished rollout's line (the command's held file). `transport`,
+    when given, is what the run sends through instead of the one `config` asks for (a test's
+    `rollfilter.http.testing.ScriptedTransport`). The run owns its transport and spool: `aclose`
+    closes them.
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class Run:
         on_warning: Callable[[str], None] | None = None,
         dry_run: Callable[[Job, Agent], None] | None = None,
         hold: Callable[[bytes], None] | None = None,
+        transport: AgentTransport | None = None,
     ) -> None:
         self.config = config
         self.control = control if control is not None else RunControl()
@@ -81,7 +84,9 @@ class Run:
         self.tasks = TaskStats(config.max_repeats, config.pass_threshold, on_task) if config.max_repeats > 1 else None
         self.spool = ResultSpool() if config.aggregate and dry_run is None else None
         talks = source is not None or self.spool is not None
-        self.transport: AgentTransport | None = transport_for(config, tls=tls, on_warning=on_warning) if talks else None
+        if transport is None and talks:
+            transport = transport_for(config, tls=tls, on_warning=on_warning)
+        self.transport: AgentTransport | None = transport
         self.router: Router | None = None
         self.engine: Engine | None = None
         self.report: AggregateReport | None = None

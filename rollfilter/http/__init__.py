@@ -11,6 +11,7 @@
     limits.py           the open-file limit, and the connections that fit under it
     errors.py           the errors raised: httpx's, with `BadReply`, `CertificateError` and `KeptAliveLost`;
                         `CaFileError`
+    testing.py          `ScriptedTransport`: replies from a function of a test's, no socket (httpx's MockTransport)
 
 Text in its errors and warnings (a server's words, a URL's host) is as it came: the caller
 escapes it before printing it.
