@@ -37,7 +37,7 @@ ERROR_BODY_CHARS = 200  # how much of an error response's body a message quotes
 # shorter, bounds it too. Documented in the man page under --retries.
 RETRY_AFTER_CAP = 120.0
 MAX_REDIRECTS = 5  # 307/308 hops followed within one attempt
-BUDGET_SPENT = "not retried: the agent's retry budget is spent"
+BUDGET_SPENT = "the agent's retry budget is spent"
 TRUST_ADVICE = (
     "its CA is not trusted: give its CA certificates in a file (SSL_CERT_FILE=FILE does too), or skip the check"
 )
@@ -180,6 +180,8 @@ class AgentClient:
                         limits.settle(charged, answer)
                     if out is not None:
                         out.give_back(request)
+                if got_past_connecting(outcome):
+                    agent.answered = True
                 if not isinstance(outcome, AttemptFailure):
                     if replica.cooldown:
                         replica.connection_worked()
@@ -199,7 +201,7 @@ class AgentClient:
                 keep_alive_race = failure.kept_alive_lost and attempt == 1
                 budget = agent.budget
                 if budget is not None and not (paced or keep_alive_race) and not budget.withdraw():
-                    return dataclasses.replace(failure, message=f"{failure.message} ({BUDGET_SPENT})")
+                    return budget_spent(failure, attempt)
                 # --timeout bounds one attempt, and so the wait before the next one too.
                 delay = min(backoff_delay(attempt, self._rng, retry_after), self._timeout)
                 if self._on_retry is not None:
@@ -287,6 +289,22 @@ class AgentClient:
         if content:
             message += f": {_snippet(content)}"
         return AttemptFailure(ErrorKind.HTTP_STATUS, message, status, retry=retry), retry_after
+
+
+def budget_spent(failure: AttemptFailure, attempts: int) -> AttemptFailure:
+    """`failure`, after `attempts` requests, whose retry the agent's budget withheld: its message
+    says what happened once (how many attempts, and why no more), as a line shows it whole."""
+    tried = "not retried" if attempts == 1 else f"after {attempts} attempts, not retried again"
+    return dataclasses.replace(failure, message=f"{failure.message} ({tried}: {BUDGET_SPENT})", budget_spent=True)
+
+
+def got_past_connecting(outcome: dict[str, Any] | AttemptFailure) -> bool:
+    """Whether an attempt's agent took the connection: anything but a connection refused, timed
+    out or dropped before a reply. A certificate that fails its check is a connect failure too, but
+    its server did answer the handshake (and it is the one connect failure not retried)."""
+    if not isinstance(outcome, AttemptFailure) or outcome.kind is not ErrorKind.CONNECT:
+        return True
+    return outcome.retry is not Retry.NOW
 
 
 def load_signal(outcome: dict[str, Any] | AttemptFailure) -> Signal:

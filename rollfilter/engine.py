@@ -77,6 +77,7 @@ class StopCause(enum.Enum):
     READER_GONE = "broken pipe"  # the reader of the results went away
     TARGET_REACHED = "target reached"  # as many groups written as Config.target_groups asks
     OUTPUT_FAILED = "output failed"  # an output could not be written
+    AGENT_UNREACHABLE = "agent unreachable"  # an agent refused or dropped every connection since the start
 
 
 class RunControl:
@@ -157,6 +158,9 @@ class Engine:
     groups: ResultStage | None = None  # results held by group, counted when their group closes
     group_field: str | None = None  # a result must hold this numeric field (to tell uniform groups)
     waiting_rows: int = 0  # rows that may wait on a rate limit beside the `concurrency` in flight
+    # Stop the run once a row has failed to connect to an agent that no attempt has got past
+    # connecting to (see `_check_unreachable`).
+    stop_when_unreachable: bool = False
     _in_flight: dict[Job, Flight] = dataclasses.field(default_factory=dict)  # in the order sent
 
     def status(self) -> RunStatus:
@@ -242,6 +246,8 @@ class Engine:
         finally:
             del self._in_flight[job]
         if isinstance(outcome, AttemptFailure):
+            if self.stop_when_unreachable:
+                self._check_unreachable(agent, outcome)
             self._fail(job, outcome, release)
         elif isinstance(outcome, _NotPersisted):
             self.metrics.add_not_persisted(job.agent_name)
@@ -305,6 +311,18 @@ class Engine:
         if self.groups is not None:
             self.groups.failure(job, failure)
         self._check_failure_limit()
+
+    def _check_unreachable(self, agent: Agent, failure: AttemptFailure) -> None:
+        """Stop the run when `failure` ended a row on a connection to `agent` and no attempt of
+        the run has got past connecting to it. The row had its retries (or the budget withheld
+        them, as it does once many rows fail): an agent down from the start is found within one
+        row's attempts, not after every row of the input has failed the same way."""
+        if failure.kind is not ErrorKind.CONNECT or agent.answered:
+            return
+        urls = ", ".join(shown(replica.url) for replica in agent.replicas)
+        who = f"agent {agent.name} ({urls})" if agent.name is not None else f"the agent at {urls}"
+        reason = f"stopped: {who} refused or dropped every connection since the run began: {failure.message}"
+        self.control.stop(StopCause.AGENT_UNREACHABLE, reason)
 
     def _check_failure_limit(self) -> None:
         failed = self.metrics.failed + self.metrics.not_persisted

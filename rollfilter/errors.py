@@ -24,7 +24,7 @@ class ExitStatus(enum.IntEnum):
     OK = 0
     ROWS_FAILED = 1  # the run ended, but some rows failed (or --max-failures stopped it)
     USAGE = 2  # bad option, bad -p, unreadable FILE, unwritable -o; nothing was sent
-    SERVICE_UNAVAILABLE = 3  # the head server could not be reached or read
+    SERVICE_UNAVAILABLE = 3  # the head server could not be reached or read, or an agent never answered
     OUTPUT_FAILED = 74  # sysexits EX_IOERR: an output file or stream could not be written
     OUTPUT_IN_USE = 75  # sysexits EX_TEMPFAIL: another run holds an output; nothing was sent, try again later
     HUNG_UP = 129  # 128+1 SIGHUP: the terminal closed or the ssh session ended; handled as SIGTERM

@@ -399,5 +399,7 @@ class Metrics:
             figures["limits"] = {name: limits.figures() for name, limits in sorted(self.limits.items())}
         if stopped:
             figures["stopped"] = stopped
+            if self.expected is not None:
+                figures["not_started"] = never_started
         summary["rollfilter"] = figures
         return summary

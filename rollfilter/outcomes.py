@@ -40,7 +40,8 @@ class AttemptFailure:
     `Retry.NEVER`), `failure_class` is the agent's own `_ng_failure_class` (None for
     rollfilter's kinds), and `answer` holds the agent's 2xx answer when the agent itself
     reported the failure. `kept_alive_lost`: the request went out on a kept-alive connection
-    that was lost before any reply, most often as the server closed it.
+    that was lost before any reply, most often as the server closed it. `budget_spent`: a retry
+    was due, and the agent's retry budget withheld it (the message says so, attempts and all).
     """
 
     kind: ErrorKind
@@ -51,6 +52,7 @@ class AttemptFailure:
     failure_class: str | None = None
     answer: dict[str, Any] | None = None
     kept_alive_lost: bool = False
+    budget_spent: bool = False
 
     def __post_init__(self) -> None:
         if self.kind in TERMINAL_KINDS:
@@ -97,6 +99,7 @@ class Failure:
     source: str = "<rows>"  # the input it came from: a FILE, <stdin>, or the API's rows
     raw: str | None = None  # the line's text, when it is not a JSON object
     attempt_index: Any = None  # _ng_attempt_index as sent
+    budget_spent: bool = False  # a retry withheld by the agent's retry budget: the message counts the attempts
 
     def record(self) -> dict[str, Any]:
         """One line of the errors record, which is also NeMo Gym's failures sidecar.
@@ -136,7 +139,7 @@ class Failure:
         """The one-line report (where, kind, message), with control characters escaped; `repeated`
         names the rollout. The command prints it on stderr, after its prefix."""
         where = f"{self.source}:{self.number}" + (f" (rollout {self.rollout_index})" if repeated else "")
-        tries = f" (after {self.attempts} attempts)" if self.attempts > 1 else ""
+        tries = f" (after {self.attempts} attempts)" if self.attempts > 1 and not self.budget_spent else ""
         return printable(f"{where}: {self.kind.value}: {self.message}{tries}")
 
 

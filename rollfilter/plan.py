@@ -75,7 +75,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, eq=False):
         return Failure(
             row, self.task_index, self.rollout_index, failure.kind, failure.message, failure.status, failure.attempts,
             self.line, failure.failure_class, terminal=failure.retry is Retry.NEVER, answer=failure.answer,
-            source=self.source, raw=raw, attempt_index=self.attempt_index,
+            source=self.source, raw=raw, attempt_index=self.attempt_index, budget_spent=failure.budget_spent,
         )  # fmt: skip
 
 

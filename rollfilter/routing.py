@@ -168,6 +168,7 @@ class Agent:
     budget: RetryBudget | None = None  # None: every failure gets its retries
     placement: TaskPlacement | None = None
     limits: AgentLimits | None = None  # its requests and tokens a minute
+    answered: bool = False  # some attempt got past connecting (a reply, or a wait for one) this run
 
     def pick(self, now: float, avoid: Replica | None = None, task: bytes | None = None) -> Replica:
         """The replica for a rollout of the task `task` (its `task_key`): by placement, or the one

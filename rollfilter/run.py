@@ -56,8 +56,10 @@ class Run:
     sending it. With `config.groups`, `connect` builds `groups` too, which hands the sink whole
     groups, and `hold` gets each finished rollout's line (the command's held file). `transport`,
     when given, is what the run sends through instead of the one `config` asks for (a test's
-    `rollfilter.http.testing.ScriptedTransport`). The run owns its transport and spool: `aclose`
-    closes them.
+    `rollfilter.http.testing.ScriptedTransport`). With `stop_when_unreachable`, an agent that
+    refused or dropped every connection since the start stops the run
+    (`StopCause.AGENT_UNREACHABLE`) once a row has failed on it. The run owns its transport and
+    spool: `aclose` closes them.
     """
 
     def __init__(
@@ -75,6 +77,7 @@ class Run:
         dry_run: Callable[[Job, Agent], None] | None = None,
         hold: Callable[[bytes], None] | None = None,
         transport: AgentTransport | None = None,
+        stop_when_unreachable: bool = False,
     ) -> None:
         self.config = config
         self.control = control if control is not None else RunControl()
@@ -94,6 +97,7 @@ class Run:
         self.send_slots = SendSlots(config.concurrency) if config.rate_limited and dry_run is None else None
         self._source, self._sink, self._resume = source, sink, resume
         self._on_event, self._dry_run, self._hold = on_event, dry_run, hold
+        self._stop_when_unreachable = stop_when_unreachable
 
     async def connect(self, *, send: bool = True) -> None:
         """Find the agents (one request to the head server, when the config names one), and
@@ -155,6 +159,7 @@ class Run:
             groups=self.groups,
             group_field=config.group_field if config.drop_uniform else None,
             waiting_rows=self.send_slots.waiting_rows if self.send_slots is not None else 0,
+            stop_when_unreachable=self._stop_when_unreachable and dry_run is None,
         )
 
     def _target_reached(self) -> None:

@@ -91,7 +91,8 @@ class LineSink:
     in input order with --ordered; with `groups`, whole groups (`group`).
 
     `message_of` is how the command says a failure's message (the settings it names, as options),
-    and `stderr_line` makes a failure's one-line report (`Failure.line`) a line for stderr."""
+    and `stderr_line` makes a failure's one-line report (`Failure.line`) a line for stderr; `fold`,
+    given the failure and that line, says what of it to write there (b"": nothing)."""
 
     def __init__(
         self,
@@ -104,8 +105,10 @@ class LineSink:
         stderr_line: Callable[[str], bytes],
         message_of: Callable[[Failure], str] | None = None,
         groups: GroupOutputs | None = None,
+        fold: Callable[[Failure, bytes], bytes] | None = None,
     ) -> None:
         self._results = results
+        self._fold = fold
         self._groups = groups if groups is not None else GroupOutputs()
         self._vouched = -1  # the results' size the held file was last told
         self._message_of = message_of
@@ -166,7 +169,11 @@ class LineSink:
         if self._records:
             self._errors.write(_encode(failure.record()) + b"\n")
         else:
-            self._errors.write(self._stderr_line(failure.line(repeated=self._repeated)))
+            line = self._stderr_line(failure.line(repeated=self._repeated))
+            if self._fold is not None:
+                line = self._fold(failure, line)
+            if line:
+                self._errors.write(line)
 
     def not_persisted(self, job: Job, attempts: int, release: Release) -> None:
         self._release(job, release)
@@ -195,6 +202,7 @@ class BodySink(LineSink):
         repeats: int,
         stderr_line: Callable[[str], bytes],
         message_of: Callable[[Failure], str] | None = None,
+        fold: Callable[[Failure, bytes], bytes] | None = None,
     ) -> None:
         super().__init__(
             bodies,
@@ -204,6 +212,7 @@ class BodySink(LineSink):
             repeats=repeats,
             stderr_line=stderr_line,
             message_of=message_of,
+            fold=fold,
         )
 
     def result(self, job: Job, result: dict[str, Any], release: Release) -> None:

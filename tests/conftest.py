@@ -704,3 +704,40 @@ def nemo_gym_bodies(
                 metadata["extra_body"] = json.dumps(extra_body)
             rows.append(row)
     return rows
+
+
+def stderr_at_a_terminal(args: Sequence[str], *, input: bytes | str = b"") -> tuple[int, str]:
+    """The command in a process whose stderr is a terminal (a pty), stdout a pipe: its exit
+    status and what the terminal showed (CRLF made LF)."""
+    import pty
+
+    controller, terminal = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [*rollfilter_command(), *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=terminal,
+            env=clean_env(TERM="xterm", COLUMNS="120"),
+        )
+        os.close(terminal)
+        terminal = -1
+        assert proc.stdin is not None
+        proc.stdin.write(input.encode() if isinstance(input, str) else input)
+        proc.stdin.close()
+        shown = b""
+        deadline = time.monotonic() + SUBPROCESS_TIMEOUT
+        while time.monotonic() < deadline:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # the terminal's other end closed: the process is gone
+                break
+            if not chunk:
+                break
+            shown += chunk
+        code = proc.wait(timeout=SUBPROCESS_TIMEOUT)
+    finally:
+        if terminal >= 0:
+            os.close(terminal)
+        os.close(controller)
+    return code, shown.decode(errors="replace").replace("\r\n", "\n")

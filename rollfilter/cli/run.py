@@ -24,6 +24,7 @@ from rollfilter.cli import identity
 from rollfilter.cli.chart import chart_lines
 from rollfilter.cli.command import CommandConfig
 from rollfilter.cli.first_pass import count_rollouts, plan_first
+from rollfilter.cli.folding import FailureFolder
 from rollfilter.cli.messages import failure_message, message_line, say, write_summary
 from rollfilter.cli.outputs import (
     STANDARD_STREAMS,
@@ -64,6 +65,8 @@ if TYPE_CHECKING:
 _encode = msgspec.json.Encoder().encode
 # The options of the Config fields a run checks once it knows its agents (Run.connect).
 OPTION_OF_FIELD = {"rpm_by_agent": "--rpm NAME=N", "tpm_by_agent": "--tpm NAME=N"}
+# The stops whose reason is a fault, said on stderr wherever it goes; other reasons are notices.
+FAULT_STOPS = frozenset({StopCause.OUTPUT_FAILED, StopCause.AGENT_UNREACHABLE})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -205,6 +208,7 @@ class _CommandLineRun:
             )
         )
         self.display = self._display()
+        self.folder = FailureFolder(trio.current_time, message_line)
         self.reader = LineReader(
             command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=streams.stdin, on_problem=self.say
         )
@@ -221,6 +225,7 @@ class _CommandLineRun:
             on_warning=self.say,
             dry_run=self.show_route if options.dry_run else None,
             hold=self.held.write if self.held is not None else None,
+            stop_when_unreachable=True,
         )
         self.exporter = self._exporter()
         self.earlier_done = resume.done_pairs if resume is not None else 0
@@ -241,8 +246,11 @@ class _CommandLineRun:
         details_hint = not (self.options.verbose or self.options.dry_run)
         message_of = functools.partial(failure_message, details_hint=details_hint)
         repeats = self.command.engine.max_repeats
+        fold = self.folder.admit
         if self.options.dry_run:
-            return BodySink(self.results, errors_out, repeats=repeats, stderr_line=message_line, message_of=message_of)
+            return BodySink(
+                self.results, errors_out, repeats=repeats, stderr_line=message_line, message_of=message_of, fold=fold
+            )
         results_fd = self.files.results
         groups = GroupOutputs(
             keep_incomplete=self.command.engine.keep_incomplete,
@@ -259,6 +267,7 @@ class _CommandLineRun:
             stderr_line=message_line,
             message_of=message_of,
             groups=groups,
+            fold=fold,
         )
 
     def _write_task(self, record: dict[str, object]) -> None:
@@ -366,6 +375,9 @@ class _CommandLineRun:
             await run.aggregate()
             for problem in run.report.problems if run.report is not None else ():
                 self.say(f"--aggregate: {problem}")
+        unsaid = self.folder.unsaid()
+        if unsaid:
+            self.log.write(unsaid)
         # Standard error is closed last: a status asked for (SIGUSR1) while the other outputs are
         # still written, as when a wind-down waits on a full stdout, is printed, not dropped. The
         # held file is closed after the results: it is told how far they hold whole groups.
@@ -423,10 +435,13 @@ class _CommandLineRun:
         metrics.expected = planned
         if planned is None and control.cause is None and not self.options.dry_run:
             metrics.expected = metrics.taken + metrics.skipped + metrics.not_retried  # all of it was read
-        elif planned is None and control.cause is StopCause.TARGET_REACHED:
-            # The summary's not_started: the rows past the target, counted when they can be read again.
+        elif planned is None and control.cause in (StopCause.TARGET_REACHED, StopCause.AGENT_UNREACHABLE):
+            # The summary's not_started: the rows not sent, counted when they can be read again.
             command = self.command
-            with self.control.stoppable():
+            # After a stop, a scope of the control's would be cancelled already: a signal now
+            # is a second one, which ends the process (cli/signals.py).
+            scope = self.control.stoppable() if control.cause is StopCause.TARGET_REACHED else trio.CancelScope()
+            with scope:
                 metrics.expected = await count_rollouts(command.inputs, command.engine, command.max_line_bytes)
 
     def _finish(self) -> RunEnd:
@@ -449,7 +464,11 @@ class _CommandLineRun:
                 replace_content(files.aggregate, run.report.file_bytes())
         except OutputFailed as failure:
             self.write_failures.append(failure)
-        messages = list(dict.fromkeys([control.reason, *map(str, self.write_failures)]))
+        # Why the run stopped is in the summary (`stopped`); a line of its own would come between a
+        # pipe or a file and the one JSON line it is there to read, so it is said at a terminal only.
+        # A fault (an output, an agent) is said wherever stderr goes.
+        notice = control.reason if control.cause in FAULT_STOPS or os.isatty(stderr) else None
+        messages = list(dict.fromkeys([notice, *map(str, self.write_failures)]))
         for message in filter(None, messages):
             say(message, stderr)
         if run.engine is not None and not control.stopped_early:

@@ -19,6 +19,7 @@ EXIT_STATUS_OF_STOP = {
     StopCause.HUNG_UP: ExitStatus.HUNG_UP,
     StopCause.READER_GONE: ExitStatus.BROKEN_PIPE,
     StopCause.OUTPUT_FAILED: ExitStatus.OUTPUT_FAILED,
+    StopCause.AGENT_UNREACHABLE: ExitStatus.SERVICE_UNAVAILABLE,
 }
 
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
+import socket
 import subprocess
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -286,3 +289,94 @@ def test_an_agent_s_failure_reason_is_left_as_it_is_on_the_command_line(
     assert proc.returncode == 1
     message = "the agent reported failure class 'tool_error': 'Config.url answered 500'"
     assert proc.stderr.decode().splitlines()[0] == f"rollfilter: <stdin>:1: agent_failure: {message}"
+
+
+class _AnswersFirst(QuietHandler):
+    """Answers the first request it reads, then drops every connection without a reply."""
+
+    answered = 0
+    lock = threading.Lock()
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        with self.lock:
+            first = _AnswersFirst.answered == 0
+            _AnswersFirst.answered += 1
+        if first:
+            self.send_json(200, b'{"reward": 1.0}')
+            return
+        self.close_connection = True
+        self.connection.shutdown(socket.SHUT_RDWR)
+
+
+class _DropsAll(QuietHandler):
+    """Drops every connection without a reply: an agent that never answers, though it listens."""
+
+    def do_POST(self) -> None:
+        self.close_connection = True
+        self.connection.shutdown(socket.SHUT_RDWR)
+
+
+@pytest.fixture
+def agent_of(request: pytest.FixtureRequest) -> Iterator[str]:
+    _AnswersFirst.answered = 0
+    server = ThreadedHTTPServer(request.param)
+    yield f"{server.url}/run"
+    server.close()
+
+
+@pytest.mark.parametrize("agent_of", [_AnswersFirst], indirect=True)
+def test_an_agent_that_answered_then_drops_connections_fails_rows_and_the_run_goes_on(agent_of: str, tmp_path):
+    errors = tmp_path / "errors.jsonl"
+    proc = run(["-u", agent_of, "-j", "1", "--retries", "0", "--errors", str(errors)], input=rows_jsonl(simple_rows(6)))
+    assert proc.returncode == 1, proc.stderr
+    assert len(result_lines(proc.stdout)) == 1
+    assert [record["error"]["kind"] for record in read_jsonl(errors)] == ["connect"] * 5
+    assert proc.stderr.decode().count("\n") == 1  # the summary alone: --errors took the failures
+    assert "stopped" not in summary_of(proc.stderr)["rollfilter"]
+
+
+@pytest.mark.parametrize("agent_of", [_DropsAll], indirect=True)
+def test_an_agent_that_drops_every_connection_from_the_start_stops_the_run(agent_of: str, tmp_path):
+    errors = tmp_path / "errors.jsonl"
+    proc = run(["-u", agent_of, "-j", "1", "--retries", "2", "--errors", str(errors)], input=rows_jsonl(simple_rows(6)))
+    assert proc.returncode == 3, proc.stderr
+    [record] = read_jsonl(errors)
+    assert record["attempts"] == 3
+    [line, _] = proc.stderr.decode().splitlines()
+    assert line.startswith(f"rollfilter: stopped: the agent at {agent_of} refused or dropped every connection")
+    figures = summary_of(proc.stderr)["rollfilter"]
+    assert (figures["failed"], figures["succeeded"], figures["stopped"]) == (1, 0, line.removeprefix("rollfilter: "))
+
+
+def test_repeated_failure_lines_are_folded_and_the_errors_record_keeps_every_row(start_demo, tmp_path):
+    server = start_demo("--fail-rate", "1.0")
+    rows = rows_jsonl(simple_rows(300))
+    proc = run(["-u", server.url, "-j", "8", "--retries", "0"], input=rows)
+    assert proc.returncode == 1
+    *lines, _ = proc.stderr.decode().splitlines()
+    in_full = [line for line in lines if line.startswith("rollfilter: <stdin>:")]
+    counts = [re.fullmatch(r"rollfilter: (\d+) more rows? failed so: http_status: HTTP 500 .*", line) for line in lines]
+    assert len(in_full) == 3
+    assert len(in_full) + sum(int(match.group(1)) for match in counts if match) == 300
+    assert len(lines) == len(in_full) + sum(1 for match in counts if match)  # nothing else on stderr
+    assert summary_of(proc.stderr)["rollfilter"]["failed"] == 300
+    errors = tmp_path / "errors.jsonl"
+    proc = run(["-u", server.url, "-j", "8", "--retries", "0", "--errors", str(errors)], input=rows)
+    assert len(read_jsonl(errors)) == 300
+    assert proc.stderr.decode().count("\n") == 1
+
+
+def test_a_retry_withheld_by_the_budget_is_not_also_after_its_attempts(start_demo):
+    server = start_demo("--fail-rate", "1.0")
+    proc = run(
+        ["-u", server.url, "-j", "40", "--retries", "3", "--retry-on", "500"], input=rows_jsonl(simple_rows(120))
+    )
+    assert proc.returncode == 1
+    withheld = [line for line in proc.stderr.decode().splitlines() if "retry budget is spent" in line]
+    assert withheld
+    for line in withheld:
+        assert line.count("attempts") <= 1, line
+        assert re.search(
+            r"\((not retried|after \d attempts, not retried again): the agent's retry budget is spent\)$", line
+        ), line

@@ -197,8 +197,9 @@ def test_target_groups_writes_the_fast_groups_and_cuts_the_stragglers(tmp_path: 
     (tmp_path / "rows.jsonl").write_text(rows_jsonl(rows))
     dropped = tmp_path / "dropped.jsonl"
     args = ["-u", demo_server.url, "-r", str(K), "--groups", "--target-groups", str(target), "-j", "16"]
-    proc = run([*args, "--dropped", str(dropped), str(tmp_path / "rows.jsonl")])
+    proc = run([*args, "--dropped", str(dropped), "--errors", str(tmp_path / "errors"), str(tmp_path / "rows.jsonl")])
     assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count(b"\n") == 1  # with --errors, in a pipe: the summary alone, the target's notice in it
     written = groups_in(result_lines(proc.stdout))
     assert len(written) == target
     assert not slow & {task for task, _ in written}

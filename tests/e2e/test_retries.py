@@ -109,10 +109,22 @@ def test_status_not_in_retry_set_is_not_retried(demo_server: DemoServer):
     assert demo_server.stats()["by_id"]["2"] == 2
 
 
-def test_dead_agent_fails_with_connect_after_retries(tmp_path):
-    errors = tmp_path / "errors.jsonl"
-    proc = run(["-u", closed_port_url(), "--retries", "1", "--errors", str(errors)], input=rows_jsonl(simple_rows(3)))
-    assert proc.returncode == 1
-    records = read_jsonl(errors)
-    assert [r["error"]["kind"] for r in records] == ["connect"] * 3
-    assert all(r["attempts"] == 2 for r in records)
+def test_an_agent_that_never_answered_stops_the_run_after_one_row_s_retries(tmp_path):
+    """An agent refusing every connection since the start: the first row to spend its retries
+    stops the run as a service failure (exit 3), and the rest are counted not started."""
+    errors, output, rows = tmp_path / "errors.jsonl", tmp_path / "out.jsonl", tmp_path / "rows.jsonl"
+    rows.write_text(rows_jsonl(simple_rows(50)))
+    url = closed_port_url()
+    proc = run(["-u", url, "-j", "1", "--retries", "1", "--errors", str(errors), "-o", str(output), str(rows)])
+    assert proc.returncode == 3
+    [record] = read_jsonl(errors)
+    assert (record["error"]["kind"], record["attempts"]) == ("connect", 2)
+    *lines, _ = proc.stderr.decode().splitlines()
+    assert lines == [
+        f"rollfilter: stopped: the agent at {url}/run refused or dropped every connection since the run began:"
+        f" {record['error']['message']}"
+    ]
+    figures = summary_of(proc.stderr)["rollfilter"]
+    assert (figures["failed"], figures["cancelled"], figures["expected"]) == (1, 49, 50)
+    assert figures["not_started"] == 50 - figures["rows_read"]  # the rows never read; one read may wait unsent
+    assert figures["stopped"] == lines[0].removeprefix("rollfilter: ")
