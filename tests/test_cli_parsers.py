@@ -51,9 +51,17 @@ def test_a_param_takes_json_else_string():
     assert parsers.param("tools=[]") == ("tools", [])
     assert parsers.param("x=") == ("x", "")
     assert parsers.param("stop=null") == ("stop", None)
-    for bad in ("novalue", "=3", "a..b=1"):
+    for bad in ("novalue", "=3", "a..b=1", "+=1", "responses_create_params.=1"):
         with pytest.raises(UsageError, match=r"^-p/--param wants KEY=VALUE"):
             parsers.param(bad)
+
+
+def test_a_param_in_nemo_gym_s_spelling_means_the_key_inside_responses_create_params():
+    for spelling in ("responses_create_params.temperature", "+responses_create_params.temperature", "++temperature"):
+        assert parsers.param(f"{spelling}=0.7") == ("temperature", 0.7)
+    assert parsers.param("+responses_create_params.metadata.x=1") == ("metadata.x", 1)
+    with pytest.raises(UsageError, match=r"^-p sets keys inside responses_create_params: give -p KEY=VALUE"):
+        parsers.param('responses_create_params={"temperature": 0.7}')
 
 
 def test_endpoints_collect_replicas():

@@ -589,9 +589,9 @@ def parse(
         check_demo_alone(ctx, url=url, endpoints=endpoint, head_server=head_server)
         url = head_server = None  # defaults from the environment: --demo replaces them
     default_repeats, repeats_by_agent = parsers.repeats(repeats or ())
-    given_files = (materialized, errors, aggregate, progress_file)
+    unnamed = None if agent or endpoint or head_server else ("--demo" if demo else ("-u" if url else None))
     materialized, errors, aggregate, progress_file = parsers.gym_files(
-        gym_layout, output, given_files, summarize=summarize
+        gym_layout, output, (materialized, errors, aggregate, progress_file), summarize=summarize, unnamed=unnamed
     )
     group_settings = parsers.groups(
         groups,
@@ -654,12 +654,19 @@ def parse(
         dropped_file=dropped,
         **parsers.prometheus(prometheus, prometheus_file),
     )
-    if not files and os.isatty(0):
+    return chosen(
+        ctx, config, demo=demo, summarize=summarize, quiet=quiet, progress=progress, verbose=verbose, dry_run=dry_run
+    )
+
+
+def chosen(ctx: typer.Context, config: "CommandConfig", *, demo: bool, summarize: bool, **options: Any) -> Execute:
+    """The run or the --summarize that `config` asks for, its inputs settled (`options`: RunOptions')."""
+    if config.inputs == ("-",) and os.isatty(0):
         config = from_the_terminal(config, demo=demo, summarize=summarize)
     if summarize:
         check_summarize_outputs(ctx)
         return summarizing(config)
-    return running(config, demo=demo, quiet=quiet, progress=progress, verbose=verbose, dry_run=dry_run)
+    return running(config, demo=demo, **options)
 
 
 def running(config: "CommandConfig", *, demo: bool, **options: Any) -> Execute:

@@ -225,12 +225,14 @@ def test_a_non_ascii_header_value_reaches_the_aggregate_call_too(tmp_path: Path,
 
 
 def test_a_resumed_aggregate_groups_earlier_and_new_results_alike(tmp_path: Path):
-    """Rows routed by -u alone, to an agent that names itself in its results: one aggregate for both runs."""
+    """Rows routed by -u, named by -a (-u alone is refused: its rows name no agent to ask), to an
+    agent that names itself in its results: one aggregate for both runs."""
     agent = RecordingAgent(name="self-named")
     out, data = tmp_path / "out.jsonl", tmp_path / "in.jsonl"
     data.write_text(rows(3))
     try:
-        args = ["-u", agent.run_url, "-o", str(out), "--aggregate", str(tmp_path / "agg.json"), str(data)]
+        args = ["-u", agent.run_url, "-a", "self-named", "-o", str(out), "--aggregate", str(tmp_path / "agg.json")]
+        args.append(str(data))
         assert run(args).returncode == 0
         assert run([*args, "--resume", "-r", "2"]).returncode == 0
     finally:

@@ -55,8 +55,9 @@ def test_a_dry_run_stops_at_the_failure_limit(demo_server: DemoServer):
     proc = run(["-u", demo_server.url, "--max-failures", "2", "--dry-run"], input="\n".join(rows) + "\n")
     assert proc.returncode == 1, proc.stderr
     assert proc.stdout == b""  # the rows after the second bad line are not taken
-    assert b"rollfilter: stopped after 2 failed rows" in proc.stderr
-    assert summary_of(proc.stderr)["rollfilter"]["rows_read"] == 2
+    figures = summary_of(proc.stderr)["rollfilter"]
+    assert figures["stopped"] == "stopped after 2 failed rows (the limit: 2)"
+    assert figures["rows_read"] == 2
 
 
 def test_a_dry_run_writes_no_file_even_with_resume(tmp_path, demo_server: DemoServer):
@@ -69,3 +70,12 @@ def test_a_dry_run_writes_no_file_even_with_resume(tmp_path, demo_server: DemoSe
     assert out.read_text().endswith('{"_ng_task_in')  # untouched: not even the torn tail is cut
     assert not errors.exists()
     assert demo_server.stats()["requests"] == 0
+
+
+def test_nemo_gym_s_spelling_of_a_param_is_sent_as_the_key_it_names(demo_server: DemoServer):
+    for spelling in ("responses_create_params.temperature", "+responses_create_params.temperature"):
+        proc = run(["-u", demo_server.url, "--dry-run", "-p", f"{spelling}=0.7"], input=rows_jsonl(simple_rows(1)))
+        assert proc.returncode == 0, proc.stderr
+        [body] = map(json.loads, proc.stdout.splitlines())
+        assert body["responses_create_params"] == {"input": "", "temperature": 0.7}  # nothing nested
+        assert set(body) == {"id", "responses_create_params", "_ng_task_index", "_ng_rollout_index"}

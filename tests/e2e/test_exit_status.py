@@ -300,7 +300,8 @@ def test_an_output_that_is_also_an_input_is_refused_before_sending(
         output.hardlink_to(data)
     else:
         output = data
-    proc = run(["-u", demo_server.url, "-r", "2", "--append", option, str(output), str(data)])
+    # -a: --aggregate asks agents by name, and -u alone names none
+    proc = run(["-u", demo_server.url, "-a", "demo", "-r", "2", "--append", option, str(output), str(data)])
     assert proc.returncode == 2
     assert proc.stderr.decode() == f"rollfilter: {option} {output} is also the input {data}: {SAME_FILE}\n"
     assert data.read_text() == rows_jsonl(simple_rows(3))
@@ -311,7 +312,7 @@ def test_gym_layout_files_and_standard_streams_that_are_inputs_are_refused(tmp_p
     out = tmp_path / "out.jsonl"
     failures = tmp_path / "out_failures.jsonl"
     failures.write_text(rows_jsonl(simple_rows(2)))
-    proc = run(["-u", demo_server.url, "--gym-layout", "--append", "-o", str(out), str(failures)])
+    proc = run(["-u", demo_server.url, "-a", "demo", "--gym-layout", "--append", "-o", str(out), str(failures)])
     assert proc.returncode == 2
     assert proc.stderr.decode().endswith(f"{SAME_FILE}\n")
     with failures.open("ab") as appended:  # rollfilter F >> F

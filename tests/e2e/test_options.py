@@ -145,3 +145,21 @@ def test_a_whole_number_option_reads_and_refuses_as_before(value: str, said: str
 
 def test_the_usage_line_says_several_files_are_taken():
     assert "Usage: rollfilter [OPTIONS] [FILE]...\n" in run(["--help"]).stdout.decode()
+
+
+@pytest.mark.parametrize(
+    ("args", "asked", "sender"),
+    [
+        (["-u", "http://127.0.0.1:9/run", "--gym-layout", "-o", "out.jsonl"], "--gym-layout", "-u"),
+        (["-u", "http://127.0.0.1:9/run", "--aggregate", "agg.json"], "--aggregate", "-u"),
+        (["--demo", "--aggregate", "agg.json"], "--aggregate", "--demo"),
+    ],
+)
+def test_the_agents_aggregate_with_no_agent_named_is_refused_up_front(tmp_path, args, asked, sender):
+    proc = run(args, input=rows_jsonl(simple_rows(1)), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.decode() == (
+        f"rollfilter: {asked} asks each agent for its /aggregate_metrics by name, and {sender} alone names none:"
+        f" give -e NAME=URL -a NAME (or -a NAME beside {sender})\n"
+    )
+    assert list(tmp_path.iterdir()) == []  # nothing written
