@@ -22,10 +22,14 @@ from rollfilter.redact import printable
 from rollfilter.resume import StandingFailures
 from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name, parse_row
 from rollfilter.run import Run
-from rollfilter.source import InputLine, LineReader, check_inputs
+from rollfilter.source import STDIN, InputLine, LineReader, check_inputs
 from rollfilter.writers import OutputFailed, WholeFile, write_all
 
 _encode = msgspec.json.Encoder().encode
+STDIN_UNCHECKED = (
+    "--summarize: shards cannot be checked from standard input (no run record beside its lines):"
+    " give the result files themselves, as in rollfilter --summarize shard-*.jsonl"
+)
 
 
 async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREAMS) -> RunEnd:
@@ -103,6 +107,8 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
         say(f"--aggregate: {problem}", streams.stderr)
     for problem in shards.problems if shards is not None else ():
         say(f"--summarize: {problem}", streams.stderr)
+    if STDIN in command.inputs:  # a check not made is said, not passed over
+        say(STDIN_UNCHECKED, streams.stderr)
     incomplete = reader.problems or unusable.problems() or (shards is not None and shards.problems)
     return RunEnd(incomplete=bool(incomplete), output_failed=bool(failures))
 

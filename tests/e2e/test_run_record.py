@@ -301,6 +301,13 @@ def test_summarize_says_which_shards_of_n_it_was_given(
     assert status == ExitStatus.ROWS_FAILED
     assert stderr == "rollfilter: --summarize: shard 1 of 3 is missing (present: 0, 2)\n"
     assert summary["rollfilter"]["shards"] == {"of": 3, "present": [0, 2], "missing": [1]}
+    proc = invoke(["--summarize"], input=b"".join(path.read_bytes() for path in (shards[0], shards[2])))
+    assert proc.returncode == ExitStatus.OK  # nothing could be checked, and that is said
+    assert proc.stderr.decode() == (
+        "rollfilter: --summarize: shards cannot be checked from standard input (no run record beside its lines):"
+        " give the result files themselves, as in rollfilter --summarize shard-*.jsonl\n"
+    )
+    assert json.loads(proc.stdout)["rollfilter"]["succeeded"] == 4
     status, stderr, _ = summarize(capfd, [*shards, shards[1]])
     assert status == ExitStatus.ROWS_FAILED
     assert stderr == (

@@ -76,11 +76,12 @@ def test_summarize_counts_nemo_gym_failure_lines_and_lines_it_cannot_use():
     ]
     proc = run(["--summarize"], input="".join(line + "\n" for line in lines))
     assert proc.returncode == 1
-    [message] = proc.stderr.decode().splitlines()
+    [message, unchecked] = proc.stderr.decode().splitlines()
     assert message == (
         "rollfilter: 1 line is not a result, counted as failed (bad_input); the first: <stdin>:5:"
         " not a JSON object (a JSON array)"
     )
+    assert unchecked.startswith("rollfilter: --summarize: shards cannot be checked from standard input")
     summary = json.loads(proc.stdout)
     assert summary["reward"] == 1.0
     figures = summary["rollfilter"]
