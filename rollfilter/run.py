@@ -232,6 +232,11 @@ class Run:
         if self.router is not None:
             self.metrics.replicas = self.router.replica_counts()
         summary = self.metrics.summary(stopped=stopped, tasks=self.tasks, timings=timings)
+        if self._dry_run is not None:  # nothing was sent, so nothing succeeded: the rows that would be
+            figures: dict[str, Any] = {}
+            for key, value in summary["rollfilter"].items():
+                figures |= {"succeeded": 0, "would_send": value} if key == "succeeded" else {key: value}
+            summary["rollfilter"] = figures
         if self.groups is not None:
             figures = summary["rollfilter"]
             figures["groups"] = self.groups.figures()

@@ -64,6 +64,16 @@ def test_a_param_in_nemo_gym_s_spelling_means_the_key_inside_responses_create_pa
         parsers.param('responses_create_params={"temperature": 0.7}')
 
 
+def test_a_url_without_a_scheme_is_read_as_curl_reads_it():
+    assert parsers.url(":18777") == "http://127.0.0.1:18777/run"
+    assert parsers.url("agent-host:8000") == "http://agent-host:8000/run"
+    assert parsers.endpoints(["a=:1,h:2/x"]) == {"a": ("http://127.0.0.1:1/run", "http://h:2/x")}
+    assert parsers.service_url("--head-server")(":11000") == "http://127.0.0.1:11000"
+    with pytest.raises(UsageError) as refused:
+        parsers.url("user:s3cret@h:99999")
+    assert str(refused.value) == "bad port in URL 'http://h:99999', read from 'h:99999' as curl reads it"
+
+
 def test_endpoints_collect_replicas():
     endpoints = parsers.endpoints(["a=http://h:1", "a=http://h:2,http://h:3", "b=http://h:4/x"])
     assert endpoints == {"a": ("http://h:1/run", "http://h:2/run", "http://h:3/run"), "b": ("http://h:4/x",)}

@@ -27,6 +27,7 @@ class CommandConfig:
     progress_file: str | None = None  # --progress-file FILE: the number of finished rollouts
     resume: bool = False
     append: bool = False  # -o and --errors may already hold lines of another run
+    overwrite: bool = False  # -o, --errors and --dropped are emptied (their lock taken first): a new run
     max_attempts: int = DEFAULT_MAX_ATTEMPTS  # failed attempts after which --resume gives a pair up
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
     shard_auto: bool = False  # the shard came from --shard auto: a resumed output's own record wins over it
@@ -43,6 +44,8 @@ class CommandConfig:
             raise UsageError("--max-attempts must be at least 1")
         if self.resume and self.output is None:
             raise UsageError("--resume needs -o FILE: it skips the rows already in FILE")
+        if self.overwrite and (self.output is None or self.resume or self.append):
+            raise UsageError("--overwrite replaces -o FILE with a new run: give -o, and neither --resume nor --append")
         if self.dropped_file is not None and not self.engine.groups:
             raise UsageError("--dropped FILE takes the rollouts of dropped groups: give --groups or --drop-uniform")
 

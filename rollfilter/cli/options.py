@@ -412,6 +412,13 @@ def parse(
         bool,
         typer.Option("--append", help="Let -o and --errors add to files that hold lines of another run."),
     ] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="Replace -o (its run record too), --errors and --dropped files that hold another run's lines.",
+        ),
+    ] = False,
     wait_lock: Annotated[
         bool,
         typer.Option(
@@ -647,6 +654,7 @@ def parse(
         progress_file=progress_file,
         resume=resume,
         append=append,
+        overwrite=overwrite,
         max_attempts=parsers.max_attempts(max_attempts),
         max_line_bytes=max_line_bytes,
         shard_auto=shard == parsers.SHARD_AUTO,
@@ -722,7 +730,7 @@ def check_demo_alone(
 
 # What --summarize writes: its summary on standard output, --metrics, --aggregate and --per-task.
 NOT_SUMMARIZED = (
-    *("output", "errors", "materialized", "progress_file", "resume", "append", "wait_lock", "dry_run"),
+    *("output", "errors", "materialized", "progress_file", "resume", "append", "overwrite", "wait_lock", "dry_run"),
     *("prometheus", "prometheus_file"),
     *("groups", "keep_incomplete", "drop_uniform", "group_field", "dropped", "target_groups"),
 )

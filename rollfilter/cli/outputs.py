@@ -173,7 +173,7 @@ def refuse_earlier_lines(path: str, option: str) -> None:
     if stat.S_ISREG(info.st_mode) and info.st_size > 0:
         raise UsageError(
             f"{option} {path} already holds lines of another run: give --resume to finish that run,"
-            " --append to add to it, or a new file"
+            " --append to add to it, --overwrite to replace it, or a new file"
         )
 
 
@@ -345,8 +345,9 @@ async def open_appended(
     with --append (runs that only add lines may share a file), else exclusive. An output another
     run holds is refused (OutputInUse), or with --wait-lock waited for; they are locked in the
     order of their paths, so that two waiting runs never hold one each of what the other waits
-    for. A fresh run's held file is emptied: what an earlier run left in it is not this run's."""
-    fresh_only = not (command.resume or command.append)
+    for. A fresh run's held file is emptied: what an earlier run left in it is not this run's, and
+    with --overwrite so are -o, --errors and --dropped, once locked."""
+    fresh_only = not (command.resume or command.append or command.overwrite)
     lock: Lock = "shared" if command.append and not command.resume else "exclusive"
     held_file = held_target(command)
     wanted = [
@@ -377,12 +378,16 @@ async def open_appended(
                     say(f"{held.output} is in use by {held.holder}: waiting for it (--wait-lock)", stderr)
                     said = True
                 await trio.sleep(LOCK_POLL_SECONDS)
-    held_fd = fds[4]
-    if held_fd is not None and not command.resume:
+    emptied = [4, *([0, 1, 3] if command.overwrite else [])]  # the held file, and what --overwrite replaces
+    for number in emptied if not command.resume else ():
+        path, option, _ = wanted[number]
+        fd = fds[number]
+        if fd is None or not stat.S_ISREG(os.fstat(fd).st_mode):  # a pipe or a device is not replaced
+            continue
         try:
-            os.ftruncate(held_fd, 0)
+            os.ftruncate(fd, 0)
         except OSError as exc:
-            raise UsageError(f"cannot write the held file {held_file}: {exc.strerror}") from None
+            raise UsageError(f"cannot write {option} {path}: {exc.strerror}") from None
     return [fds[number] for number in range(len(wanted) - 1)]
 
 
@@ -398,7 +403,7 @@ def run_files(
     out, errors, per_task, dropped, held = appended
     materialized = command.materialized_file
     if materialized is not None:
-        if not (command.resume or command.append):
+        if not (command.resume or command.append or command.overwrite):
             refuse_earlier_lines(materialized, "--materialized")
         checked = files.whole(materialized, "--materialized", regular_only=True)  # its folder, made and checked
         assert checked is not None

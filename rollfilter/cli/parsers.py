@@ -13,7 +13,7 @@ import math
 import pathlib
 import re
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import msgspec
@@ -35,6 +35,7 @@ from rollfilter.config import (
 )
 from rollfilter.cost import Price, PriceError
 from rollfilter.errors import UsageError
+from rollfilter.redact import shown
 from rollfilter.resume import max_attempts_from_environment
 
 SHARD_AUTO = "auto"  # --shard auto: the shard of this Slurm array task
@@ -45,15 +46,37 @@ _DECIMAL = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", r
 
 def url(text: str) -> str:
     """-u: an agent URL, with /run when it has no path."""
-    return agent_url(text)
+    return as_typed(agent_url, text)
+
+
+def as_typed(parse: Callable[[str], str], text: str) -> str:
+    """`parse` of `text` read as curl reads it (`with_scheme`); a refusal of a URL that was given
+    without a scheme quotes what was typed too (its secrets cut, as `shown` cuts them)."""
+    read = with_scheme(text)
+    try:
+        return parse(read)
+    except UsageError as exc:
+        if read == text:
+            raise
+        added = read[: len(read) - len(text)]  # what with_scheme put before it
+        typed = shown(read).removeprefix(added)  # the text's secrets cut as the URL's are
+        raise UsageError(f"{exc}, read from {typed!r} as curl reads it") from None
+
+
+def with_scheme(text: str) -> str:
+    """A URL as curl reads what it is given: `HOST:PORT` (or a bare host) means http://, and
+    `:PORT` this machine's (127.0.0.1, so that no name lookup picks another address family)."""
+    if "://" in text:
+        return text
+    return f"http://127.0.0.1{text}" if text.startswith(":") else f"http://{text}"
 
 
 def service_url(option: str, schemes: tuple[str, ...] = ("http", "https")) -> Any:
-    """--head-server, --proxy: a URL of `schemes`."""
+    """--head-server, --proxy: a URL of `schemes` (see `with_scheme` for a URL without one)."""
 
     def parse(text: str) -> str:
         try:
-            return str(checked_url(text, schemes))
+            return as_typed(lambda read: str(checked_url(read, schemes)), text)
         except UsageError as exc:
             raise UsageError(f"{option} is not usable: {exc}") from None
 
@@ -67,7 +90,7 @@ def endpoints(specs: Iterable[str]) -> dict[str, tuple[str, ...]]:
         name, sep, urls = spec.partition("=")
         if not sep or not name or not urls:
             raise UsageError(f"-e/--endpoint wants NAME=URL, got {spec!r}")
-        replicas = tuple(agent_url(url.strip()) for url in urls.split(",") if url.strip())
+        replicas = tuple(as_typed(agent_url, url.strip()) for url in urls.split(",") if url.strip())
         found[name] = found.get(name, ()) + replicas
     return found
 

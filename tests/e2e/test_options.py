@@ -11,6 +11,7 @@ from tests.conftest import (
     rows_jsonl,
     run,
     simple_rows,
+    summary_of,
 )
 
 
@@ -163,3 +164,10 @@ def test_the_agents_aggregate_with_no_agent_named_is_refused_up_front(tmp_path, 
         f" give -e NAME=URL -a NAME (or -a NAME beside {sender})\n"
     )
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_a_url_given_as_its_port_alone_reaches_this_machine(demo_server):
+    port = demo_server.url.removeprefix("http://127.0.0.1:").split("/")[0]
+    proc = run(["-u", f":{port}"], input=rows_jsonl(simple_rows(2)))
+    assert proc.returncode == 0, proc.stderr
+    assert summary_of(proc.stderr)["rollfilter"]["succeeded"] == 2

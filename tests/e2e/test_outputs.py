@@ -404,3 +404,45 @@ def test_a_materialized_file_another_run_builds_or_holds_is_refused(tmp_path: Pa
         os.close(held)
     assert again.returncode == ExitStatus.OUTPUT_IN_USE
     assert len(read_jsonl(materialized)) == 20
+
+
+def test_overwrite_replaces_an_output_of_another_run_and_its_record(tmp_path: Path, agent: RecordingAgent, data: Path):
+    out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
+    assert run(["-u", agent.run_url, "-p", "x=1", "-o", str(out), "--errors", str(errors), str(data)]).returncode == 0
+    errors.write_text('{"error": "an earlier run\'s"}\n')
+    other = tmp_path / "other.jsonl"
+    other.write_text(rows_jsonl(simple_rows(3)))
+    again = ["-u", agent.run_url, "-o", str(out), "--errors", str(errors), str(other)]
+    refused = run(again)
+    assert refused.returncode == ExitStatus.USAGE
+    assert "--overwrite to replace it" in refused.stderr.decode()
+    proc = run([*again, "--overwrite"])
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(line["_ng_task_index"] for line in read_jsonl(out)) == [0, 1, 2]  # this run's alone
+    assert errors.read_bytes() == b""
+    record = json.loads((tmp_path / "out.jsonl.run.json").read_text())
+    assert "x=1" not in json.dumps(record)  # the record is this run's
+    assert run([*again, "--resume"]).returncode == 0  # and a resume of it agrees with it
+
+
+def test_overwrite_takes_the_lock_before_it_empties_anything(tmp_path: Path, agent: RecordingAgent, data: Path):
+    out = tmp_path / "out.jsonl"
+    out.write_text('{"_ng_task_index": 0, "_ng_rollout_index": 0}\n')
+    held = hold(out)
+    try:
+        proc = run(["-u", agent.run_url, "-o", str(out), "--overwrite", str(data)])
+    finally:
+        os.close(held)
+    assert proc.returncode == ExitStatus.OUTPUT_IN_USE
+    assert out.read_text() == '{"_ng_task_index": 0, "_ng_rollout_index": 0}\n'
+    assert agent.bodies == []
+
+
+@pytest.mark.parametrize("others", [[], ["--resume"], ["--append"]])
+def test_overwrite_wants_an_output_of_its_own(tmp_path: Path, agent: RecordingAgent, data: Path, others: list[str]):
+    output = ["-o", str(tmp_path / "out.jsonl")] if others else []
+    proc = run(["-u", agent.run_url, *output, "--overwrite", *others, str(data)])
+    assert proc.returncode == ExitStatus.USAGE
+    assert proc.stderr.decode() == (
+        "rollfilter: --overwrite replaces -o FILE with a new run: give -o, and neither --resume nor --append\n"
+    )
