@@ -14,7 +14,8 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from typer._click.types import IntRange  # typer's own click (0.28), whose ranges --help describes
+from typer._click.types import IntRange
+from typer.core import TyperCommand  # typer's own click (0.28), whose ranges --help describes
 
 from rollfilter._version import __version__
 from rollfilter.budget import DEFAULT_RATIO
@@ -35,17 +36,38 @@ if TYPE_CHECKING:
 # What `parse` gives `main` to execute: the run, which ends with a `cli.statuses.RunEnd` (not
 # named here: typer resolves this annotation, and that module loads the engine).
 Execute = Callable[[], Awaitable[object]]
+# The --help panels, in the order they are shown (typer's rich_help_panel; drawn by PanelledCommand).
+PANEL_AGENTS = "Agents and routing"
+PANEL_REPEATS = "Repeats and groups"
+PANEL_OUTPUTS = "Outputs"
+PANEL_FAULTS = "Faults and retries"
+PANEL_LIMITS = "Limits and cost"
+PANEL_GYM = "NeMo Gym"
+PANEL_OBSERVE = "Observability"
+PANELS = (PANEL_AGENTS, PANEL_REPEATS, PANEL_OUTPUTS, PANEL_FAULTS, PANEL_LIMITS, PANEL_GYM, PANEL_OBSERVE)
+PANEL_OTHER = "Other options"
+HELP_MAX_WIDTH = 160
+# click rewraps an epilog's paragraphs, except one that opens with \b.
+EXAMPLES = """\b
+Examples:
+  rollfilter --demo                       # the demo agent, five example rows
+  rollfilter -u :8000 -p temperature=0.7 in.jsonl > out.jsonl 2> summary.json
+  rollfilter -e agent=:8000 -a agent -r 4 --gym-layout -o out.jsonl in.jsonl
+  rollfilter --summarize -r 4 out-*.jsonl | jq '{"mean@4", "pass@4"}'
+
+The manual (man rollfilter, or man -l man/rollfilter.1) documents each option in full.
+"""
 # NeMo Gym's five-row example
 EXAMPLE_ROWS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples", "weather.jsonl")
 HELP = """Collect agent rollouts: JSONL rows in (FILEs or stdin), one result line out per row as it finishes.
 
 Each row is POSTed to an agent's /run endpoint as NeMo Gym's collector sends it; each JSON
 answer is written to stdout as one line with the row's _ng_task_index, _ng_rollout_index
-and agent_ref. A metrics summary (one JSON object) goes to stderr when the run ends. Failed
+and agent_ref. A metrics summary (one JSON object, stderr's last line) goes to stderr when the run ends. Failed
 rows are reported on stderr (or in --errors FILE), never written as results.
 
 Exit status: 0 all rollouts succeeded, 1 some failed or were not persisted, 2 usage error,
-3 head server unreachable, 74 an output could not be written, 75 another run holds an output,
+3 head server unreachable or an agent never answered, 74 an output could not be written, 75 another run holds an output,
 129 hung up, 130 interrupted, 141 stdout closed, 143 terminated.
 """
 
@@ -54,8 +76,32 @@ typer_app = typer.Typer(
     pretty_exceptions_enable=False,
     pretty_exceptions_show_locals=False,
     rich_markup_mode=None,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    # As wide as the terminal (click's default stops at 80 columns), up to where lines get hard to read.
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": HELP_MAX_WIDTH},
 )
+
+
+class PanelledCommand(TyperCommand):
+    """The command, its --help options in the panels their `rich_help_panel` names, in PANELS'
+    order. typer draws panels only through rich, which --help does not load (its start-up cost),
+    so they are drawn here with click's plain formatter; options of no panel come last."""
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:
+        arguments: list[tuple[str, str]] = []
+        panels: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            if param.param_type_name == "argument":
+                arguments.append(record)
+            else:
+                panels.setdefault(getattr(param, "rich_help_panel", None) or PANEL_OTHER, []).append(record)
+        sections = [("Arguments", arguments), *((name, panels.get(name, [])) for name in (*PANELS, PANEL_OTHER))]
+        for name, records in sections:
+            if records:
+                with formatter.section(name):
+                    formatter.write_dl(records)
 
 
 def parsed_by(name: str, *made_with: str) -> Callable[[Any], Any]:
@@ -98,7 +144,7 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@typer_app.command(help=HELP, no_args_is_help=False)
+@typer_app.command(help=HELP, epilog=EXAMPLES, no_args_is_help=False, cls=PanelledCommand)
 def parse(
     ctx: typer.Context,
     files: Annotated[
@@ -115,6 +161,7 @@ def parse(
             metavar="URL",
             help="Send every row to this agent URL (/run is appended when it has no path).",
             envvar="ROLLFILTER_URL",
+            rich_help_panel=PANEL_AGENTS,
         ),
     ] = None,
     endpoint: Annotated[
@@ -125,6 +172,7 @@ def parse(
             metavar="NAME=URL",
             help="Where the agent NAME lives; repeat, or give URL,URL, for replicas.",
             show_default=False,
+            rich_help_panel=PANEL_AGENTS,
         ),
     ] = None,
     agent: Annotated[
@@ -134,6 +182,7 @@ def parse(
             "--agent",
             metavar="NAME",
             help="Agent for rows that name none (adds agent_ref); a row's own agent_ref.name wins.",
+            rich_help_panel=PANEL_AGENTS,
         ),
     ] = None,
     demo: Annotated[
@@ -144,6 +193,7 @@ def parse(
                 "Start the built-in demo agent on a free loopback port and send every row to it"
                 " (with no FILE at a terminal: the shipped example rows). Not with -u, -e or --head-server."
             ),
+            rich_help_panel=PANEL_AGENTS,
         ),
     ] = False,
     concurrency: Annotated[
@@ -155,6 +205,7 @@ def parse(
             help="Rows in flight at once (fewer if the open-file limit cannot fit N connections).",
             envvar="ROLLFILTER_CONCURRENCY",
             click_type=WholeNumber(min=1),
+            rich_help_panel=PANEL_LIMITS,
         ),
     ] = DEFAULT_CONCURRENCY,
     route: Annotated[
@@ -165,6 +216,7 @@ def parse(
             help="Of an agent's replicas: every rollout of a task on one (its prefix cache), load bounded;"
             " or each to the least busy [default: task with -r K > 1, else least-outstanding].",
             show_default=False,
+            rich_help_panel=PANEL_AGENTS,
         ),
     ] = None,
     affinity_header: Annotated[
@@ -174,6 +226,7 @@ def parse(
             metavar="NAME",
             help="Send header NAME with every /run, one opaque value a task (the same in every run),"
             " for a router that pins sessions (X-Session-ID).",
+            rich_help_panel=PANEL_AGENTS,
         ),
     ] = None,
     rpm: Annotated[
@@ -183,6 +236,7 @@ def parse(
             metavar="[AGENT=]N",
             help="Send an agent at most N requests a minute, paced (a bare N: every agent without its own).",
             show_default=False,
+            rich_help_panel=PANEL_LIMITS,
         ),
     ] = None,
     tpm: Annotated[
@@ -192,6 +246,7 @@ def parse(
             metavar="[AGENT=]N",
             help="Send an agent at most N tokens a minute, by its replies' usage so far (as --rpm).",
             show_default=False,
+            rich_help_panel=PANEL_LIMITS,
         ),
     ] = None,
     adaptive: Annotated[
@@ -199,11 +254,19 @@ def parse(
         typer.Option(
             "--adaptive",
             help="-j becomes a ceiling: each agent's window grows while it keeps up and shrinks on overload.",
+            rich_help_panel=PANEL_LIMITS,
         ),
     ] = False,
     limit: Annotated[
         int | None,
-        typer.Option("-n", "--limit", metavar="N", help="Take only the first N rows.", click_type=WholeNumber(min=0)),
+        typer.Option(
+            "-n",
+            "--limit",
+            metavar="N",
+            help="Take only the first N rows.",
+            click_type=WholeNumber(min=0),
+            rich_help_panel=PANEL_REPEATS,
+        ),
     ] = None,
     repeats: Annotated[
         list[str] | None,
@@ -211,8 +274,10 @@ def parse(
             "-r",
             "--repeats",
             metavar="K|NAME=K",
-            help="Run each row K times (repeats adjacent); NAME=K, repeatable, for the rows of agent NAME.",
+            help="Run each row K times, adjacent (the summary gives mean@K and pass@k); NAME=K, repeatable,"
+            " for the rows of agent NAME.",
             show_default=False,
+            rich_help_panel=PANEL_REPEATS,
         ),
     ] = None,
     repeat_seeds: Annotated[
@@ -220,6 +285,7 @@ def parse(
         typer.Option(
             "--repeat-seeds",
             help='Each rollout carries "seed": its rollout index in responses_create_params.metadata.extra_body.',
+            rich_help_panel=PANEL_REPEATS,
         ),
     ] = False,
     param: Annotated[
@@ -230,11 +296,17 @@ def parse(
             metavar="KEY=VALUE",
             help="Set responses_create_params.KEY in every row; VALUE is JSON if it parses, else a string.",
             show_default=False,
+            rich_help_panel=PANEL_AGENTS,
         ),
     ] = None,
     ordered: Annotated[
         bool,
-        typer.Option("-k", "--ordered", help="Write results in input order (holds about the concurrency in memory)."),
+        typer.Option(
+            "-k",
+            "--ordered",
+            help="Write results in input order (holds about the concurrency in memory).",
+            rich_help_panel=PANEL_OUTPUTS,
+        ),
     ] = False,
     output: Annotated[
         str | None,
@@ -243,6 +315,7 @@ def parse(
             "--output",
             metavar="FILE",
             help="Write results to FILE instead of stdout (a new or empty FILE, unless --resume or --append).",
+            rich_help_panel=PANEL_OUTPUTS,
         ),
     ] = None,
     errors: Annotated[
@@ -251,10 +324,14 @@ def parse(
             "--errors",
             metavar="FILE",
             help="Append one JSON record per failed row to FILE (default: one line each on stderr).",
+            rich_help_panel=PANEL_OUTPUTS,
         ),
     ] = None,
     metrics: Annotated[
-        str | None, typer.Option("--metrics", metavar="FILE", help="Also write the summary to FILE.")
+        str | None,
+        typer.Option(
+            "--metrics", metavar="FILE", help="Also write the summary to FILE.", rich_help_panel=PANEL_OUTPUTS
+        ),
     ] = None,
     aggregate: Annotated[
         str | None,
@@ -262,6 +339,7 @@ def parse(
             "--aggregate",
             metavar="FILE",
             help="When the run ends, ask each agent for its /aggregate_metrics; write NeMo Gym's aggregate file.",
+            rich_help_panel=PANEL_GYM,
         ),
     ] = None,
     materialized: Annotated[
@@ -270,6 +348,7 @@ def parse(
             "--materialized",
             metavar="FILE",
             help="Write every /run body to FILE before the first is sent (the inputs are planned in a first pass).",
+            rich_help_panel=PANEL_GYM,
         ),
     ] = None,
     progress_file: Annotated[
@@ -278,6 +357,7 @@ def parse(
             "--progress-file",
             metavar="FILE",
             help="Keep FILE holding the number of finished rollouts (replaced at once, best effort).",
+            rich_help_panel=PANEL_GYM,
         ),
     ] = None,
     prometheus: Annotated[
@@ -287,6 +367,7 @@ def parse(
             metavar="HOST:PORT",
             help="Serve the run's metrics at http://HOST:PORT/metrics for Prometheus while it goes"
             " (no authentication: 127.0.0.1 keeps them on this machine).",
+            rich_help_panel=PANEL_OBSERVE,
         ),
     ] = None,
     prometheus_file: Annotated[
@@ -295,6 +376,7 @@ def parse(
             "--prometheus-file",
             metavar="FILE",
             help="Keep FILE holding the same metrics for node_exporter's textfile collector (replaced at once).",
+            rich_help_panel=PANEL_OBSERVE,
         ),
     ] = None,
     gym_layout: Annotated[
@@ -303,6 +385,7 @@ def parse(
             "--gym-layout",
             help="With -o OUT.jsonl: also write OUT_materialized_inputs.jsonl, OUT_failures.jsonl,"
             " OUT_aggregate_metrics.json and OUT_progress, as ng_collect_rollouts does.",
+            rich_help_panel=PANEL_GYM,
         ),
     ] = False,
     retries: Annotated[
@@ -316,6 +399,7 @@ def parse(
             ),
             envvar="ROLLFILTER_RETRIES",
             click_type=WholeNumber(min=0),
+            rich_help_panel=PANEL_FAULTS,
         ),
     ] = DEFAULT_RETRIES,
     retry_budget: Annotated[
@@ -328,6 +412,7 @@ def parse(
                 "Retries an agent may receive per row sent to it, beyond a reserve of 10"
                 " (an outage costs about 1+R requests a row); off: every failure gets its retries."
             ),
+            rich_help_panel=PANEL_FAULTS,
         ),
     ] = DEFAULT_RATIO,
     retry_on: Annotated[
@@ -337,6 +422,7 @@ def parse(
             metavar="STATUSES",
             parser=parsed_by("statuses"),
             help="Comma list of HTTP statuses to retry. A retried /run may replay an episode the agent did run.",
+            rich_help_panel=PANEL_FAULTS,
         ),
     ] = ",".join(map(str, sorted(DEFAULT_RETRY_STATUSES))),  # type: ignore[assignment]  # the text it parses
     timeout: Annotated[
@@ -347,6 +433,7 @@ def parse(
             parser=parsed_by("positive", "--timeout", "seconds"),
             help="Bound on one attempt and on the wait before the next. Default: none, episodes can take an hour.",
             envvar="ROLLFILTER_TIMEOUT",
+            rich_help_panel=PANEL_FAULTS,
         ),
     ] = None,
     connect_timeout: Annotated[
@@ -357,6 +444,7 @@ def parse(
             parser=parsed_by("positive", "--connect-timeout", "seconds"),
             help="Bound on connecting to an agent.",
             envvar="ROLLFILTER_CONNECT_TIMEOUT",
+            rich_help_panel=PANEL_FAULTS,
         ),
     ] = DEFAULT_CONNECT_TIMEOUT,
     max_failures: Annotated[
@@ -367,6 +455,7 @@ def parse(
             help="Stop once N rows (or P% of ended rows) have failed; exit 1.",
             parser=parsed_by("failure_limit"),
             show_default=False,
+            rich_help_panel=PANEL_FAULTS,
         ),
     ] = None,
     price: Annotated[
@@ -375,11 +464,17 @@ def parse(
             "--price",
             metavar="[AGENT=]IN,OUT[,CACHED]",
             help="USD per million input, output and cached-input tokens (of response.usage); repeatable.",
+            rich_help_panel=PANEL_LIMITS,
         ),
     ] = None,
     prices: Annotated[
         str | None,
-        typer.Option("--prices", metavar="FILE", help="A YAML or JSON map of agent names (or _default) to prices."),
+        typer.Option(
+            "--prices",
+            metavar="FILE",
+            help="A YAML or JSON map of agent names (or _default) to prices.",
+            rich_help_panel=PANEL_LIMITS,
+        ),
     ] = None,
     max_cost: Annotated[
         float | None,
@@ -388,6 +483,7 @@ def parse(
             metavar="USD",
             help="Stop once the run has spent USD (needs prices); exit 1.",
             parser=parsed_by("positive", "--max-cost", "USD"),
+            rich_help_panel=PANEL_LIMITS,
         ),
     ] = None,
     resume: Annotated[
@@ -396,6 +492,7 @@ def parse(
             "--resume",
             help="With -o FILE: skip the (task, rollout) pairs already in FILE; retry those failed in --errors FILE."
             " Refused when FILE's run record names other inputs or options.",
+            rich_help_panel=PANEL_OUTPUTS,
         ),
     ] = False,
     max_attempts: Annotated[
@@ -406,17 +503,23 @@ def parse(
             help="--resume gives up a pair after N failed attempts [default: $NEMO_GYM_MAX_ROLLOUT_ATTEMPTS, or 3].",
             click_type=WholeNumber(min=1),
             show_default=False,
+            rich_help_panel=PANEL_OUTPUTS,
         ),
     ] = None,
     append: Annotated[
         bool,
-        typer.Option("--append", help="Let -o and --errors add to files that hold lines of another run."),
+        typer.Option(
+            "--append",
+            help="Let -o and --errors add to files that hold lines of another run.",
+            rich_help_panel=PANEL_OUTPUTS,
+        ),
     ] = False,
     overwrite: Annotated[
         bool,
         typer.Option(
             "--overwrite",
             help="Replace -o (its run record too), --errors and --dropped files that hold another run's lines.",
+            rich_help_panel=PANEL_OUTPUTS,
         ),
     ] = False,
     wait_lock: Annotated[
@@ -424,6 +527,7 @@ def parse(
         typer.Option(
             "--wait-lock",
             help="Wait for another run that holds -o, --errors or --per-task to end, instead of exiting 75.",
+            rich_help_panel=PANEL_OUTPUTS,
         ),
     ] = False,
     header: Annotated[
@@ -435,15 +539,19 @@ def parse(
             help="Send this header with every request, in place of rollfilter's own of that name; an empty"
             " value removes ours (never printed).",
             show_default=False,
+            rich_help_panel=PANEL_AGENTS,
         ),
     ] = None,
-    insecure: Annotated[bool, typer.Option("--insecure", help="Do not verify TLS certificates.")] = False,
+    insecure: Annotated[
+        bool, typer.Option("--insecure", help="Do not verify TLS certificates.", rich_help_panel=PANEL_AGENTS)
+    ] = False,
     cacert: Annotated[
         str | None,
         typer.Option(
             "--cacert",
             metavar="FILE",
             help="Trust the CA certificates in this PEM file instead of the system's (SSL_CERT_FILE does too).",
+            rich_help_panel=PANEL_AGENTS,
         ),
     ] = None,
     cross_origin_redirects: Annotated[
@@ -451,6 +559,7 @@ def parse(
         typer.Option(
             "--cross-origin-redirects",
             help="Follow 307/308 redirects to another scheme, host or port too (without credentials).",
+            rich_help_panel=PANEL_AGENTS,
         ),
     ] = False,
     head_server: Annotated[
@@ -460,6 +569,7 @@ def parse(
             metavar="URL",
             help="Resolve agent names through this NeMo Gym head server (-e NAME=URL wins over it).",
             envvar="ROLLFILTER_HEAD_SERVER",
+            rich_help_panel=PANEL_AGENTS,
         ),
     ] = None,
     proxy: Annotated[
@@ -469,6 +579,7 @@ def parse(
             metavar="URL",
             help="Send through this HTTP proxy (HTTP_PROXY and HTTPS_PROXY are not read).",
             envvar="ROLLFILTER_PROXY",
+            rich_help_panel=PANEL_AGENTS,
         ),
     ] = None,
     shard: Annotated[
@@ -478,6 +589,7 @@ def parse(
             metavar="I/N|auto",
             help="Keep only the tasks whose index mod N is I (repeats stay together); auto: this Slurm array"
             " task's I/N. With --resume, the shard -o was made with.",
+            rich_help_panel=PANEL_REPEATS,
         ),
     ] = None,
     pass_threshold: Annotated[
@@ -487,12 +599,16 @@ def parse(
             metavar="R",
             help="A rollout counts as correct for pass@k when reward >= R.",
             parser=parsed_by("finite", "--pass-threshold"),
+            rich_help_panel=PANEL_REPEATS,
         ),
     ] = 1.0,
     per_task: Annotated[
         str | None,
         typer.Option(
-            "--per-task", metavar="FILE", help="With -r K > 1: append one JSON line per finished task to FILE."
+            "--per-task",
+            metavar="FILE",
+            help="With -r K > 1: append one JSON line per finished task to FILE.",
+            rich_help_panel=PANEL_REPEATS,
         ),
     ] = None,
     summarize: Annotated[
@@ -500,6 +616,7 @@ def parse(
         typer.Option(
             "--summarize",
             help="Send nothing: read result lines (and errors records) from FILEs or stdin, print their summary.",
+            rich_help_panel=PANEL_OUTPUTS,
         ),
     ] = False,
     max_line_bytes: Annotated[
@@ -509,6 +626,7 @@ def parse(
             metavar="N",
             help="Refuse input lines longer than N bytes (each counts as a failed row).",
             click_type=WholeNumber(min=1),
+            rich_help_panel=PANEL_FAULTS,
         ),
     ] = DEFAULT_MAX_LINE_BYTES,
     max_reply_bytes: Annotated[
@@ -518,6 +636,7 @@ def parse(
             metavar="N",
             help="Fail a row whose reply body is longer than N bytes, as received or decoded (bad_response).",
             click_type=WholeNumber(min=1),
+            rich_help_panel=PANEL_FAULTS,
         ),
     ] = DEFAULT_MAX_REPLY_BYTES,
     groups: Annotated[
@@ -526,17 +645,23 @@ def parse(
             "--groups",
             help="With -r K > 1: write a row's K rollouts together, in rollout order, once all K have ended;"
             " a group with a failed rollout is not written (see --keep-incomplete).",
+            rich_help_panel=PANEL_REPEATS,
         ),
     ] = False,
     keep_incomplete: Annotated[
         bool,
-        typer.Option("--keep-incomplete", help="Write the finished rollouts of a group whose other rollouts failed."),
+        typer.Option(
+            "--keep-incomplete",
+            help="Write the finished rollouts of a group whose other rollouts failed.",
+            rich_help_panel=PANEL_REPEATS,
+        ),
     ] = False,
     drop_uniform: Annotated[
         bool,
         typer.Option(
             "--drop-uniform",
             help="Drop a group whose --group-field is the same in every rollout (no gradient); implies --groups.",
+            rich_help_panel=PANEL_REPEATS,
         ),
     ] = False,
     group_field: Annotated[
@@ -546,6 +671,7 @@ def parse(
             metavar="FIELD",
             help="The numeric top-level result field --drop-uniform compares [default: reward].",
             show_default=False,
+            rich_help_panel=PANEL_REPEATS,
         ),
     ] = None,
     dropped: Annotated[
@@ -554,6 +680,7 @@ def parse(
             "--dropped",
             metavar="FILE",
             help="Write the rollouts of groups not written to FILE, each stamped with dropped_because.",
+            rich_help_panel=PANEL_REPEATS,
         ),
     ] = None,
     target_groups: Annotated[
@@ -563,14 +690,25 @@ def parse(
             metavar="N",
             help="Stop once N groups are written (the rollouts in flight are cancelled, no more rows sent); exit 0.",
             click_type=WholeNumber(min=1),
+            rich_help_panel=PANEL_REPEATS,
         ),
     ] = None,
     dry_run: Annotated[
         bool,
-        typer.Option("--dry-run", help="Send nothing: print each row as it would be sent, its route on stderr."),
+        typer.Option(
+            "--dry-run",
+            help="Send nothing: print each row as it would be sent, its route on stderr.",
+            rich_help_panel=PANEL_OUTPUTS,
+        ),
     ] = False,
     verbose: Annotated[
-        bool, typer.Option("-v", "--verbose", help="One line per row event on stderr: sent, retried, finished, failed.")
+        bool,
+        typer.Option(
+            "-v",
+            "--verbose",
+            help="One line per row event on stderr: sent, retried, finished, failed.",
+            rich_help_panel=PANEL_OBSERVE,
+        ),
     ] = False,
     progress: Annotated[
         bool | None,
@@ -578,10 +716,17 @@ def parse(
             "--progress/--no-progress",
             help="Force the live progress display on stderr on or off (default: on when stderr is a terminal).",
             show_default=False,
+            rich_help_panel=PANEL_OBSERVE,
         ),
     ] = None,
     quiet: Annotated[
-        bool, typer.Option("-q", "--quiet", help="Print no summary on stderr (--metrics FILE still gets it).")
+        bool,
+        typer.Option(
+            "-q",
+            "--quiet",
+            help="Print no summary and no progress line on stderr (--metrics FILE still gets the summary).",
+            rich_help_panel=PANEL_OBSERVE,
+        ),
     ] = False,
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
