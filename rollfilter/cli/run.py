@@ -477,10 +477,18 @@ class _CommandLineRun:
         summary_lost = False
         if not self.options.quiet:
             chart = b"".join(line.encode() + b"\n" for line in chart_lines(summary_object, stderr))
-            summary_lost = not write_summary(stderr, chart + summary)
+            summary_lost = not write_summary(stderr, chart + summary_for(stderr, summary))
         return RunEnd(
             control.cause, bool(incomplete), output_failed=bool(self.write_failures), summary_lost=summary_lost
         )
+
+
+def summary_for(fd: int, summary: bytes) -> bytes:
+    """The summary line as `fd` shows it: indented for a person at a terminal; elsewhere (a pipe, a
+    file) the one JSON line as it is, for jq and `tail -n 1`."""
+    if not os.isatty(fd):
+        return summary
+    return msgspec.json.format(summary, indent=2) + b"\n"
 
 
 def progress_wanted(forced: bool | None, *, quiet: bool, stderr_fd: int = 2) -> bool:

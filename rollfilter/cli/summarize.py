@@ -12,7 +12,7 @@ from rollfilter.cli.chart import chart_lines
 from rollfilter.cli.command import CommandConfig
 from rollfilter.cli.messages import say, write_stderr
 from rollfilter.cli.outputs import STANDARD_STREAMS, OutputFiles, RunOutputs, Streams, replace_content
-from rollfilter.cli.run import ca_file
+from rollfilter.cli.run import ca_file, summary_for
 from rollfilter.cli.statuses import RunEnd
 from rollfilter.engine import reward_of
 from rollfilter.errors import ErrorKind
@@ -89,7 +89,7 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
         for target, data in writes:
             try:
                 if isinstance(target, int):
-                    write_all(target, data, "standard output")
+                    write_all(target, summary_for(target, data), "standard output")
                 elif data:
                     replace_content(target, data)
             except OutputFailed as failure:

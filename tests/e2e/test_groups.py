@@ -338,8 +338,9 @@ def test_the_chart_is_drawn_at_a_terminal(tmp_path: Path, demo_server: DemoServe
         os.close(controller)
     assert proc.returncode == 0
     assert "pass_histogram):" in shown
-    summary_line = shown.strip().splitlines()[-1]
-    histogram = json.loads(summary_line)["pass_histogram"]
+    summary = shown[shown.index("\n{") + 1 :]  # the chart, then the summary: indented at a terminal
+    assert summary.startswith('{\n  "')
+    histogram = json.loads(summary)["pass_histogram"]
     for correct, tasks in enumerate(histogram):
         assert f"  {correct} {tasks:>{len(str(max(histogram)))}}" in shown
 

@@ -21,6 +21,7 @@ from tests.conftest import (
     run,
     simple_rows,
     start,
+    stderr_at_a_terminal,
     summary_of,
 )
 
@@ -302,3 +303,14 @@ async def test_a_run_reads_and_writes_the_descriptors_it_is_given(tmp_path, demo
     assert end == RunEnd()  # ran to its end, nothing lost
     assert sorted(r["_ng_task_index"] for r in result_lines((tmp_path / "out").read_bytes())) == [0, 1, 2]
     assert summary_of((tmp_path / "err").read_bytes())["rollfilter"]["succeeded"] == 3
+
+
+def test_at_a_terminal_the_summary_is_indented_and_in_a_pipe_one_line(demo_server):
+    rows = rows_jsonl(simple_rows(3))
+    code, shown = stderr_at_a_terminal(["-u", demo_server.url, "--no-progress"], input=rows)
+    assert code == 0
+    assert shown.startswith('{\n  "reward": ')
+    assert json.loads(shown)["rollfilter"]["succeeded"] == 3
+    proc = run(["-u", demo_server.url], input=rows)
+    [line] = proc.stderr.decode().splitlines()
+    assert json.loads(line)["rollfilter"]["succeeded"] == 3

@@ -151,3 +151,31 @@ def test_a_result_with_numbers_past_the_float_range_is_counted(tmp_path):
     summary = json.loads(proc.stdout)
     assert summary["rollfilter"]["succeeded"] == 2
     assert summary["reward"] == 1.0  # the reward past the float range is no figure of the mean
+
+
+def test_at_a_terminal_the_summary_is_indented(tmp_path):
+    import os
+    import pty
+    import subprocess
+
+    from tests.conftest import SUBPROCESS_TIMEOUT, clean_env, rollfilter_command
+
+    results = tmp_path / "results.jsonl"
+    results.write_text('{"_ng_task_index": 0, "_ng_rollout_index": 0, "reward": 1.0}\n')
+    controller, terminal = pty.openpty()
+    try:
+        proc = subprocess.run(
+            [*rollfilter_command(), "--summarize", str(results)],
+            stdout=terminal,
+            stderr=subprocess.PIPE,
+            timeout=SUBPROCESS_TIMEOUT,
+            env=clean_env(TERM="xterm"),
+        )
+        shown = os.read(controller, 1 << 20).decode().replace("\r\n", "\n")
+    finally:
+        os.close(terminal)
+        os.close(controller)
+    assert proc.returncode == 0, proc.stderr
+    assert shown.startswith('{\n  "reward": 1.0,\n')
+    assert json.loads(shown)["rollfilter"]["succeeded"] == 1
+    assert json.loads(run(["--summarize", str(results)]).stdout.decode().strip())["reward"] == 1.0  # one line in a pipe
