@@ -109,9 +109,10 @@ def test_status_not_in_retry_set_is_not_retried(demo_server: DemoServer):
     assert demo_server.stats()["by_id"]["2"] == 2
 
 
-def test_an_agent_that_never_answered_stops_the_run_after_one_row_s_retries(tmp_path):
+def test_an_agent_that_never_answered_stops_the_run_after_one_row_s_retries(tmp_path, demo_server: DemoServer):
     """An agent refusing every connection since the start: the first row to spend its retries
-    stops the run as a service failure (exit 3), and the rest are counted not started."""
+    stops the run as a service failure (exit 3), the rest are counted not started, and --resume
+    finishes the run once an agent answers."""
     errors, output, rows = tmp_path / "errors.jsonl", tmp_path / "out.jsonl", tmp_path / "rows.jsonl"
     rows.write_text(rows_jsonl(simple_rows(50)))
     url = closed_port_url()
@@ -128,3 +129,6 @@ def test_an_agent_that_never_answered_stops_the_run_after_one_row_s_retries(tmp_
     assert (figures["failed"], figures["cancelled"], figures["expected"]) == (1, 49, 50)
     assert figures["not_started"] == 50 - figures["rows_read"]  # the rows never read; one read may wait unsent
     assert figures["stopped"] == lines[0].removeprefix("rollfilter: ")
+    resumed = run(["-u", demo_server.url, "--errors", str(errors), "-o", str(output), "--resume", str(rows)])
+    assert resumed.returncode == 0, resumed.stderr
+    assert sorted(line["_ng_task_index"] for line in read_jsonl(output)) == list(range(50))
