@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from rollfilter.outcomes import AttemptFailure
 from rollfilter.plan import GroupPlan, Job
-from rollfilter.resume import DROPPED_BECAUSE
+from rollfilter.resume import DROPPED_BECAUSE, FAILED, ROLLOUTS
 from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, encode_json
 from rollfilter.writers import Release
 
@@ -56,6 +56,7 @@ class ClosedGroup:
     fate: Fate
     members: tuple[Member, ...]
     failures: tuple[tuple[Job, AttemptFailure], ...]
+    first: int = 0  # its first rollout index: with the task, the group's key
 
 
 class GroupSink(Protocol):
@@ -67,6 +68,8 @@ class GroupSink(Protocol):
 @dataclasses.dataclass(slots=True, eq=False)
 class _Open:
     task_index: Any
+    first: int
+    size: int
     waiting: set[int]
     members: dict[int, Member]
     failures: list[tuple[Job, AttemptFailure]]
@@ -77,8 +80,11 @@ class GroupStage:
     """Holds groups from the first rollout planned to the last ended (see the module docstring).
 
     `count(member)` puts a closed group's member into the run's figures; `hold(line)` keeps a
-    finished member's result line (or a uniform group's markers) on disk, for a resumed run;
-    `reached()` is called once `target` groups are kept (an earlier run's included).
+    finished member's result line (or the marker of a group dropped as uniform or closed
+    incomplete) on disk, for a resumed run; `reached()` is called once `target` groups are kept,
+    earlier runs' included: `kept_before` and `dropped_before` are the groups earlier runs kept
+    and dropped as uniform, as their held file counts them (so a target they met is met before
+    anything is sent).
     """
 
     def __init__(
@@ -91,6 +97,8 @@ class GroupStage:
         drop_uniform: bool = False,
         target: int | None = None,
         hold: Callable[[bytes], None] | None = None,
+        kept_before: int = 0,
+        dropped_before: int = 0,
     ) -> None:
         self._sink = sink
         self._reached = reached
@@ -101,21 +109,24 @@ class GroupStage:
         self._hold = hold
         self._open: dict[tuple[Any, int], _Open] = {}
         self.fates: dict[Fate, int] = dict.fromkeys(Fate, 0)
-        self.kept_earlier = 0  # groups an earlier run wrote whole
-        self.dropped_earlier = 0  # groups an earlier run dropped as uniform
+        self.kept_earlier = kept_before  # groups an earlier run wrote whole
+        self.dropped_earlier = dropped_before  # groups an earlier run dropped as uniform
         self.target_reached = False
+
+    def start(self) -> None:
+        """Before anything is sent: calls `reached()` if earlier runs met the target."""
+        self._check_target()
 
     def planned(self, plan: GroupPlan) -> None:
         """A line's rollouts are planned: open their group (or close it now, when nothing of it is sent)."""
         if not plan.sent and not plan.held and not plan.given_up:
-            if plan.done:
+            if plan.done and not plan.counted:  # one the held file did not count (kept_before)
                 self.kept_earlier += 1
                 self._check_target()
-            elif plan.dropped:
-                self.dropped_earlier += 1
-            return
+            return  # a uniform group's is counted in dropped_before
         members = {rollout: Member(None, result, None) for rollout, result in plan.held.items()}
-        group = _Open(plan.task_index, set(plan.sent), members, [], broken=plan.given_up > 0)
+        size = len(plan.sent) + len(plan.held) + plan.done + plan.dropped + plan.given_up
+        group = _Open(plan.task_index, plan.first, size, set(plan.sent), members, [], broken=plan.given_up > 0)
         if group.waiting:
             self._open[_key(plan.task_index, plan.first)] = group
         else:
@@ -156,13 +167,28 @@ class GroupStage:
         self.fates[fate] += 1
         for member in members:
             self._count(member)
-        if fate is Fate.UNIFORM and self._hold is not None:  # so that a resumed run sends it no more
-            for member in members:
-                marker = {TASK_INDEX: member.result[TASK_INDEX], ROLLOUT_INDEX: member.result[ROLLOUT_INDEX]}
-                self._hold(encode_json({**marker, DROPPED_BECAUSE: Fate.UNIFORM.value}) + b"\n")
-        self._sink.group(ClosedGroup(group.task_index, fate, members, tuple(group.failures)), release or _nothing)
+        if self._hold is not None:
+            self._hold_marker(group, fate, members)
+        closed = ClosedGroup(group.task_index, fate, members, tuple(group.failures), group.first)
+        self._sink.group(closed, release or _nothing)
         if fate is Fate.KEPT:
             self._check_target()
+
+    def _hold_marker(self, group: _Open, fate: Fate, members: tuple[Member, ...]) -> None:
+        """A uniform group's marker, so that a resumed run sends it no more; an incomplete one's,
+        so that a resumed run that runs its failed rollouts again writes it again, whole. One line
+        a group: a kill leaves all of it or none."""
+        marker: dict[str, Any] = {TASK_INDEX: group.task_index, ROLLOUT_INDEX: group.first}
+        if fate is Fate.UNIFORM:
+            rollouts = [member.result[ROLLOUT_INDEX] for member in members]
+            marker.update({DROPPED_BECAUSE: Fate.UNIFORM.value, ROLLOUTS: rollouts})
+        elif fate is Fate.INCOMPLETE and group.failures:
+            marker[ROLLOUTS] = list(range(group.first, group.first + group.size))
+            marker[FAILED] = sorted(job.rollout_index for job, _ in group.failures)
+        else:
+            return
+        assert self._hold is not None
+        self._hold(encode_json(marker) + b"\n")
 
     def _check_target(self) -> None:
         if self._target is not None and self.fates[Fate.KEPT] + self.kept_earlier >= self._target:
@@ -174,7 +200,8 @@ class GroupStage:
         for group in self._open.values():
             members = tuple(group.members[rollout] for rollout in sorted(group.members))
             self.fates[Fate.CANCELLED] += 1
-            self._sink.group(ClosedGroup(group.task_index, Fate.CANCELLED, members, tuple(group.failures)), _nothing)
+            closed = ClosedGroup(group.task_index, Fate.CANCELLED, members, tuple(group.failures), group.first)
+            self._sink.group(closed, _nothing)
         self._open.clear()
 
     def figures(self) -> dict[str, Any]:

@@ -90,6 +90,7 @@ class GroupPlan:
     done: int  # written whole by an earlier run
     dropped: int  # dropped by an earlier run (uniform)
     given_up: int  # out of attempts, or terminal: the group can never be whole
+    counted: bool = False  # written whole by an earlier run, and counted by the resume state (kept_groups)
 
 
 def shard_of(task_index: Any, shards: int) -> int:
@@ -315,7 +316,8 @@ class Planner:
             self._seq += 1
         if self._on_group is not None:
             sending = tuple(job.rollout_index for job in jobs)
-            self._on_group(GroupPlan(task, first, sending, held, done, dropped, given_up))
+            counted = done > 0 and self._resume is not None and self._resume.counted_kept(task, first)
+            self._on_group(GroupPlan(task, first, sending, held, done, dropped, given_up, counted))
         self._pending.extend(jobs)
 
 

@@ -140,7 +140,10 @@ class Run:
                 drop_uniform=config.drop_uniform,
                 target=config.target_groups,
                 hold=self._hold,
+                kept_before=self._resume.kept_groups if self._resume is not None else 0,
+                dropped_before=self._resume.dropped_groups if self._resume is not None else 0,
             )
+            self.groups.start()  # a target earlier runs met stops the run before anything is sent
         on_group = self.groups.planned if self.groups is not None else None
         return Engine(
             planner=Planner(source, config, self._resume, self.tasks, on_group),

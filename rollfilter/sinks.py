@@ -17,7 +17,7 @@ from rollfilter.errors import ErrorKind
 from rollfilter.groups import ClosedGroup, Fate
 from rollfilter.outcomes import AttemptFailure, Failure, Group, Outcome
 from rollfilter.plan import Job
-from rollfilter.resume import DROPPED_BECAUSE, WRITTEN_THROUGH
+from rollfilter.resume import DROPPED_BECAUSE, KEPT, WRITTEN_THROUGH
 from rollfilter.rows import encode_json as _encode
 from rollfilter.writers import LineWriter, Release
 
@@ -77,8 +77,9 @@ class GroupOutputs:
 
     `dropped` takes the rollouts of groups not written, each stamped with why. With `held` (the
     held file, which holds each rollout as it finished), a group reaches the results only once
-    its rollouts have reached `held`, and `held` is told `results_size()` each time whole groups
-    have been written: a resumed run then knows the results file's whole groups from a torn one."""
+    its rollouts have reached `held`, and `held` is told `results_size()` each time a group has
+    been written, and which group when it was kept: a resumed run then knows the results file's
+    whole groups from a torn one, and how many were kept."""
 
     keep_incomplete: bool = False
     dropped: LineWriter | None = None
@@ -136,7 +137,9 @@ class LineSink:
         members = closed.members
         if closed.fate is Fate.KEPT or (closed.fate is Fate.INCOMPLETE and outputs.keep_incomplete):
             if members:
-                self._write_group(b"".join(_encode(member.result) + b"\n" for member in members), release)
+                lines = b"".join(_encode(member.result) + b"\n" for member in members)
+                kept = [closed.task_index, closed.first] if closed.fate is Fate.KEPT else None
+                self._write_group(lines, release, kept)
                 return
         elif outputs.dropped is not None and members:
             why = closed.fate.value
@@ -145,7 +148,7 @@ class LineSink:
             return
         release()
 
-    def _write_group(self, lines: bytes, release: Release) -> None:
+    def _write_group(self, lines: bytes, release: Release, kept: list[Any] | None) -> None:
         held, results_size = self._groups.held, self._groups.results_size
         if held is None or results_size is None:
             self._results.write(lines, release)
@@ -154,9 +157,12 @@ class LineSink:
         def written() -> None:
             release()
             size = results_size()
-            if size != self._vouched:  # once for the groups of one write
+            if size != self._vouched or kept is not None:  # a kept group's own; else once for one write's groups
                 self._vouched = size
-                held.write(_encode({WRITTEN_THROUGH: size}) + b"\n")
+                marker: dict[str, Any] = {WRITTEN_THROUGH: size}
+                if kept is not None:
+                    marker[KEPT] = kept
+                held.write(_encode(marker) + b"\n")
 
         held.flush_now()  # the group's rollouts are in the held file before any of its lines is in the results
         self._results.write(lines, written)

@@ -86,3 +86,66 @@ def test_results_past_the_held_files_mark_are_cut_only_when_the_held_file_has_th
     state = ResumeState.from_files(str(out), None, held=str(held))
     assert state.cut_bytes == 0
     assert (state.decide(1, 0), state.decide(7, 0)) == (ResumeState.DONE, ResumeState.DONE)
+
+
+def _pairs(path) -> list[tuple[object, object, object]]:
+    records = map(json.loads, path.read_text().splitlines())
+    return [(r["_ng_task_index"], r["_ng_rollout_index"], r.get("dropped_because")) for r in records]
+
+
+def test_the_dropped_file_is_made_again_from_the_held_file_each_uniform_rollout_once(tmp_path):
+    """As two writers killed between them leave it: a uniform group's lines twice, another's not at
+    all, and an open group's lines as cancelled, which the resumed run writes again when it closes it."""
+    out, held, dropped = tmp_path / "out.jsonl", tmp_path / "out.jsonl.held", tmp_path / "dropped.jsonl"
+    _jsonl(out, [])
+    uniform = [
+        {"_ng_task_index": t, "_ng_rollout_index": 0, "dropped_because": "uniform", "rollouts": [0, 1]} for t in (1, 2)
+    ]
+    _jsonl(held, [_result(1, 1), _result(1, 0), uniform[0], _result(2, 0), _result(2, 1), uniform[1], _result(3, 0)])
+    stamped = [{**_result(1, k), "dropped_because": "uniform"} for k in (0, 1)]
+    foreign = {**_result(99, 0), "dropped_because": "uniform"}  # another run's (--append): it stands
+    _jsonl(dropped, [foreign, *stamped, *stamped, {**_result(3, 0), "dropped_because": "cancelled"}])
+    state = ResumeState.from_files(str(out), None, held=str(held))
+    assert state.dropped_groups == 2
+    state.rebuild_dropped(str(dropped), str(held))
+    assert _pairs(dropped) == [
+        (99, 0, "uniform"),
+        (1, 0, "uniform"),
+        (1, 1, "uniform"),
+        (2, 0, "uniform"),
+        (2, 1, "uniform"),
+    ]
+    assert [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in state.leftover_held()] == [(3, 0)]
+    assert list(state.leftover_held()) == []  # given once
+
+
+def test_a_group_written_incomplete_is_cut_off_to_be_written_whole_when_its_failed_rollout_runs_again(tmp_path):
+    out, held, errors = tmp_path / "out.jsonl", tmp_path / "out.jsonl.held", tmp_path / "errors.jsonl"
+    _jsonl(out, [_result(0, 0), _result(0, 1)])
+    kept_end = out.stat().st_size
+    with out.open("a") as file:  # task 1 written without its rollout 1, then task 2 whole
+        file.write("".join(json.dumps(_result(t, k)) + "\n" for t, k in ((1, 0), (2, 0), (2, 1))))
+    incomplete = {"_ng_task_index": 1, "_ng_rollout_index": 0, "rollouts": [0, 1], "failed": [1]}
+    _jsonl(held, [
+        _result(0, 0), _result(0, 1), {"written_through": kept_end, "kept": [0, 0]},
+        _result(1, 0), incomplete, {"written_through": kept_end + 100},
+        _result(2, 0), _result(2, 1), {"written_through": out.stat().st_size, "kept": [2, 0]},
+    ])  # fmt: skip
+    failure = {"_ng_task_index": 1, "_ng_rollout_index": 1, "error": {"kind": "http_status"}}
+    _jsonl(errors, [failure])
+    state = ResumeState.from_files(str(out), str(errors), held=str(held))
+    assert (state.reopened, out.stat().st_size, state.kept_groups) == (1, kept_end, 1)
+    assert [state.decide(1, k) for k in (0, 1)] == [ResumeState.HELD, 1]  # taken back, and run again
+    assert [state.decide(2, k) for k in (0, 1)] == [ResumeState.HELD] * 2  # written again after it
+    assert state.counted_kept(0, 0)
+    assert not state.counted_kept(2, 0)
+    assert json.loads(held.read_bytes().splitlines()[-1]) == {"written_through": kept_end}  # before the cut
+
+    # Its failed rollout out of attempts: the group stands as written, and nothing is cut.
+    _jsonl(out, [_result(0, 0), _result(0, 1), _result(1, 0), _result(2, 0), _result(2, 1)])
+    _jsonl(held, [_result(0, 0), _result(0, 1), _result(1, 0), incomplete, _result(2, 0), _result(2, 1),
+                  {"written_through": out.stat().st_size}])  # fmt: skip
+    _jsonl(errors, [failure] * 3)
+    state = ResumeState.from_files(str(out), str(errors), held=str(held))
+    assert (state.reopened, state.cut_bytes) == (0, 0)
+    assert [state.decide(1, k) for k in (0, 1)] == [ResumeState.DONE, ResumeState.GIVE_UP]

@@ -51,7 +51,7 @@ def test_a_kept_group_reaches_the_results_after_the_held_file_and_the_held_file_
     sink.group(ClosedGroup(0, Fate.KEPT, members, ()), lambda: released.append("kept"))
     assert events == ["held flush", "results write", "held write"]
     assert [json.loads(line)["_ng_rollout_index"] for line in results.lines[0].splitlines()] == [0, 1]
-    assert json.loads(held.lines[-1]) == {"written_through": 123}
+    assert json.loads(held.lines[-1]) == {"written_through": 123, "kept": [0, 0]}  # the group, for a target
     sink.group(ClosedGroup(1, Fate.UNIFORM, members, ()), lambda: released.append("dropped"))
     assert {json.loads(line)["dropped_because"] for line in dropped.lines[0].splitlines()} == {"uniform"}
     assert released == ["kept", "dropped"]

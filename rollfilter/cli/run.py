@@ -51,7 +51,14 @@ from rollfilter.http import connections_that_fit, raise_open_file_limit
 from rollfilter.keytable import KeyTable
 from rollfilter.plan import Job
 from rollfilter.redact import shown
-from rollfilter.resume import ResumeState, drop_torn_tail, read_pairs, result_records
+from rollfilter.resume import (
+    CANCELLED,
+    DROPPED_BECAUSE,
+    ResumeState,
+    drop_torn_tail,
+    read_pairs,
+    result_records,
+)
 from rollfilter.routing import Agent
 from rollfilter.run import Run
 from rollfilter.sinks import BodySink, GroupOutputs, LineSink
@@ -167,6 +174,8 @@ def _earlier_runs(command: CommandConfig, *, dry_run: bool) -> tuple[ResumeState
         if path is not None and not dry_run:
             drop_torn_tail(path)
     resume = ResumeState.from_files(command.output, command.errors_file, command.max_attempts, held=held)
+    if held is not None and command.dropped_file is not None and not dry_run:
+        resume.rebuild_dropped(command.dropped_file, held)
     if command.materialized_file is not None:
         earlier.materialized = read_pairs(command.materialized_file)
     earlier.results = command.output
@@ -229,7 +238,13 @@ class _CommandLineRun:
         )
         self.exporter = self._exporter()
         self.earlier_done = resume.done_pairs if resume is not None else 0
-        if resume is not None and resume.cut_bytes:
+        if resume is not None and resume.reopened:
+            self.say(
+                f"--resume: cut {resume.cut_bytes} bytes of results off -o {command.output}, from the first"
+                f" group written incomplete whose failed rollouts run again ({resume.reopened} in all): those"
+                " groups are written again, whole, with the groups after them"
+            )
+        elif resume is not None and resume.cut_bytes:
             self.say(
                 f"--resume: cut {resume.cut_bytes} bytes of results off -o {command.output} that may be a group"
                 " a kill left in part: they are written again with their group"
@@ -366,6 +381,7 @@ class _CommandLineRun:
             await trio.to_thread.run_sync(self._take_earlier_results, self.earlier.results)
         if control.cause is None:  # not stopped during the first pass: nothing sent then
             await run.send()
+        self._drop_leftovers()
         if run.tasks is not None:
             run.tasks.finish()  # --per-task's lines, while its writer runs
         await self._expect(planned)
@@ -388,6 +404,14 @@ class _CommandLineRun:
                 writer.close()
             for writer in group:
                 await writer.drained.wait()
+
+    def _drop_leftovers(self) -> None:
+        """The rollouts an earlier run finished whose groups this run left open (it stopped before
+        reading them): into --dropped, as the open groups this run cancelled."""
+        if self.resume is None or self.dropped is None:
+            return
+        for result in self.resume.leftover_held():
+            self.dropped.write(_encode({**result, DROPPED_BECAUSE: CANCELLED}) + b"\n")
 
     async def _plan_first(self) -> int | None:
         """The materialized file's first pass (see `first_pass.plan_first`): the rollouts planned,

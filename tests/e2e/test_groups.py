@@ -180,6 +180,7 @@ def test_a_failed_rollout_keeps_its_group_out_and_a_resume_runs_only_it(tmp_path
     assert all(rollouts == list(range(K)) for _, rollouts in written)
     figures = summary_of(resumed.stderr)["rollfilter"]
     assert figures["groups"]["kept"] == 4  # the earlier run's three, and the one it made whole
+    assert read_jsonl(dropped) == []  # a rollout is in -o or in --dropped, never both
 
 
 def test_keep_incomplete_writes_the_finished_rollouts(demo_server: DemoServer):
@@ -378,3 +379,137 @@ def test_a_resume_keeps_the_groups_and_their_size(tmp_path: Path, demo_server: D
         proc = run([*first, *changed, "--resume"])
         assert proc.returncode == 2, changed
         assert named in proc.stderr.decode(), changed
+
+
+def pairs(lines: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    return [(line["_ng_task_index"], line["_ng_rollout_index"]) for line in lines]
+
+
+@pytest.mark.parametrize("rewards", [[1, 1, 0, 1], [1, 1, 1, 1]], ids=["kept", "uniform"])
+def test_a_group_written_incomplete_is_judged_and_written_whole_when_a_resume_completes_it(
+    tmp_path: Path, demo_server: DemoServer, rewards: list[int]
+):
+    """Task 0's rollout 2 fails; --keep-incomplete writes the other three. The resume that runs it
+    again judges the four together, and writes them (or drops them) together, once."""
+    faults = [None, None, "422", None]
+    rows = [
+        {"id": 0, "responses_create_params": {"input": "a"}, "demo": {"rewards": rewards, "faults": faults}},
+        {"id": 1, "responses_create_params": {"input": "b"}, "demo": {"rewards": [1, 0, 1, 0]}},
+    ]
+    (tmp_path / "rows.jsonl").write_text(rows_jsonl(rows))
+    out, dropped = tmp_path / "out.jsonl", tmp_path / "dropped.jsonl"
+    args = ["-u", demo_server.url, "-r", str(K), "--drop-uniform", "--keep-incomplete", str(tmp_path / "rows.jsonl")]
+    args += ["-o", str(out), "--errors", str(tmp_path / "errors.jsonl"), "--dropped", str(dropped)]
+    first = run(args)
+    assert first.returncode == 1, first.stderr
+    assert sorted(groups_in(read_jsonl(out))) == [(0, [0, 1, 3]), (1, [0, 1, 2, 3])]
+    sent = demo_server.stats()["requests"]
+
+    resumed = run([*args, "--resume"])
+    assert resumed.returncode == 0, resumed.stderr
+    assert demo_server.stats()["requests"] == sent + 1  # only the rollout that failed
+    kept = rewards != [1, 1, 1, 1]
+    assert sorted(groups_in(read_jsonl(out))) == [(0, list(range(K))), (1, list(range(K)))][0 if kept else 1 :]
+    assert sorted(pairs(read_jsonl(dropped))) == ([] if kept else [(0, k) for k in range(K)])
+    groups = summary_of(resumed.stderr)["rollfilter"]["groups"]
+    assert groups == {"kept": 1 + kept, "dropped_uniform": int(not kept), "incomplete": 0, "cancelled": 0}
+    assert b"written incomplete" in resumed.stderr
+
+    again = run([*args, "--resume"])  # nothing left to run: the files and the counts stand
+    assert again.returncode == 0, again.stderr
+    assert demo_server.stats()["requests"] == sent + 1
+    assert summary_of(again.stderr)["rollfilter"]["groups"] == groups
+    assert sorted(pairs(read_jsonl(out)) + pairs(read_jsonl(dropped))) == [(t, k) for t in (0, 1) for k in range(K)]
+
+
+def test_a_resume_whose_target_was_met_sends_nothing_and_repeats_no_dropped_line(
+    tmp_path: Path, demo_server: DemoServer
+):
+    n, target, slow = 24, 5, {0, 1, 2}
+    rows = group_rows(n, latency=lambda task, rollout: 30.0 if task in slow and rollout == 3 else 0.01)
+    (tmp_path / "rows.jsonl").write_text(rows_jsonl(rows))
+    out, dropped = tmp_path / "out.jsonl", tmp_path / "dropped.jsonl"
+    args = ["-u", demo_server.url, "-r", str(K), "--groups", "--target-groups", str(target), "-j", "16"]
+    args += ["-o", str(out), "--dropped", str(dropped), str(tmp_path / "rows.jsonl")]
+    first = run(args)
+    assert first.returncode == 0, first.stderr
+    cancelled = sorted(pairs(read_jsonl(dropped)))
+    assert {task for task, _ in cancelled} >= slow
+    sent = demo_server.stats()["requests"]
+    for _ in range(2):
+        resumed = run([*args, "--resume"])
+        assert resumed.returncode == 0, resumed.stderr
+        assert demo_server.stats()["requests"] == sent  # a met target sends nothing
+        assert sorted(pairs(read_jsonl(dropped))) == cancelled  # each once, as the first run left them
+        assert len(groups_in(read_jsonl(out))) == target
+        assert not set(pairs(read_jsonl(out))) & set(cancelled)
+        groups = summary_of(resumed.stderr)["rollfilter"]["groups"]
+        assert groups["kept"] == target
+
+
+def test_after_kills_and_a_resume_the_dropped_file_holds_each_uniform_rollout_once(tmp_path: Path):
+    n, jobs, kills = 120, 16, 4
+    demo = DemoServer()
+    try:
+        rows = group_rows(n, latency=lambda task, rollout: 0.02 + 0.03 * ((task * 5 + rollout * 3) % 4))
+        (tmp_path / "rows.jsonl").write_text(rows_jsonl(rows))
+        out, dropped = tmp_path / "out.jsonl", tmp_path / "dropped.jsonl"
+        held = Path(str(out) + ".held")
+        args = ["-u", demo.url, "-r", str(K), "--drop-uniform", "-j", str(jobs), str(tmp_path / "rows.jsonl")]
+        args += ["-o", str(out), "--dropped", str(dropped)]
+        for kill in range(kills):
+            before = len(held.read_bytes().splitlines()) if held.exists() else 0
+            resume = ["--resume"] if kill else []
+            process = start([*args, *resume], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                wait_for(lambda before=before: held.exists() and len(held.read_bytes().splitlines()) >= before + 40)
+            finally:
+                process.send_signal(signal.SIGKILL)
+                process.wait(timeout=SUBPROCESS_TIMEOUT)
+        assert demo.stats()["requests"] < n * K  # every run was killed before the end
+        resumed = run([*args, "--resume"])
+        assert resumed.returncode == 0, resumed.stderr
+    finally:
+        demo.kill()
+    uniform_tasks = {task for task in range(n) if uniform(task)}
+    stamped = read_jsonl(dropped)
+    assert sorted(pairs(stamped)) == [(task, k) for task in sorted(uniform_tasks) for k in range(K)]  # each once
+    assert {line["dropped_because"] for line in stamped} == {"uniform"}
+    written = groups_in(read_jsonl(out))
+    assert sorted(task for task, _ in written) == sorted(set(range(n)) - uniform_tasks)
+    assert all(rollouts == list(range(K)) for _, rollouts in written)
+    groups = summary_of(resumed.stderr)["rollfilter"]["groups"]
+    assert groups["dropped_uniform"] == len(uniform_tasks)
+    assert groups["kept"] == n - len(uniform_tasks)
+
+
+def test_a_kill_between_the_held_file_and_the_dropped_file_neither_loses_nor_doubles_a_group(
+    tmp_path: Path, demo_server: DemoServer
+):
+    """The two orders a kill -9 can catch the two writers in, made by hand from a whole run: one
+    uniform group's lines never reached --dropped (its marker did), another's reached it and its
+    marker did not (the resumed run judges that group again)."""
+    n = 24
+    (tmp_path / "rows.jsonl").write_text(rows_jsonl(group_rows(n)))
+    out, dropped = tmp_path / "out.jsonl", tmp_path / "dropped.jsonl"
+    held = Path(str(out) + ".held")
+    args = ["-u", demo_server.url, "-r", str(K), "--drop-uniform", str(tmp_path / "rows.jsonl")]
+    args += ["-o", str(out), "--dropped", str(dropped)]
+    assert run(args).returncode == 0
+    uniform_tasks = sorted(task for task in range(n) if uniform(task))
+    assert len(uniform_tasks) >= 2
+    lost, doubled = uniform_tasks[:2]
+    dropped.write_text(
+        "".join(json.dumps(line) + "\n" for line in read_jsonl(dropped) if line["_ng_task_index"] != lost)
+    )
+    held.write_bytes(
+        b"".join(
+            line
+            for line in held.read_bytes().splitlines(keepends=True)
+            if not (b"dropped_because" in line and json.loads(line)["_ng_task_index"] == doubled)
+        )
+    )
+    resumed = run([*args, "--resume"])
+    assert resumed.returncode == 0, resumed.stderr
+    assert sorted(pairs(read_jsonl(dropped))) == [(task, k) for task in uniform_tasks for k in range(K)]
+    assert summary_of(resumed.stderr)["rollfilter"]["groups"]["dropped_uniform"] == len(uniform_tasks)
