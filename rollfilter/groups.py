@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -222,13 +221,12 @@ def _key(task_index: Any, first: int) -> tuple[Any, int]:
 
 
 def _uniform(members: tuple[Member, ...], field: str) -> bool:
-    """Whether every member's `field` is the same number (the engine refused results without it)."""
-    values = {_number(member.result.get(field)) for member in members}
+    """Whether every member's `field` is the same number (the engine refused results without it).
+
+    Compared as they are: Python compares an int with a float exactly (and True with 1), where
+    turning integers to floats would make two above 2**53 the same."""
+    values = {member.result.get(field) for member in members}
     return len(values) == 1
-
-
-def _number(value: Any) -> float:
-    return float(value) if not isinstance(value, float) or math.isfinite(value) else value
 
 
 def _nothing() -> None:

@@ -120,3 +120,14 @@ def test_a_group_that_an_earlier_run_left_open_closes_with_what_it_held():
     assert len(counted) == 2
     groups.planned(GroupPlan(6, 0, (), {}, 0, 0, 2))  # every rollout given up: incomplete at once
     assert sink.closed[-1].fate is Fate.INCOMPLETE
+
+
+def test_numbers_are_compared_exactly_even_above_two_to_the_53():
+    sink = Sink()
+    groups, _, _, _ = stage(sink, drop_uniform=True)
+    values = {0: [2**53 + 1, 2**53], 1: [2**53, 2.0**53], 2: [True, 1.0]}
+    for task, pair in values.items():
+        groups.planned(plan(task, range(2)))
+        for rollout, value in enumerate(pair):
+            groups.result(job(task, rollout), result(task, rollout, value), 0.1, lambda: None)
+    assert [closed.fate for closed in sink.closed] == [Fate.KEPT, Fate.UNIFORM, Fate.UNIFORM]
