@@ -300,7 +300,7 @@ class Engine:
 
     def _ended(self, job: Job, reward: float | None) -> None:
         if self.tasks is not None:
-            self.tasks.rollout_ended(job.task_index, reward)
+            self.tasks.rollout_ended(job.task_index, reward, job.rollout_index)
 
     def _fail(self, job: Job, failure: AttemptFailure, release: Release) -> None:
         self.metrics.add_failure(failure, job.agent_name)

@@ -6,6 +6,7 @@ not a trio task.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import math
 from array import array
@@ -31,8 +32,9 @@ def ks_for(repeats: int) -> list[int]:
 
 
 # A task's counts, one array each (4 bytes a count, 8 for the mean): planned rollouts, ended,
-# failed, correct (reward at or over the threshold), rewarded, and the mean of the rewards.
-_COUNTS = ("planned", "ended", "failed", "correct", "rewarded")
+# failed, correct (reward at or over the threshold), rewarded, the rollouts of its first line (its
+# group's size), and the mean of the rewards.
+_COUNTS = ("planned", "ended", "failed", "correct", "rewarded", "size")
 _DENSE_GAP = 1 << 16  # a numbered task at most this far past the last one extends the arrays
 
 
@@ -41,8 +43,12 @@ class TaskStats:
     profiler groups them: a line seen twice is one task, and its rollouts are counted together.
 
     A later line may add rollouts to any task, so each task's counts are kept until `finish()`
-    (about 28 bytes a task, in flat arrays for tasks numbered 0, 1, 2, ...). `finish()` computes
+    (about 32 bytes a task, in flat arrays for tasks numbered 0, 1, 2, ...). `finish()` computes
     the figures and gives `on_task(record)` one dict a task, in task order (for --per-task).
+
+    The pass histogram counts groups, as `--drop-uniform` judges them: a line's rollouts (a task's
+    rollout index over its first line's count tells which). A task met on one line, the common
+    case, is one group; the later groups of a task met again are counted apart, in a dict.
     """
 
     def __init__(self, repeats: int, threshold: float, on_task: Callable[[dict[str, Any]], None] | None = None) -> None:
@@ -55,6 +61,7 @@ class TaskStats:
         self._numbered = 0  # tasks 0 .. _numbered-1 have the slot of their own index
         self._others: dict[Any, int] = {}  # any other task -> its slot, after the numbered ones
         self._other_keys: list[Any] = []
+        self._later_groups: dict[int, dict[int, list[int]]] = {}  # slot -> group past the first -> [ended, correct]
         self._finished: dict[str, Any] | None = None
 
     def _slot(self, task: Any) -> int:
@@ -78,21 +85,44 @@ class TaskStats:
         self._reward_means.frombytes(bytes(self._reward_means.itemsize * count))
 
     def planned(self, task: Any, count: int) -> None:
-        """`count` more rollouts of `task` belong to the run (a task with fewer ended is unfinished)."""
-        self._counts["planned"][self._slot(task)] += count
+        """`count` more rollouts of `task` belong to the run (a task with fewer ended is unfinished):
+        a line's, its group."""
+        slot = self._slot(task)
+        self._counts["planned"][slot] += count
+        if not self._counts["size"][slot]:
+            self._counts["size"][slot] = count
 
-    def rollout_ended(self, task: Any, reward: float | None) -> None:
-        """Count one rollout of `task` (None: it failed, and counts as not correct)."""
+    def rollout_ended(self, task: Any, reward: float | None, rollout: Any = None) -> None:
+        """Count one rollout of `task`, its rollout index `rollout` (None: it failed, and counts as
+        not correct)."""
         slot = self._slot(task)
         counts = self._counts
         counts["ended"][slot] += 1
+        correct = reward is not None and reward >= self.threshold
+        if type(rollout) is int and rollout >= (size := counts["size"][slot] or self.repeats):
+            group = self._later_groups.setdefault(slot, {}).setdefault(rollout // size, [0, 0])
+            group[0] += 1
+            group[1] += correct
         if reward is None:
             counts["failed"][slot] += 1
             return
         rewarded = counts["rewarded"][slot] = counts["rewarded"][slot] + 1
         self._reward_means[slot] = running_mean(self._reward_means[slot], reward, rewarded)
-        if reward >= self.threshold:
+        if correct:
             counts["correct"][slot] += 1
+
+    def _add_groups(self, histogram: collections.Counter[tuple[int, int]], slot: int) -> None:
+        """Count the task's finished groups, each by its size and its correct rollouts."""
+        counts = self._counts
+        planned, size = counts["planned"][slot], counts["size"][slot] or self.repeats
+        later = self._later_groups.get(slot, {})
+        first = [counts["ended"][slot], counts["correct"][slot]]
+        for ended, correct in later.values():
+            first[0] -= ended
+            first[1] -= correct
+        for ended, correct in (first, *later.values()):
+            if ended and (not planned or ended >= min(size, planned)):  # every rollout of it ended
+                histogram[ended, correct] += 1
 
     def finish(self) -> None:
         """Compute the figures over every task, and report each task; later calls do nothing."""
@@ -104,7 +134,7 @@ class TaskStats:
         means = 0
         pass_means = dict.fromkeys(self.ks, 0.0)
         pass_counts = dict.fromkeys(self.ks, 0)
-        histogram: list[int] = []  # finished tasks by their rollouts at or over the threshold, 0 to the most ended
+        groups: collections.Counter[tuple[int, int]] = collections.Counter()  # finished ones, by size and correct
         slots = itertools.chain(range(self._numbered), (self._others[_key(task)] for task in self._other_keys))
         names = itertools.chain(range(self._numbered), self._other_keys)
         for slot, task in zip(slots, names, strict=True):
@@ -115,10 +145,7 @@ class TaskStats:
             failed, rewarded = counts["failed"][slot], counts["rewarded"][slot]
             with_failures += failed > 0
             unfinished += ended < planned
-            if ended >= planned:
-                if ended >= len(histogram):
-                    histogram.extend([0] * (ended + 1 - len(histogram)))
-                histogram[counts["correct"][slot]] += 1
+            self._add_groups(groups, slot)
             mean = self._reward_means[slot] if rewarded else None
             if mean is not None:
                 means += 1
@@ -135,7 +162,7 @@ class TaskStats:
         fields: dict[str, Any] = {f"mean@{self.repeats}": mean_of_means if means else None}
         for k in self.ks:
             fields[f"pass@{k}"] = pass_means[k] if pass_counts[k] else None
-        fields["pass_histogram"] = histogram
+        fields["pass_histogram"] = _histogram(groups)
         self._finished = {
             "fields": fields,
             "figures": {
@@ -148,8 +175,9 @@ class TaskStats:
 
     def summary_fields(self) -> dict[str, Any]:
         """mean@K, pass@k for each k (null when no task had k rollouts to judge), and
-        `pass_histogram`: of the tasks whose rollouts all ended, how many had 0, 1, ..., K
-        rollouts at or over the threshold (K: the most rollouts a task had)."""
+        `pass_histogram`: of the groups (a line's rollouts) whose rollouts all ended, how many had
+        0, 1, ..., K rollouts at or over the threshold (K: the largest of those groups, -r's K
+        once a group of K has ended)."""
         self.finish()
         assert self._finished is not None
         return dict(self._finished["fields"])
@@ -158,6 +186,15 @@ class TaskStats:
         self.finish()
         assert self._finished is not None
         return dict(self._finished["figures"])
+
+
+def _histogram(groups: collections.Counter[tuple[int, int]]) -> list[int]:
+    """Groups by their correct rollouts, 0 to the largest group's size; a smaller group (of an
+    agent given fewer repeats) that is all correct is at its size, not at the end."""
+    histogram = [0] * (max((size for size, _ in groups), default=-1) + 1)
+    for (_, correct), count in groups.items():
+        histogram[correct] += count
+    return histogram
 
 
 def _key(task: Any) -> Any:

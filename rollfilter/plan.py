@@ -287,7 +287,7 @@ class Planner:
                         given_up += 1
                         self.given_up += 1
                         if self._tasks is not None:
-                            self._tasks.rollout_ended(task, None)  # an earlier run's failure that stands
+                            self._tasks.rollout_ended(task, None, rollout)  # an earlier run's failure that stands
                     continue
             rollout_body = body
             attempt_index = None

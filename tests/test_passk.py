@@ -39,12 +39,18 @@ def test_the_pass_histogram_counts_finished_tasks_by_their_correct_rollouts():
     rewards = {0: [1.0, 1.0, 1.0], 1: [0.0, 0.7, None], 2: [0.0, 0.0, 0.0], 3: [0.5, 0.0, 0.2]}
     for task, values in rewards.items():
         tasks.planned(task, 3)
-        for value in values:
-            tasks.rollout_ended(task, value)
+        for rollout, value in enumerate(values):
+            tasks.rollout_ended(task, value, rollout)
     tasks.planned(4, 3)  # unfinished: one of three ended
-    tasks.rollout_ended(4, 1.0)
-    tasks.planned(5, 3)  # a task met again: six rollouts, five correct
+    tasks.rollout_ended(4, 1.0, 0)
+    tasks.planned(5, 3)  # a task met again: two groups, three correct and two
     tasks.planned(5, 3)
-    for value in (1.0, 1.0, 1.0, 1.0, 1.0, 0.0):
-        tasks.rollout_ended(5, value)
-    assert tasks.summary_fields()["pass_histogram"] == [1, 2, 0, 1, 0, 1, 0]  # up to the six of task 5
+    for rollout, value in reversed(list(enumerate((1.0, 1.0, 1.0, 1.0, 0.0, 1.0)))):
+        tasks.rollout_ended(5, value, rollout)
+    tasks.planned(6, 3)  # met again, its second line unfinished: its first group counts
+    tasks.planned(6, 3)
+    for rollout, value in enumerate((0.0, 0.0, 0.0, 1.0)):
+        tasks.rollout_ended(6, value, rollout)
+    # K + 1 bins whatever the input: its ends are the groups --drop-uniform drops (binary rewards).
+    assert tasks.summary_fields()["pass_histogram"] == [2, 2, 1, 2]
+    assert tasks.figures()["tasks_unfinished"] == 2

@@ -19,7 +19,7 @@ def pass_chart(histogram: Sequence[int], threshold: float, *, unicode: bool | No
     most = max(histogram, default=0) or 1
     width = len(str(len(histogram) - 1))
     count_width = len(str(max(histogram, default=0)))
-    lines = [f"tasks by rollouts with reward >= {threshold:g} (pass_histogram):"]
+    lines = [f"groups by rollouts with reward >= {threshold:g} (pass_histogram):"]
     for correct, tasks in enumerate(histogram):
         bar = full * round(BAR_WIDTH * tasks / most) or (sliver if tasks else "")
         lines.append(f"  {correct:>{width}} {tasks:>{count_width}} {bar}".rstrip())

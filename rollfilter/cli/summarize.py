@@ -131,7 +131,7 @@ async def _count(reader: LineReader, run: Run, unusable: _UnusableLines) -> None
         assert failure is not None
         metrics.add_failure(failure, agent_name(record))
         if tasks is not None:
-            tasks.rollout_ended(record[TASK_INDEX], None)
+            tasks.rollout_ended(record[TASK_INDEX], None, record.get(ROLLOUT_INDEX))
 
 
 def _count_line(line: InputLine, run: Run, unusable: _UnusableLines, failures: StandingFailures) -> None:
@@ -161,7 +161,7 @@ def _count_line(line: InputLine, run: Run, unusable: _UnusableLines, failures: S
     if spool is not None:
         spool.add(agent_name(record), record)
     if tasks is not None and TASK_INDEX in record:
-        tasks.rollout_ended(record[TASK_INDEX], reward_of(record))
+        tasks.rollout_ended(record[TASK_INDEX], reward_of(record), record.get(ROLLOUT_INDEX))
 
 
 class _PerTask:

@@ -513,3 +513,14 @@ def test_a_kill_between_the_held_file_and_the_dropped_file_neither_loses_nor_dou
     assert resumed.returncode == 0, resumed.stderr
     assert sorted(pairs(read_jsonl(dropped))) == [(task, k) for task in uniform_tasks for k in range(K)]
     assert summary_of(resumed.stderr)["rollfilter"]["groups"]["dropped_uniform"] == len(uniform_tasks)
+
+
+def test_the_pass_histogram_has_k_plus_1_bins_and_its_ends_are_the_uniform_groups(demo_server: DemoServer):
+    same = {"responses_create_params": {"input": "a"}, "demo": {"rewards": [1, 1, 1, 1]}}
+    other = {"responses_create_params": {"input": "b"}, "demo": {"rewards": [1, 0, 1, 0]}}
+    proc = run(["-u", demo_server.url, "-r", str(K), "--drop-uniform"], input=rows_jsonl([same, same, other]))
+    assert proc.returncode == 0, proc.stderr
+    summary = summary_of(proc.stderr)
+    assert summary["pass_histogram"] == [0, 0, 1, 0, 2]  # the identical lines' task: two groups of four
+    histogram, groups = summary["pass_histogram"], summary["rollfilter"]["groups"]
+    assert histogram[0] + histogram[K] == groups["dropped_uniform"] == 2
