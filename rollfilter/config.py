@@ -256,6 +256,12 @@ class Config:
                     raise ConfigError(name, "needs Config.groups (or drop_uniform)")
         elif self.max_repeats < 2:
             raise ConfigError("groups", "needs repeats over 1: a group is a row's repeated rollouts")
+        else:
+            for name, count in self.repeats_by_agent.items():
+                if count < 2:
+                    raise ConfigError(f"repeats_by_agent[{name!r}]", "is 1 with groups: a group of one has no peers")
+            if self.repeats is not None and self.repeats < 2:
+                raise ConfigError("repeats", "is 1 with groups: a group of one has no peers")
         problem = group_field_problem(self.group_field)
         if problem is not None:
             raise ConfigError("group_field", problem)

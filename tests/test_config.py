@@ -127,6 +127,8 @@ def test_the_flat_fields_beside_the_parts_are_gone():
         (lambda: FailureLimit(count=5, fraction=0.5), "max_failures"),
         (lambda: Config(tls=True), "tls"),
         (lambda: Config(tls="ca.pem"), "tls"),
+        (lambda: Config(groups=True, repeats_by_agent={"a": 4, "b": 1}), "repeats_by_agent"),
+        (lambda: Config(drop_uniform=True, repeats=1, repeats_by_agent={"a": 4}), "repeats"),
     ],
 )
 def test_a_part_that_cannot_be_used_is_refused_by_its_field(build: Callable[[], object], field: str):

@@ -747,7 +747,7 @@ def parse(
     )
     group_settings = parsers.groups(
         groups,
-        repeats=max([default_repeats or 1, *repeats_by_agent.values()]),
+        repeats=(default_repeats, repeats_by_agent),
         drop_uniform=drop_uniform,
         group_field=group_field,
         given={"--keep-incomplete": keep_incomplete, "--target-groups": target_groups, "--dropped": dropped},

@@ -411,10 +411,18 @@ def gym_layout(output: str | None) -> tuple[str, str, str, str]:
     )
 
 
+def fewest_repeats(default: int | None, by_agent: Mapping[str, int]) -> tuple[int, str | None]:
+    """The fewest rollouts a row gets, and the -r that gives them (None: no -r gave it)."""
+    counts: list[tuple[int, str | None]] = [(count, f"-r {name}={count}") for name, count in sorted(by_agent.items())]
+    if default is not None or not by_agent:  # without a default, a row no count covers fails
+        counts.append((default or 1, None if default is None else f"-r {default}"))
+    return min(counts, key=lambda count: count[0])
+
+
 def groups(
     groups: bool,
     *,
-    repeats: int,
+    repeats: tuple[int | None, Mapping[str, int]],
     drop_uniform: bool,
     group_field: str | None,
     given: dict[str, object],
@@ -422,8 +430,8 @@ def groups(
 ) -> dict[str, Any]:
     """Config's groups, drop_uniform and group_field from --groups, --drop-uniform and
     --group-field; UsageError for group options that cannot work: one that needs --groups without
-    it (those `given`), groups of one rollout, a --group-field that can never be a number, or an
-    option groups cannot go with (those `refused`)."""
+    it (those `given`), groups of one rollout (`repeats`: -r's default and counts by agent), a
+    --group-field that can never be a number, or an option groups cannot go with (those `refused`)."""
     settings = {"groups": groups or drop_uniform, "drop_uniform": drop_uniform, "group_field": group_field or "reward"}
     if not settings["groups"]:
         for option, value in given.items():
@@ -432,8 +440,10 @@ def groups(
         if group_field is not None:
             raise UsageError("--group-field is what --drop-uniform compares: give --drop-uniform")
         return settings
-    if repeats < 2:
-        raise UsageError("--groups needs -r K with K > 1: a group is a row's K rollouts")
+    fewest, named = fewest_repeats(*repeats)
+    if fewest < 2:
+        which = f" ({named} makes groups of one)" if named is not None and repeats[1] else ""
+        raise UsageError(f"--groups needs -r K with K > 1: a group is a row's K rollouts{which}")
     if group_field is not None and not drop_uniform:
         raise UsageError("--group-field is what --drop-uniform compares: give --drop-uniform")
     problem = group_field_problem(group_field) if group_field is not None else None
