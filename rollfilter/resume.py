@@ -63,8 +63,8 @@ HELD_SUFFIX = ".held"
 DROPPED_BECAUSE = "dropped_because"  # the key of a dropped group's rollouts (and of the held file's markers)
 WRITTEN_THROUGH = "written_through"  # the held file's marker: the results file's whole groups end there
 KEPT = "kept"  # beside WRITTEN_THROUGH: the group written then was kept, [task, its first rollout]
-ROLLOUTS = "rollouts"  # a group marker's rollout indices (its `_ng_rollout_index` is the first)
-FAILED = "failed"  # an incomplete group's marker: the rollouts that failed
+ROLLOUTS = "group_rollouts"  # a group marker's rollout indices (its `_ng_rollout_index` is the first)
+FAILED = "failed_rollouts"  # an incomplete group's marker: the rollouts that failed
 CANCELLED = "cancelled"  # why the finished rollouts of a group still open when a run ends are dropped
 
 
@@ -81,7 +81,7 @@ class _HeldRecord(msgspec.Struct):
 
     @property
     def is_result(self) -> bool:
-        return self.written_through is None and self.dropped is None and self.failed is None
+        return self.written_through is None and self.dropped is None and not isinstance(self.failed, list)
 
     def group_rollouts(self) -> list[Any]:
         """A group marker's rollouts (a marker of one rollout names only its own)."""
@@ -272,7 +272,7 @@ class ResumeState:
                 self.dropped_groups += groups.add(pair_key(marker.task, marker.rollout))[1]
                 for rollout in marker.group_rollouts():
                     self._dropped.add(pair_key(marker.task, rollout))
-            elif marker.failed is not None:
+            elif isinstance(marker.failed, list):
                 incomplete.append(marker)
         reopen_at, reopened = self._reopen_point(results, incomplete) if incomplete else (None, [])
         if reopen_at is not None and reopen_at < vouched:

@@ -77,10 +77,11 @@ def test_uniform_groups_are_dropped_and_marked_in_the_held_file_and_failures_mak
     groups.failure(job(1, 1), AttemptFailure(ErrorKind.TIMEOUT, "no answer"))
     assert [closed.fate for closed in sink.closed] == [Fate.UNIFORM, Fate.INCOMPLETE]
     assert [len(closed.failures) for closed in sink.closed] == [0, 1]
-    markers = [json.loads(line) for line in held if b"rollouts" in line]  # one line a group: a kill leaves all or none
+    # One marker line a group: a kill leaves all of it or none.
+    markers = [json.loads(line) for line in held if b"group_rollouts" in line]
     assert markers == [
-        {"_ng_task_index": 0, "_ng_rollout_index": 0, "dropped_because": "uniform", "rollouts": [0, 1]},
-        {"_ng_task_index": 1, "_ng_rollout_index": 0, "rollouts": [0, 1], "failed": [1]},
+        {"_ng_task_index": 0, "_ng_rollout_index": 0, "dropped_because": "uniform", "group_rollouts": [0, 1]},
+        {"_ng_task_index": 1, "_ng_rollout_index": 0, "group_rollouts": [0, 1], "failed_rollouts": [1]},
     ]
     assert len(counted) == 3  # every finished rollout of a closed group: dropped ones are samples too
     assert groups.figures() == {"kept": 0, "dropped_uniform": 1, "incomplete": 1, "cancelled": 0}

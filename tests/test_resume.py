@@ -98,9 +98,8 @@ def test_the_dropped_file_is_made_again_from_the_held_file_each_uniform_rollout_
     all, and an open group's lines as cancelled, which the resumed run writes again when it closes it."""
     out, held, dropped = tmp_path / "out.jsonl", tmp_path / "out.jsonl.held", tmp_path / "dropped.jsonl"
     _jsonl(out, [])
-    uniform = [
-        {"_ng_task_index": t, "_ng_rollout_index": 0, "dropped_because": "uniform", "rollouts": [0, 1]} for t in (1, 2)
-    ]
+    marker = {"_ng_rollout_index": 0, "dropped_because": "uniform", "group_rollouts": [0, 1]}
+    uniform = [{"_ng_task_index": t, **marker} for t in (1, 2)]
     _jsonl(held, [_result(1, 1), _result(1, 0), uniform[0], _result(2, 0), _result(2, 1), uniform[1], _result(3, 0)])
     stamped = [{**_result(1, k), "dropped_because": "uniform"} for k in (0, 1)]
     foreign = {**_result(99, 0), "dropped_because": "uniform"}  # another run's (--append): it stands
@@ -125,7 +124,7 @@ def test_a_group_written_incomplete_is_cut_off_to_be_written_whole_when_its_fail
     kept_end = out.stat().st_size
     with out.open("a") as file:  # task 1 written without its rollout 1, then task 2 whole
         file.write("".join(json.dumps(_result(t, k)) + "\n" for t, k in ((1, 0), (2, 0), (2, 1))))
-    incomplete = {"_ng_task_index": 1, "_ng_rollout_index": 0, "rollouts": [0, 1], "failed": [1]}
+    incomplete = {"_ng_task_index": 1, "_ng_rollout_index": 0, "group_rollouts": [0, 1], "failed_rollouts": [1]}
     _jsonl(held, [
         _result(0, 0), _result(0, 1), {"written_through": kept_end, "kept": [0, 0]},
         _result(1, 0), incomplete, {"written_through": kept_end + 100},
@@ -149,3 +148,11 @@ def test_a_group_written_incomplete_is_cut_off_to_be_written_whole_when_its_fail
     state = ResumeState.from_files(str(out), str(errors), held=str(held))
     assert (state.reopened, state.cut_bytes) == (0, 0)
     assert [state.decide(1, k) for k in (0, 1)] == [ResumeState.DONE, ResumeState.GIVE_UP]
+
+
+def test_a_result_with_fields_named_like_a_markers_is_still_a_result(tmp_path):
+    out, held = tmp_path / "out.jsonl", tmp_path / "out.jsonl.held"
+    _jsonl(out, [])
+    _jsonl(held, [_result(0, 0, failed=True, failed_rollouts=2, group_rollouts=[0], kept=[0, 0])])
+    state = ResumeState.from_files(str(out), None, held=str(held))
+    assert state.decide(0, 0) == ResumeState.HELD
