@@ -127,6 +127,11 @@ class ResumeState:
     def done_pairs(self) -> int:
         return self._done.count
 
+    @property
+    def finished_pairs(self) -> int:
+        """The pairs earlier runs finished: written, dropped as uniform, or held in open groups."""
+        return self._done.count + self._dropped.count + len(self._held)
+
     def add_done(self, task: Any, rollout: Any) -> None:
         self._done.add(pair_key(task, rollout))
 

@@ -144,6 +144,8 @@ class Run:
                 dropped_before=self._resume.dropped_groups if self._resume is not None else 0,
             )
             self.groups.start()  # a target earlier runs met stops the run before anything is sent
+            if self.groups.target_reached and self._resume is not None:  # no row is read: it skips them all
+                self.metrics.skipped = self._resume.finished_pairs
         on_group = self.groups.planned if self.groups is not None else None
         return Engine(
             planner=Planner(source, config, self._resume, self.tasks, on_group),

@@ -445,8 +445,10 @@ def test_a_resume_whose_target_was_met_sends_nothing_and_repeats_no_dropped_line
         assert sorted(pairs(read_jsonl(dropped))) == cancelled  # each once, as the first run left them
         assert len(groups_in(read_jsonl(out))) == target
         assert not set(pairs(read_jsonl(out))) & set(cancelled)
-        groups = summary_of(resumed.stderr)["rollfilter"]["groups"]
-        assert groups["kept"] == target
+        figures = summary_of(resumed.stderr)["rollfilter"]
+        assert figures["groups"]["kept"] == target
+        finished = len(read_jsonl(out)) + len(cancelled)
+        assert (figures["skipped"], figures["not_started"]) == (finished, n * K - finished)
 
 
 def test_after_kills_and_a_resume_the_dropped_file_holds_each_uniform_rollout_once(tmp_path: Path):
