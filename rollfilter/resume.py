@@ -116,7 +116,10 @@ class ResumeState:
         self._dropped = KeyTable()
         self._closed = KeyTable()  # failed rollouts of a group written incomplete that cannot be written again
         self._kept = KeyTable()  # the kept groups the held file names, by (task, first rollout)
-        self._held: dict[bytes, bytes] = {}  # pair -> its result line, of groups still open
+        # A pair of a group still open -> where its result line is in the held file, and its length:
+        # read when taken, so that what is taken back costs no memory until then.
+        self._held: dict[bytes, tuple[int, int]] = {}
+        self._held_path = ""
         self._known = KeyTable()  # every pair whose result the held file holds
         self.cut_bytes = 0  # cut off the results file: the start of a group a kill cut in two
         self.reopened = 0  # groups written incomplete whose failed rollouts run again: cut off to be written whole
@@ -169,15 +172,25 @@ class ResumeState:
 
     def take_held(self, task: Any, rollout: Any) -> dict[str, Any]:
         """The result an earlier run finished for a pair that `decide` calls HELD (given once)."""
-        result: dict[str, Any] = _decode(self._held.pop(pair_key(task, rollout)))
+        result: dict[str, Any] = _decode(self._held_line(*self._held.pop(pair_key(task, rollout))))
         return result
+
+    def _held_line(self, offset: int, length: int) -> bytes:
+        try:
+            fd = os.open(self._held_path, os.O_RDONLY)
+        except OSError as exc:
+            raise UsageError(f"cannot read {self._held_path} to resume from it: {exc.strerror}") from None
+        try:
+            return os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
 
     def leftover_held(self) -> Iterator[dict[str, Any]]:
         """The results `take_held` did not give (their groups are still open: the run stopped
         first), a task's together, each given once."""
         by_task: dict[bytes, list[dict[str, Any]]] = {}
-        for line in self._held.values():
-            result: dict[str, Any] = _decode(line)
+        for place in self._held.values():
+            result: dict[str, Any] = _decode(self._held_line(*place))
             by_task.setdefault(_encode(result.get(TASK_INDEX)), []).append(result)
         self._held.clear()
         for results in by_task.values():
@@ -262,6 +275,7 @@ class ResumeState:
         return state
 
     def _read_held(self, results: str, held: str) -> None:
+        self._held_path = held
         vouched = 0
         incomplete: list[_HeldRecord] = []
         groups = KeyTable()
@@ -322,8 +336,8 @@ class ResumeState:
                 self._count_done(key)
             else:
                 beyond.setdefault(key, False)
-        taken_back: dict[bytes, bytes] = {}
-        for line in _lines(held):
+        taken_back: dict[bytes, tuple[int, int]] = {}
+        for line, start in _lines_at(held):
             result = _held_record(line)
             if result is None or not result.is_result:
                 continue
@@ -331,9 +345,9 @@ class ResumeState:
             self._known.add(key)
             if key in beyond:
                 beyond[key] = True
-                taken_back[key] = line
+                taken_back[key] = (start, len(line))
             elif key not in self._done and key not in self._dropped:
-                self._held[key] = line
+                self._held[key] = (start, len(line))
         if beyond and all(beyond.values()):
             if cut < vouched:  # the mark first: a kill before the cut leaves it to be cut again
                 _append(held, _encode({WRITTEN_THROUGH: cut}) + b"\n")
@@ -419,11 +433,17 @@ def _cut_at(path: str, size: int) -> int:
     return before - size
 
 
-def _records_at(path: str) -> Iterator[tuple[_Record, int]]:
-    """`_records`, each with the offset its line starts at."""
+def _lines_at(path: str) -> Iterator[tuple[bytes, int]]:
+    """`_lines`, each with the offset it starts at."""
     offset = 0
     for line in _lines(path):
-        start, offset = offset, offset + len(line)
+        yield line, offset
+        offset += len(line)
+
+
+def _records_at(path: str) -> Iterator[tuple[_Record, int]]:
+    """`_records`, each with the offset its line starts at."""
+    for line, start in _lines_at(path):
         try:
             record = _decode_record(line)
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
