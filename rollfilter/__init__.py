@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from rollfilter.errors import ErrorKind, RollfilterError, ServiceError, UsageError
     from rollfilter.outcomes import Failure, Group, Rollout
     from rollfilter.rollout_run import RolloutRun
+    from rollfilter.steering import SteeringError, SteeringStatistics
 
 _EXPORTS = {
     "Config": "rollfilter.config",
@@ -36,6 +37,8 @@ _EXPORTS = {
     "Rollouts": "rollfilter.api",
     "open_rollouts": "rollfilter.api",
     "rollouts": "rollfilter.api",
+    "SteeringError": "rollfilter.steering",
+    "SteeringStatistics": "rollfilter.steering",
 }
 __all__ = [
     "Config",
@@ -48,6 +51,8 @@ __all__ = [
     "RolloutRun",
     "Rollouts",
     "ServiceError",
+    "SteeringError",
+    "SteeringStatistics",
     "Timeouts",
     "Tls",
     "UsageError",

@@ -209,6 +209,13 @@ class AdaptiveWindow:
     def stats(self) -> WindowStats:
         return WindowStats(self.limit, self.min_seen, self.max_seen)
 
+    def set_ceiling(self, ceiling: int) -> None:
+        """A new ceiling (the run's concurrency changed): a window over it comes down to it at
+        once, letting what is in flight finish; under it, the window grows toward it as before."""
+        self.ceiling = ceiling
+        self._set(self._window)
+        self._lot.unpark(count=max(0, self.limit - self.in_flight))
+
     async def acquire(self) -> int:
         """Wait for room in the window; the attempt's ticket, for `release`."""
         while self.in_flight >= self.limit:

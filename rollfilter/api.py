@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import sniffio
 import trio
@@ -29,6 +30,10 @@ import trio
 from rollfilter.config import Config
 from rollfilter.outcomes import Group, Outcome
 from rollfilter.rollout_run import RolloutRun, Rows, RunResults, open_rollouts_in_trio
+from rollfilter.run import KEEP
+from rollfilter.steering import SteeringStatistics
+
+T = TypeVar("T")
 
 
 def open_rollouts(rows: Rows, config: Config) -> contextlib.AbstractAsyncContextManager[RolloutRun]:
@@ -138,6 +143,44 @@ class Rollouts(RunResults):
             with contextlib.suppress(trio.RunFinishedError):
                 trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
         self._thread.join()
+
+    def _in_run(self, call: Callable[[RolloutRun], T]) -> T:
+        """`call(run)` in the run's trio loop, from this thread."""
+        if self._token is None or self._run is None:
+            raise RuntimeError("the run has not started: steer it once iterating has begun")
+        run = self._run
+        return trio.from_thread.run_sync(lambda: call(run), trio_token=self._token)
+
+    def pause(self) -> None:
+        """Send no new /run request from now on (see `RolloutRun.pause`)."""
+        self._in_run(lambda run: run.pause())
+
+    def resume(self) -> None:
+        """Undo `pause()`."""
+        self._in_run(lambda run: run.resume())
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Pause, and block until no request is in flight, for at most `timeout` seconds (None:
+        as long as it takes). Whether none is in flight; the run stays paused until `resume()`."""
+        if self._token is None or self._run is None:
+            raise RuntimeError("the run has not started: steer it once iterating has begun")
+        return trio.from_thread.run(self._run.drain, timeout, trio_token=self._token)
+
+    def set_concurrency(self, concurrency: int) -> None:
+        """See `RolloutRun.set_concurrency`."""
+        self._in_run(lambda run: run.set_concurrency(concurrency))
+
+    def set_rate(self, agent: str | None = None, *, rpm: float | None = KEEP, tpm: float | None = KEEP) -> None:
+        """See `RolloutRun.set_rate`."""
+        self._in_run(lambda run: run.set_rate(agent, rpm=rpm, tpm=tpm))
+
+    def set_policy_version(self, version: int) -> None:
+        """See `RolloutRun.set_policy_version`."""
+        self._in_run(lambda run: run.set_policy_version(version))
+
+    def statistics(self) -> SteeringStatistics:
+        """See `RolloutRun.statistics`."""
+        return self._in_run(lambda run: run.statistics())
 
     def __enter__(self) -> Rollouts:
         return self

@@ -29,6 +29,7 @@ from rollfilter.plan import Job
 from rollfilter.redact import origin, printable, shown
 from rollfilter.routing import Agent, Replica, affinity_value, task_key
 from rollfilter.rows import decode_exact
+from rollfilter.steering import Steering
 
 BACKOFF_BASE = 0.5  # seconds before the first retry (times full jitter)
 BACKOFF_CAP = 30.0  # the longest jittered pause between two attempts
@@ -80,13 +81,16 @@ class Flight:
     the client counts as it makes them. It is the one count of a job's attempts: the engine
     reads it for the status, and for the outcome of a job that did not fail in the client."""
 
-    __slots__ = ("attempt", "held", "held_s", "since")
+    __slots__ = ("attempt", "held", "held_s", "sent_version", "since")
 
     def __init__(self, since: float = 0.0) -> None:
         self.since = since
         self.attempt = 1
-        self.held = False  # waiting on its agent's rate limits (or, under limits, for a place among those out)
+        # Waiting on its agent's rate limits (or, under limits, for a place among those out), or
+        # held by a pause: not sent.
+        self.held = False
         self.held_s = 0.0  # how long it waited so, over its attempts: not sent, so not its latency
+        self.sent_version: int | None = None  # the policy version when its last attempt was sent
 
 
 class JobClient(Protocol):
@@ -128,8 +132,10 @@ class AgentClient:
         on_retry: Callable[[Job, AttemptFailure, float], None] | None = None,
         on_internal_error: Callable[[Job, Exception], None] | None = None,
         send_slots: SendSlots | None = None,
+        steering: Steering | None = None,
     ) -> None:
         self._transport = transport
+        self._steering = steering if steering is not None else Steering()
         self._send_slots = send_slots  # under rate limits: what bounds the requests out at once
         self._retries = config.retries.count
         self._retry_statuses = config.retries.statuses
@@ -150,9 +156,12 @@ class AgentClient:
         replica: Replica | None = None
         if flight is None:
             flight = Flight()
+        steering = self._steering
         try:
             while True:
                 attempt = flight.attempt
+                if steering.paused:  # before the waits below, so that a paused row holds no window or charge
+                    await self._paused(flight)
                 window = agent.window
                 ticket = await window.acquire() if window is not None else 0
                 limits, out = agent.limits, self._send_slots
@@ -160,8 +169,11 @@ class AgentClient:
                 if limits is not None or out is not None:  # under rate limits only: no work on a plain run's path
                     request = _Request()
                     charged = await self._turn(agent, flight, request)
+                if steering.paused:  # paused while this attempt waited: from here on nothing waits until it is sent
+                    await self._paused(flight)
                 if attempt == 1 and agent.budget is not None:
                     agent.budget.deposit()
+                flight.sent_version = steering.version
                 replica = agent.pick(trio.current_time(), avoid=replica, task=task)
                 replica.outstanding += 1
                 replica.requests += 1
@@ -174,6 +186,8 @@ class AgentClient:
                     answer = outcome if not isinstance(outcome, AttemptFailure) else outcome.answer
                 finally:
                     replica.outstanding -= 1
+                    if steering.paused:
+                        steering.attempt_ended()
                     if window is not None:
                         window.release(ticket, signal, trio.current_time() - started)
                     if limits is not None:
@@ -213,6 +227,15 @@ class AgentClient:
                 self._on_internal_error(job, exc)
             message = f"unexpected {type(exc).__name__} while sending the row or reading its reply"
             return AttemptFailure(ErrorKind.INTERNAL, message, attempts=flight.attempt)
+
+    async def _paused(self, flight: Flight) -> None:
+        """Wait out a pause, counted in `flight` as time held."""
+        flight.held, since = True, trio.current_time()
+        try:
+            await self._steering.wait_unpaused()
+        finally:
+            flight.held = False
+            flight.held_s += trio.current_time() - since
 
     async def _turn(self, agent: Agent, flight: Flight, request: _Request) -> float:
         """Wait for the agent's rate limits, and under limits for a slot among the requests out

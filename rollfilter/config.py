@@ -209,6 +209,13 @@ class Config:
     drop_uniform: bool = False  # drop a group whose group_field is the same number in every rollout (implies groups)
     group_field: str = "reward"  # a numeric top-level field of each result
     target_groups: AtLeastOne | None = None  # stop once this many groups have been handed out
+    # The policy version the run starts under: every result then carries _rf_policy_version, the
+    # version when its /run was sent and when it ended (the run's set_policy_version changes it).
+    policy_version: int | None = None
+    # Bounded staleness (with groups): group i, counted in the order groups are admitted, is sent
+    # once the version v satisfies i < (v - policy_version + max_staleness + 1) * batch_groups.
+    max_staleness: Count | None = None
+    batch_groups: AtLeastOne | None = None
     # Of an agent's replicas: "task", every rollout of a task on one (its prefix cache), or
     # "least-outstanding". None: by task with repeats over 1, else the least outstanding.
     route: Literal["task", "least-outstanding"] | None = None
@@ -265,10 +272,21 @@ class Config:
         problem = group_field_problem(self.group_field)
         if problem is not None:
             raise ConfigError("group_field", problem)
+        self._check_staleness()
         if self.affinity_header is not None:
             problem = affinity_header_problem(self.affinity_header, [name for name, _ in self.headers])
             if problem is not None:
                 raise ConfigError("affinity_header", problem)
+
+    def _check_staleness(self) -> None:
+        if (self.max_staleness is None) != (self.batch_groups is None):
+            given = "max_staleness" if self.max_staleness is not None else "batch_groups"
+            raise ConfigError(given, "needs Config.max_staleness and Config.batch_groups together")
+        if self.max_staleness is not None:
+            if not self.groups:
+                raise ConfigError("max_staleness", "needs Config.groups: staleness is bounded group by group")
+            if self.policy_version is None:
+                object.__setattr__(self, "policy_version", 0)
 
     def limits_for(self, agent: str | None) -> tuple[float | None, float | None]:
         """The requests and tokens a minute rows of `agent` may use (None: no limit)."""

@@ -33,6 +33,7 @@ from rollfilter.routing import Agent, Router
 from rollfilter.rows import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX, agent_name
 from rollfilter.sinks import RowSink
 from rollfilter.spool import ResultSpool
+from rollfilter.steering import StalenessGate, Steering
 from rollfilter.writers import Release
 
 ERROR_REASON_CHARS = 200  # how much of an agent's failure_reason a message quotes
@@ -161,7 +162,13 @@ class Engine:
     # Stop the run once a row has failed to connect to an agent that no attempt has got past
     # connecting to (see `_check_unreachable`).
     stop_when_unreachable: bool = False
+    steering: Steering = dataclasses.field(default_factory=Steering)  # the pause, the policy version
+    staleness: StalenessGate | None = None  # with a staleness bound: which groups may be sent
     _in_flight: dict[Job, Flight] = dataclasses.field(default_factory=dict)  # in the order sent
+    _limiter: trio.CapacityLimiter | None = None  # the slots of `concurrency`, once running
+    _reading: trio.Lock = dataclasses.field(default_factory=trio.Lock)  # one worker at a time fills the planner
+    _nursery: trio.Nursery | None = None
+    _workers: int = 0  # started so far
 
     def status(self) -> RunStatus:
         """What the run has done so far, and its oldest rollouts in flight (any thread of the run's loop)."""
@@ -189,19 +196,36 @@ class Engine:
     async def run(self) -> None:
         """Return when every job has ended, or when `control` stopped the run."""
         workers = self.concurrency + self.waiting_rows  # the requests out are bounded by the client then
-        limiter = trio.CapacityLimiter(workers)
-        reading = trio.Lock()
+        self._limiter = trio.CapacityLimiter(workers)
         with self.control.scope:
             async with trio.open_nursery() as nursery:
-                for started in range(1, workers + 1):
-                    nursery.start_soon(self._worker, limiter, reading)
-                    if started % START_BATCH == 0:
-                        # Workers started together connect and send in one scheduler step; in
-                        # batches, a host loop (asyncio, for a guest run) gets turns in between.
-                        await trio.lowlevel.checkpoint()
+                self._nursery = nursery
+                await self._start_workers(workers)
+        self._nursery = None
         self.metrics.skipped = self.planner.skipped
         self.metrics.not_retried = self.planner.given_up
         self.metrics.retries_withheld = self.router.retries_withheld()
+
+    async def _start_workers(self, workers: int) -> None:
+        assert self._nursery is not None
+        assert self._limiter is not None
+        while self._workers < workers:
+            self._nursery.start_soon(self._worker, self._limiter, self._reading)
+            self._workers += 1
+            if self._workers % START_BATCH == 0:
+                # Workers started together connect and send in one scheduler step; in
+                # batches, a host loop (asyncio, for a guest run) gets turns in between.
+                await trio.lowlevel.checkpoint()
+
+    def set_concurrency(self, concurrency: int) -> None:
+        """Bound the rows taken at once by `concurrency` from now on: a higher one starts more
+        workers, a lower one lets the excess finish (a slot freed is then not taken again)."""
+        self.concurrency = concurrency
+        if self._limiter is None:
+            return
+        self._limiter.total_tokens = concurrency + self.waiting_rows
+        if self._nursery is not None and self._workers < concurrency + self.waiting_rows:
+            self._nursery.start_soon(self._start_workers, concurrency + self.waiting_rows)
 
     async def _worker(self, limiter: trio.CapacityLimiter, reading: trio.Lock) -> None:
         # A worker that finishes a row takes the next one itself, in the same scheduler
@@ -222,6 +246,11 @@ class Engine:
                 release()
                 return
             self.metrics.taken += 1
+            staleness = self.staleness
+            if staleness is not None and job.failure is None:
+                group = staleness.admits_now(job)  # asked in the order jobs are taken: the groups' numbering
+                if group is not None:
+                    await staleness.admit(group)
             route = job.failure or self.router.route(job.agent_name)
             if isinstance(route, AttemptFailure):
                 self._fail(job, route, release)
@@ -238,6 +267,8 @@ class Engine:
             self.on_event(f"{describe(job)}: sent to agent {agent.name or shown(agent.replicas[0].url)}")
         try:
             answer = await self.client.run(job, agent, flight)
+            if self.steering.version is not None and not isinstance(answer, AttemptFailure):
+                self.steering.stamp(answer, flight.sent_version)
             if self.metrics.spending is not None and not isinstance(answer, AttemptFailure):
                 self._spend(job, answer)
             outcome = judge(job, answer, flight.attempt)

@@ -9,6 +9,10 @@ retries, or could not be run), or cancelled (the run stopped first: `target_grou
 signal). Only the members of groups that closed count in the run's figures: a cancelled group's
 fast members are left out, so that cutting stragglers does not favour fast answers.
 
+With `in_order` (a staleness bound asks for it), closed groups are handed out in the order they
+were planned: a group that closed early waits for those before it, so that a trainer counting the
+groups it takes cannot run ahead of a slow one by more than the bound.
+
 A group's results are in memory only while it is open, at most one group per rollout in flight.
 Each member's slot is given back as soon as it is held, but the one that closes the group, whose
 slot comes back once the group is written (or, from the Python API, taken): that keeps what is
@@ -73,6 +77,7 @@ class _Open:
     members: dict[int, Member]
     failures: list[tuple[Job, AttemptFailure]]
     broken: bool  # a member can never end well: the group is incomplete
+    number: int = 0  # in the order groups were planned
 
 
 class GroupStage:
@@ -98,6 +103,7 @@ class GroupStage:
         hold: Callable[[bytes], None] | None = None,
         kept_before: int = 0,
         dropped_before: int = 0,
+        in_order: bool = False,
     ) -> None:
         self._sink = sink
         self._reached = reached
@@ -111,6 +117,10 @@ class GroupStage:
         self.kept_earlier = kept_before  # groups an earlier run wrote whole
         self.dropped_earlier = dropped_before  # groups an earlier run dropped as uniform
         self.target_reached = False
+        self._in_order = in_order
+        self._planned = 0  # groups numbered so far
+        self._next_out = 0  # with in_order, the number of the next group to hand out
+        self._ready: dict[int, tuple[ClosedGroup, Release]] = {}  # closed, waiting for their turn
 
     def start(self) -> None:
         """Before anything is sent: calls `reached()` if earlier runs met the target."""
@@ -125,7 +135,8 @@ class GroupStage:
             return  # a uniform group's is counted in dropped_before
         members = {rollout: Member(None, result, None) for rollout, result in plan.held.items()}
         size = len(plan.sent) + len(plan.held) + plan.done + plan.dropped + plan.given_up
-        group = _Open(plan.task_index, plan.first, size, set(plan.sent), members, [], broken=plan.given_up > 0)
+        group = _Open(plan.task_index, plan.first, size, set(plan.sent), members, [], plan.given_up > 0, self._planned)
+        self._planned += 1
         if group.waiting:
             self._open[_key(plan.task_index, plan.first)] = group
         else:
@@ -169,7 +180,7 @@ class GroupStage:
         if self._hold is not None:
             self._hold_marker(group, fate, members)
         closed = ClosedGroup(group.task_index, fate, members, tuple(group.failures), group.first)
-        self._sink.group(closed, release or _nothing)
+        self._hand_out(group.number, closed, release)
         if fate is Fate.KEPT:
             self._check_target()
 
@@ -189,13 +200,26 @@ class GroupStage:
         assert self._hold is not None
         self._hold(encode_json(marker) + b"\n")
 
+    def _hand_out(self, number: int, closed: ClosedGroup, release: Release | None) -> None:
+        """To the sink; with `in_order`, once every group planned before it has gone."""
+        if not self._in_order:
+            self._sink.group(closed, release or _nothing)
+            return
+        self._ready[number] = (closed, release or _nothing)
+        while self._next_out in self._ready:
+            self._sink.group(*self._ready.pop(self._next_out))
+            self._next_out += 1
+
     def _check_target(self) -> None:
         if self._target is not None and self.fates[Fate.KEPT] + self.kept_earlier >= self._target:
             self.target_reached = True
             self._reached()
 
     def cancel_open(self) -> None:
-        """The run stopped: every group still open is cancelled, its members left out of the figures."""
+        """The run stopped: the closed groups still waiting for their turn go out, and every group
+        still open is cancelled, its members left out of the figures."""
+        for number in sorted(self._ready):
+            self._sink.group(*self._ready.pop(number))
         for group in self._open.values():
             members = tuple(group.members[rollout] for rollout in sorted(group.members))
             self.fates[Fate.CANCELLED] += 1

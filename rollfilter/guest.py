@@ -253,6 +253,22 @@ class GuestRolloutRun(RolloutRun):
             raise StopAsyncIteration
         return taken
 
+    async def drain(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109  # an answer, not an error
+        """Pause, and wait in asyncio until no request is in flight (see `RolloutRun.drain`)."""
+        steering = self._steered().steering
+        steering.pause()
+        quiet: asyncio.Future[None] = self._loop.create_future()
+
+        def on_quiet() -> None:  # called in the guest, on this loop's thread
+            _resolve(quiet, None)
+
+        steering.when_quiet(on_quiet)
+        try:
+            await asyncio.wait([quiet], timeout=timeout)
+        finally:
+            steering.forget_quiet(on_quiet)
+        return quiet.done()
+
     async def serve(self) -> None:  # the run's task in the guest
         error: BaseException | None = None
         run: RolloutRun | None = None
@@ -261,6 +277,7 @@ class GuestRolloutRun(RolloutRun):
                 async with open_rollouts_in_trio(self._rows, self._config) as run:
                     self._status = run.status
                     self.figures = run.figures
+                    self._run = run._run
                     _resolve(self._entered, None)
                     await self._answer_asks(run)
         except BaseException as exc:  # handed to the asyncio side

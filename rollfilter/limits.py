@@ -116,6 +116,7 @@ class AgentLimits:
         self.rpm, self.tpm = rpm, tpm
         self._requests = Pacer(rpm / 60.0) if rpm is not None else None
         self._tokens = Pacer(tpm / 60.0) if tpm is not None else None
+        self._changed = trio.Event()  # set when the limits are changed: the waiters look again
         self._turn = trio.Lock()  # fair: requests leave in the order they came
         self.estimate: float | None = None  # mean tokens a reply, once one reported usage
         self._with_usage = 0
@@ -165,6 +166,20 @@ class AgentLimits:
             self.waiting -= 1
             self.waited_s += (waited_until if waited_until is not None else trio.current_time()) - now
 
+    def set(self, rpm: float | None, tpm: float | None) -> None:
+        """New limits (None: none), in force for the requests waiting too. A limit changed starts
+        afresh, with its burst; a token limit keeps the tokens a reply takes learnt so far."""
+        if rpm != self.rpm:
+            self.rpm, self._requests = rpm, Pacer(rpm / 60.0) if rpm is not None else None
+        if tpm != self.tpm:
+            self.tpm, self._tokens = tpm, Pacer(tpm / 60.0) if tpm is not None else None
+        if self._tokens is None and self._probe_out:  # nothing waits on a probe without a token limit
+            self._probe_out = False
+            self._probe_back.set()
+            self._probe_back = trio.Event()
+        changed, self._changed = self._changed, trio.Event()
+        changed.set()
+
     def _leave(self, now: float) -> float:
         """A request goes: it is charged the estimate (the tokens), and is the probe if there is none."""
         cost = self.estimate or 0.0
@@ -181,7 +196,8 @@ class AgentLimits:
             due = max((pacer.due(units) for pacer, units in self._pacers(cost)), default=now)
             if due <= now:  # times compared, not their difference: no wait rounds to nothing forever
                 return
-            await trio.sleep_until(due)
+            with trio.move_on_at(due):
+                await self._changed.wait()
 
     def settle(self, charged: float, answer: Mapping[str, Any] | None) -> None:
         """A request charged `charged` tokens has ended with `answer` (None: no 2xx answer)."""

@@ -22,10 +22,12 @@ import trio
 
 from rollfilter.config import Config
 from rollfilter.engine import RunStatus
+from rollfilter.http import AgentTransport
 from rollfilter.outcomes import Group, Outcome
-from rollfilter.run import Run
+from rollfilter.run import KEEP, Run
 from rollfilter.sinks import ChannelSink
 from rollfilter.source import InputLine
+from rollfilter.steering import SteeringStatistics
 from rollfilter.writers import Release
 
 Rows = Iterable[Any] | AsyncIterable[Any]
@@ -65,12 +67,58 @@ class RunFigures:
 
 
 class RolloutRun(RunResults, abc.ABC):
-    """The outcomes of one run, as they finish; `summary` is set once the run has ended."""
+    """The outcomes of one run, as they finish; `summary` is set once the run has ended.
+
+    A run can be steered while it runs, from the task or loop that iterates it: `pause()` and
+    `resume()`, `await drain(timeout)`, `set_concurrency(n)`, `set_rate(...)`,
+    `set_policy_version(v)`, and `statistics()` for what is in force. A change that cannot be
+    made raises `SteeringError` (a ValueError) and changes nothing.
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self._status: Callable[[], RunStatus] | None = None
         self.figures: RunFigures | None = None  # set once the run has started
+        self._run: Run | None = None  # set once the run has started
+
+    def _steered(self) -> Run:
+        if self._run is None:
+            raise RuntimeError("the run has not started")
+        return self._run
+
+    def pause(self) -> None:
+        """Send no new /run request from now on (one being written may finish); what is in flight
+        goes on, and its outcomes still come. Retries wait too."""
+        self._steered().steering.pause()
+
+    def resume(self) -> None:
+        """Undo `pause()`: the rows it held are sent."""
+        self._steered().steering.resume()
+
+    async def drain(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109  # an answer, not an error
+        """Pause, and wait until no request is in flight, for at most `timeout` seconds (None: as
+        long as it takes). Whether none is in flight; the run stays paused until `resume()`."""
+        return await self._steered().steering.drain(timeout)
+
+    def set_concurrency(self, concurrency: int) -> None:
+        """Bound the requests in flight by `concurrency` from now on (with `Config.adaptive`, the
+        windows' ceiling); a lower bound cancels nothing, the excess finishes first."""
+        self._steered().set_concurrency(concurrency)
+
+    def set_rate(self, agent: str | None = None, *, rpm: float | None = KEEP, tpm: float | None = KEEP) -> None:
+        """Requests (`rpm`) and tokens (`tpm`) a minute for rows of `agent` (None: every agent);
+        None removes a limit, one not given stays. In force for the requests waiting too."""
+        self._steered().set_rate(agent, rpm=rpm, tpm=tpm)
+
+    def set_policy_version(self, version: int) -> None:
+        """The policy version from now on (a whole number, never lower): results sent from now on
+        carry it as `_rf_policy_version["sent"]`, and with `Config.max_staleness` more groups may go."""
+        self._steered().set_policy_version(version)
+
+    def statistics(self) -> SteeringStatistics:
+        """A snapshot of what is in force: paused, the concurrency, the windows and rates, the
+        policy version, and the groups held back by staleness."""
+        return self._steered().statistics()
 
     def status(self) -> RunStatus:
         """A snapshot of the run so far: done, failed, in flight, rows/s, and its oldest rollouts
@@ -160,17 +208,21 @@ class _RowFeed:
 
 
 @contextlib.asynccontextmanager
-async def open_rollouts_in_trio(rows: Rows, config: Config) -> AsyncIterator[RolloutRun]:
-    """`api.open_rollouts` in the caller's trio run: its docstring says what the run does."""
+async def open_rollouts_in_trio(
+    rows: Rows, config: Config, *, transport: AgentTransport | None = None
+) -> AsyncIterator[RolloutRun]:
+    """`api.open_rollouts` in the caller's trio run: its docstring says what the run does.
+    `transport`, when given, is sent through in place of the one `config` asks for."""
     send, receive = trio.open_memory_channel[tuple[Outcome, Release]](math.inf)
     results = _ChannelRun(receive)
     feed = _RowFeed(rows)
     sink = ChannelSink(send, grouped=config.groups, keep_incomplete=config.keep_incomplete)
-    run = Run(config, source=feed, sink=sink)
+    run = Run(config, source=feed, sink=sink, transport=transport)
     try:
         await run.connect()
         assert run.engine is not None
         results._status = run.engine.status
+        results._run = run
         results.figures = figures = RunFigures(run, trio.lowlevel.current_trio_token(), threading.get_ident())
 
         async def drive() -> None:

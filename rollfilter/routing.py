@@ -242,6 +242,20 @@ class Router:
             message = f"no endpoint for agent {name!r}, and the run has no URL for every row"
         return AttemptFailure(ErrorKind.NO_ROUTE, message)
 
+    def agents_named(self, name: str | None) -> list[Agent]:
+        """The agent of that name, or with None every agent of the run (the URL's too); LookupError
+        for a name the run has no agent of."""
+        every = [*self.agents.values(), *([self._default] if self._default is not None else [])]
+        if name is None:
+            return every
+        if name not in self.agents:
+            raise LookupError(name)
+        return [self.agents[name]]
+
+    def requests_out(self) -> int:
+        """The requests at the agents now, over every replica."""
+        return sum(replica.outstanding for agent in self.agents_named(None) for replica in agent.replicas)
+
     def run_url(self, name: str) -> str | None:
         """The /run URL rows of agent `name` go to (its first replica), or None."""
         agent = self.agents.get(name) or self._default

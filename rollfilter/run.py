@@ -16,6 +16,7 @@ is built here, and only here.
 
 from __future__ import annotations
 
+import math
 import ssl
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 from rollfilter.adaptive import AdaptiveWindow
 from rollfilter.aggregate import AggregateReport, aggregate_run
 from rollfilter.client import AgentClient, DryRunClient, JobClient
-from rollfilter.config import Config, ConfigError
+from rollfilter.config import MIN_RATE, Config, ConfigError
 from rollfilter.connect import transport_for
 from rollfilter.cost import Spending
 from rollfilter.engine import Engine, RunControl, StopCause, describe, internal_error_event, reward_of
@@ -40,6 +41,9 @@ from rollfilter.routing import Agent, Router
 from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name
 from rollfilter.sinks import RowSink
 from rollfilter.spool import ResultSpool
+from rollfilter.steering import StalenessGate, Steering, SteeringError, SteeringStatistics
+
+KEEP: Any = ...  # set_rate's default: the limit stays as it is
 
 
 class Run:
@@ -52,7 +56,8 @@ class Run:
     and hands its outcomes to `sink`. Built by `aggregate`: `report`.
 
     `resume` is what earlier runs left (their pairs are skipped or retried), `on_event` the -v
-    line for each row event, and `dry_run`, when given, gets each routed job in place of
+    line for each row event, `transport` one to send through in place of the one `config` asks
+    for (the run owns it too), and `dry_run`, when given, gets each routed job in place of
     sending it. With `config.groups`, `connect` builds `groups` too, which hands the sink whole
     groups, and `hold` gets each finished rollout's line (the command's held file). `transport`,
     when given, is what the run sends through instead of the one `config` asks for (a test's
@@ -95,6 +100,10 @@ class Run:
         self.report: AggregateReport | None = None
         self.groups: GroupStage | None = None
         self.send_slots = SendSlots(config.concurrency) if config.rate_limited and dry_run is None else None
+        self.steering = Steering(config.policy_version)
+        self.staleness: StalenessGate | None = None
+        if config.max_staleness is not None and config.batch_groups is not None:
+            self.staleness = StalenessGate(self.steering, config.max_staleness, config.batch_groups)
         self._source, self._sink, self._resume = source, sink, resume
         self._on_event, self._dry_run, self._hold = on_event, dry_run, hold
         self._stop_when_unreachable = stop_when_unreachable
@@ -113,6 +122,7 @@ class Run:
         endpoints, head = await resolve_endpoints(config, self.transport)
         window_for = self._window_for if config.adaptive and self._dry_run is None else None
         self.router = Router(config, endpoints, head, window_for=window_for, limits_for=self._limits_for)
+        self.steering.requests_out = self.router.requests_out
         if send:
             assert self._source is not None, "a run that sends has a source"
             assert self._sink is not None, "and a sink"
@@ -129,6 +139,7 @@ class Run:
                 on_retry=self._count_retry,
                 on_internal_error=self._internal_error,
                 send_slots=self.send_slots,
+                steering=self.steering,
             )
         )
         if config.groups:
@@ -142,6 +153,7 @@ class Run:
                 hold=self._hold,
                 kept_before=self._resume.kept_groups if self._resume is not None else 0,
                 dropped_before=self._resume.dropped_groups if self._resume is not None else 0,
+                in_order=config.max_staleness is not None,
             )
             self.groups.start()  # a target earlier runs met stops the run before anything is sent
             if self.groups.target_reached and self._resume is not None:  # no row is read: it skips them all
@@ -165,6 +177,8 @@ class Run:
             group_field=config.group_field if config.drop_uniform else None,
             waiting_rows=self.send_slots.waiting_rows if self.send_slots is not None else 0,
             stop_when_unreachable=self._stop_when_unreachable and dry_run is None,
+            steering=self.steering,
+            staleness=self.staleness,
         )
 
     def _target_reached(self) -> None:
@@ -213,6 +227,69 @@ class Run:
             if self.groups is not None:
                 self.groups.cancel_open()
 
+    def set_concurrency(self, concurrency: int) -> None:
+        """Bound the requests out at once by `concurrency` from now on (with adaptive windows,
+        their ceiling). A lower bound cancels nothing: what is out finishes, and its slots are not
+        taken again until the run is under the new bound. SteeringError for less than 1."""
+        if type(concurrency) is not int or concurrency < 1:
+            raise SteeringError(f"the concurrency is a whole number of at least 1, not {concurrency!r}")
+        if self.send_slots is not None:
+            self.send_slots.slots.total_tokens = concurrency
+        if self.engine is not None:
+            self.engine.set_concurrency(concurrency)
+        for window in self.metrics.windows.values():
+            window.set_ceiling(concurrency)
+
+    def set_rate(self, agent: str | None = None, *, rpm: float | None = KEEP, tpm: float | None = KEEP) -> None:
+        """Change the requests (`rpm`) or tokens (`tpm`) a minute rows of `agent` may use (None:
+        every agent of the run), for the requests waiting too; None removes a limit, and one not
+        given stays. SteeringError for an agent the run does not have, or a rate under its least."""
+        for name, rate in (("rpm", rpm), ("tpm", tpm)):
+            if rate is not KEEP and rate is not None and not _pace_able(rate):
+                raise SteeringError(f"{name} is a number of at least {MIN_RATE:g}, not {rate!r}")
+        if self.router is None:
+            raise SteeringError("the run has not started")
+        try:
+            targets = self.router.agents_named(agent)
+        except LookupError:
+            raise SteeringError(f"the run has no agent {agent!r}") from None
+        for target in targets:
+            limits = target.limits
+            new_rpm = (limits.rpm if limits is not None else None) if rpm is KEEP else rpm
+            new_tpm = (limits.tpm if limits is not None else None) if tpm is KEEP else tpm
+            if limits is not None:
+                limits.set(new_rpm, new_tpm)  # the requests waiting on them look again
+                if new_rpm is None and new_tpm is None:
+                    target.limits = None  # a plain path again (its figures stay in the summary)
+            elif new_rpm is not None or new_tpm is not None:
+                target.limits = self._limits_for(target.name, new_rpm, new_tpm)
+
+    def set_policy_version(self, version: int) -> None:
+        """The policy version the agents serve from now on (see `Steering.set_version`)."""
+        self.steering.set_version(version)
+
+    def statistics(self) -> SteeringStatistics:
+        """What is in force now: paused, the concurrency, the windows and rates, the version, and
+        with a staleness bound the groups admitted and held back."""
+        rates: dict[str, dict[str, float | None]] = {}
+        if self.router is not None:
+            for agent in self.router.agents_named(None):
+                if agent.limits is not None:
+                    label = agent.name if agent.name is not None else UNNAMED_AGENT
+                    rates[label] = {"rpm": agent.limits.rpm, "tpm": agent.limits.tpm}
+        staleness = self.staleness
+        return SteeringStatistics(
+            paused=self.steering.paused,
+            requests_out=self.steering.requests_out(),
+            concurrency=self.engine.concurrency if self.engine is not None else self.config.concurrency,
+            windows={name: window.limit for name, window in self.metrics.windows.items()},
+            rates=rates,
+            policy_version=self.steering.version,
+            groups_admitted=staleness.groups_admitted if staleness is not None else 0,
+            groups_held_by_staleness=staleness.groups_held if staleness is not None else 0,
+            rows_held_by_staleness=staleness.rows_held if staleness is not None else 0,
+        )
+
     def add_earlier_result(self, result: dict[str, Any]) -> None:
         """An earlier run's result (a resumed run's summary and aggregate cover the whole
         output): into the means (not this run's counters), the tasks, and the spool."""
@@ -258,3 +335,7 @@ class Run:
             self.spool.close()
         if self.transport is not None:
             await self.transport.aclose()
+
+
+def _pace_able(rate: Any) -> bool:
+    return type(rate) in (int, float) and math.isfinite(rate) and rate >= MIN_RATE

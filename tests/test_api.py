@@ -392,3 +392,26 @@ def test_target_groups_ends_the_run_after_that_many(demo_server: DemoServer):
 def test_group_settings_that_cannot_work_are_refused(settings: dict[str, Any], field: str):
     with pytest.raises(ConfigError, match=field):
         Config(url="http://127.0.0.1:9", **settings)
+
+
+def test_a_run_in_threads_is_steered_from_the_iterating_thread(demo_server: DemoServer):
+    rows = [{"responses_create_params": {"input": "hi"}, "demo": {"latency": 0.2}} for _ in range(6)]
+    run = rollouts(rows, Config(url=demo_server.url, concurrency=2, policy_version=7))
+    with pytest.raises(RuntimeError, match="not started"):
+        run.pause()
+    outcomes = []
+    for outcome in run:
+        outcomes.append(outcome)
+        if len(outcomes) == 1:
+            assert run.drain(30)  # blocks this thread until nothing is in flight
+            sent = demo_server.stats()["requests"]
+            stats = run.statistics()
+            assert (stats.paused, stats.requests_out, stats.policy_version) == (True, 0, 7)
+            with pytest.raises(rollfilter.SteeringError, match="cannot go back"):
+                run.set_policy_version(6)
+            run.set_rate(rpm=6000)
+            run.set_policy_version(8)
+            run.resume()
+    assert len(outcomes) == 6
+    versions = [outcome.result["_rf_policy_version"]["sent"] for outcome in outcomes if isinstance(outcome, Rollout)]
+    assert versions == [7] * sent + [8] * (6 - sent)

@@ -24,6 +24,7 @@ import trio
 
 from rollfilter import Config, Failure, Rollout, RolloutRun, open_rollouts
 from rollfilter.errors import ErrorKind, ServiceError, UsageError
+from rollfilter.outcomes import Outcome
 from tests.conftest import (
     SUBPROCESS_TIMEOUT,
     DemoProcess,
@@ -614,3 +615,29 @@ def test_ctrl_c_in_an_asyncio_program_stops_the_run(demo_server: DemoServer, tmp
     assert process.returncode == -signal.SIGINT  # asyncio.run re-raises KeyboardInterrupt, as without rollfilter
     assert stderr.decode().rstrip().endswith("KeyboardInterrupt")
     assert "guest run" not in stderr.decode()  # trio's warning for a guest run left unfinished
+
+
+def test_a_run_is_paused_drained_and_steered_from_its_own_library(lib: Library, demo_server: DemoServer):
+    rows = [{"responses_create_params": {"input": "hi"}, "demo": {"latency": 0.2}} for _ in range(8)]
+
+    async def scenario() -> tuple[list[Outcome], int, int]:
+        async with open_rollouts(rows, Config(url=demo_server.url, concurrency=2, policy_version=1)) as run:
+            outcomes = [await anext(run)]
+            assert await run.drain(WAIT)  # pauses, then waits for the other one out
+            sent = demo_server.stats()["requests"]
+            await lib.sleep(0.5)  # longer than an episode: nothing new may start meanwhile
+            sent_while_paused = demo_server.stats()["requests"] - sent
+            stats = run.statistics()
+            assert (stats.paused, stats.requests_out, stats.concurrency) == (True, 0, 2)
+            run.set_concurrency(4)
+            run.set_policy_version(2)
+            run.resume()
+            outcomes += [outcome async for outcome in run]
+        return outcomes, sent, sent_while_paused
+
+    outcomes, sent, sent_while_paused = lib.run(scenario)
+    assert sent_while_paused == 0
+    assert len(outcomes) == 8
+    versions = [outcome.result["_rf_policy_version"]["sent"] for outcome in outcomes if isinstance(outcome, Rollout)]
+    assert versions.count(1) == sent
+    assert versions.count(2) == 8 - sent
