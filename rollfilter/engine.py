@@ -52,7 +52,7 @@ class InFlight:
     agent: str | None
     attempt: int  # this run's attempt at it, 1 for the first
     age_s: float  # since it was first sent in this run
-    held: bool = False  # waiting on its agent's rate limits, not sent
+    held: bool = False  # waiting on its agent's rate limits or on a pause, not sent
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -66,6 +66,7 @@ class RunStatus:
     elapsed_s: float
     oldest: tuple[InFlight, ...]
     held_by_limits: int = 0  # requests waiting on an agent's rate limit (Config.rpm, Config.tpm)
+    paused: bool = False  # no new request leaves (the run's pause)
 
 
 class StopCause(enum.Enum):
@@ -187,7 +188,9 @@ class Engine:
             for job, flight in itertools.islice(self._in_flight.items(), STATUS_OLDEST)
         )
         m = self.metrics
-        return RunStatus(m.ended, m.failed, len(self._in_flight), m.rate(), m.elapsed(), oldest, m.held_by_limits())
+        in_flight = len(self._in_flight)
+        held = m.held_by_limits()
+        return RunStatus(m.ended, m.failed, in_flight, m.rate(), m.elapsed(), oldest, held, self.steering.paused)
 
     def in_flight_by_agent(self) -> collections.Counter[str | None]:
         """The rollouts in flight now, by their rows' agent names."""

@@ -174,6 +174,10 @@ USE_OF_FIELD: dict[str, list[str]] = {
     "rpm_by_agent": ["--rpm", "a=600", "-e", "a=http://127.0.0.1:3/run"],
     "tpm": ["--tpm", "60000"],
     "tpm_by_agent": ["--tpm", "a=60000", "-e", "a=http://127.0.0.1:3/run"],
+    "policy_version": ["--policy-version", "3"],
+    "max_staleness": ["--max-staleness", "1", "--batch-groups", "2", "--groups", "-r", "2"],
+    "batch_groups": ["--max-staleness", "1", "--batch-groups", "2", "--groups", "-r", "2"],
+    "control_socket": ["--control", "run.sock"],
 }
 
 

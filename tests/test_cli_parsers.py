@@ -178,3 +178,11 @@ def test_a_prometheus_address_is_host_and_port():
         with pytest.raises(UsageError, match=f"^--prometheus {re.escape(text)}: {problem}"):
             parsers.listen_address(text)
     assert parsers.prometheus(None, None) == {"prometheus": None, "prometheus_file": None}
+
+
+def test_a_staleness_bound_needs_both_its_figures_and_groups():
+    with pytest.raises(UsageError, match="go together"):
+        parsers.steering(None, 1, None, groups=True)
+    with pytest.raises(UsageError, match="give --groups"):
+        parsers.steering(None, 1, 2, groups=False)
+    assert parsers.steering(3, 1, 2, groups=True) == {"policy_version": 3, "max_staleness": 1, "batch_groups": 2}

@@ -35,6 +35,7 @@ class CommandConfig:
     dropped_file: str | None = None  # --dropped FILE: the rollouts of groups not written, stamped with why
     prometheus: tuple[str, int] | None = None  # --prometheus HOST:PORT: where to serve /metrics
     prometheus_file: str | None = None  # --prometheus-file FILE: the same text, for node_exporter
+    control_socket: str | None = None  # --control SOCKET: where the run listens for commands
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))

@@ -379,6 +379,49 @@ def parse(
             rich_help_panel=PANEL_OBSERVE,
         ),
     ] = None,
+    control: Annotated[
+        str | None,
+        typer.Option(
+            "--control",
+            metavar="SOCKET",
+            help="Listen on the Unix socket SOCKET (mode 0600) for commands that steer the run while it goes:"
+            " pause, resume, drain [SECONDS], concurrency N, rpm [AGENT=]N|off, tpm [AGENT=]N|off,"
+            " version V, status; one JSON line answers each.",
+            rich_help_panel=PANEL_OBSERVE,
+        ),
+    ] = None,
+    policy_version: Annotated[
+        int | None,
+        typer.Option(
+            "--policy-version",
+            metavar="V",
+            help="Stamp each result with _rf_policy_version: the policy version (from V, changed by --control's"
+            " version) when its /run was sent and when it ended.",
+            rich_help_panel=PANEL_REPEATS,
+        ),
+    ] = None,
+    max_staleness: Annotated[
+        int | None,
+        typer.Option(
+            "--max-staleness",
+            metavar="K",
+            min=0,
+            help="With --groups and --batch-groups B: send group i (counted as groups are admitted) only once"
+            " the policy version v has i < (v - V + K + 1) * B, V the first version (--policy-version, 0 if not"
+            " given); the rows wait, none is discarded, and groups come out in that order.",
+            rich_help_panel=PANEL_REPEATS,
+        ),
+    ] = None,
+    batch_groups: Annotated[
+        int | None,
+        typer.Option(
+            "--batch-groups",
+            metavar="B",
+            min=1,
+            help="The groups a trainer takes a step (--max-staleness).",
+            rich_help_panel=PANEL_REPEATS,
+        ),
+    ] = None,
     gym_layout: Annotated[
         bool,
         typer.Option(
@@ -753,7 +796,6 @@ def parse(
         given={"--keep-incomplete": keep_incomplete, "--target-groups": target_groups, "--dropped": dropped},
         refused={"--dry-run": dry_run, "-k": ordered},
     )
-    priced = parsers.prices(price or (), prices, max_cost=max_cost)
     engine = Config(
         url=parsers.url(url) if url else None,
         endpoints=parsers.endpoints(endpoint or ()),
@@ -769,7 +811,7 @@ def parse(
         timeout=Timeouts(attempt=timeout, connect=connect_timeout),
         tls=parsers.tls(cacert, insecure=insecure),
         max_failures=parsers.failure_limit(max_failures),
-        prices=priced,
+        prices=parsers.prices(price or (), prices, max_cost=max_cost),
         max_cost=max_cost,
         headers=tuple(parsers.header(h) for h in header or ()),
         shard=parsers.shard(shard, os.environ),
@@ -785,6 +827,7 @@ def parse(
         keep_incomplete=keep_incomplete,
         target_groups=target_groups,
         **group_settings,
+        **parsers.steering(policy_version, max_staleness, batch_groups, groups=group_settings["groups"]),
     )
     config = CommandConfig(
         engine,
@@ -805,6 +848,7 @@ def parse(
         shard_auto=shard == parsers.SHARD_AUTO,
         wait_lock=wait_lock,
         dropped_file=dropped,
+        control_socket=control,
         **parsers.prometheus(prometheus, prometheus_file),
     )
     return chosen(
@@ -876,7 +920,7 @@ def check_demo_alone(
 # What --summarize writes: its summary on standard output, --metrics, --aggregate and --per-task.
 NOT_SUMMARIZED = (
     *("output", "errors", "materialized", "progress_file", "resume", "append", "overwrite", "wait_lock", "dry_run"),
-    *("prometheus", "prometheus_file"),
+    *("prometheus", "prometheus_file", "control", "policy_version", "max_staleness", "batch_groups"),
     *("groups", "keep_incomplete", "drop_uniform", "group_field", "dropped", "target_groups"),
 )
 

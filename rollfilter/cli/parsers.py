@@ -419,6 +419,18 @@ def fewest_repeats(default: int | None, by_agent: Mapping[str, int]) -> tuple[in
     return min(counts, key=lambda count: count[0])
 
 
+def steering(
+    policy_version: int | None, max_staleness: int | None, batch_groups: int | None, *, groups: bool
+) -> dict[str, Any]:
+    """Config's policy_version, max_staleness and batch_groups from their options; UsageError for a
+    staleness bound without groups, or without both of its figures."""
+    if (max_staleness is None) != (batch_groups is None):
+        raise UsageError("--max-staleness and --batch-groups go together: give both")
+    if max_staleness is not None and not groups:
+        raise UsageError("--max-staleness bounds the staleness of groups: give --groups (or --drop-uniform)")
+    return {"policy_version": policy_version, "max_staleness": max_staleness, "batch_groups": batch_groups}
+
+
 def groups(
     groups: bool,
     *,

@@ -60,17 +60,19 @@ class ProgressDisplay:
         adaptive: bool = False,
         priced: bool = False,
         limited: bool = False,
+        steered: bool = False,
         fallback: LineWriter | None = None,
     ) -> None:
         self._metrics: Metrics | None = None  # the run's, from run() on
+        self._paused: Callable[[], bool] = lambda: False
         self._fallback = fallback
         self.failed = False  # a write failed: nothing more is shown
         terminal: Any = _Terminal(fd)
         self.console = Console(file=terminal, force_terminal=force_terminal or None, highlight=False)
         window = (TextColumn("window {task.fields[window]:>5,}"),) if adaptive else ()
         cost = (TextColumn("${task.fields[cost]:,.4f}"),) if priced else ()
-        # Held by --rpm/--tpm rather than by the agent: said while rows wait on a limit.
-        held = (TextColumn("{task.fields[held]}"),) if limited else ()
+        # Held by --rpm/--tpm or by a pause rather than by the agent: said while rows wait so.
+        held = (TextColumn("{task.fields[held]}"),) if limited or steered else ()
         self._progress = Progress(
             TextColumn("{task.completed:>8,.0f} done"),
             TextColumn("{task.fields[failed]:>6,} failed"),
@@ -137,13 +139,21 @@ class ProgressDisplay:
             tokens=m.tokens_per_s() or 0.0,
             reward=m.mean("reward"),
             cost=m.spending.total if m.spending is not None else 0.0,
-            held="held by rate limit" if m.held_by_limits() else "",
+            held="paused" if self._paused() else "held by rate limit" if m.held_by_limits() else "",
         )
         self._progress.refresh()
 
-    async def run(self, metrics: Metrics, count: Callable[[], int | None] | None = None) -> None:
-        """Show `metrics` and refresh them until cancelled; `count` (run in a thread) finds the total."""
+    async def run(
+        self,
+        metrics: Metrics,
+        count: Callable[[], int | None] | None = None,
+        paused: Callable[[], bool] | None = None,
+    ) -> None:
+        """Show `metrics` and refresh them until cancelled; `count` (run in a thread) finds the total,
+        and `paused` says whether the run is paused."""
         self._metrics = metrics
+        if paused is not None:
+            self._paused = paused
         self._shown(self._progress.start)
         try:
             if count is not None:

@@ -23,6 +23,7 @@ import trio
 from rollfilter.cli import identity
 from rollfilter.cli.chart import chart_lines
 from rollfilter.cli.command import CommandConfig
+from rollfilter.cli.control import ControlServer, ControlSocket, control_socket
 from rollfilter.cli.first_pass import count_rollouts, plan_first
 from rollfilter.cli.folding import FailureFolder
 from rollfilter.cli.messages import failure_message, message_line, say, write_summary
@@ -101,7 +102,7 @@ async def run(
     tls = ca_file(command.engine)  # read once, and refused before any file is touched
     if not options.dry_run:
         command = fit_open_files(command, files_per_connection=2 if options.demo else 1, stderr=streams.stderr)
-    with OutputFiles() as files:
+    with control_socket(command.control_socket) as control, OutputFiles() as files:
         # Locked first: the record, the resume state and a torn tail are read under the lock.
         appended = [None] * 5 if options.dry_run else await open_appended(command, files, streams.stderr, say)
         for caveat in files.caveats:
@@ -115,7 +116,8 @@ async def run(
         async with _demo_agent(options.demo) as url:
             if url is not None:
                 command = dataclasses.replace(command, engine=dataclasses.replace(command.engine, url=url))
-            return await _CommandLineRun(command, streams, opened, resume, earlier, options, tls).execute()
+            run = _CommandLineRun(command, streams, opened, resume, earlier, options, tls)
+            return await run.execute(control)
 
 
 def ca_file(config: Config) -> ssl.SSLContext | None:
@@ -237,6 +239,7 @@ class _CommandLineRun:
             stop_when_unreachable=True,
         )
         self.exporter = self._exporter()
+        self.control_socket: ControlSocket | None = None
         self.earlier_done = resume.done_pairs if resume is not None else 0
         if resume is not None and resume.reopened:
             self.say(
@@ -321,6 +324,7 @@ class _CommandLineRun:
             adaptive=config.adaptive,
             priced=bool(config.prices),
             limited=config.rate_limited,
+            steered=self.command.control_socket is not None,
             fallback=self.stderr_lines,
         )
 
@@ -343,7 +347,9 @@ class _CommandLineRun:
         for line in status_lines(engine.status() if engine is not None else None):
             self.say(line)
 
-    async def execute(self) -> RunEnd:
+    async def execute(self, control: ControlSocket | None = None) -> RunEnd:
+        """Run, with `control` (--control's socket) served once the agents are known."""
+        self.control_socket = control
         try:
             async with trio.open_nursery() as services:
                 await self._serve(services)
@@ -363,7 +369,8 @@ class _CommandLineRun:
         except OutputFailed as failure:  # nothing is sent: the summary says so, and the exit status
             self._output_failed(failure)
         if options.handle_signals:
-            await services.start(watch_signals, control, self.show_status)
+            cleanup = self.control_socket.remove if self.control_socket is not None else None
+            await services.start(functools.partial(watch_signals, control, self.show_status, before_exit=cleanup))
         if files.results == self.streams.stdout and is_pipe(files.results):
             services.start_soon(watch_reader_gone, files.results, lambda: control.stop(StopCause.READER_GONE))
         if self.exporter is not None:
@@ -372,9 +379,12 @@ class _CommandLineRun:
             await run.connect()
         except ConfigError as exc:  # an agent the head server did not name, say
             raise UsageError(f"{OPTION_OF_FIELD.get(exc.field, exc.field)} {exc.problem}") from None
+        if self.control_socket is not None:
+            on_command = self.say if options.verbose else None
+            services.start_soon(ControlServer(self.control_socket, run, on_command).serve)
         planned = await self._plan_first() if files.materialized is not None and control.cause is None else None
         if self.display is not None:
-            services.start_soon(self.display.run, run.metrics, self._total(planned))
+            services.start_soon(self.display.run, run.metrics, self._total(planned), lambda: run.steering.paused)
         if files.progress is not None:
             services.start_soon(publish_progress, files.progress, self.finished, self.say)
         if self.earlier.results is not None:

@@ -30,8 +30,11 @@ async def watch_signals(
     control: RunControl,
     show_status: Callable[[], None],
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    *,
+    before_exit: Callable[[], None] | None = None,
 ) -> None:
-    """Stop the run on the signals of CAUSE_OF_SIGNAL, show its status on a status signal."""
+    """Stop the run on the signals of CAUSE_OF_SIGNAL, show its status on a status signal.
+    `before_exit` runs before a second signal ends the process at once (what must not be left)."""
     with trio.open_signal_receiver(*CAUSE_OF_SIGNAL, *STATUS_SIGNALS) as signals:
         task_status.started()
         async for signum in signals:
@@ -40,6 +43,8 @@ async def watch_signals(
                 continue
             cause = CAUSE_OF_SIGNAL[signal.Signals(signum)]
             if control.stopped_early:
+                if before_exit is not None:
+                    before_exit()
                 os._exit(EXIT_STATUS_OF_STOP[cause])  # a signal during the wind-down: leave now
             control.stop(cause)
 
@@ -63,17 +68,19 @@ def status_lines(status: RunStatus | None) -> list[str]:
     if status is None:
         return ["status: starting, nothing sent yet"]
     held = f" ({status.held_by_limits:,} held by --rpm/--tpm)" if status.held_by_limits else ""
+    paused = "paused, " if status.paused else ""
     lines = [
-        f"status: {status.done:,} done, {status.failed:,} failed, {status.in_flight:,} in flight{held},"
+        f"status: {paused}{status.done:,} done, {status.failed:,} failed, {status.in_flight:,} in flight{held},"
         f" {status.rows_per_s:,.1f} rows/s, {status.elapsed_s:,.1f} s"
     ]
+    held_by = "paused" if status.paused else "--rpm/--tpm"
     for rollout in status.oldest:
         agent = rollout.agent if rollout.agent is not None else "(no name)"
         lines.append(
             printable(
                 f"  in flight {rollout.age_s:,.1f} s: {rollout.source}:{rollout.line} task {rollout.task_index}"
                 f" rollout {rollout.rollout_index} agent {agent} attempt {rollout.attempt}"
-                + (" (not sent yet: --rpm/--tpm)" if rollout.held else "")
+                + (f" (not sent yet: {held_by})" if rollout.held else "")
             )
         )
     return lines

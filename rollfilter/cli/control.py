@@ -1,0 +1,259 @@
+"""--control SOCKET: steer a command-line run from the shell, over a Unix socket.
+
+    echo pause | socat - UNIX-CONNECT:run.sock        (or: nc -U run.sock)
+
+Each line a client sends is one command; each command gets one line back, a JSON object with
+`"ok"`: `pause`, `resume`, `drain [SECONDS]`, `concurrency N`, `rpm [AGENT=]N|off`,
+`tpm [AGENT=]N|off`, `version V` and `status`. A command that cannot be carried out answers
+`{"ok": false, "error": ...}` and changes nothing. This is HAProxy's runtime API in small.
+
+The socket is made with mode 0600, so only the run's own user may steer it. A path that exists
+is taken over only when it is a socket nobody listens on (what a killed run leaves); anything
+else is refused before the run starts. Each client is served by a task of its own, so a client
+that says nothing, or a slow drain, holds up no other; lines are bounded (CONTROL_LINE_BYTES),
+a client silent for CONTROL_IDLE_SECONDS is let go, and at most CONTROL_CLIENTS are served at
+once. The socket is removed when the run ends, however it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import socket
+import stat
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import msgspec
+import trio
+
+from rollfilter.errors import UsageError
+from rollfilter.run import Run
+from rollfilter.steering import SteeringError
+
+CONTROL_LINE_BYTES = 4096  # a command is a few words: a longer line is refused, and its client let go
+CONTROL_IDLE_SECONDS = 300.0  # a client that sends no whole line for this long is let go
+CONTROL_CLIENTS = 16  # served at once; one more is told so and let go
+CONTROL_BACKLOG = 16
+COMMANDS = "pause, resume, drain [SECONDS], concurrency N, rpm [AGENT=]N|off, tpm [AGENT=]N|off, version V, status"
+
+_encode = msgspec.json.Encoder().encode
+
+
+class ControlSocket:
+    """The listening socket at `path`, made with mode 0600 (see the module docstring).
+
+    UsageError when the path exists and is not a stale socket, or cannot be listened on.
+    `remove()` unlinks it if it is still this socket (another run may have taken the path over).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        _clear_stale(path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        umask = os.umask(0o177)  # the socket is made 0600, never readable by others for a moment
+        try:
+            sock.bind(path)
+        except OSError as exc:
+            sock.close()
+            raise UsageError(f"--control {path}: cannot listen there: {exc.strerror or exc}") from None
+        finally:
+            os.umask(umask)
+        sock.listen(CONTROL_BACKLOG)
+        self.socket = sock
+        self._inode = os.stat(path).st_ino
+
+    def remove(self) -> None:
+        """Unlink the path if it is still this socket, and close it (again: a no-op)."""
+        with contextlib.suppress(OSError):
+            if os.stat(self.path).st_ino == self._inode:
+                os.unlink(self.path)
+        self.socket.close()
+
+
+def _clear_stale(path: str) -> None:
+    """Unlink `path` if it is a socket nobody listens on; UsageError if it is anything else."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise UsageError(f"--control {path}: {exc.strerror}") from None
+    if not stat.S_ISSOCK(mode):
+        raise UsageError(f"--control {path} exists and is not a socket: give a new path")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except ConnectionRefusedError:  # left by a run that is gone
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return
+        raise UsageError(f"--control {path}: {exc.strerror}") from None
+    finally:
+        probe.close()
+    raise UsageError(f"--control {path}: another run is listening on it")
+
+
+@contextlib.contextmanager
+def control_socket(path: str | None) -> Iterator[ControlSocket | None]:
+    """The control socket at `path` (None: none) while the block runs; removed after it."""
+    if path is None:
+        yield None
+        return
+    control = ControlSocket(path)
+    try:
+        yield control
+    finally:
+        control.remove()
+
+
+class ControlServer:
+    """Serves the clients of a run's control socket until cancelled; `on_command(line)` hears of
+    each command that changed the run (for -v)."""
+
+    def __init__(self, control: ControlSocket, run: Run, on_command: Callable[[str], None] | None = None) -> None:
+        self._listener = trio.SocketListener(trio.socket.from_stdlib_socket(control.socket))
+        self._run = run
+        self._on_command = on_command
+        self.clients = 0
+
+    async def serve(self) -> None:
+        async with trio.open_nursery() as nursery:
+            while True:
+                stream = await self._listener.accept()
+                if self.clients >= CONTROL_CLIENTS:
+                    nursery.start_soon(self._refuse, stream)
+                else:
+                    self.clients += 1
+                    nursery.start_soon(self._serve_client, stream)
+
+    async def _refuse(self, stream: trio.SocketStream) -> None:
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError), trio.move_on_after(1):
+            await stream.send_all(_answer_line(error=f"busy: {CONTROL_CLIENTS} clients are connected already"))
+        await trio.aclose_forcefully(stream)
+
+    async def _serve_client(self, stream: trio.SocketStream) -> None:
+        try:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                buffer = bytearray()
+                while True:
+                    line = await _next_line(stream, buffer)
+                    if line is None:
+                        return
+                    if isinstance(line, bytes):
+                        await stream.send_all(await self.command(line))
+                        continue
+                    await stream.send_all(_answer_line(error=line))
+                    return  # a line too long: what follows it is no command
+        finally:
+            self.clients -= 1
+            await trio.aclose_forcefully(stream)
+
+    async def command(self, line: bytes) -> bytes:
+        """The answer line to one command line."""
+        try:
+            text = line.decode().strip()
+        except UnicodeDecodeError:
+            return _answer_line(error="a command is UTF-8 text")
+        if not text:
+            return _answer_line(error=f"no command: give one of {COMMANDS}")
+        try:
+            answer = await self._carry_out(*text.split())
+        except SteeringError as exc:
+            return _answer_line(error=str(exc))
+        if self._on_command is not None and text.split()[0] != "status":
+            self._on_command(f"--control: {text}")
+        return _answer_line(**answer)
+
+    async def _carry_out(self, name: str, *arguments: str) -> dict[str, Any]:
+        run = self._run
+        if name in ("pause", "resume", "status", "drain"):
+            if len(arguments) > (1 if name == "drain" else 0):
+                raise SteeringError(f"{name} takes {'at most one argument' if name == 'drain' else 'no argument'}")
+            if name == "pause":
+                run.steering.pause()
+            elif name == "resume":
+                run.steering.resume()
+            elif name == "drain":
+                drained = await run.steering.drain(_seconds(arguments[0]) if arguments else None)
+                return {"drained": drained, **self._status()}
+            return self._status()
+        if len(arguments) != 1:
+            raise SteeringError(f"{name!r} is no command: give one of {COMMANDS}")
+        (argument,) = arguments
+        if name == "concurrency":
+            run.set_concurrency(_whole_number(argument, "concurrency", least=1))
+        elif name == "version":
+            run.set_policy_version(_whole_number(argument, "version"))
+        elif name in ("rpm", "tpm"):
+            agent, _, rate = argument.rpartition("=")
+            limit = None if rate == "off" else _rate(rate, name)
+            run.set_rate(agent or None, **{name: limit})
+        else:
+            raise SteeringError(f"{name!r} is no command: give one of {COMMANDS}")
+        return self._status()
+
+    def _status(self) -> dict[str, Any]:
+        figures = self._run.statistics().as_dict()
+        engine = self._run.engine
+        if engine is not None:
+            status = engine.status()
+            figures.update(done=status.done, failed=status.failed, in_flight=status.in_flight)
+        return figures
+
+
+def _answer_line(*, error: str | None = None, **figures: Any) -> bytes:
+    answer = {"ok": False, "error": error} if error is not None else {"ok": True, **figures}
+    return _encode(answer) + b"\n"
+
+
+async def _next_line(stream: trio.SocketStream, buffer: bytearray) -> bytes | str | None:
+    """The next line from `stream` (without its newline); None at its end or after
+    CONTROL_IDLE_SECONDS of silence; the problem, as text, for a line over CONTROL_LINE_BYTES."""
+    while (end := buffer.find(b"\n")) < 0:
+        if len(buffer) > CONTROL_LINE_BYTES:
+            return f"a command line is at most {CONTROL_LINE_BYTES} bytes"
+        with trio.move_on_after(CONTROL_IDLE_SECONDS):
+            data = await stream.receive_some(CONTROL_LINE_BYTES + 1)
+            if not data:
+                return bytes(buffer) if buffer else None  # a last command without its newline
+            buffer += data
+            continue
+        return None
+    line = bytes(buffer[:end])
+    del buffer[: end + 1]
+    if len(line) > CONTROL_LINE_BYTES:
+        return f"a command line is at most {CONTROL_LINE_BYTES} bytes"
+    return line
+
+
+def _whole_number(text: str, what: str, *, least: int | None = None) -> int:
+    try:
+        number = int(text, 10)
+    except ValueError:
+        raise SteeringError(f"{what} takes a whole number, not {text!r}") from None
+    if least is not None and number < least:
+        raise SteeringError(f"{what} takes a whole number of at least {least}, not {number}")
+    return number
+
+
+def _rate(text: str, name: str) -> float:
+    try:
+        rate = float(text)
+    except ValueError:
+        raise SteeringError(f"{name} takes [AGENT=]N or [AGENT=]off, not {text!r}") from None
+    return rate
+
+
+def _seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise SteeringError(f"drain takes a number of seconds, not {text!r}")
+    return seconds

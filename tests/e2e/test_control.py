@@ -1,0 +1,214 @@
+"""--control SOCKET: steering a running command from the shell, against a stand-in agent that logs arrivals.
+
+The runs here are processes of their own (they are steered over a socket while they run, and
+stopped by signals); the refusals before a run starts run in-process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollfilter.cli.control import CONTROL_CLIENTS
+from tests.conftest import SUBPROCESS_TIMEOUT, invoke, lines_of, read_jsonl, start, summary_of, wait_for
+from tests.servers.arrivals_agent import ArrivalsAgent
+
+
+@pytest.fixture
+def agent() -> Iterator[ArrivalsAgent]:
+    server = ArrivalsAgent()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A folder whose paths fit a Unix socket's address (108 bytes; pytest's tmp_path may not)."""
+    path = Path(tempfile.mkdtemp(prefix="rf-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def rows_file(folder: Path, count: int, latency: float) -> Path:
+    path = folder / "rows.jsonl"
+    lines = [
+        json.dumps({"id": number, "latency": latency, "responses_create_params": {"input": "hi"}})
+        for number in range(count)
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def ask(path: Path, command: bytes) -> dict[str, Any]:
+    """One command over a connection of its own, and its answer."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.settimeout(SUBPROCESS_TIMEOUT)
+        client.connect(str(path))
+        client.sendall(command + b"\n")
+        answer = json.loads(client.makefile("rb").readline())
+    assert isinstance(answer, dict)
+    return answer
+
+
+def settled(agent: ArrivalsAgent, in_flight: int) -> bool:
+    """`in_flight` requests at the agent, the last of them arrived a moment ago: none is being
+    sent now, nor for the rest of their episodes."""
+    arrivals = agent.arrivals
+    return agent.in_flight == in_flight and bool(arrivals) and time.monotonic() - arrivals[-1].time < 0.2
+
+
+def finished(process: subprocess.Popen[bytes]) -> tuple[int, bytes, bytes]:
+    stdout, stderr = process.communicate(timeout=SUBPROCESS_TIMEOUT)
+    return process.returncode, stdout, stderr
+
+
+def test_after_pause_is_acknowledged_no_request_arrives(agent: ArrivalsAgent, short_dir: Path):
+    control = short_dir / "run.sock"
+    rows = rows_file(short_dir, 12, latency=1.0)
+    process = start(["-u", agent.run_url, "-j", "4", "--control", str(control), str(rows)])
+    errors = lines_of(process.stderr)
+    wait_for(lambda: settled(agent, 4))
+    assert stat.S_IMODE(os.stat(control).st_mode) == 0o600
+    answer = ask(control, b"pause")
+    acknowledged = time.monotonic()
+    assert answer["ok"]
+    assert answer["paused"]
+    wait_for(lambda: agent.in_flight == 0)  # what was out finishes
+    time.sleep(1.5)  # longer than an episode: a row held back would have been sent by now
+    assert agent.arrived_after(acknowledged) == []
+    process.send_signal(signal.SIGUSR1)
+    while not (line := errors.get(timeout=SUBPROCESS_TIMEOUT)).startswith(b"rollfilter: status:"):
+        assert line, "no status line"
+    assert line.startswith(b"rollfilter: status: paused, 4 done")
+    assert ask(control, b"resume")["paused"] is False
+    assert process.wait(timeout=SUBPROCESS_TIMEOUT) == 0
+    while errors.get(timeout=SUBPROCESS_TIMEOUT):  # to its end, so that its pipe can be closed
+        pass
+    for pipe in (process.stdout, process.stderr):
+        assert pipe is not None
+        pipe.close()
+    assert len(agent.arrivals) == 12
+    assert not control.exists()
+
+
+def test_after_concurrency_4_at_most_4_are_in_flight(agent: ArrivalsAgent, short_dir: Path):
+    control = short_dir / "run.sock"
+    rows = rows_file(short_dir, 48, latency=0.3)
+    process = start(["-u", agent.run_url, "-j", "8", "--control", str(control), str(rows)])
+    wait_for(lambda: settled(agent, 8))
+    answer = ask(control, b"concurrency 4")
+    acknowledged = time.monotonic()
+    assert answer["ok"]
+    assert answer["concurrency"] == 4
+    returncode, stdout, _ = finished(process)
+    assert returncode == 0
+    assert len(stdout.splitlines()) == 48
+    after = agent.arrived_after(acknowledged)
+    assert len(after) >= 30
+    assert max(arrival.in_flight for arrival in after) <= 4
+
+
+def test_ctrl_c_while_paused_stops_with_the_summary_and_resume_finishes(agent: ArrivalsAgent, short_dir: Path):
+    control = short_dir / "run.sock"
+    output = short_dir / "out.jsonl"
+    rows = rows_file(short_dir, 12, latency=0.5)
+    args = ["-u", agent.run_url, "-j", "4", "-o", str(output), "--control", str(control), str(rows)]
+    process = start(args)
+    wait_for(lambda: settled(agent, 4))
+    assert ask(control, b"pause")["paused"]
+    wait_for(lambda: agent.in_flight == 0)
+    process.send_signal(signal.SIGINT)
+    returncode, _, stderr = finished(process)
+    assert returncode == 130
+    summary = summary_of(stderr)["rollfilter"]
+    assert summary["succeeded"] == 4
+    assert summary["stopped"] == "interrupted"
+    assert not control.exists()
+    resumed = invoke(["--resume", *args])
+    assert resumed.returncode == 0, resumed.stderr
+    assert sorted(result["id"] for result in read_jsonl(output)) == list(range(12))
+    assert len(agent.arrivals) == 12
+
+
+def test_silent_and_flooding_clients_hold_nothing_up(agent: ArrivalsAgent, short_dir: Path):
+    control = short_dir / "run.sock"
+    rows = rows_file(short_dir, 20, latency=0.2)
+    process = start(["-u", agent.run_url, "-j", "2", "--control", str(control), str(rows)])
+    wait_for(control.exists)
+    silent = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(CONTROL_CLIENTS - 1)]
+    try:
+        for client in silent:
+            client.connect(str(control))
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as flooding:
+            flooding.settimeout(SUBPROCESS_TIMEOUT)
+            flooding.connect(str(control))
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # let go before it was all sent
+                flooding.sendall(b"x" * 1_000_000)
+            answer = json.loads(flooding.makefile("rb").readline())
+        assert answer["ok"] is False
+        assert "at most" in answer["error"]
+        refused = ask(control, b"concurrency x")  # the last place: a bad command changes nothing
+        assert refused["ok"] is False
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as extra, socket.socket(socket.AF_UNIX) as busy:
+            extra.connect(str(control))  # every place taken now
+            busy.settimeout(SUBPROCESS_TIMEOUT)
+            busy.connect(str(control))
+            assert "busy" in json.loads(busy.makefile("rb").readline())["error"]
+        status = ask(control, b"status")
+        assert status["ok"]
+        assert status["concurrency"] == 2
+        returncode, stdout, _ = finished(process)  # the silent clients are still connected
+        assert returncode == 0
+        assert len(stdout.splitlines()) == 20
+        assert not control.exists()
+    finally:
+        for client in silent:
+            client.close()
+
+
+def test_a_path_that_is_no_stale_socket_is_refused(short_dir: Path):
+    taken = short_dir / "file"
+    taken.write_text("mine\n")
+    listening = short_dir / "live.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as other_run:
+        other_run.bind(str(listening))
+        other_run.listen()
+        for path, problem in (
+            (taken, b"exists and is not a socket"),
+            (listening, b"another run is listening on it"),
+            (short_dir / "no" / "such.sock", b"cannot listen there"),
+        ):
+            result = invoke(["--demo", "--control", str(path)], input=b'{"responses_create_params": {"input": "hi"}}\n')
+            assert result.returncode == 2
+            assert result.stdout == b""
+            assert result.stderr.count(b"\n") == 1
+            assert problem in result.stderr
+        assert listening.exists()
+    assert taken.read_text() == "mine\n"
+
+
+def test_a_stale_socket_is_taken_over_and_removed_at_the_end(short_dir: Path):
+    stale = short_dir / "stale.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as dead_run:
+        dead_run.bind(str(stale))  # closed without unlinking: what a killed run leaves
+    result = invoke(["--demo", "--control", str(stale)], input=b'{"responses_create_params": {"input": "hi"}}\n')
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 1
+    assert not stale.exists()
