@@ -35,6 +35,7 @@ from rollfilter.groups import GroupStage
 from rollfilter.metrics import UNNAMED_AGENT, Means, Metrics
 from rollfilter.rollout_run import RolloutRun, RunFigures
 from rollfilter.routing import Router
+from rollfilter.steering import StalenessGate, Steering
 
 # The latency histogram's upper bounds, in seconds: an agent's episode takes from milliseconds
 # (a cached answer) to most of an hour.
@@ -70,6 +71,8 @@ class Parts(Protocol):
     engine: Engine | None
     router: Router | None
     groups: GroupStage | None
+    steering: Steering
+    staleness: StalenessGate | None
 
 
 def _label(agent: str | None) -> str:
@@ -106,6 +109,8 @@ class _Nothing:
     engine: Engine | None = None
     router: Router | None = None
     groups: GroupStage | None = None
+    steering: Steering = dataclasses.field(default_factory=Steering)
+    staleness: StalenessGate | None = None
 
 
 def register(run: RolloutRun, registry: CollectorRegistry) -> RunCollector:
@@ -197,6 +202,47 @@ def families(run: Parts) -> list[Metric]:
             if type(count) is int:  # not the note on what the figures cover
                 groups.add_metric((fate,), count)
         found.append(groups)
+    return found + _steered(run)
+
+
+def _steered(run: Parts) -> list[Metric]:
+    """What is in force of what can be steered: the pause, each agent's bound on requests in
+    flight, and with a policy version, the version and what the staleness bound holds back."""
+    paused = GaugeMetricFamily("rollfilter_paused", "1 while the run is paused: no new request leaves.")
+    paused.add_metric((), 1.0 if run.steering.paused else 0.0)
+    limit = GaugeMetricFamily(
+        "rollfilter_concurrency_limit",
+        "Requests the agent may have in flight now: the run's concurrency, or its adaptive window under it.",
+        labels=("agent",),
+    )
+    if run.engine is not None and run.router is not None:
+        concurrency = run.engine.concurrency
+        limits: dict[str, int] = {}
+        for agent in run.router.agents_named(None):
+            bound = min(agent.window.limit, concurrency) if agent.window is not None else concurrency
+            limits[_label(agent.name)] = max(bound, limits.get(_label(agent.name), 0))  # agents that share a label
+        for label, bound in sorted(limits.items()):
+            limit.add_metric((label,), bound)
+    found: list[Metric] = [paused, limit]
+    version = run.steering.version
+    if version is not None:
+        found.append(GaugeMetricFamily("rollfilter_policy_version", "The policy version now.", value=version))
+    if run.staleness is not None:
+        held = run.staleness
+        found.append(
+            GaugeMetricFamily(
+                "rollfilter_rows_held_by_staleness",
+                "Rollouts waiting for a policy version that admits their group.",
+                value=held.rows_held,
+            )
+        )
+        found.append(
+            GaugeMetricFamily(
+                "rollfilter_groups_held_by_staleness",
+                "Groups waiting for a policy version that admits them.",
+                value=held.groups_held,
+            )
+        )
     return found
 
 

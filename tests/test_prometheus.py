@@ -14,10 +14,12 @@ from rollfilter.config import Retries
 from rollfilter.demo import DemoAgent, serve
 from rollfilter.errors import ErrorKind
 from rollfilter.limits import AgentLimits
-from rollfilter.outcomes import AttemptFailure
+from rollfilter.outcomes import AttemptFailure, Outcome
 from rollfilter.prometheus import OUTCOMES, RunCollector, exposition, families, register
-from rollfilter.rollout_run import RolloutRun, RunFigures
+from rollfilter.rollout_run import RolloutRun, RunFigures, open_rollouts_in_trio
 from rollfilter.run import Run
+from tests.conftest import URL
+from tests.test_steering import StandIn, collect, rows
 
 
 def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -192,3 +194,36 @@ async def test_a_scrape_after_the_run_ended_reads_the_figures_without_its_loop()
     scraper.join(timeout=10)  # (with the loop free again, a scrape that waited for it ends too)
     assert answered_at_once, "the scrape waited for the run's loop"
     assert b'rollfilter_rollouts_total{agent="(no name)",outcome="succeeded"} 5.0' in scraped[0]
+
+
+async def test_the_pause_the_concurrency_limit_the_version_and_what_staleness_holds(autojump_clock):
+    agent = StandIn(lambda row: 1.0)
+    config = Config(url=URL, concurrency=64, repeats=2, groups=True, max_staleness=0, batch_groups=1, policy_version=5)
+    taken: list[Outcome] = []
+    async with open_rollouts_in_trio(rows(3), config, transport=agent) as run, trio.open_nursery() as nursery:
+        nursery.start_soon(collect, run, taken)
+        await trio.sleep(0.5)
+        run.pause()
+        run.set_concurrency(7)
+        registry = CollectorRegistry()
+        register(run, registry)
+        figures = samples(exposition(registry))
+        assert figures["rollfilter_paused", ()] == 1
+        assert figures["rollfilter_concurrency_limit", (("agent", "(no name)"),)] == 7
+        assert figures["rollfilter_policy_version", ()] == 5
+        assert figures["rollfilter_rows_held_by_staleness", ()] == 4  # groups 1 and 2, two rollouts each
+        assert figures["rollfilter_groups_held_by_staleness", ()] == 2
+        run.resume()
+        run.set_policy_version(7)
+        await trio.sleep(10)
+        figures = samples(exposition(registry))
+        assert figures["rollfilter_paused", ()] == 0
+        assert figures["rollfilter_policy_version", ()] == 7
+        assert figures["rollfilter_rows_held_by_staleness", ()] == 0
+    assert len(taken) == 3
+
+
+def test_a_plain_run_has_no_version_nor_staleness_figures():
+    names = {family.name for family in families(Run(Config(url="http://127.0.0.1:9/run")))}
+    assert {"rollfilter_paused", "rollfilter_concurrency_limit"} <= names
+    assert not names & {"rollfilter_policy_version", "rollfilter_rows_held_by_staleness"}
