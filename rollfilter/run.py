@@ -100,6 +100,7 @@ class Run:
         self.report: AggregateReport | None = None
         self.groups: GroupStage | None = None
         self.send_slots = SendSlots(config.concurrency) if config.rate_limited and dry_run is None else None
+        self.concurrency = config.concurrency  # as set_concurrency last set it
         self.steering = Steering(config.policy_version)
         self.staleness: StalenessGate | None = None
         if config.max_staleness is not None and config.batch_groups is not None:
@@ -167,7 +168,7 @@ class Run:
             metrics=self.metrics,
             control=self.control,
             # A dry run shows each row's route, then its body, one row at a time: in input order.
-            concurrency=config.concurrency if dry_run is None else 1,
+            concurrency=self.concurrency if dry_run is None else 1,
             failure_limit=config.max_failures,
             max_cost=config.max_cost,
             tasks=self.tasks if dry_run is None else None,  # planned, but no rollout is answered
@@ -201,7 +202,7 @@ class Run:
             if on_event is not None:
                 on_event(f"agent {label}: window {old} -> {new}")
 
-        window = self.metrics.windows[label] = AdaptiveWindow(self.config.concurrency, on_change=changed)
+        window = self.metrics.windows[label] = AdaptiveWindow(self.concurrency, on_change=changed)
         return window
 
     def _limits_for(self, name: str | None, rpm: float | None, tpm: float | None) -> AgentLimits:
@@ -233,6 +234,7 @@ class Run:
         taken again until the run is under the new bound. SteeringError for less than 1."""
         if type(concurrency) is not int or concurrency < 1:
             raise SteeringError(f"the concurrency is a whole number of at least 1, not {concurrency!r}")
+        self.concurrency = concurrency
         if self.send_slots is not None:
             self.send_slots.slots.total_tokens = concurrency
         if self.engine is not None:
@@ -248,7 +250,7 @@ class Run:
             if rate is not KEEP and rate is not None and not _pace_able(rate):
                 raise SteeringError(f"{name} is a number of at least {MIN_RATE:g}, not {rate!r}")
         if self.router is None:
-            raise SteeringError("the run has not started")
+            raise SteeringError("the run does not know its agents yet: try again once it has started")
         try:
             targets = self.router.agents_named(agent)
         except LookupError:
@@ -281,7 +283,7 @@ class Run:
         return SteeringStatistics(
             paused=self.steering.paused,
             requests_out=self.steering.requests_out(),
-            concurrency=self.engine.concurrency if self.engine is not None else self.config.concurrency,
+            concurrency=self.engine.concurrency if self.engine is not None else self.concurrency,
             windows={name: window.limit for name, window in self.metrics.windows.items()},
             rates=rates,
             policy_version=self.steering.version,

@@ -23,7 +23,9 @@ from rollfilter.adaptive import AdaptiveWindow
 from rollfilter.config import ConfigError
 from rollfilter.http import Reply
 from rollfilter.outcomes import Outcome
-from rollfilter.rollout_run import RolloutRun, open_rollouts_in_trio
+from rollfilter.rollout_run import RolloutRun, _RowFeed, open_rollouts_in_trio
+from rollfilter.run import Run
+from rollfilter.sinks import ChannelSink
 from rollfilter.steering import POLICY_VERSION
 from tests.conftest import URL
 
@@ -353,3 +355,18 @@ async def test_rows_that_start_while_paused_wait_before_their_rate_limit(autojum
         await trio.sleep(2.5)
         assert len(agent.arrivals) == 3  # one a second, after a burst of one
         assert len([outcome async for outcome in run]) == 5
+
+
+async def test_a_run_steered_before_it_knows_its_agents_keeps_what_it_was_told():
+    config = Config(url=URL, concurrency=8, adaptive=True)
+    sink = ChannelSink(None)  # type: ignore[arg-type]  # nothing is sent
+    run = Run(config, source=_RowFeed([]), sink=sink, transport=StandIn())
+    run.set_concurrency(3)
+    run.steering.pause()
+    with pytest.raises(SteeringError, match="does not know its agents yet"):
+        run.set_rate(rpm=60)
+    await run.connect()
+    assert run.engine is not None
+    assert run.engine.concurrency == 3
+    assert [window.ceiling for window in run.metrics.windows.values()] == [3]
+    assert run.statistics().paused

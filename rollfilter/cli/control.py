@@ -203,6 +203,7 @@ class ControlServer:
         if engine is not None:
             status = engine.status()
             figures.update(done=status.done, failed=status.failed, in_flight=status.in_flight)
+        figures["control_clients"] = self.clients  # the one asking included
         return figures
 
 

@@ -375,13 +375,13 @@ class _CommandLineRun:
             services.start_soon(watch_reader_gone, files.results, lambda: control.stop(StopCause.READER_GONE))
         if self.exporter is not None:
             self.exporter.start(services, self.say)
+        if self.control_socket is not None:  # served from now: a run may be paused before it sends
+            on_command = self.say if options.verbose else None
+            services.start_soon(ControlServer(self.control_socket, run, on_command).serve)
         try:
             await run.connect()
         except ConfigError as exc:  # an agent the head server did not name, say
             raise UsageError(f"{OPTION_OF_FIELD.get(exc.field, exc.field)} {exc.problem}") from None
-        if self.control_socket is not None:
-            on_command = self.say if options.verbose else None
-            services.start_soon(ControlServer(self.control_socket, run, on_command).serve)
         planned = await self._plan_first() if files.materialized is not None and control.cause is None else None
         if self.display is not None:
             services.start_soon(self.display.run, run.metrics, self._total(planned), lambda: run.steering.paused)
