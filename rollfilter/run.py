@@ -56,8 +56,7 @@ class Run:
     and hands its outcomes to `sink`. Built by `aggregate`: `report`.
 
     `resume` is what earlier runs left (their pairs are skipped or retried), `on_event` the -v
-    line for each row event, `transport` one to send through in place of the one `config` asks
-    for (the run owns it too), and `dry_run`, when given, gets each routed job in place of
+    line for each row event, and `dry_run`, when given, gets each routed job in place of
     sending it. With `config.groups`, `connect` builds `groups` too, which hands the sink whole
     groups, and `hold` gets each finished rollout's line (the command's held file). `transport`,
     when given, is what the run sends through instead of the one `config` asks for (a test's

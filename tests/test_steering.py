@@ -10,10 +10,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-import httpx
 import pytest
 import trio
 import trio.testing
@@ -22,6 +21,7 @@ from rollfilter import Config, Failure, Group, Rollout, SteeringError
 from rollfilter.adaptive import AdaptiveWindow
 from rollfilter.config import ConfigError
 from rollfilter.http import Reply
+from rollfilter.http.testing import ScriptedRequest, ScriptedTransport, scripted_reply
 from rollfilter.outcomes import Outcome
 from rollfilter.rollout_run import RolloutRun, _RowFeed, open_rollouts_in_trio
 from rollfilter.run import Run
@@ -37,41 +37,31 @@ class Arrival:
     out: int  # requests at the agent, this one included
 
 
-class StandIn:
+class StandIn(ScriptedTransport):
     """An agent that logs each /run's arrival and answers after `latency(row)` seconds; with
     `refuse_first`, each row's first request is answered 503 at once."""
 
     def __init__(self, latency: Callable[[dict[str, Any]], float] = lambda row: 10.0, *, refuse_first: bool = False):
+        super().__init__(self._answer_row)
         self.latency = latency
         self.refuse_first = refuse_first
         self.arrivals: list[Arrival] = []
         self.out = 0
         self._refused: set[tuple[Any, Any]] = set()
 
-    async def post(
-        self,
-        url: httpx.URL,
-        body: bytes,
-        *,
-        credentials: bool = True,
-        row: str | None = None,
-        headers: Sequence[tuple[str, str]] = (),
-    ) -> Reply:
-        data = json.loads(body)
+    async def _answer_row(self, request: ScriptedRequest) -> Reply:
+        data = request.json()
         self.out += 1
         self.arrivals.append(Arrival(trio.current_time(), data, self.out))
         try:
             key = (data.get("id"), data.get("_ng_rollout_index"))
             if self.refuse_first and key not in self._refused:
                 self._refused.add(key)
-                return Reply.whole(503, [(b"retry-after", b"1")], b"")
+                return scripted_reply(503, headers=[("retry-after", "1")])
             await trio.sleep(self.latency(data))
         finally:
             self.out -= 1
-        return Reply.whole(200, [], json.dumps({"reward": 1.0, "id": data.get("id")}).encode())
-
-    async def aclose(self) -> None:
-        pass
+        return scripted_reply(200, {"reward": 1.0, "id": data.get("id")})
 
 
 def rows(count: int) -> list[dict[str, Any]]:
