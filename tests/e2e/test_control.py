@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -23,7 +24,18 @@ from typing import Any
 import pytest
 
 from rollfilter.cli.control import CONTROL_CLIENTS
-from tests.conftest import SUBPROCESS_TIMEOUT, invoke, lines_of, read_jsonl, start, summary_of, wait_for
+from tests.conftest import (
+    SUBPROCESS_TIMEOUT,
+    DemoServer,
+    invoke,
+    lines_of,
+    read_jsonl,
+    rows_jsonl,
+    simple_rows,
+    start,
+    summary_of,
+    wait_for,
+)
 from tests.servers.arrivals_agent import ArrivalsAgent
 
 
@@ -217,3 +229,36 @@ def test_a_stale_socket_is_taken_over_and_removed_at_the_end(short_dir: Path):
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.splitlines()) == 1
     assert not stale.exists()
+
+
+def test_the_socket_is_removed_when_a_second_interrupt_ends_the_wind_down_at_once(
+    demo_server: DemoServer, short_dir: Path
+):
+    control = short_dir / "run.sock"
+    data = short_dir / "rows.jsonl"
+    data.write_text(rows_jsonl(simple_rows(5000)))
+    # Nobody reads stdout: once the pipe is full the wind-down cannot finish (as in test_faults.py).
+    read_end, write_end = os.pipe()
+    probe = os.open(f"/proc/self/fd/{write_end}", os.O_WRONLY)
+    full = select.poll()
+    full.register(probe, select.POLLOUT)
+    process = start(["-u", demo_server.url, "--control", str(control), str(data)], stdout=write_end)
+    os.close(write_end)
+    try:
+        assert process.stderr is not None
+        errors = lines_of(process.stderr)
+        wait_for(lambda: not full.poll(0))
+        assert control.exists()
+        process.send_signal(signal.SIGINT)
+        process.send_signal(signal.SIGUSR1)  # answered once the interrupt has been taken
+        assert errors.get(timeout=SUBPROCESS_TIMEOUT).startswith(b"rollfilter: status: ")
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=SUBPROCESS_TIMEOUT) == 130
+        assert not control.exists()
+    finally:
+        process.kill()
+        process.wait(timeout=SUBPROCESS_TIMEOUT)
+        assert process.stderr is not None
+        process.stderr.close()
+        for fd in (read_end, probe):
+            os.close(fd)
