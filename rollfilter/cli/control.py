@@ -113,12 +113,20 @@ def control_socket(path: str | None) -> Iterator[ControlSocket | None]:
 
 class ControlServer:
     """Serves the clients of a run's control socket until cancelled; `on_command(line)` hears of
-    each command that changed the run (for -v)."""
+    each command that changed the run (for -v), and `fit(n)` says how many of `n` requests at once
+    this process can hold (its open files), as the run's own -j was fitted."""
 
-    def __init__(self, control: ControlSocket, run: Run, on_command: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        control: ControlSocket,
+        run: Run,
+        on_command: Callable[[str], None] | None = None,
+        fit: Callable[[int], int] = lambda wanted: wanted,
+    ) -> None:
         self._listener = trio.SocketListener(trio.socket.from_stdlib_socket(control.socket))
         self._run = run
         self._on_command = on_command
+        self._fit = fit
         self.clients = 0
 
     async def serve(self) -> None:
@@ -186,7 +194,12 @@ class ControlServer:
             raise SteeringError(f"{name!r} is no command: give one of {COMMANDS}")
         (argument,) = arguments
         if name == "concurrency":
-            run.set_concurrency(_whole_number(argument, "concurrency", least=1))
+            wanted = _whole_number(argument, "concurrency", least=1)
+            fitted = self._fit(wanted)
+            run.set_concurrency(fitted)
+            if fitted < wanted:
+                note = f"{wanted} at once needs more open files than this process may have: {fitted} at once"
+                return {**self._status(), "note": note}
         elif name == "version":
             run.set_policy_version(_whole_number(argument, "version"))
         elif name in ("rpm", "tpm"):

@@ -128,6 +128,11 @@ def ca_file(config: Config) -> ssl.SSLContext | None:
         raise UsageError(f"--cacert {exc.problem}") from None
 
 
+def fitted_concurrency(wanted: int, *, files_per_connection: int) -> int:
+    """How many of `wanted` requests at once fit under the open-file limit (raised as far as it goes)."""
+    return connections_that_fit(wanted, raise_open_file_limit(), files_per_connection=files_per_connection)
+
+
 def fit_open_files(command: CommandConfig, *, files_per_connection: int, stderr: int) -> CommandConfig:
     """Raise the open-file limit as far as it goes; if -j still does not fit under it, say so
     once and run fewer rows at a time, so that no row fails for this machine's limit."""
@@ -377,7 +382,9 @@ class _CommandLineRun:
             self.exporter.start(services, self.say)
         if self.control_socket is not None:  # served from now: a run may be paused before it sends
             on_command = self.say if options.verbose else None
-            services.start_soon(ControlServer(self.control_socket, run, on_command).serve)
+            per_connection = 2 if options.demo else 1  # the demo agent's end of each connection too
+            fit = functools.partial(fitted_concurrency, files_per_connection=per_connection)
+            services.start_soon(ControlServer(self.control_socket, run, on_command, fit).serve)
         try:
             await run.connect()
         except ConfigError as exc:  # an agent the head server did not name, say
