@@ -149,7 +149,10 @@ class Rollouts(RunResults):
         if self._token is None or self._run is None:
             raise RuntimeError("the run has not started: steer it once iterating has begun")
         run = self._run
-        return trio.from_thread.run_sync(lambda: call(run), trio_token=self._token)
+        try:
+            return trio.from_thread.run_sync(lambda: call(run), trio_token=self._token)
+        except trio.RunFinishedError:
+            raise RuntimeError("the run has ended: there is nothing left to steer") from None
 
     def pause(self) -> None:
         """Send no new /run request from now on (see `RolloutRun.pause`)."""
@@ -164,7 +167,10 @@ class Rollouts(RunResults):
         as long as it takes). Whether none is in flight; the run stays paused until `resume()`."""
         if self._token is None or self._run is None:
             raise RuntimeError("the run has not started: steer it once iterating has begun")
-        return trio.from_thread.run(self._run.drain, timeout, trio_token=self._token)
+        try:
+            return trio.from_thread.run(self._run.drain, timeout, trio_token=self._token)
+        except trio.RunFinishedError:
+            raise RuntimeError("the run has ended: there is nothing left to steer") from None
 
     def set_concurrency(self, concurrency: int) -> None:
         """See `RolloutRun.set_concurrency`."""

@@ -11,10 +11,11 @@ on, and its outcome still comes. A plain run pays one attribute read an attempt 
 
 Bounded staleness paces, it never discards. With `max_staleness` K and `batch_groups` B, groups
 are numbered from 0 in the order they are admitted, and group i is sent only once the policy
-version v satisfies i < (v - v0 + K + 1) x B: a trainer that takes B groups a step and then sets
-the next version finds at most K versions between a group's weights and its own, as long as the
-groups reach it in about the order they were admitted. Rows of a group not yet admitted wait,
-holding their slot of the concurrency, until the version lets them go.
+version v satisfies i < (v - v0 + K + 1) x B. Groups finish in any order, so the run hands them
+out in the order they were admitted (`GroupStage`'s `in_order`): a trainer that takes B groups a
+step and then sets the next version has taken at most i groups before group i, so its version is
+at most v0 + i // B, while group i was sent under a version of at least v0 + i // B - K. Rows of a
+group not yet admitted wait, holding their slot of the concurrency, until the version lets them go.
 """
 
 from __future__ import annotations

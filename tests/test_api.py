@@ -415,3 +415,5 @@ def test_a_run_in_threads_is_steered_from_the_iterating_thread(demo_server: Demo
     assert len(outcomes) == 6
     versions = [outcome.result["_rf_policy_version"]["sent"] for outcome in outcomes if isinstance(outcome, Rollout)]
     assert versions == [7] * sent + [8] * (6 - sent)
+    with pytest.raises(RuntimeError, match="has ended"):
+        run.pause()
