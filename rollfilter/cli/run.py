@@ -353,7 +353,7 @@ class _CommandLineRun:
             self.say(line)
 
     async def execute(self, control: ControlSocket | None = None) -> RunEnd:
-        """Run, with `control` (--control's socket) served once the agents are known."""
+        """Run, with `control` (--control's socket) served from the start to the end."""
         self.control_socket = control
         try:
             async with trio.open_nursery() as services:
