@@ -207,7 +207,7 @@ class Config:
     groups: bool = False
     keep_incomplete: bool = False  # a group with a failed rollout hands out its finished ones anyway
     drop_uniform: bool = False  # drop a group whose group_field is the same number in every rollout (implies groups)
-    group_field: str = "reward"  # a numeric top-level field of each result
+    group_field: str = "reward"  # a numeric field of each result, or a dotted path (reward_components.NAME)
     target_groups: AtLeastOne | None = None  # stop once this many groups have been handed out
     # The policy version the run starts under: every result then carries _rf_policy_version, the
     # version when its /run was sent and when it ended (the run's set_policy_version changes it).
@@ -422,6 +422,8 @@ def group_field_problem(name: str) -> str | None:
         return "wants the name of a numeric top-level field of the results, such as reward"
     if name in NOT_GROUP_FIELDS:
         return f"{name!r} is not a numeric field of a result: name one such as reward or accuracy"
+    if "." in name and not all(part.strip() for part in name.split(".")):
+        return f"{name!r} has an empty step: a dotted path names an object's field, such as reward_components.accuracy"
     return None
 
 

@@ -30,7 +30,7 @@ from rollfilter.passk import TaskStats
 from rollfilter.plan import Job, Planner
 from rollfilter.redact import printable, shown
 from rollfilter.routing import Agent, Router
-from rollfilter.rows import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX, agent_name
+from rollfilter.rows import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX, agent_name, field_value, is_masked
 from rollfilter.sinks import RowSink
 from rollfilter.spool import ResultSpool
 from rollfilter.steering import StalenessGate, Steering
@@ -294,7 +294,11 @@ class Engine:
                 message = "the agent asked for this rollout not to be kept (_ng_no_persist)"
                 self.groups.failure(job, AttemptFailure(ErrorKind.NOT_PERSISTED, message, attempts=flight.attempt))
             self._check_failure_limit()
-        elif self.group_field is not None and as_float(outcome.get(self.group_field)) is None:
+        elif (
+            self.group_field is not None
+            and as_float(field_value(outcome, self.group_field)) is None
+            and not is_masked(outcome)  # a masked rollout decides nothing: it need not say it
+        ):
             message = f"the result has no number {self.group_field!r} to tell its group by"
             self._fail(
                 job, AttemptFailure(ErrorKind.GROUP_FIELD, message, attempts=flight.attempt, answer=outcome), release
@@ -312,7 +316,8 @@ class Engine:
     def count_result(self, job: Job, result: dict[str, Any], latency: float | None) -> None:
         """Put a result into the run's figures: the means, the tasks, the spool."""
         self.metrics.add_result(result, latency, job.agent_name)
-        self._ended(job, reward_of(result))
+        if self.tasks is not None:
+            self.tasks.rollout_ended(job.task_index, reward_of(result), job.rollout_index, masked=is_masked(result))
         if self.spool is not None:  # by the result's agent, as an earlier run's results are spooled
             self.spool.add(agent_name(result), result)
 

@@ -4,10 +4,12 @@ GRPO-style training takes a task's K rollouts together, and a group whose reward
 gives it no gradient. With `Config.groups`, the engine hands each finished rollout here instead
 of to its sink: `GroupStage` holds a group's results until its last rollout ends, then decides
 its fate (`Fate`): kept (written, adjacent, in rollout order), dropped as uniform (with
-`drop_uniform`, every member's `group_field` the same), incomplete (a member failed after its
-retries, or could not be run), or cancelled (the run stopped first: `target_groups` reached, a
-signal). Only the members of groups that closed count in the run's figures: a cancelled group's
-fast members are left out, so that cutting stragglers does not favour fast answers.
+`drop_uniform`, every member's `group_field` the same), dropped as masked (with `drop_uniform`,
+fewer than two members that are valid measurements: a result with `mask_sample: true` decides
+nothing), incomplete (a member failed after its retries, or could not be run), or cancelled (the
+run stopped first: `target_groups` reached, a signal). Only the members of groups that closed
+count in the run's figures: a cancelled group's fast members are left out, so that cutting
+stragglers does not favour fast answers.
 
 With `in_order` (a staleness bound asks for it), closed groups are handed out in the order they
 were planned: a group that closed early waits for those before it, so that a trainer counting the
@@ -29,7 +31,7 @@ from typing import Any, Protocol
 from rollfilter.outcomes import AttemptFailure
 from rollfilter.plan import GroupPlan, Job
 from rollfilter.resume import DROPPED_BECAUSE, FAILED, ROLLOUTS
-from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, encode_json
+from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, encode_json, field_value, is_masked
 from rollfilter.writers import Release
 
 
@@ -37,7 +39,8 @@ class Fate(enum.StrEnum):
     """What became of a group."""
 
     KEPT = "kept"
-    UNIFORM = "uniform"  # dropped: every member's group field the same
+    UNIFORM = "uniform"  # dropped: every unmasked member's group field the same
+    MASKED = "masked"  # dropped: fewer than two members are valid measurements (mask_sample)
     INCOMPLETE = "incomplete"  # a member failed, was not persisted, or could not be run
     CANCELLED = "cancelled"  # the run stopped before every member ended
 
@@ -168,12 +171,7 @@ class GroupStage:
 
     def _close(self, group: _Open, release: Release | None) -> None:
         members = tuple(group.members[rollout] for rollout in sorted(group.members))
-        if group.broken:
-            fate = Fate.INCOMPLETE
-        elif self._drop_uniform and _uniform(members, self._field):
-            fate = Fate.UNIFORM
-        else:
-            fate = Fate.KEPT
+        fate = Fate.INCOMPLETE if group.broken else self._decide(members)
         self.fates[fate] += 1
         for member in members:
             self._count(member)
@@ -184,14 +182,23 @@ class GroupStage:
         if fate is Fate.KEPT:
             self._check_target()
 
+    def _decide(self, members: tuple[Member, ...]) -> Fate:
+        """A whole group's fate: with drop_uniform, decided on its members that are valid measurements."""
+        if not self._drop_uniform:
+            return Fate.KEPT
+        measured = tuple(member for member in members if not is_masked(member.result))
+        if len(measured) < 2:
+            return Fate.MASKED
+        return Fate.UNIFORM if _uniform(measured, self._field) else Fate.KEPT
+
     def _hold_marker(self, group: _Open, fate: Fate, members: tuple[Member, ...]) -> None:
-        """A uniform group's marker, so that a resumed run sends it no more; an incomplete one's,
-        so that a resumed run that runs its failed rollouts again writes it again, whole. One line
-        a group: a kill leaves all of it or none."""
+        """A dropped group's marker (uniform or masked), so that a resumed run sends it no more; an
+        incomplete one's, so that a resumed run that runs its failed rollouts again writes it
+        again, whole. One line a group: a kill leaves all of it or none."""
         marker: dict[str, Any] = {TASK_INDEX: group.task_index, ROLLOUT_INDEX: group.first}
-        if fate is Fate.UNIFORM:
+        if fate in (Fate.UNIFORM, Fate.MASKED):
             rollouts = [member.result[ROLLOUT_INDEX] for member in members]
-            marker.update({DROPPED_BECAUSE: Fate.UNIFORM.value, ROLLOUTS: rollouts})
+            marker.update({DROPPED_BECAUSE: fate.value, ROLLOUTS: rollouts})
         elif fate is Fate.INCOMPLETE and group.failures:
             marker[ROLLOUTS] = list(range(group.first, group.first + group.size))
             marker[FAILED] = sorted(job.rollout_index for job, _ in group.failures)
@@ -232,6 +239,7 @@ class GroupStage:
         figures: dict[str, Any] = {
             "kept": self.fates[Fate.KEPT] + self.kept_earlier,
             "dropped_uniform": self.fates[Fate.UNIFORM] + self.dropped_earlier,
+            "dropped_masked": self.fates[Fate.MASKED],
             "incomplete": self.fates[Fate.INCOMPLETE],
             "cancelled": self.fates[Fate.CANCELLED],
         }
@@ -245,11 +253,12 @@ def _key(task_index: Any, first: int) -> tuple[Any, int]:
 
 
 def _uniform(members: tuple[Member, ...], field: str) -> bool:
-    """Whether every member's `field` is the same number (the engine refused results without it).
+    """Whether every member's `field` (a name, or a dotted path) is the same number (the engine
+    refused unmasked results without it).
 
     Compared as they are: Python compares an int with a float exactly (and True with 1), where
     turning integers to floats would make two above 2**53 the same."""
-    values = {member.result.get(field) for member in members}
+    values = {field_value(member.result, field) for member in members}
     return len(values) == 1
 
 

@@ -21,6 +21,7 @@ from rollfilter.errors import ErrorKind
 from rollfilter.limits import AgentLimits
 from rollfilter.outcomes import OVERLOAD_STATUSES, AttemptFailure
 from rollfilter.passk import TaskStats
+from rollfilter.rows import MASK_SAMPLE, REWARD_COMPONENTS
 from rollfilter.sums import EXACT_FROM, EXACT_FROM_INT, mean_of, scaled, total_of
 
 _BUCKET_GROWTH = math.log(1.01)
@@ -86,11 +87,26 @@ class Means:
     that means near the float limits stay finite and right (see `rollfilter.sums`).
     """
 
-    __slots__ = ("counts", "exact", "failed", "succeeded", "sums", "usage_counts", "usage_exact", "usage_sums")
+    __slots__ = (
+        "component_counts",
+        "component_sums",
+        "counts",
+        "exact",
+        "failed",
+        "masked",
+        "succeeded",
+        "sums",
+        "usage_counts",
+        "usage_exact",
+        "usage_sums",
+    )
 
     def __init__(self) -> None:
         self.succeeded = 0
         self.failed = 0
+        self.masked = 0  # results with mask_sample: true, in `succeeded` but in no mean
+        self.component_sums: dict[str, float] = {}  # reward_components, by name
+        self.component_counts: dict[str, int] = {}
         self.sums: dict[str, float] = {}
         self.counts: dict[str, int] = {}
         self.exact: dict[str, int] = {}
@@ -102,6 +118,14 @@ class Means:
         # The per-result hot path: as_float() written out inline. A comparison rules out
         # inf and nan (and the rare huge value, summed apart) faster than math.isfinite().
         self.succeeded += 1
+        response = result.get("response")
+        if type(response) is dict:
+            usage = response.get("usage")
+            if type(usage) is dict:  # a masked rollout's tokens were spent all the same
+                _add_usage(usage, self.usage_sums, self.usage_counts, self.usage_exact)
+        if result.get(MASK_SAMPLE) is True:
+            self.masked += 1
+            return
         sums, counts = self.sums, self.counts
         for key, value in result.items():
             kind = type(value)
@@ -115,22 +139,33 @@ class Means:
                     if -_FLOAT_RANGE < value < _FLOAT_RANGE:
                         _add_exact(key, value, sums, counts, self.exact)
                     continue
-            elif kind is not bool:
+            elif kind is not bool or key == MASK_SAMPLE:  # false on every result the means cover
                 continue
             if key.startswith("_ng_"):
                 continue
             sums[key] = sums.get(key, 0.0) + value
             counts[key] = counts.get(key, 0) + 1
-        response = result.get("response")
-        if type(response) is dict:
-            usage = response.get("usage")
-            if type(usage) is dict:
-                _add_usage(usage, self.usage_sums, self.usage_counts, self.usage_exact)
+        components = result.get(REWARD_COMPONENTS)
+        if type(components) is dict:
+            self._add_components(components)
+
+    def _add_components(self, components: dict[str, Any]) -> None:
+        sums, counts = self.component_sums, self.component_counts
+        for name, value in components.items():
+            number = as_float(value)
+            if number is not None and -EXACT_FROM < number < EXACT_FROM:
+                sums[name] = sums.get(name, 0.0) + number
+                counts[name] = counts.get(name, 0) + 1
 
     def merge(self, other: Means) -> None:
         self.succeeded += other.succeeded
         self.failed += other.failed
-        for sums, more in ((self.sums, other.sums), (self.usage_sums, other.usage_sums)):
+        self.masked += other.masked
+        for sums, more in (
+            (self.sums, other.sums),
+            (self.usage_sums, other.usage_sums),
+            (self.component_sums, other.component_sums),
+        ):
             for key, value in more.items():
                 sums[key] = sums.get(key, 0.0) + value
         for tallies, added in (
@@ -138,6 +173,7 @@ class Means:
             (self.usage_counts, other.usage_counts),
             (self.exact, other.exact),
             (self.usage_exact, other.usage_exact),
+            (self.component_counts, other.component_counts),
         ):
             for key, count in added.items():
                 tallies[key] = tallies.get(key, 0) + count
@@ -152,6 +188,16 @@ class Means:
         for key, total in self.sums.items():
             means[key] = mean_of(total, self.exact.get(key, 0), self.counts[key])
         return means
+
+    @property
+    def measured(self) -> int:
+        """The results the means cover: those not masked."""
+        return self.succeeded - self.masked
+
+    def components(self) -> dict[str, float]:
+        """The mean of each reward_components entry, over the results the means cover."""
+        counts = self.component_counts
+        return {name: total / counts[name] for name, total in self.component_sums.items()}
 
     def usage(self) -> dict[str, float]:
         exact, counts = self.usage_exact, self.usage_counts
@@ -247,6 +293,11 @@ class Metrics:
     @property
     def ended(self) -> int:
         return self.succeeded + self.failed + self.not_persisted
+
+    @property
+    def masked(self) -> int:
+        """This run's results that said `mask_sample: true`."""
+        return sum(means.masked for means in self.by_agent.values())
 
     def _agent(self, agent: str | None) -> Means:
         means = self.by_agent.get(agent)
@@ -344,6 +395,8 @@ class Metrics:
         summary = overall.means()
         if tasks is not None:
             summary.update(tasks.summary_fields())
+        if overall.component_sums:
+            summary[REWARD_COMPONENTS] = overall.components()
         summary["usage"] = overall.usage()
         by_agent = self.figures_by_agent()
         if len(by_agent) > 1:
@@ -351,7 +404,9 @@ class Metrics:
                 UNNAMED_AGENT if name is None else name: {
                     "succeeded": means.succeeded,
                     "failed": means.failed,
+                    "masked": means.masked,
                     **means.means(),
+                    **({REWARD_COMPONENTS: means.components()} if means.component_sums else {}),
                     "usage": means.usage(),
                 }
                 for name, means in sorted(by_agent.items(), key=lambda item: item[0] or "")
@@ -363,6 +418,8 @@ class Metrics:
             "rows_read": read,
             "succeeded": self.succeeded,
             "failed": self.failed,
+            "masked": self.masked,  # of the succeeded: in no mean, mean@K or pass@k
+            "means_cover": overall.measured,  # the results the means are over (earlier runs' included)
             "not_persisted": self.not_persisted,
             "skipped": self.skipped,
             "not_retried": self.not_retried,

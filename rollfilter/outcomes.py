@@ -148,7 +148,8 @@ class Group:
     """A task's rollouts at the end of their group (with `Config.groups`), in rollout order.
 
     `fate` says what became of it: "kept" (every rollout finished, and with `drop_uniform` their
-    `group_field` differs), "uniform" (dropped: the same `group_field` throughout), "incomplete"
+    `group_field` differs), "uniform" (dropped: the same `group_field` throughout its members that
+    are valid measurements), "masked" (dropped: fewer than two of those; `mask_sample`), "incomplete"
     (a rollout failed after its retries: `failures` says how) or "cancelled" (the run stopped
     first, at `target_groups` or when left early). `ok` says whether it is handed out to train
     on: kept, or incomplete with `keep_incomplete` (`RolloutRun.groups()` gives those).

@@ -32,9 +32,9 @@ def ks_for(repeats: int) -> list[int]:
 
 
 # A task's counts, one array each (4 bytes a count, 8 for the mean): planned rollouts, ended,
-# failed, correct (reward at or over the threshold), rewarded, the rollouts of its first line (its
-# group's size), and the mean of the rewards.
-_COUNTS = ("planned", "ended", "failed", "correct", "rewarded", "size")
+# failed, masked (ended, but no valid measurement), correct (reward at or over the threshold),
+# rewarded, the rollouts of its first line (its group's size), and the mean of the rewards.
+_COUNTS = ("planned", "ended", "failed", "masked", "correct", "rewarded", "size")
 _DENSE_GAP = 1 << 16  # a numbered task at most this far past the last one extends the arrays
 
 
@@ -61,7 +61,8 @@ class TaskStats:
         self._numbered = 0  # tasks 0 .. _numbered-1 have the slot of their own index
         self._others: dict[Any, int] = {}  # any other task -> its slot, after the numbered ones
         self._other_keys: list[Any] = []
-        self._later_groups: dict[int, dict[int, list[int]]] = {}  # slot -> group past the first -> [ended, correct]
+        # slot -> group past the first -> [ended, correct, masked]
+        self._later_groups: dict[int, dict[int, list[int]]] = {}
         self._finished: dict[str, Any] | None = None
 
     def _slot(self, task: Any) -> int:
@@ -92,17 +93,21 @@ class TaskStats:
         if not self._counts["size"][slot]:
             self._counts["size"][slot] = count
 
-    def rollout_ended(self, task: Any, reward: float | None, rollout: Any = None) -> None:
+    def rollout_ended(self, task: Any, reward: float | None, rollout: Any = None, *, masked: bool = False) -> None:
         """Count one rollout of `task`, its rollout index `rollout` (None: it failed, and counts as
-        not correct)."""
+        not correct). A `masked` one has ended, but is in none of the task's figures: n leaves it out."""
         slot = self._slot(task)
         counts = self._counts
         counts["ended"][slot] += 1
-        correct = reward is not None and reward >= self.threshold
+        correct = not masked and reward is not None and reward >= self.threshold
         if type(rollout) is int and rollout >= (size := counts["size"][slot] or self.repeats):
-            group = self._later_groups.setdefault(slot, {}).setdefault(rollout // size, [0, 0])
+            group = self._later_groups.setdefault(slot, {}).setdefault(rollout // size, [0, 0, 0])
             group[0] += 1
             group[1] += correct
+            group[2] += masked
+        if masked:
+            counts["masked"][slot] += 1
+            return
         if reward is None:
             counts["failed"][slot] += 1
             return
@@ -112,17 +117,19 @@ class TaskStats:
             counts["correct"][slot] += 1
 
     def _add_groups(self, histogram: collections.Counter[tuple[int, int]], slot: int) -> None:
-        """Count the task's finished groups, each by its size and its correct rollouts."""
+        """Count the task's finished groups, each by its size and its correct rollouts; masked
+        rollouts are no trial: a group is as large as its others (and in no bucket with none)."""
         counts = self._counts
         planned, size = counts["planned"][slot], counts["size"][slot] or self.repeats
         later = self._later_groups.get(slot, {})
-        first = [counts["ended"][slot], counts["correct"][slot]]
-        for ended, correct in later.values():
+        first = [counts["ended"][slot], counts["correct"][slot], counts["masked"][slot]]
+        for ended, correct, masked in later.values():
             first[0] -= ended
             first[1] -= correct
-        for ended, correct in (first, *later.values()):
-            if ended and (not planned or ended >= min(size, planned)):  # every rollout of it ended
-                histogram[ended, correct] += 1
+            first[2] -= masked
+        for ended, correct, masked in (first, *later.values()):
+            if ended > masked and (not planned or ended >= min(size, planned)):  # every rollout of it ended
+                histogram[ended - masked, correct] += 1
 
     def finish(self) -> None:
         """Compute the figures over every task, and report each task; later calls do nothing."""
@@ -142,18 +149,20 @@ class TaskStats:
             if not ended and not planned:
                 continue
             tasks += 1
-            failed, rewarded = counts["failed"][slot], counts["rewarded"][slot]
+            failed, rewarded, masked = counts["failed"][slot], counts["rewarded"][slot], counts["masked"][slot]
             with_failures += failed > 0
             unfinished += ended < planned
+            measured = ended - masked  # the n of pass@k: masked rollouts are no trial either way
             self._add_groups(groups, slot)
             mean = self._reward_means[slot] if rewarded else None
             if mean is not None:
                 means += 1
                 mean_of_means = running_mean(mean_of_means, mean, means)
-            record: dict[str, Any] = {"_ng_task_index": task, "n": ended, "failed": failed, "mean_reward": mean}
+            record: dict[str, Any] = {"_ng_task_index": task, "n": measured, "failed": failed}
+            record |= {"masked": masked, "mean_reward": mean}
             for k in self.ks:
-                if k <= ended:
-                    value = pass_at_k(ended, counts["correct"][slot], k)
+                if k <= measured:
+                    value = pass_at_k(measured, counts["correct"][slot], k)
                     pass_counts[k] += 1
                     pass_means[k] = running_mean(pass_means[k], value, pass_counts[k])
                     record[f"pass@{k}"] = value

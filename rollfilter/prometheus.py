@@ -161,6 +161,10 @@ def families(run: Parts) -> list[Metric]:
             _counter("throttled_replies", "Replies 429 or 503: the agent asked for less."),
             [*zeros, *metrics.throttled_by_agent.items()],
         ),
+        _by_agent(
+            _counter("rollouts_masked", "Rollouts that succeeded with mask_sample: true, left out of every mean."),
+            [*zeros, *((agent, means.masked) for agent, means in metrics.by_agent.items())],
+        ),
         _latency(metrics),
         _by_agent(
             _counter("tokens", "Tokens the agents' answers report using (usage)."),

@@ -15,12 +15,33 @@ TASK_INDEX = "_ng_task_index"
 ROLLOUT_INDEX = "_ng_rollout_index"
 ATTEMPT_INDEX = "_ng_attempt_index"
 AGENT_REF = "agent_ref"
+MASK_SAMPLE = "mask_sample"  # true: the rollout ran, but is no valid measurement (left out of the figures)
+REWARD_COMPONENTS = "reward_components"  # named objectives beside the reward (a multi-reward verifier)
 
 _decode = msgspec.json.Decoder().decode
 
 
 # Writes a number decode_exact kept as a Decimal back as the number it was.
 encode_json = msgspec.json.Encoder(decimal_format="number").encode
+
+
+def is_masked(result: dict[str, Any]) -> bool:
+    """Whether a result says it is no valid measurement (`mask_sample: true`): written as any
+    result, but left out of every mean, pass@k and group decision."""
+    return result.get(MASK_SAMPLE) is True
+
+
+def field_value(result: dict[str, Any], path: str) -> Any:
+    """A result's field by name, or by a dotted path into its objects (`reward_components.accuracy`);
+    a top-level key that holds the dots itself comes first. None when there is no such field."""
+    if path in result or "." not in path:
+        return result.get(path)
+    value: Any = result
+    for part in path.split("."):
+        if type(value) is not dict:
+            return None
+        value = value.get(part)
+    return value
 
 
 def parse_row(data: bytes, *, exact: bool = False) -> dict[str, Any] | str:

@@ -38,7 +38,7 @@ from rollfilter.passk import TaskStats
 from rollfilter.plan import Job, LineSource, Planner
 from rollfilter.resume import ResumeState
 from rollfilter.routing import Agent, Router
-from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name
+from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name, is_masked
 from rollfilter.sinks import RowSink
 from rollfilter.spool import ResultSpool
 from rollfilter.steering import StalenessGate, Steering, SteeringError, SteeringStatistics
@@ -297,7 +297,8 @@ class Run:
         agent = agent_name(result)
         self.metrics.add_earlier_result(result, agent)
         if self.tasks is not None and TASK_INDEX in result:
-            self.tasks.rollout_ended(result[TASK_INDEX], reward_of(result), result.get(ROLLOUT_INDEX))
+            rollout = result.get(ROLLOUT_INDEX)
+            self.tasks.rollout_ended(result[TASK_INDEX], reward_of(result), rollout, masked=is_masked(result))
         if self.spool is not None:
             self.spool.add(agent, result)
 

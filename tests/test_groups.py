@@ -84,7 +84,7 @@ def test_uniform_groups_are_dropped_and_marked_in_the_held_file_and_failures_mak
         {"_ng_task_index": 1, "_ng_rollout_index": 0, "group_rollouts": [0, 1], "failed_rollouts": [1]},
     ]
     assert len(counted) == 3  # every finished rollout of a closed group: dropped ones are samples too
-    assert groups.figures() == {"kept": 0, "dropped_uniform": 1, "incomplete": 1, "cancelled": 0}
+    assert groups.figures() == {"kept": 0, "dropped_uniform": 1, "dropped_masked": 0, "incomplete": 1, "cancelled": 0}
 
 
 def test_the_target_stops_the_run_and_a_stop_cancels_open_groups_without_counting_them():
@@ -132,3 +132,36 @@ def test_numbers_are_compared_exactly_even_above_two_to_the_53():
         for rollout, value in enumerate(pair):
             groups.result(job(task, rollout), result(task, rollout, value), 0.1, lambda: None)
     assert [closed.fate for closed in sink.closed] == [Fate.KEPT, Fate.UNIFORM, Fate.UNIFORM]
+
+
+def masked_result(task: int, rollout: int, reward: float) -> dict[str, Any]:
+    return {**result(task, rollout, reward), "mask_sample": True}
+
+
+def test_drop_uniform_decides_on_unmasked_members_and_drops_a_group_with_fewer_than_two():
+    sink = Sink()
+    groups, counted, held, _ = stage(sink, drop_uniform=True)
+    for task in (0, 1, 2):
+        groups.planned(plan(task, range(3)))
+    # Task 0: uniform once its masked member is left out; task 1: one measured member; task 2: kept.
+    members = {0: [1.0, 0.0, 1.0], 1: [1.0, 0.0, 0.5], 2: [1.0, 0.0, 0.0]}
+    masks = {0: {1}, 1: {0, 2}, 2: {2}}
+    for task, rewards in members.items():
+        for rollout, value in enumerate(rewards):
+            made = masked_result if rollout in masks[task] else result
+            groups.result(job(task, rollout), made(task, rollout, value), 0.1, lambda: None)
+    assert [closed.fate for closed in sink.closed] == [Fate.UNIFORM, Fate.MASKED, Fate.KEPT]
+    markers = {(m["_ng_task_index"], m["dropped_because"]) for m in map(json.loads, held) if "dropped_because" in m}
+    assert markers == {(0, "uniform"), (1, "masked")}
+    assert len(counted) == 9
+    figures = groups.figures()
+    assert (figures["dropped_uniform"], figures["dropped_masked"], figures["kept"]) == (1, 1, 1)
+
+
+def test_without_drop_uniform_a_group_of_masked_members_is_kept():
+    sink = Sink()
+    groups, _, _, _ = stage(sink)
+    groups.planned(plan(0, range(2)))
+    for rollout in (0, 1):
+        groups.result(job(0, rollout), masked_result(0, rollout, 1.0), 0.1, lambda: None)
+    assert [closed.fate for closed in sink.closed] == [Fate.KEPT]

@@ -138,3 +138,20 @@ def test_token_counts_past_the_exact_sums_threshold_count_in_the_token_rate():
         )
     assert metrics.tokens() == pytest.approx(8e300)
     assert metrics.summary()["rollfilter"]["tokens_per_s"] > 8e300
+
+
+def test_a_masked_result_is_counted_and_its_tokens_spent_but_it_is_in_no_mean():
+    metrics = Metrics()
+    usage = {"response": {"usage": {"total_tokens": 10}}}
+    metrics.add_result({"reward": 1.0, "reward_components": {"a": 1.0, "b": True, "c": "x"}, **usage}, 0.1)
+    metrics.add_result({"reward": 0.0, "mask_sample": True, "reward_components": {"a": 9.0}, **usage}, 0.1)
+    metrics.add_result({"reward": 0.5, "mask_sample": False, "reward_components": {"a": 0.0}, **usage}, 0.1)
+    metrics.add_earlier_result({"reward": 0.0, "mask_sample": True, **usage})
+    summary = metrics.summary()
+    assert summary["reward"] == 0.75
+    assert "mask_sample" not in summary
+    assert summary["reward_components"] == {"a": 0.5, "b": 1.0}
+    assert (summary["rollfilter"]["succeeded"], summary["rollfilter"]["masked"]) == (3, 1)  # this run's
+    assert summary["rollfilter"]["means_cover"] == 2  # the earlier run's masked result covered by none
+    assert metrics.tokens() == 30
+    assert summary["usage"] == {"total_tokens": 10.0}

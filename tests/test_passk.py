@@ -54,3 +54,21 @@ def test_the_pass_histogram_counts_finished_tasks_by_their_correct_rollouts():
     # K + 1 bins whatever the input: its ends are the groups --drop-uniform drops (binary rewards).
     assert tasks.summary_fields()["pass_histogram"] == [2, 2, 1, 2]
     assert tasks.figures()["tasks_unfinished"] == 2
+
+
+def test_masked_rollouts_are_in_no_task_figure_but_end_the_task():
+    from rollfilter.passk import TaskStats
+
+    records: list[dict] = []
+    tasks = TaskStats(4, 1.0, records.append)
+    for task, ended in {0: [(1.0, False), (0.0, True), (0.0, True), (0.0, False)], 1: [(0.0, True)] * 4}.items():
+        tasks.planned(task, 4)
+        for rollout, (reward, masked) in enumerate(ended):
+            tasks.rollout_ended(task, reward, rollout, masked=masked)
+    fields = tasks.summary_fields()
+    assert [(r["n"], r["masked"], r["mean_reward"]) for r in records] == [(2, 2, 0.5), (0, 4, None)]
+    assert fields["mean@4"] == 0.5
+    assert (fields["pass@1"], fields["pass@2"], fields["pass@4"]) == (0.5, 1.0, None)
+    # Task 0 is a group of its 2 measured rollouts, 1 correct; task 1 measured none: in no bucket.
+    assert fields["pass_histogram"] == [0, 1, 0]
+    assert tasks.figures()["tasks_unfinished"] == 0

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollfilter.rows import apply_params, parse_row
+from rollfilter.rows import apply_params, field_value, parse_row
 
 PARAMS = st.recursive(
     st.integers() | st.text(max_size=2), lambda inner: st.dictionaries(st.sampled_from("ab"), inner, max_size=2)
@@ -74,3 +74,13 @@ def test_a_param_on_a_row_whose_params_are_a_string_names_them():
     assert apply_params(row, [("temperature", 0.5)]) == (
         "cannot set the param temperature: responses_create_params is not an object"
     )
+
+
+def test_field_value_follows_a_dotted_path_and_a_key_with_dots_comes_first():
+    result = {"reward": 1, "reward_components": {"format": 0.5}, "a.b": 2, "a": {"b": 3}, "s": "x"}
+    assert field_value(result, "reward") == 1
+    assert field_value(result, "reward_components.format") == 0.5
+    assert field_value(result, "a.b") == 2
+    assert field_value(result, "reward_components.missing") is None
+    assert field_value(result, "s.t") is None
+    assert field_value(result, "reward.x") is None

@@ -712,7 +712,8 @@ def parse(
         typer.Option(
             "--group-field",
             metavar="FIELD",
-            help="The numeric top-level result field --drop-uniform compares [default: reward].",
+            help="The numeric result field --drop-uniform compares, or a dotted path such as "
+            "reward_components.NAME [default: reward].",
             show_default=False,
             rich_help_panel=PANEL_REPEATS,
         ),

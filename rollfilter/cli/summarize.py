@@ -20,7 +20,7 @@ from rollfilter.metrics import Metrics
 from rollfilter.outcomes import AttemptFailure, failure_of
 from rollfilter.redact import printable
 from rollfilter.resume import StandingFailures
-from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name, parse_row
+from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name, is_masked, parse_row
 from rollfilter.run import Run
 from rollfilter.source import STDIN, InputLine, LineReader, check_inputs
 from rollfilter.writers import OutputFailed, WholeFile, write_all
@@ -161,7 +161,8 @@ def _count_line(line: InputLine, run: Run, unusable: _UnusableLines, failures: S
     if spool is not None:
         spool.add(agent_name(record), record)
     if tasks is not None and TASK_INDEX in record:
-        tasks.rollout_ended(record[TASK_INDEX], reward_of(record), record.get(ROLLOUT_INDEX))
+        rollout = record.get(ROLLOUT_INDEX)
+        tasks.rollout_ended(record[TASK_INDEX], reward_of(record), rollout, masked=is_masked(record))
 
 
 class _PerTask:

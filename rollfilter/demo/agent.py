@@ -11,6 +11,8 @@ of a row may be steered apart, by its `_ng_rollout_index` i: `{"rewards": [1, 0,
 rollout i the reward at i modulo the list's length (null: a result without a reward),
 `{"latencies": [0.1, 2.5]}` its episode's length, and `{"faults": [null, "422"]}` its fault, on
 its first attempt only (a resumed run's retry, which carries `_ng_attempt_index`, succeeds).
+`{"fields": [{"mask_sample": true}, {}]}` adds the object at i to rollout i's result (what a
+verifier says besides the reward: `mask_sample`, `reward_components`).
 """
 
 from __future__ import annotations
@@ -313,6 +315,9 @@ class DemoAgent:
         }
         if reward is None:
             del result["reward"]
+        fields = _by_rollout(row, "fields")
+        if isinstance(fields, dict):
+            result.update(fields)
         return result
 
 

@@ -85,7 +85,13 @@ def test_groups_are_written_whole_adjacent_and_in_rollout_order(demo_server: Dem
     unordered = run(["-u", demo_server.url, "-r", str(K), "-j", "16"], input=rows_jsonl(rows))
     assert any(rollouts != list(range(K)) for _, rollouts in groups_in(result_lines(unordered.stdout)))
     summary = summary_of(proc.stderr)
-    assert summary["rollfilter"]["groups"] == {"kept": 30, "dropped_uniform": 0, "incomplete": 0, "cancelled": 0}
+    assert summary["rollfilter"]["groups"] == {
+        "kept": 30,
+        "dropped_uniform": 0,
+        "dropped_masked": 0,
+        "incomplete": 0,
+        "cancelled": 0,
+    }
 
 
 def test_drop_uniform_keeps_exactly_the_groups_whose_rewards_differ(tmp_path: Path, demo_server: DemoServer):
@@ -105,7 +111,13 @@ def test_drop_uniform_keeps_exactly_the_groups_whose_rewards_differ(tmp_path: Pa
     assert len(stamped) == K * (n - len(kept))
     summary = summary_of(proc.stderr)
     figures = summary["rollfilter"]
-    assert figures["groups"] == {"kept": len(kept), "dropped_uniform": n - len(kept), "incomplete": 0, "cancelled": 0}
+    assert figures["groups"] == {
+        "kept": len(kept),
+        "dropped_uniform": n - len(kept),
+        "dropped_masked": 0,
+        "incomplete": 0,
+        "cancelled": 0,
+    }
     # Dropped groups are real samples: every rollout is in the figures.
     assert figures["succeeded"] == n * K
     expected_mean = sum(reward(task, rollout) for task in range(n) for rollout in range(K)) / (n * K)
@@ -167,6 +179,7 @@ def test_a_failed_rollout_keeps_its_group_out_and_a_resume_runs_only_it(tmp_path
     assert summary_of(first.stderr)["rollfilter"]["groups"] == {
         "kept": 3,
         "dropped_uniform": 0,
+        "dropped_masked": 0,
         "incomplete": 1,
         "cancelled": 0,
     }
@@ -414,7 +427,13 @@ def test_a_group_written_incomplete_is_judged_and_written_whole_when_a_resume_co
     assert sorted(groups_in(read_jsonl(out))) == [(0, list(range(K))), (1, list(range(K)))][0 if kept else 1 :]
     assert sorted(pairs(read_jsonl(dropped))) == ([] if kept else [(0, k) for k in range(K)])
     groups = summary_of(resumed.stderr)["rollfilter"]["groups"]
-    assert groups == {"kept": 1 + kept, "dropped_uniform": int(not kept), "incomplete": 0, "cancelled": 0}
+    assert groups == {
+        "kept": 1 + kept,
+        "dropped_uniform": int(not kept),
+        "dropped_masked": 0,
+        "incomplete": 0,
+        "cancelled": 0,
+    }
     assert b"written incomplete" in resumed.stderr
 
     again = run([*args, "--resume"])  # nothing left to run: the files and the counts stand
