@@ -36,6 +36,7 @@ from rollfilter.rows import (
     apply_params,
     check_seedable,
     parse_row,
+    rollout_id_problem,
 )
 from rollfilter.source import InputLine, next_when_ready
 
@@ -241,6 +242,8 @@ class Planner:
         reason = apply_params(row, config.params) if config.params else None
         if reason is None and config.repeat_seeds:
             reason = check_seedable(row)
+        if reason is None:
+            reason = rollout_id_problem(row)
         if reason is not None:
             failure = AttemptFailure(ErrorKind.BAD_INPUT, reason)
         if TASK_INDEX in row:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import decimal
 import json
 import math
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -14,6 +15,10 @@ import msgspec
 TASK_INDEX = "_ng_task_index"
 ROLLOUT_INDEX = "_ng_rollout_index"
 ATTEMPT_INDEX = "_ng_attempt_index"
+ROLLOUT_ID = "_ng_rollout_id"
+# NeMo Gym uses the id as a path segment and a file name, and its agents refuse any other:
+# letters, digits, dots, dashes and underscores, not starting with a dot or a dash.
+_ROLLOUT_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 AGENT_REF = "agent_ref"
 MASK_SAMPLE = "mask_sample"  # true: the rollout ran, but is no valid measurement (left out of the figures)
 REWARD_COMPONENTS = "reward_components"  # named objectives beside the reward (a multi-reward verifier)
@@ -136,6 +141,18 @@ def agent_name(row: dict[str, Any]) -> str | None:
     ref = row.get(AGENT_REF)
     name = ref.get("name") if isinstance(ref, dict) else None
     return name if isinstance(name, str) else None
+
+
+def rollout_id_problem(row: dict[str, Any]) -> str | None:
+    """Why the row's `_ng_rollout_id` would be refused by the agent; None when it has none, or a good one."""
+    given = row.get(ROLLOUT_ID)
+    if given is None or (type(given) is str and _ROLLOUT_ID_PATTERN.fullmatch(given)):
+        return None
+    shown = json.dumps(given)[:80]
+    return (
+        f"{ROLLOUT_ID} {shown} is not a rollout id: give a string of letters, digits, dots, dashes"
+        " and underscores that starts with a letter or a digit"
+    )
 
 
 def check_seedable(row: dict[str, Any]) -> str | None:

@@ -116,6 +116,25 @@ def test_rows_without_an_agent_fail_as_no_route_and_terminal(tmp_path: Path, age
     assert len(agent.bodies) == 1
 
 
+def test_a_malformed_rollout_id_fails_as_bad_input_and_is_not_sent(tmp_path: Path, agent: RecordingAgent):
+    errors = tmp_path / "errors.jsonl"
+    ids = ["ok-1.a_b", "", ".hidden", "-dash", "a/b", "a b", "trailing\n", 7, ["x"], None]
+    rows = [
+        {"id": i, "responses_create_params": {"input": "q"}, "_ng_rollout_id": given} for i, given in enumerate(ids)
+    ]
+    proc = run(["-u", agent.url, "--errors", str(errors)], input="".join(map(to_line, rows)))
+    assert proc.returncode == 1, proc.stderr
+    sent = sorted(body["id"] for body in agent.bodies)
+    assert sent == [0, 9]  # a good id, and a null one (no id at all)
+    records = read_jsonl(errors)
+    assert sorted(record["line"] for record in records) == list(range(2, 10))
+    assert {record["error"]["kind"] for record in records} == {"bad_input"}
+    assert all("_ng_rollout_id" in record["error"]["message"] for record in records)
+    assert "starts with a letter or a digit" in records[0]["error"]["message"]
+    assert all(record["row"]["_ng_rollout_id"] == ids[record["line"] - 1] for record in records)
+    assert summary_of(proc.stderr)["rollfilter"]["failed_by_kind"] == {"bad_input": 8}
+
+
 def to_line(row: dict[str, Any]) -> str:
     return json.dumps(row) + "\n"
 
