@@ -758,7 +758,8 @@ def parse(
         bool | None,
         typer.Option(
             "--progress/--no-progress",
-            help="Force the live progress display on stderr on or off (default: on when stderr is a terminal).",
+            help="Force the live progress display on stderr on or off (default: on when stderr is a terminal);"
+            " where stderr is no terminal, --progress writes a plain status line every 1% or minute.",
             show_default=False,
             rich_help_panel=PANEL_OBSERVE,
         ),

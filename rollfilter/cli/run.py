@@ -40,6 +40,7 @@ from rollfilter.cli.outputs import (
     run_files,
 )
 from rollfilter.cli.progress_file import known_total, publish_progress
+from rollfilter.cli.progress_lines import ProgressLines
 from rollfilter.cli.signals import is_pipe, status_lines, watch_reader_gone, watch_signals
 from rollfilter.cli.statuses import RunEnd
 from rollfilter.config import Config, ConfigError
@@ -225,6 +226,7 @@ class _CommandLineRun:
         )
         self.display = self._display()
         self.folder = FailureFolder(trio.current_time, message_line)
+        self.progress_lines = self._progress_lines()
         self.reader = LineReader(
             command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=streams.stdin, on_problem=self.say
         )
@@ -319,7 +321,7 @@ class _CommandLineRun:
     def _display(self) -> ProgressDisplay | None:
         options, config = self.options, self.command.engine
         wanted = progress_wanted(options.progress, quiet=options.quiet, stderr_fd=self.streams.stderr)
-        if options.dry_run or not wanted:
+        if options.dry_run or not wanted or not os.isatty(self.streams.stderr):
             return None
         from rollfilter.cli.progress import ProgressDisplay
 
@@ -332,6 +334,12 @@ class _CommandLineRun:
             steered=self.command.control_socket is not None,
             fallback=self.stderr_lines,
         )
+
+    def _progress_lines(self) -> ProgressLines | None:
+        """--progress where stderr is no terminal (a batch job's log): plain lines, not the display."""
+        if self.options.dry_run or not self.options.progress or os.isatty(self.streams.stderr):
+            return None
+        return ProgressLines(fd=self.streams.stderr, finished=self.finished)
 
     def say(self, text: str) -> None:
         self.log.write(message_line(text))
@@ -392,6 +400,8 @@ class _CommandLineRun:
         planned = await self._plan_first() if files.materialized is not None and control.cause is None else None
         if self.display is not None:
             services.start_soon(self.display.run, run.metrics, self._total(planned), lambda: run.steering.paused)
+        if self.progress_lines is not None:
+            services.start_soon(self.progress_lines.run, run.metrics, self._total(planned))
         if files.progress is not None:
             services.start_soon(publish_progress, files.progress, self.finished, self.say)
         if self.earlier.results is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import re
@@ -83,6 +84,25 @@ def test_no_progress_when_stderr_is_a_pipe(tmp_path):
     assert ESC not in proc.stderr
     assert b" done" not in proc.stderr
     assert ESC not in proc.stdout
+
+
+def test_progress_where_stderr_is_no_terminal_writes_plain_lines_and_the_summary_last(tmp_path):
+    proc = run(["--demo", "-j", "4", "--progress", str(rows_file(tmp_path))])
+    assert proc.returncode == 0, proc.stderr
+    assert ESC not in proc.stderr
+    assert b"\r" not in proc.stderr
+    *lines, summary = proc.stderr.decode().splitlines()
+    assert json.loads(summary)["rollfilter"]["succeeded"] == 200
+    assert lines  # the run takes about a second: at least one line on the way
+    pattern = r"rollfilter: (\d+) of 200 rollouts finished \((\d+)%\), [\d.,]+ rollouts/s, 0 failed, 0:00:\d\d elapsed"
+    counts = []
+    for line in lines:
+        found = re.fullmatch(pattern, line)
+        assert found, line
+        counts.append(int(found[1]))
+        assert int(found[2]) == int(found[1]) * 100 // 200
+    assert counts == sorted(set(counts))  # a line only for a new step
+    assert len(proc.stdout.splitlines()) == 200
 
 
 def test_a_terminal_that_hangs_up_ends_the_display_not_the_run(tmp_path):
