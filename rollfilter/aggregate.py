@@ -62,10 +62,12 @@ class AggregateReport:
 
 
 def aggregate_url(run_url: str) -> str:
-    """An agent's /aggregate_metrics beside its /run URL (the query, if any, kept)."""
+    """An agent's /aggregate_metrics beside its /run URL, or a resources server's beside its /verify
+    (the query, if any, kept)."""
     url = httpx.URL(run_url)
     path = url.path
-    base = path[: -len("/run")] if path.endswith("/run") else path.rstrip("/")
+    suffix = next((end for end in ("/run", "/verify") if path.endswith(end)), None)
+    base = path[: -len(suffix)] if suffix is not None else path.rstrip("/")
     return str(url.copy_with(path=base + AGGREGATE_PATH))
 
 

@@ -17,7 +17,7 @@ import os
 import re
 import sys
 import typing
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Annotated, Any, Literal
 
 import httpx
@@ -150,6 +150,24 @@ class Timeouts:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Reverify:
+    """Re-score saved rollouts instead of running rows: each rollout line's `response`, joined with
+    its body in NeMo Gym's materialized inputs file `materialized` by (task, rollout), is POSTed to
+    the `/verify` of its agent's resources server. Only the lines whose `_ng_failure_class` is
+    `judge_failed` with `judge_failed_only`; with `force`, against resources servers that do not
+    say their verification is stateless too (the summary is then marked unsafe).
+
+    It is `Config.reverify`."""
+
+    materialized: Annotated[str, msgspec.Meta(min_length=1)]  # a path (os.PathLike too)
+    judge_failed_only: bool = False
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        _checked(self, "reverify.")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Tls:
     """How agents' certificates are checked: against the CAs in the PEM file `cacert` instead of
     the system's (as curl's --cacert), or, with `insecure`, not at all.
@@ -226,6 +244,9 @@ class Config:
     rpm_by_agent: Mapping[str, Rate] = dataclasses.field(default_factory=dict)
     tpm: Rate | None = None
     tpm_by_agent: Mapping[str, Rate] = dataclasses.field(default_factory=dict)
+    # Re-score saved rollouts at resources servers' /verify instead of running rows at agents' /run:
+    # url and endpoints (by the rollouts' agent names) are then resources servers, /verify their default path.
+    reverify: Reverify | None = None
 
     def __post_init__(self) -> None:
         # As httpx's Client(timeout=5.0): the plain value stands for the part it sets.
@@ -237,10 +258,11 @@ class Config:
         object.__setattr__(self, "endpoints", _replicas(self.endpoints))
         _checked(self)
         # URLs are checked and completed here, so the API and the CLI agree on them.
+        complete = verify_url if self.reverify is not None else agent_url
         if self.url is not None:
-            object.__setattr__(self, "url", _checked_url("url", self.url, agent=True))
+            object.__setattr__(self, "url", _checked_url("url", self.url, complete=complete))
         object.__setattr__(self, "endpoints", {
-            name: tuple(_checked_url(f"endpoints[{name!r}]", url, agent=True) for url in urls)
+            name: tuple(_checked_url(f"endpoints[{name!r}]", url, complete=complete) for url in urls)
             for name, urls in self.endpoints.items()
         })  # fmt: skip
         if self.head_server is not None:
@@ -273,6 +295,8 @@ class Config:
         if problem is not None:
             raise ConfigError("group_field", problem)
         self._check_staleness()
+        if self.reverify is not None and self.groups:
+            raise ConfigError("reverify", "re-scores rollouts one by one: not with Config.groups")
         if self.affinity_header is not None:
             problem = affinity_header_problem(self.affinity_header, [name for name, _ in self.headers])
             if problem is not None:
@@ -342,9 +366,15 @@ def _replicas(endpoints: Any) -> Any:
 _NOT_IN_A_HOST = frozenset(" \r\n\t/:#?!@{}[]\\$'\"^`*<>=;,+&()%")
 
 
-def _checked_url(field: str, text: str, *, agent: bool = False, schemes: tuple[str, ...] = ("http", "https")) -> str:
+def _checked_url(
+    field: str,
+    text: str,
+    *,
+    complete: Callable[[str], str] | None = None,
+    schemes: tuple[str, ...] = ("http", "https"),
+) -> str:
     try:
-        return agent_url(text) if agent else str(checked_url(text, schemes))
+        return complete(text) if complete is not None else str(checked_url(text, schemes))
     except UsageError as exc:
         raise ConfigError(field, str(exc)) from None
 
@@ -353,6 +383,14 @@ def agent_url(text: str) -> str:
     """An agent's URL checked (`checked_url`), with `/run` when it has no path."""
     url = checked_url(text)
     return str(url.copy_with(path="/run")) if url.path in ("", "/") else str(url)
+
+
+def verify_url(text: str) -> str:
+    """A resources server's URL checked (`checked_url`), with `/verify` when it has no path. A path
+    of `/run` is an agent's default, given before the URL was known to be a resources server's: it
+    becomes `/verify` too."""
+    url = checked_url(text)
+    return str(url.copy_with(path="/verify")) if url.path in ("", "/", "/run") else str(url)
 
 
 def checked_url(text: str, schemes: tuple[str, ...] = ("http", "https")) -> httpx.URL:

@@ -27,7 +27,7 @@ from rollfilter.errors import ErrorKind
 from rollfilter.metrics import Metrics, as_float
 from rollfilter.outcomes import AttemptFailure, Retry
 from rollfilter.passk import TaskStats
-from rollfilter.plan import Job, Planner
+from rollfilter.plan import Job, JobSource
 from rollfilter.redact import printable, shown
 from rollfilter.routing import Agent, Router
 from rollfilter.rows import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX, agent_name, field_value, is_masked
@@ -145,7 +145,7 @@ class ResultStage(Protocol):
 class Engine:
     """Runs every job from `planner` through `client` into `sink`, counting in `metrics`."""
 
-    planner: Planner
+    planner: JobSource
     router: Router
     client: JobClient
     sink: RowSink

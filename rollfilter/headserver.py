@@ -82,8 +82,29 @@ def agents_from_config(config: Any, where: str = "the head server") -> HeadServe
     return HeadServerAgents(urls, frozenset(incomplete - set(urls)))
 
 
-def _agent_url(host: Any, port: Any, where: str) -> str:
-    """http://host:port/run from a config entry's values, or ServiceError naming the field."""
+def server_urls(config: dict[str, Any], server_type: str, where: str, *, path: str) -> dict[str, str]:
+    """The first complete server of `server_type` of each top-level name in a NeMo Gym config, as
+    `http://host:port` and `path`; names with no host or port are left out. ServiceError as
+    `agents_from_config` raises it."""
+    urls: dict[str, str] = {}
+    for name, entry in config.items():
+        servers = entry.get(server_type) if isinstance(entry, dict) else None
+        if not isinstance(servers, dict):
+            continue
+        for implementation, server in servers.items():
+            if not isinstance(server, dict):
+                continue
+            host, port = _resolve(server.get("host"), config), _resolve(server.get("port"), config)
+            if host is None or port is None or host == "":
+                continue
+            field = f"{printable(str(name))}.{server_type}.{printable(str(implementation))}"
+            urls[str(name)] = _agent_url(host, port, f"{where} gives {field}", path)
+            break
+    return urls
+
+
+def _agent_url(host: Any, port: Any, where: str, path: str = "/run") -> str:
+    """http://host:port/run (or `path`) from a config entry's values, or ServiceError naming the field."""
     if type(port) is str and is_decimal(port):
         port = int(port)
     if type(port) is not int or not 0 < port < 65536:
@@ -91,12 +112,19 @@ def _agent_url(host: Any, port: Any, where: str) -> str:
     if not isinstance(host, str) or not _HOST.match(host):
         raise ServiceError(f"{where}.host, which is not a host name or IP address")
     bracketed = f"[{host}]" if ":" in host else host
-    return f"http://{bracketed}:{port}/run"
+    return f"http://{bracketed}:{port}{path}"
 
 
 async def fetch_agents(base_url: str, transport: AgentTransport) -> HeadServerAgents:
     """Fetch and parse the head server's config once; ServiceError when it cannot be had.
     The caller bounds the wait (a trio cancel scope)."""
+    where = f"the head server at {origin(base_url)}"
+    return agents_from_config(await fetch_config(base_url, transport), where)
+
+
+async def fetch_config(base_url: str, transport: AgentTransport) -> dict[str, Any]:
+    """The head server's whole config (never to be printed: it may hold secrets); ServiceError
+    when it cannot be had. The caller bounds the wait (a trio cancel scope)."""
     url = base_url.rstrip("/") + "/global_config_dict_yaml"
     where = f"the head server at {origin(base_url)}"
     try:
@@ -109,12 +137,18 @@ async def fetch_agents(base_url: str, transport: AgentTransport) -> HeadServerAg
         raise ServiceError(f"cannot reach {where}: not a URL") from None
     if reply.status != 200:
         raise ServiceError(f"{where} answered HTTP {reply.status} for /global_config_dict_yaml")
-    return agents_from_answer(reply.body, where)
+    return config_from_answer(reply.body, where)
 
 
 def agents_from_answer(body: bytes, where: str) -> HeadServerAgents:
     """The agents in a head server's answer to /global_config_dict_yaml (a JSON string of
     YAML); ServiceError, naming `where`, for anything else it may answer."""
+    return agents_from_config(config_from_answer(body, where), where)
+
+
+def config_from_answer(body: bytes, where: str) -> dict[str, Any]:
+    """The config in a head server's answer to /global_config_dict_yaml (a JSON string of YAML);
+    ServiceError, naming `where`, for anything else it may answer."""
     import yaml  # only a run with a head server pays for importing it
 
     try:
@@ -124,7 +158,7 @@ def agents_from_answer(body: bytes, where: str) -> HeadServerAgents:
         raise ServiceError(f"{where} answered something that is not its config (JSON string of YAML)") from None
     if not isinstance(config, dict):
         raise ServiceError(f"{where} answered a config that is not a mapping")
-    return agents_from_config(config, where)
+    return config
 
 
 async def resolve_endpoints(

@@ -111,6 +111,20 @@ class LineSource(Protocol):
     async def fill(self) -> None: ...
 
 
+class JobSource(Protocol):
+    """Where the engine takes its jobs: a `Planner` over rows, or re-scoring's planner over rollouts."""
+
+    skipped: int  # pairs an earlier run finished (--resume)
+    given_up: int  # pairs not run again: terminal, or out of attempts (--resume)
+    agents_seen: set[str]  # the agents the rows named
+
+    def next_job_nowait(self) -> Job | None:
+        """The next job if its line is buffered; None at the end. trio.WouldBlock until filled."""
+        ...
+
+    async def next_job(self, filling: trio.Lock | None = None) -> Job | None: ...
+
+
 def line_key(line: InputLine) -> bytes:
     """What numbering tells lines apart by: their text and whether it ended in a newline, as NeMo
     Gym's collector keys on each line read with its newline."""

@@ -16,10 +16,13 @@ is built here, and only here.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import ssl
 from collections.abc import Callable
 from typing import Any
+
+import trio
 
 from rollfilter.adaptive import AdaptiveWindow
 from rollfilter.aggregate import AggregateReport, aggregate_run
@@ -28,15 +31,26 @@ from rollfilter.config import MIN_RATE, Config, ConfigError
 from rollfilter.connect import transport_for
 from rollfilter.cost import Spending
 from rollfilter.engine import Engine, RunControl, StopCause, describe, internal_error_event, reward_of
+from rollfilter.errors import ServiceError, UsageError
 from rollfilter.groups import GroupStage, Member
-from rollfilter.headserver import resolve_endpoints
+from rollfilter.headserver import HEAD_SERVER_TIMEOUT, fetch_config, resolve_endpoints
 from rollfilter.http import AgentTransport
 from rollfilter.limits import AgentLimits, SendSlots
 from rollfilter.metrics import UNNAMED_AGENT, Metrics
 from rollfilter.outcomes import AttemptFailure
 from rollfilter.passk import TaskStats
-from rollfilter.plan import Job, LineSource, Planner
+from rollfilter.plan import Job, JobSource, LineSource, Planner
+from rollfilter.redact import origin, printable
 from rollfilter.resume import ResumeState
+from rollfilter.reverify import (
+    MaterializedIndex,
+    ReverifyPlanner,
+    ReverifyRefused,
+    refusal,
+    reverify_modes,
+    verifiers_from_config,
+    verify_urls,
+)
 from rollfilter.routing import Agent, Router
 from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name, is_masked
 from rollfilter.sinks import RowSink
@@ -104,9 +118,12 @@ class Run:
         self.staleness: StalenessGate | None = None
         if config.max_staleness is not None and config.batch_groups is not None:
             self.staleness = StalenessGate(self.steering, config.max_staleness, config.batch_groups)
+        self.index: MaterializedIndex | None = None  # with config.reverify: the materialized inputs, indexed
+        self.unsafe = False  # re-scored at a resources server that does not say it is stateless (forced)
         self._source, self._sink, self._resume = source, sink, resume
         self._on_event, self._dry_run, self._hold = on_event, dry_run, hold
         self._stop_when_unreachable = stop_when_unreachable
+        self._on_warning = on_warning
 
     async def connect(self, *, send: bool = True) -> None:
         """Find the agents (one request to the head server, when the config names one), and
@@ -119,7 +136,10 @@ class Run:
             raise ConfigError("url", "is not given, nor Config.endpoints or Config.head_server: no agent for the rows")
         if self.transport is None:
             return
-        endpoints, head = await resolve_endpoints(config, self.transport)
+        if config.reverify is not None:
+            endpoints, head, config = await self._verifiers(config, self.transport, send=send)
+        else:
+            endpoints, head = await resolve_endpoints(config, self.transport)
         window_for = self._window_for if config.adaptive and self._dry_run is None else None
         self.router = Router(config, endpoints, head, window_for=window_for, limits_for=self._limits_for)
         self.steering.requests_out = self.router.requests_out
@@ -127,6 +147,43 @@ class Run:
             assert self._source is not None, "a run that sends has a source"
             assert self._sink is not None, "and a sink"
             self.engine = self._engine(self._source, self._sink, self.router, self.transport)
+
+    async def _verifiers(
+        self, config: Config, transport: AgentTransport, *, send: bool
+    ) -> tuple[dict[str, tuple[str, ...]], None, Config]:
+        """Re-scoring's routes: each agent's resources server (from the head server's config, under
+        Config.endpoints), and the config whose url is the one for every rollout (Config.url, or a
+        config's one resources server). Then, with `send`, each server's /reverify_mode asked, and
+        the materialized inputs indexed. ReverifyRefused when a server is not stateless (unless
+        Config.reverify.force: then `on_warning` says so once, and the summary says unsafe)."""
+        settings = config.reverify
+        assert settings is not None
+        endpoints = dict(config.endpoints)
+        default = config.url
+        if config.head_server is not None:
+            with trio.move_on_after(HEAD_SERVER_TIMEOUT) as scope:
+                head_config = await fetch_config(config.head_server, transport)
+            if scope.cancelled_caught:
+                raise ServiceError(f"the head server at {origin(config.head_server)} did not answer in time")
+            verifiers, only = verifiers_from_config(head_config, f"the head server at {origin(config.head_server)}")
+            endpoints = {name: (url,) for name, url in verifiers.items()} | endpoints
+            default = default or only
+        if not send:
+            return endpoints, None, config
+        why = refusal(await reverify_modes(verify_urls(config, endpoints, default), transport), origin)
+        if why is not None and not settings.force:
+            raise ReverifyRefused(why)
+        if why is not None:
+            self.unsafe = True
+            if self._on_warning is not None:
+                self._on_warning(f"{why}; re-scored there anyway (forced): the summary says unsafe")
+        try:
+            self.index = MaterializedIndex(settings.materialized)
+        except OSError as exc:
+            problem = f"cannot read the materialized inputs {printable(settings.materialized)}: {exc.strerror}"
+            raise UsageError(problem) from None
+        await trio.to_thread.run_sync(self.index.build)  # one pass over a file: not abandoned with its descriptor
+        return endpoints, None, dataclasses.replace(config, url=default) if default != config.url else config
 
     def _engine(self, source: LineSource, sink: RowSink, router: Router, transport: AgentTransport) -> Engine:
         config, dry_run = self.config, self._dry_run
@@ -159,8 +216,12 @@ class Run:
             if self.groups.target_reached and self._resume is not None:  # no row is read: it skips them all
                 self.metrics.skipped = self._resume.finished_pairs
         on_group = self.groups.planned if self.groups is not None else None
+        planner: JobSource = Planner(source, config, self._resume, self.tasks, on_group)
+        if config.reverify is not None:
+            assert self.index is not None, "indexed when connected"
+            planner = ReverifyPlanner(source, self.index, config.reverify, self._resume, self.tasks, config.limit)
         return Engine(
-            planner=Planner(source, config, self._resume, self.tasks, on_group),
+            planner=planner,
             router=router,
             client=client,
             sink=sink,
@@ -329,12 +390,19 @@ class Run:
             figures["not_started"] = None if expected is None else max(0, expected - read)
         if self.report is not None:
             self.report.add_to(summary)
+        if self.unsafe:
+            summary["rollfilter"]["unsafe"] = True
+        planner = self.engine.planner if self.engine is not None else None
+        if isinstance(planner, ReverifyPlanner) and self.config.reverify and self.config.reverify.judge_failed_only:
+            summary["rollfilter"]["not_judge_failed"] = planner.passed_over
         return summary
 
     async def aclose(self) -> None:
         """Close the transport and the spool (call it shielded from cancellation)."""
         if self.spool is not None:
             self.spool.close()
+        if self.index is not None:
+            self.index.close()
         if self.transport is not None:
             await self.transport.aclose()
 

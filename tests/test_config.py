@@ -178,6 +178,7 @@ WRONG_TYPES: dict[str, list[Any]] = {
     "rpm_by_agent": [{"a": 0}, {"a": "60"}, [("a", 60)], {5: 60}],
     "tpm": [0, -5, "x", float("nan")],
     "tpm_by_agent": [{"a": -1}, {"a": None}],
+    "reverify": ["m.jsonl", 5, True],
 }
 
 
@@ -293,3 +294,17 @@ def test_a_configs_repr_never_shows_a_header_value():
     config = Config(url="http://127.0.0.1:1/run", headers=(("Authorization", "Bearer S3CRET"),))
     assert "S3CRET" not in repr(config)
     assert "S3CRET" not in str(config)
+
+
+def test_re_scoring_sends_to_verify_and_goes_one_rollout_at_a_time():
+    from rollfilter.config import Reverify
+
+    config = Config(url="http://127.0.0.1:9", endpoints={"a": "http://h:1/run", "b": "http://h:2/v"},
+                    reverify=Reverify("m.jsonl"))  # fmt: skip
+    assert config.url == "http://127.0.0.1:9/verify"
+    assert config.endpoints == {"a": ("http://h:1/verify",), "b": ("http://h:2/v",)}
+    assert Config(url="http://127.0.0.1:9").url == "http://127.0.0.1:9/run"
+    with pytest.raises(ConfigError, match=r"^Config\.reverify: .*not with Config\.groups"):
+        Config(url="http://h", repeats=2, groups=True, reverify=Reverify("m.jsonl"))
+    with pytest.raises(ConfigError, match=r"^Config\.reverify\.materialized: "):
+        Reverify("")

@@ -662,6 +662,39 @@ def parse(
             rich_help_panel=PANEL_OUTPUTS,
         ),
     ] = False,
+    reverify: Annotated[
+        str | None,
+        typer.Option(
+            "--reverify",
+            metavar="MATERIALIZED",
+            help="Re-score the rollouts in FILEs or stdin at their resources servers' /verify, each joined"
+            " with its body in NeMo Gym's materialized inputs file MATERIALIZED; no agent is run.",
+            show_default=False,
+        ),
+    ] = None,
+    verifier: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--verifier",
+            metavar="NAME=URL",
+            help="With --reverify: the resources server that verifies the rollouts of agent NAME; repeat.",
+            show_default=False,
+        ),
+    ] = None,
+    judge_failed_only: Annotated[
+        bool,
+        typer.Option(
+            "--judge-failed-only",
+            help="With --reverify: re-score only the lines whose _ng_failure_class is judge_failed.",
+        ),
+    ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="With --reverify: re-score at resources servers whose /reverify_mode is not stateless too.",
+        ),
+    ] = False,
     max_line_bytes: Annotated[
         int,
         typer.Option(
@@ -800,7 +833,7 @@ def parse(
     )
     engine = Config(
         url=parsers.url(url) if url else None,
-        endpoints=parsers.endpoints(endpoint or ()),
+        **parsers.targets(endpoint, verifier, reverify, judge_failed_only, force, demo, summarize, given_files[0]),
         agent=agent,
         concurrency=concurrency,
         adaptive=adaptive,
@@ -840,7 +873,7 @@ def parse(
         metrics_file=metrics,
         per_task_file=per_task,
         aggregate_file=aggregate,
-        materialized_file=materialized,
+        materialized_file=None if reverify else materialized,  # the file re-scoring reads is never written
         progress_file=progress_file,
         resume=resume,
         append=append,

@@ -25,6 +25,7 @@ from rollfilter.config import (
     ROUTE_LEAST_OUTSTANDING,
     ROUTES,
     FailureLimit,
+    Reverify,
     Tls,
     affinity_header_problem,
     agent_url,
@@ -32,6 +33,7 @@ from rollfilter.config import (
     group_field_problem,
     header_problem,
     is_decimal,
+    verify_url,
 )
 from rollfilter.cost import Price, PriceError
 from rollfilter.errors import UsageError
@@ -81,6 +83,62 @@ def service_url(option: str, schemes: tuple[str, ...] = ("http", "https")) -> An
             raise UsageError(f"{option} is not usable: {exc}") from None
 
     return parse
+
+
+def targets(
+    endpoint: list[str] | None,
+    verifier: list[str] | None,
+    reverify: str | None,
+    judge_failed_only: bool,
+    force: bool,
+    *refusing: Any,
+) -> dict[str, Any]:
+    """Config's endpoints (from -e, or with --reverify from --verifier) and reverify; UsageError
+    for an option given without what it goes with, or with what it cannot go with (`refusing`:
+    --demo, --summarize and --materialized's values)."""
+    demo, summarize, materialized = refusing
+    refused = {"-e": bool(endpoint), "--demo": demo, "--summarize": summarize, "--materialized": bool(materialized)}
+    rescoring = rescoring_settings(reverify, verifier or (), judge_failed_only, force=force, refused=refused)
+    if rescoring is None:
+        return {"endpoints": endpoints(endpoint or ())}
+    return {"endpoints": verifiers(verifier or ()), "reverify": rescoring}
+
+
+def rescoring_settings(
+    materialized: str | None,
+    verifiers: Iterable[str],
+    judge_failed_only: bool,
+    *,
+    force: bool,
+    refused: dict[str, bool],
+) -> Reverify | None:
+    """Config.reverify from --reverify and the options that go with it; UsageError for those given
+    without it, and for those it cannot go with."""
+    if materialized is None:
+        alone = [name for name, given in (("--verifier", any(True for _ in verifiers)),
+                 ("--judge-failed-only", judge_failed_only), ("--force", force)) if given]  # fmt: skip
+        if alone:
+            raise UsageError(f"{alone[0]} is about re-scoring rollouts: give --reverify MATERIALIZED")
+        return None
+    if not materialized:
+        raise UsageError("--reverify wants the materialized inputs file (NeMo Gym's OUT_materialized_inputs.jsonl)")
+    for option, given in refused.items():
+        if given:
+            raise UsageError(
+                f"--reverify sends to resources servers (--verifier, -u, --head-server): not with {option}"
+            )
+    return Reverify(materialized, judge_failed_only=judge_failed_only, force=force)
+
+
+def verifiers(specs: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """--verifier `NAME=URL`, repeatable: the resources server of agent NAME's rollouts."""
+    found: dict[str, tuple[str, ...]] = {}
+    for spec in specs:
+        name, sep, url = spec.partition("=")
+        if not sep or not name or not url.strip():
+            raise UsageError(f"--verifier wants NAME=URL, got {spec!r}")
+        found[name] = (verify_url(url.strip()),)
+    return found
 
 
 def endpoints(specs: Iterable[str]) -> dict[str, tuple[str, ...]]:

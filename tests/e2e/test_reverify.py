@@ -1,0 +1,255 @@
+"""--reverify: saved rollouts re-scored at their resources servers' /verify, against stand-ins.
+
+The stand-in resources server scores a body by `verify_reward` (the response's text holds the
+materialized input's `expected`), so every reward below is computed here from the rollouts made.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.conftest import HeadServer, read_jsonl, result_lines, run, serving, summary_of
+from tests.servers.resources_server import ResourcesServer, verify_reward
+
+TASKS, K = 12, 4
+
+
+@pytest.fixture
+def verifier() -> Iterator[ResourcesServer]:
+    server = ResourcesServer()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def materialized_row(task: int, rollout: int, agent: str = "agent") -> dict[str, Any]:
+    return {
+        "responses_create_params": {"input": f"question {task}"},
+        "expected": f"answer {task % 5}",
+        "agent_ref": {"type": "responses_api_agents", "name": agent},
+        "_ng_task_index": task,
+        "_ng_rollout_index": rollout,
+    }
+
+
+def rollout_line(task: int, rollout: int, agent: str = "agent", **extra: Any) -> dict[str, Any]:
+    text = f"answer {(task * rollout) % 5}"
+    return {
+        "responses_create_params": {"input": f"question {task}"},
+        "response": {"output": [{"type": "message", "content": [{"type": "output_text", "text": text}]}]},
+        "reward": 0.5,  # the old score, replaced
+        "_ng_task_index": task,
+        "_ng_rollout_index": rollout,
+        "agent_ref": {"name": agent},
+        **extra,
+    }
+
+
+def expected_reward(task: int, rollout: int) -> float:
+    row = materialized_row(task, rollout) | {"response": rollout_line(task, rollout)["response"]}
+    return verify_reward(row)
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def files(tmp_path: Path, agent: str = "agent") -> tuple[Path, Path]:
+    pairs = [(t, r) for t in range(TASKS) for r in range(K)]
+    materialized = write_jsonl(tmp_path / "out_materialized_inputs.jsonl", [materialized_row(*p, agent) for p in pairs])
+    random.Random(3).shuffle(pairs)  # rollouts finish out of order
+    rollouts = write_jsonl(tmp_path / "out.jsonl", [rollout_line(*p, agent) for p in pairs])
+    return materialized, rollouts
+
+
+def test_each_rollout_is_re_scored_at_verify_and_written_as_gym_writes_it(tmp_path: Path, verifier: ResourcesServer):
+    materialized, rollouts = files(tmp_path)
+    proc = run(["--reverify", str(materialized), "-u", verifier.url, "-j", "8", "-r", str(K), str(rollouts)])
+    assert proc.returncode == 0, proc.stderr
+    lines = result_lines(proc.stdout)
+    assert sorted((line["_ng_task_index"], line["_ng_rollout_index"]) for line in lines) == [
+        (t, r) for t in range(TASKS) for r in range(K)
+    ]
+    for line in lines:
+        task, rollout = line["_ng_task_index"], line["_ng_rollout_index"]
+        assert line["reward"] == expected_reward(task, rollout)
+        assert line["agent_ref"] == materialized_row(task, rollout)["agent_ref"]  # the materialized input's
+        assert line["response"] == rollout_line(task, rollout)["response"]
+    # Each body is the materialized input with the rollout's response, and nothing else.
+    by_pair = {(body["_ng_task_index"], body["_ng_rollout_index"]): body for body in verifier.bodies}
+    assert len(verifier.bodies) == len(by_pair) == TASKS * K
+    for (task, rollout), body in by_pair.items():
+        assert body == materialized_row(task, rollout) | {"response": rollout_line(task, rollout)["response"]}
+    assert verifier.mode_asked == 1
+    summary = summary_of(proc.stderr)
+    rewards = [expected_reward(t, r) for t in range(TASKS) for r in range(K)]
+    assert summary["reward"] == pytest.approx(sum(rewards) / len(rewards))
+    assert 0 < summary["reward"] < 1
+    assert summary["rollfilter"]["succeeded"] == TASKS * K
+    assert "pass@4" in summary
+    assert "unsafe" not in summary["rollfilter"]
+
+
+@pytest.mark.parametrize("mode", ["unsupported", "unknown", "something else"])
+def test_a_server_that_is_not_stateless_refuses_the_run_unless_forced(
+    tmp_path: Path, verifier: ResourcesServer, mode: str
+):
+    verifier.mode = mode
+    materialized, rollouts = files(tmp_path)
+    args = ["--reverify", str(materialized), "-u", verifier.url, str(rollouts)]
+    refused = run(args)
+    assert refused.returncode == 2
+    (line,) = refused.stderr.decode().splitlines()
+    host = urlsplit(verifier.url).netloc
+    assert line.startswith("rollfilter: resources server ")
+    assert host in line
+    assert mode in line
+    assert refused.stdout == b""
+    assert verifier.bodies == []
+
+    forced = run([*args, "--force"])
+    assert forced.returncode == 0, forced.stderr
+    warnings = [line for line in forced.stderr.decode().splitlines() if "forced" in line]
+    assert len(warnings) == 1
+    assert summary_of(forced.stderr)["rollfilter"]["unsafe"] is True
+    assert len(result_lines(forced.stdout)) == TASKS * K
+
+
+def test_a_rollout_that_cannot_be_re_scored_fails_as_bad_input_and_nothing_is_lost(
+    tmp_path: Path, verifier: ResourcesServer
+):
+    materialized, _ = files(tmp_path)
+    no_response = rollout_line(0, 0)
+    del no_response["response"]
+    lines = [
+        json.dumps(no_response),
+        json.dumps(rollout_line(99, 0)),  # no materialized input
+        "not json",
+        json.dumps({"response": {}}),  # no indices
+        json.dumps(rollout_line(1, 1)),
+        json.dumps(rollout_line(2, 3)),
+    ]
+    errors = tmp_path / "errors.jsonl"
+    proc = run(["--reverify", str(materialized), "-u", verifier.url, "--errors", str(errors)], input="\n".join(lines))
+    assert proc.returncode == 1
+    assert b"Traceback" not in proc.stderr
+    assert sorted((r["_ng_task_index"], r["_ng_rollout_index"]) for r in result_lines(proc.stdout)) == [(1, 1), (2, 3)]
+    records = read_jsonl(errors)
+    assert sorted(record["line"] for record in records) == [1, 2, 3, 4]
+    assert {record["error"]["kind"] for record in records} == {"bad_input"}
+    messages = " ".join(record["error"]["message"] for record in records)
+    assert "no response" in messages
+    assert "no line for task 99 rollout 0" in messages
+    assert len(verifier.bodies) == 2
+    assert summary_of(proc.stderr)["rollfilter"]["failed_by_kind"] == {"bad_input": 4}
+
+
+def test_judge_failed_only_re_sends_only_the_judge_failures(tmp_path: Path, verifier: ResourcesServer):
+    materialized, _ = files(tmp_path)
+    lines = [
+        rollout_line(0, 0),
+        rollout_line(0, 1, _ng_failure_class="judge_failed"),
+        rollout_line(3, 2, _ng_failure_class="judge_failed"),
+        rollout_line(4, 0, _ng_failure_class="model_error"),
+    ]
+    rollouts = write_jsonl(tmp_path / "failures.jsonl", lines)
+    proc = run(["--reverify", str(materialized), "-u", verifier.url, "--judge-failed-only", str(rollouts)])
+    assert proc.returncode == 0, proc.stderr
+    assert sorted((b["_ng_task_index"], b["_ng_rollout_index"]) for b in verifier.bodies) == [(0, 1), (3, 2)]
+    written = result_lines(proc.stdout)
+    assert [(line["_ng_task_index"], line["_ng_rollout_index"]) for line in written] in (
+        [(0, 1), (3, 2)],
+        [(3, 2), (0, 1)],
+    )
+    assert all(line["reward"] == expected_reward(line["_ng_task_index"], line["_ng_rollout_index"]) for line in written)
+    assert summary_of(proc.stderr)["rollfilter"]["not_judge_failed"] == 2
+
+
+def test_each_agents_rollouts_go_to_its_resources_server_by_the_head_server_or_verifier(tmp_path: Path):
+    with serving(ResourcesServer()) as math, serving(ResourcesServer()) as code:
+        rows = [materialized_row(t, 0, "math_agent" if t % 2 else "code_agent") for t in range(6)]
+        materialized = write_jsonl(tmp_path / "m.jsonl", rows)
+        rollouts = write_jsonl(
+            tmp_path / "r.jsonl", [rollout_line(t, 0, "math_agent" if t % 2 else "code_agent") for t in range(6)]
+        )
+
+        def server(name: str, url: str) -> dict[str, Any]:
+            port = int(urlsplit(url).port or 0)
+            return {name: {"resources_servers": {name: {"host": "127.0.0.1", "port": port, "api_key": "sk-secret"}}}}
+
+        def agent(name: str, resources: str) -> dict[str, Any]:
+            block = {
+                "host": "127.0.0.1",
+                "port": 1,
+                "resources_server": {"type": "resources_servers", "name": resources},
+            }
+            return {name: {"responses_api_agents": {"simple_agent": block}}}
+
+        config = server("math", math.url) | server("code", code.url) | agent("math_agent", "math")
+        config |= agent("code_agent", "code")
+        with serving(HeadServer(config)) as head:
+            proc = run(["--reverify", str(materialized), "--head-server", head.url, str(rollouts)])
+        assert proc.returncode == 0, proc.stderr
+        assert b"sk-secret" not in proc.stderr
+        assert sorted(b["_ng_task_index"] for b in math.bodies) == [1, 3, 5]
+        assert sorted(b["_ng_task_index"] for b in code.bodies) == [0, 2, 4]
+        assert (math.mode_asked, code.mode_asked) == (1, 1)
+
+        math.bodies.clear()
+        code.bodies.clear()
+        verifiers = ["--verifier", f"math_agent={math.url}", "--verifier", f"code_agent={math.url}/verify"]
+        proc = run(["--reverify", str(materialized), *verifiers, str(rollouts)])
+        assert proc.returncode == 0, proc.stderr
+        assert (len(math.bodies), len(code.bodies)) == (6, 0)
+
+
+def test_a_resumed_re_scoring_sends_only_what_is_missing(tmp_path: Path, verifier: ResourcesServer):
+    materialized, rollouts = files(tmp_path)
+    out, errors = tmp_path / "rescored.jsonl", tmp_path / "rescored_failures.jsonl"
+    verifier.failing = {"answer 1", "answer 3"}
+    args = ["--reverify", str(materialized), "-u", verifier.url, "--retries", "0", "-o", str(out)]
+    args += ["--errors", str(errors), str(rollouts)]
+    first = run(args)
+    assert first.returncode == 1
+    failed = {(t, r) for t in range(TASKS) for r in range(K) if t % 5 in (1, 3)}
+    assert len(read_jsonl(out)) == TASKS * K - len(failed)
+    verifier.failing = set()
+    verifier.bodies.clear()
+    resumed = run([*args, "--resume"])
+    assert resumed.returncode == 0, resumed.stderr
+    assert {(b["_ng_task_index"], b["_ng_rollout_index"]) for b in verifier.bodies} == failed
+    assert len(verifier.bodies) == len(failed)
+    pairs = sorted((line["_ng_task_index"], line["_ng_rollout_index"]) for line in read_jsonl(out))
+    assert pairs == [(t, r) for t in range(TASKS) for r in range(K)]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--judge-failed-only"], "give --reverify MATERIALIZED"),
+        (["--verifier", "a=http://127.0.0.1:1"], "give --reverify MATERIALIZED"),
+        (["--reverify", "M", "-e", "a=http://127.0.0.1:1"], "not with -e"),
+        (["--reverify", "M", "--demo"], "not with --demo"),
+        (["--reverify", "M", "-u", "http://127.0.0.1:1", "--verifier", "broken"], "--verifier wants NAME=URL"),
+    ],
+)
+def test_options_that_do_not_go_with_re_scoring_are_usage_errors(args: list[str], message: str):
+    proc = run(args)
+    assert proc.returncode == 2
+    assert message in proc.stderr.decode()
+
+
+def test_a_materialized_file_that_cannot_be_read_is_a_usage_error(tmp_path: Path, verifier: ResourcesServer):
+    proc = run(["--reverify", str(tmp_path / "missing.jsonl"), "-u", verifier.url], input=b"{}\n")
+    assert proc.returncode == 2
+    assert "cannot read the materialized inputs" in proc.stderr.decode()
+    assert verifier.bodies == []

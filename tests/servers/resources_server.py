@@ -1,0 +1,64 @@
+"""A NeMo Gym resources server stand-in on 127.0.0.1: `/verify` scores a response by a known function.
+
+`POST /verify` answers the request's own keys (as NeMo Gym's `BaseVerifyResponse` echoes its
+request) plus `reward = verify_reward(body)`: 1.0 when the response's output text holds the
+body's `expected`, else 0.0. A body whose `expected` is listed in `failing` is answered 500; one
+in `judge_failing` is answered 200 with `_ng_failure_class: judge_failed`. `GET /reverify_mode`
+answers `mode` as a JSON string. Every /verify body is recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+from tests.conftest import QuietHandler, ThreadedHTTPServer
+
+
+def output_text(response: Any) -> str:
+    """The text of a Responses object's message items, joined."""
+    items = response.get("output", []) if isinstance(response, dict) else []
+    parts = [part for item in items if isinstance(item, dict) for part in item.get("content", [])]
+    return "".join(part["text"] for part in parts if isinstance(part, dict) and isinstance(part.get("text"), str))
+
+
+def verify_reward(body: dict[str, Any]) -> float:
+    return 1.0 if str(body.get("expected")) in output_text(body.get("response")) else 0.0
+
+
+class ResourcesServer(ThreadedHTTPServer):
+    def __init__(self, *, mode: str = "stateless") -> None:
+        self.mode = mode
+        self.bodies: list[dict[str, Any]] = []
+        self.mode_asked = 0
+        self.failing: set[str] = set()
+        self.judge_failing: set[str] = set()
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(QuietHandler):
+            def do_GET(self) -> None:
+                if self.path == "/reverify_mode":
+                    with server._lock:
+                        server.mode_asked += 1
+                    self.send_json(200, json.dumps(server.mode).encode())
+                else:
+                    self.send_json(404, b'{"detail": "Not Found"}')
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+                if self.path != "/verify":
+                    self.send_json(404, b'{"detail": "Not Found"}')
+                    return
+                with server._lock:
+                    server.bodies.append(body)
+                if str(body.get("expected")) in server.failing:
+                    self.send_json(500, b'{"detail": "judge unreachable"}')
+                    return
+                answer = {**body, "reward": verify_reward(body)}
+                if str(body.get("expected")) in server.judge_failing:
+                    answer["_ng_failure_class"] = "judge_failed"
+                self.send_json(200, json.dumps(answer).encode())
+
+        super().__init__(Handler)
