@@ -470,6 +470,8 @@ class _CommandLineRun:
             return lambda: planned
         config = self.command.engine
         repeats = None if config.repeats_by_agent else config.max_repeats
+        if config.reverify is not None:
+            repeats = None if config.reverify.judge_failed_only else 1  # a line a rollout (of those re-scored)
         return known_total(self.command.inputs, limit=config.limit, shard=config.shard, repeats=repeats)
 
     def _take_earlier_results(self, path: str) -> None:

@@ -253,3 +253,14 @@ def test_a_materialized_file_that_cannot_be_read_is_a_usage_error(tmp_path: Path
     assert proc.returncode == 2
     assert "cannot read the materialized inputs" in proc.stderr.decode()
     assert verifier.bodies == []
+
+
+def test_progress_counts_one_rollout_a_line_whatever_k_is(tmp_path: Path, verifier: ResourcesServer):
+    materialized, rollouts = files(tmp_path)
+    verifier.latency = 0.02  # a second in all, one at a time: a line on the way
+    args = ["--reverify", str(materialized), "-u", verifier.url, "-r", str(K), "-j", "1", "--progress"]
+    proc = run([*args, str(rollouts)])
+    assert proc.returncode == 0, proc.stderr
+    progress = [line for line in proc.stderr.decode().splitlines() if "rollouts finished" in line]
+    assert progress
+    assert all(f" of {TASKS * K} rollouts" in line for line in progress)

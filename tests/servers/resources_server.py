@@ -3,14 +3,15 @@
 `POST /verify` answers the request's own keys (as NeMo Gym's `BaseVerifyResponse` echoes its
 request) plus `reward = verify_reward(body)`: 1.0 when the response's output text holds the
 body's `expected`, else 0.0. A body whose `expected` is listed in `failing` is answered 500; one
-in `judge_failing` is answered 200 with `_ng_failure_class: judge_failed`. `GET /reverify_mode`
-answers `mode` as a JSON string. Every /verify body is recorded.
+in `judge_failing` is answered 200 with `_ng_failure_class: judge_failed`. Each answer waits
+`latency` s. `GET /reverify_mode` answers `mode` as a JSON string. Every /verify body is recorded.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any
 
 from tests.conftest import QuietHandler, ThreadedHTTPServer
@@ -34,6 +35,7 @@ class ResourcesServer(ThreadedHTTPServer):
         self.mode_asked = 0
         self.failing: set[str] = set()
         self.judge_failing: set[str] = set()
+        self.latency = 0.0
         self._lock = threading.Lock()
         server = self
 
@@ -53,6 +55,7 @@ class ResourcesServer(ThreadedHTTPServer):
                     return
                 with server._lock:
                     server.bodies.append(body)
+                time.sleep(server.latency)
                 if str(body.get("expected")) in server.failing:
                     self.send_json(500, b'{"detail": "judge unreachable"}')
                     return
