@@ -97,7 +97,8 @@ def targets(
     for an option given without what it goes with, or with what it cannot go with (`refusing`:
     --demo, --summarize and --materialized's values)."""
     demo, summarize, materialized = refusing
-    refused = {"-e": bool(endpoint), "--demo": demo, "--summarize": summarize, "--materialized": bool(materialized)}
+    del demo  # the demo agent is a resources server too
+    refused = {"-e": bool(endpoint), "--summarize": summarize, "--materialized": bool(materialized)}
     rescoring = rescoring_settings(reverify, verifier or (), judge_failed_only, force=force, refused=refused)
     if rescoring is None:
         return {"endpoints": endpoints(endpoint or ())}

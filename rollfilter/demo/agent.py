@@ -13,6 +13,9 @@ rollout i the reward at i modulo the list's length (null: a result without a rew
 its first attempt only (a resumed run's retry, which carries `_ng_attempt_index`, succeeds).
 `{"fields": [{"mask_sample": true}, {}]}` adds the object at i to rollout i's result (what a
 verifier says besides the reward: `mask_sample`, `reward_components`).
+
+It is a resources server too, for `--reverify`: `POST /verify` answers the request with the same
+reward, and `GET /reverify_mode` says `stateless`.
 """
 
 from __future__ import annotations
@@ -188,6 +191,10 @@ class DemoAgent:
         if isinstance(body, Aggregation):
             return 200, [], _encode(body.answer())
         assert isinstance(body, bytes)
+        if path == "/reverify_mode" and method == "GET":
+            return 200, [], _encode("stateless")  # its reward is a function of the row alone
+        if path == "/verify" and method == "POST":
+            return self._verify(body)
         if path != "/run":
             return 404, [], _encode({"detail": "Not Found"})
         if method != "POST":
@@ -199,6 +206,17 @@ class DemoAgent:
             return await self._answer_run(body)
         finally:
             self._last_answer_at = trio.current_time()
+
+    def _verify(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
+        """A resources server's /verify: the request back, with the row's reward (as for /run)."""
+        try:
+            row = _decode(body)
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            return 422, [], _encode({"detail": "body is not JSON"})
+        if not isinstance(row, dict) or not isinstance(row.get("responses_create_params"), dict):
+            return 422, [], _encode({"detail": "responses_create_params is required"})
+        reward = demo_reward(row, self._rng)
+        return 200, [], _encode({**row, "reward": reward} if reward is not None else row)
 
     async def _answer_run(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes] | str:
         if not self._first_run.is_set():

@@ -238,7 +238,7 @@ def test_a_resumed_re_scoring_sends_only_what_is_missing(tmp_path: Path, verifie
         (["--judge-failed-only"], "give --reverify MATERIALIZED"),
         (["--verifier", "a=http://127.0.0.1:1"], "give --reverify MATERIALIZED"),
         (["--reverify", "M", "-e", "a=http://127.0.0.1:1"], "not with -e"),
-        (["--reverify", "M", "--demo"], "not with --demo"),
+        (["--reverify", "M", "--summarize"], "not with --summarize"),
         (["--reverify", "M", "-u", "http://127.0.0.1:1", "--verifier", "broken"], "--verifier wants NAME=URL"),
     ],
 )
