@@ -38,13 +38,14 @@ from rollfilter.passk import TaskStats
 from rollfilter.plan import Job, LineSource
 from rollfilter.redact import origin, printable
 from rollfilter.resume import ResumeState, pair_key
-from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name, encode_json, parse_row
+from rollfilter.rows import AGENT_REF, ROLLOUT_INDEX, TASK_INDEX, agent_name, encode_json, parse_row
 from rollfilter.source import InputLine, next_when_ready
 
 JUDGE_FAILED = "judge_failed"  # the failure class --judge-failed-only re-sends
 STATELESS = "stateless"  # the one /reverify_mode answer that lets a run go ahead
 RESOURCES_SERVER_TYPE = "resources_servers"
 _AGENT_SERVER_TYPE = "responses_api_agents"
+SKILLS_REF = "skills_ref"
 _INDEX_CHUNK = 1 << 20  # bytes read at a time while indexing
 
 
@@ -195,6 +196,9 @@ class ReverifyPlanner:
         if self._tasks is not None and task is not None:
             self._tasks.planned(task, 1)
         raw = line.data.strip() if line.data is not None else b""
+        # What a result is stamped with from its row: gym eval reverify stamps agent_ref and
+        # skills_ref (besides the pair), not a rollout id, which /verify's answer does not carry.
+        stamped = {key: body[key] for key in (AGENT_REF, SKILLS_REF) if key in body} if body is not None else None
         self._pending.append(
             Job(
                 seq=self._seq,
@@ -202,7 +206,7 @@ class ReverifyPlanner:
                 line=line.number,
                 task_index=task,
                 rollout_index=index if type(index) is int else -1,
-                row=body,
+                row=stamped,
                 body=encode_json(body) if body is not None else raw,
                 agent_name=name,
                 failure=AttemptFailure(ErrorKind.BAD_INPUT, problem) if problem is not None else None,

@@ -264,3 +264,34 @@ def test_progress_counts_one_rollout_a_line_whatever_k_is(tmp_path: Path, verifi
     progress = [line for line in proc.stderr.decode().splitlines() if "rollouts finished" in line]
     assert progress
     assert all(f" of {TASKS * K} rollouts" in line for line in progress)
+
+
+def gym_line(answer: dict[str, Any], row: dict[str, Any]) -> bytes:
+    """The line NeMo Gym's `gym eval reverify` writes for /verify's `answer` to `row` (its
+    `RolloutReverificationHelper.run_from_config`, ported): the answer stamped with the row's pair,
+    agent_ref and skills_ref, encoded compact (orjson's form)."""
+    result = dict(answer)
+    result["_ng_task_index"] = row["_ng_task_index"]
+    result["_ng_rollout_index"] = row["_ng_rollout_index"]
+    result["agent_ref"] = row["agent_ref"]
+    if "skills_ref" in row:
+        result["skills_ref"] = row["skills_ref"]
+    return json.dumps(result, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def test_the_lines_written_are_those_gym_eval_reverify_writes(tmp_path: Path, verifier: ResourcesServer):
+    rows = [
+        materialized_row(t, r) | {"skills_ref": {"hash": f"h{t}"}, "_ng_rollout_id": f"id-{t}-{r}", "note": "é"}
+        for t in range(3)
+        for r in range(2)
+    ]
+    materialized = write_jsonl(tmp_path / "m.jsonl", rows)
+    rollouts = write_jsonl(tmp_path / "r.jsonl", [rollout_line(t, r) for t in range(3) for r in range(2)])
+    proc = run(["--reverify", str(materialized), "-u", verifier.url, "-k", str(rollouts)])
+    assert proc.returncode == 0, proc.stderr
+    expected = []
+    for row in rows:
+        body = row | {"response": rollout_line(row["_ng_task_index"], row["_ng_rollout_index"])["response"]}
+        answer = {"responses_create_params": body["responses_create_params"], "response": body["response"]}
+        expected.append(gym_line({**answer, "reward": verify_reward(body)}, row))
+    assert proc.stdout.splitlines() == expected

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import select
@@ -57,6 +58,7 @@ SCENARIOS = (
     "rate_limits",
     "startup",
     "prometheus",
+    "reverify",
 )
 
 
@@ -292,6 +294,27 @@ def make_group_rows(path: Path, n: int, repeats: int, *, tail: float = 0.0, seed
             file.write(json.dumps(row) + "\n")
             kept.append(len(set(rewards)) > 1)
     return kept
+
+
+def make_rescoring_files(workdir: Path, n: int) -> tuple[Path, Path]:
+    """NeMo Gym's materialized inputs for n rollouts (4 a task, of agent `bench`), and their rollouts
+    in another order (a stride through them), as --reverify reads them: ~140 and ~280 bytes a line."""
+    materialized, rollouts = workdir / f"materialized-{n}.jsonl", workdir / f"rollouts-{n}.jsonl"
+    if materialized.exists():
+        return materialized, rollouts
+    stride = next(step for step in range(7919, n + 7919) if math.gcd(step, n) == 1)
+    with open(materialized, "w") as inputs, open(rollouts, "w") as results:
+        for i in range(n):
+            task, rollout = divmod(i, 4)
+            row = {"responses_create_params": {"input": f"task {task:08d}"}, "agent_ref": {"name": "bench"}}
+            inputs.write(json.dumps({**row, "_ng_task_index": task, "_ng_rollout_index": rollout}) + "\n")
+        for i in range(n):
+            task, rollout = divmod(i * stride % n, 4)
+            content = [{"type": "output_text", "text": f"answer {task}"}]
+            response = {"output": [{"type": "message", "content": content}], "usage": {"total_tokens": 5}}
+            line = {"response": response, "reward": 0.0, "_ng_task_index": task, "_ng_rollout_index": rollout}
+            results.write(json.dumps({**line, "agent_ref": {"name": "bench"}}) + "\n")
+    return materialized, rollouts
 
 
 def make_rows(path: Path, n: int) -> Path:
@@ -677,6 +700,31 @@ class Bench:
         ratio = adaptive / fixed
         metric = "--adaptive rows/s vs fixed -j"
         self.rows.append(Row("healthy agent", metric, ratio, None, ">= 0.97", ratio >= 0.97, rates))
+
+    def reverify(self) -> None:
+        """--reverify: peak RSS and rate re-scoring n rollouts at the demo agent's /verify, the
+        materialized file indexed (its memory grows by the pair, not by the line's size)."""
+        sizes = (20_000, 200_000) if self.quick else (100_000, 1_000_000)
+        agent = Agent(latency=0.0, extra=["--no-aggregate-groups"])
+        measures = []
+        try:
+            for n in sizes:
+                materialized, rollouts = make_rescoring_files(self.workdir, n)
+                print(f"reverify: {n} rollouts, -j 256", file=sys.stderr)
+                measures.append(self.rf(agent, 256, rollouts, ["--reverify", str(materialized)]))
+        finally:
+            agent.stop()
+        for n, m in zip(sizes, measures, strict=True):
+            print(
+                f"    {n} rollouts: peak RSS {m.peak_rss_mb:.1f} MB, {m.wall_s:.1f} s, cpu {m.cpu_s:.1f} s",
+                file=sys.stderr,
+            )
+        large = measures[-1]
+        self.rows.append(
+            Row(f"reverify {sizes[1]:,} rollouts", "peak RSS MB", large.peak_rss_mb, None, "<= 100 MB",
+                large.peak_rss_mb <= 100)
+        )  # fmt: skip
+        self.rows.append(Row(f"reverify {sizes[1]:,} rollouts", "rows/s", large.rows / large.wall_s, None, "-", None))
 
     def memory(self) -> None:
         sizes = (20_000, 200_000) if self.quick else (100_000, 1_000_000)

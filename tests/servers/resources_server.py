@@ -1,7 +1,7 @@
 """A NeMo Gym resources server stand-in on 127.0.0.1: `/verify` scores a response by a known function.
 
-`POST /verify` answers the request's own keys (as NeMo Gym's `BaseVerifyResponse` echoes its
-request) plus `reward = verify_reward(body)`: 1.0 when the response's output text holds the
+`POST /verify` answers the request's `responses_create_params` and `response` (as NeMo Gym's
+`BaseVerifyResponse` gives them back; its other keys are dropped) and `reward = verify_reward(body)`: 1.0 when the response's output text holds the
 body's `expected`, else 0.0. A body whose `expected` is listed in `failing` is answered 500; one
 in `judge_failing` is answered 200 with `_ng_failure_class: judge_failed`. Each answer waits
 `latency` s. `GET /reverify_mode` answers `mode` as a JSON string. Every /verify body is recorded.
@@ -59,7 +59,9 @@ class ResourcesServer(ThreadedHTTPServer):
                 if str(body.get("expected")) in server.failing:
                     self.send_json(500, b'{"detail": "judge unreachable"}')
                     return
-                answer = {**body, "reward": verify_reward(body)}
+                # As NeMo Gym's BaseVerifyResponse (pydantic, unknown fields ignored) serializes it.
+                answer = {key: body[key] for key in ("responses_create_params", "response") if key in body}
+                answer["reward"] = verify_reward(body)
                 if str(body.get("expected")) in server.judge_failing:
                     answer["_ng_failure_class"] = "judge_failed"
                 self.send_json(200, json.dumps(answer).encode())
