@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from rollfilter.api import Rollouts, open_rollouts, rollouts
-    from rollfilter.config import Config, Retries, Timeouts, Tls
+    from rollfilter.config import Config, Retries, Reverify, Timeouts, Tls
     from rollfilter.errors import ErrorKind, RollfilterError, ServiceError, UsageError
     from rollfilter.outcomes import Failure, Group, Rollout
     from rollfilter.rollout_run import RolloutRun
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "Config": "rollfilter.config",
     "Retries": "rollfilter.config",
+    "Reverify": "rollfilter.config",
     "Timeouts": "rollfilter.config",
     "Tls": "rollfilter.config",
     "ErrorKind": "rollfilter.errors",
@@ -46,6 +47,7 @@ __all__ = [
     "Failure",
     "Group",
     "Retries",
+    "Reverify",
     "RollfilterError",
     "Rollout",
     "RolloutRun",

@@ -417,3 +417,20 @@ def test_a_run_in_threads_is_steered_from_the_iterating_thread(demo_server: Demo
     assert versions == [7] * sent + [8] * (6 - sent)
     with pytest.raises(RuntimeError, match="has ended"):
         run.pause()
+
+
+def test_saved_rollouts_are_re_scored_from_python(tmp_path):
+    from tests.e2e.test_reverify import expected_reward, materialized_row, rollout_line, write_jsonl
+    from tests.servers.resources_server import ResourcesServer
+
+    pairs = [(t, r) for t in range(3) for r in range(2)]
+    materialized = write_jsonl(tmp_path / "m.jsonl", [materialized_row(*pair) for pair in pairs])
+    server = ResourcesServer()
+    try:
+        config = Config(url=server.url, reverify=rollfilter.Reverify(materialized))
+        outcomes = list(rollouts([rollout_line(*pair) for pair in pairs], config))
+    finally:
+        server.close()
+    assert all(isinstance(outcome, Rollout) for outcome in outcomes)
+    got = {(o.task_index, o.rollout_index): o.result["reward"] for o in outcomes if isinstance(o, Rollout)}
+    assert got == {pair: expected_reward(*pair) for pair in pairs}

@@ -1,10 +1,11 @@
 """A NeMo Gym resources server stand-in on 127.0.0.1: `/verify` scores a response by a known function.
 
 `POST /verify` answers the request's `responses_create_params` and `response` (as NeMo Gym's
-`BaseVerifyResponse` gives them back; its other keys are dropped) and `reward = verify_reward(body)`: 1.0 when the response's output text holds the
-body's `expected`, else 0.0. A body whose `expected` is listed in `failing` is answered 500; one
-in `judge_failing` is answered 200 with `_ng_failure_class: judge_failed`. Each answer waits
-`latency` s. `GET /reverify_mode` answers `mode` as a JSON string. Every /verify body is recorded.
+`BaseVerifyResponse` gives them back; its other keys are dropped) and `reward = verify_reward(body)`:
+1.0 when the response's output text holds the body's `expected`, else 0.0. A body whose `expected`
+is listed in `failing` is answered 500; one in `judge_failing` is answered 200 with
+`_ng_failure_class: judge_failed`. Each answer waits `latency` s. `GET /reverify_mode` answers
+`mode` as a JSON string. Every /verify body is recorded.
 """
 
 from __future__ import annotations
