@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,17 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.conftest import HeadServer, read_jsonl, result_lines, run, serving, summary_of
+from tests.conftest import (
+    SUBPROCESS_TIMEOUT,
+    HeadServer,
+    read_jsonl,
+    result_lines,
+    run,
+    serving,
+    start,
+    summary_of,
+    wait_for,
+)
 from tests.servers.resources_server import ResourcesServer, verify_reward
 
 TASKS, K = 12, 4
@@ -295,3 +306,38 @@ def test_the_lines_written_are_those_gym_eval_reverify_writes(tmp_path: Path, ve
         answer = {"responses_create_params": body["responses_create_params"], "response": body["response"]}
         expected.append(gym_line({**answer, "reward": verify_reward(body)}, row))
     assert proc.stdout.splitlines() == expected
+
+
+def whole_pairs(path: Path) -> list[tuple[int, int]]:
+    """The pairs of the whole result lines in `path` (a kill may leave the last one torn)."""
+    pairs = []
+    for line in path.read_bytes().split(b"\n"):
+        try:
+            result = json.loads(line)
+        except ValueError:
+            continue
+        pairs.append((result["_ng_task_index"], result["_ng_rollout_index"]))
+    return pairs
+
+
+def test_after_a_kill_9_a_resume_sends_only_what_is_missing(tmp_path: Path, verifier: ResourcesServer):
+    verifier.latency = 0.05  # a few seconds in all, two at a time: killed part of the way
+    materialized, rollouts = files(tmp_path)
+    out = tmp_path / "rescored.jsonl"
+    args = ["--reverify", str(materialized), "-u", verifier.url, "-j", "2", "-o", str(out), str(rollouts)]
+    proc = start(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: out.exists() and len(whole_pairs(out)) >= 10)
+    finally:
+        proc.kill()
+        proc.wait(timeout=SUBPROCESS_TIMEOUT)
+    done = set(whole_pairs(out))
+    assert 10 <= len(done) < TASKS * K
+    verifier.latency = 0.0
+    verifier.bodies.clear()
+    resumed = run([*args, "--resume"])
+    assert resumed.returncode == 0, resumed.stderr
+    every = {(t, r) for t in range(TASKS) for r in range(K)}
+    assert {(b["_ng_task_index"], b["_ng_rollout_index"]) for b in verifier.bodies} == every - done
+    assert len(verifier.bodies) == len(every - done)
+    assert sorted(whole_pairs(out)) == sorted(every)  # each pair once

@@ -10,6 +10,7 @@ is listed in `failing` is answered 500; one in `judge_failing` is answered 200 w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -65,6 +66,7 @@ class ResourcesServer(ThreadedHTTPServer):
                 answer["reward"] = verify_reward(body)
                 if str(body.get("expected")) in server.judge_failing:
                     answer["_ng_failure_class"] = "judge_failed"
-                self.send_json(200, json.dumps(answer).encode())
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a client killed mid-way
+                    self.send_json(200, json.dumps(answer).encode())
 
         super().__init__(Handler)
