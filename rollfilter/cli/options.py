@@ -670,6 +670,7 @@ def parse(
             help="Re-score the rollouts in FILEs or stdin at their resources servers' /verify, each joined"
             " with its body in NeMo Gym's materialized inputs file MATERIALIZED; no agent is run.",
             show_default=False,
+            rich_help_panel=PANEL_GYM,
         ),
     ] = None,
     verifier: Annotated[
@@ -679,6 +680,7 @@ def parse(
             metavar="NAME=URL",
             help="With --reverify: the resources server that verifies the rollouts of agent NAME; repeat.",
             show_default=False,
+            rich_help_panel=PANEL_GYM,
         ),
     ] = None,
     judge_failed_only: Annotated[
@@ -686,6 +688,7 @@ def parse(
         typer.Option(
             "--judge-failed-only",
             help="With --reverify: re-score only the lines whose _ng_failure_class is judge_failed.",
+            rich_help_panel=PANEL_GYM,
         ),
     ] = False,
     force: Annotated[
@@ -693,6 +696,7 @@ def parse(
         typer.Option(
             "--force",
             help="With --reverify: re-score at resources servers whose /reverify_mode is not stateless too.",
+            rich_help_panel=PANEL_GYM,
         ),
     ] = False,
     max_line_bytes: Annotated[
@@ -833,7 +837,7 @@ def parse(
     )
     engine = Config(
         url=parsers.url(url) if url else None,
-        **parsers.targets(endpoint, verifier, reverify, judge_failed_only, force, demo, summarize, given_files[0]),
+        **targets(ctx, endpoint, verifier, reverify, judge_failed_only, force),
         agent=agent,
         concurrency=concurrency,
         adaptive=adaptive,
@@ -899,6 +903,16 @@ def chosen(ctx: typer.Context, config: "CommandConfig", *, demo: bool, summarize
         check_summarize_outputs(ctx)
         return summarizing(config)
     return running(config, demo=demo, **options)
+
+
+def targets(ctx: typer.Context, *given: Any) -> dict[str, Any]:
+    """Config's endpoints and reverify from -e, --verifier, --reverify, --judge-failed-only and
+    --force (`given`, in that order), refused beside --demo's, --summarize's or --materialized's
+    values as the command line gave them."""
+    from rollfilter.cli import parsers
+
+    options = {name: ctx.params.get(name) for name in ("demo", "summarize", "materialized")}
+    return parsers.targets(*given, options["demo"], options["summarize"], options["materialized"])
 
 
 def running(config: "CommandConfig", *, demo: bool, **options: Any) -> Execute:
