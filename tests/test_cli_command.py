@@ -121,6 +121,7 @@ URL = "http://127.0.0.1:1/run"  # nothing is sent: the command line is only pars
 # parsing it must change that field.
 USE_OF_FIELD: dict[str, list[str]] = {
     "url": ["-u", "http://127.0.0.1:2/run"],
+    "reverify": ["--reverify", "m.jsonl"],
     "endpoints": ["-e", "a=http://127.0.0.1:3/run"],
     "agent": ["-a", "a"],
     "concurrency": ["-j", "3"],

@@ -40,7 +40,6 @@ from rollfilter.cli.outputs import (
     run_files,
 )
 from rollfilter.cli.progress_file import known_total, publish_progress
-from rollfilter.cli.progress_lines import ProgressLines
 from rollfilter.cli.signals import is_pipe, status_lines, watch_reader_gone, watch_signals
 from rollfilter.cli.statuses import RunEnd
 from rollfilter.config import Config, ConfigError
@@ -70,6 +69,7 @@ from rollfilter.writers import BatchWriter, LineWriter, OutputClosed, OutputFail
 if TYPE_CHECKING:
     from rollfilter.cli.exporter import Exporter
     from rollfilter.cli.progress import ProgressDisplay
+    from rollfilter.cli.progress_lines import ProgressLines
 
 _encode = msgspec.json.Encoder().encode
 # The options of the Config fields a run checks once it knows its agents (Run.connect).
@@ -339,6 +339,8 @@ class _CommandLineRun:
         """--progress where stderr is no terminal (a batch job's log): plain lines, not the display."""
         if self.options.dry_run or not self.options.progress or os.isatty(self.streams.stderr):
             return None
+        from rollfilter.cli.progress_lines import ProgressLines
+
         return ProgressLines(fd=self.streams.stderr, finished=self.finished)
 
     def say(self, text: str) -> None:

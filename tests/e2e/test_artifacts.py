@@ -173,7 +173,7 @@ def test_summary_has_usage_means_and_a_split_by_agent(agents: dict[str, Recordin
     for key in ("input_tokens", "output_tokens", "total_tokens"):
         assert summary["usage"][key] == pytest.approx(sum(u[key] for u in usage) / len(usage))
     assert summary["agents"]["alpha"]["succeeded"] == 4
-    assert summary["agents"]["beta"] == {"succeeded": 0, "failed": 2, "reward": None, "usage": {}}
+    assert summary["agents"]["beta"] == {"succeeded": 0, "failed": 2, "masked": 0, "reward": None, "usage": {}}
     assert summary["agents"]["alpha"]["reward"] == summary["reward"]
     assert summary["rollfilter"]["tokens_per_s"] > 0
 

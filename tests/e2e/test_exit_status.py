@@ -404,7 +404,7 @@ def test_a_run_with_stdin_closed_says_it_cannot_read_it(demo_server: DemoServer)
         ("typer", []),
         ("rollfilter.cli.run", []),
         ("resource", ["-u", CLOSED_PORT_URL]),  # imported after the options are parsed, before the run starts
-        ("rollfilter.cli.progress", ["--demo", "--progress", "-q"]),  # imported once the run has started
+        ("rollfilter.cli.progress_lines", ["--demo", "--progress", "-q"]),  # imported once the run has started
     ],
 )
 def test_ctrl_c_at_any_point_of_start_up_exits_130_without_a_traceback(module: str, args: list[str]):
