@@ -35,7 +35,7 @@ from rollfilter.http import AgentTransport
 from rollfilter.keytable import KeyTable
 from rollfilter.outcomes import AttemptFailure
 from rollfilter.passk import TaskStats
-from rollfilter.plan import Job, LineSource
+from rollfilter.plan import Job, LineSource, shard_of
 from rollfilter.redact import origin, printable
 from rollfilter.resume import ResumeState, pair_key
 from rollfilter.rows import AGENT_REF, ROLLOUT_INDEX, TASK_INDEX, agent_name, encode_json, parse_row
@@ -134,6 +134,7 @@ class ReverifyPlanner:
         resume: ResumeState | None = None,
         tasks: TaskStats | None = None,
         limit: int | None = None,
+        shard: tuple[int, int] | None = None,
     ) -> None:
         self._reader = reader
         self._index = index
@@ -141,6 +142,7 @@ class ReverifyPlanner:
         self._resume = resume
         self._tasks = tasks
         self._limit = limit
+        self._shard = shard  # (I, N): the rollouts of the tasks whose index mod N is I, as a run's shard
         self._pending: collections.deque[Job] = collections.deque()
         self._rows = 0
         self._seq = 0
@@ -177,9 +179,11 @@ class ReverifyPlanner:
         ):
             self.passed_over += 1
             return
-        self._rows += 1
         task = rollout.get(TASK_INDEX) if isinstance(rollout, dict) else None
         index = rollout.get(ROLLOUT_INDEX) if isinstance(rollout, dict) else None
+        if self._shard is not None and task is not None and shard_of(task, self._shard[1]) != self._shard[0]:
+            return
+        self._rows += 1
         attempt = 0
         if self._resume is not None and task is not None and index is not None:
             attempt = self._resume.decide(task, index)

@@ -219,7 +219,9 @@ class Run:
         planner: JobSource = Planner(source, config, self._resume, self.tasks, on_group)
         if config.reverify is not None:
             assert self.index is not None, "indexed when connected"
-            planner = ReverifyPlanner(source, self.index, config.reverify, self._resume, self.tasks, config.limit)
+            planner = ReverifyPlanner(
+                source, self.index, config.reverify, self._resume, self.tasks, config.limit, config.shard
+            )
         return Engine(
             planner=planner,
             router=router,

@@ -341,3 +341,30 @@ def test_after_a_kill_9_a_resume_sends_only_what_is_missing(tmp_path: Path, veri
     assert {(b["_ng_task_index"], b["_ng_rollout_index"]) for b in verifier.bodies} == every - done
     assert len(verifier.bodies) == len(every - done)
     assert sorted(whole_pairs(out)) == sorted(every)  # each pair once
+
+
+def test_shards_and_a_limit_re_score_their_part(tmp_path: Path, verifier: ResourcesServer):
+    materialized, rollouts = files(tmp_path)
+    parts = []
+    for shard in range(3):
+        proc = run(["--reverify", str(materialized), "-u", verifier.url, "--shard", f"{shard}/3", str(rollouts)])
+        assert proc.returncode == 0, proc.stderr
+        pairs = [(line["_ng_task_index"], line["_ng_rollout_index"]) for line in result_lines(proc.stdout)]
+        assert {task % 3 for task, _ in pairs} == {shard}
+        parts += pairs
+    assert sorted(parts) == [(t, r) for t in range(TASKS) for r in range(K)]
+    limited = run(["--reverify", str(materialized), "-u", verifier.url, "-n", "5", str(rollouts)])
+    assert len(result_lines(limited.stdout)) == 5
+
+
+def test_a_dry_run_prints_each_verify_body_and_sends_nothing(tmp_path: Path, verifier: ResourcesServer):
+    materialized, rollouts = files(tmp_path)
+    proc = run(["--reverify", str(materialized), "-u", verifier.url, "--dry-run", "-n", "3", str(rollouts)])
+    assert proc.returncode == 0, proc.stderr
+    bodies = result_lines(proc.stdout)
+    assert len(bodies) == 3
+    for body in bodies:
+        pair = (body["_ng_task_index"], body["_ng_rollout_index"])
+        assert body == materialized_row(*pair) | {"response": rollout_line(*pair)["response"]}
+    assert b"/verify" in proc.stderr
+    assert verifier.bodies == []
