@@ -89,9 +89,9 @@ class GroupStage:
     `count(member)` puts a closed group's member into the run's figures; `hold(line)` keeps a
     finished member's result line (or the marker of a group dropped as uniform or closed
     incomplete) on disk, for a resumed run; `reached()` is called once `target` groups are kept,
-    earlier runs' included: `kept_before` and `dropped_before` are the groups earlier runs kept
-    and dropped as uniform, as their held file counts them (so a target they met is met before
-    anything is sent).
+    earlier runs' included: `kept_before`, `dropped_before` and `masked_before` are the groups earlier
+    runs kept, dropped as uniform and dropped as masked, as their held file counts them (so a target
+    they met is met before anything is sent).
     """
 
     def __init__(
@@ -106,6 +106,7 @@ class GroupStage:
         hold: Callable[[bytes], None] | None = None,
         kept_before: int = 0,
         dropped_before: int = 0,
+        masked_before: int = 0,
         in_order: bool = False,
     ) -> None:
         self._sink = sink
@@ -119,6 +120,7 @@ class GroupStage:
         self.fates: dict[Fate, int] = dict.fromkeys(Fate, 0)
         self.kept_earlier = kept_before  # groups an earlier run wrote whole
         self.dropped_earlier = dropped_before  # groups an earlier run dropped as uniform
+        self.masked_earlier = masked_before  # groups an earlier run dropped as masked
         self.target_reached = False
         self._in_order = in_order
         self._planned = 0  # groups numbered so far
@@ -135,7 +137,7 @@ class GroupStage:
             if plan.done and not plan.counted:  # one the held file did not count (kept_before)
                 self.kept_earlier += 1
                 self._check_target()
-            return  # a uniform group's is counted in dropped_before
+            return  # a dropped group's is counted in dropped_before or masked_before
         members = {rollout: Member(None, result, None) for rollout, result in plan.held.items()}
         size = len(plan.sent) + len(plan.held) + plan.done + plan.dropped + plan.given_up
         group = _Open(plan.task_index, plan.first, size, set(plan.sent), members, [], plan.given_up > 0, self._planned)
@@ -239,7 +241,7 @@ class GroupStage:
         figures: dict[str, Any] = {
             "kept": self.fates[Fate.KEPT] + self.kept_earlier,
             "dropped_uniform": self.fates[Fate.UNIFORM] + self.dropped_earlier,
-            "dropped_masked": self.fates[Fate.MASKED],
+            "dropped_masked": self.fates[Fate.MASKED] + self.masked_earlier,
             "incomplete": self.fates[Fate.INCOMPLETE],
             "cancelled": self.fates[Fate.CANCELLED],
         }

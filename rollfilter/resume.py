@@ -60,6 +60,7 @@ _decode_record = msgspec.json.Decoder(_Record).decode
 _decode = msgspec.json.Decoder().decode
 
 HELD_SUFFIX = ".held"
+MASKED = "masked"  # a dropped group's reason: too few of its rollouts were valid measurements
 DROPPED_BECAUSE = "dropped_because"  # the key of a dropped group's rollouts (and of the held file's markers)
 WRITTEN_THROUGH = "written_through"  # the held file's marker: the results file's whole groups end there
 KEPT = "kept"  # beside WRITTEN_THROUGH: the group written then was kept, [task, its first rollout]
@@ -125,6 +126,7 @@ class ResumeState:
         self.reopened = 0  # groups written incomplete whose failed rollouts run again: cut off to be written whole
         self.kept_groups = 0  # groups the results file holds that were kept (held file's markers)
         self.dropped_groups = 0  # groups dropped as uniform (held file's markers)
+        self.masked_groups = 0  # groups dropped as masked: too few valid measurements (held file's markers)
 
     @property
     def done_pairs(self) -> int:
@@ -288,7 +290,11 @@ class ResumeState:
                 if isinstance(marker.kept, list) and len(marker.kept) == 2:
                     self._kept.add(pair_key(*marker.kept))
             elif marker.dropped is not None:
-                self.dropped_groups += groups.add(pair_key(marker.task, marker.rollout))[1]
+                new = groups.add(pair_key(marker.task, marker.rollout))[1]
+                if marker.dropped == MASKED:
+                    self.masked_groups += new
+                else:
+                    self.dropped_groups += new
                 for rollout in marker.group_rollouts():
                     self._dropped.add(pair_key(marker.task, rollout))
             elif isinstance(marker.failed, list):

@@ -210,6 +210,7 @@ class Run:
                 hold=self._hold,
                 kept_before=self._resume.kept_groups if self._resume is not None else 0,
                 dropped_before=self._resume.dropped_groups if self._resume is not None else 0,
+                masked_before=self._resume.masked_groups if self._resume is not None else 0,
                 in_order=config.max_staleness is not None,
             )
             self.groups.start()  # a target earlier runs met stops the run before anything is sent

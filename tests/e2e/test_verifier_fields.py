@@ -179,3 +179,18 @@ def test_a_dotted_path_with_an_empty_step_is_a_usage_error(field: str, demo_serv
     assert proc.returncode == 2
     assert b"empty step" in proc.stderr
     assert demo_server.stats()["by_id"] == {}
+
+
+def test_a_resumed_run_counts_the_groups_an_earlier_run_dropped_as_masked(tmp_path: Path, demo_server: DemoServer):
+    out, dropped, data = tmp_path / "out.jsonl", tmp_path / "dropped.jsonl", tmp_path / "rows.jsonl"
+    data.write_text(rows(12))
+    args = ["-u", demo_server.url, "-r", str(K), "--drop-uniform", "--dropped", str(dropped), "-o", str(out), str(data)]
+    first = run(args)
+    assert first.returncode == 0, first.stderr
+    groups = summary_of(first.stderr)["rollfilter"]["groups"]
+    assert groups["dropped_masked"] == sum(fate(t) == "masked" for t in range(12)) > 0
+    sent = demo_server.stats()["requests"]
+    resumed = run([*args, "--resume"])
+    assert resumed.returncode == 0, resumed.stderr
+    assert demo_server.stats()["requests"] == sent  # nothing left to send
+    assert summary_of(resumed.stderr)["rollfilter"]["groups"] == groups
