@@ -57,6 +57,8 @@ class RunRecord(msgspec.Struct, frozen=True, kw_only=True):
     groups: bool = False
     drop_uniform: bool = False
     group_field: str | None = None  # with drop_uniform
+    reverify: InputDigest | None = None  # re-scoring: the materialized inputs the bodies came from
+    judge_failed_only: bool = False  # with reverify
 
 
 _decode_record = msgspec.json.Decoder(RunRecord).decode
@@ -113,8 +115,20 @@ def record_of(command: CommandConfig) -> RunRecord:
         groups=config.groups,
         drop_uniform=config.drop_uniform,
         group_field=config.group_field if config.drop_uniform else None,
+        reverify=_materialized_digest(config.reverify.materialized) if config.reverify is not None else None,
+        judge_failed_only=config.reverify is not None and config.reverify.judge_failed_only,
     )
     return _decode_record(_encode(record))  # as it reads back from the file, so that the two compare
+
+
+def _materialized_digest(path: str) -> InputDigest:
+    """The materialized file re-scoring joins with, by name and content (None: it cannot be read,
+    which the run itself reports)."""
+    try:
+        digest: str | None = file_digest(path)
+    except UsageError:
+        digest = None
+    return InputDigest(os.path.basename(path), digest)
 
 
 def read_record(path: str) -> RunRecord | None:
@@ -235,6 +249,8 @@ def differences(recorded: RunRecord, current: RunRecord, *, words: tuple[str, st
         ("--groups", _on(recorded.groups), _on(current.groups)),
         ("--drop-uniform", _on(recorded.drop_uniform), _on(current.drop_uniform)),
         ("--group-field", _none(recorded.group_field), _none(current.group_field)),
+        ("--reverify", _materialized(recorded.reverify), _materialized(current.reverify)),
+        ("--judge-failed-only", _on(recorded.judge_failed_only), _on(current.judge_failed_only)),
     ]
     found = _input_differences(recorded.inputs, current.inputs)
     found += [f"{option}: {then} {then_word}, {now} {now_word}" for option, then, now in compared if then != now]
@@ -245,6 +261,12 @@ def differences(recorded: RunRecord, current: RunRecord, *, words: tuple[str, st
             f"-r: {_repeats(recorded)} {then_word}, {_repeats(current)} {now_word} (only a larger -r adds to an output)"
         )
     return found
+
+
+def _materialized(digest: InputDigest | None) -> str:
+    if digest is None:
+        return "none"
+    return digest.name + ("" if digest.sha256 is None else f" ({digest.sha256[:12]})")
 
 
 def _unlike_shards(first: RunRecord, other: RunRecord, words: tuple[str, str]) -> list[str]:

@@ -368,3 +368,19 @@ def test_a_dry_run_prints_each_verify_body_and_sends_nothing(tmp_path: Path, ver
         assert body == materialized_row(*pair) | {"response": rollout_line(*pair)["response"]}
     assert b"/verify" in proc.stderr
     assert verifier.bodies == []
+
+
+def test_resuming_with_another_materialized_file_or_as_a_run_is_refused(tmp_path: Path, verifier: ResourcesServer):
+    materialized, rollouts = files(tmp_path)
+    out = tmp_path / "rescored.jsonl"
+    args = ["-u", verifier.url, "-o", str(out), str(rollouts)]
+    assert run(["--reverify", str(materialized), *args]).returncode == 0
+    other = tmp_path / "other_materialized_inputs.jsonl"
+    other.write_bytes(materialized.read_bytes().replace(b"question", b"another question"))
+    for given in (["--reverify", str(other)], [], ["--reverify", str(materialized), "--judge-failed-only"]):
+        verifier.bodies.clear()
+        proc = run([*given, *args, "--resume"])
+        assert proc.returncode == 2, given
+        assert "--reverify" in proc.stderr.decode() or "--judge-failed-only" in proc.stderr.decode()
+        assert verifier.bodies == []
+    assert run(["--reverify", str(materialized), *args, "--resume"]).returncode == 0

@@ -96,6 +96,8 @@ def test_a_run_records_what_shapes_its_bodies_beside_its_output(
         "groups": False,
         "drop_uniform": False,
         "group_field": None,
+        "reverify": None,
+        "judge_failed_only": False,
     }
     assert sorted(p.name for p in out.parent.iterdir()) == ["out.jsonl", "out.jsonl.run.json"]  # no temporary left
 
