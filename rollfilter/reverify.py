@@ -47,6 +47,7 @@ RESOURCES_SERVER_TYPE = "resources_servers"
 _AGENT_SERVER_TYPE = "responses_api_agents"
 SKILLS_REF = "skills_ref"
 _INDEX_CHUNK = 1 << 20  # bytes read at a time while indexing
+MODE_TIMEOUT = 30.0  # seconds for a resources server's /reverify_mode, connecting included, as for a head server
 
 
 class _Pair(msgspec.Struct):
@@ -292,9 +293,12 @@ async def reverify_modes(verify_urls: Iterable[str], transport: AgentTransport) 
         url = reverify_mode_url(verify)
         where = f"the resources server at {origin(verify)}"
         try:
-            reply = await transport.request(b"GET", httpx.URL(url))
+            with trio.move_on_after(MODE_TIMEOUT) as scope:
+                reply = await transport.request(b"GET", httpx.URL(url))
         except (httpx.TransportError, httpx.InvalidURL) as exc:
             raise ServiceError(f"cannot ask {where} for its /reverify_mode: {printable(str(exc))}") from None
+        if scope.cancelled_caught:
+            raise ServiceError(f"{where} did not answer /reverify_mode in {MODE_TIMEOUT:g} s")
         if reply.status != 200:
             raise ServiceError(f"{where} answered HTTP {reply.status} for /reverify_mode")
         try:
