@@ -312,7 +312,7 @@ class Engine:
     def count_result(self, job: Job, result: dict[str, Any], latency: float | None) -> None:
         """Put a result into the run's figures: the means, the tasks, the spool."""
         self.metrics.add_result(result, latency, job.agent_name)
-        self._ended(job, reward_of(result))
+        self._ended(job, reward_of(result), result)
         if self.spool is not None:  # by the result's agent, as an earlier run's results are spooled
             self.spool.add(agent_name(result), result)
 
@@ -332,9 +332,9 @@ class Engine:
         message = f"unexpected {type(exc).__name__} while handling this row"
         return AttemptFailure(ErrorKind.INTERNAL, message, attempts=attempts)
 
-    def _ended(self, job: Job, reward: float | None) -> None:
+    def _ended(self, job: Job, reward: float | None, result: dict[str, Any] | None = None) -> None:
         if self.tasks is not None:
-            self.tasks.rollout_ended(job.task_index, reward, job.rollout_index)
+            self.tasks.rollout_ended(job.task_index, reward, job.rollout_index, result, job.agent_name)
 
     def _fail(self, job: Job, failure: AttemptFailure, release: Release) -> None:
         self.metrics.add_failure(failure, job.agent_name)

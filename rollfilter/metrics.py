@@ -21,7 +21,8 @@ from rollfilter.errors import ErrorKind
 from rollfilter.limits import AgentLimits
 from rollfilter.outcomes import OVERLOAD_STATUSES, AttemptFailure
 from rollfilter.passk import TaskStats
-from rollfilter.sums import EXACT_FROM, EXACT_FROM_INT, mean_of, scaled, total_of
+from rollfilter.stats import Estimate, error_bars, estimate_of_moments
+from rollfilter.sums import EXACT_FROM, EXACT_FROM_INT, lost_to_rounding, mean_of, scaled, total_of
 
 _BUCKET_GROWTH = math.log(1.01)
 _MIN_LATENCY = 1e-6
@@ -66,6 +67,130 @@ class LatencyHistogram:
         return self.max
 
 
+_EXACT_BELOW = 128  # counts under this are kept one by one: tool calls, and short answers' tokens
+
+
+class CountSketch:
+    """Whole numbers (tokens, tool calls) in bounded memory: each value under 128 counted as
+    itself, larger ones in 1%-wide log buckets. Percentiles are exact under 128 and within 1%
+    above; the mean and the max are exact."""
+
+    __slots__ = ("_counts", "count", "max", "total")
+
+    def __init__(self) -> None:
+        self._counts: collections.Counter[int] = collections.Counter()
+        self.count = 0
+        self.total = 0
+        self.max = 0
+
+    def add(self, value: int) -> None:
+        if value < _EXACT_BELOW:
+            self._counts[value] += 1
+        else:
+            self._counts[_EXACT_BELOW + math.floor(math.log(value / _EXACT_BELOW) / _BUCKET_GROWTH)] += 1
+        self.count += 1
+        self.total += value
+        self.max = max(self.max, value)
+
+    def merge(self, other: CountSketch) -> None:
+        self._counts.update(other._counts)
+        self.count += other.count
+        self.total += other.total
+        self.max = max(self.max, other.max)
+
+    def _value(self, key: int, within: float) -> float:
+        """A bucket's value: itself under 128; else the point `within` (0 to 1) across it."""
+        if key < _EXACT_BELOW:
+            return key
+        return _EXACT_BELOW * math.exp((key - _EXACT_BELOW + within) * _BUCKET_GROWTH)
+
+    def percentile(self, p: float) -> float:
+        """The value `p`% of the counts are at or under (the nearest rank), 0 with none."""
+        rank = max(1, math.ceil(p / 100 * self.count))
+        seen = 0
+        for key in sorted(self._counts):
+            seen += self._counts[key]
+            if seen >= rank:
+                return min(self._value(key, 1.0), self.max)
+        return self.max
+
+    def cumulative(self, bounds: Sequence[float]) -> list[int]:
+        """How many values are at most each of `bounds` (ascending), a bucket counted by its middle."""
+        counts = [0] * len(bounds)
+        for key, count in self._counts.items():
+            first = bisect.bisect_left(bounds, self._value(key, 0.5))
+            if first < len(bounds):
+                counts[first] += count
+        return list(itertools.accumulate(counts))
+
+    def figures(self) -> dict[str, float] | None:
+        """p50, p90, max and mean; None when nothing was counted."""
+        if not self.count:
+            return None
+        return {
+            "p50": math.floor(self.percentile(50)),
+            "p90": math.floor(self.percentile(90)),
+            "max": self.max,
+            "mean": self.total / self.count,
+        }
+
+
+def _whole(value: Any) -> int | None:
+    """A count from an answer: a whole number, at least 0 (an integral float too)."""
+    kind = type(value)
+    if kind is int:
+        return value if value >= 0 else None
+    if kind is float and value >= 0 and value.is_integer():
+        return int(value)
+    return None
+
+
+class RolloutCosts:
+    """What each rollout took, from its `response`: output and input tokens (`usage`), tool calls
+    (`output` items of type function_call), and whether it was cut short (status incomplete)."""
+
+    __slots__ = ("incomplete", "input_tokens", "output_tokens", "rollouts", "tool_calls")
+
+    def __init__(self) -> None:
+        self.rollouts = 0
+        self.incomplete = 0
+        self.output_tokens = CountSketch()
+        self.input_tokens = CountSketch()
+        self.tool_calls = CountSketch()
+
+    def add(self, response: dict[str, Any]) -> None:
+        self.rollouts += 1
+        usage = response.get("usage")
+        if type(usage) is dict:
+            for key, sketch in (("output_tokens", self.output_tokens), ("input_tokens", self.input_tokens)):
+                tokens = _whole(usage.get(key))
+                if tokens is not None:
+                    sketch.add(tokens)
+        output = response.get("output")
+        if type(output) is list:
+            self.tool_calls.add(sum(type(item) is dict and item.get("type") == "function_call" for item in output))
+        if response.get("status") == "incomplete" or response.get("incomplete_details"):
+            self.incomplete += 1
+
+    def merge(self, other: RolloutCosts) -> None:
+        self.rollouts += other.rollouts
+        self.incomplete += other.incomplete
+        self.output_tokens.merge(other.output_tokens)
+        self.input_tokens.merge(other.input_tokens)
+        self.tool_calls.merge(other.tool_calls)
+
+    def figures(self) -> dict[str, Any] | None:
+        """The summary's `per_rollout`; None when no result held a response."""
+        if not self.rollouts:
+            return None
+        return {
+            "output_tokens": self.output_tokens.figures(),
+            "input_tokens": self.input_tokens.figures(),
+            "tool_calls": self.tool_calls.figures(),
+            "incomplete": self.incomplete / self.rollouts,
+        }
+
+
 def as_float(value: Any) -> float | None:
     """A result field as a number for a mean: bool, int or finite float (booleans count 0/1)."""
     kind = type(value)  # exact types: msgspec gives plain bool, int, float
@@ -86,7 +211,10 @@ class Means:
     that means near the float limits stay finite and right (see `rollfilter.sums`).
     """
 
-    __slots__ = ("counts", "exact", "failed", "succeeded", "sums", "usage_counts", "usage_exact", "usage_sums")
+    __slots__ = (
+        *("compensations", "costs", "counts", "exact", "failed", "shifts", "squares", "succeeded", "sums"),
+        *("usage_counts", "usage_exact", "usage_sums"),
+    )
 
     def __init__(self) -> None:
         self.succeeded = 0
@@ -94,6 +222,10 @@ class Means:
         self.sums: dict[str, float] = {}
         self.counts: dict[str, int] = {}
         self.exact: dict[str, int] = {}
+        self.compensations: dict[str, float] = {}  # what each float sum's rounding lost
+        self.shifts: dict[str, float] = {}  # each field's first value, and the squares of the values less it,
+        self.squares: dict[str, float] = {}  # for its standard error with a rollout a task (no repeats)
+        self.costs = RolloutCosts()
         self.usage_sums: dict[str, float] = {}
         self.usage_counts: dict[str, int] = {}
         self.usage_exact: dict[str, int] = {}
@@ -102,56 +234,111 @@ class Means:
         # The per-result hot path: as_float() written out inline. A comparison rules out
         # inf and nan (and the rare huge value, summed apart) faster than math.isfinite().
         self.succeeded += 1
-        sums, counts = self.sums, self.counts
+        sums, counts, compensations = self.sums, self.counts, self.compensations
+        shifts, squares = self.shifts, self.squares
         for key, value in result.items():
             kind = type(value)
             if kind is float:
                 if not -EXACT_FROM < value < EXACT_FROM:
                     if value - value == 0.0:  # finite
-                        _add_exact(key, value, sums, counts, self.exact)
+                        self._add_huge(key, value)
                     continue
             elif kind is int:
                 if not -EXACT_FROM_INT < value < EXACT_FROM_INT:
                     if -_FLOAT_RANGE < value < _FLOAT_RANGE:
-                        _add_exact(key, value, sums, counts, self.exact)
+                        self._add_huge(key, value)
                     continue
             elif kind is not bool:
                 continue
             if key.startswith("_ng_"):
                 continue
-            sums[key] = sums.get(key, 0.0) + value
-            counts[key] = counts.get(key, 0) + 1
+            total = sums.get(key)
+            if total is None:
+                self._first(key, value)
+                continue
+            # sums.lost_to_rounding, written out: the per-result hot path.
+            added = total + value
+            if (total if total >= 0.0 else -total) >= (value if value >= 0.0 else -value):
+                compensations[key] += (total - added) + value
+            else:
+                compensations[key] += (value - added) + total
+            sums[key] = added
+            counts[key] += 1
+            deviation = value - shifts[key]
+            squares[key] += deviation * deviation
         response = result.get("response")
         if type(response) is dict:
+            self.costs.add(response)
             usage = response.get("usage")
             if type(usage) is dict:
                 _add_usage(usage, self.usage_sums, self.usage_counts, self.usage_exact)
 
+    def _add_huge(self, key: str, value: float) -> None:
+        if key.startswith("_ng_"):
+            return
+        if key not in self.sums:
+            self.sums[key], self.counts[key] = 0.0, 0
+            self.compensations[key], self.shifts[key], self.squares[key] = 0.0, 0.0, 0.0
+        _add_exact(key, value, self.sums, self.counts, self.exact)
+
+    def _first(self, key: str, value: float) -> None:
+        self.sums[key] = 0.0 + value
+        self.counts[key] = 1
+        self.compensations[key] = 0.0
+        self.shifts[key] = 0.0 + value
+        self.squares[key] = 0.0
+
     def merge(self, other: Means) -> None:
         self.succeeded += other.succeeded
         self.failed += other.failed
-        for sums, more in ((self.sums, other.sums), (self.usage_sums, other.usage_sums)):
-            for key, value in more.items():
-                sums[key] = sums.get(key, 0.0) + value
-        for tallies, added in (
+        for key, total in other.sums.items():
+            if key not in self.sums:
+                self.sums[key], self.counts[key] = 0.0, 0
+                self.compensations[key], self.shifts[key], self.squares[key] = 0.0, other.shifts[key], 0.0
+            shift, count = self.shifts[key], other.counts[key]
+            # The other's squares about its own shift, moved to this one's.
+            moved = other.shifts[key] - shift
+            deviations = total + other.compensations[key] - count * other.shifts[key]
+            self.squares[key] += other.squares[key] + 2 * moved * deviations + count * moved * moved
+            added = self.sums[key] + total
+            self.compensations[key] += other.compensations[key] + lost_to_rounding(self.sums[key], total, added)
+            self.sums[key] = added
+        for key, value in other.usage_sums.items():
+            self.usage_sums[key] = self.usage_sums.get(key, 0.0) + value
+        for tallies, more in (
             (self.counts, other.counts),
             (self.usage_counts, other.usage_counts),
             (self.exact, other.exact),
             (self.usage_exact, other.usage_exact),
         ):
-            for key, count in added.items():
+            for key, count in more.items():
                 tallies[key] = tallies.get(key, 0) + count
+        self.costs.merge(other.costs)
 
     def mean(self, key: str) -> float:
         count = self.counts.get(key)
-        return mean_of(self.sums[key], self.exact.get(key, 0), count) if count else 0.0
+        if not count:
+            return 0.0
+        return mean_of(self.sums[key] + self.compensations[key], self.exact.get(key, 0), count)
 
     def means(self) -> dict[str, Any]:
         """`reward` first (null when no result carried one), then each field's mean in the order first seen."""
         means: dict[str, Any] = {"reward": None}
-        for key, total in self.sums.items():
-            means[key] = mean_of(total, self.exact.get(key, 0), self.counts[key])
+        for key in self.sums:
+            means[key] = self.mean(key)
         return means
+
+    def estimates(self) -> dict[str, Estimate]:
+        """Each field's mean with its standard error, taking each rollout as a task of its own
+        (right for a run without repeats; `passk.TaskStats` clusters by task when it has them)."""
+        found = {}
+        for key, count in self.counts.items():
+            mean = self.mean(key)
+            if key in self.exact:  # values past the float range's square root: no spread to compute
+                found[key] = Estimate(mean, None, None, None, count, count)
+            else:
+                found[key] = estimate_of_moments(count, mean, self.shifts[key], self.squares[key])
+        return found
 
     def usage(self) -> dict[str, float]:
         exact, counts = self.usage_exact, self.usage_counts
@@ -208,6 +395,33 @@ def _add_exact(key: str, value: float, sums: dict[str, float], counts: dict[str,
 
 
 _FLOAT_RANGE = 2**1024 - 2**970  # an int at or past this rounds to an infinite float
+
+
+def error_blocks(figures: dict[str, Any], estimates: dict[str, Estimate]) -> dict[str, Any]:
+    """The summary's error bars beside its means, a block each, keyed as the means are:
+    `stderr`, `ci95` ([low, high]) and `sample_size` ({"tasks", "rollouts"}); a mean whose
+    spread cannot be seen (one task) has null bars."""
+    stderr: dict[str, Any] = {}
+    ci95: dict[str, Any] = {}
+    sample_size: dict[str, Any] = {}
+    for key, value in figures.items():
+        estimate = estimates.get(key)
+        if value is None or estimate is None:
+            continue
+        stderr[key], ci95[key] = error_bars(estimate)
+        sample_size[key] = {"tasks": estimate.tasks, "rollouts": estimate.rollouts}
+    return {"stderr": stderr, "ci95": ci95, "sample_size": sample_size}
+
+
+def _agent_figures(means: Means, estimates: dict[str, Estimate]) -> dict[str, Any]:
+    """An agent's part of the summary's `agents`: its counts, means, error bars, usage and costs."""
+    figures: dict[str, Any] = {"succeeded": means.succeeded, "failed": means.failed, **means.means()}
+    figures |= error_blocks(figures, estimates)
+    figures["usage"] = means.usage()
+    costs = means.costs.figures()
+    if costs is not None:
+        figures["per_rollout"] = costs
+    return figures
 
 
 UNNAMED_AGENT = "(no name)"  # the key in "agents" for rows routed by -u without an agent name
@@ -344,16 +558,17 @@ class Metrics:
         summary = overall.means()
         if tasks is not None:
             summary.update(tasks.summary_fields())
+        summary |= error_blocks(summary, overall.estimates() if tasks is None else tasks.estimates())
         summary["usage"] = overall.usage()
+        costs = overall.costs.figures()
+        if costs is not None:
+            summary["per_rollout"] = costs
         by_agent = self.figures_by_agent()
         if len(by_agent) > 1:
             summary["agents"] = {
-                UNNAMED_AGENT if name is None else name: {
-                    "succeeded": means.succeeded,
-                    "failed": means.failed,
-                    **means.means(),
-                    "usage": means.usage(),
-                }
+                UNNAMED_AGENT if name is None else name: _agent_figures(
+                    means, means.estimates() if tasks is None else tasks.estimates(name, by_agent=True)
+                )
                 for name, means in sorted(by_agent.items(), key=lambda item: item[0] or "")
             }
         read = self.taken + self.skipped + self.not_retried

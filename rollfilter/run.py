@@ -297,7 +297,7 @@ class Run:
         agent = agent_name(result)
         self.metrics.add_earlier_result(result, agent)
         if self.tasks is not None and TASK_INDEX in result:
-            self.tasks.rollout_ended(result[TASK_INDEX], reward_of(result), result.get(ROLLOUT_INDEX))
+            self.tasks.rollout_ended(result[TASK_INDEX], reward_of(result), result.get(ROLLOUT_INDEX), result, agent)
         if self.spool is not None:
             self.spool.add(agent, result)
 

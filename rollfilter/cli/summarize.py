@@ -161,7 +161,9 @@ def _count_line(line: InputLine, run: Run, unusable: _UnusableLines, failures: S
     if spool is not None:
         spool.add(agent_name(record), record)
     if tasks is not None and TASK_INDEX in record:
-        tasks.rollout_ended(record[TASK_INDEX], reward_of(record), record.get(ROLLOUT_INDEX))
+        tasks.rollout_ended(
+            record[TASK_INDEX], reward_of(record), record.get(ROLLOUT_INDEX), record, agent_name(record)
+        )
 
 
 class _PerTask:

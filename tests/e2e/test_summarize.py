@@ -179,3 +179,26 @@ def test_at_a_terminal_the_summary_is_indented(tmp_path):
     assert shown.startswith('{\n  "reward": 1.0,\n')
     assert json.loads(shown)["rollfilter"]["succeeded"] == 1
     assert json.loads(run(["--summarize", str(results)]).stdout.decode().strip())["reward"] == 1.0  # one line in a pipe
+
+
+def test_the_summary_gives_error_bars_clustered_by_task_beside_each_mean(tmp_path):
+    rng = random.Random(7)
+    results = tmp_path / "results.jsonl"
+    lines = []
+    for task in range(100):
+        p = rng.random()
+        for rollout in range(4):
+            reward = float(rng.random() < p)
+            lines.append({"_ng_task_index": task, "_ng_rollout_index": rollout, "reward": reward, "ok": reward > 0})
+    results.write_text(rows_jsonl(lines))
+    summary = json.loads(run(["--summarize", "-r", "4", str(results)]).stdout)
+    # Today's keys keep their values; the bars sit beside them, keyed alike.
+    assert summary["mean@4"] == summary["reward"] == summary["ok"] == sum(r["reward"] for r in lines) / 400
+    means = ("reward", "ok", "mean@4", "pass@1", "pass@2", "pass@4")
+    assert list(summary["stderr"]) == list(summary["ci95"]) == list(summary["sample_size"]) == list(means)
+    assert summary["sample_size"]["reward"] == {"tasks": 100, "rollouts": 400}
+    low, high = summary["ci95"]["reward"]
+    assert low < summary["reward"] < high
+    assert 0.02 < summary["stderr"]["reward"] < 0.06  # tasks of 4 rollouts spread from 0 to 1
+    assert summary["stderr"]["reward"] == summary["stderr"]["mean@4"]
+    assert summary["stderr"]["pass@4"] > 0
