@@ -28,7 +28,7 @@ from rollfilter.sums import lost_to_rounding
 
 CONFIDENCE = 0.95
 ERROR_DIGITS = 2  # significant digits a standard error is shown with: its own error is larger than the third
-MEAN_DIGITS = 15  # what a mean of rounded means holds: the 16th digit is their rounding
+MEAN_DIGITS = 15  # what a figure made from rounded ones holds: the 16th digit is their rounding
 _BETA_ITERATIONS = 100_000  # the continued fraction needs about sqrt(a + b) terms
 _BETA_EPSILON = 1e-15
 _TINY = 1e-300
@@ -276,8 +276,7 @@ def significant(value: float, digits: int) -> float:
 
 
 def shown_mean(value: float) -> float:
-    """A mean made from other means (a task's, rounded once each) as the summary shows it: to the
-    15 digits it holds, so that mean@K of 0/1 rewards reads 0.62 where the reward's mean does."""
+    """A figure made from rounded ones (an interval's end, a difference) to the 15 digits it holds."""
     return significant(value, MEAN_DIGITS)
 
 

@@ -662,6 +662,15 @@ def parse(
             rich_help_panel=PANEL_OUTPUTS,
         ),
     ] = False,
+    compare: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--compare",
+            metavar="BASELINE",
+            help="With --summarize: compare the results with BASELINE's (result files of another run), task by"
+            " task; repeatable.",
+        ),
+    ] = None,
     max_line_bytes: Annotated[
         int,
         typer.Option(
@@ -849,6 +858,7 @@ def parse(
         wait_lock=wait_lock,
         dropped_file=dropped,
         control_socket=control,
+        compare_files=tuple(compare or ()),
         **parsers.prometheus(prometheus, prometheus_file),
     )
     return chosen(
@@ -868,6 +878,8 @@ def chosen(ctx: typer.Context, config: "CommandConfig", *, demo: bool, summarize
 
 def running(config: "CommandConfig", *, demo: bool, **options: Any) -> Execute:
     """The run `config` asks for; `options` are RunOptions' (cli/run.py)."""
+    if config.compare_files:
+        raise UsageError("--compare compares result files: give it with --summarize")
     from rollfilter.cli.run import RunOptions, run
     from rollfilter.demo import DemoOptions
 
