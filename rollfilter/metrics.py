@@ -12,7 +12,7 @@ import dataclasses
 import itertools
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from rollfilter.adaptive import AdaptiveWindow
@@ -75,53 +75,63 @@ class CountSketch:
     itself, larger ones in 1%-wide log buckets. Percentiles are exact under 128 and within 1%
     above; the mean and the max are exact."""
 
-    __slots__ = ("_counts", "count", "max", "total")
+    __slots__ = ("_buckets", "_exact", "count", "max", "total")
 
     def __init__(self) -> None:
-        self._counts: collections.Counter[int] = collections.Counter()
+        self._exact = [0] * _EXACT_BELOW
+        self._buckets: collections.Counter[int] = collections.Counter()  # by log bucket, from 128
         self.count = 0
         self.total = 0
         self.max = 0
 
     def add(self, value: int) -> None:
         if value < _EXACT_BELOW:
-            self._counts[value] += 1
+            self._exact[value] += 1
         else:
-            self._counts[_EXACT_BELOW + math.floor(math.log(value / _EXACT_BELOW) / _BUCKET_GROWTH)] += 1
+            self._buckets[math.floor(math.log(value / _EXACT_BELOW) / _BUCKET_GROWTH)] += 1
         self.count += 1
         self.total += value
-        self.max = max(self.max, value)
+        if value > self.max:
+            self.max = value
 
     def merge(self, other: CountSketch) -> None:
-        self._counts.update(other._counts)
+        self._exact = [mine + theirs for mine, theirs in zip(self._exact, other._exact, strict=True)]
+        self._buckets.update(other._buckets)
         self.count += other.count
         self.total += other.total
         self.max = max(self.max, other.max)
 
-    def _value(self, key: int, within: float) -> float:
-        """A bucket's value: itself under 128; else the point `within` (0 to 1) across it."""
-        if key < _EXACT_BELOW:
-            return key
-        return _EXACT_BELOW * math.exp((key - _EXACT_BELOW + within) * _BUCKET_GROWTH)
+    def _counts(self) -> Iterator[tuple[float, float, int]]:
+        """Each value or bucket counted, ascending: its least value, its greatest, and its count."""
+        for value, count in enumerate(self._exact):
+            if count:
+                yield value, value, count
+        for bucket in sorted(self._buckets):
+            low = _EXACT_BELOW * math.exp(bucket * _BUCKET_GROWTH)
+            yield low, low * math.exp(_BUCKET_GROWTH), self._buckets[bucket]
 
     def percentile(self, p: float) -> float:
         """The value `p`% of the counts are at or under (the nearest rank), 0 with none."""
         rank = max(1, math.ceil(p / 100 * self.count))
         seen = 0
-        for key in sorted(self._counts):
-            seen += self._counts[key]
+        for _, high, count in self._counts():
+            seen += count
             if seen >= rank:
-                return min(self._value(key, 1.0), self.max)
+                return min(high, self.max)
         return self.max
 
     def cumulative(self, bounds: Sequence[float]) -> list[int]:
         """How many values are at most each of `bounds` (ascending), a bucket counted by its middle."""
         counts = [0] * len(bounds)
-        for key, count in self._counts.items():
-            first = bisect.bisect_left(bounds, self._value(key, 0.5))
+        for low, high, count in self._counts():
+            first = bisect.bisect_left(bounds, (low + high) / 2)
             if first < len(bounds):
                 counts[first] += count
         return list(itertools.accumulate(counts))
+
+    def buckets(self) -> int:
+        """How many counts are kept: what the memory grows with."""
+        return len(self._exact) + len(self._buckets)
 
     def figures(self) -> dict[str, float] | None:
         """p50, p90, max and mean; None when nothing was counted."""
@@ -159,16 +169,23 @@ class RolloutCosts:
         self.tool_calls = CountSketch()
 
     def add(self, response: dict[str, Any]) -> None:
+        # On the path of every result: plain ints are taken without a call.
         self.rollouts += 1
         usage = response.get("usage")
         if type(usage) is dict:
-            for key, sketch in (("output_tokens", self.output_tokens), ("input_tokens", self.input_tokens)):
-                tokens = _whole(usage.get(key))
-                if tokens is not None:
-                    sketch.add(tokens)
+            tokens = usage.get("output_tokens")
+            if (type(tokens) is int and tokens >= 0) or (tokens := _whole(tokens)) is not None:
+                self.output_tokens.add(tokens)
+            tokens = usage.get("input_tokens")
+            if (type(tokens) is int and tokens >= 0) or (tokens := _whole(tokens)) is not None:
+                self.input_tokens.add(tokens)
         output = response.get("output")
         if type(output) is list:
-            self.tool_calls.add(sum(type(item) is dict and item.get("type") == "function_call" for item in output))
+            calls = 0
+            for item in output:
+                if type(item) is dict and item.get("type") == "function_call":
+                    calls += 1
+            self.tool_calls.add(calls)
         if response.get("status") == "incomplete" or response.get("incomplete_details"):
             self.incomplete += 1
 

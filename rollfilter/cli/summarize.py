@@ -172,14 +172,13 @@ def _count_line(
         unusable.repeated(line)  # a pair counted already: the same file twice, or runs mixed
         return
     metrics.taken += 1
-    metrics.add_result(record, None, agent_name(record))
+    agent = agent_name(record)
+    metrics.add_result(record, None, agent)
     on_result(record)
     if spool is not None:
-        spool.add(agent_name(record), record)
+        spool.add(agent, record)
     if tasks is not None and TASK_INDEX in record:
-        tasks.rollout_ended(
-            record[TASK_INDEX], reward_of(record), record.get(ROLLOUT_INDEX), record, agent_name(record)
-        )
+        tasks.rollout_ended(record[TASK_INDEX], reward_of(record), record.get(ROLLOUT_INDEX), record, agent)
 
 
 class _Baseline:
