@@ -102,6 +102,8 @@ def test_summarize_recomputes_the_live_summary(tmp_path, demo_server: DemoServer
     figures = ("rows_read", "succeeded", "failed", "failed_by_kind", "tasks", "tasks_with_failed_rollouts")
     for key in ("reward", "accuracy", "mean@4", "pass@1", "pass@2", "pass@4"):
         assert recomputed[key] == pytest.approx(live_summary[key]), key
+    for block in ("stderr", "ci95", "sample_size", "per_rollout"):
+        assert recomputed[block] == live_summary[block], block
     for key in figures:
         assert recomputed["rollfilter"][key] == live_summary["rollfilter"][key], key
     # The same from a pipe, after cat-ing the pieces in another order.
