@@ -417,7 +417,7 @@ _FLOAT_RANGE = 2**1024 - 2**970  # an int at or past this rounds to an infinite 
 def error_blocks(figures: dict[str, Any], estimates: dict[str, Estimate]) -> dict[str, Any]:
     """The summary's error bars beside its means, a block each, keyed as the means are:
     `stderr`, `ci95` ([low, high]) and `sample_size` ({"tasks", "rollouts"}); a mean whose
-    spread cannot be seen (one task) has null bars."""
+    spread cannot be seen (one task) has null bars, and a summary with no mean no blocks."""
     stderr: dict[str, Any] = {}
     ci95: dict[str, Any] = {}
     sample_size: dict[str, Any] = {}
@@ -427,6 +427,8 @@ def error_blocks(figures: dict[str, Any], estimates: dict[str, Estimate]) -> dic
             continue
         stderr[key], ci95[key] = error_bars(estimate)
         sample_size[key] = {"tasks": estimate.tasks, "rollouts": estimate.rollouts}
+    if not sample_size:  # no mean: no blocks, as an agent whose rollouts all failed has none
+        return {}
     return {"stderr": stderr, "ci95": ci95, "sample_size": sample_size}
 
 

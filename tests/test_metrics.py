@@ -200,3 +200,9 @@ def test_the_summary_gives_each_mean_its_error_bars_by_agent_too():
     assert summary["agents"]["a"]["ci95"] == {"reward": [-0.77, 2.1]}
     assert summary["agents"]["b"]["stderr"] == {"reward": None}  # one rollout: no spread to see
     assert summary["agents"]["b"]["sample_size"] == {"reward": {"tasks": 1, "rollouts": 1}}
+
+
+def test_no_mean_no_error_blocks():
+    metrics = Metrics()
+    metrics.add_failure(AttemptFailure(ErrorKind.TIMEOUT, "slow"))
+    assert {"stderr", "ci95", "sample_size", "per_rollout"}.isdisjoint(metrics.summary())
