@@ -145,12 +145,15 @@ class CountSketch:
         }
 
 
+_MOST_COUNTED = 2**53  # a count at or past this is no count of tokens, and would overflow the figures
+
+
 def _whole(value: Any) -> int | None:
-    """A count from an answer: a whole number, at least 0 (an integral float too)."""
+    """A count from an answer: a whole number from 0 to under 2**53 (an integral float too)."""
     kind = type(value)
     if kind is int:
-        return value if value >= 0 else None
-    if kind is float and value >= 0 and value.is_integer():
+        return value if 0 <= value < _MOST_COUNTED else None
+    if kind is float and 0 <= value < _MOST_COUNTED and value.is_integer():
         return int(value)
     return None
 
@@ -174,10 +177,10 @@ class RolloutCosts:
         usage = response.get("usage")
         if type(usage) is dict:
             tokens = usage.get("output_tokens")
-            if (type(tokens) is int and tokens >= 0) or (tokens := _whole(tokens)) is not None:
+            if (type(tokens) is int and 0 <= tokens < _MOST_COUNTED) or (tokens := _whole(tokens)) is not None:
                 self.output_tokens.add(tokens)
             tokens = usage.get("input_tokens")
-            if (type(tokens) is int and tokens >= 0) or (tokens := _whole(tokens)) is not None:
+            if (type(tokens) is int and 0 <= tokens < _MOST_COUNTED) or (tokens := _whole(tokens)) is not None:
                 self.input_tokens.add(tokens)
         output = response.get("output")
         if type(output) is list:

@@ -206,3 +206,11 @@ def test_no_mean_no_error_blocks():
     metrics = Metrics()
     metrics.add_failure(AttemptFailure(ErrorKind.TIMEOUT, "slow"))
     assert {"stderr", "ci95", "sample_size", "per_rollout"}.isdisjoint(metrics.summary())
+
+
+def test_token_counts_past_any_real_count_are_left_out_of_the_distributions():
+    metrics = Metrics()
+    for tokens in (10**400, 2**53, -1, 7.5, 12.0, True):
+        metrics.add_result({"reward": 1.0, "response": {"usage": {"output_tokens": tokens}}}, 0.1)
+    figures = metrics.summary()["per_rollout"]["output_tokens"]
+    assert figures == {"p50": 12, "p90": 12, "max": 12, "mean": 12.0}
