@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -47,10 +47,7 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
     """
     config = command.engine
     check_inputs(command.inputs)
-    check_inputs(command.compare_files)
-    if "-" in command.compare_files and "-" in command.inputs:
-        raise UsageError("--compare - and the results cannot both be read from standard input")
-    baseline = _Baseline(command.compare_files, max_line_bytes=command.max_line_bytes, stdin_fd=streams.stdin)
+    baseline = _Baseline.of(command, stdin_fd=streams.stdin)
     RunOutputs(command, streams, summarize=True).check()
     shards = identity.shard_coverage(command.inputs)
     reader = LineReader(command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=streams.stdin)
@@ -60,6 +57,7 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
     # It talks only to the agents' /aggregate_metrics, with --aggregate.
     per_task = _PerTask(command.per_task_file)
     run = Run(config, tls=ca_file(config) if config.aggregate else None, on_task=per_task.write)
+    unclustered = _Unclustered(run.tasks is None)
     with OutputFiles() as files:
         metrics_file = files.whole(command.metrics_file, "--metrics")
         aggregate_file = files.whole(command.aggregate_file, "--aggregate")
@@ -68,7 +66,7 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
             await run.connect(send=False)
             try:
                 await baseline.read()
-                await _count(reader, run, unusable, baseline.add)
+                await _count(reader, run, unusable, (baseline.add, unclustered.result))
             except OutputFailed as failure:  # its temporary file: the summary says how far it got
                 counted_failed = failure
             if counted_failed is None:
@@ -113,17 +111,16 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
     unmatched = [f"--summarize: {problem}" for problem in (shards.problems if shards is not None else ())]
     for problem in [*lost, *aggregated, *unmatched]:
         say(problem, streams.stderr)
-    if STDIN in command.inputs:  # a check not made is said, not passed over
-        say(STDIN_UNCHECKED, streams.stderr)
-    for note in baseline.notes():
+    unchecked = [STDIN_UNCHECKED] if STDIN in command.inputs else []  # a check not made is said, not passed over
+    for note in [*unchecked, *baseline.notes(), *unclustered.notes()]:
         say(note, streams.stderr)
     return RunEnd(incomplete=bool(lost or unmatched), output_failed=bool(failures))
 
 
 async def _count(
-    reader: LineReader, run: Run, unusable: _UnusableLines, on_result: Callable[[dict[str, Any]], None]
+    reader: LineReader, run: Run, unusable: _UnusableLines, on_result: Sequence[Callable[[dict[str, Any]], None]]
 ) -> None:
-    """Count each line read into `run`'s figures: a result (given to `on_result` too), a failed
+    """Count each line read into `run`'s figures: a result (given to each of `on_result` too), a failed
     attempt (once per pair, unless a result has the pair), or a line that cannot be used.
     OutputFailed when the failures cannot be held."""
     metrics, tasks = run.metrics, run.tasks
@@ -148,7 +145,7 @@ def _count_line(
     run: Run,
     unusable: _UnusableLines,
     failures: StandingFailures,
-    on_result: Callable[[dict[str, Any]], None],
+    on_result: Sequence[Callable[[dict[str, Any]], None]],
 ) -> None:
     metrics, tasks, spool = run.metrics, run.tasks, run.spool
     if line.data is None:  # over --max-line-bytes
@@ -174,7 +171,8 @@ def _count_line(
     metrics.taken += 1
     agent = agent_name(record)
     metrics.add_result(record, None, agent)
-    on_result(record)
+    for hand_on in on_result:
+        hand_on(record)
     if spool is not None:
         spool.add(agent, record)
     if tasks is not None and TASK_INDEX in record:
@@ -185,6 +183,14 @@ class _Baseline:
     """--compare BASELINE: the other run's results, read before these, and the comparison of
     these with them (`compare.RunComparison`). Lines of BASELINE that are not JSON objects are
     left out, and said: the exit status is 1, as for the results' own."""
+
+    @classmethod
+    def of(cls, command: CommandConfig, *, stdin_fd: int) -> _Baseline:
+        """`command`'s baseline; UsageError for a file that cannot be read, or a second standard input."""
+        check_inputs(command.compare_files)
+        if "-" in command.compare_files and "-" in command.inputs:
+            raise UsageError("--compare - and the results cannot both be read from standard input")
+        return cls(command.compare_files, max_line_bytes=command.max_line_bytes, stdin_fd=stdin_fd)
 
     def __init__(self, paths: tuple[str, ...], *, max_line_bytes: int, stdin_fd: int) -> None:
         self.comparison = RunComparison() if paths else None
@@ -238,6 +244,28 @@ class _Baseline:
     def close(self) -> None:
         if self._reader is not None:
             self._reader.close()
+
+
+class _Unclustered:
+    """Without -r K, each rollout counts as a task of its own for the error bars: said once when the
+    results hold a task's second rollout, whose rollouts are not independent (the bars too small)."""
+
+    def __init__(self, unclustered: bool) -> None:
+        self._unclustered = unclustered
+        self.seen = False
+
+    def result(self, record: dict[str, Any]) -> None:
+        if self._unclustered and not self.seen:
+            rollout = record.get(ROLLOUT_INDEX)
+            self.seen = type(rollout) is int and rollout > 0
+
+    def notes(self) -> list[str]:
+        if not self.seen:
+            return []
+        return [
+            "--summarize: the results hold several rollouts a task: give -r K for error bars clustered by task"
+            " (without it, each rollout counts as a task, and the bars are too small)"
+        ]
 
 
 class _PerTask:

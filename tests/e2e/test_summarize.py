@@ -266,3 +266,18 @@ def test_compare_refuses_what_it_cannot_use(tmp_path):
         damaged.stderr.decode()
     )
     assert json.loads(damaged.stdout)["compare"]["reward"]["tasks"] == 5
+
+
+def test_without_repeats_a_task_of_several_rollouts_is_said_to_need_them(tmp_path):
+    results = tmp_path / "results.jsonl"
+    results.write_text(rows_jsonl([{"_ng_task_index": 0, "_ng_rollout_index": k, "reward": 1.0} for k in range(2)]))
+    plain = run(["--summarize", str(results)])
+    assert plain.returncode == 0
+    assert plain.stderr.decode() == (
+        "rollfilter: --summarize: the results hold several rollouts a task: give -r K for error bars clustered"
+        " by task (without it, each rollout counts as a task, and the bars are too small)\n"
+    )
+    assert json.loads(plain.stdout)["sample_size"]["reward"] == {"tasks": 2, "rollouts": 2}
+    clustered = run(["--summarize", "-r", "2", str(results)])
+    assert clustered.stderr == b""
+    assert json.loads(clustered.stdout)["sample_size"]["reward"] == {"tasks": 1, "rollouts": 2}
