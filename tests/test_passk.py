@@ -54,3 +54,34 @@ def test_the_pass_histogram_counts_finished_tasks_by_their_correct_rollouts():
     # K + 1 bins whatever the input: its ends are the groups --drop-uniform drops (binary rewards).
     assert tasks.summary_fields()["pass_histogram"] == [2, 2, 1, 2]
     assert tasks.figures()["tasks_unfinished"] == 2
+
+
+def test_each_agents_error_is_clustered_over_its_own_tasks():
+    from rollfilter.metrics import Metrics
+    from rollfilter.passk import TaskStats
+
+    tasks, metrics = TaskStats(2, 1.0), Metrics()
+    rewards = {0: ("a", [1.0, 1.0]), 1: ("a", [0.0, 0.0]), 2: ("a", [1.0, 0.0]), 3: ("b", [0.5, 0.5])}
+    for task, (agent, values) in rewards.items():
+        for value in values:
+            tasks.rollout_ended(task, value, result={"reward": value}, agent=agent)
+            metrics.add_result({"reward": value}, 0.1, agent)
+    a = tasks.estimates("a", by_agent=True)["reward"]
+    assert (a.mean, a.tasks, a.rollouts) == (0.5, 3, 6)
+    assert a.stderr == pytest.approx(0.5 / 3**0.5)  # the spread of the tasks' means 1, 0 and 0.5
+    assert tasks.estimates("b", by_agent=True)["reward"].stderr is None  # one task
+    summary = metrics.summary(tasks=tasks)
+    assert summary["agents"]["a"]["sample_size"] == {"reward": {"tasks": 3, "rollouts": 6}}
+    assert summary["sample_size"]["reward"] == {"tasks": 4, "rollouts": 8}
+    assert summary["agents"]["a"]["stderr"] == {"reward": 0.29}
+
+
+def test_means_are_compensated_sums_whatever_the_order():
+    from rollfilter.metrics import Means
+    from rollfilter.stats import ClusteredMean
+
+    means, clustered = Means(), ClusteredMean()
+    for value in (1e16, 1.0, -1e16):  # a plain float sum loses the 1.0
+        means.add({"reward": value})
+        clustered.add_value(value)
+    assert means.mean("reward") == clustered.mean() == 1 / 3
