@@ -24,8 +24,6 @@ import functools
 import math
 from collections.abc import Iterable
 
-from rollfilter.sums import lost_to_rounding
-
 CONFIDENCE = 0.95
 ERROR_DIGITS = 2  # significant digits a standard error is shown with: its own error is larger than the third
 MEAN_DIGITS = 15  # what a figure made from rounded ones holds: the 16th digit is their rounding
@@ -57,7 +55,7 @@ class ClusteredMean:
     with a small spread keep their precision."""
 
     __slots__ = (
-        *("_compensation", "_shift", "_sizes", "_squares", "_sum", "_total", "_total_compensation", "_weighted"),
+        *("_shift", "_sizes", "_squares", "_sum", "_total", "_total_compensation", "_weighted"),
         *("rollouts", "tasks"),
     )
 
@@ -67,8 +65,7 @@ class ClusteredMean:
         self._shift = 0.0
         self._total = 0.0  # sum of the values, n_g * mean_g, compensated (sums.lost_to_rounding)
         self._total_compensation = 0.0
-        self._sum = 0.0  # sum of e_g = n_g * (mean_g - shift), compensated
-        self._compensation = 0.0
+        self._sum = 0.0  # sum of e_g = n_g * (mean_g - shift): for the spread, which needs no compensation
         self._squares = 0.0  # sum of e_g**2
         self._weighted = 0.0  # sum of n_g * e_g
         self._sizes = 0  # sum of n_g**2
@@ -79,12 +76,14 @@ class ClusteredMean:
         deviation = count * (mean - self._shift)
         self.tasks += 1
         self.rollouts += count
-        total = self._sum + deviation
-        self._compensation += lost_to_rounding(self._sum, deviation, total)
-        self._sum = total
+        self._sum += deviation
         value = count * mean
         total = self._total + value
-        self._total_compensation += lost_to_rounding(self._total, value, total)
+        # sums.lost_to_rounding, written out: once a task for every mean and field.
+        if abs(self._total) >= abs(value):
+            self._total_compensation += (self._total - total) + value
+        else:
+            self._total_compensation += (value - total) + self._total
         self._total = total
         self._squares += deviation * deviation
         self._weighted += count * deviation
@@ -104,7 +103,7 @@ class ClusteredMean:
         mean = self.mean()
         if tasks < 2 or not math.isfinite(mean):
             return Estimate(mean, None, None, None, tasks, rollouts)
-        step = (self._sum + self._compensation) / rollouts
+        step = self._sum / rollouts
         spread = self._squares - 2 * step * self._weighted + step * step * self._sizes
         variance = tasks / (tasks - 1) * max(spread, 0.0) / (rollouts * rollouts)
         stderr = math.sqrt(variance)
