@@ -44,7 +44,8 @@ class TaskStats:
     profiler groups them: a line seen twice is one task, and its rollouts are counted together.
 
     A later line may add rollouts to any task, so each task's counts are kept until `finish()`
-    (about 32 bytes a task, in flat arrays for tasks numbered 0, 1, 2, ...). `finish()` computes
+    (about 36 bytes a task and 12 more for each numeric result field, in flat arrays for tasks
+    numbered 0, 1, 2, ...). `finish()` computes
     the figures and gives `on_task(record)` one dict a task, in task order (for --per-task).
 
     The pass histogram counts groups, as `--drop-uniform` judges them: a line's rollouts (a task's
