@@ -16,6 +16,11 @@ out in the order they were admitted (`GroupStage`'s `in_order`): a trainer that 
 step and then sets the next version has taken at most i groups before group i, so its version is
 at most v0 + i // B, while group i was sent under a version of at least v0 + i // B - K. Rows of a
 group not yet admitted wait, holding their slot of the concurrency, until the version lets them go.
+
+A group that ends without being handed out to train on (dropped as uniform, or incomplete) is
+never taken by the trainer, so it gives its place back: the groups after it move up one, and the
+bound above holds for the groups the trainer does take. Were it counted, a trainer waiting for B
+groups would wait for ever once more than K x B groups had failed, and so would the run.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import Any
 
 import trio
 
+from rollfilter.groups import ClosedGroup, group_key
 from rollfilter.plan import Job
 
 POLICY_VERSION = "_rf_policy_version"  # a result's key: the version when its /run was sent, and when it ended
@@ -166,22 +172,37 @@ class StalenessGate:
         self._batch_groups = batch_groups
         self._last_group: tuple[Any, int] | None = None
         self._groups_seen = 0  # groups numbered so far, admitted or waiting
+        self._numbered: set[tuple[Any, int]] = set()  # the groups numbered that have not closed
+        self._passed_over = 0  # groups that closed without being handed out to train on
         self._waiting: Counter[int] = Counter()  # rows waiting, by their group's number
         self._moved = trio.Event()
-        steering.on_version(self._version_changed)
+        steering.on_version(self._limit_raised)
 
     def limit(self) -> int:
         """How many groups may be sent under the current version."""
         version = self._steering.version
         assert version is not None
-        return (version - self._first_version + self._max_staleness + 1) * self._batch_groups
+        admitted = (version - self._first_version + self._max_staleness + 1) * self._batch_groups
+        return admitted + self._passed_over
 
     def _number(self, job: Job) -> int:
-        key = (job.task_index, job.group)
+        key = group_key(job.task_index, job.group)
         if self._last_group is None or key != self._last_group:
             self._last_group = key
+            self._numbered.add(key)
             self._groups_seen += 1
         return self._groups_seen - 1
+
+    def group_closed(self, closed: ClosedGroup, *, trained_on: bool) -> None:
+        """A group has closed: one this gate numbered that is not `trained_on` gives its place
+        to the next group (see the module docstring)."""
+        key = group_key(closed.task_index, closed.first)
+        if key not in self._numbered:  # nothing of it was sent this run (a bad line, a resumed group)
+            return
+        self._numbered.remove(key)
+        if not trained_on:
+            self._passed_over += 1
+            self._limit_raised()
 
     def admits_now(self, job: Job) -> int | None:
         """None if `job`'s group may be sent now, else its group's number (for `admit`)."""
@@ -211,6 +232,6 @@ class StalenessGate:
     def groups_held(self) -> int:
         return len(self._waiting)
 
-    def _version_changed(self) -> None:
+    def _limit_raised(self) -> None:
         moved, self._moved = self._moved, trio.Event()
         moved.set()

@@ -312,6 +312,52 @@ async def test_a_trainer_never_gets_a_group_more_than_k_versions_old_and_gets_ev
     assert sorted(received) == list(range(tasks))
 
 
+class MixedGroups(StandIn):
+    """Rows whose id is a multiple of 3 fail their second rollout (422, not retried); rows whose id
+    is 1 more answer the same reward in every rollout (uniform); the others one reward a rollout."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda row: 1.0 + row["id"] % 4)
+
+    async def _answer_row(self, request: ScriptedRequest) -> Reply:
+        data = request.json()
+        await trio.sleep(self.latency(data))
+        rollout = data["_ng_rollout_index"]
+        if data["id"] % 3 == 0 and rollout == 1:
+            return scripted_reply(422, {"detail": "no"})
+        reward = 1.0 if data["id"] % 3 == 1 else float(rollout)
+        return scripted_reply(200, {"reward": reward, "id": data["id"]})
+
+
+@pytest.mark.parametrize(("max_staleness", "batch_groups"), [(0, 1), (1, 2)])
+async def test_groups_not_handed_out_give_their_place_to_those_after_them(
+    autojump_clock: trio.testing.MockClock, max_staleness: int, batch_groups: int
+):
+    """The trainer of the test above, where groups fail or are dropped as uniform: it never gets
+    those, so counted they would keep it waiting for a batch that never fills, and the run
+    waiting for the version that batch would bring."""
+    tasks = 30
+    received: list[int] = []
+    version = 0
+    config = grouped(max_staleness, batch_groups, drop_uniform=True, retries=0)
+    with trio.fail_after(10_000):  # a deadlock: the mock clock jumps here at once
+        async with open_rollouts_in_trio(rows(tasks), config, transport=MixedGroups()) as run:
+            batch: list[Group] = []
+            async for group in run.groups():
+                sent = min(rollout.result[POLICY_VERSION]["sent"] for rollout in group.rollouts)
+                assert version - sent <= max_staleness
+                received.append(group.rollouts[0].result["id"])
+                batch.append(group)
+                if len(batch) == batch_groups:
+                    await trio.sleep(3)
+                    batch = []
+                    version += 1
+                    run.set_policy_version(version)
+    assert sorted(received) == [number for number in range(tasks) if number % 3 == 2]
+    assert run.summary is not None
+    assert run.summary["rollfilter"]["groups"] == {"kept": 10, "dropped_uniform": 10, "incomplete": 10, "cancelled": 0}
+
+
 async def test_a_failed_row_is_no_group_to_admit(autojump_clock: trio.testing.MockClock):
     agent = StandIn(lambda row: 1.0)
     lines = ["not json", *(json.dumps(row) for row in rows(2))]
