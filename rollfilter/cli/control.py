@@ -50,6 +50,8 @@ class ControlSocket:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        if not path:  # Linux would bind an empty path to an abstract address, which no file names
+            raise UsageError("--control needs a path for its socket")
         _clear_stale(path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         umask = os.umask(0o177)  # the socket is made 0600, never readable by others for a moment
@@ -86,8 +88,12 @@ def _clear_stale(path: str) -> None:
     try:
         probe.connect(path)
     except ConnectionRefusedError:  # left by a run that is gone
-        with contextlib.suppress(FileNotFoundError):
+        try:
             os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:  # a folder this user may not change, a read-only file system
+            raise UsageError(f"--control {path}: cannot take over the stale socket: {exc.strerror}") from None
         return
     except OSError as exc:
         if exc.errno == errno.ENOENT:
