@@ -36,6 +36,7 @@ CONTROL_LINE_BYTES = 4096  # a command is a few words: a longer line is refused,
 CONTROL_IDLE_SECONDS = 300.0  # a client that sends no whole line for this long is let go
 CONTROL_CLIENTS = 16  # served at once; one more is told so and let go
 CONTROL_BACKLOG = 16
+ARGUMENT_OF = {"concurrency": "N", "rpm": "[AGENT=]N|off", "tpm": "[AGENT=]N|off", "version": "V"}  # one each
 COMMANDS = "pause, resume, drain [SECONDS], concurrency N, rpm [AGENT=]N|off, tpm [AGENT=]N|off, version V, status"
 
 _encode = msgspec.json.Encoder().encode
@@ -196,8 +197,10 @@ class ControlServer:
                 drained = await run.steering.drain(_seconds(arguments[0]) if arguments else None)
                 return {"drained": drained, **self._status()}
             return self._status()
-        if len(arguments) != 1:
+        if name not in ARGUMENT_OF:
             raise SteeringError(f"{name!r} is no command: give one of {COMMANDS}")
+        if len(arguments) != 1:
+            raise SteeringError(f"{name} takes one argument: {name} {ARGUMENT_OF[name]}")
         (argument,) = arguments
         if name == "concurrency":
             wanted = _whole_number(argument, "concurrency", least=1)
@@ -209,11 +212,11 @@ class ControlServer:
         elif name == "version":
             run.set_policy_version(_whole_number(argument, "version"))
         elif name in ("rpm", "tpm"):
-            agent, _, rate = argument.rpartition("=")
+            agent, equals, rate = argument.rpartition("=")
+            if equals and not agent:  # not every agent, as a bare N is: a name left out
+                raise SteeringError(f"{name} takes [AGENT=]N or [AGENT=]off: no agent before '=' in {argument!r}")
             limit = None if rate == "off" else _rate(rate, name)
             run.set_rate(agent or None, **{name: limit})
-        else:
-            raise SteeringError(f"{name!r} is no command: give one of {COMMANDS}")
         return self._status()
 
     def _status(self) -> dict[str, Any]:
