@@ -36,6 +36,10 @@ CONTROL_LINE_BYTES = 4096  # a command is a few words: a longer line is refused,
 CONTROL_IDLE_SECONDS = 300.0  # a client that sends no whole line for this long is let go
 CONTROL_CLIENTS = 16  # served at once; one more is told so and let go
 CONTROL_BACKLOG = 16
+# Out of file descriptors (or kernel memory), accept() fails until some are closed: the control
+# waits a moment and accepts again, as trio.serve_listeners does, rather than end the run.
+ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+ACCEPT_RETRY_SECONDS = 0.1
 ARGUMENT_OF = {"concurrency": "N", "rpm": "[AGENT=]N|off", "tpm": "[AGENT=]N|off", "version": "V"}  # one each
 COMMANDS = "pause, resume, drain [SECONDS], concurrency N, rpm [AGENT=]N|off, tpm [AGENT=]N|off, version V, status"
 
@@ -139,7 +143,13 @@ class ControlServer:
     async def serve(self) -> None:
         async with trio.open_nursery() as nursery:
             while True:
-                stream = await self._listener.accept()
+                try:
+                    stream = await self._listener.accept()
+                except OSError as exc:
+                    if exc.errno not in ACCEPT_CAPACITY_ERRNOS:
+                        raise
+                    await trio.sleep(ACCEPT_RETRY_SECONDS)
+                    continue
                 if self.clients >= CONTROL_CLIENTS:
                     nursery.start_soon(self._refuse, stream)
                 else:
