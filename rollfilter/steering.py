@@ -84,7 +84,7 @@ class Steering:
         self.version = policy_version
         self.requests_out: Callable[[], int] = lambda: 0
         self._unpaused = trio.Event()
-        self._on_quiet: list[Callable[[], None]] = []
+        self._on_quiet: list[Callable[[bool], None]] = []
         self._on_version: list[Callable[[], None]] = []
 
     def pause(self) -> None:
@@ -92,25 +92,29 @@ class Steering:
         self.paused = True
 
     def resume(self) -> None:
-        """Requests leave again (those held by the pause first)."""
+        """Requests leave again (those held by the pause first); a drain waiting ends, not drained."""
         if self.paused:
             self.paused = False
             unpaused, self._unpaused = self._unpaused, trio.Event()
             unpaused.set()
+            waiting, self._on_quiet = self._on_quiet, []
+            for callback in waiting:
+                callback(False)
 
     async def wait_unpaused(self) -> None:
         """Return once the run is not paused (at once if it is not)."""
         while self.paused:
             await self._unpaused.wait()
 
-    def when_quiet(self, callback: Callable[[], None]) -> None:
-        """Call `callback` once no request is out (now, if none is)."""
+    def when_quiet(self, callback: Callable[[bool], None]) -> None:
+        """Call `callback(True)` once no request is out while paused (now, if none is), or
+        `callback(False)` if the run is resumed first: what a drain waits for is gone then."""
         if self.requests_out() == 0:
-            callback()
+            callback(True)
         else:
             self._on_quiet.append(callback)
 
-    def forget_quiet(self, callback: Callable[[], None]) -> None:
+    def forget_quiet(self, callback: Callable[[bool], None]) -> None:
         """A waiter that gave up: `callback` is not called."""
         if callback in self._on_quiet:
             self._on_quiet.remove(callback)
@@ -119,20 +123,28 @@ class Steering:
         if self._on_quiet and self.requests_out() == 0:
             waiting, self._on_quiet = self._on_quiet, []
             for callback in waiting:
-                callback()
+                callback(True)
 
     # A drain that runs out of time is an answer (some requests are still out), not an error: it
     # returns False rather than raise as trio.fail_after would.
     async def drain(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109
         """Pause, then wait until no request is out, for at most `timeout` seconds (None: as long
-        as it takes). Whether none is out; the run stays paused either way."""
+        as it takes). Whether none is out; the run stays paused either way, unless `resume()`
+        is called meanwhile, which ends the drain at once, not drained."""
         self.pause()
-        quiet = trio.Event()
-        self.when_quiet(quiet.set)
+        ended = trio.Event()
+        drained = False
+
+        def on_quiet(quiet: bool) -> None:
+            nonlocal drained
+            drained = quiet
+            ended.set()
+
+        self.when_quiet(on_quiet)
         with trio.move_on_after(math.inf if timeout is None else timeout):
-            await quiet.wait()
-        self.forget_quiet(quiet.set)
-        return quiet.is_set()
+            await ended.wait()
+        self.forget_quiet(on_quiet)
+        return drained
 
     def set_version(self, version: int) -> None:
         """The weights the agents serve from now on: a whole number, never lower than the last."""

@@ -125,6 +125,27 @@ async def test_drain_waits_for_what_is_out_within_its_timeout(autojump_clock: tr
     assert len(outcomes) == 6
 
 
+async def test_a_resume_ends_a_drain_waiting_not_drained(autojump_clock: trio.testing.MockClock):
+    agent = StandIn(lambda row: 10.0)
+    outcomes: list[Outcome] = []
+    drained: list[bool] = []
+    config = Config(url=URL, concurrency=2)
+    async with open_rollouts_in_trio(rows(4), config, transport=agent) as run, trio.open_nursery() as nursery:
+        nursery.start_soon(collect, run, outcomes)
+        await trio.sleep(1)
+
+        async def drain() -> None:
+            drained.append(await run.drain())  # no timeout: only the quiet, or a resume, ends it
+
+        nursery.start_soon(drain)
+        await trio.testing.wait_all_tasks_blocked()
+        run.resume()  # another client's: what the drain waited for is gone
+        await trio.testing.wait_all_tasks_blocked()
+        assert drained == [False]
+        assert run.statistics().requests_out == 2
+    assert len(outcomes) == 4
+
+
 async def test_a_lower_concurrency_lets_the_excess_finish_and_a_higher_one_sends_more(
     autojump_clock: trio.testing.MockClock,
 ):
