@@ -33,6 +33,7 @@ from typing import Any
 
 import trio
 
+from rollfilter.config import MAX_POLICY_VERSION
 from rollfilter.groups import ClosedGroup, group_key
 from rollfilter.plan import Job
 
@@ -152,6 +153,8 @@ class Steering:
             raise SteeringError("the run carries no policy version: give the first one when it starts")
         if type(version) is not int:
             raise SteeringError(f"a policy version is a whole number, not {version!r}")
+        if abs(version) > MAX_POLICY_VERSION:
+            raise SteeringError(f"a policy version is at most {MAX_POLICY_VERSION} (2**53), not {version}")
         if version < self.version:
             raise SteeringError(f"the policy version cannot go back from {self.version} to {version}")
         self.version = version

@@ -262,6 +262,10 @@ async def test_a_version_never_goes_back(autojump_clock: trio.testing.MockClock)
             run.set_policy_version(4)
         with pytest.raises(SteeringError, match="whole number"):
             run.set_policy_version(5.5)  # type: ignore[arg-type]
+        # Past 2**53 a version is not exact as JSON's doubles read it, and a Prometheus gauge's
+        # float would overflow before long (a scrape that failed so ended the run).
+        with pytest.raises(SteeringError, match=r"at most 9007199254740992"):
+            run.set_policy_version(10**400)
         assert run.statistics().policy_version == 5
         assert len([outcome async for outcome in run]) == 1
 
@@ -298,6 +302,11 @@ async def test_groups_past_the_staleness_bound_wait_for_the_next_version(autojum
         run.set_policy_version(3)
     assert len(outcomes) == 10
     assert all(isinstance(outcome, Group) and outcome.ok for outcome in outcomes)
+
+
+def test_a_first_policy_version_past_2_to_the_53_is_refused():
+    with pytest.raises(ConfigError, match=r"Config\.policy_version: expected `int` <= 9007199254740992"):
+        Config(url=URL, policy_version=2**53 + 1)
 
 
 def test_a_staleness_bound_needs_groups_and_both_its_figures():
