@@ -170,3 +170,20 @@ async def test_a_client_met_with_no_file_descriptor_left_ends_nothing(
         assert json.loads(answered)["ok"] is True
         assert listener.failures == 0
         nursery.cancel_scope.cancel()
+
+
+async def test_a_client_that_reads_no_answer_is_let_go(
+    autojump_clock: trio.testing.MockClock, control: ControlSocket, run: RolloutRun
+):
+    assert run._run is not None
+    server = ControlServer(control, run._run)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.serve)
+        async with await trio.open_unix_socket(control.path) as client:
+            # Commands enough that their answers fill both buffers; none of them is read.
+            await client.send_all(b"status\n" * 20_000)
+            await trio.testing.wait_all_tasks_blocked()
+            assert server.clients == 1
+            await trio.sleep(CONTROL_IDLE_SECONDS + 1)
+            assert server.clients == 0  # let go: its place is free for another
+        nursery.cancel_scope.cancel()

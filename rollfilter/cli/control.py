@@ -33,7 +33,7 @@ from rollfilter.run import Run
 from rollfilter.steering import SteeringError
 
 CONTROL_LINE_BYTES = 4096  # a command is a few words: a longer line is refused, and its client let go
-CONTROL_IDLE_SECONDS = 300.0  # a client that sends no whole line for this long is let go
+CONTROL_IDLE_SECONDS = 300.0  # a client that sends no line, or takes no answer, for this long is let go
 CONTROL_CLIENTS = 16  # served at once; one more is told so and let go
 CONTROL_BACKLOG = 16
 # Out of file descriptors (or kernel memory), accept() fails until some are closed: the control
@@ -170,9 +170,10 @@ class ControlServer:
                     if line is None:
                         return
                     if isinstance(line, bytes):
-                        await stream.send_all(await self.command(line))
+                        if not await _answered(stream, await self.command(line)):
+                            return
                         continue
-                    await stream.send_all(_answer_line(error=line))
+                    await _answered(stream, _answer_line(error=line))
                     return  # a line too long: what follows it is no command
         finally:
             self.clients -= 1
@@ -237,6 +238,15 @@ class ControlServer:
             figures.update(done=status.done, failed=status.failed, in_flight=status.in_flight)
         figures["control_clients"] = self.clients  # the one asking included
         return figures
+
+
+async def _answered(stream: trio.SocketStream, answer: bytes) -> bool:
+    """Send `answer`; False when the client took none of it for CONTROL_IDLE_SECONDS (it sends
+    commands and reads no answer: its buffers are full), so that it is let go."""
+    with trio.move_on_after(CONTROL_IDLE_SECONDS):
+        await stream.send_all(answer)
+        return True
+    return False
 
 
 def _answer_line(*, error: str | None = None, **figures: Any) -> bytes:
