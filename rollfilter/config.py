@@ -44,6 +44,10 @@ Rate = Annotated[float, msgspec.Meta(ge=MIN_RATE, le=_FINITE)]
 NonNegative = Annotated[float, msgspec.Meta(ge=0, le=_FINITE)]
 Finite = Annotated[float, msgspec.Meta(ge=-_FINITE, le=_FINITE)]
 Count = Annotated[int, msgspec.Meta(ge=0)]
+# A policy version is a training step: one past 2**53 is no longer exact where JSON is read as
+# doubles (jq, JavaScript), nor in a Prometheus gauge, whose float it may overflow.
+MAX_POLICY_VERSION = 2**53
+PolicyVersion = Annotated[int, msgspec.Meta(ge=-MAX_POLICY_VERSION, le=MAX_POLICY_VERSION)]
 AtLeastOne = Annotated[int, msgspec.Meta(ge=1)]
 Repeats = Annotated[int, msgspec.Meta(ge=1, le=MAX_REPEATS)]
 Status = Annotated[int, msgspec.Meta(ge=100, le=599)]
@@ -211,7 +215,7 @@ class Config:
     target_groups: AtLeastOne | None = None  # stop once this many groups have been handed out
     # The policy version the run starts under: every result then carries _rf_policy_version, the
     # version when its /run was sent and when it ended (the run's set_policy_version changes it).
-    policy_version: int | None = None
+    policy_version: PolicyVersion | None = None
     # Bounded staleness (with groups): group i, counted in the order groups are admitted, is sent
     # once the version v satisfies i < (v - policy_version + max_staleness + 1) * batch_groups.
     max_staleness: Count | None = None

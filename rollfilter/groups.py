@@ -62,6 +62,11 @@ class ClosedGroup:
     first: int = 0  # its first rollout index: with the task, the group's key
 
 
+def trained_on(fate: Fate, *, keep_incomplete: bool) -> bool:
+    """Whether a group of this fate is handed out to train on: kept, or incomplete with keep_incomplete."""
+    return fate is Fate.KEPT or (fate is Fate.INCOMPLETE and keep_incomplete)
+
+
 class GroupSink(Protocol):
     """Where closed groups go: `release` (of the member that closed it) runs once it is written."""
 
@@ -85,7 +90,8 @@ class GroupStage:
 
     `count(member)` puts a closed group's member into the run's figures; `hold(line)` keeps a
     finished member's result line (or the marker of a group dropped as uniform or closed
-    incomplete) on disk, for a resumed run; `reached()` is called once `target` groups are kept,
+    incomplete) on disk, for a resumed run; `on_close(closed)` hears of each group as it closes,
+    before it is handed out; `reached()` is called once `target` groups are kept,
     earlier runs' included: `kept_before` and `dropped_before` are the groups earlier runs kept
     and dropped as uniform, as their held file counts them (so a target they met is met before
     anything is sent).
@@ -104,8 +110,10 @@ class GroupStage:
         kept_before: int = 0,
         dropped_before: int = 0,
         in_order: bool = False,
+        on_close: Callable[[ClosedGroup], None] | None = None,
     ) -> None:
         self._sink = sink
+        self._on_close = on_close
         self._reached = reached
         self._count = count
         self._field = field
@@ -138,13 +146,13 @@ class GroupStage:
         group = _Open(plan.task_index, plan.first, size, set(plan.sent), members, [], plan.given_up > 0, self._planned)
         self._planned += 1
         if group.waiting:
-            self._open[_key(plan.task_index, plan.first)] = group
+            self._open[group_key(plan.task_index, plan.first)] = group
         else:
             self._close(group, None)
 
     def result(self, job: Job, result: dict[str, Any], latency: float, release: Release) -> None:
         """A member finished with `result`."""
-        group = self._open[_key(job.task_index, job.group)]
+        group = self._open[group_key(job.task_index, job.group)]
         group.members[job.rollout_index] = Member(job, result, latency)
         if self._hold is not None:
             self._hold(encode_json(result) + b"\n")
@@ -152,7 +160,7 @@ class GroupStage:
 
     def failure(self, job: Job, failure: AttemptFailure) -> None:
         """A member failed (after its retries), or was not persisted: its group is incomplete."""
-        group = self._open[_key(job.task_index, job.group)]
+        group = self._open[group_key(job.task_index, job.group)]
         group.broken = True
         group.failures.append((job, failure))
         self._ended(job, group, None)
@@ -163,7 +171,7 @@ class GroupStage:
             if release is not None:
                 release()
             return
-        del self._open[_key(job.task_index, job.group)]
+        del self._open[group_key(job.task_index, job.group)]
         self._close(group, release)
 
     def _close(self, group: _Open, release: Release | None) -> None:
@@ -180,6 +188,8 @@ class GroupStage:
         if self._hold is not None:
             self._hold_marker(group, fate, members)
         closed = ClosedGroup(group.task_index, fate, members, tuple(group.failures), group.first)
+        if self._on_close is not None:
+            self._on_close(closed)
         self._hand_out(group.number, closed, release)
         if fate is Fate.KEPT:
             self._check_target()
@@ -240,7 +250,8 @@ class GroupStage:
         return figures
 
 
-def _key(task_index: Any, first: int) -> tuple[Any, int]:
+def group_key(task_index: Any, first: int) -> tuple[Any, int]:
+    """A group's key, hashable whatever its task index is: the task, and its first rollout index."""
     return (task_index if type(task_index) in (int, str) else encode_json(task_index), first)
 
 

@@ -28,7 +28,7 @@ from rollfilter.config import MIN_RATE, Config, ConfigError
 from rollfilter.connect import transport_for
 from rollfilter.cost import Spending
 from rollfilter.engine import Engine, RunControl, StopCause, describe, internal_error_event, reward_of
-from rollfilter.groups import GroupStage, Member
+from rollfilter.groups import ClosedGroup, GroupStage, Member, trained_on
 from rollfilter.headserver import resolve_endpoints
 from rollfilter.http import AgentTransport
 from rollfilter.limits import AgentLimits, SendSlots
@@ -154,6 +154,7 @@ class Run:
                 kept_before=self._resume.kept_groups if self._resume is not None else 0,
                 dropped_before=self._resume.dropped_groups if self._resume is not None else 0,
                 in_order=config.max_staleness is not None,
+                on_close=self._group_closed if self.staleness is not None else None,
             )
             self.groups.start()  # a target earlier runs met stops the run before anything is sent
             if self.groups.target_reached and self._resume is not None:  # no row is read: it skips them all
@@ -184,6 +185,11 @@ class Run:
     def _target_reached(self) -> None:
         reason = f"stopped once {self.config.target_groups} groups were kept (the target)"
         self.control.stop(StopCause.TARGET_REACHED, reason)
+
+    def _group_closed(self, closed: ClosedGroup) -> None:
+        assert self.staleness is not None
+        handed_out = trained_on(closed.fate, keep_incomplete=self.config.keep_incomplete)
+        self.staleness.group_closed(closed, trained_on=handed_out)
 
     def _count_member(self, member: Member) -> None:
         """A rollout of a group that closed: into the figures (one an earlier run finished, as its)."""

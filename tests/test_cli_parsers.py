@@ -186,3 +186,9 @@ def test_a_staleness_bound_needs_both_its_figures_and_groups():
     with pytest.raises(UsageError, match="give --groups"):
         parsers.steering(None, 1, 2, groups=False)
     assert parsers.steering(3, 1, 2, groups=True) == {"policy_version": 3, "max_staleness": 1, "batch_groups": 2}
+
+
+def test_a_policy_version_is_at_most_2_to_the_53():
+    with pytest.raises(UsageError, match=r"--policy-version is a whole number of at most 9007199254740992"):
+        parsers.steering(2**53 + 1, None, None, groups=False)
+    assert parsers.steering(-(2**53), None, None, groups=False)["policy_version"] == -(2**53)

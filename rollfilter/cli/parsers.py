@@ -19,6 +19,7 @@ from typing import Any, Literal
 import msgspec
 
 from rollfilter.config import (
+    MAX_POLICY_VERSION,
     MAX_REPEATS,
     MIN_RATE,
     ROUTE_BY_TASK,
@@ -423,7 +424,9 @@ def steering(
     policy_version: int | None, max_staleness: int | None, batch_groups: int | None, *, groups: bool
 ) -> dict[str, Any]:
     """Config's policy_version, max_staleness and batch_groups from their options; UsageError for a
-    staleness bound without groups, or without both of its figures."""
+    staleness bound without groups, or without both of its figures, or a version past 2**53."""
+    if policy_version is not None and abs(policy_version) > MAX_POLICY_VERSION:
+        raise UsageError(f"--policy-version is a whole number of at most {MAX_POLICY_VERSION} (2**53)")
     if (max_staleness is None) != (batch_groups is None):
         raise UsageError("--max-staleness and --batch-groups go together: give both")
     if max_staleness is not None and not groups:
