@@ -33,9 +33,10 @@ from rollfilter.http.limits import DEFAULT_MAX_REPLY_BYTES
 if TYPE_CHECKING:
     from rollfilter.cli.command import CommandConfig
 
-# What `parse` gives `main` to execute: the run, which ends with a `cli.statuses.RunEnd` (not
-# named here: typer resolves this annotation, and that module loads the engine).
-Execute = Callable[[], Awaitable[object]]
+# What `parse` gives `main` to execute: the run, given the stop signals to attach to
+# (`cli.signals.StopSignals`), which ends with a `cli.statuses.RunEnd` (neither named here:
+# typer resolves this annotation, and those modules load the engine).
+Execute = Callable[[Any], Awaitable[object]]
 # The --help panels, in the order they are shown (typer's rich_help_panel; drawn by PanelledCommand).
 PANEL_AGENTS = "Agents and routing"
 PANEL_REPEATS = "Repeats and groups"
@@ -872,13 +873,13 @@ def running(config: "CommandConfig", *, demo: bool, **options: Any) -> Execute:
     from rollfilter.demo import DemoOptions
 
     run_options = RunOptions(demo=DemoOptions() if demo else None, **options)
-    return lambda: run(config, options=run_options)
+    return lambda stops: run(config, options=run_options, stops=stops)
 
 
 def summarizing(config: "CommandConfig") -> Execute:
     from rollfilter.cli.summarize import summarize
 
-    return lambda: summarize(config)
+    return lambda stops: summarize(config)
 
 
 def from_the_terminal(config: "CommandConfig", *, demo: bool, summarize: bool) -> "CommandConfig":

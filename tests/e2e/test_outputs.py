@@ -446,3 +446,25 @@ def test_overwrite_wants_an_output_of_its_own(tmp_path: Path, agent: RecordingAg
     assert proc.stderr.decode() == (
         "rollfilter: --overwrite replaces -o FILE with a new run: give -o, and neither --resume nor --append\n"
     )
+
+
+def test_a_signal_while_wait_lock_waits_stops_with_the_summary_of_nothing_sent(
+    tmp_path: Path, agent: RecordingAgent, data: Path
+):
+    out = tmp_path / "out.jsonl"
+    held = hold(out)
+    waiting = start(["-u", agent.run_url, "--wait-lock", "-o", str(out), str(data)])
+    try:
+        assert waiting.stderr is not None
+        assert waiting.stderr.readline().decode().endswith(": waiting for it (--wait-lock)\n")
+        waiting.send_signal(signal.SIGTERM)
+        assert waiting.wait(SUBPROCESS_TIMEOUT) == ExitStatus.TERMINATED
+        figures = summary_of(waiting.stderr.read())["rollfilter"]
+    finally:
+        os.close(held)
+        waiting.kill()
+        waiting.wait(SUBPROCESS_TIMEOUT)
+    assert (figures["stopped"], figures["rows_read"]) == ("terminated", 0)
+    assert agent.bodies == []
+    waiting.stderr.close()
+    waiting.stdout.close()  # type: ignore[union-attr]
