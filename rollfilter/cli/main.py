@@ -56,7 +56,9 @@ def run_command(args: Sequence[str] | None = None) -> int:
     of parsing and of typer's own output is mapped here, and `execute` maps a run's."""
     try:
         given = None if args is None else list(args)
-        code: Any = click_command()(args=given, prog_name="rollfilter", standalone_mode=False)
+        # The words as typed go with the context, so that a message names an option as it was given.
+        typed = given if given is not None else sys.argv[1:]
+        code: Any = click_command()(args=given, prog_name="rollfilter", standalone_mode=False, obj={"argv": typed})
         sys.stdout.flush()
         if callable(code):  # the run the options ask for (else --help, --version: done)
             code = execute(code)

@@ -796,6 +796,7 @@ def parse(
         group_field=group_field,
         given={"--keep-incomplete": keep_incomplete, "--target-groups": target_groups, "--dropped": dropped},
         refused={"--dry-run": dry_run, "-k": ordered},
+        spelled={"-k": option_as_typed(ctx, "ordered")},
     )
     engine = Config(
         url=parsers.url(url) if url else None,
@@ -916,6 +917,19 @@ def check_demo_alone(
     ]
     if named:
         raise UsageError(f"--demo starts its own agent: it cannot be combined with {' or '.join(named)}")
+
+
+def option_as_typed(ctx: typer.Context, name: str) -> str:
+    """The option of parameter `name` as the command line spelled it (`--ordered`, or `-k`), for
+    a message that names it: its last spelling given whole, else its first name."""
+    params = [param for param in ctx.command.params if param.name == name]
+    opts: list[str] = list(params[0].opts) if params else [name]
+    words: list[str] = ctx.obj.get("argv", []) if isinstance(ctx.obj, dict) else []
+    for word in reversed(words[: words.index("--")] if "--" in words else words):
+        spelled = word.partition("=")[0]
+        if spelled in opts:
+            return spelled
+    return opts[0]
 
 
 # What --summarize writes: its summary on standard output, --metrics, --aggregate and --per-task.

@@ -157,7 +157,8 @@ def test_the_affinity_header_carries_one_value_a_task_the_same_in_every_run():
         (["--route", "random"], "the policies are task and least-outstanding"),
         (["--affinity-header", "Session ID"], "not an HTTP header name"),
         (["--affinity-header", "Content-Length"], "every request carries Content-Length already"),
-        (["--affinity-header", "X-Run", "-H", "X-Run: 1"], "every request carries X-Run already"),
+        (["--affinity-header", "X-Run", "-H", "X-Run: 1"], "--affinity-header X-Run: -H sets it already"),
+        (["--affinity-header", "x-session-id", "-H", "X-Session-ID: 1"], "leave it out of -H"),
     ],
 )
 def test_route_options_that_cannot_work_exit_2_in_one_line(args: list[str], said: str):
@@ -170,4 +171,5 @@ def test_route_options_that_cannot_work_exit_2_in_one_line(args: list[str], said
     lines = proc.stderr.decode().splitlines()
     assert len(lines) == 1
     assert said in lines[0]
+    assert lines[0].lower().count("x-session-id") <= 1  # never the header refused as what to give instead
     assert recorder.seen == []
