@@ -795,8 +795,7 @@ def parse(
         drop_uniform=drop_uniform,
         group_field=group_field,
         given={"--keep-incomplete": keep_incomplete, "--target-groups": target_groups, "--dropped": dropped},
-        refused={"--dry-run": dry_run, "-k": ordered},
-        spelled={"-k": option_as_typed(ctx, "ordered")},
+        refused={"--dry-run": dry_run, option_as_typed(ctx, "ordered"): ordered},
     )
     engine = Config(
         url=parsers.url(url) if url else None,

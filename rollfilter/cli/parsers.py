@@ -14,7 +14,6 @@ import pathlib
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from types import MappingProxyType
 from typing import Any, Literal
 
 import msgspec
@@ -446,7 +445,6 @@ def groups(
     group_field: str | None,
     given: dict[str, object],
     refused: dict[str, bool],
-    spelled: Mapping[str, str] = MappingProxyType({}),
 ) -> dict[str, Any]:
     """Config's groups, drop_uniform and group_field from --groups, --drop-uniform and
     --group-field; UsageError for group options that cannot work: one that needs --groups without
@@ -473,14 +471,14 @@ def groups(
     for option, value in refused.items():
         if value:
             grouping = "--groups" if groups else "--drop-uniform"
-            typed = spelled.get(option, option)
-            raise UsageError(f"{grouping} cannot go with {typed}: {_REFUSED_WITH_GROUPS[option]}")
+            raise UsageError(f"{grouping} cannot go with {option}: {_REFUSED_WITH_GROUPS[option]}")
     return settings
 
 
 _REFUSED_WITH_GROUPS = {
     "--dry-run": "a dry run sends nothing, so no group ever ends",
     "-k": "a group is written as soon as it is whole, not in input order",
+    "--ordered": "a group is written as soon as it is whole, not in input order",
 }
 
 
