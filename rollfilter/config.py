@@ -415,8 +415,13 @@ def affinity_header_problem(name: str, given: Iterable[str] = ()) -> str | None:
     rollfilter's own or one of `given`); None if it can."""
     if not _TOKEN.match(name):
         return f"{name!r} is not an HTTP header name (letters, digits, !#$%&'*+-.^_`|~)"
-    if name.lower() in SENT_HEADERS or name.lower() in {other.lower() for other in given}:
+    if name.lower() in SENT_HEADERS:
         return f"every request carries {name} already: name another header, such as X-Session-ID"
+    if name.lower() in {other.lower() for other in given}:
+        return (
+            f"the headers given set {name} already, one value for every request: leave it out of"
+            " them (the affinity header carries one value a task), or name another header"
+        )
     return None
 
 

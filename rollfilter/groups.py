@@ -85,16 +85,33 @@ class _Open:
     number: int = 0  # in the order groups were planned
 
 
+def _after_both(release: Release) -> tuple[Release, Release]:
+    """Two callables; `release` runs once both have run."""
+    left = [2]
+
+    def one() -> None:
+        left[0] -= 1
+        if not left[0]:
+            release()
+
+    return one, one
+
+
 class GroupStage:
     """Holds groups from the first rollout planned to the last ended (see the module docstring).
 
-    `count(member)` puts a closed group's member into the run's figures; `hold(line)` keeps a
-    finished member's result line (or the marker of a group dropped as uniform or closed
-    incomplete) on disk, for a resumed run; `on_close(closed)` hears of each group as it closes,
-    before it is handed out; `reached()` is called once `target` groups are kept,
-    earlier runs' included: `kept_before` and `dropped_before` are the groups earlier runs kept
-    and dropped as uniform, as their held file counts them (so a target they met is met before
-    anything is sent).
+    `count(member)` puts a closed group's member into the run's figures; `hold(line, release)`
+    keeps a finished member's result line (or the marker of a group dropped as uniform or closed
+    incomplete) on disk, for a resumed run, and runs `release` (when given) once it is there;
+    `on_close(closed)` hears of each group as it closes, before it is handed out; `reached()` is
+    called once `target` groups are kept, earlier runs' included: `kept_before` and
+    `dropped_before` are the groups earlier runs kept and dropped as uniform, as their held file
+    counts them (so a target they met is met before anything is sent).
+
+    With `hold`, a member's slot comes back only once its line is on disk (the member that closes
+    its group: once the group is written, too). A result that has come back but is not on disk
+    yet would be sent again after a kill -9, beside the rollouts in flight: so a resumed run sends
+    again at most the rollouts that were in flight, which the concurrency bounds.
     """
 
     def __init__(
@@ -106,7 +123,7 @@ class GroupStage:
         field: str = "reward",
         drop_uniform: bool = False,
         target: int | None = None,
-        hold: Callable[[bytes], None] | None = None,
+        hold: Callable[[bytes, Release | None], None] | None = None,
         kept_before: int = 0,
         dropped_before: int = 0,
         in_order: bool = False,
@@ -155,7 +172,8 @@ class GroupStage:
         group = self._open[group_key(job.task_index, job.group)]
         group.members[job.rollout_index] = Member(job, result, latency)
         if self._hold is not None:
-            self._hold(encode_json(result) + b"\n")
+            on_disk, release = _after_both(release)
+            self._hold(encode_json(result) + b"\n", on_disk)
         self._ended(job, group, release)
 
     def failure(self, job: Job, failure: AttemptFailure) -> None:
@@ -208,7 +226,7 @@ class GroupStage:
         else:
             return
         assert self._hold is not None
-        self._hold(encode_json(marker) + b"\n")
+        self._hold(encode_json(marker) + b"\n", None)
 
     def _hand_out(self, number: int, closed: ClosedGroup, release: Release | None) -> None:
         """To the sink; with `in_order`, once every group planned before it has gone."""

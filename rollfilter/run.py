@@ -42,6 +42,7 @@ from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name
 from rollfilter.sinks import RowSink
 from rollfilter.spool import ResultSpool
 from rollfilter.steering import StalenessGate, Steering, SteeringError, SteeringStatistics
+from rollfilter.writers import Release
 
 KEEP: Any = ...  # set_rate's default: the limit stays as it is
 
@@ -58,12 +59,12 @@ class Run:
     `resume` is what earlier runs left (their pairs are skipped or retried), `on_event` the -v
     line for each row event, and `dry_run`, when given, gets each routed job in place of
     sending it. With `config.groups`, `connect` builds `groups` too, which hands the sink whole
-    groups, and `hold` gets each finished rollout's line (the command's held file). `transport`,
-    when given, is what the run sends through instead of the one `config` asks for (a test's
-    `rollfilter.http.testing.ScriptedTransport`). With `stop_when_unreachable`, an agent that
-    refused or dropped every connection since the start stops the run
-    (`StopCause.AGENT_UNREACHABLE`) once a row has failed on it. The run owns its transport and
-    spool: `aclose` closes them.
+    groups, and `hold` gets each finished rollout's line (the command's held file), with the
+    `release` to run once it is written. `transport`, when given, is what the run sends through
+    instead of the one `config` asks for (a test's `rollfilter.http.testing.ScriptedTransport`).
+    With `stop_when_unreachable`, an agent that refused or dropped every connection since the
+    start stops the run (`StopCause.AGENT_UNREACHABLE`) once a row has failed on it. The run owns
+    its transport and spool: `aclose` closes them.
     """
 
     def __init__(
@@ -79,7 +80,7 @@ class Run:
         on_event: Callable[[str], None] | None = None,
         on_warning: Callable[[str], None] | None = None,
         dry_run: Callable[[Job, Agent], None] | None = None,
-        hold: Callable[[bytes], None] | None = None,
+        hold: Callable[[bytes, Release | None], None] | None = None,
         transport: AgentTransport | None = None,
         stop_when_unreachable: bool = False,
     ) -> None:

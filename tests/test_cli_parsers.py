@@ -81,6 +81,15 @@ def test_endpoints_collect_replicas():
         parsers.endpoints(["nourl"])
 
 
+@pytest.mark.parametrize("given", [["a=http://h:1,http://h:1/run"], ["a=http://h:1", "a=http://h:2,http://h:1"]])
+def test_a_replica_given_twice_is_refused_by_its_url_without_its_secrets(given: list[str]):
+    with pytest.raises(UsageError, match=r"^-e/--endpoint a: http://h:1/run is given twice"):
+        parsers.endpoints(given)
+    with pytest.raises(UsageError) as refused:
+        parsers.endpoints([f"a=http://user:{SECRET}@h:1,http://user:{SECRET}@h:1"])
+    assert SECRET not in str(refused.value)
+
+
 def test_statuses_and_failure_limits():
     assert parsers.statuses("429, 503") == {429, 503}
     assert parsers.statuses("") == frozenset()

@@ -293,3 +293,10 @@ def test_a_configs_repr_never_shows_a_header_value():
     config = Config(url="http://127.0.0.1:1/run", headers=(("Authorization", "Bearer S3CRET"),))
     assert "S3CRET" not in repr(config)
     assert "S3CRET" not in str(config)
+
+
+def test_an_affinity_header_the_headers_set_already_is_refused_without_suggesting_itself():
+    with pytest.raises(ConfigError) as refused:
+        Config(url="http://127.0.0.1:1/run", affinity_header="x-session-id", headers=(("X-Session-ID", "1"),))
+    assert "leave it out of them" in str(refused.value)
+    assert "such as X-Session-ID" not in str(refused.value)

@@ -85,14 +85,20 @@ def service_url(option: str, schemes: tuple[str, ...] = ("http", "https")) -> An
 
 
 def endpoints(specs: Iterable[str]) -> dict[str, tuple[str, ...]]:
-    """-e `NAME=URL[,URL...]`, repeatable; several URLs for one NAME are its replicas."""
+    """-e `NAME=URL[,URL...]`, repeatable; several URLs for one NAME are its replicas (UsageError
+    for one given twice: two replicas of one server would count its requests and failures apart)."""
     found: dict[str, tuple[str, ...]] = {}
     for spec in specs:
         name, sep, urls = spec.partition("=")
         if not sep or not name or not urls:
             raise UsageError(f"-e/--endpoint wants NAME=URL, got {spec!r}")
         replicas = tuple(as_typed(agent_url, url.strip()) for url in urls.split(",") if url.strip())
-        found[name] = found.get(name, ()) + replicas
+        for url in replicas:
+            if url in found.get(name, ()):
+                raise UsageError(
+                    f"-e/--endpoint {name}: {shown(url)} is given twice: each replica is one URL, given once"
+                )
+            found[name] = (*found.get(name, ()), url)
     return found
 
 
@@ -446,7 +452,8 @@ def groups(
     """Config's groups, drop_uniform and group_field from --groups, --drop-uniform and
     --group-field; UsageError for group options that cannot work: one that needs --groups without
     it (those `given`), groups of one rollout (`repeats`: -r's default and counts by agent), a
-    --group-field that can never be a number, or an option groups cannot go with (those `refused`)."""
+    --group-field that can never be a number, or an option groups cannot go with (those `refused`,
+    named as typed)."""
     settings = {"groups": groups or drop_uniform, "drop_uniform": drop_uniform, "group_field": group_field or "reward"}
     if not settings["groups"]:
         for option, value in given.items():
@@ -466,13 +473,15 @@ def groups(
         raise UsageError(f"--group-field {group_field}: {problem}")
     for option, value in refused.items():
         if value:
-            raise UsageError(f"--groups cannot go with {option}: {_REFUSED_WITH_GROUPS[option]}")
+            grouping = "--groups" if groups else "--drop-uniform"
+            raise UsageError(f"{grouping} cannot go with {option}: {_REFUSED_WITH_GROUPS[option]}")
     return settings
 
 
 _REFUSED_WITH_GROUPS = {
     "--dry-run": "a dry run sends nothing, so no group ever ends",
     "-k": "a group is written as soon as it is whole, not in input order",
+    "--ordered": "a group is written as soon as it is whole, not in input order",
 }
 
 
@@ -492,6 +501,11 @@ def affinity_header(name: str | None, headers: Sequence[str]) -> str | None:
     if name is None:
         return None
     given = [text.partition(":")[0].strip() for text in headers]
+    if name.lower() in {other.lower() for other in given}:
+        raise UsageError(
+            f"--affinity-header {name}: -H sets it already, one value for every request: leave it out"
+            " of -H (the affinity header carries one value a task), or name another header"
+        )
     problem = affinity_header_problem(name, given)
     if problem is not None:
         raise UsageError(f"--affinity-header {problem}")

@@ -217,6 +217,20 @@ def test_target_groups_writes_the_fast_groups_and_cuts_the_stragglers(tmp_path: 
     assert slow <= cancelled
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--groups", "-k"], "--groups cannot go with -k:"),
+        (["--groups", "--ordered"], "--groups cannot go with --ordered:"),
+        (["--drop-uniform", "--ordered"], "--drop-uniform cannot go with --ordered:"),
+    ],
+)
+def test_an_option_groups_cannot_go_with_is_named_as_typed(demo_server: DemoServer, args: list[str], said: str):
+    proc = run(["-u", demo_server.url, "-r", "4", *args], input=rows_jsonl(group_rows(1)))
+    assert proc.returncode == 2
+    assert proc.stderr.decode().startswith(f"rollfilter: {said}")
+
+
 def test_group_options_that_cannot_work_exit_2_in_one_line(demo_server: DemoServer):
     url = ["-u", demo_server.url]
     refused = {
