@@ -68,8 +68,10 @@ class Replica:
     failures: int = 0
     cool_until: float = 0.0
     cooldown: float = 0.0
+    refused: bool = False  # a connection to it was refused or dropped this run
 
     def connection_failed(self, now: float) -> None:
+        self.refused = True
         self.cooldown = min(COOLDOWN_CAP, self.cooldown * 2 or COOLDOWN_BASE)
         self.cool_until = now + self.cooldown
 
