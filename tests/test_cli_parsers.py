@@ -72,6 +72,10 @@ def test_a_url_without_a_scheme_is_read_as_curl_reads_it():
     with pytest.raises(UsageError) as refused:
         parsers.url("user:s3cret@h:99999")
     assert str(refused.value) == "bad port in URL 'http://h:99999', read from 'h:99999' as curl reads it"
+    for typed, quoted in [("//h:x", "//h:x"), ("a b:1", "a b:1"), ("u:s3cret@h:x?token=t", "h:x")]:
+        with pytest.raises(UsageError) as refused:
+            parsers.url(typed)
+        assert str(refused.value).endswith(f", read from {quoted!r} as curl reads it"), typed
 
 
 def test_endpoints_collect_replicas():

@@ -35,7 +35,7 @@ from rollfilter.config import (
 )
 from rollfilter.cost import Price, PriceError
 from rollfilter.errors import UsageError
-from rollfilter.redact import shown
+from rollfilter.redact import shown_as_typed
 from rollfilter.resume import max_attempts_from_environment
 
 SHARD_AUTO = "auto"  # --shard auto: the shard of this Slurm array task
@@ -58,9 +58,7 @@ def as_typed(parse: Callable[[str], str], text: str) -> str:
     except UsageError as exc:
         if read == text:
             raise
-        added = read[: len(read) - len(text)]  # what with_scheme put before it
-        typed = shown(read).removeprefix(added)  # the text's secrets cut as the URL's are
-        raise UsageError(f"{exc}, read from {typed!r} as curl reads it") from None
+        raise UsageError(f"{exc}, read from {shown_as_typed(text)!r} as curl reads it") from None
 
 
 def with_scheme(text: str) -> str:
