@@ -62,6 +62,8 @@ def test_a_param_in_nemo_gym_s_spelling_means_the_key_inside_responses_create_pa
     assert parsers.param("+responses_create_params.metadata.x=1") == ("metadata.x", 1)
     with pytest.raises(UsageError, match=r"^-p sets keys inside responses_create_params: give -p KEY=VALUE"):
         parsers.param('responses_create_params={"temperature": 0.7}')
+    with pytest.raises(UsageError, match=r"^-p sets keys inside responses_create_params: give -p KEY=VALUE"):
+        parsers.param("+responses_create_params.responses_create_params.temperature=0.7")
 
 
 def test_a_url_without_a_scheme_is_read_as_curl_reads_it():

@@ -220,10 +220,8 @@ def param(spec: str) -> tuple[str, Any]:
     """-p `KEY=VALUE`: VALUE as JSON when it parses as JSON, else as a string. NeMo Gym's
     `responses_create_params.KEY=VALUE` and `+responses_create_params.KEY=VALUE` mean `KEY=VALUE`."""
     key, sep, text = spec.partition("=")
-    key = key.lstrip("+")
-    if key.startswith(GYM_PARAMS_PREFIX):
-        key = key.removeprefix(GYM_PARAMS_PREFIX)
-    elif key == GYM_PARAMS_PREFIX.rstrip("."):
+    key = key.lstrip("+").removeprefix(GYM_PARAMS_PREFIX)
+    if key.partition(".")[0] == GYM_PARAMS_PREFIX.rstrip("."):  # bare, or named twice: never sent nested
         raise UsageError(f"-p sets keys inside responses_create_params: give -p KEY=VALUE for each, got {spec!r}")
     if not sep or not key or any(not part for part in key.split(".")):
         raise UsageError(f"-p/--param wants KEY=VALUE, got {spec!r}")
