@@ -447,6 +447,7 @@ def test_a_resume_whose_target_was_met_sends_nothing_and_repeats_no_dropped_line
         assert not set(pairs(read_jsonl(out))) & set(cancelled)
         figures = summary_of(resumed.stderr)["rollfilter"]
         assert figures["groups"]["kept"] == target
+        assert figures["groups"]["cancelled"] == len({task for task, _ in cancelled})  # as --dropped says
         finished = len(read_jsonl(out)) + len(cancelled)
         assert (figures["skipped"], figures["not_started"]) == (finished, n * K - finished)
 
