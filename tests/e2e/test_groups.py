@@ -529,3 +529,9 @@ def test_the_pass_histogram_has_k_plus_1_bins_and_its_ends_are_the_uniform_group
     assert summary["pass_histogram"] == [0, 0, 1, 0, 2]  # the identical lines' task: two groups of four
     histogram, groups = summary["pass_histogram"], summary["rollfilter"]["groups"]
     assert histogram[0] + histogram[K] == groups["dropped_uniform"] == 2
+    failing = {"responses_create_params": {"input": "c"}, "demo": {"rewards": [0] * K, "faults": [None, "422"]}}
+    proc = run(["-u", demo_server.url, "-r", str(K), "--drop-uniform"], input=rows_jsonl([same, failing]))
+    summary = summary_of(proc.stderr)
+    histogram, groups = summary["pass_histogram"], summary["rollfilter"]["groups"]
+    assert (groups["incomplete"], groups["dropped_uniform"]) == (1, 1)
+    assert histogram == [0, 0, 0, 0, 1]  # the incomplete group is in no bin: not at an end, as if uniform
