@@ -181,7 +181,9 @@ def _earlier_runs(command: CommandConfig, *, dry_run: bool) -> tuple[ResumeState
     for path in (command.output, command.errors_file, command.materialized_file, command.dropped_file, held):
         if path is not None and not dry_run:
             drop_torn_tail(path)
-    resume = ResumeState.from_files(command.output, command.errors_file, command.max_attempts, held=held)
+    resume = ResumeState.from_files(
+        command.output, command.errors_file, command.max_attempts, held=held, target_groups=command.engine.target_groups
+    )
     if held is not None and command.dropped_file is not None and not dry_run:
         resume.rebuild_dropped(command.dropped_file, held)
     if command.materialized_file is not None:

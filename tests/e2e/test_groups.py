@@ -452,6 +452,28 @@ def test_a_resume_whose_target_was_met_sends_nothing_and_repeats_no_dropped_line
         assert (figures["skipped"], figures["not_started"]) == (finished, n * K - finished)
 
 
+def test_a_resume_whose_target_was_met_with_groups_written_incomplete_keeps_the_file(
+    tmp_path: Path, demo_server: DemoServer
+):
+    """Tasks 0, 2 and 4 lose a rollout (written incomplete) before 5 groups are kept. The target is
+    met: a resume sends nothing, and the kept groups stay in -o rather than go to --dropped."""
+    rows = group_rows(12, rewards=lambda task, rollout: float(rollout % 2), latency=lambda task, rollout: 0.0)
+    for task in (0, 2, 4):
+        rows[task]["demo"]["faults"] = [None, "500", None, None]
+    (tmp_path / "rows.jsonl").write_text(rows_jsonl(rows))
+    out, dropped = tmp_path / "out.jsonl", tmp_path / "dropped.jsonl"
+    args = ["-u", demo_server.url, "-r", str(K), "-j", "1", "--retries", "0", "--groups", "--keep-incomplete"]
+    args += ["--target-groups", "5", "-o", str(out), "--dropped", str(dropped), str(tmp_path / "rows.jsonl")]
+    first = run(args)
+    assert summary_of(first.stderr)["rollfilter"]["groups"]["kept"] == 5, first.stderr
+    written, sent = out.read_bytes(), demo_server.stats()["requests"]
+    resumed = run([*args, "--resume"])
+    assert demo_server.stats()["requests"] == sent, resumed.stderr  # a met target sends nothing
+    assert out.read_bytes() == written
+    assert not set(pairs(read_jsonl(out))) & set(pairs(read_jsonl(dropped)))
+    assert summary_of(resumed.stderr)["rollfilter"]["groups"]["kept"] == 5
+
+
 def test_after_kills_and_a_resume_the_dropped_file_holds_each_uniform_rollout_once(tmp_path: Path):
     n, jobs, kills = 120, 16, 4
     demo = DemoServer()
