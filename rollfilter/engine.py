@@ -347,11 +347,15 @@ class Engine:
         self._check_failure_limit()
 
     def _check_unreachable(self, agent: Agent, failure: AttemptFailure) -> None:
-        """Stop the run when `failure` ended a row on a connection to `agent` and no attempt of
-        the run has got past connecting to it. The row had its retries (or the budget withheld
-        them, as it does once many rows fail): an agent down from the start is found within one
-        row's attempts, not after every row of the input has failed the same way."""
+        """Stop the run when `failure` ended a row on a connection to `agent`, no attempt of the
+        run has got past connecting to it, and each of its replicas has refused a connection. The
+        row had its retries (or the budget withheld them, as it does once many rows fail): an agent
+        down from the start is found within one row's attempts, not after every row of the input
+        has failed the same way. A replica not yet refused may be up with its first episodes still
+        running, and the agent then answers: its rows that failed are today's failures."""
         if failure.kind is not ErrorKind.CONNECT or agent.answered:
+            return
+        if not all(replica.refused for replica in agent.replicas):
             return
         urls = ", ".join(shown(replica.url) for replica in agent.replicas)
         who = f"agent {agent.name} ({urls})" if agent.name is not None else f"the agent at {urls}"

@@ -255,6 +255,10 @@ class GroupStage:
             self._sink.group(closed, _nothing)
         self._open.clear()
 
+    def cancel_earlier(self, groups: int) -> None:
+        """`groups` groups earlier runs left open, that this run stopped before it read: cancelled."""
+        self.fates[Fate.CANCELLED] += groups
+
     def figures(self) -> dict[str, Any]:
         """The summary's `groups`: how many of each fate (kept ones an earlier run wrote included)."""
         figures: dict[str, Any] = {

@@ -73,7 +73,8 @@ class TaskStats:
         self._numbered = 0  # tasks 0 .. _numbered-1 have the slot of their own index
         self._others: dict[Any, int] = {}  # any other task -> its slot, after the numbered ones
         self._other_keys: list[Any] = []
-        self._later_groups: dict[int, dict[int, list[int]]] = {}  # slot -> group past the first -> [ended, correct]
+        # slot -> group past the first -> [ended, correct, failed]
+        self._later_groups: dict[int, dict[int, list[int]]] = {}
         self._finished: dict[str, Any] | None = None
 
     def _slot(self, task: Any) -> int:
@@ -120,9 +121,10 @@ class TaskStats:
         counts["ended"][slot] += 1
         correct = reward is not None and reward >= self.threshold
         if type(rollout) is int and rollout >= (size := counts["size"][slot] or self.repeats):
-            group = self._later_groups.setdefault(slot, {}).setdefault(rollout // size, [0, 0])
+            group = self._later_groups.setdefault(slot, {}).setdefault(rollout // size, [0, 0, 0])
             group[0] += 1
             group[1] += correct
+            group[2] += reward is None
         if reward is None:
             counts["failed"][slot] += 1
             return
@@ -164,16 +166,17 @@ class TaskStats:
             self._field_counts[key][slot] += 1
 
     def _add_groups(self, histogram: collections.Counter[tuple[int, int]], slot: int) -> None:
-        """Count the task's finished groups, each by its size and its correct rollouts."""
+        """Count the task's groups whose rollouts all ended well, each by its size and its correct
+        rollouts. A group with a failed rollout is left out: --drop-uniform calls it incomplete,
+        never uniform, and the histogram's ends are the groups it drops."""
         counts = self._counts
         planned, size = counts["planned"][slot], counts["size"][slot] or self.repeats
         later = self._later_groups.get(slot, {})
-        first = [counts["ended"][slot], counts["correct"][slot]]
-        for ended, correct in later.values():
-            first[0] -= ended
-            first[1] -= correct
-        for ended, correct in (first, *later.values()):
-            if ended and (not planned or ended >= min(size, planned)):  # every rollout of it ended
+        first = [counts["ended"][slot], counts["correct"][slot], counts["failed"][slot]]
+        for group in later.values():
+            first = [first_count - count for first_count, count in zip(first, group, strict=True)]
+        for ended, correct, failed in (first, *later.values()):
+            if ended and not failed and (not planned or ended >= min(size, planned)):  # every rollout of it ended
                 histogram[ended, correct] += 1
 
     def finish(self) -> None:
@@ -281,7 +284,7 @@ class TaskStats:
 
     def summary_fields(self) -> dict[str, Any]:
         """mean@K, pass@k for each k (null when no task had k rollouts to judge), and
-        `pass_histogram`: of the groups (a line's rollouts) whose rollouts all ended, how many had
+        `pass_histogram`: of the groups (a line's rollouts) whose rollouts all ended well, how many had
         0, 1, ..., K rollouts at or over the threshold (K: the largest of those groups, -r's K
         once a group of K has ended)."""
         self.finish()

@@ -75,10 +75,12 @@ class Replica:
     cool_until: float = 0.0
     cooldown: float = 0.0  # not 0: its connections failed, and none has worked since
     cool_from: float = 0.0  # when its cool-down began
+    refused: bool = False  # a connection to it was refused or dropped this run
 
     def connection_failed(self, now: float, sent: float | None = None) -> None:
         """A connection to it failed, for a request `sent` then (default: now). A request sent
         before the cool-down began is one of those out when it went down: it counts once."""
+        self.refused = True
         if self.cooldown and sent is not None and sent < self.cool_from:
             return
         self.cooldown = min(COOLDOWN_CAP, self.cooldown * 2 or COOLDOWN_BASE)

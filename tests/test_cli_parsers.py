@@ -62,6 +62,8 @@ def test_a_param_in_nemo_gym_s_spelling_means_the_key_inside_responses_create_pa
     assert parsers.param("+responses_create_params.metadata.x=1") == ("metadata.x", 1)
     with pytest.raises(UsageError, match=r"^-p sets keys inside responses_create_params: give -p KEY=VALUE"):
         parsers.param('responses_create_params={"temperature": 0.7}')
+    with pytest.raises(UsageError, match=r"^-p sets keys inside responses_create_params: give -p KEY=VALUE"):
+        parsers.param("+responses_create_params.responses_create_params.temperature=0.7")
 
 
 def test_a_url_without_a_scheme_is_read_as_curl_reads_it():
@@ -72,6 +74,10 @@ def test_a_url_without_a_scheme_is_read_as_curl_reads_it():
     with pytest.raises(UsageError) as refused:
         parsers.url("user:s3cret@h:99999")
     assert str(refused.value) == "bad port in URL 'http://h:99999', read from 'h:99999' as curl reads it"
+    for typed, quoted in [("//h:x", "//h:x"), ("a b:1", "a b:1"), ("u:s3cret@h:x?token=t", "h:x")]:
+        with pytest.raises(UsageError) as refused:
+            parsers.url(typed)
+        assert str(refused.value).endswith(f", read from {quoted!r} as curl reads it"), typed
 
 
 def test_endpoints_collect_replicas():

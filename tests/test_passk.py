@@ -51,8 +51,15 @@ def test_the_pass_histogram_counts_finished_tasks_by_their_correct_rollouts():
     tasks.planned(6, 3)
     for rollout, value in enumerate((0.0, 0.0, 0.0, 1.0)):
         tasks.rollout_ended(6, value, rollout)
+    tasks.planned(7, 3)  # a failed rollout: incomplete, so in no bin, not even the uniform ones
+    for rollout, value in enumerate((0.0, None, 0.0)):
+        tasks.rollout_ended(7, value, rollout)
+    tasks.planned(8, 3)  # met again, a rollout of its second group failed: its first group counts
+    tasks.planned(8, 3)
+    for rollout, value in enumerate((1.0, 1.0, 1.0, 1.0, None, 1.0)):
+        tasks.rollout_ended(8, value, rollout)
     # K + 1 bins whatever the input: its ends are the groups --drop-uniform drops (binary rewards).
-    assert tasks.summary_fields()["pass_histogram"] == [2, 2, 1, 2]
+    assert tasks.summary_fields()["pass_histogram"] == [2, 1, 1, 3]
     assert tasks.figures()["tasks_unfinished"] == 2
 
 

@@ -340,14 +340,17 @@ class ShardCoverage:
     present: tuple[int, ...]
     missing: tuple[int, ...]
     problems: tuple[str, ...]  # one line each: a missing shard, one given twice, a file that does not fit
+    unchecked: bool = False  # standard input was read too: a shard not among the files may be there
 
     def summary(self) -> dict[str, Any]:
-        return {"of": self.of, "present": list(self.present), "missing": list(self.missing)}
+        missing = None if self.unchecked else list(self.missing)  # None: not known
+        return {"of": self.of, "present": list(self.present), "missing": missing}
 
 
 def shard_coverage(paths: Sequence[str]) -> ShardCoverage | None:
     """The coverage of the result files `paths`, from the records beside them; None when none of
-    them is a shard (standard input has no record)."""
+    them is a shard (standard input has no record, so with it among `paths` no shard is missing
+    for sure: `unchecked`)."""
     records = [(path, read_record(record_path(path))) for path in paths if path != STDIN]
     shards = [(path, record, record.shard) for path, record in records if record is not None and record.shard]
     if not shards:
@@ -375,10 +378,11 @@ def shard_coverage(paths: Sequence[str]) -> ShardCoverage | None:
         if len(files) > 1
     ]
     missing = tuple(i for i in range(count) if i not in files_of)
-    if missing:
+    unchecked = STDIN in paths  # no record there: its lines may be the shards the files lack
+    if missing and not unchecked:
         present = ", ".join(map(str, sorted(files_of))) or "none"
         problems.append(
             f"shard{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} of {count}"
             f" {'are' if len(missing) > 1 else 'is'} missing (present: {present})"
         )
-    return ShardCoverage(count, tuple(sorted(files_of)), missing, tuple(problems))
+    return ShardCoverage(count, tuple(sorted(files_of)), missing, tuple(problems), unchecked)

@@ -52,7 +52,7 @@ HELP_MAX_WIDTH = 160
 EXAMPLES = """\b
 Examples:
   rollfilter --demo                       # the demo agent, five example rows
-  rollfilter -u :8000 -p temperature=0.7 in.jsonl > out.jsonl 2> summary.json
+  rollfilter -u :8000 --errors err.jsonl in.jsonl > out.jsonl 2> summary.json
   rollfilter -e agent=:8000 -a agent -r 4 --gym-layout -o out.jsonl in.jsonl
   rollfilter --summarize -r 4 out-*.jsonl | jq '{"mean@4", "pass@4"}'
 

@@ -36,7 +36,7 @@ from rollfilter.config import (
 )
 from rollfilter.cost import Price, PriceError
 from rollfilter.errors import UsageError
-from rollfilter.redact import shown
+from rollfilter.redact import shown_as_typed
 from rollfilter.resume import max_attempts_from_environment
 
 SHARD_AUTO = "auto"  # --shard auto: the shard of this Slurm array task
@@ -59,9 +59,7 @@ def as_typed(parse: Callable[[str], str], text: str) -> str:
     except UsageError as exc:
         if read == text:
             raise
-        added = read[: len(read) - len(text)]  # what with_scheme put before it
-        typed = shown(read).removeprefix(added)  # the text's secrets cut as the URL's are
-        raise UsageError(f"{exc}, read from {typed!r} as curl reads it") from None
+        raise UsageError(f"{exc}, read from {shown_as_typed(text)!r} as curl reads it") from None
 
 
 def with_scheme(text: str) -> str:
@@ -229,10 +227,8 @@ def param(spec: str) -> tuple[str, Any]:
     """-p `KEY=VALUE`: VALUE as JSON when it parses as JSON, else as a string. NeMo Gym's
     `responses_create_params.KEY=VALUE` and `+responses_create_params.KEY=VALUE` mean `KEY=VALUE`."""
     key, sep, text = spec.partition("=")
-    key = key.lstrip("+")
-    if key.startswith(GYM_PARAMS_PREFIX):
-        key = key.removeprefix(GYM_PARAMS_PREFIX)
-    elif key == GYM_PARAMS_PREFIX.rstrip("."):
+    key = key.lstrip("+").removeprefix(GYM_PARAMS_PREFIX)
+    if key.partition(".")[0] == GYM_PARAMS_PREFIX.rstrip("."):  # bare, or named twice: never sent nested
         raise UsageError(f"-p sets keys inside responses_create_params: give -p KEY=VALUE for each, got {spec!r}")
     if not sep or not key or any(not part for part in key.split(".")):
         raise UsageError(f"-p/--param wants KEY=VALUE, got {spec!r}")

@@ -62,6 +62,7 @@ from rollfilter.resume import (
     result_records,
 )
 from rollfilter.routing import Agent
+from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name
 from rollfilter.run import Run
 from rollfilter.sinks import BodySink, GroupOutputs, LineSink
 from rollfilter.source import LineReader, check_inputs
@@ -204,7 +205,9 @@ def _earlier_runs(command: CommandConfig, *, dry_run: bool) -> tuple[ResumeState
     for path in (command.output, command.errors_file, command.materialized_file, command.dropped_file, held):
         if path is not None and not dry_run:
             drop_torn_tail(path)
-    resume = ResumeState.from_files(command.output, command.errors_file, command.max_attempts, held=held)
+    resume = ResumeState.from_files(
+        command.output, command.errors_file, command.max_attempts, held=held, target_groups=command.engine.target_groups
+    )
     if held is not None and command.dropped_file is not None and not dry_run:
         resume.rebuild_dropped(command.dropped_file, held)
     if command.materialized_file is not None:
@@ -464,11 +467,18 @@ class _CommandLineRun:
 
     def _drop_leftovers(self) -> None:
         """The rollouts an earlier run finished whose groups this run left open (it stopped before
-        reading them): into --dropped, as the open groups this run cancelled."""
-        if self.resume is None or self.dropped is None:
+        reading them): into --dropped, as the open groups this run cancelled, and counted so in
+        the summary's groups, as the dropped file shows them."""
+        if self.resume is None or (self.dropped is None and self.run.groups is None):
             return
+        config, left_open = self.command.engine, set()
         for result in self.resume.leftover_held():
-            self.dropped.write(_encode({**result, DROPPED_BECAUSE: CANCELLED}) + b"\n")
+            if self.dropped is not None:
+                self.dropped.write(_encode({**result, DROPPED_BECAUSE: CANCELLED}) + b"\n")
+            rollout, size = result.get(ROLLOUT_INDEX), config.repeats_for(agent_name(result)) or 1
+            left_open.add((_encode(result.get(TASK_INDEX)), rollout // size if type(rollout) is int else 0))
+        if self.run.groups is not None:
+            self.run.groups.cancel_earlier(len(left_open))
 
     async def _plan_first(self) -> int | None:
         """The materialized file's first pass (see `first_pass.plan_first`): the rollouts planned,
