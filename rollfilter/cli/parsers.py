@@ -36,7 +36,7 @@ from rollfilter.config import (
 )
 from rollfilter.cost import Price, PriceError
 from rollfilter.errors import UsageError
-from rollfilter.redact import shown_as_typed
+from rollfilter.redact import shown, shown_as_typed
 from rollfilter.resume import max_attempts_from_environment
 
 SHARD_AUTO = "auto"  # --shard auto: the shard of this Slurm array task
