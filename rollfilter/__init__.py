@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from rollfilter.api import Rollouts, open_rollouts, rollouts
+    from rollfilter.compare import compare_runs
     from rollfilter.config import Config, Retries, Reverify, Timeouts, Tls
     from rollfilter.errors import ErrorKind, RollfilterError, ServiceError, UsageError
     from rollfilter.outcomes import Failure, Group, Rollout
@@ -40,6 +41,7 @@ _EXPORTS = {
     "rollouts": "rollfilter.api",
     "SteeringError": "rollfilter.steering",
     "SteeringStatistics": "rollfilter.steering",
+    "compare_runs": "rollfilter.compare",
 }
 __all__ = [
     "Config",
@@ -59,6 +61,7 @@ __all__ = [
     "Tls",
     "UsageError",
     "__version__",
+    "compare_runs",
     "open_rollouts",
     "rollouts",
 ]

@@ -164,7 +164,8 @@ class Rollouts(RunResults):
 
     def drain(self, timeout: float | None = None) -> bool:
         """Pause, and block until no request is in flight, for at most `timeout` seconds (None:
-        as long as it takes). Whether none is in flight; the run stays paused until `resume()`."""
+        as long as it takes). Whether none is in flight; the run stays paused until `resume()`,
+        which ends a drain waiting, not drained."""
         if self._token is None or self._run is None:
             raise RuntimeError("the run has not started: steer it once iterating has begun")
         try:

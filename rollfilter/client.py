@@ -202,7 +202,7 @@ class AgentClient:
                     return outcome
                 replica.failures += 1
                 if outcome.kind is ErrorKind.CONNECT:
-                    replica.connection_failed(trio.current_time())
+                    replica.connection_failed(trio.current_time(), sent=started)
                 failure = outcome.with_attempts(attempt)
                 if failure.retry is not Retry.NOW or attempt > self._retries:
                     return failure

@@ -44,6 +44,10 @@ Rate = Annotated[float, msgspec.Meta(ge=MIN_RATE, le=_FINITE)]
 NonNegative = Annotated[float, msgspec.Meta(ge=0, le=_FINITE)]
 Finite = Annotated[float, msgspec.Meta(ge=-_FINITE, le=_FINITE)]
 Count = Annotated[int, msgspec.Meta(ge=0)]
+# A policy version is a training step: one past 2**53 is no longer exact where JSON is read as
+# doubles (jq, JavaScript), nor in a Prometheus gauge, whose float it may overflow.
+MAX_POLICY_VERSION = 2**53
+PolicyVersion = Annotated[int, msgspec.Meta(ge=-MAX_POLICY_VERSION, le=MAX_POLICY_VERSION)]
 AtLeastOne = Annotated[int, msgspec.Meta(ge=1)]
 Repeats = Annotated[int, msgspec.Meta(ge=1, le=MAX_REPEATS)]
 Status = Annotated[int, msgspec.Meta(ge=100, le=599)]
@@ -229,7 +233,7 @@ class Config:
     target_groups: AtLeastOne | None = None  # stop once this many groups have been handed out
     # The policy version the run starts under: every result then carries _rf_policy_version, the
     # version when its /run was sent and when it ended (the run's set_policy_version changes it).
-    policy_version: int | None = None
+    policy_version: PolicyVersion | None = None
     # Bounded staleness (with groups): group i, counted in the order groups are admitted, is sent
     # once the version v satisfies i < (v - policy_version + max_staleness + 1) * batch_groups.
     max_staleness: Count | None = None
@@ -449,8 +453,13 @@ def affinity_header_problem(name: str, given: Iterable[str] = ()) -> str | None:
     rollfilter's own or one of `given`); None if it can."""
     if not _TOKEN.match(name):
         return f"{name!r} is not an HTTP header name (letters, digits, !#$%&'*+-.^_`|~)"
-    if name.lower() in SENT_HEADERS or name.lower() in {other.lower() for other in given}:
+    if name.lower() in SENT_HEADERS:
         return f"every request carries {name} already: name another header, such as X-Session-ID"
+    if name.lower() in {other.lower() for other in given}:
+        return (
+            f"the headers given set {name} already, one value for every request: leave it out of"
+            " them (the affinity header carries one value a task), or name another header"
+        )
     return None
 
 

@@ -316,8 +316,7 @@ class Engine:
     def count_result(self, job: Job, result: dict[str, Any], latency: float | None) -> None:
         """Put a result into the run's figures: the means, the tasks, the spool."""
         self.metrics.add_result(result, latency, job.agent_name)
-        if self.tasks is not None:
-            self.tasks.rollout_ended(job.task_index, reward_of(result), job.rollout_index, masked=is_masked(result))
+        self._ended(job, reward_of(result), result)
         if self.spool is not None:  # by the result's agent, as an earlier run's results are spooled
             self.spool.add(agent_name(result), result)
 
@@ -337,9 +336,10 @@ class Engine:
         message = f"unexpected {type(exc).__name__} while handling this row"
         return AttemptFailure(ErrorKind.INTERNAL, message, attempts=attempts)
 
-    def _ended(self, job: Job, reward: float | None) -> None:
+    def _ended(self, job: Job, reward: float | None, result: dict[str, Any] | None = None) -> None:
         if self.tasks is not None:
-            self.tasks.rollout_ended(job.task_index, reward, job.rollout_index)
+            masked = result is not None and is_masked(result)
+            self.tasks.rollout_ended(job.task_index, reward, job.rollout_index, result, job.agent_name, masked=masked)
 
     def _fail(self, job: Job, failure: AttemptFailure, release: Release) -> None:
         self.metrics.add_failure(failure, job.agent_name)
@@ -352,11 +352,15 @@ class Engine:
         self._check_failure_limit()
 
     def _check_unreachable(self, agent: Agent, failure: AttemptFailure) -> None:
-        """Stop the run when `failure` ended a row on a connection to `agent` and no attempt of
-        the run has got past connecting to it. The row had its retries (or the budget withheld
-        them, as it does once many rows fail): an agent down from the start is found within one
-        row's attempts, not after every row of the input has failed the same way."""
+        """Stop the run when `failure` ended a row on a connection to `agent`, no attempt of the
+        run has got past connecting to it, and each of its replicas has refused a connection. The
+        row had its retries (or the budget withheld them, as it does once many rows fail): an agent
+        down from the start is found within one row's attempts, not after every row of the input
+        has failed the same way. A replica not yet refused may be up with its first episodes still
+        running, and the agent then answers: its rows that failed are today's failures."""
         if failure.kind is not ErrorKind.CONNECT or agent.answered:
+            return
+        if not all(replica.refused for replica in agent.replicas):
             return
         urls = ", ".join(shown(replica.url) for replica in agent.replicas)
         who = f"agent {agent.name} ({urls})" if agent.name is not None else f"the agent at {urls}"

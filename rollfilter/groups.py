@@ -65,6 +65,11 @@ class ClosedGroup:
     first: int = 0  # its first rollout index: with the task, the group's key
 
 
+def trained_on(fate: Fate, *, keep_incomplete: bool) -> bool:
+    """Whether a group of this fate is handed out to train on: kept, or incomplete with keep_incomplete."""
+    return fate is Fate.KEPT or (fate is Fate.INCOMPLETE and keep_incomplete)
+
+
 class GroupSink(Protocol):
     """Where closed groups go: `release` (of the member that closed it) runs once it is written."""
 
@@ -83,15 +88,33 @@ class _Open:
     number: int = 0  # in the order groups were planned
 
 
+def _after_both(release: Release) -> tuple[Release, Release]:
+    """Two callables; `release` runs once both have run."""
+    left = [2]
+
+    def one() -> None:
+        left[0] -= 1
+        if not left[0]:
+            release()
+
+    return one, one
+
+
 class GroupStage:
     """Holds groups from the first rollout planned to the last ended (see the module docstring).
 
-    `count(member)` puts a closed group's member into the run's figures; `hold(line)` keeps a
-    finished member's result line (or the marker of a group dropped as uniform or closed
-    incomplete) on disk, for a resumed run; `reached()` is called once `target` groups are kept,
-    earlier runs' included: `kept_before`, `dropped_before` and `masked_before` are the groups earlier
-    runs kept, dropped as uniform and dropped as masked, as their held file counts them (so a target
-    they met is met before anything is sent).
+    `count(member)` puts a closed group's member into the run's figures; `hold(line, release)`
+    keeps a finished member's result line (or the marker of a group dropped as uniform or closed
+    incomplete) on disk, for a resumed run, and runs `release` (when given) once it is there;
+    `on_close(closed)` hears of each group as it closes, before it is handed out; `reached()` is
+    called once `target` groups are kept, earlier runs' included: `kept_before`, `dropped_before`
+    and `masked_before` are the groups earlier runs kept, dropped as uniform and dropped as masked,
+    as their held file counts them (so a target they met is met before anything is sent).
+
+    With `hold`, a member's slot comes back only once its line is on disk (the member that closes
+    its group: once the group is written, too). A result that has come back but is not on disk
+    yet would be sent again after a kill -9, beside the rollouts in flight: so a resumed run sends
+    again at most the rollouts that were in flight, which the concurrency bounds.
     """
 
     def __init__(
@@ -103,13 +126,15 @@ class GroupStage:
         field: str = "reward",
         drop_uniform: bool = False,
         target: int | None = None,
-        hold: Callable[[bytes], None] | None = None,
+        hold: Callable[[bytes, Release | None], None] | None = None,
         kept_before: int = 0,
         dropped_before: int = 0,
         masked_before: int = 0,
         in_order: bool = False,
+        on_close: Callable[[ClosedGroup], None] | None = None,
     ) -> None:
         self._sink = sink
+        self._on_close = on_close
         self._reached = reached
         self._count = count
         self._field = field
@@ -143,21 +168,22 @@ class GroupStage:
         group = _Open(plan.task_index, plan.first, size, set(plan.sent), members, [], plan.given_up > 0, self._planned)
         self._planned += 1
         if group.waiting:
-            self._open[_key(plan.task_index, plan.first)] = group
+            self._open[group_key(plan.task_index, plan.first)] = group
         else:
             self._close(group, None)
 
     def result(self, job: Job, result: dict[str, Any], latency: float, release: Release) -> None:
         """A member finished with `result`."""
-        group = self._open[_key(job.task_index, job.group)]
+        group = self._open[group_key(job.task_index, job.group)]
         group.members[job.rollout_index] = Member(job, result, latency)
         if self._hold is not None:
-            self._hold(encode_json(result) + b"\n")
+            on_disk, release = _after_both(release)
+            self._hold(encode_json(result) + b"\n", on_disk)
         self._ended(job, group, release)
 
     def failure(self, job: Job, failure: AttemptFailure) -> None:
         """A member failed (after its retries), or was not persisted: its group is incomplete."""
-        group = self._open[_key(job.task_index, job.group)]
+        group = self._open[group_key(job.task_index, job.group)]
         group.broken = True
         group.failures.append((job, failure))
         self._ended(job, group, None)
@@ -168,7 +194,7 @@ class GroupStage:
             if release is not None:
                 release()
             return
-        del self._open[_key(job.task_index, job.group)]
+        del self._open[group_key(job.task_index, job.group)]
         self._close(group, release)
 
     def _close(self, group: _Open, release: Release | None) -> None:
@@ -180,6 +206,8 @@ class GroupStage:
         if self._hold is not None:
             self._hold_marker(group, fate, members)
         closed = ClosedGroup(group.task_index, fate, members, tuple(group.failures), group.first)
+        if self._on_close is not None:
+            self._on_close(closed)
         self._hand_out(group.number, closed, release)
         if fate is Fate.KEPT:
             self._check_target()
@@ -207,7 +235,7 @@ class GroupStage:
         else:
             return
         assert self._hold is not None
-        self._hold(encode_json(marker) + b"\n")
+        self._hold(encode_json(marker) + b"\n", None)
 
     def _hand_out(self, number: int, closed: ClosedGroup, release: Release | None) -> None:
         """To the sink; with `in_order`, once every group planned before it has gone."""
@@ -236,6 +264,10 @@ class GroupStage:
             self._sink.group(closed, _nothing)
         self._open.clear()
 
+    def cancel_earlier(self, groups: int) -> None:
+        """`groups` groups earlier runs left open, that this run stopped before it read: cancelled."""
+        self.fates[Fate.CANCELLED] += groups
+
     def figures(self) -> dict[str, Any]:
         """The summary's `groups`: how many of each fate (kept ones an earlier run wrote included)."""
         figures: dict[str, Any] = {
@@ -250,7 +282,8 @@ class GroupStage:
         return figures
 
 
-def _key(task_index: Any, first: int) -> tuple[Any, int]:
+def group_key(task_index: Any, first: int) -> tuple[Any, int]:
+    """A group's key, hashable whatever its task index is: the task, and its first rollout index."""
     return (task_index if type(task_index) in (int, str) else encode_json(task_index), first)
 
 

@@ -257,17 +257,17 @@ class GuestRolloutRun(RolloutRun):
         """Pause, and wait in asyncio until no request is in flight (see `RolloutRun.drain`)."""
         steering = self._steered().steering
         steering.pause()
-        quiet: asyncio.Future[None] = self._loop.create_future()
+        quiet: asyncio.Future[bool] = self._loop.create_future()
 
-        def on_quiet() -> None:  # called in the guest, on this loop's thread
-            _resolve(quiet, None)
+        def on_quiet(drained: bool) -> None:  # called in the guest, on this loop's thread
+            _resolve(quiet, drained)
 
         steering.when_quiet(on_quiet)
         try:
             await asyncio.wait([quiet], timeout=timeout)
         finally:
             steering.forget_quiet(on_quiet)
-        return quiet.done()
+        return quiet.done() and quiet.result()
 
     async def serve(self) -> None:  # the run's task in the guest
         error: BaseException | None = None

@@ -12,7 +12,7 @@ import dataclasses
 import itertools
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from rollfilter.adaptive import AdaptiveWindow
@@ -22,7 +22,8 @@ from rollfilter.limits import AgentLimits
 from rollfilter.outcomes import OVERLOAD_STATUSES, AttemptFailure
 from rollfilter.passk import TaskStats
 from rollfilter.rows import MASK_SAMPLE, REWARD_COMPONENTS
-from rollfilter.sums import EXACT_FROM, EXACT_FROM_INT, mean_of, scaled, total_of
+from rollfilter.stats import Estimate, error_bars, estimate_of_moments
+from rollfilter.sums import EXACT_FROM, EXACT_FROM_INT, lost_to_rounding, mean_of, scaled, total_of
 
 _BUCKET_GROWTH = math.log(1.01)
 _MIN_LATENCY = 1e-6
@@ -67,6 +68,150 @@ class LatencyHistogram:
         return self.max
 
 
+_EXACT_BELOW = 128  # counts under this are kept one by one: tool calls, and short answers' tokens
+
+
+class CountSketch:
+    """Whole numbers (tokens, tool calls) in bounded memory: each value under 128 counted as
+    itself, larger ones in 1%-wide log buckets. Percentiles are exact under 128 and within 1%
+    above; the mean and the max are exact."""
+
+    __slots__ = ("_buckets", "_exact", "count", "max", "total")
+
+    def __init__(self) -> None:
+        self._exact = [0] * _EXACT_BELOW
+        self._buckets: collections.Counter[int] = collections.Counter()  # by log bucket, from 128
+        self.count = 0
+        self.total = 0
+        self.max = 0
+
+    def add(self, value: int) -> None:
+        if value < _EXACT_BELOW:
+            self._exact[value] += 1
+        else:
+            self._buckets[math.floor(math.log(value / _EXACT_BELOW) / _BUCKET_GROWTH)] += 1
+        self.count += 1
+        self.total += value
+        if value > self.max:
+            self.max = value
+
+    def merge(self, other: CountSketch) -> None:
+        self._exact = [mine + theirs for mine, theirs in zip(self._exact, other._exact, strict=True)]
+        self._buckets.update(other._buckets)
+        self.count += other.count
+        self.total += other.total
+        self.max = max(self.max, other.max)
+
+    def _counts(self) -> Iterator[tuple[float, float, int]]:
+        """Each value or bucket counted, ascending: its least value, its greatest, and its count."""
+        for value, count in enumerate(self._exact):
+            if count:
+                yield value, value, count
+        for bucket in sorted(self._buckets):
+            low = _EXACT_BELOW * math.exp(bucket * _BUCKET_GROWTH)
+            yield low, low * math.exp(_BUCKET_GROWTH), self._buckets[bucket]
+
+    def percentile(self, p: float) -> float:
+        """The value `p`% of the counts are at or under (the nearest rank), 0 with none."""
+        rank = max(1, math.ceil(p / 100 * self.count))
+        seen = 0
+        for _, high, count in self._counts():
+            seen += count
+            if seen >= rank:
+                return min(high, self.max)
+        return self.max
+
+    def cumulative(self, bounds: Sequence[float]) -> list[int]:
+        """How many values are at most each of `bounds` (ascending), a bucket counted by its middle."""
+        counts = [0] * len(bounds)
+        for low, high, count in self._counts():
+            first = bisect.bisect_left(bounds, (low + high) / 2)
+            if first < len(bounds):
+                counts[first] += count
+        return list(itertools.accumulate(counts))
+
+    def buckets(self) -> int:
+        """How many counts are kept: what the memory grows with."""
+        return len(self._exact) + len(self._buckets)
+
+    def figures(self) -> dict[str, float] | None:
+        """p50, p90, max and mean; None when nothing was counted."""
+        if not self.count:
+            return None
+        return {
+            "p50": math.floor(self.percentile(50)),
+            "p90": math.floor(self.percentile(90)),
+            "max": self.max,
+            "mean": self.total / self.count,
+        }
+
+
+_MOST_COUNTED = 2**53  # a count at or past this is no count of tokens, and would overflow the figures
+
+
+def _whole(value: Any) -> int | None:
+    """A count from an answer: a whole number from 0 to under 2**53 (an integral float too)."""
+    kind = type(value)
+    if kind is int:
+        return value if 0 <= value < _MOST_COUNTED else None
+    if kind is float and 0 <= value < _MOST_COUNTED and value.is_integer():
+        return int(value)
+    return None
+
+
+class RolloutCosts:
+    """What each rollout took, from its `response`: output and input tokens (`usage`), tool calls
+    (`output` items of type function_call), and whether it was cut short (status incomplete)."""
+
+    __slots__ = ("incomplete", "input_tokens", "output_tokens", "rollouts", "tool_calls")
+
+    def __init__(self) -> None:
+        self.rollouts = 0
+        self.incomplete = 0
+        self.output_tokens = CountSketch()
+        self.input_tokens = CountSketch()
+        self.tool_calls = CountSketch()
+
+    def add(self, response: dict[str, Any]) -> None:
+        # On the path of every result: plain ints are taken without a call.
+        self.rollouts += 1
+        usage = response.get("usage")
+        if type(usage) is dict:
+            tokens = usage.get("output_tokens")
+            if (type(tokens) is int and 0 <= tokens < _MOST_COUNTED) or (tokens := _whole(tokens)) is not None:
+                self.output_tokens.add(tokens)
+            tokens = usage.get("input_tokens")
+            if (type(tokens) is int and 0 <= tokens < _MOST_COUNTED) or (tokens := _whole(tokens)) is not None:
+                self.input_tokens.add(tokens)
+        output = response.get("output")
+        if type(output) is list:
+            calls = 0
+            for item in output:
+                if type(item) is dict and item.get("type") == "function_call":
+                    calls += 1
+            self.tool_calls.add(calls)
+        if response.get("status") == "incomplete" or response.get("incomplete_details"):
+            self.incomplete += 1
+
+    def merge(self, other: RolloutCosts) -> None:
+        self.rollouts += other.rollouts
+        self.incomplete += other.incomplete
+        self.output_tokens.merge(other.output_tokens)
+        self.input_tokens.merge(other.input_tokens)
+        self.tool_calls.merge(other.tool_calls)
+
+    def figures(self) -> dict[str, Any] | None:
+        """The summary's `per_rollout`; None when no result held a response."""
+        if not self.rollouts:
+            return None
+        return {
+            "output_tokens": self.output_tokens.figures(),
+            "input_tokens": self.input_tokens.figures(),
+            "tool_calls": self.tool_calls.figures(),
+            "incomplete": self.incomplete / self.rollouts,
+        }
+
+
 def as_float(value: Any) -> float | None:
     """A result field as a number for a mean: bool, int or finite float (booleans count 0/1)."""
     kind = type(value)  # exact types: msgspec gives plain bool, int, float
@@ -88,17 +233,8 @@ class Means:
     """
 
     __slots__ = (
-        "component_counts",
-        "component_sums",
-        "counts",
-        "exact",
-        "failed",
-        "masked",
-        "succeeded",
-        "sums",
-        "usage_counts",
-        "usage_exact",
-        "usage_sums",
+        *("component_counts", "component_sums", "compensations", "costs", "counts", "exact", "failed"),
+        *("masked", "shifts", "squares", "succeeded", "sums", "usage_counts", "usage_exact", "usage_sums"),
     )
 
     def __init__(self) -> None:
@@ -110,6 +246,10 @@ class Means:
         self.sums: dict[str, float] = {}
         self.counts: dict[str, int] = {}
         self.exact: dict[str, int] = {}
+        self.compensations: dict[str, float] = {}  # what each float sum's rounding lost
+        self.shifts: dict[str, float] = {}  # each field's first value, and the squares of the values less it,
+        self.squares: dict[str, float] = {}  # for its standard error with a rollout a task (no repeats)
+        self.costs = RolloutCosts()
         self.usage_sums: dict[str, float] = {}
         self.usage_counts: dict[str, int] = {}
         self.usage_exact: dict[str, int] = {}
@@ -119,32 +259,46 @@ class Means:
         # inf and nan (and the rare huge value, summed apart) faster than math.isfinite().
         self.succeeded += 1
         response = result.get("response")
-        if type(response) is dict:
+        if type(response) is dict:  # a masked rollout's tokens were spent all the same
+            self.costs.add(response)
             usage = response.get("usage")
-            if type(usage) is dict:  # a masked rollout's tokens were spent all the same
+            if type(usage) is dict:
                 _add_usage(usage, self.usage_sums, self.usage_counts, self.usage_exact)
         if result.get(MASK_SAMPLE) is True:
             self.masked += 1
             return
-        sums, counts = self.sums, self.counts
+        sums, counts, compensations = self.sums, self.counts, self.compensations
+        shifts, squares = self.shifts, self.squares
         for key, value in result.items():
             kind = type(value)
             if kind is float:
                 if not -EXACT_FROM < value < EXACT_FROM:
                     if value - value == 0.0:  # finite
-                        _add_exact(key, value, sums, counts, self.exact)
+                        self._add_huge(key, value)
                     continue
             elif kind is int:
                 if not -EXACT_FROM_INT < value < EXACT_FROM_INT:
                     if -_FLOAT_RANGE < value < _FLOAT_RANGE:
-                        _add_exact(key, value, sums, counts, self.exact)
+                        self._add_huge(key, value)
                     continue
             elif kind is not bool or key == MASK_SAMPLE:  # false on every result the means cover
                 continue
             if key.startswith("_ng_"):
                 continue
-            sums[key] = sums.get(key, 0.0) + value
-            counts[key] = counts.get(key, 0) + 1
+            total = sums.get(key)
+            if total is None:
+                self._first(key, value)
+                continue
+            # sums.lost_to_rounding, written out: the per-result hot path.
+            added = total + value
+            if (total if total >= 0.0 else -total) >= (value if value >= 0.0 else -value):
+                compensations[key] += (total - added) + value
+            else:
+                compensations[key] += (value - added) + total
+            sums[key] = added
+            counts[key] += 1
+            deviation = value - shifts[key]
+            squares[key] += deviation * deviation
         components = result.get(REWARD_COMPONENTS)
         if type(components) is dict:
             self._add_components(components)
@@ -157,36 +311,62 @@ class Means:
                 sums[name] = sums.get(name, 0.0) + number
                 counts[name] = counts.get(name, 0) + 1
 
+    def _add_huge(self, key: str, value: float) -> None:
+        if key.startswith("_ng_"):
+            return
+        if key not in self.sums:
+            self.sums[key], self.counts[key] = 0.0, 0
+            self.compensations[key], self.shifts[key], self.squares[key] = 0.0, 0.0, 0.0
+        _add_exact(key, value, self.sums, self.counts, self.exact)
+
+    def _first(self, key: str, value: float) -> None:
+        self.sums[key] = 0.0 + value
+        self.counts[key] = 1
+        self.compensations[key] = 0.0
+        self.shifts[key] = 0.0 + value
+        self.squares[key] = 0.0
+
     def merge(self, other: Means) -> None:
         self.succeeded += other.succeeded
         self.failed += other.failed
         self.masked += other.masked
-        for sums, more in (
-            (self.sums, other.sums),
-            (self.usage_sums, other.usage_sums),
-            (self.component_sums, other.component_sums),
-        ):
-            for key, value in more.items():
+        for key, total in other.sums.items():
+            if key not in self.sums:
+                self.sums[key], self.counts[key] = 0.0, 0
+                self.compensations[key], self.shifts[key], self.squares[key] = 0.0, other.shifts[key], 0.0
+            shift, count = self.shifts[key], other.counts[key]
+            # The other's squares about its own shift, moved to this one's.
+            moved = other.shifts[key] - shift
+            deviations = total + other.compensations[key] - count * other.shifts[key]
+            self.squares[key] += other.squares[key] + 2 * moved * deviations + count * moved * moved
+            added = self.sums[key] + total
+            self.compensations[key] += other.compensations[key] + lost_to_rounding(self.sums[key], total, added)
+            self.sums[key] = added
+        for sums, more_sums in ((self.usage_sums, other.usage_sums), (self.component_sums, other.component_sums)):
+            for key, value in more_sums.items():
                 sums[key] = sums.get(key, 0.0) + value
-        for tallies, added in (
+        for tallies, more in (
             (self.counts, other.counts),
             (self.usage_counts, other.usage_counts),
             (self.exact, other.exact),
             (self.usage_exact, other.usage_exact),
             (self.component_counts, other.component_counts),
         ):
-            for key, count in added.items():
+            for key, count in more.items():
                 tallies[key] = tallies.get(key, 0) + count
+        self.costs.merge(other.costs)
 
     def mean(self, key: str) -> float:
         count = self.counts.get(key)
-        return mean_of(self.sums[key], self.exact.get(key, 0), count) if count else 0.0
+        if not count:
+            return 0.0
+        return mean_of(self.sums[key] + self.compensations[key], self.exact.get(key, 0), count)
 
     def means(self) -> dict[str, Any]:
         """`reward` first (null when no result carried one), then each field's mean in the order first seen."""
         means: dict[str, Any] = {"reward": None}
-        for key, total in self.sums.items():
-            means[key] = mean_of(total, self.exact.get(key, 0), self.counts[key])
+        for key in self.sums:
+            means[key] = self.mean(key)
         return means
 
     @property
@@ -198,6 +378,19 @@ class Means:
         """The mean of each reward_components entry, over the results the means cover."""
         counts = self.component_counts
         return {name: total / counts[name] for name, total in self.component_sums.items()}
+
+    def estimates(self) -> dict[str, Estimate]:
+        """Each field's mean with its standard error, taking each rollout as a task of its own
+        (right for a run without repeats; `passk.TaskStats` clusters by task when it has them).
+        Masked results are in none of them."""
+        found = {}
+        for key, count in self.counts.items():
+            mean = self.mean(key)
+            if key in self.exact:  # values past the float range's square root: no spread to compute
+                found[key] = Estimate(mean, None, None, None, count, count)
+            else:
+                found[key] = estimate_of_moments(count, mean, self.shifts[key], self.squares[key])
+        return found
 
     def usage(self) -> dict[str, float]:
         exact, counts = self.usage_exact, self.usage_counts
@@ -254,6 +447,38 @@ def _add_exact(key: str, value: float, sums: dict[str, float], counts: dict[str,
 
 
 _FLOAT_RANGE = 2**1024 - 2**970  # an int at or past this rounds to an infinite float
+
+
+def error_blocks(figures: dict[str, Any], estimates: dict[str, Estimate]) -> dict[str, Any]:
+    """The summary's error bars beside its means, a block each, keyed as the means are:
+    `stderr`, `ci95` ([low, high]) and `sample_size` ({"tasks", "rollouts"}); a mean whose
+    spread cannot be seen (one task) has null bars, and a summary with no mean no blocks."""
+    stderr: dict[str, Any] = {}
+    ci95: dict[str, Any] = {}
+    sample_size: dict[str, Any] = {}
+    for key, value in figures.items():
+        estimate = estimates.get(key)
+        if value is None or estimate is None:
+            continue
+        stderr[key], ci95[key] = error_bars(estimate)
+        sample_size[key] = {"tasks": estimate.tasks, "rollouts": estimate.rollouts}
+    if not sample_size:  # no mean: no blocks, as an agent whose rollouts all failed has none
+        return {}
+    return {"stderr": stderr, "ci95": ci95, "sample_size": sample_size}
+
+
+def _agent_figures(means: Means, estimates: dict[str, Estimate]) -> dict[str, Any]:
+    """An agent's part of the summary's `agents`: its counts, means, error bars, usage and costs."""
+    figures: dict[str, Any] = {"succeeded": means.succeeded, "failed": means.failed, "masked": means.masked}
+    figures |= means.means()
+    if means.component_sums:
+        figures[REWARD_COMPONENTS] = means.components()
+    figures |= error_blocks(figures, estimates)
+    figures["usage"] = means.usage()
+    costs = means.costs.figures()
+    if costs is not None:
+        figures["per_rollout"] = costs
+    return figures
 
 
 UNNAMED_AGENT = "(no name)"  # the key in "agents" for rows routed by -u without an agent name
@@ -395,20 +620,19 @@ class Metrics:
         summary = overall.means()
         if tasks is not None:
             summary.update(tasks.summary_fields())
-        if overall.component_sums:
+        if overall.component_sums:  # no error bars: its entries are no fields TaskStats clusters
             summary[REWARD_COMPONENTS] = overall.components()
+        summary |= error_blocks(summary, overall.estimates() if tasks is None else tasks.estimates())
         summary["usage"] = overall.usage()
+        costs = overall.costs.figures()
+        if costs is not None:
+            summary["per_rollout"] = costs
         by_agent = self.figures_by_agent()
         if len(by_agent) > 1:
             summary["agents"] = {
-                UNNAMED_AGENT if name is None else name: {
-                    "succeeded": means.succeeded,
-                    "failed": means.failed,
-                    "masked": means.masked,
-                    **means.means(),
-                    **({REWARD_COMPONENTS: means.components()} if means.component_sums else {}),
-                    "usage": means.usage(),
-                }
+                UNNAMED_AGENT if name is None else name: _agent_figures(
+                    means, means.estimates() if tasks is None else tasks.estimates(name, by_agent=True)
+                )
                 for name, means in sorted(by_agent.items(), key=lambda item: item[0] or "")
             }
         read = self.taken + self.skipped + self.not_retried

@@ -32,7 +32,7 @@ from prometheus_client.registry import CollectorRegistry
 from rollfilter.engine import Engine
 from rollfilter.errors import ErrorKind
 from rollfilter.groups import GroupStage
-from rollfilter.metrics import UNNAMED_AGENT, Means, Metrics
+from rollfilter.metrics import UNNAMED_AGENT, CountSketch, Means, Metrics
 from rollfilter.rollout_run import RolloutRun, RunFigures
 from rollfilter.routing import Router
 from rollfilter.steering import StalenessGate, Steering
@@ -58,6 +58,8 @@ LATENCY_BOUNDS = (
     600.0,
     1800.0,
 )
+# The output-token histogram's upper bounds: a short answer to a long agent episode.
+OUTPUT_TOKEN_BOUNDS = (16, 64, 256, 1024, 4096, 16384, 65536, 262144)
 SUCCEEDED = "succeeded"
 NOT_PERSISTED = "not_persisted"
 # Each rollout ends with one outcome: it succeeded, was not persisted, or failed with a kind.
@@ -166,6 +168,7 @@ def families(run: Parts) -> list[Metric]:
             [*zeros, *((agent, means.masked) for agent, means in metrics.by_agent.items())],
         ),
         _latency(metrics),
+        _output_tokens(metrics),
         _by_agent(
             _counter("tokens", "Tokens the agents' answers report using (usage)."),
             [(agent, means.tokens()) for agent, means in metrics.by_agent.items()],
@@ -303,4 +306,19 @@ def _latency(metrics: Metrics) -> HistogramMetricFamily:
         "Time from sending a rollout to its answer, retries included (a bucket's bound within 1%).",
         buckets=[*buckets, ("+Inf", latency.count)],
         sum_value=latency.sum,
+    )
+
+
+def _output_tokens(metrics: Metrics) -> HistogramMetricFamily:
+    """Output tokens a rollout, as its answer's usage reports them (earlier runs' results included)."""
+    sketch = CountSketch()
+    for means in metrics.figures_by_agent().values():
+        sketch.merge(means.costs.output_tokens)
+    counts = sketch.cumulative(OUTPUT_TOKEN_BOUNDS)
+    buckets = [(str(bound), float(count)) for bound, count in zip(OUTPUT_TOKEN_BOUNDS, counts, strict=True)]
+    return HistogramMetricFamily(
+        "rollfilter_rollout_output_tokens",
+        "Output tokens a rollout (usage.output_tokens; a bucket's bound within 1% over 128).",
+        buckets=[*buckets, ("+Inf", float(sketch.count))],
+        sum_value=sketch.total,
     )

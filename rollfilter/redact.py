@@ -35,6 +35,12 @@ def shown(url: httpx.URL | str) -> str:
     return printable(str(url.copy_with(username=None, password=None, query=None, fragment=None)))
 
 
+def shown_as_typed(text: str) -> str:
+    """A URL's text as it was typed, cut as `shown` cuts a URL (credentials, query and fragment),
+    without the rest of `shown`'s reading of it: no scheme added, nothing escaped or normalized."""
+    return printable(_without_secrets(text))
+
+
 def _without_secrets(text: str) -> str:
     """A URL's text without what precedes an '@' in its authority, and what follows a '?' or '#'."""
     text = text.partition("#")[0].partition("?")[0]

@@ -125,6 +125,7 @@ class ResumeState:
         self.cut_bytes = 0  # cut off the results file: the start of a group a kill cut in two
         self.reopened = 0  # groups written incomplete whose failed rollouts run again: cut off to be written whole
         self.kept_groups = 0  # groups the results file holds that were kept (held file's markers)
+        self.target_groups: int | None = None  # the run's --target-groups: met, no group is reopened
         self.dropped_groups = 0  # groups dropped as uniform (held file's markers)
         self.masked_groups = 0  # groups dropped as masked: too few valid measurements (held file's markers)
 
@@ -259,10 +260,13 @@ class ResumeState:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         *,
         held: str | None = None,
+        target_groups: int | None = None,
     ) -> ResumeState:
         """Read a results file and, if given, a failures file and a held file (see the module
-        docstring: this may cut the results file's tail); missing files are empty."""
+        docstring: this may cut the results file's tail, unless the results file holds
+        `target_groups` kept groups already); missing files are empty."""
         state = cls(max_attempts)
+        state.target_groups = target_groups
         if failures is not None:  # read first: whether a failed rollout runs again decides what is cut
             for record in _records(failures):
                 error = record.error if isinstance(record.error, dict) else {}
@@ -311,12 +315,18 @@ class ResumeState:
 
     def _reopen_point(self, results: str, incomplete: list[_HeldRecord]) -> tuple[int | None, list[bytes]]:
         """Where the first group written incomplete whose failed rollouts run again starts in the
-        results file, and those failed rollouts."""
+        results file, and those failed rollouts. None when the results file holds the target's
+        kept groups already: the run is done, and a cut would take kept groups back out of it."""
         offsets = KeyTable(("Q",))
+        kept = 0
         for record, offset in _records_at(results):
-            handle, new = offsets.add(pair_key(record.task, record.rollout))
+            key = pair_key(record.task, record.rollout)
+            handle, new = offsets.add(key)
             if new:
                 offsets.set_value(handle, offset)
+                kept += bool(self._kept.count) and key in self._kept
+        if self.target_groups is not None and kept >= self.target_groups:
+            return None, []
         start: int | None = None
         reopened: list[bytes] = []
         for marker in incomplete:

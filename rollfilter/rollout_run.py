@@ -97,7 +97,8 @@ class RolloutRun(RunResults, abc.ABC):
 
     async def drain(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109  # an answer, not an error
         """Pause, and wait until no request is in flight, for at most `timeout` seconds (None: as
-        long as it takes). Whether none is in flight; the run stays paused until `resume()`."""
+        long as it takes). Whether none is in flight; the run stays paused until `resume()`,
+        which ends a drain waiting, not drained."""
         return await self._steered().steering.drain(timeout)
 
     def set_concurrency(self, concurrency: int) -> None:

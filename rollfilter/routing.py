@@ -2,7 +2,11 @@
 
 Of an agent's replicas, a rollout goes to the one with the fewest requests outstanding, or, by
 task (`TaskPlacement`), every rollout of a task to the same one, for its prefix cache. A
-replica whose connections fail sits out a growing cool-down, and its rows go to another. With
+replica whose connections fail sits out a cool-down, and its rows go to another. The cool-down
+doubles (to a few seconds) only when a request sent after it began fails too: the requests a
+replica had out when it went down fail together, and count once. When the cool-down is over,
+the replica is on trial: it takes one request at a time until one gets through, so a replica
+still down costs one request, not a flood, and one that is back takes its share at once. With
 --adaptive, each agent carries its window (see adaptive.py).
 """
 
@@ -31,7 +35,9 @@ if TYPE_CHECKING:
     from rollfilter.headserver import HeadServerAgents
 
 COOLDOWN_BASE = 1.0  # a replica whose connections fail sits out this long, doubling
-COOLDOWN_CAP = 60.0
+# The longest cool-down: a replica that is back again waits at most this long for its trial
+# request, and one that stays down costs one request (a connection refused) this often.
+COOLDOWN_CAP = 4.0
 # A replica takes a new task while it holds at most this many times the mean of the requests
 # outstanding (the bound of consistent hashing with bounded loads). 1.25: the busiest replica
 # stays within 1.25x the mean, as the fleet benchmark asks, while a task leaves its home replica
@@ -67,15 +73,28 @@ class Replica:
     requests: int = 0
     failures: int = 0
     cool_until: float = 0.0
-    cooldown: float = 0.0
+    cooldown: float = 0.0  # not 0: its connections failed, and none has worked since
+    cool_from: float = 0.0  # when its cool-down began
+    refused: bool = False  # a connection to it was refused or dropped this run
 
-    def connection_failed(self, now: float) -> None:
+    def connection_failed(self, now: float, sent: float | None = None) -> None:
+        """A connection to it failed, for a request `sent` then (default: now). A request sent
+        before the cool-down began is one of those out when it went down: it counts once."""
+        self.refused = True
+        if self.cooldown and sent is not None and sent < self.cool_from:
+            return
         self.cooldown = min(COOLDOWN_CAP, self.cooldown * 2 or COOLDOWN_BASE)
+        self.cool_from = now
         self.cool_until = now + self.cooldown
 
     def connection_worked(self) -> None:
         self.cooldown = 0.0
         self.cool_until = 0.0
+
+    def takes(self, now: float) -> bool:
+        """Whether it takes a request now: not cooling down, and, on trial after a cool-down,
+        none out yet."""
+        return self.cool_until <= now and not (self.cooldown and self.outstanding)
 
 
 class TaskPlacement:
@@ -111,18 +130,18 @@ class TaskPlacement:
         at = self._placed.get(key)
         if at is not None:
             replica = self.replicas[at]
-            if replica.cool_until <= now and replica is not avoid:
+            if replica.takes(now) and replica is not avoid:
                 self._placed.move_to_end(key)
                 return replica
-            if replica is avoid and replica.cool_until <= now:  # this attempt only: the task stays
+            if replica.cool_until <= now:  # avoided, or its trial request out: this attempt only, the task stays
                 return self._place(key, now, avoid, keep=False)
         return self._place(key, now, avoid, keep=True)
 
     def _place(self, key: bytes, now: float, avoid: Replica | None, *, keep: bool) -> Replica:
         replicas = self.replicas
-        up = [replica.cool_until <= now and replica is not avoid for replica in replicas]
+        up = [replica.takes(now) and replica is not avoid for replica in replicas]
         if not any(up):
-            up = [replica.cool_until <= now for replica in replicas]
+            up = [replica.takes(now) for replica in replicas]
         if not any(up):  # all cooling down: the one back first
             return min(replicas, key=lambda replica: replica.cool_until)
         outstanding = sum(replica.outstanding for replica, ready in zip(replicas, up, strict=True) if ready)
@@ -178,11 +197,9 @@ class Agent:
             return self.replicas[0]
         if self.placement is not None and task is not None:
             return self.placement.pick(task, now, avoid)
-        ready = [r for r in self.replicas if r.cool_until <= now and r is not avoid]
+        ready = [r for r in self.replicas if r.takes(now) and r is not avoid]
         if not ready:
-            ready = [r for r in self.replicas if r.cool_until <= now] or [
-                min(self.replicas, key=lambda r: r.cool_until)
-            ]
+            ready = [r for r in self.replicas if r.takes(now)] or [min(self.replicas, key=lambda r: r.cool_until)]
         return min(ready, key=lambda r: r.outstanding)
 
 

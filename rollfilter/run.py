@@ -32,7 +32,7 @@ from rollfilter.connect import transport_for
 from rollfilter.cost import Spending
 from rollfilter.engine import Engine, RunControl, StopCause, describe, internal_error_event, reward_of
 from rollfilter.errors import ServiceError, UsageError
-from rollfilter.groups import GroupStage, Member
+from rollfilter.groups import ClosedGroup, GroupStage, Member, trained_on
 from rollfilter.headserver import HEAD_SERVER_TIMEOUT, fetch_config, resolve_endpoints
 from rollfilter.http import AgentTransport
 from rollfilter.limits import AgentLimits, SendSlots
@@ -56,6 +56,7 @@ from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name, is_masked
 from rollfilter.sinks import RowSink
 from rollfilter.spool import ResultSpool
 from rollfilter.steering import StalenessGate, Steering, SteeringError, SteeringStatistics
+from rollfilter.writers import Release
 
 KEEP: Any = ...  # set_rate's default: the limit stays as it is
 
@@ -72,12 +73,12 @@ class Run:
     `resume` is what earlier runs left (their pairs are skipped or retried), `on_event` the -v
     line for each row event, and `dry_run`, when given, gets each routed job in place of
     sending it. With `config.groups`, `connect` builds `groups` too, which hands the sink whole
-    groups, and `hold` gets each finished rollout's line (the command's held file). `transport`,
-    when given, is what the run sends through instead of the one `config` asks for (a test's
-    `rollfilter.http.testing.ScriptedTransport`). With `stop_when_unreachable`, an agent that
-    refused or dropped every connection since the start stops the run
-    (`StopCause.AGENT_UNREACHABLE`) once a row has failed on it. The run owns its transport and
-    spool: `aclose` closes them.
+    groups, and `hold` gets each finished rollout's line (the command's held file), with the
+    `release` to run once it is written. `transport`, when given, is what the run sends through
+    instead of the one `config` asks for (a test's `rollfilter.http.testing.ScriptedTransport`).
+    With `stop_when_unreachable`, an agent that refused or dropped every connection since the
+    start stops the run (`StopCause.AGENT_UNREACHABLE`) once a row has failed on it. The run owns
+    its transport and spool: `aclose` closes them.
     """
 
     def __init__(
@@ -93,7 +94,7 @@ class Run:
         on_event: Callable[[str], None] | None = None,
         on_warning: Callable[[str], None] | None = None,
         dry_run: Callable[[Job, Agent], None] | None = None,
-        hold: Callable[[bytes], None] | None = None,
+        hold: Callable[[bytes, Release | None], None] | None = None,
         transport: AgentTransport | None = None,
         stop_when_unreachable: bool = False,
     ) -> None:
@@ -212,6 +213,7 @@ class Run:
                 dropped_before=self._resume.dropped_groups if self._resume is not None else 0,
                 masked_before=self._resume.masked_groups if self._resume is not None else 0,
                 in_order=config.max_staleness is not None,
+                on_close=self._group_closed if self.staleness is not None else None,
             )
             self.groups.start()  # a target earlier runs met stops the run before anything is sent
             if self.groups.target_reached and self._resume is not None:  # no row is read: it skips them all
@@ -248,6 +250,11 @@ class Run:
     def _target_reached(self) -> None:
         reason = f"stopped once {self.config.target_groups} groups were kept (the target)"
         self.control.stop(StopCause.TARGET_REACHED, reason)
+
+    def _group_closed(self, closed: ClosedGroup) -> None:
+        assert self.staleness is not None
+        handed_out = trained_on(closed.fate, keep_incomplete=self.config.keep_incomplete)
+        self.staleness.group_closed(closed, trained_on=handed_out)
 
     def _count_member(self, member: Member) -> None:
         """A rollout of a group that closed: into the figures (one an earlier run finished, as its)."""
@@ -362,7 +369,8 @@ class Run:
         self.metrics.add_earlier_result(result, agent)
         if self.tasks is not None and TASK_INDEX in result:
             rollout = result.get(ROLLOUT_INDEX)
-            self.tasks.rollout_ended(result[TASK_INDEX], reward_of(result), rollout, masked=is_masked(result))
+            masked = is_masked(result)
+            self.tasks.rollout_ended(result[TASK_INDEX], reward_of(result), rollout, result, agent, masked=masked)
         if self.spool is not None:
             self.spool.add(agent, result)
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import trio
 
 from rollfilter.errors import ErrorKind
-from rollfilter.groups import ClosedGroup, Fate
+from rollfilter.groups import ClosedGroup, Fate, trained_on
 from rollfilter.outcomes import AttemptFailure, Failure, Group, Outcome
 from rollfilter.plan import Job
 from rollfilter.resume import DROPPED_BECAUSE, KEPT, WRITTEN_THROUGH
@@ -135,7 +135,7 @@ class LineSink:
         keep_incomplete), else to `dropped`, each stamped with why."""
         outputs = self._groups
         members = closed.members
-        if closed.fate is Fate.KEPT or (closed.fate is Fate.INCOMPLETE and outputs.keep_incomplete):
+        if trained_on(closed.fate, keep_incomplete=outputs.keep_incomplete):
             if members:
                 lines = b"".join(_encode(member.result) + b"\n" for member in members)
                 kept = [closed.task_index, closed.first] if closed.fate is Fate.KEPT else None
@@ -264,5 +264,5 @@ class ChannelSink:
     def group(self, closed: ClosedGroup, release: Release) -> None:
         rollouts = tuple(member.job.as_rollout(member.result) for member in closed.members if member.job is not None)
         failures = tuple(job.as_failure(failure) for job, failure in closed.failures)
-        ok = closed.fate is Fate.KEPT or (closed.fate is Fate.INCOMPLETE and self._keep_incomplete)
+        ok = trained_on(closed.fate, keep_incomplete=self._keep_incomplete)
         self._send.send_nowait((Group(closed.task_index, closed.fate.value, rollouts, failures, ok), release))

@@ -16,6 +16,11 @@ out in the order they were admitted (`GroupStage`'s `in_order`): a trainer that 
 step and then sets the next version has taken at most i groups before group i, so its version is
 at most v0 + i // B, while group i was sent under a version of at least v0 + i // B - K. Rows of a
 group not yet admitted wait, holding their slot of the concurrency, until the version lets them go.
+
+A group that ends without being handed out to train on (dropped as uniform, or incomplete) is
+never taken by the trainer, so it gives its place back: the groups after it move up one, and the
+bound above holds for the groups the trainer does take. Were it counted, a trainer waiting for B
+groups would wait for ever once more than K x B groups had failed, and so would the run.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from typing import Any
 
 import trio
 
+from rollfilter.config import MAX_POLICY_VERSION
+from rollfilter.groups import ClosedGroup, group_key
 from rollfilter.plan import Job
 
 POLICY_VERSION = "_rf_policy_version"  # a result's key: the version when its /run was sent, and when it ended
@@ -78,7 +85,7 @@ class Steering:
         self.version = policy_version
         self.requests_out: Callable[[], int] = lambda: 0
         self._unpaused = trio.Event()
-        self._on_quiet: list[Callable[[], None]] = []
+        self._on_quiet: list[Callable[[bool], None]] = []
         self._on_version: list[Callable[[], None]] = []
 
     def pause(self) -> None:
@@ -86,25 +93,29 @@ class Steering:
         self.paused = True
 
     def resume(self) -> None:
-        """Requests leave again (those held by the pause first)."""
+        """Requests leave again (those held by the pause first); a drain waiting ends, not drained."""
         if self.paused:
             self.paused = False
             unpaused, self._unpaused = self._unpaused, trio.Event()
             unpaused.set()
+            waiting, self._on_quiet = self._on_quiet, []
+            for callback in waiting:
+                callback(False)
 
     async def wait_unpaused(self) -> None:
         """Return once the run is not paused (at once if it is not)."""
         while self.paused:
             await self._unpaused.wait()
 
-    def when_quiet(self, callback: Callable[[], None]) -> None:
-        """Call `callback` once no request is out (now, if none is)."""
+    def when_quiet(self, callback: Callable[[bool], None]) -> None:
+        """Call `callback(True)` once no request is out while paused (now, if none is), or
+        `callback(False)` if the run is resumed first: what a drain waits for is gone then."""
         if self.requests_out() == 0:
-            callback()
+            callback(True)
         else:
             self._on_quiet.append(callback)
 
-    def forget_quiet(self, callback: Callable[[], None]) -> None:
+    def forget_quiet(self, callback: Callable[[bool], None]) -> None:
         """A waiter that gave up: `callback` is not called."""
         if callback in self._on_quiet:
             self._on_quiet.remove(callback)
@@ -113,20 +124,28 @@ class Steering:
         if self._on_quiet and self.requests_out() == 0:
             waiting, self._on_quiet = self._on_quiet, []
             for callback in waiting:
-                callback()
+                callback(True)
 
     # A drain that runs out of time is an answer (some requests are still out), not an error: it
     # returns False rather than raise as trio.fail_after would.
     async def drain(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109
         """Pause, then wait until no request is out, for at most `timeout` seconds (None: as long
-        as it takes). Whether none is out; the run stays paused either way."""
+        as it takes). Whether none is out; the run stays paused either way, unless `resume()`
+        is called meanwhile, which ends the drain at once, not drained."""
         self.pause()
-        quiet = trio.Event()
-        self.when_quiet(quiet.set)
+        ended = trio.Event()
+        drained = False
+
+        def on_quiet(quiet: bool) -> None:
+            nonlocal drained
+            drained = quiet
+            ended.set()
+
+        self.when_quiet(on_quiet)
         with trio.move_on_after(math.inf if timeout is None else timeout):
-            await quiet.wait()
-        self.forget_quiet(quiet.set)
-        return quiet.is_set()
+            await ended.wait()
+        self.forget_quiet(on_quiet)
+        return drained
 
     def set_version(self, version: int) -> None:
         """The weights the agents serve from now on: a whole number, never lower than the last."""
@@ -134,6 +153,8 @@ class Steering:
             raise SteeringError("the run carries no policy version: give the first one when it starts")
         if type(version) is not int:
             raise SteeringError(f"a policy version is a whole number, not {version!r}")
+        if abs(version) > MAX_POLICY_VERSION:
+            raise SteeringError(f"a policy version is at most {MAX_POLICY_VERSION} (2**53), not {version}")
         if version < self.version:
             raise SteeringError(f"the policy version cannot go back from {self.version} to {version}")
         self.version = version
@@ -166,22 +187,37 @@ class StalenessGate:
         self._batch_groups = batch_groups
         self._last_group: tuple[Any, int] | None = None
         self._groups_seen = 0  # groups numbered so far, admitted or waiting
+        self._numbered: set[tuple[Any, int]] = set()  # the groups numbered that have not closed
+        self._passed_over = 0  # groups that closed without being handed out to train on
         self._waiting: Counter[int] = Counter()  # rows waiting, by their group's number
         self._moved = trio.Event()
-        steering.on_version(self._version_changed)
+        steering.on_version(self._limit_raised)
 
     def limit(self) -> int:
         """How many groups may be sent under the current version."""
         version = self._steering.version
         assert version is not None
-        return (version - self._first_version + self._max_staleness + 1) * self._batch_groups
+        admitted = (version - self._first_version + self._max_staleness + 1) * self._batch_groups
+        return admitted + self._passed_over
 
     def _number(self, job: Job) -> int:
-        key = (job.task_index, job.group)
+        key = group_key(job.task_index, job.group)
         if self._last_group is None or key != self._last_group:
             self._last_group = key
+            self._numbered.add(key)
             self._groups_seen += 1
         return self._groups_seen - 1
+
+    def group_closed(self, closed: ClosedGroup, *, trained_on: bool) -> None:
+        """A group has closed: one this gate numbered that is not `trained_on` gives its place
+        to the next group (see the module docstring)."""
+        key = group_key(closed.task_index, closed.first)
+        if key not in self._numbered:  # nothing of it was sent this run (a bad line, a resumed group)
+            return
+        self._numbered.remove(key)
+        if not trained_on:
+            self._passed_over += 1
+            self._limit_raised()
 
     def admits_now(self, job: Job) -> int | None:
         """None if `job`'s group may be sent now, else its group's number (for `admit`)."""
@@ -211,6 +247,6 @@ class StalenessGate:
     def groups_held(self) -> int:
         return len(self._waiting)
 
-    def _version_changed(self) -> None:
+    def _limit_raised(self) -> None:
         moved, self._moved = self._moved, trio.Event()
         moved.set()

@@ -42,6 +42,16 @@ def total_of(float_sum: float, exact_sum: int) -> float:
         return math.inf
 
 
+def lost_to_rounding(first: float, second: float, total: float) -> float:
+    """What `total`, the float sum of `first` and `second`, lost to rounding (Neumaier's step).
+
+    Every mean of the summary is a sum compensated this way, divided once: summed in any order,
+    the same values give the same mean, to the last digit."""
+    if abs(first) >= abs(second):
+        return (first - total) + second
+    return (second - total) + first
+
+
 def running_mean(mean: float, value: float, count: int) -> float:
     """The mean of `count` values, from the mean of the first `count` - 1 and the last one.
 

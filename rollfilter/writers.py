@@ -185,12 +185,16 @@ class WholeFile:
     it over it: a reader, or a run killed mid-write, finds the old content or the new, never
     an empty or torn file, and nothing is created until there is content. A path that is not
     a regular file (a terminal, a pipe, /dev/stderr) is opened now and written in place, unless
-    `regular_only` refuses it; so is `fd`, when given, for the path it stands for.
+    `regular_only` refuses it; so is `fd`, when given, for the path it stands for. A file made is
+    made with `mode`, less the umask.
     Opening checks what it can before anything is sent, and raises UsageError.
     """
 
-    def __init__(self, path: str, option: str, *, regular_only: bool = False, fd: int | None = None) -> None:
+    def __init__(
+        self, path: str, option: str, *, regular_only: bool = False, fd: int | None = None, mode: int = 0o666
+    ) -> None:
         self.path = path
+        self.mode = mode
         self.name = f"{option} {path}"
         self._fd: int | None = fd  # given: what the path names, written in place (and closed by close())
         if fd is not None:
@@ -225,7 +229,7 @@ class WholeFile:
         directory, base = os.path.split(self.path)
         temporary = os.path.join(directory, f".{base}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
         try:
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, self.mode)
         except OSError as exc:
             raise OutputFailed(self.name, exc) from None
         try:

@@ -218,6 +218,9 @@ def test_api_and_cli_agree(demo_server: DemoServer):
         assert api_summary[field] == cli_summary[field]
     for field in ("rows_read", "succeeded", "failed", "failed_by_kind", "tasks"):
         assert api_summary["rollfilter"][field] == cli_summary["rollfilter"][field]
+    for block in ("stderr", "ci95", "sample_size", "per_rollout"):  # the error bars, clustered by task
+        assert api_summary[block] == cli_summary[block]
+    assert api_summary["sample_size"]["reward"] == {"tasks": 39, "rollouts": 78}
 
 
 def test_an_exception_from_the_callers_rows_reaches_the_caller(demo_server: DemoServer):

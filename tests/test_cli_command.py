@@ -89,7 +89,7 @@ def typer_run_config(*options: str) -> Config:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("rollfilter.cli.run.run", keep)
         start = typer_app(["-u", "http://127.0.0.1:1", "/dev/null", *options], standalone_mode=False)
-        trio.run(start)
+        trio.run(start, None)
     return built[0].engine
 
 
@@ -187,7 +187,7 @@ def parsed(args: list[str], monkeypatch: pytest.MonkeyPatch) -> CommandConfig:
     given: list[CommandConfig] = []
     monkeypatch.setattr("rollfilter.cli.run.run", lambda config, **_: given.append(config))
     start = options.typer_app(args=["-u", URL, *args, "rows.jsonl"], prog_name="rollfilter", standalone_mode=False)
-    start()
+    start(None)
     return given[0]
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -67,7 +69,9 @@ async def answer(server: ControlServer, line: bytes) -> dict[str, Any]:
         (b"drain soon", "number of seconds"),
         (b"drain -1", "number of seconds"),
         (b"drain inf", "number of seconds"),
-        (b"concurrency", "no command"),
+        (b"concurrency", "concurrency takes one argument: concurrency N"),
+        (b"version 2 3", "version takes one argument: version V"),
+        (b"rpm =600", "no agent before '='"),
         (b"concurrency x", "whole number"),
         (b"concurrency 0", "at least 1"),
         (b"concurrency 1.5", "whole number"),
@@ -132,3 +136,54 @@ def test_the_man_page_gives_the_bounds_the_control_keeps():
     assert f"at most {CONTROL_CLIENTS} at once" in man
     assert f"a line of at most {CONTROL_LINE_BYTES} bytes" in man
     assert f"a client silent for {CONTROL_IDLE_SECONDS / 60:g} minutes" in man
+
+
+class OutOfFiles:
+    """A listener whose first accepts fail as a process out of file descriptors sees them fail."""
+
+    def __init__(self, listener: trio.SocketListener, failures: int) -> None:
+        self.listener = listener
+        self.failures = failures
+
+    async def accept(self) -> trio.SocketStream:
+        if self.failures:
+            self.failures -= 1
+            await trio.lowlevel.checkpoint()
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return await self.listener.accept()
+
+
+async def test_a_client_met_with_no_file_descriptor_left_ends_nothing(
+    autojump_clock: trio.testing.MockClock, control: ControlSocket, run: RolloutRun
+):
+    assert run._run is not None
+    server = ControlServer(control, run._run)
+    listener = OutOfFiles(server._listener, failures=3)
+    server._listener = listener  # type: ignore[assignment]  # accepts as the real one does
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.serve)
+        async with await trio.open_unix_socket(control.path) as client:
+            await client.send_all(b"status\n")
+            answered = b""
+            while not answered.endswith(b"\n"):
+                answered += await client.receive_some()
+        assert json.loads(answered)["ok"] is True
+        assert listener.failures == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_client_that_reads_no_answer_is_let_go(
+    autojump_clock: trio.testing.MockClock, control: ControlSocket, run: RolloutRun
+):
+    assert run._run is not None
+    server = ControlServer(control, run._run)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.serve)
+        async with await trio.open_unix_socket(control.path) as client:
+            # Commands enough that their answers fill both buffers; none of them is read.
+            await client.send_all(b"status\n" * 20_000)
+            await trio.testing.wait_all_tasks_blocked()
+            assert server.clients == 1
+            await trio.sleep(CONTROL_IDLE_SECONDS + 1)
+            assert server.clients == 0  # let go: its place is free for another
+        nursery.cancel_scope.cancel()

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import functools
+import os
+import select
 import socket
 import subprocess
 import sys
@@ -9,9 +13,10 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 from prometheus_client import CollectorRegistry, Counter
 
-from rollfilter.cli.exporter import Scrapes, listen, publish, reply, serve
+from rollfilter.cli.exporter import MAX_CONNECTIONS, Scrapes, accept, listen, publish, reply, serve
 from rollfilter.errors import UsageError
 from rollfilter.writers import WholeFile
 
@@ -129,3 +134,73 @@ def test_the_command_imports_prometheus_client_only_for_a_run_that_exports():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
     assert result.returncode == 0, result.stderr.decode()
+
+
+def a_free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+async def test_connections_past_the_cap_wait_until_one_ends():
+    port = a_free_port()
+    sockets = listen("127.0.0.1", port)
+    slots = trio.Semaphore(2)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(functools.partial(serve, sockets, Scrapes(a_registry()), slots=slots))
+        idle = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(2)]  # connections that send nothing
+        scrape = await trio.open_tcp_stream("127.0.0.1", port)
+        await scrape.send_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+        assert slots.value == 0
+        readable = select.poll()
+        readable.register(scrape.socket.fileno(), select.POLLIN)
+        assert readable.poll(0) == []  # not answered: it waits in the listen backlog
+        await idle[0].aclose()
+        answer = b""
+        while data := await scrape.receive_some():
+            answer += data
+        assert answer.startswith(b"HTTP/1.1 200 OK")
+        for stream in (idle[1], scrape):
+            await stream.aclose()
+        nursery.cancel_scope.cancel()
+
+
+class OutOfDescriptorsOnce(trio.abc.Listener[trio.SocketStream]):
+    """A listener whose first accept finds no descriptor free (EMFILE), as a flood leaves it."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream: trio.SocketStream | None = stream
+        self.accepts = 0
+
+    async def accept(self) -> trio.SocketStream:
+        self.accepts += 1
+        if self.accepts == 1:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        if self.stream is None:
+            await trio.sleep_forever()
+        stream, self.stream = self.stream, None
+        return stream
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_an_accept_with_no_descriptor_free_is_tried_again_without_a_word(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+):
+    client, server = trio.socket.socketpair()
+    listener = OutOfDescriptorsOnce(trio.SocketStream(server))
+    scraper = trio.SocketStream(client)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(accept, listener, trio.Semaphore(MAX_CONNECTIONS), Scrapes(a_registry()), nursery)
+        await scraper.send_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = b""
+        while data := await scraper.receive_some():
+            answer += data
+        assert answer.startswith(b"HTTP/1.1 200 OK")
+        nursery.cancel_scope.cancel()
+    await scraper.aclose()
+    assert listener.accepts >= 2
+    assert caplog.records == []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rollfilter.cli.folding import FOLD_EVERY_S, SHOWN_IN_FULL, FailureFolder
+from rollfilter.cli.folding import FOLD_EVERY_S, REMEMBERED, SHOWN_IN_FULL, FailureFolder
 from rollfilter.errors import ErrorKind
 from rollfilter.outcomes import Failure
 
@@ -32,3 +32,16 @@ def test_another_message_or_agent_is_another_run_of_lines():
     assert folder.admit(failure(9, agent="b"), b"b\n") == b"b\n"
     assert folder.admit(failure(9, message="HTTP 500"), b"c\n") == b"c\n"
     assert folder.admit(failure(9, agent=None), b"d\n") == b"d\n"
+
+
+def test_distinct_messages_are_remembered_up_to_a_bound_and_a_forgotten_count_is_told():
+    folder = FailureFolder(lambda: 0.0, lambda text: text.encode() + b"\n")
+    for n in range(SHOWN_IN_FULL + 2):
+        folder.admit(failure(n), b"a\n")
+    said = [folder.admit(failure(n, message=f"HTTP 500 request {n}"), b"x\n") for n in range(3 * REMEMBERED)]
+    assert said[REMEMBERED - 2] == b"x\n"  # with the first message, REMEMBERED in all
+    assert said[REMEMBERED - 1] == b"2 more rows of agent a failed so: connect: cannot connect\nx\n"  # forgotten
+    assert said.count(b"x\n") == len(said) - 1  # each distinct message in full, and nothing else
+    assert len(folder.unsaid()) == 0
+    assert folder.admit(failure(9), b"a\n") == b"a\n"  # forgotten: in full again
+    assert len(folder._folded) <= REMEMBERED  # memory does not grow with the rows

@@ -62,6 +62,8 @@ def test_a_param_in_nemo_gym_s_spelling_means_the_key_inside_responses_create_pa
     assert parsers.param("+responses_create_params.metadata.x=1") == ("metadata.x", 1)
     with pytest.raises(UsageError, match=r"^-p sets keys inside responses_create_params: give -p KEY=VALUE"):
         parsers.param('responses_create_params={"temperature": 0.7}')
+    with pytest.raises(UsageError, match=r"^-p sets keys inside responses_create_params: give -p KEY=VALUE"):
+        parsers.param("+responses_create_params.responses_create_params.temperature=0.7")
 
 
 def test_a_url_without_a_scheme_is_read_as_curl_reads_it():
@@ -72,6 +74,10 @@ def test_a_url_without_a_scheme_is_read_as_curl_reads_it():
     with pytest.raises(UsageError) as refused:
         parsers.url("user:s3cret@h:99999")
     assert str(refused.value) == "bad port in URL 'http://h:99999', read from 'h:99999' as curl reads it"
+    for typed, quoted in [("//h:x", "//h:x"), ("a b:1", "a b:1"), ("u:s3cret@h:x?token=t", "h:x")]:
+        with pytest.raises(UsageError) as refused:
+            parsers.url(typed)
+        assert str(refused.value).endswith(f", read from {quoted!r} as curl reads it"), typed
 
 
 def test_endpoints_collect_replicas():
@@ -79,6 +85,15 @@ def test_endpoints_collect_replicas():
     assert endpoints == {"a": ("http://h:1/run", "http://h:2/run", "http://h:3/run"), "b": ("http://h:4/x",)}
     with pytest.raises(UsageError, match=r"^-e/--endpoint wants NAME=URL"):
         parsers.endpoints(["nourl"])
+
+
+@pytest.mark.parametrize("given", [["a=http://h:1,http://h:1/run"], ["a=http://h:1", "a=http://h:2,http://h:1"]])
+def test_a_replica_given_twice_is_refused_by_its_url_without_its_secrets(given: list[str]):
+    with pytest.raises(UsageError, match=r"^-e/--endpoint a: http://h:1/run is given twice"):
+        parsers.endpoints(given)
+    with pytest.raises(UsageError) as refused:
+        parsers.endpoints([f"a=http://user:{SECRET}@h:1,http://user:{SECRET}@h:1"])
+    assert SECRET not in str(refused.value)
 
 
 def test_statuses_and_failure_limits():
@@ -186,3 +201,9 @@ def test_a_staleness_bound_needs_both_its_figures_and_groups():
     with pytest.raises(UsageError, match="give --groups"):
         parsers.steering(None, 1, 2, groups=False)
     assert parsers.steering(3, 1, 2, groups=True) == {"policy_version": 3, "max_staleness": 1, "batch_groups": 2}
+
+
+def test_a_policy_version_is_at_most_2_to_the_53():
+    with pytest.raises(UsageError, match=r"--policy-version is a whole number of at most 9007199254740992"):
+        parsers.steering(2**53 + 1, None, None, groups=False)
+    assert parsers.steering(-(2**53), None, None, groups=False)["policy_version"] == -(2**53)

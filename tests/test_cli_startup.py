@@ -54,6 +54,7 @@ def test_the_entry_point_imports_only_signal_before_it_sets_its_handlers():
         "rollfilter._version",
         "rollfilter.cli",
         "rollfilter.cli.startup",
+        "rollfilter.cli.early_signals",
     }
     assert loaded.isdisjoint({"typing", "importlib.abc", "tempfile", "dataclasses", "typer", "trio"}), loaded
 

@@ -308,3 +308,10 @@ def test_re_scoring_sends_to_verify_and_goes_one_rollout_at_a_time():
         Config(url="http://h", repeats=2, groups=True, reverify=Reverify("m.jsonl"))
     with pytest.raises(ConfigError, match=r"^Config\.reverify\.materialized: "):
         Reverify("")
+
+
+def test_an_affinity_header_the_headers_set_already_is_refused_without_suggesting_itself():
+    with pytest.raises(ConfigError) as refused:
+        Config(url="http://127.0.0.1:1/run", affinity_header="x-session-id", headers=(("X-Session-ID", "1"),))
+    assert "leave it out of them" in str(refused.value)
+    assert "such as X-Session-ID" not in str(refused.value)

@@ -32,11 +32,21 @@ def result(task: int, rollout: int, reward: float) -> dict[str, Any]:
     return {"_ng_task_index": task, "_ng_rollout_index": rollout, "reward": reward}
 
 
-def stage(sink: Sink, **options: Any) -> tuple[GroupStage, list[Member], list[bytes], list[str]]:
+def stage(
+    sink: Sink, *, on_disk: list[Release] | None = None, **options: Any
+) -> tuple[GroupStage, list[Member], list[bytes], list[str]]:
+    """A stage whose held lines are written at once, or, given `on_disk`, whose lines' releases
+    wait there until the test runs them (a held file not written yet)."""
     counted: list[Member] = []
     held: list[bytes] = []
     reached: list[str] = []
-    groups = GroupStage(sink, lambda: reached.append("target"), counted.append, hold=held.append, **options)
+
+    def hold(line: bytes, release: Release | None) -> None:
+        held.append(line)
+        if release is not None:
+            release() if on_disk is None else on_disk.append(release)
+
+    groups = GroupStage(sink, lambda: reached.append("target"), counted.append, hold=hold, **options)
     return groups, counted, held, reached
 
 
@@ -64,6 +74,24 @@ def test_a_group_is_handed_on_whole_once_its_last_rollout_ends_and_only_its_last
     sink.releases[0]()
     assert released == [2, 0, 1]
     assert [json.loads(line)["_ng_rollout_index"] for line in held] == [2, 0, 1]  # each as it finished
+
+
+def test_a_rollouts_slot_comes_back_once_its_line_is_in_the_held_file_not_before():
+    # A result back but not yet on disk would be sent again after a kill -9, beside the rollouts
+    # in flight: a resumed run would send more than -j again.
+    sink, on_disk = Sink(), []
+    groups, _, _, _ = stage(sink, on_disk=on_disk)
+    groups.planned(plan(0, range(2)))
+    released: list[int] = []
+    groups.result(job(0, 0), result(0, 0, 1.0), 0.1, lambda: released.append(0))
+    assert released == []
+    on_disk.pop()()
+    assert released == [0]
+    groups.result(job(0, 1), result(0, 1, 0.0), 0.1, lambda: released.append(1))
+    sink.releases[0]()  # the group written: the closing rollout's slot waits for its held line too
+    assert released == [0]
+    on_disk.pop()()
+    assert released == [0, 1]
 
 
 def test_uniform_groups_are_dropped_and_marked_in_the_held_file_and_failures_make_them_incomplete():

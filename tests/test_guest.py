@@ -617,6 +617,27 @@ def test_ctrl_c_in_an_asyncio_program_stops_the_run(demo_server: DemoServer, tmp
     assert "guest run" not in stderr.decode()  # trio's warning for a guest run left unfinished
 
 
+def test_a_drain_waiting_ends_not_drained_when_the_run_is_resumed(lib: Library, demo_server: DemoServer):
+    rows = [{"responses_create_params": {"input": "hi"}, "demo": {"latency": 1.0}} for _ in range(4)]
+
+    async def scenario() -> tuple[list[Any], int]:
+        async with open_rollouts(rows, Config(url=demo_server.url, concurrency=2)) as run:
+            await wait_until(lib, lambda: run.statistics().requests_out == 2)
+
+            async def resume_once_paused() -> None:
+                await wait_until(lib, lambda: run.statistics().paused)
+                run.resume()
+
+            answers = await lib.gather(lambda: run.drain(WAIT), resume_once_paused)
+            out = run.statistics().requests_out  # the episodes go on: the resume ended the drain
+            assert len([outcome async for outcome in run]) == 4
+        return answers, out
+
+    answers, out = lib.run(scenario)
+    assert answers == [False, None]
+    assert out == 2
+
+
 def test_a_run_is_paused_drained_and_steered_from_its_own_library(lib: Library, demo_server: DemoServer):
     rows = [{"responses_create_params": {"input": "hi"}, "demo": {"latency": 0.2}} for _ in range(8)]
 

@@ -155,3 +155,90 @@ def test_a_masked_result_is_counted_and_its_tokens_spent_but_it_is_in_no_mean():
     assert summary["rollfilter"]["means_cover"] == 2  # the earlier run's masked result covered by none
     assert metrics.tokens() == 30
     assert summary["usage"] == {"total_tokens": 10.0}
+
+
+def test_a_masked_result_is_in_per_rollout_but_in_no_error_bar():
+    metrics = Metrics()
+    for reward, tokens, masked in ((1.0, 3, False), (0.0, 5, False), (0.0, 100, True)):
+        response = {"usage": {"output_tokens": tokens}}
+        metrics.add_result({"reward": reward, "mask_sample": masked, "response": response}, 0.1)
+    summary = metrics.summary()
+    assert summary["per_rollout"]["output_tokens"]["max"] == 100  # its tokens were spent
+    assert summary["sample_size"] == {"reward": {"tasks": 2, "rollouts": 2}}
+    assert summary["stderr"] == {"reward": 0.5}
+
+
+def test_token_percentiles_over_many_rollouts_in_bounded_memory():
+    from rollfilter.metrics import CountSketch
+
+    rng = random.Random(2)
+    values = [int(rng.lognormvariate(6, 1.5)) for _ in range(200_000)]
+    sketch = CountSketch()
+    for value in values:
+        sketch.add(value)
+    ordered = sorted(values)
+    for p in (50, 90, 99):
+        exact = ordered[math.ceil(p / 100 * len(values)) - 1]
+        assert exact <= sketch.percentile(p) <= exact * 1.01 + 1
+    assert sketch.buckets() < 128 + 1200  # exact under 128, then 1% buckets up to ~3 million
+    assert sketch.figures() == {
+        "p50": math.floor(sketch.percentile(50)),
+        "p90": math.floor(sketch.percentile(90)),
+        "max": max(values),
+        "mean": sum(values) / len(values),
+    }
+
+
+def test_what_each_rollout_took_by_agent():
+    metrics = Metrics()
+    call = {"type": "function_call", "name": "f", "arguments": "{}"}
+    message = {"type": "message", "content": []}
+    answers = [
+        (
+            "a",
+            {"status": "completed", "output": [call, call, message], "usage": {"input_tokens": 9, "output_tokens": 3}},
+        ),
+        ("a", {"status": "incomplete", "output": [message], "usage": {"input_tokens": 11, "output_tokens": 40}}),
+        ("b", {"output": [call], "incomplete_details": {"reason": "max_output_tokens"}, "usage": {"output_tokens": 7}}),
+        ("b", {"output": [], "incomplete_details": None}),
+    ]
+    for agent, response in answers:
+        metrics.add_result({"reward": 1.0, "response": response}, 0.1, agent)
+    metrics.add_result({"reward": 1.0}, 0.1, "b")  # no response: no figure of a rollout's cost
+    summary = metrics.summary()
+    assert summary["per_rollout"] == {
+        "output_tokens": {"p50": 7, "p90": 40, "max": 40, "mean": 50 / 3},
+        "input_tokens": {"p50": 9, "p90": 11, "max": 11, "mean": 10.0},
+        "tool_calls": {"p50": 0, "p90": 2, "max": 2, "mean": 0.75},
+        "incomplete": 0.5,
+    }
+    assert summary["agents"]["a"]["per_rollout"]["tool_calls"] == {"p50": 0, "p90": 2, "max": 2, "mean": 1.0}
+    assert summary["agents"]["b"]["per_rollout"]["input_tokens"] is None
+    assert summary["agents"]["b"]["per_rollout"]["incomplete"] == 0.5
+
+
+def test_the_summary_gives_each_mean_its_error_bars_by_agent_too():
+    metrics = Metrics()
+    for reward, agent in ((1.0, "a"), (0.0, "a"), (1.0, "a"), (0.5, "b")):
+        metrics.add_result({"reward": reward, "note": "x"}, 0.1, agent)
+    summary = metrics.summary()
+    assert summary["stderr"] == {"reward": 0.24}
+    assert summary["sample_size"] == {"reward": {"tasks": 4, "rollouts": 4}}
+    assert summary["agents"]["a"]["stderr"] == {"reward": 0.33}
+    assert summary["agents"]["a"]["ci95"] == {"reward": [-0.77, 2.1]}
+    assert summary["agents"]["b"]["stderr"] == {"reward": None}  # one rollout: no spread to see
+    assert summary["agents"]["b"]["sample_size"] == {"reward": {"tasks": 1, "rollouts": 1}}
+
+
+def test_no_mean_no_error_blocks():
+    metrics = Metrics()
+    metrics.add_failure(AttemptFailure(ErrorKind.TIMEOUT, "slow"))
+    assert {"stderr", "ci95", "sample_size", "per_rollout"}.isdisjoint(metrics.summary())
+
+
+def test_token_counts_past_any_real_count_are_left_out_of_the_distributions():
+    metrics = Metrics()
+    for tokens in (10**400, 2**53, -1, 7.5, 12.0, True):
+        metrics.add_result({"reward": 1.0, "response": {"usage": {"output_tokens": tokens}}}, 0.1)
+    figures = metrics.summary()["per_rollout"]["output_tokens"]
+    assert figures == {"p50": 12, "p90": 12, "max": 12, "mean": 12.0}

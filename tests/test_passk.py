@@ -51,8 +51,15 @@ def test_the_pass_histogram_counts_finished_tasks_by_their_correct_rollouts():
     tasks.planned(6, 3)
     for rollout, value in enumerate((0.0, 0.0, 0.0, 1.0)):
         tasks.rollout_ended(6, value, rollout)
+    tasks.planned(7, 3)  # a failed rollout: incomplete, so in no bin, not even the uniform ones
+    for rollout, value in enumerate((0.0, None, 0.0)):
+        tasks.rollout_ended(7, value, rollout)
+    tasks.planned(8, 3)  # met again, a rollout of its second group failed: its first group counts
+    tasks.planned(8, 3)
+    for rollout, value in enumerate((1.0, 1.0, 1.0, 1.0, None, 1.0)):
+        tasks.rollout_ended(8, value, rollout)
     # K + 1 bins whatever the input: its ends are the groups --drop-uniform drops (binary rewards).
-    assert tasks.summary_fields()["pass_histogram"] == [2, 2, 1, 2]
+    assert tasks.summary_fields()["pass_histogram"] == [2, 1, 1, 3]
     assert tasks.figures()["tasks_unfinished"] == 2
 
 
@@ -64,7 +71,7 @@ def test_masked_rollouts_are_in_no_task_figure_but_end_the_task():
     for task, ended in {0: [(1.0, False), (0.0, True), (0.0, True), (0.0, False)], 1: [(0.0, True)] * 4}.items():
         tasks.planned(task, 4)
         for rollout, (reward, masked) in enumerate(ended):
-            tasks.rollout_ended(task, reward, rollout, masked=masked)
+            tasks.rollout_ended(task, reward, rollout, {"reward": reward}, masked=masked)
     fields = tasks.summary_fields()
     assert [(r["n"], r["masked"], r["mean_reward"]) for r in records] == [(2, 2, 0.5), (0, 4, None)]
     assert fields["mean@4"] == 0.5
@@ -72,3 +79,37 @@ def test_masked_rollouts_are_in_no_task_figure_but_end_the_task():
     # Task 0 is a group of its 2 measured rollouts, 1 correct; task 1 measured none: in no bucket.
     assert fields["pass_histogram"] == [0, 1, 0]
     assert tasks.figures()["tasks_unfinished"] == 0
+    estimates = tasks.estimates()  # the error bars are over the measured rollouts alone
+    assert (estimates["reward"].tasks, estimates["reward"].rollouts) == (1, 2)
+    assert (estimates["mean@4"].rollouts, estimates["pass@1"].rollouts, estimates["pass@2"].rollouts) == (2, 2, 2)
+
+
+def test_each_agents_error_is_clustered_over_its_own_tasks():
+    from rollfilter.metrics import Metrics
+    from rollfilter.passk import TaskStats
+
+    tasks, metrics = TaskStats(2, 1.0), Metrics()
+    rewards = {0: ("a", [1.0, 1.0]), 1: ("a", [0.0, 0.0]), 2: ("a", [1.0, 0.0]), 3: ("b", [0.5, 0.5])}
+    for task, (agent, values) in rewards.items():
+        for value in values:
+            tasks.rollout_ended(task, value, result={"reward": value}, agent=agent)
+            metrics.add_result({"reward": value}, 0.1, agent)
+    a = tasks.estimates("a", by_agent=True)["reward"]
+    assert (a.mean, a.tasks, a.rollouts) == (0.5, 3, 6)
+    assert a.stderr == pytest.approx(0.5 / 3**0.5)  # the spread of the tasks' means 1, 0 and 0.5
+    assert tasks.estimates("b", by_agent=True)["reward"].stderr is None  # one task
+    summary = metrics.summary(tasks=tasks)
+    assert summary["agents"]["a"]["sample_size"] == {"reward": {"tasks": 3, "rollouts": 6}}
+    assert summary["sample_size"]["reward"] == {"tasks": 4, "rollouts": 8}
+    assert summary["agents"]["a"]["stderr"] == {"reward": 0.29}
+
+
+def test_means_are_compensated_sums_whatever_the_order():
+    from rollfilter.metrics import Means
+    from rollfilter.stats import ClusteredMean
+
+    means, clustered = Means(), ClusteredMean()
+    for value in (1e16, 1.0, -1e16):  # a plain float sum loses the 1.0
+        means.add({"reward": value})
+        clustered.add_value(value)
+    assert means.mean("reward") == clustered.mean() == 1 / 3

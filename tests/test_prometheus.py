@@ -227,3 +227,18 @@ def test_a_plain_run_has_no_version_nor_staleness_figures():
     names = {family.name for family in families(Run(Config(url="http://127.0.0.1:9/run")))}
     assert {"rollfilter_paused", "rollfilter_concurrency_limit"} <= names
     assert not names & {"rollfilter_policy_version", "rollfilter_rows_held_by_staleness"}
+
+
+def test_output_tokens_as_a_histogram():
+    run = Run(Config(url="http://127.0.0.1:9/run"))
+    for tokens, agent in ((10, "a"), (100, "a"), (5000, "b"), (300_000, None)):
+        run.metrics.add_result({"reward": 1.0, "response": {"usage": {"output_tokens": tokens}}}, 0.1, agent)
+    run.metrics.add_result({"reward": 1.0}, 0.1)  # no usage: not counted
+    figures = samples(exposition(registry_of(run)))
+
+    def under(bound: str) -> float:
+        return figures["rollfilter_rollout_output_tokens_bucket", (("le", bound),)]
+
+    assert [under(b) for b in ("16", "64", "256", "4096", "16384", "262144", "+Inf")] == [1, 1, 2, 2, 3, 3, 4]
+    assert figures["rollfilter_rollout_output_tokens_count", ()] == 4
+    assert figures["rollfilter_rollout_output_tokens_sum", ()] == 305_110

@@ -142,3 +142,98 @@ async def test_on_the_fleet_model_a_tasks_rollouts_share_one_prefix_cache(
         assert max(requests) <= BALANCE * (sum(requests) / 4)
     else:
         assert rate < 0.7  # least-outstanding scatters a task's rollouts
+
+
+# A replica that blips: failures together count once; back, it is tried with one request.
+
+from rollfilter.routing import COOLDOWN_BASE, COOLDOWN_CAP  # noqa: E402
+
+
+def test_failures_of_the_requests_out_when_a_replica_went_down_count_once():
+    replica = replicas(1)[0]
+    replica.connection_failed(1.0, sent=0.5)
+    for now in (1.01, 1.02, 1.3):  # eight more of those sent before it went down
+        replica.connection_failed(now, sent=0.9)
+    assert (replica.cooldown, replica.cool_until) == (COOLDOWN_BASE, 1.0 + COOLDOWN_BASE)
+    replica.connection_failed(2.1, sent=2.0)  # its trial, sent after the cool-down began: it doubles
+    assert (replica.cooldown, replica.cool_until) == (2 * COOLDOWN_BASE, 2.1 + 2 * COOLDOWN_BASE)
+
+
+def test_the_cool_down_of_a_replica_that_stays_down_stays_within_a_few_seconds():
+    replica = replicas(1)[0]
+    for attempt in range(20):
+        now = float(attempt * 10)
+        replica.connection_failed(now, sent=now)
+    assert replica.cooldown == COOLDOWN_CAP <= 5.0
+
+
+@pytest.mark.parametrize("by_task", [False, True])
+def test_a_replica_past_its_cool_down_takes_one_trial_request_at_a_time(by_task: bool):
+    fleet = replicas(3)
+    agent = Agent("a", fleet, placement=TaskPlacement(fleet) if by_task else None)
+    down = fleet[1]
+    down.connection_failed(1.0)
+    now = 1.0 + COOLDOWN_BASE
+
+    def sent(task: int) -> Replica:
+        replica = agent.pick(now, task=task_key(task) if by_task else None)
+        replica.outstanding += 1
+        return replica
+
+    picked = [sent(task) for task in range(60)]
+    assert picked.count(down) == 1  # its trial; the others go elsewhere while it is out
+    down.outstanding -= 1
+    down.connection_worked()  # the trial got through: it takes its share again
+    assert [sent(task) for task in range(60, 120)].count(down) >= 15
+
+
+DOWN_FROM, BACK_AT = 1.0, 2.4  # the blip of the model below, in seconds
+
+
+def replica_down(replica: Replica, fleet: list[Replica], now: float) -> bool:
+    return replica is fleet[1] and DOWN_FROM <= now < BACK_AT
+
+
+@pytest.mark.parametrize("by_task", [False, True])
+async def test_a_replica_that_blips_is_back_within_a_few_seconds_and_tried_not_flooded(
+    autojump_clock: trio.testing.MockClock, by_task: bool
+):
+    """Three replicas, 32 rollouts at once of 0.1 s each, replica 1 down from 1.0 s to 2.4 s (its
+    connections refused, those out dropped), as the client (client.py) uses the router."""
+    fleet = replicas(3)
+    agent = Agent("a", fleet, placement=TaskPlacement(fleet) if by_task else None)
+    sent_to_down: list[float] = []  # when each request to replica 1 went out
+    jobs = iter(range(3200))
+
+    async def worker() -> None:
+        for task in jobs:
+            avoid = None
+            while True:
+                now = trio.current_time()
+                replica = agent.pick(now, avoid=avoid, task=task_key(task // 4) if by_task else None)
+                replica.outstanding += 1
+                if replica is fleet[1]:
+                    sent_to_down.append(now)
+                if replica_down(replica, fleet, now):
+                    await trio.sleep(0.001)  # refused
+                    failed = True
+                else:
+                    await trio.sleep(0.1)
+                    failed = replica_down(replica, fleet, trio.current_time())  # dropped as it went down
+                replica.outstanding -= 1
+                if not failed:
+                    replica.connection_worked()
+                    break
+                replica.connection_failed(trio.current_time(), sent=now)
+                avoid = replica
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(32):
+            nursery.start_soon(worker)
+    during = [at for at in sent_to_down if DOWN_FROM <= at < BACK_AT]
+    assert len(during) <= 3  # a trial request or two, not a flood
+    first_back = min(at for at in sent_to_down if at >= BACK_AT)
+    assert first_back < BACK_AT + COOLDOWN_CAP  # tried again, and so back, within a few seconds
+    end = trio.current_time()
+    later = [at for at in sent_to_down if at >= first_back + 1.0]
+    assert len(later) >= 0.25 * 32 / 0.1 * (end - first_back - 1.0)  # its share (a third) again

@@ -125,6 +125,27 @@ async def test_drain_waits_for_what_is_out_within_its_timeout(autojump_clock: tr
     assert len(outcomes) == 6
 
 
+async def test_a_resume_ends_a_drain_waiting_not_drained(autojump_clock: trio.testing.MockClock):
+    agent = StandIn(lambda row: 10.0)
+    outcomes: list[Outcome] = []
+    drained: list[bool] = []
+    config = Config(url=URL, concurrency=2)
+    async with open_rollouts_in_trio(rows(4), config, transport=agent) as run, trio.open_nursery() as nursery:
+        nursery.start_soon(collect, run, outcomes)
+        await trio.sleep(1)
+
+        async def drain() -> None:
+            drained.append(await run.drain())  # no timeout: only the quiet, or a resume, ends it
+
+        nursery.start_soon(drain)
+        await trio.testing.wait_all_tasks_blocked()
+        run.resume()  # another client's: what the drain waited for is gone
+        await trio.testing.wait_all_tasks_blocked()
+        assert drained == [False]
+        assert run.statistics().requests_out == 2
+    assert len(outcomes) == 4
+
+
 async def test_a_lower_concurrency_lets_the_excess_finish_and_a_higher_one_sends_more(
     autojump_clock: trio.testing.MockClock,
 ):
@@ -241,6 +262,10 @@ async def test_a_version_never_goes_back(autojump_clock: trio.testing.MockClock)
             run.set_policy_version(4)
         with pytest.raises(SteeringError, match="whole number"):
             run.set_policy_version(5.5)  # type: ignore[arg-type]
+        # Past 2**53 a version is not exact as JSON's doubles read it, and a Prometheus gauge's
+        # float would overflow before long (a scrape that failed so ended the run).
+        with pytest.raises(SteeringError, match=r"at most 9007199254740992"):
+            run.set_policy_version(10**400)
         assert run.statistics().policy_version == 5
         assert len([outcome async for outcome in run]) == 1
 
@@ -279,6 +304,11 @@ async def test_groups_past_the_staleness_bound_wait_for_the_next_version(autojum
     assert all(isinstance(outcome, Group) and outcome.ok for outcome in outcomes)
 
 
+def test_a_first_policy_version_past_2_to_the_53_is_refused():
+    with pytest.raises(ConfigError, match=r"Config\.policy_version: expected `int` <= 9007199254740992"):
+        Config(url=URL, policy_version=2**53 + 1)
+
+
 def test_a_staleness_bound_needs_groups_and_both_its_figures():
     with pytest.raises(ConfigError, match=r"Config\.max_staleness: needs Config\.groups"):
         Config(url=URL, max_staleness=1, batch_groups=2)
@@ -310,6 +340,58 @@ async def test_a_trainer_never_gets_a_group_more_than_k_versions_old_and_gets_ev
                 version += 1
                 run.set_policy_version(version)
     assert sorted(received) == list(range(tasks))
+
+
+class MixedGroups(StandIn):
+    """Rows whose id is a multiple of 3 fail their second rollout (422, not retried); rows whose id
+    is 1 more answer the same reward in every rollout (uniform); the others one reward a rollout."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda row: 1.0 + row["id"] % 4)
+
+    async def _answer_row(self, request: ScriptedRequest) -> Reply:
+        data = request.json()
+        await trio.sleep(self.latency(data))
+        rollout = data["_ng_rollout_index"]
+        if data["id"] % 3 == 0 and rollout == 1:
+            return scripted_reply(422, {"detail": "no"})
+        reward = 1.0 if data["id"] % 3 == 1 else float(rollout)
+        return scripted_reply(200, {"reward": reward, "id": data["id"]})
+
+
+@pytest.mark.parametrize(("max_staleness", "batch_groups"), [(0, 1), (1, 2)])
+async def test_groups_not_handed_out_give_their_place_to_those_after_them(
+    autojump_clock: trio.testing.MockClock, max_staleness: int, batch_groups: int
+):
+    """The trainer of the test above, where groups fail or are dropped as uniform: it never gets
+    those, so counted they would keep it waiting for a batch that never fills, and the run
+    waiting for the version that batch would bring."""
+    tasks = 30
+    received: list[int] = []
+    version = 0
+    config = grouped(max_staleness, batch_groups, drop_uniform=True, retries=0)
+    with trio.fail_after(10_000):  # a deadlock: the mock clock jumps here at once
+        async with open_rollouts_in_trio(rows(tasks), config, transport=MixedGroups()) as run:
+            batch: list[Group] = []
+            async for group in run.groups():
+                sent = min(rollout.result[POLICY_VERSION]["sent"] for rollout in group.rollouts)
+                assert version - sent <= max_staleness
+                received.append(group.rollouts[0].result["id"])
+                batch.append(group)
+                if len(batch) == batch_groups:
+                    await trio.sleep(3)
+                    batch = []
+                    version += 1
+                    run.set_policy_version(version)
+    assert sorted(received) == [number for number in range(tasks) if number % 3 == 2]
+    assert run.summary is not None
+    assert run.summary["rollfilter"]["groups"] == {
+        "kept": 10,
+        "dropped_uniform": 10,
+        "dropped_masked": 0,
+        "incomplete": 10,
+        "cancelled": 0,
+    }
 
 
 async def test_a_failed_row_is_no_group_to_admit(autojump_clock: trio.testing.MockClock):

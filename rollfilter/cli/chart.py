@@ -26,13 +26,43 @@ def pass_chart(histogram: Sequence[int], threshold: float, *, unicode: bool | No
     return lines
 
 
+def compare_table(compare: dict[str, Any]) -> list[str]:
+    """`--compare`'s figures as a short table: a line a mean, this run minus the baseline."""
+    lines = ["this run minus the baseline, task by task:"]
+    rows: list[tuple[str, ...]] = [("", "difference", "95% interval", "p", "better", "worse", "tied", "tasks")]
+    for name, figures in compare.items():
+        interval = figures["ci95"]
+        rows.append(
+            (
+                name,
+                _signed(figures["difference"]),
+                "-" if interval is None else f"{_signed(interval[0])} to {_signed(interval[1])}",
+                "-" if figures["p_value"] is None else f"{figures['p_value']:g} ({figures['test']})",
+                *(str(figures[key]) for key in ("improved", "worsened", "tied", "tasks")),
+            )
+        )
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return lines
+
+
+def _signed(value: float | None) -> str:
+    return "-" if value is None else f"{value:+g}"
+
+
 def chart_lines(summary: dict[str, Any], stderr_fd: int) -> list[str]:
-    """The chart of `summary`'s pass_histogram when standard error is a terminal; else none."""
-    histogram = summary.get("pass_histogram")
-    if not isinstance(histogram, list) or not histogram or not _is_terminal(stderr_fd):
+    """For a person at a terminal (standard error is one), the chart of `summary`'s
+    pass_histogram and the table of its comparison (`--compare`); else none."""
+    if not _is_terminal(stderr_fd):
         return []
-    threshold = summary.get("rollfilter", {}).get("pass_threshold", 1.0)
-    return pass_chart(histogram, threshold)
+    lines = []
+    histogram = summary.get("pass_histogram")
+    if isinstance(histogram, list) and histogram:
+        lines += pass_chart(histogram, summary.get("rollfilter", {}).get("pass_threshold", 1.0))
+    compare = summary.get("compare")
+    if isinstance(compare, dict) and compare:
+        lines += compare_table(compare)
+    return lines
 
 
 def _is_terminal(fd: int) -> bool:

@@ -36,6 +36,7 @@ class CommandConfig:
     prometheus: tuple[str, int] | None = None  # --prometheus HOST:PORT: where to serve /metrics
     prometheus_file: str | None = None  # --prometheus-file FILE: the same text, for node_exporter
     control_socket: str | None = None  # --control SOCKET: where the run listens for commands
+    compare_files: tuple[str, ...] = ()  # --summarize --compare BASELINE: the other run's result files
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))

@@ -33,9 +33,14 @@ from rollfilter.run import Run
 from rollfilter.steering import SteeringError
 
 CONTROL_LINE_BYTES = 4096  # a command is a few words: a longer line is refused, and its client let go
-CONTROL_IDLE_SECONDS = 300.0  # a client that sends no whole line for this long is let go
+CONTROL_IDLE_SECONDS = 300.0  # a client that sends no line, or takes no answer, for this long is let go
 CONTROL_CLIENTS = 16  # served at once; one more is told so and let go
 CONTROL_BACKLOG = 16
+# Out of file descriptors (or kernel memory), accept() fails until some are closed: the control
+# waits a moment and accepts again, as trio.serve_listeners does, rather than end the run.
+ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+ACCEPT_RETRY_SECONDS = 0.1
+ARGUMENT_OF = {"concurrency": "N", "rpm": "[AGENT=]N|off", "tpm": "[AGENT=]N|off", "version": "V"}  # one each
 COMMANDS = "pause, resume, drain [SECONDS], concurrency N, rpm [AGENT=]N|off, tpm [AGENT=]N|off, version V, status"
 
 _encode = msgspec.json.Encoder().encode
@@ -50,6 +55,8 @@ class ControlSocket:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        if not path:  # Linux would bind an empty path to an abstract address, which no file names
+            raise UsageError("--control needs a path for its socket")
         _clear_stale(path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         umask = os.umask(0o177)  # the socket is made 0600, never readable by others for a moment
@@ -86,8 +93,12 @@ def _clear_stale(path: str) -> None:
     try:
         probe.connect(path)
     except ConnectionRefusedError:  # left by a run that is gone
-        with contextlib.suppress(FileNotFoundError):
+        try:
             os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:  # a folder this user may not change, a read-only file system
+            raise UsageError(f"--control {path}: cannot take over the stale socket: {exc.strerror}") from None
         return
     except OSError as exc:
         if exc.errno == errno.ENOENT:
@@ -132,7 +143,13 @@ class ControlServer:
     async def serve(self) -> None:
         async with trio.open_nursery() as nursery:
             while True:
-                stream = await self._listener.accept()
+                try:
+                    stream = await self._listener.accept()
+                except OSError as exc:
+                    if exc.errno not in ACCEPT_CAPACITY_ERRNOS:
+                        raise
+                    await trio.sleep(ACCEPT_RETRY_SECONDS)
+                    continue
                 if self.clients >= CONTROL_CLIENTS:
                     nursery.start_soon(self._refuse, stream)
                 else:
@@ -153,9 +170,10 @@ class ControlServer:
                     if line is None:
                         return
                     if isinstance(line, bytes):
-                        await stream.send_all(await self.command(line))
+                        if not await _answered(stream, await self.command(line)):
+                            return
                         continue
-                    await stream.send_all(_answer_line(error=line))
+                    await _answered(stream, _answer_line(error=line))
                     return  # a line too long: what follows it is no command
         finally:
             self.clients -= 1
@@ -190,8 +208,10 @@ class ControlServer:
                 drained = await run.steering.drain(_seconds(arguments[0]) if arguments else None)
                 return {"drained": drained, **self._status()}
             return self._status()
-        if len(arguments) != 1:
+        if name not in ARGUMENT_OF:
             raise SteeringError(f"{name!r} is no command: give one of {COMMANDS}")
+        if len(arguments) != 1:
+            raise SteeringError(f"{name} takes one argument: {name} {ARGUMENT_OF[name]}")
         (argument,) = arguments
         if name == "concurrency":
             wanted = _whole_number(argument, "concurrency", least=1)
@@ -203,11 +223,11 @@ class ControlServer:
         elif name == "version":
             run.set_policy_version(_whole_number(argument, "version"))
         elif name in ("rpm", "tpm"):
-            agent, _, rate = argument.rpartition("=")
+            agent, equals, rate = argument.rpartition("=")
+            if equals and not agent:  # not every agent, as a bare N is: a name left out
+                raise SteeringError(f"{name} takes [AGENT=]N or [AGENT=]off: no agent before '=' in {argument!r}")
             limit = None if rate == "off" else _rate(rate, name)
             run.set_rate(agent or None, **{name: limit})
-        else:
-            raise SteeringError(f"{name!r} is no command: give one of {COMMANDS}")
         return self._status()
 
     def _status(self) -> dict[str, Any]:
@@ -218,6 +238,15 @@ class ControlServer:
             figures.update(done=status.done, failed=status.failed, in_flight=status.in_flight)
         figures["control_clients"] = self.clients  # the one asking included
         return figures
+
+
+async def _answered(stream: trio.SocketStream, answer: bytes) -> bool:
+    """Send `answer`; False when the client took none of it for CONTROL_IDLE_SECONDS (it sends
+    commands and reads no answer: its buffers are full), so that it is let go."""
+    with trio.move_on_after(CONTROL_IDLE_SECONDS):
+        await stream.send_all(answer)
+        return True
+    return False
 
 
 def _answer_line(*, error: str | None = None, **figures: Any) -> bytes:

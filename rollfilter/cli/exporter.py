@@ -5,13 +5,18 @@ usage error. The endpoint is served from the run's own trio loop, not from a thr
 reads the figures between two steps of the engine, never while one changes them, and the engine
 does no work for it between scrapes (`rollfilter.prometheus` reads the figures at each one).
 Each connection gets one answer, then is closed; it has no authentication, so it binds only the
-address it is given. This module imports prometheus_client: the command imports it only for a
+address it is given. It serves at most MAX_CONNECTIONS at once, each for at most REQUEST_SECONDS:
+a flood of connections that send nothing waits in the system's listen backlog (and past it is
+refused there), and never takes the descriptors the run needs, nor prints on the stderr the
+summary shares (trio's own `serve_listeners` logs a traceback for each accept that finds no
+descriptor free). This module imports prometheus_client: the command imports it only for a
 run that exports.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import math
 import socket
@@ -31,9 +36,14 @@ from rollfilter.writers import OutputClosed, OutputFailed, WholeFile
 
 FILE_SECONDS = 5.0  # how often --prometheus-file is replaced: node_exporter reads it when scraped
 REUSE_FACTOR = 10  # see Scrapes
-REQUEST_SECONDS = 10.0  # how long a scraper has to send its request and take the answer
+REQUEST_SECONDS = 5.0  # how long a scraper has to send its request and take the answer
 MAX_REQUEST_BYTES = 16 * 1024  # a request's head, at most: a scrape sends a few hundred bytes
 LISTEN_BACKLOG = 16
+# Connections served at once: a handful of Prometheus servers scrape a run; the descriptors beyond
+# them are the run's (FILES_FOR_OTHER_USES in rollfilter.http.limits keeps room for these).
+MAX_CONNECTIONS = 16
+ACCEPT_PAUSE_SECONDS = 0.1  # after an accept that found no descriptor (or memory) free
+OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 PATH = b"/metrics"
 
 
@@ -86,10 +96,41 @@ class Exporter:
                 self.file.replace(exposition(self.registry))
 
 
-async def serve(sockets: list[socket.socket], scrapes: Scrapes) -> None:
-    """Answer GET /metrics on `sockets` until cancelled."""
-    listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in sockets]
-    await trio.serve_listeners(functools.partial(answer, scrapes=scrapes), listeners)
+async def serve(sockets: list[socket.socket], scrapes: Scrapes, *, slots: trio.Semaphore | None = None) -> None:
+    """Answer GET /metrics on `sockets` until cancelled, on at most `slots` connections at once
+    (default MAX_CONNECTIONS): the next is accepted only once one has ended."""
+    slots = slots if slots is not None else trio.Semaphore(MAX_CONNECTIONS)
+    async with trio.open_nursery() as nursery:
+        for sock in sockets:
+            listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+            nursery.start_soon(accept, listener, slots, scrapes, nursery)
+
+
+async def accept(
+    listener: trio.abc.Listener[trio.SocketStream], slots: trio.Semaphore, scrapes: Scrapes, nursery: trio.Nursery
+) -> None:
+    """Accept connections on `listener` while a slot is free, each answered in `nursery`. An
+    accept that finds no descriptor free is tried again a little later, without a word: the run
+    is what needs them."""
+    async with listener:
+        while True:
+            await slots.acquire()
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                slots.release()
+                if exc.errno not in OUT_OF_DESCRIPTORS:
+                    raise
+                await trio.sleep(ACCEPT_PAUSE_SECONDS)
+                continue
+            nursery.start_soon(_answer_in_slot, stream, slots, scrapes)
+
+
+async def _answer_in_slot(stream: trio.SocketStream, slots: trio.Semaphore, scrapes: Scrapes) -> None:
+    try:
+        await answer(stream, scrapes=scrapes)
+    finally:
+        slots.release()
 
 
 async def answer(stream: trio.SocketStream, *, scrapes: Scrapes) -> None:

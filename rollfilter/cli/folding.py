@@ -16,6 +16,10 @@ from rollfilter.rows import agent_name
 
 SHOWN_IN_FULL = 3  # failures of one kind, message and agent printed as they are before folding
 FOLD_EVERY_S = 1.0  # the least time between two count lines of one kind of failure
+# Failures of distinct messages remembered at once: an agent whose error bodies differ row by row
+# (a request id in each) would otherwise cost a remembered message a row for the whole run. Past
+# it, the one seen longest ago is forgotten, its count told first.
+REMEMBERED = 1024
 
 _Key = tuple[str, str | None, str]  # kind, agent, message
 
@@ -43,9 +47,21 @@ class FailureFolder:
         folded since the last count, or nothing."""
         agent = agent_name(failure.row) if failure.row is not None else None
         key = (failure.kind.value, agent, failure.message)
-        folded = self._folded.get(key)
+        folded = self._folded.pop(key, None)
+        forgotten = b""
         if folded is None:
-            folded = self._folded[key] = _Folded()
+            folded = _Folded()
+            if len(self._folded) >= REMEMBERED:
+                forgotten = self._forget_oldest()
+        self._folded[key] = folded  # the one seen most recently last: the first is forgotten first
+        return forgotten + self._said(key, folded, line)
+
+    def _forget_oldest(self) -> bytes:
+        key = next(iter(self._folded))
+        folded = self._folded.pop(key)
+        return self._told(key, folded) if folded.unsaid else b""
+
+    def _said(self, key: _Key, folded: _Folded, line: bytes) -> bytes:
         folded.seen += 1
         now = self._clock()
         if folded.seen <= SHOWN_IN_FULL:

@@ -146,10 +146,11 @@ def read_record(path: str) -> RunRecord | None:
         raise UsageError(f"the run record {path} is not one rollfilter wrote ({exc}): move it away") from None
 
 
-def write_record(path: str, record: RunRecord) -> None:
-    """Replace the record at `path` whole: a reader sees the old record or the new, never a torn one.
-    UsageError when its folder cannot be written, OutputFailed when the write fails."""
-    file = WholeFile(path, "the run record")
+def write_record(path: str, record: RunRecord, *, mode: int = 0o666) -> None:
+    """Replace the record at `path` whole: a reader sees the old record or the new, never a torn one
+    (made with `mode`, less the umask). UsageError when its folder cannot be written, OutputFailed
+    when the write fails."""
+    file = WholeFile(path, "the run record", mode=mode)
     try:
         file.replace(_encode(record) + b"\n")
     finally:
@@ -221,18 +222,37 @@ def check_sibling_shards(record: RunRecord, path: str) -> None:
 def keep(record: RunRecord | None, output: str | None) -> None:
     """Write the record beside `output`, once the outputs are open and before anything is sent."""
     if record is not None and output is not None:
-        write_record(record_path(output), record)
+        write_record(record_path(output), record, mode=beside_mode(output))
 
 
 def may_hold_a_record(output: str) -> bool:
-    # A record sits beside a regular file only: -o /dev/null or a pipe gets none. The path is
-    # stat()ed as given: the realpath of /dev/stdout on a pipe is no path at all ("pipe:[N]").
+    """Whether a file may be kept beside `output` (its record, its held file): when it is a regular
+    file with a name of its own, or not there yet. -o /dev/null or a pipe gets none; nor does a
+    file with no name (`-o /dev/stdout` onto an anonymous or deleted file, whose real path is
+    `#N (deleted)`): a file made beside it would take a name no later run finds, or another's."""
+    # The path is stat()ed as given: the realpath of /dev/stdout on a pipe is no path at all ("pipe:[N]").
     try:
-        return stat.S_ISREG(os.stat(output).st_mode)
+        info = os.stat(output)
     except FileNotFoundError:
         return True
     except OSError:
         return False
+    return stat.S_ISREG(info.st_mode) and info.st_nlink > 0 and _found_at_real_path(output, info)
+
+
+def _found_at_real_path(output: str, info: os.stat_result) -> bool:
+    try:
+        return os.path.samestat(info, os.stat(os.path.realpath(output)))
+    except OSError:
+        return False
+
+
+def beside_mode(output: str) -> int:
+    """The mode for a file made beside `output`: never more readable or writable than `output`."""
+    try:
+        return stat.S_IMODE(os.stat(output).st_mode) & 0o666
+    except OSError:
+        return 0o666  # not made yet: it will have the umask's mode, as a file made beside it
 
 
 def differences(recorded: RunRecord, current: RunRecord, *, words: tuple[str, str] = ("then", "now")) -> list[str]:
@@ -342,14 +362,17 @@ class ShardCoverage:
     present: tuple[int, ...]
     missing: tuple[int, ...]
     problems: tuple[str, ...]  # one line each: a missing shard, one given twice, a file that does not fit
+    unchecked: bool = False  # standard input was read too: a shard not among the files may be there
 
     def summary(self) -> dict[str, Any]:
-        return {"of": self.of, "present": list(self.present), "missing": list(self.missing)}
+        missing = None if self.unchecked else list(self.missing)  # None: not known
+        return {"of": self.of, "present": list(self.present), "missing": missing}
 
 
 def shard_coverage(paths: Sequence[str]) -> ShardCoverage | None:
     """The coverage of the result files `paths`, from the records beside them; None when none of
-    them is a shard (standard input has no record)."""
+    them is a shard (standard input has no record, so with it among `paths` no shard is missing
+    for sure: `unchecked`)."""
     records = [(path, read_record(record_path(path))) for path in paths if path != STDIN]
     shards = [(path, record, record.shard) for path, record in records if record is not None and record.shard]
     if not shards:
@@ -377,10 +400,11 @@ def shard_coverage(paths: Sequence[str]) -> ShardCoverage | None:
         if len(files) > 1
     ]
     missing = tuple(i for i in range(count) if i not in files_of)
-    if missing:
+    unchecked = STDIN in paths  # no record there: its lines may be the shards the files lack
+    if missing and not unchecked:
         present = ", ".join(map(str, sorted(files_of))) or "none"
         problems.append(
             f"shard{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} of {count}"
             f" {'are' if len(missing) > 1 else 'is'} missing (present: {present})"
         )
-    return ShardCoverage(count, tuple(sorted(files_of)), missing, tuple(problems))
+    return ShardCoverage(count, tuple(sorted(files_of)), missing, tuple(problems), unchecked)

@@ -57,14 +57,15 @@ def open_locked(
     locking: bool = True,
     create: bool = True,
     lock: Callable[[int, int], None] = fcntl.flock,
+    mode: int = 0o666,
 ) -> Locked | None:
-    """Open (creating, unless not `create`) `path` with `flags` and, with `locking`, lock it at
-    once if it is a regular file; Held when another process has it. None when `path` is not
-    there and not to be created; OSError when it cannot be opened."""
+    """Open (creating, unless not `create`, with `mode` less the umask) `path` with `flags` and,
+    with `locking`, lock it at once if it is a regular file; Held when another process has it.
+    None when `path` is not there and not to be created; OSError when it cannot be opened."""
     for _ in range(ATTEMPTS):
         if not create and not os.path.exists(path):
             return None
-        opened = _open(path, flags) if create else _open_existing(path, flags)
+        opened = _open(path, flags, mode) if create else _open_existing(path, flags)
         if opened is None:  # removed since it was found: look again
             continue
         fd, created = opened
@@ -97,10 +98,10 @@ def lock_held(fd: int) -> None:
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
-def _open(path: str, flags: int) -> tuple[int, bool] | None:
+def _open(path: str, flags: int, mode: int) -> tuple[int, bool] | None:
     """A descriptor of `path`, and whether this call created the file; None if it vanished meanwhile."""
     try:
-        return os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o666), True
+        return os.open(path, flags | os.O_CREAT | os.O_EXCL, mode), True
     except FileExistsError:
         pass
     try:
@@ -108,7 +109,7 @@ def _open(path: str, flags: int) -> tuple[int, bool] | None:
     except FileNotFoundError:
         if not os.path.islink(path):
             return None
-    return os.open(path, flags | os.O_CREAT, 0o666), True  # a dangling symlink: make the file it names
+    return os.open(path, flags | os.O_CREAT, mode), True  # a dangling symlink: make the file it names
 
 
 def _lock(fd: int, shared: bool, lock: Callable[[int, int], None]) -> str | None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from rollfilter.cli import early_signals
 from rollfilter.cli.messages import message_line, say, write_stderr
 from rollfilter.cli.options import typer_app
 from rollfilter.errors import ExitStatus, RollfilterError
@@ -26,6 +27,7 @@ from rollfilter.gc_policy import collect_garbage_for_a_run
 from rollfilter.writers import OutputClosed, OutputFailed, write_all
 
 if TYPE_CHECKING:
+    from rollfilter.cli.signals import StopSignals
     from rollfilter.cli.statuses import RunEnd
 
 
@@ -42,15 +44,26 @@ def main() -> None:
     os._exit(code)
 
 
+STATUS_OF_SIGNAL = {
+    signal.SIGINT: ExitStatus.INTERRUPTED,
+    signal.SIGTERM: ExitStatus.TERMINATED,
+    signal.SIGHUP: ExitStatus.HUNG_UP,
+}
+
+
 def run_command(args: Sequence[str] | None = None) -> int:
     """Parse `args` (default: the command line), run, and return the exit status; every outcome
     of parsing and of typer's own output is mapped here, and `execute` maps a run's."""
     try:
         given = None if args is None else list(args)
-        code: Any = click_command()(args=given, prog_name="rollfilter", standalone_mode=False)
+        # The words as typed go with the context, so that a message names an option as it was given.
+        typed = given if given is not None else sys.argv[1:]
+        code: Any = click_command()(args=given, prog_name="rollfilter", standalone_mode=False, obj={"argv": typed})
         sys.stdout.flush()
         if callable(code):  # the run the options ask for (else --help, --version: done)
             code = execute(code)
+        elif early_signals.received:  # a stop signal came while --help was written, say
+            code = STATUS_OF_SIGNAL[signal.Signals(early_signals.received[0])]
     except RollfilterError as exc:  # the options cannot be honoured: nothing was started
         code = _report(exc)
     except typer.TyperException as exc:  # click's usage errors: one line, as for every other error
@@ -86,34 +99,51 @@ def _report(exc: RollfilterError) -> ExitStatus:
     return exc.exit_status
 
 
-def execute(main: Callable[[], Awaitable[RunEnd]]) -> ExitStatus:
+def execute(main: Callable[[StopSignals], Awaitable[RunEnd]]) -> ExitStatus:
     """Run `main` under trio to its end; the one place outcomes become exit statuses (with
-    `statuses.exit_status` for the way a run ended)."""
+    `statuses.exit_status` for the way a run ended). The stop signals are watched from the trio
+    run's start to its end (`signals.StopSignals`): start-up's handler notes those that come
+    outside it, and trio's own Ctrl-C handling is never set."""
     import trio  # here, with the run: --help, --version and usage errors never load it
 
-    from rollfilter.cli.statuses import exit_status
+    from rollfilter.cli.signals import StopSignals
+    from rollfilter.cli.statuses import EXIT_STATUS_OF_STOP, exit_status
 
     status = ExitStatus.OK
     collect_garbage_for_a_run()
-    # trio takes Ctrl-C over only from Python's own handler; outside the run, the start-up one
-    # (rollfilter.cli.startup) stays, and exits at once.
-    outside = signal.signal(signal.SIGINT, signal.default_int_handler)
+    stops = StopSignals()
     try:
-        status = exit_status(trio.run(main))
+        end = trio.run(_watching_signals, main, stops)
+        status = exit_status(end) if end is not None else EXIT_STATUS_OF_STOP[stops.causes[0]]
+        if stops.causes and stops.control is None:  # --summarize, told to stop before it started
+            status = EXIT_STATUS_OF_STOP[stops.causes[0]]
     except* RollfilterError as group:
         status = _report(_first(group))  # type: ignore[arg-type]
-    except* KeyboardInterrupt:
+    except* KeyboardInterrupt:  # a Ctrl-C under another handler than start-up's (run in-process)
         status = ExitStatus.INTERRUPTED
     except* (BrokenPipeError, OutputClosed):
         status = ExitStatus.BROKEN_PIPE
     except* OutputFailed as group:
         say(str(_first(group)))
         status = ExitStatus.OUTPUT_FAILED
-    finally:
-        signal.signal(signal.SIGINT, outside)
     if status is ExitStatus.BROKEN_PIPE:
         _silence_stdout()
     return status
+
+
+async def _watching_signals(main: Callable[[StopSignals], Awaitable[RunEnd]], stops: StopSignals) -> RunEnd | None:
+    """`main` with the stop signals watched; None when a signal cancelled it (it had no control)."""
+    import trio
+
+    from rollfilter.cli.signals import watch_signals
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(watch_signals, stops)
+        end = None
+        with stops.scope:
+            end = await main(stops)
+        nursery.cancel_scope.cancel()
+    return end
 
 
 def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -33,9 +33,10 @@ from rollfilter.http.limits import DEFAULT_MAX_REPLY_BYTES
 if TYPE_CHECKING:
     from rollfilter.cli.command import CommandConfig
 
-# What `parse` gives `main` to execute: the run, which ends with a `cli.statuses.RunEnd` (not
-# named here: typer resolves this annotation, and that module loads the engine).
-Execute = Callable[[], Awaitable[object]]
+# What `parse` gives `main` to execute: the run, given the stop signals to attach to
+# (`cli.signals.StopSignals`), which ends with a `cli.statuses.RunEnd` (neither named here:
+# typer resolves this annotation, and those modules load the engine).
+Execute = Callable[[Any], Awaitable[object]]
 # The --help panels, in the order they are shown (typer's rich_help_panel; drawn by PanelledCommand).
 PANEL_AGENTS = "Agents and routing"
 PANEL_REPEATS = "Repeats and groups"
@@ -51,7 +52,7 @@ HELP_MAX_WIDTH = 160
 EXAMPLES = """\b
 Examples:
   rollfilter --demo                       # the demo agent, five example rows
-  rollfilter -u :8000 -p temperature=0.7 in.jsonl > out.jsonl 2> summary.json
+  rollfilter -u :8000 --errors err.jsonl in.jsonl > out.jsonl 2> summary.json
   rollfilter -e agent=:8000 -a agent -r 4 --gym-layout -o out.jsonl in.jsonl
   rollfilter --summarize -r 4 out-*.jsonl | jq '{"mean@4", "pass@4"}'
 
@@ -699,6 +700,15 @@ def parse(
             rich_help_panel=PANEL_GYM,
         ),
     ] = False,
+    compare: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--compare",
+            metavar="BASELINE",
+            help="With --summarize: compare the results with BASELINE's (result files of another run), task by"
+            " task; repeatable.",
+        ),
+    ] = None,
     max_line_bytes: Annotated[
         int,
         typer.Option(
@@ -833,7 +843,7 @@ def parse(
         drop_uniform=drop_uniform,
         group_field=group_field,
         given={"--keep-incomplete": keep_incomplete, "--target-groups": target_groups, "--dropped": dropped},
-        refused={"--dry-run": dry_run, "-k": ordered},
+        refused={"--dry-run": dry_run, option_as_typed(ctx, "ordered"): ordered},
     )
     engine = Config(
         url=parsers.url(url) if url else None,
@@ -888,6 +898,7 @@ def parse(
         wait_lock=wait_lock,
         dropped_file=dropped,
         control_socket=control,
+        compare_files=tuple(compare or ()),
         **parsers.prometheus(prometheus, prometheus_file),
     )
     return chosen(
@@ -917,17 +928,19 @@ def targets(ctx: typer.Context, *given: Any) -> dict[str, Any]:
 
 def running(config: "CommandConfig", *, demo: bool, **options: Any) -> Execute:
     """The run `config` asks for; `options` are RunOptions' (cli/run.py)."""
+    if config.compare_files:
+        raise UsageError("--compare compares result files: give it with --summarize")
     from rollfilter.cli.run import RunOptions, run
     from rollfilter.demo import DemoOptions
 
     run_options = RunOptions(demo=DemoOptions() if demo else None, **options)
-    return lambda: run(config, options=run_options)
+    return lambda stops: run(config, options=run_options, stops=stops)
 
 
 def summarizing(config: "CommandConfig") -> Execute:
     from rollfilter.cli.summarize import summarize
 
-    return lambda: summarize(config)
+    return lambda stops: summarize(config)
 
 
 def from_the_terminal(config: "CommandConfig", *, demo: bool, summarize: bool) -> "CommandConfig":
@@ -964,6 +977,19 @@ def check_demo_alone(
     ]
     if named:
         raise UsageError(f"--demo starts its own agent: it cannot be combined with {' or '.join(named)}")
+
+
+def option_as_typed(ctx: typer.Context, name: str) -> str:
+    """The option of parameter `name` as the command line spelled it (`--ordered`, or `-k`), for
+    a message that names it: its last spelling given whole, else its first name."""
+    params = [param for param in ctx.command.params if param.name == name]
+    opts: list[str] = list(params[0].opts) if params else [name]
+    words: list[str] = ctx.obj.get("argv", []) if isinstance(ctx.obj, dict) else []
+    for word in reversed(words[: words.index("--")] if "--" in words else words):
+        spelled = word.partition("=")[0]
+        if spelled in opts:
+            return spelled
+    return opts[0]
 
 
 # What --summarize writes: its summary on standard output, --metrics, --aggregate and --per-task.

@@ -198,10 +198,16 @@ class OutputFiles(contextlib.ExitStack):
             self._written.append(path)
 
     def open(
-        self, path: str | None, option: str, *, must_be_empty: bool = False, lock: Lock | None = None
+        self,
+        path: str | None,
+        option: str,
+        *,
+        must_be_empty: bool = False,
+        lock: Lock | None = None,
+        mode: int = 0o666,
     ) -> int | None:
-        """Open `path` to append, creating it and its missing parent folders; with `lock`, a
-        regular file is locked too (OutputInUse when another run holds it).
+        """Open `path` to append, creating it (with `mode`, less the umask) and its missing parent
+        folders; with `lock`, a regular file is locked too (OutputInUse when another run holds it).
 
         With `must_be_empty`, a regular file that already holds lines is refused: a second run's
         lines must never be mixed silently into a first run's (give --resume or --append)."""
@@ -214,7 +220,7 @@ class OutputFiles(contextlib.ExitStack):
             return fd
         try:
             self.make_folders(path)
-            opened = locks.open_locked(path, APPEND_FLAGS, shared=lock == "shared", locking=lock is not None)
+            opened = locks.open_locked(path, APPEND_FLAGS, shared=lock == "shared", locking=lock is not None, mode=mode)
         except locks.Held as held:
             raise in_use(f"{option} {path}", held.holders) from None
         except OSError as exc:
@@ -369,7 +375,9 @@ async def open_appended(
                     if path is not None:
                         files.lock_replaced(path, option)
                 else:
-                    fds[number] = files.open(path, option, must_be_empty=must_be_empty, lock=lock)
+                    # The held file copies the results: it is never more readable than -o.
+                    mode = identity.beside_mode(command.output or "") if number == 4 else 0o666
+                    fds[number] = files.open(path, option, must_be_empty=must_be_empty, lock=lock, mode=mode)
                 break
             except OutputInUse as held:
                 if not command.wait_lock:
@@ -378,6 +386,8 @@ async def open_appended(
                     say(f"{held.output} is in use by {held.holder}: waiting for it (--wait-lock)", stderr)
                     said = True
                 await trio.sleep(LOCK_POLL_SECONDS)
+    if fds[4] is not None:  # the held file copies the results: never more readable than -o
+        narrow_mode(fds[4], identity.beside_mode(command.output or ""), held_file)
     emptied = [4, *([0, 1, 3] if command.overwrite else [])]  # the held file, and what --overwrite replaces
     for number in emptied if not command.resume else ():
         path, option, _ = wanted[number]
@@ -389,6 +399,16 @@ async def open_appended(
         except OSError as exc:
             raise UsageError(f"cannot write {option} {path}: {exc.strerror}") from None
     return [fds[number] for number in range(len(wanted) - 1)]
+
+
+def narrow_mode(fd: int, mode: int, path: str | None) -> None:
+    """Take from the file `fd` the permissions not in `mode` (one an earlier run made wider)."""
+    try:
+        current = stat.S_IMODE(os.fstat(fd).st_mode)
+        if current & ~mode & 0o777:
+            os.fchmod(fd, current & mode)
+    except OSError as exc:
+        raise UsageError(f"cannot narrow the permissions of {path}: {exc.strerror}") from None
 
 
 def run_files(

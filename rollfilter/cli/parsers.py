@@ -19,6 +19,7 @@ from typing import Any, Literal
 import msgspec
 
 from rollfilter.config import (
+    MAX_POLICY_VERSION,
     MAX_REPEATS,
     MIN_RATE,
     ROUTE_BY_TASK,
@@ -37,7 +38,7 @@ from rollfilter.config import (
 )
 from rollfilter.cost import Price, PriceError
 from rollfilter.errors import UsageError
-from rollfilter.redact import shown
+from rollfilter.redact import shown, shown_as_typed
 from rollfilter.resume import max_attempts_from_environment
 
 SHARD_AUTO = "auto"  # --shard auto: the shard of this Slurm array task
@@ -60,9 +61,7 @@ def as_typed(parse: Callable[[str], str], text: str) -> str:
     except UsageError as exc:
         if read == text:
             raise
-        added = read[: len(read) - len(text)]  # what with_scheme put before it
-        typed = shown(read).removeprefix(added)  # the text's secrets cut as the URL's are
-        raise UsageError(f"{exc}, read from {typed!r} as curl reads it") from None
+        raise UsageError(f"{exc}, read from {shown_as_typed(text)!r} as curl reads it") from None
 
 
 def with_scheme(text: str) -> str:
@@ -143,14 +142,20 @@ def verifiers(specs: Iterable[str]) -> dict[str, tuple[str, ...]]:
 
 
 def endpoints(specs: Iterable[str]) -> dict[str, tuple[str, ...]]:
-    """-e `NAME=URL[,URL...]`, repeatable; several URLs for one NAME are its replicas."""
+    """-e `NAME=URL[,URL...]`, repeatable; several URLs for one NAME are its replicas (UsageError
+    for one given twice: two replicas of one server would count its requests and failures apart)."""
     found: dict[str, tuple[str, ...]] = {}
     for spec in specs:
         name, sep, urls = spec.partition("=")
         if not sep or not name or not urls:
             raise UsageError(f"-e/--endpoint wants NAME=URL, got {spec!r}")
         replicas = tuple(as_typed(agent_url, url.strip()) for url in urls.split(",") if url.strip())
-        found[name] = found.get(name, ()) + replicas
+        for url in replicas:
+            if url in found.get(name, ()):
+                raise UsageError(
+                    f"-e/--endpoint {name}: {shown(url)} is given twice: each replica is one URL, given once"
+                )
+            found[name] = (*found.get(name, ()), url)
     return found
 
 
@@ -281,10 +286,8 @@ def param(spec: str) -> tuple[str, Any]:
     """-p `KEY=VALUE`: VALUE as JSON when it parses as JSON, else as a string. NeMo Gym's
     `responses_create_params.KEY=VALUE` and `+responses_create_params.KEY=VALUE` mean `KEY=VALUE`."""
     key, sep, text = spec.partition("=")
-    key = key.lstrip("+")
-    if key.startswith(GYM_PARAMS_PREFIX):
-        key = key.removeprefix(GYM_PARAMS_PREFIX)
-    elif key == GYM_PARAMS_PREFIX.rstrip("."):
+    key = key.lstrip("+").removeprefix(GYM_PARAMS_PREFIX)
+    if key.partition(".")[0] == GYM_PARAMS_PREFIX.rstrip("."):  # bare, or named twice: never sent nested
         raise UsageError(f"-p sets keys inside responses_create_params: give -p KEY=VALUE for each, got {spec!r}")
     if not sep or not key or any(not part for part in key.split(".")):
         raise UsageError(f"-p/--param wants KEY=VALUE, got {spec!r}")
@@ -482,7 +485,9 @@ def steering(
     policy_version: int | None, max_staleness: int | None, batch_groups: int | None, *, groups: bool
 ) -> dict[str, Any]:
     """Config's policy_version, max_staleness and batch_groups from their options; UsageError for a
-    staleness bound without groups, or without both of its figures."""
+    staleness bound without groups, or without both of its figures, or a version past 2**53."""
+    if policy_version is not None and abs(policy_version) > MAX_POLICY_VERSION:
+        raise UsageError(f"--policy-version is a whole number of at most {MAX_POLICY_VERSION} (2**53)")
     if (max_staleness is None) != (batch_groups is None):
         raise UsageError("--max-staleness and --batch-groups go together: give both")
     if max_staleness is not None and not groups:
@@ -502,7 +507,8 @@ def groups(
     """Config's groups, drop_uniform and group_field from --groups, --drop-uniform and
     --group-field; UsageError for group options that cannot work: one that needs --groups without
     it (those `given`), groups of one rollout (`repeats`: -r's default and counts by agent), a
-    --group-field that can never be a number, or an option groups cannot go with (those `refused`)."""
+    --group-field that can never be a number, or an option groups cannot go with (those `refused`,
+    named as typed)."""
     settings = {"groups": groups or drop_uniform, "drop_uniform": drop_uniform, "group_field": group_field or "reward"}
     if not settings["groups"]:
         for option, value in given.items():
@@ -522,13 +528,15 @@ def groups(
         raise UsageError(f"--group-field {group_field}: {problem}")
     for option, value in refused.items():
         if value:
-            raise UsageError(f"--groups cannot go with {option}: {_REFUSED_WITH_GROUPS[option]}")
+            grouping = "--groups" if groups else "--drop-uniform"
+            raise UsageError(f"{grouping} cannot go with {option}: {_REFUSED_WITH_GROUPS[option]}")
     return settings
 
 
 _REFUSED_WITH_GROUPS = {
     "--dry-run": "a dry run sends nothing, so no group ever ends",
     "-k": "a group is written as soon as it is whole, not in input order",
+    "--ordered": "a group is written as soon as it is whole, not in input order",
 }
 
 
@@ -548,6 +556,11 @@ def affinity_header(name: str | None, headers: Sequence[str]) -> str | None:
     if name is None:
         return None
     given = [text.partition(":")[0].strip() for text in headers]
+    if name.lower() in {other.lower() for other in given}:
+        raise UsageError(
+            f"--affinity-header {name}: -H sets it already, one value for every request: leave it out"
+            " of -H (the affinity header carries one value a task), or name another header"
+        )
     problem = affinity_header_problem(name, given)
     if problem is not None:
         raise UsageError(f"--affinity-header {problem}")

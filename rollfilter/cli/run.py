@@ -40,7 +40,7 @@ from rollfilter.cli.outputs import (
     run_files,
 )
 from rollfilter.cli.progress_file import known_total, publish_progress
-from rollfilter.cli.signals import is_pipe, status_lines, watch_reader_gone, watch_signals
+from rollfilter.cli.signals import StopSignals, is_pipe, status_lines, watch_reader_gone
 from rollfilter.cli.statuses import RunEnd
 from rollfilter.config import Config, ConfigError
 from rollfilter.connect import tls_context_for
@@ -50,6 +50,7 @@ from rollfilter.engine import RunControl, StopCause, describe
 from rollfilter.errors import UsageError
 from rollfilter.http import connections_that_fit, raise_open_file_limit
 from rollfilter.keytable import KeyTable
+from rollfilter.metrics import Metrics
 from rollfilter.plan import Job
 from rollfilter.redact import shown
 from rollfilter.resume import (
@@ -61,6 +62,7 @@ from rollfilter.resume import (
     result_records,
 )
 from rollfilter.routing import Agent
+from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name
 from rollfilter.run import Run
 from rollfilter.sinks import BodySink, GroupOutputs, LineSink
 from rollfilter.source import LineReader, check_inputs
@@ -93,9 +95,19 @@ class RunOptions:
 
 
 async def run(
-    command: CommandConfig, *, streams: Streams = STANDARD_STREAMS, options: RunOptions = RunOptions()
+    command: CommandConfig,
+    *,
+    streams: Streams = STANDARD_STREAMS,
+    options: RunOptions = RunOptions(),
+    stops: StopSignals | None = None,
 ) -> RunEnd:
-    """Run the rollouts `command` describes; return how it ended. Prints the summary."""
+    """Run the rollouts `command` describes; return how it ended. Prints the summary. `stops`
+    (the command's stop signals) stop it from here on, unless `options` say it handles none."""
+    run_control = RunControl()
+    if stops is not None and options.handle_signals:
+        stops.attach(run_control)
+    else:
+        stops = None
     check_inputs(command.inputs)
     if not command.engine.names_an_agent and options.demo is None:
         raise UsageError("no agent to send to: give -u URL, -e NAME=URL, --head-server URL, or --demo")
@@ -105,7 +117,12 @@ async def run(
         command = fit_open_files(command, files_per_connection=2 if options.demo else 1, stderr=streams.stderr)
     with control_socket(command.control_socket) as control, OutputFiles() as files:
         # Locked first: the record, the resume state and a torn tail are read under the lock.
-        appended = [None] * 5 if options.dry_run else await open_appended(command, files, streams.stderr, say)
+        appended: list[int | None] = [None] * 5
+        with run_control.stoppable():  # a stop while --wait-lock waits: the summary of nothing sent
+            if not options.dry_run:
+                appended = await open_appended(command, files, streams.stderr, say)
+        if run_control.cause is not None and not options.dry_run and None in appended[:1]:
+            return _stopped_before_opening(run_control, streams, quiet=options.quiet)
         for caveat in files.caveats:
             say(caveat, streams.stderr)
         command, record = identity.settle(command)
@@ -117,8 +134,16 @@ async def run(
         async with _demo_agent(options.demo) as url:
             if url is not None:
                 command = dataclasses.replace(command, engine=dataclasses.replace(command.engine, url=url))
-            run = _CommandLineRun(command, streams, opened, resume, earlier, options, tls)
-            return await run.execute(control)
+            clrun = _CommandLineRun(command, streams, opened, resume, earlier, options, tls, run_control)
+            return await clrun.execute(stops, control)
+
+
+def _stopped_before_opening(control: RunControl, streams: Streams, *, quiet: bool) -> RunEnd:
+    """A run stopped while it waited to lock its outputs: nothing was sent, and its summary says so."""
+    assert control.cause is not None
+    if not quiet:
+        write_summary(streams.stderr, _encode(Metrics().summary(stopped=control.cause.value)) + b"\n")
+    return RunEnd(control.cause)
 
 
 def ca_file(config: Config) -> ssl.SSLContext | None:
@@ -181,7 +206,9 @@ def _earlier_runs(command: CommandConfig, *, dry_run: bool) -> tuple[ResumeState
     for path in (command.output, command.errors_file, command.materialized_file, command.dropped_file, held):
         if path is not None and not dry_run:
             drop_torn_tail(path)
-    resume = ResumeState.from_files(command.output, command.errors_file, command.max_attempts, held=held)
+    resume = ResumeState.from_files(
+        command.output, command.errors_file, command.max_attempts, held=held, target_groups=command.engine.target_groups
+    )
     if held is not None and command.dropped_file is not None and not dry_run:
         resume.rebuild_dropped(command.dropped_file, held)
     if command.materialized_file is not None:
@@ -204,10 +231,11 @@ class _CommandLineRun:
         earlier: _Earlier,
         options: RunOptions,
         tls: ssl.SSLContext | None,
+        control: RunControl,
     ) -> None:
         self.command, self.streams, self.files, self.earlier, self.options = command, streams, files, earlier, options
         self.resume = resume
-        self.control = RunControl()
+        self.control = control
         self.write_failures: list[OutputFailed] = []
         self.results = self._writer(files.results, files.results_name)
         self.stderr_lines = self._writer(streams.stderr, "standard error")
@@ -362,9 +390,12 @@ class _CommandLineRun:
         for line in status_lines(engine.status() if engine is not None else None):
             self.say(line)
 
-    async def execute(self, control: ControlSocket | None = None) -> RunEnd:
-        """Run, with `control` (--control's socket) served from the start to the end."""
+    async def execute(self, stops: StopSignals | None, control: ControlSocket | None = None) -> RunEnd:
+        """Run, with `stops` shown the status and told how to leave in a hurry, and `control`
+        (--control's socket) served from the start to the end; then the summary."""
         self.control_socket = control
+        if stops is not None:
+            stops.show_status, stops.leave = self.show_status, self.leave_now
         try:
             async with trio.open_nursery() as services:
                 await self._serve(services)
@@ -373,7 +404,22 @@ class _CommandLineRun:
             self.reader.close()
             with trio.CancelScope(shield=True):
                 await self.run.aclose()
+        if stops is not None:
+            stops.leave = None  # the summary is written next, once
         return self._finish()
+
+    def leave_now(self) -> None:
+        """A stop signal during the wind-down, as when finished results wait on an output nobody
+        reads: the summary as it stands, before the command exits at once. Results not written by
+        then are lost (--resume runs them again), and a line says so. --control's socket is
+        removed first: no exit leaves it behind."""
+        if self.control_socket is not None:
+            self.control_socket.remove()
+        say("stopped again: results not yet written are dropped (--resume runs them again)", self.streams.stderr)
+        if not self.options.quiet:
+            control = self.control
+            stopped = control.reason or (control.cause.value if control.cause is not None else None)
+            write_summary(self.streams.stderr, _encode(self.run.summary(stopped=stopped)) + b"\n")
 
     async def _serve(self, services: trio.Nursery) -> None:
         files, options, control, run = self.files, self.options, self.control, self.run
@@ -383,9 +429,6 @@ class _CommandLineRun:
             identity.keep(files.record, files.output)
         except OutputFailed as failure:  # nothing is sent: the summary says so, and the exit status
             self._output_failed(failure)
-        if options.handle_signals:
-            cleanup = self.control_socket.remove if self.control_socket is not None else None
-            await services.start(functools.partial(watch_signals, control, self.show_status, before_exit=cleanup))
         if files.results == self.streams.stdout and is_pipe(files.results):
             services.start_soon(watch_reader_gone, files.results, lambda: control.stop(StopCause.READER_GONE))
         if self.exporter is not None:
@@ -436,11 +479,18 @@ class _CommandLineRun:
 
     def _drop_leftovers(self) -> None:
         """The rollouts an earlier run finished whose groups this run left open (it stopped before
-        reading them): into --dropped, as the open groups this run cancelled."""
-        if self.resume is None or self.dropped is None:
+        reading them): into --dropped, as the open groups this run cancelled, and counted so in
+        the summary's groups, as the dropped file shows them."""
+        if self.resume is None or (self.dropped is None and self.run.groups is None):
             return
+        config, left_open = self.command.engine, set()
         for result in self.resume.leftover_held():
-            self.dropped.write(_encode({**result, DROPPED_BECAUSE: CANCELLED}) + b"\n")
+            if self.dropped is not None:
+                self.dropped.write(_encode({**result, DROPPED_BECAUSE: CANCELLED}) + b"\n")
+            rollout, size = result.get(ROLLOUT_INDEX), config.repeats_for(agent_name(result)) or 1
+            left_open.add((_encode(result.get(TASK_INDEX)), rollout // size if type(rollout) is int else 0))
+        if self.run.groups is not None:
+            self.run.groups.cancel_earlier(len(left_open))
 
     async def _plan_first(self) -> int | None:
         """The materialized file's first pass (see `first_pass.plan_first`): the rollouts planned,

@@ -1,8 +1,9 @@
 """What stops a command-line run from outside, or asks it how it goes: signals, and the reader of
 standard output going away.
 
-SIGINT, SIGTERM and SIGHUP stop the run (the first one: a second during the wind-down exits at
-once); SIGUSR1, and SIGINFO (Ctrl-T) where the system has it, print a status block, as dd does.
+SIGINT, SIGTERM and SIGHUP stop the run, from the moment the command starts (the first one: a
+second during the wind-down prints the summary as it stands and exits at once); SIGUSR1, and
+SIGINFO (Ctrl-T) where the system has it, print a status block, as dd does.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 
 import trio
 
+from rollfilter.cli import early_signals
 from rollfilter.cli.statuses import EXIT_STATUS_OF_STOP
 from rollfilter.engine import RunControl, RunStatus, StopCause
 from rollfilter.redact import printable
@@ -26,27 +28,54 @@ CAUSE_OF_SIGNAL = {
 }
 
 
-async def watch_signals(
-    control: RunControl,
-    show_status: Callable[[], None],
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-    *,
-    before_exit: Callable[[], None] | None = None,
-) -> None:
-    """Stop the run on the signals of CAUSE_OF_SIGNAL, show its status on a status signal.
-    `before_exit` runs before a second signal ends the process at once (what must not be left)."""
-    with trio.open_signal_receiver(*CAUSE_OF_SIGNAL, *STATUS_SIGNALS) as signals:
+class StopSignals:
+    """The stop signals (SIGINT, SIGTERM, SIGHUP) of one trio run of the command, from its first
+    moment to its last, and those noted before it (`cli/early_signals.py`).
+
+    A command-line run `attach`es its `RunControl` before it does anything else: a signal stops
+    it, and one that came earlier stops it as soon as it is attached, so that every stop ends with
+    the summary. A signal while the run is already stopping (a second Ctrl-C, when finished
+    results wait on a blocked output) calls `leave` (the summary as it stands) and exits at once
+    with that signal's status. Without a control (--summarize), a signal cancels `scope`.
+    """
+
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
+        self.control: RunControl | None = None
+        self.causes: list[StopCause] = []  # every stop signal taken, oldest first
+        self.show_status: Callable[[], None] = lambda: None
+        self.leave: Callable[[], None] | None = None
+
+    def attach(self, control: RunControl) -> None:
+        self.control = control
+        if self.causes:
+            control.stop(self.causes[0])
+
+    def take(self, cause: StopCause) -> None:
+        """What a stop signal does; see the class."""
+        self.causes.append(cause)
+        control = self.control
+        if control is None:
+            self.scope.cancel()
+            return
+        if control.stopped_early and self.leave is not None:
+            self.leave()
+            os._exit(EXIT_STATUS_OF_STOP[cause])  # a signal during the wind-down: leave now
+        control.stop(cause)
+
+
+async def watch_signals(stops: StopSignals, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """Hand the stop signals to `stops` (those start-up noted first), and show the run's status on
+    a status signal. A hang-up that start-up found ignored (nohup) stays ignored."""
+    listened = [signum for signum in CAUSE_OF_SIGNAL if signal.getsignal(signum) is not signal.SIG_IGN]
+    with trio.open_signal_receiver(*listened, *STATUS_SIGNALS) as signals:
+        stops.causes.extend(CAUSE_OF_SIGNAL[signal.Signals(signum)] for signum in early_signals.take())
         task_status.started()
         async for signum in signals:
             if signum in STATUS_SIGNALS:
-                show_status()
-                continue
-            cause = CAUSE_OF_SIGNAL[signal.Signals(signum)]
-            if control.stopped_early:
-                if before_exit is not None:
-                    before_exit()
-                os._exit(EXIT_STATUS_OF_STOP[cause])  # a signal during the wind-down: leave now
-            control.stop(cause)
+                stops.show_status()
+            else:
+                stops.take(CAUSE_OF_SIGNAL[signal.Signals(signum)])
 
 
 async def watch_reader_gone(fd: int, on_gone: Callable[[], None]) -> None:

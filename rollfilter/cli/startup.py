@@ -1,15 +1,16 @@
 """The `rollfilter` command's start-up: `python -m rollfilter` and the installed script both run `main`.
 
-Before the command's modules are imported, what no later code could do: a Ctrl-C exits 130 at
-once, without a traceback, whenever the trio run is not going (which handles it itself:
-`rollfilter.cli.main.execute`); a status signal (SIGUSR1) is ignored until the run listens for
-it, rather than killing the command; and a standard descriptor the command was started without
-(`>&-`, `2>&-`, `<&-`) is taken up, so that no file or socket opened later gets its number. And
-httpx is kept from loading its own command line.
+Before the command's modules are imported, what no later code could do: a stop signal (SIGINT,
+SIGTERM, SIGHUP) is noted, without a traceback, and stops the run as soon as it starts, which then
+prints its summary and exits with the signal's status (`cli/early_signals.py`); a status signal
+(SIGUSR1) is ignored until the run listens for it, rather than killing the command; and a standard
+descriptor the command was started without (`>&-`, `2>&-`, `<&-`) is taken up, so that no file or
+socket opened later gets its number. And httpx is kept from loading its own command line.
 
-This module and the package above it import nothing but `signal` (and `gc`, `os` and `sys`, which
-every Python has loaded before it runs a line): the handlers are set within a millisecond of the
-interpreter's own start-up, where a traceback would otherwise name whatever was being imported.
+This module, `early_signals` and the package above them import nothing but `signal` (and `gc`,
+`os` and `sys`, which every Python has loaded before it runs a line): the handlers are set within
+a millisecond of the interpreter's own start-up, where a traceback would otherwise name whatever
+was being imported.
 """
 
 from __future__ import annotations
@@ -19,17 +20,15 @@ import os
 import signal
 import sys
 
+from rollfilter.cli import early_signals
+
 TYPE_CHECKING = False  # not typing's: importing typing would take longer than all of this module
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from importlib.machinery import ModuleSpec
-    from types import FrameType, ModuleType
+    from types import ModuleType
 
-STATUS_SIGNAL_NAMES = ("SIGUSR1", "SIGINFO")  # as rollfilter.cli.run's STATUS_SIGNALS (importing it would load trio)
-
-
-def exit_interrupted(signum: int, frame: FrameType | None) -> None:
-    os._exit(130)  # ExitStatus.INTERRUPTED; rollfilter.errors is not imported yet
+STATUS_SIGNAL_NAMES = ("SIGUSR1", "SIGINFO")  # as rollfilter.cli.signals' STATUS_SIGNALS (importing it would load trio)
 
 
 class WithoutHttpxCommandLine:
@@ -48,7 +47,7 @@ class WithoutHttpxCommandLine:
 
 
 def main() -> None:
-    signal.signal(signal.SIGINT, exit_interrupted)
+    early_signals.set_handlers()
     for name in STATUS_SIGNAL_NAMES:  # a status asked for while starting is not one to die of
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_IGN)

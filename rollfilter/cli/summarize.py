@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -14,8 +15,9 @@ from rollfilter.cli.messages import say, write_stderr
 from rollfilter.cli.outputs import STANDARD_STREAMS, OutputFiles, RunOutputs, Streams, replace_content
 from rollfilter.cli.run import ca_file, summary_for
 from rollfilter.cli.statuses import RunEnd
+from rollfilter.compare import Comparison, RunComparison
 from rollfilter.engine import reward_of
-from rollfilter.errors import ErrorKind
+from rollfilter.errors import ErrorKind, UsageError
 from rollfilter.metrics import Metrics
 from rollfilter.outcomes import AttemptFailure, failure_of
 from rollfilter.redact import printable
@@ -45,6 +47,7 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
     """
     config = command.engine
     check_inputs(command.inputs)
+    baseline = _Baseline.of(command, stdin_fd=streams.stdin)
     RunOutputs(command, streams, summarize=True).check()
     shards = identity.shard_coverage(command.inputs)
     reader = LineReader(command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=streams.stdin)
@@ -54,6 +57,7 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
     # It talks only to the agents' /aggregate_metrics, with --aggregate.
     per_task = _PerTask(command.per_task_file)
     run = Run(config, tls=ca_file(config) if config.aggregate else None, on_task=per_task.write)
+    unclustered = _Unclustered(run.tasks is None)
     with OutputFiles() as files:
         metrics_file = files.whole(command.metrics_file, "--metrics")
         aggregate_file = files.whole(command.aggregate_file, "--aggregate")
@@ -61,13 +65,15 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
         try:
             await run.connect(send=False)
             try:
-                await _count(reader, run, unusable)
+                await baseline.read()
+                await _count(reader, run, unusable, (baseline.add, unclustered.result))
             except OutputFailed as failure:  # its temporary file: the summary says how far it got
                 counted_failed = failure
             if counted_failed is None:
                 await run.aggregate()
         finally:
             reader.close()
+            baseline.close()
             with trio.CancelScope(shield=True):
                 await run.aclose()
         if run.tasks is not None:
@@ -76,6 +82,7 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
         figures = run.summary(stopped=None if counted_failed is None else str(counted_failed), timings=False)
         if shards is not None:
             figures["rollfilter"]["shards"] = shards.summary()
+        baseline.add_to(figures)
         summary = _encode(figures) + b"\n"
         report = run.report
         failures = [failed for failed in (counted_failed, per_task.failure) if failed is not None]
@@ -99,29 +106,28 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
                     write_stderr(streams.stderr, summary)  # the figures are not lost with their output
     for line in chart_lines(figures, streams.stderr):
         write_stderr(streams.stderr, line.encode() + b"\n")
-    for problem in unusable.problems():
+    lost = [*unusable.problems(), *reader.problems, *baseline.problems]
+    aggregated = [f"--aggregate: {problem}" for problem in (report.problems if report is not None else ())]
+    unmatched = [f"--summarize: {problem}" for problem in (shards.problems if shards is not None else ())]
+    for problem in [*lost, *aggregated, *unmatched]:
         say(problem, streams.stderr)
-    for problem in reader.problems:
-        say(problem, streams.stderr)
-    for problem in report.problems if report is not None else ():
-        say(f"--aggregate: {problem}", streams.stderr)
-    for problem in shards.problems if shards is not None else ():
-        say(f"--summarize: {problem}", streams.stderr)
-    if STDIN in command.inputs:  # a check not made is said, not passed over
-        say(STDIN_UNCHECKED, streams.stderr)
-    incomplete = reader.problems or unusable.problems() or (shards is not None and shards.problems)
-    return RunEnd(incomplete=bool(incomplete), output_failed=bool(failures))
+    unchecked = [STDIN_UNCHECKED] if STDIN in command.inputs else []  # a check not made is said, not passed over
+    for note in [*unchecked, *baseline.notes(), *unclustered.notes()]:
+        say(note, streams.stderr)
+    return RunEnd(incomplete=bool(lost or unmatched), output_failed=bool(failures))
 
 
-async def _count(reader: LineReader, run: Run, unusable: _UnusableLines) -> None:
-    """Count each line read into `run`'s figures: a result, a failed attempt (once per pair, unless
-    a result has the pair), or a line that cannot be used. OutputFailed when the failures cannot
-    be held."""
+async def _count(
+    reader: LineReader, run: Run, unusable: _UnusableLines, on_result: Sequence[Callable[[dict[str, Any]], None]]
+) -> None:
+    """Count each line read into `run`'s figures: a result (given to each of `on_result` too), a failed
+    attempt (once per pair, unless a result has the pair), or a line that cannot be used.
+    OutputFailed when the failures cannot be held."""
     metrics, tasks = run.metrics, run.tasks
     failures = StandingFailures()
     try:
         while (line := await reader.next_line()) is not None:
-            _count_line(line, run, unusable, failures)
+            _count_line(line, run, unusable, failures, on_result)
     except BaseException:
         failures.close()
         raise
@@ -134,7 +140,13 @@ async def _count(reader: LineReader, run: Run, unusable: _UnusableLines) -> None
             tasks.rollout_ended(record[TASK_INDEX], None, record.get(ROLLOUT_INDEX))
 
 
-def _count_line(line: InputLine, run: Run, unusable: _UnusableLines, failures: StandingFailures) -> None:
+def _count_line(
+    line: InputLine,
+    run: Run,
+    unusable: _UnusableLines,
+    failures: StandingFailures,
+    on_result: Sequence[Callable[[dict[str, Any]], None]],
+) -> None:
     metrics, tasks, spool = run.metrics, run.tasks, run.spool
     if line.data is None:  # over --max-line-bytes
         unusable.add(line, line.problem or "too long", metrics)
@@ -157,12 +169,104 @@ def _count_line(line: InputLine, run: Run, unusable: _UnusableLines, failures: S
         unusable.repeated(line)  # a pair counted already: the same file twice, or runs mixed
         return
     metrics.taken += 1
-    metrics.add_result(record, None, agent_name(record))
+    agent = agent_name(record)
+    metrics.add_result(record, None, agent)
+    for hand_on in on_result:
+        hand_on(record)
     if spool is not None:
-        spool.add(agent_name(record), record)
+        spool.add(agent, record)
     if tasks is not None and TASK_INDEX in record:
-        rollout = record.get(ROLLOUT_INDEX)
-        tasks.rollout_ended(record[TASK_INDEX], reward_of(record), rollout, masked=is_masked(record))
+        rollout, masked = record.get(ROLLOUT_INDEX), is_masked(record)
+        tasks.rollout_ended(record[TASK_INDEX], reward_of(record), rollout, record, agent, masked=masked)
+
+
+class _Baseline:
+    """--compare BASELINE: the other run's results, read before these, and the comparison of
+    these with them (`compare.RunComparison`). Lines of BASELINE that are not JSON objects are
+    left out, and said: the exit status is 1, as for the results' own."""
+
+    @classmethod
+    def of(cls, command: CommandConfig, *, stdin_fd: int) -> _Baseline:
+        """`command`'s baseline; UsageError for a file that cannot be read, or a second standard input."""
+        check_inputs(command.compare_files)
+        if "-" in command.compare_files and "-" in command.inputs:
+            raise UsageError("--compare - and the results cannot both be read from standard input")
+        return cls(command.compare_files, max_line_bytes=command.max_line_bytes, stdin_fd=stdin_fd)
+
+    def __init__(self, paths: tuple[str, ...], *, max_line_bytes: int, stdin_fd: int) -> None:
+        self.comparison = RunComparison() if paths else None
+        self._reader = LineReader(paths, max_line_bytes=max_line_bytes, stdin_fd=stdin_fd) if paths else None
+        self.problems: list[str] = []
+        self._compared: Comparison | None = None
+
+    async def read(self) -> None:
+        if self._reader is None or self.comparison is None:
+            return
+        unusable, first = 0, ""
+        while (line := await self._reader.next_line()) is not None:
+            if line.data is not None and not line.data.strip():
+                continue
+            record = parse_row(line.data, exact=True) if line.data is not None else (line.problem or "too long")
+            if isinstance(record, str):
+                first = first or printable(f"{line.source}:{line.number}: {record}")
+                unusable += 1
+                continue
+            self.comparison.add_baseline(record)
+        self.problems += [f"--compare: {problem}" for problem in self._reader.problems]
+        if unusable:
+            lines = "1 line is not a result" if unusable == 1 else f"{unusable} lines are not results"
+            self.problems.append(f"--compare: {lines}, left out; the first: {first}")
+
+    def add(self, result: dict[str, Any]) -> None:
+        """One of these results (not the baseline's)."""
+        if self.comparison is not None:
+            self.comparison.add(result)
+
+    def add_to(self, summary: dict[str, Any]) -> None:
+        """`compare` in the summary, before the run's own figures, and the tasks compared among them."""
+        if self.comparison is None:
+            return
+        self._compared = compared = self.comparison.comparison()
+        figures = summary.pop("rollfilter")
+        summary["compare"] = compared.figures()
+        summary["rollfilter"] = figures | {"compared_tasks": compared.tasks()}
+
+    def notes(self) -> list[str]:
+        """What the comparison left out, a line."""
+        compared = self._compared
+        if compared is None or not (compared.only_in_baseline or compared.only_in_run or compared.without_task):
+            return []
+        note = (
+            f"--compare: {compared.paired} tasks compared; left out: {compared.only_in_baseline} in the baseline"
+            f" only, {compared.only_in_run} in these results only"
+        )
+        return [note + (f", {compared.without_task} results with no task" if compared.without_task else "")]
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+
+
+class _Unclustered:
+    """Without -r K, each rollout counts as a task of its own for the error bars: said once when the
+    results hold a task's second rollout, whose rollouts are not independent (the bars too small)."""
+
+    def __init__(self, unclustered: bool) -> None:
+        self._unclustered = unclustered
+        self.seen = False
+
+    def result(self, record: dict[str, Any]) -> None:
+        if self._unclustered and not self.seen:
+            rollout = record.get(ROLLOUT_INDEX)
+            self.seen = type(rollout) is int and rollout > 0
+
+    def notes(self) -> list[str]:
+        if not self.seen:
+            return []
+        return [
+            "--summarize: the results hold several rollouts a task: give -r K for error bars clustered by task"
+            " (without it, each rollout counts as a task, and the bars are too small)"
+        ]
 
 
 class _PerTask:

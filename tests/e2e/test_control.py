@@ -7,6 +7,7 @@ stopped by signals); the refusals before a run starts run in-process.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import select
@@ -211,6 +212,7 @@ def test_a_path_that_is_no_stale_socket_is_refused(short_dir: Path):
             (taken, b"exists and is not a socket"),
             (listening, b"another run is listening on it"),
             (short_dir / "no" / "such.sock", b"cannot listen there"),
+            ("", b"--control needs a path"),
         ):
             result = invoke(["--demo", "--control", str(path)], input=b'{"responses_create_params": {"input": "hi"}}\n')
             assert result.returncode == 2
@@ -219,6 +221,22 @@ def test_a_path_that_is_no_stale_socket_is_refused(short_dir: Path):
             assert problem in result.stderr
         assert listening.exists()
     assert taken.read_text() == "mine\n"
+
+
+def test_a_stale_socket_that_cannot_be_removed_is_refused(short_dir: Path, monkeypatch: pytest.MonkeyPatch):
+    stale = short_dir / "stale.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as dead_run:
+        dead_run.bind(str(stale))
+
+    def read_only(path: str) -> None:  # as on a read-only file system (root may write any folder)
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+
+    monkeypatch.setattr(os, "unlink", read_only)
+    result = invoke(["--demo", "--control", str(stale)], input=b'{"responses_create_params": {"input": "hi"}}\n')
+    assert result.returncode == 2
+    problem = f"--control {stale}: cannot take over the stale socket: Read-only file system"
+    assert result.stderr == f"rollfilter: {problem}\n".encode()
+    assert result.stdout == b""
 
 
 def test_a_stale_socket_is_taken_over_and_removed_at_the_end(short_dir: Path):

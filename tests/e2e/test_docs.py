@@ -295,3 +295,20 @@ def test_changelog_keeps_a_changelog():
         assert long == [], version  # one or two lines a bullet
         # A compare link at the bottom, as Keep a Changelog has it.
         assert re.search(rf"^\[{re.escape(version)}\]: \S+$", changelog, re.M), version
+
+
+def test_help_examples_that_keep_the_summary_in_a_file_keep_it_parseable_when_rows_fail(workdir: Path, start_demo):
+    from rollfilter.cli.options import EXAMPLES
+
+    server = start_demo()
+    port = server.url.rsplit(":", 1)[1]
+    rows = [{"responses_create_params": {"input": f"q{i}"}, "demo": {"fault": "422"} if i % 2 else {}}
+            for i in range(6)]  # fmt: skip
+    (workdir / "in.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    examples = [line.strip() for line in EXAMPLES.splitlines() if "2> summary.json" in line]
+    assert examples
+    for command in examples:
+        proc = run_shell(command.replace(":8000", f":{port}"), workdir)
+        assert proc.returncode == 1, (command, proc.stderr)  # half the rows failed
+        figures = json.loads((workdir / "summary.json").read_text())["rollfilter"]  # the file jq reads
+        assert figures["failed"] == 3, command

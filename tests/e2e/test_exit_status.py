@@ -398,16 +398,16 @@ def test_a_run_with_stdin_closed_says_it_cannot_read_it(demo_server: DemoServer)
 @pytest.mark.parametrize(
     ("module", "args"),
     [
-        ("rollfilter.cli.descriptors", []),  # the first import after start-up sets its handlers
-        ("msgspec", []),
-        ("trio", []),
-        ("typer", []),
-        ("rollfilter.cli.run", []),
+        ("rollfilter.cli.descriptors", ["--demo"]),  # the first import after start-up sets its handlers
+        ("msgspec", ["--demo"]),
+        ("trio", ["--demo"]),
+        ("typer", ["--demo"]),
+        ("rollfilter.cli.run", ["--demo"]),
         ("resource", ["-u", CLOSED_PORT_URL]),  # imported after the options are parsed, before the run starts
         ("rollfilter.cli.progress_lines", ["--demo", "--progress", "-q"]),  # imported once the run has started
     ],
 )
-def test_ctrl_c_at_any_point_of_start_up_exits_130_without_a_traceback(module: str, args: list[str]):
+def test_ctrl_c_at_any_point_of_start_up_exits_130_with_the_summary(module: str, args: list[str]):
     proc = subprocess.run(
         [sys.executable, "-c", SIGNALLED_AT_IMPORT, module, "SIGINT", *with_closed_port(args)],
         input=rows_jsonl(simple_rows(2)).encode(),
@@ -417,7 +417,57 @@ def test_ctrl_c_at_any_point_of_start_up_exits_130_without_a_traceback(module: s
     )
     assert proc.returncode == 130
     assert b"Traceback" not in proc.stderr
-    assert len(messages(proc.stderr)) <= 1
+    if "-q" not in args:  # nothing sent is a summary too
+        assert messages(proc.stderr) == []
+        assert summary_of(proc.stderr)["rollfilter"]["stopped"] == "interrupted"
+
+
+# The command, sent the signals argv[2] (names, comma-separated, 50 ms apart) argv[1] seconds
+# after its start-up handlers are set (by a thread of its own, started just before); its
+# arguments follow.
+SIGNALLED_AFTER = """
+import os, signal, sys, threading, time
+
+DELAY, SIGNALS = float(sys.argv[1]), [getattr(signal, name) for name in sys.argv[2].split(",")]
+
+def send():
+    time.sleep(DELAY)
+    for signum in SIGNALS:
+        os.kill(os.getpid(), signum)
+        time.sleep(0.05)
+
+sys.argv[:3] = ["rollfilter"]
+from rollfilter.cli.startup import main
+threading.Thread(target=send, daemon=True).start()
+main()
+"""
+STOPPED_BY = {"SIGINT": (130, "interrupted"), "SIGTERM": (143, "terminated"), "SIGHUP": (129, "hung up")}
+
+
+@pytest.mark.parametrize("signals", ["SIGINT", "SIGINT,SIGINT", "SIGTERM,SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize("moment", [0.03, 0.1, 0.17, 0.24, 0.35, 0.8])
+def test_stop_signals_at_any_moment_once_or_twice_end_with_the_summary(moment: float, signals: str):
+    # stdin stays open: the run never ends by itself, whatever the moment of the signal.
+    with subprocess.Popen(
+        [sys.executable, "-c", SIGNALLED_AFTER, str(moment), signals, "--demo"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+    ) as proc:
+        assert proc.stdin is not None
+        assert proc.stderr is not None
+        try:
+            proc.stdin.write(rows_jsonl(simple_rows(3)).encode())
+            proc.stdin.flush()
+            status = proc.wait(timeout=SUBPROCESS_TIMEOUT)
+            stderr = proc.stderr.read()
+        finally:
+            proc.kill()
+    expected_status, stopped = STOPPED_BY[signals.split(",")[0]]
+    assert status == expected_status, stderr
+    assert b"Traceback" not in stderr
+    assert summary_of(stderr)["rollfilter"]["stopped"] == stopped
 
 
 @pytest.mark.parametrize(
@@ -486,3 +536,30 @@ def test_an_output_on_a_standard_stream_the_command_was_started_without_exits_74
     assert proc.returncode == 74
     assert f"rollfilter: cannot write {option} /dev/stdout: {BAD_FD}" in messages(proc.stderr)
     assert "rows_read" in summary_of(proc.stderr)["rollfilter"]
+
+
+def test_a_hang_up_ignored_by_whoever_started_the_command_stays_ignored():
+    # nohup's way: SIGHUP ignored before the command starts.
+    with subprocess.Popen(
+        [*rollfilter_command(), "--demo"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
+    ) as proc:
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        try:
+            proc.stdin.write(rows_jsonl(simple_rows(1)).encode())
+            proc.stdin.flush()
+            assert proc.stdout.readline()  # the run is going
+            proc.send_signal(signal.SIGHUP)
+            proc.stdin.write(rows_jsonl(simple_rows(1)).encode())
+            proc.stdin.flush()
+            assert proc.stdout.readline()  # and still is
+            _, stderr = proc.communicate(timeout=SUBPROCESS_TIMEOUT)
+        finally:
+            proc.kill()
+    assert proc.returncode == 0
+    assert summary_of(stderr)["rollfilter"]["succeeded"] == 2

@@ -23,6 +23,7 @@ from tests.conftest import (
     DemoServer,
     QuietHandler,
     ThreadedHTTPServer,
+    closed_port_url,
     lines_of,
     read_jsonl,
     result_lines,
@@ -138,7 +139,7 @@ def test_sigterm_and_sighup_cancel_in_flight_and_print_the_summary(
     assert figures["stopped"] == stopped
 
 
-def test_second_interrupt_during_the_wind_down_exits_at_once(demo_server: DemoServer, tmp_path):
+def test_second_interrupt_during_the_wind_down_prints_the_summary_and_exits_at_once(demo_server: DemoServer, tmp_path):
     data = tmp_path / "rows.jsonl"
     data.write_text(rows_jsonl(simple_rows(5000)))
     # Nobody reads stdout: once the pipe is full the wind-down cannot finish writing. A second
@@ -165,7 +166,9 @@ def test_second_interrupt_during_the_wind_down_exits_at_once(demo_server: DemoSe
         rest = []
         while (line := stderr.get(timeout=SUBPROCESS_TIMEOUT)) != b"":
             rest.append(line)
-        assert not [line for line in rest if line.startswith(b"{")]  # no summary: the wind-down never ended
+        # The wind-down never ended: the summary as it stood, after a line saying what is lost.
+        assert b"rollfilter: stopped again: results not yet written are dropped" in rest[-2]
+        assert summary_of(rest[-1])["rollfilter"]["stopped"] == "interrupted"
     finally:
         proc.kill()
         proc.wait(timeout=SUBPROCESS_TIMEOUT)
@@ -347,6 +350,21 @@ def test_an_agent_that_drops_every_connection_from_the_start_stops_the_run(agent
     assert line.startswith(f"rollfilter: stopped: the agent at {agent_of} refused or dropped every connection")
     figures = summary_of(proc.stderr)["rollfilter"]
     assert (figures["failed"], figures["succeeded"], figures["stopped"]) == (1, 0, line.removeprefix("rollfilter: "))
+
+
+def test_a_refused_replica_does_not_stop_a_run_whose_other_replica_is_up(start_demo, tmp_path):
+    # The first row goes to the closed port (the first of two replicas, none outstanding) and
+    # fails at once; the other replica is up, its first episode still running: the agent answers.
+    server = start_demo("--latency", "1")
+    replicas = f"a={closed_port_url()},{server.url}"
+    errors = tmp_path / "errors.jsonl"
+    args = ["-e", replicas, "-a", "a", "-j", "2", "--retries", "0", "--errors", str(errors)]
+    proc = run(args, input=rows_jsonl(simple_rows(4)))
+    figures = summary_of(proc.stderr)["rollfilter"]
+    assert "stopped" not in figures, figures["stopped"]
+    assert proc.returncode in (0, 1), proc.stderr
+    assert figures["succeeded"] + figures["failed"] == 4
+    assert len(result_lines(proc.stdout)) == figures["succeeded"] >= 1
 
 
 def test_repeated_failure_lines_are_folded_and_the_errors_record_keeps_every_row(start_demo, tmp_path):

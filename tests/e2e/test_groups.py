@@ -230,6 +230,20 @@ def test_target_groups_writes_the_fast_groups_and_cuts_the_stragglers(tmp_path: 
     assert slow <= cancelled
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--groups", "-k"], "--groups cannot go with -k:"),
+        (["--groups", "--ordered"], "--groups cannot go with --ordered:"),
+        (["--drop-uniform", "--ordered"], "--drop-uniform cannot go with --ordered:"),
+    ],
+)
+def test_an_option_groups_cannot_go_with_is_named_as_typed(demo_server: DemoServer, args: list[str], said: str):
+    proc = run(["-u", demo_server.url, "-r", "4", *args], input=rows_jsonl(group_rows(1)))
+    assert proc.returncode == 2
+    assert proc.stderr.decode().startswith(f"rollfilter: {said}")
+
+
 def test_group_options_that_cannot_work_exit_2_in_one_line(demo_server: DemoServer):
     url = ["-u", demo_server.url]
     refused = {
@@ -466,8 +480,31 @@ def test_a_resume_whose_target_was_met_sends_nothing_and_repeats_no_dropped_line
         assert not set(pairs(read_jsonl(out))) & set(cancelled)
         figures = summary_of(resumed.stderr)["rollfilter"]
         assert figures["groups"]["kept"] == target
+        assert figures["groups"]["cancelled"] == len({task for task, _ in cancelled})  # as --dropped says
         finished = len(read_jsonl(out)) + len(cancelled)
         assert (figures["skipped"], figures["not_started"]) == (finished, n * K - finished)
+
+
+def test_a_resume_whose_target_was_met_with_groups_written_incomplete_keeps_the_file(
+    tmp_path: Path, demo_server: DemoServer
+):
+    """Tasks 0, 2 and 4 lose a rollout (written incomplete) before 5 groups are kept. The target is
+    met: a resume sends nothing, and the kept groups stay in -o rather than go to --dropped."""
+    rows = group_rows(12, rewards=lambda task, rollout: float(rollout % 2), latency=lambda task, rollout: 0.0)
+    for task in (0, 2, 4):
+        rows[task]["demo"]["faults"] = [None, "500", None, None]
+    (tmp_path / "rows.jsonl").write_text(rows_jsonl(rows))
+    out, dropped = tmp_path / "out.jsonl", tmp_path / "dropped.jsonl"
+    args = ["-u", demo_server.url, "-r", str(K), "-j", "1", "--retries", "0", "--groups", "--keep-incomplete"]
+    args += ["--target-groups", "5", "-o", str(out), "--dropped", str(dropped), str(tmp_path / "rows.jsonl")]
+    first = run(args)
+    assert summary_of(first.stderr)["rollfilter"]["groups"]["kept"] == 5, first.stderr
+    written, sent = out.read_bytes(), demo_server.stats()["requests"]
+    resumed = run([*args, "--resume"])
+    assert demo_server.stats()["requests"] == sent, resumed.stderr  # a met target sends nothing
+    assert out.read_bytes() == written
+    assert not set(pairs(read_jsonl(out))) & set(pairs(read_jsonl(dropped)))
+    assert summary_of(resumed.stderr)["rollfilter"]["groups"]["kept"] == 5
 
 
 def test_after_kills_and_a_resume_the_dropped_file_holds_each_uniform_rollout_once(tmp_path: Path):
@@ -547,3 +584,9 @@ def test_the_pass_histogram_has_k_plus_1_bins_and_its_ends_are_the_uniform_group
     assert summary["pass_histogram"] == [0, 0, 1, 0, 2]  # the identical lines' task: two groups of four
     histogram, groups = summary["pass_histogram"], summary["rollfilter"]["groups"]
     assert histogram[0] + histogram[K] == groups["dropped_uniform"] == 2
+    failing = {"responses_create_params": {"input": "c"}, "demo": {"rewards": [0] * K, "faults": [None, "422"]}}
+    proc = run(["-u", demo_server.url, "-r", str(K), "--drop-uniform"], input=rows_jsonl([same, failing]))
+    summary = summary_of(proc.stderr)
+    histogram, groups = summary["pass_histogram"], summary["rollfilter"]["groups"]
+    assert (groups["incomplete"], groups["dropped_uniform"]) == (1, 1)
+    assert histogram == [0, 0, 0, 0, 1]  # the incomplete group is in no bin: not at an end, as if uniform

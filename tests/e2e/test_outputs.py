@@ -7,11 +7,14 @@ import fcntl
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -446,3 +449,65 @@ def test_overwrite_wants_an_output_of_its_own(tmp_path: Path, agent: RecordingAg
     assert proc.stderr.decode() == (
         "rollfilter: --overwrite replaces -o FILE with a new run: give -o, and neither --resume nor --append\n"
     )
+
+
+def test_a_signal_while_wait_lock_waits_stops_with_the_summary_of_nothing_sent(
+    tmp_path: Path, agent: RecordingAgent, data: Path
+):
+    out = tmp_path / "out.jsonl"
+    held = hold(out)
+    waiting = start(["-u", agent.run_url, "--wait-lock", "-o", str(out), str(data)])
+    try:
+        assert waiting.stderr is not None
+        assert waiting.stderr.readline().decode().endswith(": waiting for it (--wait-lock)\n")
+        waiting.send_signal(signal.SIGTERM)
+        assert waiting.wait(SUBPROCESS_TIMEOUT) == ExitStatus.TERMINATED
+        figures = summary_of(waiting.stderr.read())["rollfilter"]
+    finally:
+        os.close(held)
+        waiting.kill()
+        waiting.wait(SUBPROCESS_TIMEOUT)
+    assert (figures["stopped"], figures["rows_read"]) == ("terminated", 0)
+    assert agent.bodies == []
+    waiting.stderr.close()
+    waiting.stdout.close()  # type: ignore[union-attr]
+
+
+def nameless_file(folder: Path, nameless: str) -> IO[bytes]:
+    """A file in `folder` with no name: made so (anonymous), or whose name was removed (deleted)."""
+    if nameless == "anonymous":
+        return tempfile.TemporaryFile(dir=folder)
+    file = (folder / "out.jsonl").open("w+b")
+    (folder / "out.jsonl").unlink()
+    return file
+
+
+@pytest.mark.parametrize("spelling", ["/dev/stdout", "/proc/self/fd/1"])
+@pytest.mark.parametrize("nameless", ["anonymous", "deleted"])
+def test_an_output_with_no_name_of_its_own_gets_no_file_beside_it(tmp_path: Path, nameless: str, spelling: str):
+    # Its real path is "#N (deleted)" or "out.jsonl (deleted)": a file made beside it would take
+    # a name no later run finds (or another's, once the inode number is reused).
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    with nameless_file(folder, nameless) as results:
+        proc = run(["--demo", "-r", "2", "--groups", "-o", spelling], input=rows_jsonl(simple_rows(3)), stdout=results)
+        assert proc.returncode == 0, proc.stderr
+        results.seek(0)
+        pairs = sorted((r["_ng_task_index"], r["_ng_rollout_index"]) for r in map(json.loads, results))
+    assert pairs == [(task, rollout) for task in range(3) for rollout in range(2)]
+    assert listing(folder) == []
+
+
+@pytest.mark.parametrize("resume", [[], ["--resume"]])
+def test_the_files_beside_an_output_are_no_more_readable_than_it(tmp_path: Path, resume: list[str]):
+    out = tmp_path / "out.jsonl"
+    out.touch(mode=0o600)
+    out.chmod(0o600)
+    held = tmp_path / "out.jsonl.held"
+    if resume:  # one an earlier run made wider than -o
+        held.touch()
+        held.chmod(0o644)
+    proc = run(["--demo", "-r", "2", "--groups", "-o", str(out), *resume], input=rows_jsonl(simple_rows(3)))
+    assert proc.returncode == 0, proc.stderr
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in tmp_path.iterdir()}
+    assert modes == {"out.jsonl": 0o600, "out.jsonl.held": 0o600, "out.jsonl.run.json": 0o600}

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import resource
 import socket
+import subprocess
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -12,7 +15,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import SUBPROCESS_TIMEOUT, result_lines, run, start, summary_of
+from tests.conftest import SUBPROCESS_TIMEOUT, result_lines, run, start, summary_of, wait_for
 from tests.servers.recording_agent import RecordingAgent
 
 
@@ -167,3 +170,54 @@ def test_summarize_refuses_the_prometheus_options(tmp_path: Path):
     assert result.returncode == 2
     assert b"--prometheus-file" in result.stderr
     assert not (tmp_path / "m.prom").exists()
+
+
+def test_a_flood_of_connections_that_send_nothing_leaves_the_run_its_descriptors_and_stderr_clean():
+    port = free_port()
+    flood: list[socket.socket] = []
+
+    def connect() -> None:
+        sock = socket.socket()
+        sock.settimeout(5)
+        try:
+            sock.connect(("127.0.0.1", port))
+        except OSError:  # past the exporter's cap and the listen backlog: not taken
+            sock.close()
+            return
+        flood.append(sock)
+
+    proc = start(
+        ["--demo", "--prometheus", f"127.0.0.1:{port}"],
+        stdin=subprocess.PIPE,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128)),
+    )
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    threads = [threading.Thread(target=connect) for _ in range(200)]
+    try:
+        proc.stdin.write(b'{"responses_create_params": {"input": "a"}}\n')
+        proc.stdin.flush()
+        assert proc.stdout.readline()  # the run is going
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: len(flood) >= 16)  # the exporter's connections at least
+        proc.stdin.write(b'{"responses_create_params": {"input": "b"}}\n')
+        proc.stdin.flush()
+        assert proc.stdout.readline()  # a descriptor for its connection was there
+        for thread in threads:
+            thread.join(timeout=SUBPROCESS_TIMEOUT)
+        for sock in flood:
+            sock.close()
+        assert "rollfilter_rollouts_total" in scrape(port)  # the flood gone, scrapes are answered
+        proc.stdin.close()
+        assert proc.wait(timeout=SUBPROCESS_TIMEOUT) == 0
+        stderr = proc.stderr.read().decode()
+    finally:
+        proc.kill()
+        proc.wait(timeout=SUBPROCESS_TIMEOUT)
+        proc.stdout.close()
+        proc.stderr.close()
+    assert "Traceback" not in stderr
+    assert "EMFILE" not in stderr
+    assert summary_of(stderr.encode())["rollfilter"]["succeeded"] == 2

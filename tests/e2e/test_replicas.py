@@ -102,6 +102,20 @@ def test_a_replica_that_dies_mid_run_moves_its_tasks_and_costs_no_rollout():
     assert replicas[2]["failures"] >= 1
 
 
+@pytest.mark.parametrize("route", ["task", "least-outstanding"])
+def test_a_replica_that_blips_gets_its_share_again_once_back(route: str):
+    n = 500
+    with fleet(replicas=3, slots=8, hit_s=0.01, miss_s=0.04, blips={1: (0.3, 0.6)}) as stand_in:
+        args = ["-e", f"a={','.join(stand_in.urls)}", "-a", "a", "-r", "4", "-j", "32", "--route", route]
+        proc = run(args, input=task_rows(n))
+        stats = stand_in.stats()
+    assert proc.returncode == 0, proc.stderr
+    pairs = [(line["_ng_task_index"], line["_ng_rollout_index"]) for line in result_lines(proc.stdout)]
+    assert sorted(pairs) == [(task, rollout) for task in range(n) for rollout in range(4)]  # each exactly once
+    assert stats[1]["requests_since_back"] > 0.1 * sum(replica["requests"] for replica in stats)
+    assert summary_of(proc.stderr)["rollfilter"]["replicas"][1]["failures"] >= 1
+
+
 class HeaderRecorder(ThreadedHTTPServer):
     """An agent that answers every /run and records the value of one header, by task."""
 
@@ -143,7 +157,8 @@ def test_the_affinity_header_carries_one_value_a_task_the_same_in_every_run():
         (["--route", "random"], "the policies are task and least-outstanding"),
         (["--affinity-header", "Session ID"], "not an HTTP header name"),
         (["--affinity-header", "Content-Length"], "every request carries Content-Length already"),
-        (["--affinity-header", "X-Run", "-H", "X-Run: 1"], "every request carries X-Run already"),
+        (["--affinity-header", "X-Run", "-H", "X-Run: 1"], "--affinity-header X-Run: -H sets it already"),
+        (["--affinity-header", "x-session-id", "-H", "X-Session-ID: 1"], "leave it out of -H"),
     ],
 )
 def test_route_options_that_cannot_work_exit_2_in_one_line(args: list[str], said: str):
@@ -156,4 +171,5 @@ def test_route_options_that_cannot_work_exit_2_in_one_line(args: list[str], said
     lines = proc.stderr.decode().splitlines()
     assert len(lines) == 1
     assert said in lines[0]
+    assert lines[0].lower().count("x-session-id") <= 1  # never the header refused as what to give instead
     assert recorder.seen == []

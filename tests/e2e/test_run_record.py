@@ -310,6 +310,11 @@ def test_summarize_says_which_shards_of_n_it_was_given(
         " give the result files themselves, as in rollfilter --summarize shard-*.jsonl\n"
     )
     assert json.loads(proc.stdout)["rollfilter"]["succeeded"] == 4
+    proc = invoke(["--summarize", str(shards[0]), "-"], input=b"".join(path.read_bytes() for path in shards[1:]))
+    assert proc.returncode == ExitStatus.OK  # shards 1 and 2 came on standard input: none is said missing
+    assert proc.stderr.decode().startswith("rollfilter: --summarize: shards cannot be checked from standard input")
+    assert proc.stderr.count(b"\n") == 1
+    assert json.loads(proc.stdout)["rollfilter"]["shards"] == {"of": 3, "present": [0], "missing": None}
     status, stderr, _ = summarize(capfd, [*shards, shards[1]])
     assert status == ExitStatus.ROWS_FAILED
     assert stderr == (

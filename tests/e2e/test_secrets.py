@@ -38,7 +38,8 @@ def test_header_values_never_appear_in_output(tmp_path, start_demo):
 def test_credentials_in_an_agent_url_are_never_printed(demo_server: DemoServer):
     url = demo_server.url.replace("http://", "http://user:pa55word@") + "?key=k3y-value"
     rows = rows_jsonl(simple_rows(2))
-    for args in (["-v"], ["--dry-run"], ["-e", f"a={url},{url}", "-a", "a"]):
+    # Two replicas of one server (a URL given twice is refused), each shown in the summary.
+    for args in (["-v"], ["--dry-run"], ["-e", f"a={url},{url}&replica=2", "-a", "a"]):
         proc = run(["-u", url, *args], input=rows)
         assert proc.returncode == 0, proc.stderr
         printed = (proc.stdout + proc.stderr).decode()

@@ -102,6 +102,8 @@ def test_summarize_recomputes_the_live_summary(tmp_path, demo_server: DemoServer
     figures = ("rows_read", "succeeded", "failed", "failed_by_kind", "tasks", "tasks_with_failed_rollouts")
     for key in ("reward", "accuracy", "mean@4", "pass@1", "pass@2", "pass@4"):
         assert recomputed[key] == pytest.approx(live_summary[key]), key
+    for block in ("stderr", "ci95", "sample_size", "per_rollout"):
+        assert recomputed[block] == live_summary[block], block
     for key in figures:
         assert recomputed["rollfilter"][key] == live_summary["rollfilter"][key], key
     # The same from a pipe, after cat-ing the pieces in another order.
@@ -179,3 +181,103 @@ def test_at_a_terminal_the_summary_is_indented(tmp_path):
     assert shown.startswith('{\n  "reward": 1.0,\n')
     assert json.loads(shown)["rollfilter"]["succeeded"] == 1
     assert json.loads(run(["--summarize", str(results)]).stdout.decode().strip())["reward"] == 1.0  # one line in a pipe
+
+
+def test_the_summary_gives_error_bars_clustered_by_task_beside_each_mean(tmp_path):
+    rng = random.Random(7)
+    results = tmp_path / "results.jsonl"
+    lines = []
+    for task in range(100):
+        p = rng.random()
+        for rollout in range(4):
+            reward = float(rng.random() < p)
+            lines.append({"_ng_task_index": task, "_ng_rollout_index": rollout, "reward": reward, "ok": reward > 0})
+    results.write_text(rows_jsonl(lines))
+    summary = json.loads(run(["--summarize", "-r", "4", str(results)]).stdout)
+    # Today's keys keep their values; the bars sit beside them, keyed alike.
+    assert summary["mean@4"] == summary["reward"] == summary["ok"] == sum(r["reward"] for r in lines) / 400
+    means = ("reward", "ok", "mean@4", "pass@1", "pass@2", "pass@4")
+    assert list(summary["stderr"]) == list(summary["ci95"]) == list(summary["sample_size"]) == list(means)
+    assert summary["sample_size"]["reward"] == {"tasks": 100, "rollouts": 400}
+    low, high = summary["ci95"]["reward"]
+    assert low < summary["reward"] < high
+    assert 0.02 < summary["stderr"]["reward"] < 0.06  # tasks of 4 rollouts spread from 0 to 1
+    assert summary["stderr"]["reward"] == summary["stderr"]["mean@4"]
+    assert summary["stderr"]["pass@4"] > 0
+
+
+def paired_runs(tmp_path, *, tasks: int, only_in_baseline: int) -> tuple[str, str]:
+    """A baseline, and results that get two rollouts a task right more often, on all but the last
+    `only_in_baseline` of its tasks."""
+    rng = random.Random(11)
+    baseline, results = tmp_path / "baseline.jsonl", tmp_path / "results.jsonl"
+    before, after = [], []
+    for task in range(tasks):
+        p = rng.random()
+        for rollout in range(2):
+            index = {"_ng_task_index": task, "_ng_rollout_index": rollout}
+            before.append({**index, "reward": float(rng.random() < p), "turns": rng.randint(1, 5)})
+            if task < tasks - only_in_baseline:
+                after.append({**index, "reward": float(rng.random() < min(1.0, p + 0.2)), "turns": 3})
+    baseline.write_text(rows_jsonl(before))
+    results.write_text(rows_jsonl(after))
+    return str(baseline), str(results)
+
+
+def test_compare_pairs_two_runs_by_task_and_says_what_it_left_out(tmp_path):
+    baseline, results = paired_runs(tmp_path, tasks=200, only_in_baseline=3)
+    proc = run(["--summarize", "-r", "2", "--compare", baseline, results])
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert list(summary)[-2:] == ["compare", "rollfilter"]
+    assert list(summary["compare"]) == ["reward", "turns"]
+    reward = summary["compare"]["reward"]
+    assert set(reward) == {"difference", "stderr", "ci95", "p_value", "test", "improved", "worsened", "tied", "tasks"}
+    assert reward["tasks"] == 197
+    assert reward["improved"] + reward["worsened"] + reward["tied"] == 197
+    assert reward["test"] == "t"  # two rollouts a task: a task's figure is 0, 0.5 or 1
+    assert reward["difference"] > 0
+    assert reward["p_value"] < 0.05
+    assert reward["ci95"][0] < reward["difference"] < reward["ci95"][1]
+    assert summary["rollfilter"]["compared_tasks"] == {
+        "paired": 197,
+        "only_in_baseline": 3,
+        "only_in_this_run": 0,
+        "results_without_task": 0,
+    }
+    assert proc.stderr.decode() == (
+        "rollfilter: --compare: 197 tasks compared; left out: 3 in the baseline only, 0 in these results only\n"
+    )  # in a pipe: no table
+
+
+def test_compare_refuses_what_it_cannot_use(tmp_path):
+    baseline, results = paired_runs(tmp_path, tasks=5, only_in_baseline=0)
+    alone = run(["--compare", baseline, results])
+    assert alone.returncode == 2
+    assert alone.stderr.decode() == "rollfilter: --compare compares result files: give it with --summarize\n"
+    missing = run(["--summarize", "--compare", str(tmp_path / "nothing.jsonl"), results])
+    assert missing.returncode == 2
+    assert missing.stderr.decode().startswith("rollfilter: cannot read ")
+    with open(baseline, "a") as file:
+        file.write("not json\n")
+    damaged = run(["--summarize", "--compare", baseline, results])
+    assert damaged.returncode == 1
+    assert f"rollfilter: --compare: 1 line is not a result, left out; the first: {baseline}:11: " in (
+        damaged.stderr.decode()
+    )
+    assert json.loads(damaged.stdout)["compare"]["reward"]["tasks"] == 5
+
+
+def test_without_repeats_a_task_of_several_rollouts_is_said_to_need_them(tmp_path):
+    results = tmp_path / "results.jsonl"
+    results.write_text(rows_jsonl([{"_ng_task_index": 0, "_ng_rollout_index": k, "reward": 1.0} for k in range(2)]))
+    plain = run(["--summarize", str(results)])
+    assert plain.returncode == 0
+    assert plain.stderr.decode() == (
+        "rollfilter: --summarize: the results hold several rollouts a task: give -r K for error bars clustered"
+        " by task (without it, each rollout counts as a task, and the bars are too small)\n"
+    )
+    assert json.loads(plain.stdout)["sample_size"]["reward"] == {"tasks": 2, "rollouts": 2}
+    clustered = run(["--summarize", "-r", "2", str(results)])
+    assert clustered.stderr == b""
+    assert json.loads(clustered.stdout)["sample_size"]["reward"] == {"tasks": 1, "rollouts": 2}

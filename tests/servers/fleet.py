@@ -5,8 +5,9 @@ queue), and keeps the prompts (a row's `responses_create_params.input`) of its l
 episodes: an episode whose prompt it holds takes `hit_s`, another `miss_s` (and puts its prompt in
 the cache as it starts, so the rollouts of a task that arrive together share one prefill). A
 replica can run at a fraction of the speed (`speeds`), or die a number of seconds after its first
-request (`deaths`): its listener and connections close, and it stays down. `GET /stats` on a
-replica gives its requests, hits and misses, and the tasks it served.
+request (`deaths`): its listener and connections close, and it stays down; or blip (`blips`): go
+down so, and come back on the same port a number of seconds later. `GET /stats` on a replica gives
+its requests (and those since it came back), hits and misses, and the tasks it served.
 
     python -m tests.servers.fleet --replicas 4 --slots 8 --speed 0=0.4 --death 3=1.0
 
@@ -45,6 +46,7 @@ class FleetOptions:
     miss_s: float = 0.2
     speeds: dict[int, float] = dataclasses.field(default_factory=dict)  # replica -> fraction of full speed
     deaths: dict[int, float] = dataclasses.field(default_factory=dict)  # replica -> seconds after its first /run
+    blips: dict[int, tuple[float, float]] = dataclasses.field(default_factory=dict)  # replica -> (down at, for)
     aggregate_groups: bool = False  # what rollfilter.demo.server asks of what it serves
 
 
@@ -58,6 +60,8 @@ class Replica:
         self._cache: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self._slowdown = 1.0 / options.speeds.get(index, 1.0)
         self.requests = self.hits = self.misses = 0
+        self.back = False  # down once (a blip), and serving again
+        self.requests_since_back = 0
         self.tasks: collections.Counter[str] = collections.Counter()
         self.first_run = trio.Event()
 
@@ -66,7 +70,13 @@ class Replica:
 
     async def answer(self, method: str, path: str, body: bytes | object) -> tuple[int, list[tuple[str, str]], bytes]:
         if method == "GET" and path == "/stats":
-            stats = {"requests": self.requests, "hits": self.hits, "misses": self.misses, "tasks": dict(self.tasks)}
+            stats = {
+                "requests": self.requests,
+                "requests_since_back": self.requests_since_back,
+                "hits": self.hits,
+                "misses": self.misses,
+                "tasks": dict(self.tasks),
+            }
             return 200, [], _encode(stats)
         if method != "POST" or path != "/run" or not isinstance(body, bytes):
             return 404, [], _encode({"detail": "Not Found"})
@@ -74,6 +84,7 @@ class Replica:
         row = _decode(body)
         prompt = _encode(row.get("responses_create_params", {}).get("input"))
         self.requests += 1
+        self.requests_since_back += self.back
         self.tasks[str(row.get("_ng_task_index"))] += 1
         async with self._slots:
             hit = prompt in self._cache
@@ -103,6 +114,8 @@ async def serve_fleet(
             ports.append(await nursery.start(functools.partial(_serve_replica, replica, scope)))
             if replica.index in options.deaths:
                 nursery.start_soon(_die, replica, scope, options.deaths[replica.index])
+            if replica.index in options.blips:
+                nursery.start_soon(_blip, replica, scope, ports[-1], *options.blips[replica.index])
         task_status.started(ports)
 
 
@@ -115,6 +128,13 @@ async def _die(replica: Replica, scope: trio.CancelScope, after: float) -> None:
     await replica.first_run.wait()
     await trio.sleep(after)
     scope.cancel()
+
+
+async def _blip(replica: Replica, scope: trio.CancelScope, port: int, after: float, down: float) -> None:
+    await _die(replica, scope, after)
+    await trio.sleep(down)
+    replica.back = True
+    await serve(replica, port=port)  # type: ignore[arg-type]  # as _serve_replica
 
 
 class Fleet:

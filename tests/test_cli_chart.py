@@ -1,0 +1,61 @@
+"""cli/chart.py: the pass histogram and the comparison, for a person at a terminal."""
+
+from __future__ import annotations
+
+import os
+import pty
+
+import pytest
+
+from rollfilter.cli.chart import chart_lines, compare_table
+
+
+def test_the_comparison_as_a_short_table():
+    compare = {
+        "reward": {
+            "difference": 0.037,
+            "stderr": 0.016,
+            "ci95": [0.005, 0.069],
+            "p_value": 0.022,
+            "test": "t",
+            "improved": 95,
+            "worsened": 70,
+            "tied": 130,
+            "tasks": 295,
+        },
+        "turns": {
+            "difference": None,
+            "stderr": None,
+            "ci95": None,
+            "p_value": None,
+            "test": "t",
+            "improved": 0,
+            "worsened": 0,
+            "tied": 0,
+            "tasks": 0,
+        },
+    }
+    assert compare_table(compare) == [
+        "this run minus the baseline, task by task:",
+        "          difference  95% interval      p          better  worse  tied  tasks",
+        "  reward  +0.037      +0.005 to +0.069  0.022 (t)  95      70     130   295",
+        "  turns   -           -                 -          0       0      0     0",
+    ]
+
+
+def test_the_table_is_drawn_for_a_terminal_only(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("TERM", "xterm")
+    reward = {"difference": 0.5, "stderr": None, "ci95": None, "p_value": 1.0, "test": "sign"}
+    summary = {"compare": {"reward": {**reward, "improved": 1, "worsened": 0, "tied": 0, "tasks": 1}}}
+    controller, terminal = pty.openpty()
+    try:
+        assert chart_lines(summary, terminal)[0] == "this run minus the baseline, task by task:"
+    finally:
+        os.close(controller)
+        os.close(terminal)
+    read_end, write_end = os.pipe()
+    try:
+        assert chart_lines(summary, write_end) == []
+    finally:
+        os.close(read_end)
+        os.close(write_end)
