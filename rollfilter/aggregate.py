@@ -43,6 +43,7 @@ class AggregateReport:
 
     entries: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     problems: list[str] = dataclasses.field(default_factory=list)
+    unnamed: int = 0  # results left out of every agent's aggregate: they named no agent
 
     @property
     def key_metrics(self) -> dict[str, Any]:
@@ -76,11 +77,11 @@ async def request_aggregates(
 ) -> AggregateReport:
     """POST each spooled agent's results to its /aggregate_metrics through `transport`, each
     call within `seconds_per_call` when given; never raises for an agent."""
-    report = AggregateReport()
+    report = AggregateReport(unnamed=spool.unnamed)
     if spool.unnamed:
         report.problems.append(
-            f"{spool.unnamed} results name no agent (their rows went to a URL, not to an agent by name):"
-            " name their agent to aggregate them"
+            f"{spool.unnamed} results name no agent (their rows went to a URL, not to an agent by name),"
+            " so no agent was asked to aggregate them"
         )
     if spool.error is not None:
         report.problems.append(spool.error)

@@ -833,9 +833,8 @@ def parse(
         check_demo_alone(ctx, url=url, endpoints=endpoint, head_server=head_server)
         url = head_server = None  # defaults from the environment: --demo replaces them
     default_repeats, repeats_by_agent = parsers.repeats(repeats or ())
-    unnamed = None if agent or endpoint or head_server else ("--demo" if demo else ("-u" if url else None))
     materialized, errors, aggregate, progress_file = parsers.gym_files(
-        gym_layout, output, (materialized, errors, aggregate, progress_file), summarize=summarize, unnamed=unnamed
+        gym_layout, output, (materialized, errors, aggregate, progress_file), summarize=summarize
     )
     group_settings = parsers.groups(
         groups,

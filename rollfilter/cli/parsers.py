@@ -431,32 +431,13 @@ def finite(option: str) -> Any:
 GymFiles = tuple[str | None, str | None, str | None, str | None]  # materialized, errors, aggregate, progress
 
 
-def gym_files(
-    gym: bool, output: str | None, given: GymFiles, *, summarize: bool, unnamed: str | None = None
-) -> GymFiles:
-    """The four files --gym-layout names (`given` without it); --summarize writes none of them.
-    UsageError for the agents' aggregate asked of rows that name no agent: `unnamed` is the option
-    that gave the run's one agent without a name, when no option names one (see
-    `check_aggregate_names`); --summarize aggregates by the names its results carry."""
-    if not summarize:
-        asked = "--gym-layout" if gym else ("--aggregate" if given[2] is not None else None)
-        check_aggregate_names(asked=asked, unnamed=unnamed)
+def gym_files(gym: bool, output: str | None, given: GymFiles, *, summarize: bool) -> GymFiles:
+    """The four files --gym-layout names (`given` without it); --summarize writes none of them."""
     if not gym:
         return given
     if any(path is not None for path in given):
         raise UsageError("--gym-layout names the errors, materialized, aggregate and progress files itself")
     return given if summarize else gym_layout(output)
-
-
-def check_aggregate_names(*, asked: str | None, unnamed: str | None) -> None:
-    """UsageError when the agents' aggregate metrics are `asked` for (the option's name) and the
-    agent is given by `unnamed` alone (-u, --demo): /aggregate_metrics is asked of each agent by
-    the name its results carry, and such rows name none, so the aggregate file would be empty."""
-    if asked is not None and unnamed is not None:
-        raise UsageError(
-            f"{asked} asks each agent for its /aggregate_metrics by name, and {unnamed} alone names none:"
-            f" give -e NAME=URL -a NAME (or -a NAME beside {unnamed})"
-        )
 
 
 def gym_layout(output: str | None) -> tuple[str, str, str, str]:

@@ -463,6 +463,8 @@ class _CommandLineRun:
             await run.aggregate()
             for problem in run.report.problems if run.report is not None else ():
                 self.say(f"--aggregate: {problem}")
+            if run.report is not None and run.report.unnamed:
+                self.say("--aggregate: to name the rows' agent, give -a NAME beside -u (or -e NAME=URL -a NAME)")
         unsaid = self.folder.unsaid()
         if unsaid:
             self.log.write(unsaid)
@@ -552,9 +554,12 @@ class _CommandLineRun:
     def _finish(self) -> RunEnd:
         """How the run ended, with the summary and the files written whole at the end."""
         control, run, files, stderr = self.control, self.run, self.files, self.streams.stderr
-        incomplete = (
-            run.metrics.failed or run.metrics.not_persisted or self.reader.problems
-        )  # an input lost, as cat says
+        incomplete = (  # an input lost, as cat says; results the agents' aggregate left out
+            run.metrics.failed
+            or run.metrics.not_persisted
+            or self.reader.problems
+            or (run.report is not None and run.report.unnamed)
+        )
         stopped = control.reason or (control.cause.value if control.cause is not None else None)
         summary_object = run.summary(stopped=stopped)
         summary = _encode(summary_object) + b"\n"

@@ -68,25 +68,21 @@ def test_aggregate_sends_stripped_results_and_writes_what_each_agent_answered(
 
 
 def test_aggregate_problems_are_one_line_each_and_do_not_change_the_exit_status(tmp_path: Path):
-    missing, failing, unnamed = (
-        RecordingAgent(aggregate_status=404),
-        RecordingAgent(aggregate_status=500),
-        RecordingAgent(name=None),  # its results name no agent, and its rows named none
-    )
+    # Results that name no agent do fail the run: tests/e2e/test_options.py holds that case.
+    missing, failing = RecordingAgent(aggregate_status=404), RecordingAgent(aggregate_status=500)
     try:
-        data = rows(2, "missing") + rows(2, "failing") + rows(2)
-        args = ["-e", f"missing={missing.url}", "-e", f"failing={failing.url}", "-u", unnamed.run_url]
+        data = rows(2, "missing") + rows(2, "failing")
+        args = ["-e", f"missing={missing.url}", "-e", f"failing={failing.url}"]
         proc = run([*args, "--aggregate", str(tmp_path / "agg.json")], input=data)
     finally:
-        for server in (missing, failing, unnamed):
+        for server in (missing, failing):
             server.close()
     assert proc.returncode == 0, proc.stderr  # the rollouts themselves succeeded
     lines = proc.stderr.decode().splitlines()
     problems = [line for line in lines if line.startswith("rollfilter: --aggregate:")]
-    assert len(problems) == 3
+    assert len(problems) == 2
     assert any("'missing'" in line and "404" in line for line in problems)
     assert any("'failing'" in line and "HTTP 500" in line for line in problems)
-    assert any("2 results name no agent" in line and "name their agent to aggregate them" in line for line in problems)
     assert json.loads((tmp_path / "agg.json").read_text()) == []
     assert summary_of(proc.stderr)["key_metrics"] == {}
 

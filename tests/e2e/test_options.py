@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -148,22 +150,32 @@ def test_the_usage_line_says_several_files_are_taken():
     assert "Usage: rollfilter [OPTIONS] [FILE]...\n" in run(["--help"]).stdout.decode()
 
 
-@pytest.mark.parametrize(
-    ("args", "asked", "sender"),
-    [
-        (["-u", "http://127.0.0.1:9/run", "--gym-layout", "-o", "out.jsonl"], "--gym-layout", "-u"),
-        (["-u", "http://127.0.0.1:9/run", "--aggregate", "agg.json"], "--aggregate", "-u"),
-        (["--demo", "--aggregate", "agg.json"], "--aggregate", "--demo"),
-    ],
-)
-def test_the_agents_aggregate_with_no_agent_named_is_refused_up_front(tmp_path, args, asked, sender):
-    proc = run(args, input=rows_jsonl(simple_rows(1)), cwd=tmp_path)
-    assert proc.returncode == 2
-    assert proc.stderr.decode() == (
-        f"rollfilter: {asked} asks each agent for its /aggregate_metrics by name, and {sender} alone names none:"
-        f" give -e NAME=URL -a NAME (or -a NAME beside {sender})\n"
-    )
-    assert list(tmp_path.iterdir()) == []  # nothing written
+@pytest.mark.parametrize("layout", ["--gym-layout", "--aggregate"])
+def test_the_agents_aggregate_of_rows_that_name_no_agent_fails_the_run_and_says_how(demo_server, tmp_path, layout):
+    """-u alone names no agent, so rows without an agent_ref of their own are in no agent's
+    aggregate: the run says so and ends with status 1, not 0 with an empty aggregate file."""
+    aggregate = tmp_path / ("out_aggregate_metrics.json" if layout == "--gym-layout" else "agg.json")
+    args = ["-o", "out.jsonl"] if layout == "--gym-layout" else [str(aggregate)]
+    proc = run(["-u", demo_server.url, layout, *args], input=rows_jsonl(simple_rows(2)), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.decode().splitlines()
+    assert lines[:2] == [
+        "rollfilter: --aggregate: 2 results name no agent (their rows went to a URL, not to an agent by name),"
+        " so no agent was asked to aggregate them",
+        "rollfilter: --aggregate: to name the rows' agent, give -a NAME beside -u (or -e NAME=URL -a NAME)",
+    ]
+    assert json.loads(lines[-1])["rollfilter"]["succeeded"] == 2  # the summary, last
+    assert json.loads(aggregate.read_text()) == []
+
+
+def test_the_agents_aggregate_of_rows_that_name_their_agent_is_asked_of_it_with_u_alone(demo_server, tmp_path):
+    """NeMo Gym's prepared rows carry agent_ref: -u sends them all to one URL, and each agent
+    they name is asked for its aggregate there."""
+    rows = [{**row, "agent_ref": {"name": "simple_agent"}} for row in simple_rows(2)]
+    proc = run(["-u", demo_server.url, "--aggregate", "agg.json"], input=rows_jsonl(rows), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    [entry] = json.loads((tmp_path / "agg.json").read_text())
+    assert entry["agent_ref"]["name"] == "simple_agent"
 
 
 def test_a_url_given_as_its_port_alone_reaches_this_machine(demo_server):
