@@ -15,7 +15,7 @@ import dataclasses
 import zlib
 from array import array
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import msgspec
 import trio
@@ -99,6 +99,16 @@ def shard_of(task_index: Any, shards: int) -> int:
     if type(task_index) is int:
         return task_index % shards
     return zlib.crc32(_encode(task_index)) % shards
+
+
+class ReadRow(NamedTuple):
+    """An input line read as a row, before it is planned."""
+
+    row: dict[str, Any] | None  # the JSON object, None when the line is none
+    body: bytes  # the line's text, as the errors record quotes it
+    task: Any  # its task index: the row's own, or NeMo Gym's numbering of its line
+    agent: str | None  # the name of the agent the row goes to, if it names one
+    failure: AttemptFailure | None  # why it cannot be sent: a bad line, a -p that does not apply, ...
 
 
 class LineSource(Protocol):
@@ -225,9 +235,8 @@ class Planner:
         one task at a time reads more input."""
         return await next_when_ready(self.next_job_nowait, self.fill, filling)
 
-    def _read_row(self, line: InputLine) -> tuple[dict[str, Any] | None, bytes, Any, str | None, AttemptFailure | None]:
-        """The line as a row (None if it is none), its body, its task, its agent's name, and why it
-        cannot be sent (a bad line, a -p that does not apply, a row that cannot take seeds)."""
+    def _read_row(self, line: InputLine) -> ReadRow:
+        """The line read as a row: see `ReadRow`."""
         config = self._config
         row: dict[str, Any] | None = None
         name: str | None = None
@@ -236,17 +245,12 @@ class Planner:
             body = b""
             task: Any = self._numbering.new_task()
             failure = AttemptFailure(ErrorKind.BAD_INPUT, line.problem or "unreadable line")
-            return row, body, task, name, failure
+            return ReadRow(row, body, task, name, failure)
         body = line.data.strip()
         parsed = parse_row(body)
         if isinstance(parsed, str):
-            return (
-                row,
-                body,
-                self._numbering.task_for_line(line_key(line)),
-                name,
-                AttemptFailure(ErrorKind.BAD_INPUT, parsed),
-            )
+            task = self._numbering.task_for_line(line_key(line))
+            return ReadRow(row, body, task, name, AttemptFailure(ErrorKind.BAD_INPUT, parsed))
         row = parsed
         if config.agent is not None and AGENT_REF not in row:
             row[AGENT_REF] = {"name": config.agent}
@@ -264,7 +268,7 @@ class Planner:
             task = row[TASK_INDEX]
         else:
             task = row[TASK_INDEX] = self._numbering.task_for_line(line_key(line))
-        return row, body, task, name, failure
+        return ReadRow(row, body, task, name, failure)
 
     def _plan_row(self, line: InputLine) -> None:
         self._rows += 1

@@ -157,8 +157,9 @@ def write_record(path: str, record: RunRecord, *, mode: int = 0o666) -> None:
         file.close()
 
 
-def settle(command: CommandConfig) -> tuple[CommandConfig, RunRecord | None]:
-    """The command as it will run, and the record to keep beside its `-o` (None: no record).
+def command_as_recorded(command: CommandConfig) -> tuple[CommandConfig, RunRecord | None]:
+    """The command as it will run, with the shard its `-o`'s record names when it names one, and
+    the record to keep beside its `-o` (None: no record).
 
     On --resume, an output that has a record is finished only with the inputs and options that
     began it: anything else is a UsageError naming what differs, before anything is sent. The

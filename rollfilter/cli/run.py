@@ -112,7 +112,7 @@ async def run(
     if not command.engine.names_an_agent and options.demo is None:
         raise UsageError("no agent to send to: give -u URL, -e NAME=URL, --head-server URL, or --demo")
     RunOutputs(command, streams, dry_run=options.dry_run).check()
-    tls = ca_file(command.engine)  # read once, and refused before any file is touched
+    tls = cacert_context(command.engine)  # read once, and refused before any file is touched
     if not options.dry_run:
         command = fit_open_files(command, files_per_connection=2 if options.demo else 1, stderr=streams.stderr)
     with control_socket(command.control_socket) as control, OutputFiles() as files:
@@ -125,7 +125,7 @@ async def run(
             return _stopped_before_opening(run_control, streams, quiet=options.quiet)
         for caveat in files.caveats:
             say(caveat, streams.stderr)
-        command, record = identity.settle(command)
+        command, record = identity.command_as_recorded(command)
         resume, earlier = _earlier_runs(command, dry_run=options.dry_run)
         if options.dry_run:  # it changes no file: it reads what resume reads, and prints the rest
             opened, earlier = dry_run_files(streams), _Earlier()
@@ -146,7 +146,7 @@ def _stopped_before_opening(control: RunControl, streams: Streams, *, quiet: boo
     return RunEnd(control.cause)
 
 
-def ca_file(config: Config) -> ssl.SSLContext | None:
+def cacert_context(config: Config) -> ssl.SSLContext | None:
     """The TLS context of --cacert's file (see `tls_context_for`); UsageError naming the option."""
     try:
         return tls_context_for(config)

@@ -13,7 +13,7 @@ from rollfilter.cli.chart import chart_lines
 from rollfilter.cli.command import CommandConfig
 from rollfilter.cli.messages import say, write_stderr
 from rollfilter.cli.outputs import STANDARD_STREAMS, OutputFiles, RunOutputs, Streams, replace_content
-from rollfilter.cli.run import ca_file, summary_for
+from rollfilter.cli.run import cacert_context, summary_for
 from rollfilter.cli.statuses import RunEnd
 from rollfilter.compare import Comparison, RunComparison
 from rollfilter.engine import reward_of
@@ -56,7 +56,7 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
     # Made before the files are opened, so that a CA file that cannot serve is refused with none left.
     # It talks only to the agents' /aggregate_metrics, with --aggregate.
     per_task = _PerTask(command.per_task_file)
-    run = Run(config, tls=ca_file(config) if config.aggregate else None, on_task=per_task.write)
+    run = Run(config, tls=cacert_context(config) if config.aggregate else None, on_task=per_task.write)
     unclustered = _Unclustered(run.tasks is None)
     with OutputFiles() as files:
         metrics_file = files.whole(command.metrics_file, "--metrics")
