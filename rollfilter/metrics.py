@@ -21,7 +21,7 @@ from rollfilter.errors import ErrorKind
 from rollfilter.limits import AgentLimits
 from rollfilter.outcomes import OVERLOAD_STATUSES, AttemptFailure
 from rollfilter.passk import TaskStats
-from rollfilter.rows import MASK_SAMPLE, REWARD_COMPONENTS
+from rollfilter.rows import MASK_SAMPLE, REWARD_COMPONENTS, component_key
 from rollfilter.stats import Estimate, error_bars, estimate_of_moments
 from rollfilter.sums import EXACT_FROM, EXACT_FROM_INT, lost_to_rounding, mean_of, scaled, total_of
 
@@ -233,7 +233,16 @@ class Means:
     """
 
     __slots__ = (
-        *("component_counts", "component_sums", "compensations", "costs", "counts", "exact", "failed"),
+        *(
+            "component_counts",
+            "component_squares",
+            "component_sums",
+            "compensations",
+            "costs",
+            "counts",
+            "exact",
+            "failed",
+        ),
         *("masked", "shifts", "squares", "succeeded", "sums", "usage_counts", "usage_exact", "usage_sums"),
     )
 
@@ -243,6 +252,9 @@ class Means:
         self.masked = 0  # results with mask_sample: true, in `succeeded` but in no mean
         self.component_sums: dict[str, float] = {}  # reward_components, by name
         self.component_counts: dict[str, int] = {}
+        # Their squares about 0 (entries are rewards, near 0 and 1): for the error bars, and simply
+        # added when two runs' figures are merged.
+        self.component_squares: dict[str, float] = {}
         self.sums: dict[str, float] = {}
         self.counts: dict[str, int] = {}
         self.exact: dict[str, int] = {}
@@ -304,12 +316,13 @@ class Means:
             self._add_components(components)
 
     def _add_components(self, components: dict[str, Any]) -> None:
-        sums, counts = self.component_sums, self.component_counts
+        sums, counts, squares = self.component_sums, self.component_counts, self.component_squares
         for name, value in components.items():
             number = as_float(value)
             if number is not None and -EXACT_FROM < number < EXACT_FROM:
                 sums[name] = sums.get(name, 0.0) + number
                 counts[name] = counts.get(name, 0) + 1
+                squares[name] = squares.get(name, 0.0) + number * number
 
     def _add_huge(self, key: str, value: float) -> None:
         if key.startswith("_ng_"):
@@ -342,7 +355,11 @@ class Means:
             added = self.sums[key] + total
             self.compensations[key] += other.compensations[key] + lost_to_rounding(self.sums[key], total, added)
             self.sums[key] = added
-        for sums, more_sums in ((self.usage_sums, other.usage_sums), (self.component_sums, other.component_sums)):
+        for sums, more_sums in (
+            (self.usage_sums, other.usage_sums),
+            (self.component_sums, other.component_sums),
+            (self.component_squares, other.component_squares),
+        ):
             for key, value in more_sums.items():
                 sums[key] = sums.get(key, 0.0) + value
         for tallies, more in (
@@ -390,6 +407,9 @@ class Means:
                 found[key] = Estimate(mean, None, None, None, count, count)
             else:
                 found[key] = estimate_of_moments(count, mean, self.shifts[key], self.squares[key])
+        for name, total in self.component_sums.items():
+            count = self.component_counts[name]
+            found[component_key(name)] = estimate_of_moments(count, total / count, 0.0, self.component_squares[name])
         return found
 
     def usage(self) -> dict[str, float]:
@@ -462,6 +482,16 @@ def error_blocks(figures: dict[str, Any], estimates: dict[str, Estimate]) -> dic
             continue
         stderr[key], ci95[key] = error_bars(estimate)
         sample_size[key] = {"tasks": estimate.tasks, "rollouts": estimate.rollouts}
+    components = figures.get(REWARD_COMPONENTS)
+    if components:  # each entry's bars nested as its mean is: stderr.reward_components.NAME
+        for block in (stderr, ci95, sample_size):
+            block[REWARD_COMPONENTS] = {}
+        for name in components:
+            estimate = estimates.get(component_key(name))
+            if estimate is not None:
+                bars = error_bars(estimate)
+                stderr[REWARD_COMPONENTS][name], ci95[REWARD_COMPONENTS][name] = bars
+                sample_size[REWARD_COMPONENTS][name] = {"tasks": estimate.tasks, "rollouts": estimate.rollouts}
     if not sample_size:  # no mean: no blocks, as an agent whose rollouts all failed has none
         return {}
     return {"stderr": stderr, "ci95": ci95, "sample_size": sample_size}
@@ -620,7 +650,7 @@ class Metrics:
         summary = overall.means()
         if tasks is not None:
             summary.update(tasks.summary_fields())
-        if overall.component_sums:  # no error bars: its entries are no fields TaskStats clusters
+        if overall.component_sums:
             summary[REWARD_COMPONENTS] = overall.components()
         summary |= error_blocks(summary, overall.estimates() if tasks is None else tasks.estimates())
         summary["usage"] = overall.usage()

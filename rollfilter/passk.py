@@ -13,7 +13,7 @@ from array import array
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from rollfilter.rows import MASK_SAMPLE
+from rollfilter.rows import MASK_SAMPLE, REWARD_COMPONENTS, component_key
 from rollfilter.stats import ClusteredMean, Estimate
 from rollfilter.sums import running_mean
 
@@ -167,13 +167,22 @@ class TaskStats:
                 continue
             if key.startswith("_ng_"):
                 continue
-            sums = self._field_sums.get(key)
-            if sums is None:
-                size = len(self._reward_means)
-                sums = self._field_sums[key] = array("d", bytes(8 * size))
-                self._field_counts[key] = array("I", bytes(4 * size))
-            sums[slot] += number
-            self._field_counts[key][slot] += 1
+            self._add_field(slot, key, number)
+        components = result.get(REWARD_COMPONENTS)
+        if type(components) is dict:
+            for name, value in components.items():
+                number = _number(value)
+                if number is not None:
+                    self._add_field(slot, component_key(name), number)
+
+    def _add_field(self, slot: int, key: str, number: float) -> None:
+        sums = self._field_sums.get(key)
+        if sums is None:
+            size = len(self._reward_means)
+            sums = self._field_sums[key] = array("d", bytes(8 * size))
+            self._field_counts[key] = array("I", bytes(4 * size))
+        sums[slot] += number
+        self._field_counts[key][slot] += 1
 
     def _add_groups(self, histogram: collections.Counter[tuple[int, int]], slot: int) -> None:
         """Count the task's groups whose rollouts all ended well, each by its size and its correct

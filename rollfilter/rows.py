@@ -23,6 +23,12 @@ AGENT_REF = "agent_ref"
 MASK_SAMPLE = "mask_sample"  # true: the rollout ran, but is no valid measurement (left out of the figures)
 REWARD_COMPONENTS = "reward_components"  # named objectives beside the reward (a multi-reward verifier)
 
+
+def component_key(name: str) -> str:
+    """The key a reward_components entry's figures go by beside the fields': reward_components.NAME."""
+    return f"{REWARD_COMPONENTS}.{name}"
+
+
 _decode = msgspec.json.Decoder().decode
 
 

@@ -104,6 +104,34 @@ def test_each_agents_error_is_clustered_over_its_own_tasks():
     assert summary["agents"]["a"]["stderr"] == {"reward": 0.29}
 
 
+def test_each_reward_component_gets_error_bars_clustered_by_task():
+    from rollfilter.metrics import Metrics
+    from rollfilter.passk import TaskStats
+
+    tasks, metrics = TaskStats(2, 1.0), Metrics()
+    accuracy = {0: [1.0, 1.0], 1: [0.0, 0.0], 2: [1.0, 0.0]}  # task means 1, 0 and 0.5
+    for task, values in accuracy.items():
+        for value in values:
+            result = {"reward": 1.0, "reward_components": {"accuracy": value, "style": True}}
+            tasks.rollout_ended(task, 1.0, result=result)
+            metrics.add_result(result, 0.1)
+    summary = metrics.summary(tasks=tasks)
+    assert summary["reward_components"] == {"accuracy": 0.5, "style": 1.0}
+    assert summary["sample_size"]["reward_components"]["accuracy"] == {"tasks": 3, "rollouts": 6}
+    assert summary["stderr"]["reward_components"]["accuracy"] == 0.29  # 0.5 / sqrt(3): over tasks
+    assert summary["stderr"]["reward_components"]["style"] == 0.0
+    # Without repeats, each rollout is its own task: the same values, an error over six.
+    plain = Metrics()
+    for values in accuracy.values():
+        for value in values:
+            plain.add_result({"reward": 1.0, "reward_components": {"accuracy": value}}, 0.1)
+    alone = plain.summary()
+    assert alone["sample_size"]["reward_components"]["accuracy"] == {"tasks": 6, "rollouts": 6}
+    assert alone["stderr"]["reward_components"]["accuracy"] == 0.22  # sqrt(0.3 / 6)
+    low, high = alone["ci95"]["reward_components"]["accuracy"]
+    assert low < 0.5 < high
+
+
 def test_means_are_compensated_sums_whatever_the_order():
     from rollfilter.metrics import Means
     from rollfilter.stats import ClusteredMean
