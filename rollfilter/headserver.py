@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -64,21 +65,11 @@ def agents_from_config(config: Any, where: str = "the head server") -> HeadServe
     incomplete: set[str] = set()
     if not isinstance(config, dict):
         return HeadServerAgents(urls, frozenset())
-    for name, entry in config.items():
-        servers = entry.get(AGENT_SERVER_TYPE) if isinstance(entry, dict) else None
-        if not isinstance(servers, dict):
-            continue
-        for implementation, server in servers.items():
-            if not isinstance(server, dict):
-                continue
-            host, port = _resolve(server.get("host"), config), _resolve(server.get("port"), config)
-            if host is None or port is None or host == "":
-                continue
-            field = f"{printable(str(name))}.{AGENT_SERVER_TYPE}.{printable(str(implementation))}"
-            urls[str(name)] = _agent_url(host, port, f"{where} gives {field}")
-            break
+    for name, url in _first_complete_servers(config, AGENT_SERVER_TYPE, where, "/run"):
+        if url is None:
+            incomplete.add(name)
         else:
-            incomplete.add(str(name))
+            urls[name] = url
     return HeadServerAgents(urls, frozenset(incomplete - set(urls)))
 
 
@@ -86,7 +77,14 @@ def server_urls(config: dict[str, Any], server_type: str, where: str, *, path: s
     """The first complete server of `server_type` of each top-level name in a NeMo Gym config, as
     `http://host:port` and `path`; names with no host or port are left out. ServiceError as
     `agents_from_config` raises it."""
-    urls: dict[str, str] = {}
+    return {name: url for name, url in _first_complete_servers(config, server_type, where, path) if url is not None}
+
+
+def _first_complete_servers(
+    config: dict[str, Any], server_type: str, where: str, path: str
+) -> Iterator[tuple[str, str | None]]:
+    """Each top-level name that has servers of `server_type`, with the URL of its first one that
+    gives a host and a port (None when none does); ServiceError for a host or port that cannot be used."""
     for name, entry in config.items():
         servers = entry.get(server_type) if isinstance(entry, dict) else None
         if not isinstance(servers, dict):
@@ -98,9 +96,10 @@ def server_urls(config: dict[str, Any], server_type: str, where: str, *, path: s
             if host is None or port is None or host == "":
                 continue
             field = f"{printable(str(name))}.{server_type}.{printable(str(implementation))}"
-            urls[str(name)] = _agent_url(host, port, f"{where} gives {field}", path)
+            yield str(name), _agent_url(host, port, f"{where} gives {field}", path)
             break
-    return urls
+        else:
+            yield str(name), None
 
 
 def _agent_url(host: Any, port: Any, where: str, path: str = "/run") -> str:
