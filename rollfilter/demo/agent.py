@@ -209,12 +209,9 @@ class DemoAgent:
 
     def _verify(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
         """A resources server's /verify: the request back, with the row's reward (as for /run)."""
-        try:
-            row = _decode(body)
-        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-            return 422, [], _encode({"detail": "body is not JSON"})
-        if not isinstance(row, dict) or not isinstance(row.get("responses_create_params"), dict):
-            return 422, [], _encode({"detail": "responses_create_params is required"})
+        row = _row_of(body)
+        if not isinstance(row, dict):
+            return row
         reward = demo_reward(row, self._rng)
         return 200, [], _encode({**row, "reward": reward} if reward is not None else row)
 
@@ -274,12 +271,9 @@ class DemoAgent:
                 self._capacity_now()
 
     async def _run(self, body: bytes, slowdown: float = 1.0) -> tuple[int, list[tuple[str, str]], bytes] | str:
-        try:
-            row = _decode(body)
-        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-            return 422, [], _encode({"detail": "body is not JSON"})
-        if not isinstance(row, dict) or not isinstance(row.get("responses_create_params"), dict):
-            return 422, [], _encode({"detail": "responses_create_params is required"})
+        row = _row_of(body)
+        if not isinstance(row, dict):
+            return row
         if "id" in row:
             self.by_id[str(row["id"])] += 1
         steer = row["demo"] if isinstance(row.get("demo"), dict) else {}
@@ -425,3 +419,14 @@ def _decode_entry(data: bytes) -> dict[str, Any]:
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def _row_of(body: bytes) -> dict[str, Any] | tuple[int, list[tuple[str, str]], bytes]:
+    """The row a /run or /verify body holds, or the 422 answer when it holds none."""
+    try:
+        row = _decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return 422, [], _encode({"detail": "body is not JSON"})
+    if not isinstance(row, dict) or not isinstance(row.get("responses_create_params"), dict):
+        return 422, [], _encode({"detail": "responses_create_params is required"})
+    return row

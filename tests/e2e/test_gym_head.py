@@ -194,19 +194,19 @@ def fake_llm_config(port: int, change: dict[str, Any] | None = None) -> dict[str
     return config
 
 
+def run_script(name: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """One of the stack's scripts, run to its end (or `timeout`), its output kept."""
+    return subprocess.run(
+        ["bash", str(SCRIPTS / name)], env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
 def install_nemo_gym(venv: Path, env: dict[str, str]) -> None:
     if (venv / "bin" / "ng_run").exists():
         return
     if not env.get("MIRROR"):
         pytest.skip(f"NeMo Gym is not installed in {venv}: set MIRROR to a git directory of NVIDIA-NeMo/Gym")
-    proc = subprocess.run(
-        ["bash", str(SCRIPTS / "install.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=INSTALL_TIMEOUT,
-        check=False,
-    )
+    proc = run_script("install.sh", env, INSTALL_TIMEOUT)
     if proc.returncode != 0:
         pytest.skip(f"NeMo Gym could not be installed: {last_line(proc.stdout + proc.stderr)}")
 
@@ -222,13 +222,8 @@ def stack() -> Iterator[Stack]:
     state_dir = Path(settings["STATE_DIR"])
     started_here = not all(alive(state_dir / f"{name}.pid") for name in STACK_PROCESSES)
     if started_here:
-        proc = subprocess.run(
-            ["bash", str(SCRIPTS / "start_stack.sh")],
-            env={**env, "FAKE_LLM_LATENCY_MS": str(LATENCY_MS), "CAPTURE": "1"},
-            capture_output=True,
-            text=True,
-            timeout=STACK_TIMEOUT,
-            check=False,
+        proc = run_script(
+            "start_stack.sh", {**env, "FAKE_LLM_LATENCY_MS": str(LATENCY_MS), "CAPTURE": "1"}, STACK_TIMEOUT
         )
         if proc.returncode != 0:
             reason = last_line(proc.stderr + proc.stdout)

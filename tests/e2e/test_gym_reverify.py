@@ -37,6 +37,7 @@ from tests.e2e.test_gym_head import (
     read_settings,
     report,
     row_differences,
+    run_script,
     script_env,
     stop_stack,
 )
@@ -111,14 +112,7 @@ def test_rollfilter_reverify_writes_the_lines_gym_eval_reverify_writes(tmp_path:
     head = f"http://127.0.0.1:{settings['CAPTURE_HEAD_PORT']}"
     started: list[subprocess.Popen[bytes]] = []
     try:
-        proc = subprocess.run(
-            ["bash", str(SCRIPTS / "start_stack.sh")],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=STACK_TIMEOUT,
-            check=False,
-        )
+        proc = run_script("start_stack.sh", env, STACK_TIMEOUT)
         if proc.returncode != 0:
             pytest.skip(f"the NeMo Gym stack could not be started: {last_line(proc.stderr + proc.stdout)}")
         collected = run(
