@@ -1,7 +1,7 @@
 """rollfilter: collect agent rollouts as a streaming Unix filter (JSONL in, results out).
 
 From Python: `rollouts(rows, Config(...))` (any thread) or `open_rollouts(rows, config)`
-(trio); see `rollfilter.api`. Names are imported on first use, so the CLI starts fast.
+(trio); see `rollfilter.api.rollouts`. Names are imported on first use, so the CLI starts fast.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from rollfilter.api import Rollouts, open_rollouts, rollouts
-    from rollfilter.compare import compare_runs
+    from rollfilter.api.in_trio import RolloutRun
+    from rollfilter.api.rollouts import Rollouts, open_rollouts, rollouts
     from rollfilter.config import Config, Retries, Reverify, Timeouts, Tls
+    from rollfilter.engine.steering import SteeringError, SteeringStatistics
     from rollfilter.errors import ErrorKind, RollfilterError, ServiceError, UsageError
+    from rollfilter.figures.compare import compare_runs
     from rollfilter.outcomes import Failure, Group, Rollout
-    from rollfilter.rollout_run import RolloutRun
-    from rollfilter.steering import SteeringError, SteeringStatistics
 
 _EXPORTS = {
     "Config": "rollfilter.config",
@@ -35,13 +35,13 @@ _EXPORTS = {
     "Failure": "rollfilter.outcomes",
     "Group": "rollfilter.outcomes",
     "Rollout": "rollfilter.outcomes",
-    "RolloutRun": "rollfilter.rollout_run",
-    "Rollouts": "rollfilter.api",
-    "open_rollouts": "rollfilter.api",
-    "rollouts": "rollfilter.api",
-    "SteeringError": "rollfilter.steering",
-    "SteeringStatistics": "rollfilter.steering",
-    "compare_runs": "rollfilter.compare",
+    "RolloutRun": "rollfilter.api.in_trio",
+    "Rollouts": "rollfilter.api.rollouts",
+    "open_rollouts": "rollfilter.api.rollouts",
+    "rollouts": "rollfilter.api.rollouts",
+    "SteeringError": "rollfilter.engine.steering",
+    "SteeringStatistics": "rollfilter.engine.steering",
+    "compare_runs": "rollfilter.figures.compare",
 }
 __all__ = [
     "Config",

@@ -23,9 +23,14 @@ from typing import Annotated, Any, Literal
 import httpx
 import msgspec
 
-from rollfilter.budget import DEFAULT_RATIO
 from rollfilter.cost import Price
-from rollfilter.defaults import DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_RETRIES, DEFAULT_RETRY_STATUSES
+from rollfilter.defaults import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_RATIO,
+    DEFAULT_RETRIES,
+    DEFAULT_RETRY_STATUSES,
+)
 from rollfilter.errors import UsageError
 from rollfilter.http.limits import DEFAULT_MAX_REPLY_BYTES
 from rollfilter.redact import shown

@@ -9,3 +9,5 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 # Lines longer than this are refused as bad input instead of being held in memory.
 DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
+# Retries an agent may receive per row sent to it, beyond the retry budget's reserve.
+DEFAULT_RATIO = 0.1

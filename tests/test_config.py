@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollfilter.budget import DEFAULT_RATIO
 from rollfilter.config import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_RETRY_STATUSES,
@@ -25,6 +24,7 @@ from rollfilter.config import (
     agent_url,
 )
 from rollfilter.cost import Price
+from rollfilter.defaults import DEFAULT_RATIO
 from rollfilter.errors import UsageError
 
 SECRET = "secret-value"

@@ -1,4 +1,5 @@
-"""The package's layout: no import cycle, only cli/ imports typer or exits, http/ a leaf, short functions."""
+"""The package's layout: layers that import only downward, no import cycle, only cli/ imports typer or
+exits, short functions."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from pathlib import Path
 import pytest
 import typer
 
-import rollfilter.http
 from rollfilter.cli.options import typer_app
 
 PACKAGE = Path(__file__).parent.parent / "rollfilter"
@@ -173,41 +173,57 @@ def test_no_function_is_over_80_lines():
     assert long == []
 
 
-def _is_rollfilter_outside_http(name: str) -> bool:
-    if name.startswith(".."):  # a relative import from above the package
-        return True
-    return (name == "rollfilter" or name.startswith("rollfilter.")) and not (
-        name == "rollfilter.http" or name.startswith("rollfilter.http.")
-    )
+# The packages from the bottom up; "" is the package's own modules (errors, config, rows, outcomes):
+# the vocabulary every layer speaks. Each package imports only packages below it or itself.
+LAYERS = ["http", "", "formats", "figures", "engine", "run", "api", "demo", "cli"]
+# The package root and `python -m rollfilter` hand on names from above (on first use): not a layer.
+ENTRANCES = {"rollfilter", "rollfilter.__main__"}
 
 
-def test_the_http_package_imports_nothing_else_of_rollfilter():
-    """rollfilter/http is a leaf: the rest of rollfilter is built on it, never under it."""
-    package = Path(rollfilter.http.__file__).parent
-    outside = []
-    for module in sorted(package.glob("*.py")):
-        for node in ast.walk(ast.parse(module.read_text())):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                names = ["." * node.level + (node.module or "")]
-            else:
-                continue
-            outside += [f"{module.name}: {name}" for name in names if _is_rollfilter_outside_http(name)]
-    assert outside == []
+def layer_of(module: str) -> int:
+    parts = module.split(".")
+    return LAYERS.index(parts[1] if len(parts) > 1 and parts[1] in LAYERS else "")
+
+
+def test_layer_of_reads_a_modules_package():
+    assert layer_of("rollfilter.http.pool") == 0
+    assert layer_of("rollfilter.config") == 1
+    assert layer_of("rollfilter.demo") == layer_of("rollfilter.demo.agent")
+    assert layer_of("rollfilter.engine.nursery") < layer_of("rollfilter.run.run") < layer_of("rollfilter.cli.run")
+    assert layer_of("rollfilter.cli.files.locks") == LAYERS.index("cli")
+
+
+def test_no_package_imports_a_package_above_it():
+    trees = modules()
+    known = set(trees)
+    upward = [
+        f"{name} -> {target}"
+        for name, tree in sorted(trees.items())
+        if name not in ENTRANCES
+        for target in sorted(imported(name, tree, known))
+        if target not in ENTRANCES and layer_of(target) > layer_of(name)
+    ]
+    assert upward == []
+
+
+def test_each_package_is_a_layer():
+    """A new folder under rollfilter/ takes its place in LAYERS, so the rule above sees it."""
+    folders = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    assert folders - {"examples"} == set(LAYERS) - {""}
 
 
 def test_each_test_module_is_named_for_the_module_it_tests():
-    """tests/test_<module>.py tests rollfilter/<module>.py (test_http_pool: http/pool.py); tests of the
-    command as a whole are in tests/e2e/, and this module checks the package's layout itself."""
+    """tests/PATH/test_<module>.py tests rollfilter/PATH/<module>.py: the tests' folders are the
+    package's. Tests of the command as a whole are in tests/e2e/, and this module checks the
+    package's layout itself."""
     tests = Path(__file__).parent
     unplaced = []
-    for path in sorted(tests.glob("test_*.py")):
-        name = path.stem.removeprefix("test_")
-        package, _, module = name.partition("_")
-        candidates = [PACKAGE / f"{name}.py", PACKAGE / package / f"{module}.py"]
-        if path.name != "test_layout.py" and not any(candidate.is_file() for candidate in candidates):
-            unplaced.append(path.name)
+    for path in sorted(tests.rglob("test_*.py")):
+        folder = path.parent.relative_to(tests)
+        if folder.parts[:1] in {("e2e",), ("perf",), ("servers",)} or path.name == "test_layout.py":
+            continue
+        if not (PACKAGE / folder / f"{path.stem.removeprefix('test_')}.py").is_file():
+            unplaced.append(str(path.relative_to(tests)))
     assert unplaced == []
 
 

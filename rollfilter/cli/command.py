@@ -8,7 +8,7 @@ import os
 from rollfilter.config import Config
 from rollfilter.defaults import DEFAULT_MAX_LINE_BYTES
 from rollfilter.errors import UsageError
-from rollfilter.resume import DEFAULT_MAX_ATTEMPTS, held_path
+from rollfilter.formats.resume import DEFAULT_MAX_ATTEMPTS, held_path
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -28,9 +28,9 @@ from typing import Any
 import msgspec
 import trio
 
+from rollfilter.engine.steering import SteeringError
 from rollfilter.errors import UsageError
-from rollfilter.run import Run
-from rollfilter.steering import SteeringError
+from rollfilter.run.run import Run
 
 CONTROL_LINE_BYTES = 4096  # a command is a few words: a longer line is refused, and its client let go
 CONTROL_IDLE_SECONDS = 300.0  # a client that sends no line, or takes no answer, for this long is let go

@@ -3,7 +3,7 @@
 The address is bound before anything is sent (`listen`), so that one that cannot be used is a
 usage error. The endpoint is served from the run's own trio loop, not from a thread: a scrape
 reads the figures between two steps of the engine, never while one changes them, and the engine
-does no work for it between scrapes (`rollfilter.prometheus` reads the figures at each one).
+does no work for it between scrapes (`rollfilter.api.prometheus` reads the figures at each one).
 Each connection gets one answer, then is closed; it has no authentication, so it binds only the
 address it is given. It serves at most MAX_CONNECTIONS at once, each for at most REQUEST_SECONDS:
 a flood of connections that send nothing waits in the system's listen backlog (and past it is
@@ -28,11 +28,11 @@ import trio
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import CollectorRegistry
 
+from rollfilter.api.in_trio import RunFigures
+from rollfilter.api.prometheus import RunCollector, exposition
 from rollfilter.errors import UsageError
-from rollfilter.prometheus import RunCollector, exposition
-from rollfilter.rollout_run import RunFigures
-from rollfilter.run import Run
-from rollfilter.writers import OutputClosed, OutputFailed, WholeFile
+from rollfilter.formats.writers import OutputClosed, OutputFailed, WholeFile
+from rollfilter.run.run import Run
 
 FILE_SECONDS = 5.0  # how often --prometheus-file is replaced: node_exporter reads it when scraped
 REUSE_FACTOR = 10  # see Scrapes

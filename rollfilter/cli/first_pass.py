@@ -14,13 +14,13 @@ from collections.abc import Callable
 import trio
 
 from rollfilter.config import Config
+from rollfilter.engine.plan import Planner
+from rollfilter.engine.routing import Router
 from rollfilter.errors import UsageError
-from rollfilter.keytable import KeyTable
-from rollfilter.materialize import write_materialized
-from rollfilter.plan import Planner
-from rollfilter.routing import Router
-from rollfilter.source import STDIN, LineReader
-from rollfilter.writers import OutputFailed, write_all
+from rollfilter.formats.keytable import KeyTable
+from rollfilter.formats.source import STDIN, LineReader
+from rollfilter.formats.writers import OutputFailed, write_all
+from rollfilter.run.materialize import write_materialized
 
 STDIN_COPY = "a temporary copy of standard input"
 

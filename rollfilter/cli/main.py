@@ -23,8 +23,8 @@ from rollfilter.cli import early_signals
 from rollfilter.cli.messages import message_line, say, write_stderr
 from rollfilter.cli.options import typer_app
 from rollfilter.errors import ExitStatus, RollfilterError
+from rollfilter.formats.writers import OutputClosed, OutputFailed, write_all
 from rollfilter.gc_policy import collect_garbage_for_a_run
-from rollfilter.writers import OutputClosed, OutputFailed, write_all
 
 if TYPE_CHECKING:
     from rollfilter.cli.signals import StopSignals

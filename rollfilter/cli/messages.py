@@ -15,8 +15,8 @@ import contextlib
 from typing import TYPE_CHECKING
 
 from rollfilter.errors import ErrorKind
+from rollfilter.formats.writers import OutputClosed, OutputFailed, write_all
 from rollfilter.redact import printable
-from rollfilter.writers import OutputClosed, OutputFailed, write_all
 
 if TYPE_CHECKING:
     from rollfilter.outcomes import Failure

@@ -18,12 +18,12 @@ from typer._click.types import IntRange
 from typer.core import TyperCommand  # typer's own click (0.28), whose ranges --help describes
 
 from rollfilter._version import __version__
-from rollfilter.budget import DEFAULT_RATIO
 from rollfilter.cli.messages import say
 from rollfilter.defaults import (
     DEFAULT_CONCURRENCY,
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_MAX_LINE_BYTES,
+    DEFAULT_RATIO,
     DEFAULT_RETRIES,
     DEFAULT_RETRY_STATUSES,
 )

@@ -38,8 +38,8 @@ from rollfilter.config import (
 )
 from rollfilter.cost import Price, PriceError
 from rollfilter.errors import UsageError
+from rollfilter.formats.resume import max_attempts_from_environment
 from rollfilter.redact import shown, shown_as_typed
-from rollfilter.resume import max_attempts_from_environment
 
 SHARD_AUTO = "auto"  # --shard auto: the shard of this Slurm array task
 DEFAULT_AGENT = "_default"  # in a prices file: the price of agents it does not name

@@ -19,8 +19,8 @@ import trio
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
-from rollfilter.metrics import Metrics
-from rollfilter.writers import LineWriter, OutputClosed, OutputFailed, write_all
+from rollfilter.engine.metrics import Metrics
+from rollfilter.formats.writers import LineWriter, OutputClosed, OutputFailed, write_all
 
 REFRESH_SECONDS = 0.25
 

@@ -15,8 +15,8 @@ from collections.abc import Callable
 import trio
 
 from rollfilter.cli.messages import message_line
-from rollfilter.metrics import Metrics
-from rollfilter.writers import OutputClosed, OutputFailed, write_all
+from rollfilter.engine.metrics import Metrics
+from rollfilter.formats.writers import OutputClosed, OutputFailed, write_all
 
 CHECK_SECONDS = 0.25  # how often the count is looked at: a step crossed between two looks gives one line
 QUIET_SECONDS = 60.0  # the longest a run goes without a line

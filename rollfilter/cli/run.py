@@ -1,7 +1,7 @@
-"""The command-line run: a `rollfilter.run.Run` wrapped with the command's files, writers,
+"""The command-line run: a `rollfilter.run.run.Run` wrapped with the command's files, writers,
 signals, display and demo agent, and the summary at the end.
 
-`run` checks and opens the outputs (`cli/outputs.py`), reads what earlier runs left, and hands
+`run` checks and opens the outputs (`cli/files/outputs.py`), reads what earlier runs left, and hands
 them to `_CommandLineRun`, which owns the services nursery (writers, signal and stdout watchers,
 the display, the progress file) around the run's engine, and returns how the run ended. It
 raises only `RollfilterError` (before anything is sent) and unexpected bugs.
@@ -20,14 +20,11 @@ from typing import TYPE_CHECKING
 import msgspec
 import trio
 
-from rollfilter.cli import identity
 from rollfilter.cli.chart import chart_lines
 from rollfilter.cli.command import CommandConfig
 from rollfilter.cli.control import ControlServer, ControlSocket, control_socket
-from rollfilter.cli.first_pass import count_rollouts, plan_first
-from rollfilter.cli.folding import FailureFolder
-from rollfilter.cli.messages import failure_message, message_line, say, write_summary
-from rollfilter.cli.outputs import (
+from rollfilter.cli.files import identity
+from rollfilter.cli.files.outputs import (
     STANDARD_STREAMS,
     OutputFiles,
     RunFiles,
@@ -39,21 +36,23 @@ from rollfilter.cli.outputs import (
     replace_content,
     run_files,
 )
-from rollfilter.cli.progress_file import known_total, publish_progress
+from rollfilter.cli.files.progress_file import known_total, publish_progress
+from rollfilter.cli.first_pass import count_rollouts, plan_first
+from rollfilter.cli.folding import FailureFolder
+from rollfilter.cli.messages import failure_message, message_line, say, write_summary
 from rollfilter.cli.signals import StopSignals, is_pipe, status_lines, watch_reader_gone
 from rollfilter.cli.statuses import RunEnd
 from rollfilter.config import Config, ConfigError
-from rollfilter.connect import tls_context_for
 from rollfilter.demo import DemoAgent, DemoOptions
 from rollfilter.demo import serve as serve_demo
-from rollfilter.engine import RunControl, StopCause, describe
+from rollfilter.engine.metrics import Metrics
+from rollfilter.engine.nursery import RunControl, StopCause, describe
+from rollfilter.engine.plan import Job
+from rollfilter.engine.routing import Agent
+from rollfilter.engine.sinks import BodySink, GroupOutputs, LineSink
 from rollfilter.errors import UsageError
-from rollfilter.http import connections_that_fit, raise_open_file_limit
-from rollfilter.keytable import KeyTable
-from rollfilter.metrics import Metrics
-from rollfilter.plan import Job
-from rollfilter.redact import shown
-from rollfilter.resume import (
+from rollfilter.formats.keytable import KeyTable
+from rollfilter.formats.resume import (
     CANCELLED,
     DROPPED_BECAUSE,
     ResumeState,
@@ -61,12 +60,13 @@ from rollfilter.resume import (
     read_pairs,
     result_records,
 )
-from rollfilter.routing import Agent
+from rollfilter.formats.source import LineReader, check_inputs
+from rollfilter.formats.writers import BatchWriter, LineWriter, OutputClosed, OutputFailed
+from rollfilter.http import connections_that_fit, raise_open_file_limit
+from rollfilter.redact import shown
 from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name
-from rollfilter.run import Run
-from rollfilter.sinks import BodySink, GroupOutputs, LineSink
-from rollfilter.source import LineReader, check_inputs
-from rollfilter.writers import BatchWriter, LineWriter, OutputClosed, OutputFailed
+from rollfilter.run.connect import tls_context_for
+from rollfilter.run.run import Run
 
 if TYPE_CHECKING:
     from rollfilter.cli.exporter import Exporter

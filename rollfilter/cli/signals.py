@@ -17,7 +17,7 @@ import trio
 
 from rollfilter.cli import early_signals
 from rollfilter.cli.statuses import EXIT_STATUS_OF_STOP
-from rollfilter.engine import RunControl, RunStatus, StopCause
+from rollfilter.engine.nursery import RunControl, RunStatus, StopCause
 from rollfilter.redact import printable
 
 STATUS_SIGNALS = tuple(getattr(signal, name) for name in ("SIGUSR1", "SIGINFO") if hasattr(signal, name))

@@ -58,7 +58,7 @@ def main() -> None:
     # they would set off free nothing and only cost time. A run turns the collector back on, as
     # it wants it (rollfilter.gc_policy).
     gc.disable()
-    from rollfilter.cli.descriptors import hold_closed_streams
+    from rollfilter.cli.files.descriptors import hold_closed_streams
 
     hold_closed_streams()
     sys.meta_path.insert(0, WithoutHttpxCommandLine())

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rollfilter.engine import StopCause
+from rollfilter.engine.nursery import StopCause
 from rollfilter.errors import ExitStatus
 
 EXIT_STATUS_OF_STOP = {

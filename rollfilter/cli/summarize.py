@@ -8,24 +8,24 @@ from typing import Any
 import msgspec
 import trio
 
-from rollfilter.cli import identity
 from rollfilter.cli.chart import chart_lines
 from rollfilter.cli.command import CommandConfig
+from rollfilter.cli.files import identity
+from rollfilter.cli.files.outputs import STANDARD_STREAMS, OutputFiles, RunOutputs, Streams, replace_content
 from rollfilter.cli.messages import say, write_stderr
-from rollfilter.cli.outputs import STANDARD_STREAMS, OutputFiles, RunOutputs, Streams, replace_content
 from rollfilter.cli.run import cacert_context, summary_for
 from rollfilter.cli.statuses import RunEnd
-from rollfilter.compare import Comparison, RunComparison
-from rollfilter.engine import reward_of
+from rollfilter.engine.metrics import Metrics
+from rollfilter.engine.nursery import reward_of
 from rollfilter.errors import ErrorKind, UsageError
-from rollfilter.metrics import Metrics
+from rollfilter.figures.compare import Comparison, RunComparison
+from rollfilter.formats.resume import StandingFailures
+from rollfilter.formats.source import STDIN, InputLine, LineReader, check_inputs
+from rollfilter.formats.writers import OutputFailed, WholeFile, write_all
 from rollfilter.outcomes import AttemptFailure, failure_of
 from rollfilter.redact import printable
-from rollfilter.resume import StandingFailures
 from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name, is_masked, parse_row
-from rollfilter.run import Run
-from rollfilter.source import STDIN, InputLine, LineReader, check_inputs
-from rollfilter.writers import OutputFailed, WholeFile, write_all
+from rollfilter.run.run import Run
 
 _encode = msgspec.json.Encoder().encode
 STDIN_UNCHECKED = (

@@ -62,7 +62,7 @@ def tls_holds_bytes(stream: trio.abc.Stream) -> bool:
     came in with the last reply's, which poll() on the socket cannot see. What OpenSSL has
     decrypted, SSLStream's public `pending()` tells; the records not yet decrypted sit in its
     incoming BIO, which trio keeps private (`_incoming`): the one private attribute read here,
-    and tests/test_http_connection.py fails when trio moves it. Should it be missing, the
+    and tests/http/test_connection.py fails when trio moves it. Should it be missing, the
     connection counts as holding bytes, and is not reused."""
     if not isinstance(stream, trio.SSLStream):
         return False

@@ -398,7 +398,7 @@ def test_a_run_with_stdin_closed_says_it_cannot_read_it(demo_server: DemoServer)
 @pytest.mark.parametrize(
     ("module", "args"),
     [
-        ("rollfilter.cli.descriptors", ["--demo"]),  # the first import after start-up sets its handlers
+        ("rollfilter.cli.files.descriptors", ["--demo"]),  # the first import after start-up sets its handlers
         ("msgspec", ["--demo"]),
         ("trio", ["--demo"]),
         ("typer", ["--demo"]),
@@ -471,7 +471,7 @@ def test_stop_signals_at_any_moment_once_or_twice_end_with_the_summary(moment: f
 
 
 @pytest.mark.parametrize(
-    "module", ["rollfilter.cli.descriptors", "typer", "rollfilter.cli.parsers", "trio", "rollfilter.cli.run"]
+    "module", ["rollfilter.cli.files.descriptors", "typer", "rollfilter.cli.parsers", "trio", "rollfilter.cli.run"]
 )
 def test_a_status_signal_at_any_point_of_start_up_is_not_fatal(module: str):
     proc = subprocess.run(

@@ -578,7 +578,7 @@ def test_no_failures_in_either_sidecar(side_by_side: tuple[Run, Run]):
 
 def test_aggregate_metrics_files_are_the_same(side_by_side: tuple[Run, Run]):
     gym, rollfilter = side_by_side
-    problems = aggregate_differences(gym.aggregate, rollfilter.aggregate)
+    problems = aggregate_differences(gym.aggregate, rollfilter.run.aggregate)
     assert not problems, report(problems)
 
 
@@ -715,7 +715,7 @@ def test_failure_rows_are_the_same_field_for_field(marked_side_by_side: tuple[Ru
 
 def test_marked_runs_aggregate_the_same(marked_side_by_side: tuple[Run, Run]):
     gym, rollfilter = marked_side_by_side
-    problems = aggregate_differences(gym.aggregate, rollfilter.aggregate)
+    problems = aggregate_differences(gym.aggregate, rollfilter.run.aggregate)
     problems += row_differences("OUT.jsonl", by_pair(read_jsonl(gym.out)), by_pair(read_jsonl(rollfilter.out)))
     assert not problems, report(problems)
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.conftest import DemoServer, QuietHandler, ThreadedHTTPServer, rows_jsonl, run, summary_of
-from tests.test_limits import most_in_a_window
+from tests.engine.test_rate_limits import most_in_a_window
 
 
 class ArrivalLog(ThreadedHTTPServer):

@@ -1,0 +1,1 @@
+"""The command line's files: outputs opened, locked, named and recorded."""

@@ -1,0 +1,268 @@
+"""Where finished rollouts go: result lines and error records (the command), or a channel (the API).
+
+Each sink takes a job's outcome and a `release`, which it must arrange to run once the
+row is out of memory (written, or handed over): until then the row holds a concurrency
+slot. That is what bounds memory by the concurrency, however slow the output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import trio
+
+from rollfilter.engine.groups import ClosedGroup, Fate, trained_on
+from rollfilter.engine.plan import Job
+from rollfilter.errors import ErrorKind
+from rollfilter.formats.resume import DROPPED_BECAUSE, KEPT, WRITTEN_THROUGH
+from rollfilter.formats.writers import LineWriter, Release
+from rollfilter.outcomes import AttemptFailure, Failure, Group, Outcome
+from rollfilter.rows import encode_json as _encode
+
+
+class RowSink(Protocol):
+    """Where the engine hands each finished row."""
+
+    def result(self, job: Job, result: dict[str, Any], release: Release) -> None: ...
+
+    def failure(self, job: Job, failure: AttemptFailure, release: Release) -> None: ...
+
+    def not_persisted(self, job: Job, attempts: int, release: Release) -> None:
+        """A rollout the agent asked to keep nowhere (`_ng_no_persist`), after `attempts` requests:
+        it leaves no line."""
+        ...
+
+    def group(self, closed: ClosedGroup, release: Release) -> None:
+        """A group at its end (with `Config.groups`; see `rollfilter.engine.groups`)."""
+        ...
+
+
+class Reorderer:
+    """Holds finished rows until every earlier row has finished, for --ordered.
+
+    `emit(seq, action)` runs `action` when `seq` is next; actions run in seq order.
+    """
+
+    def __init__(self) -> None:
+        self._next = 0
+        self._waiting: dict[int, Callable[[], None]] = {}
+
+    def emit(self, seq: int, action: Callable[[], None]) -> None:
+        if seq != self._next:
+            self._waiting[seq] = action
+            return
+        action()
+        self._next += 1
+        while self._next in self._waiting:
+            self._waiting.pop(self._next)()
+            self._next += 1
+
+    def flush(self) -> None:
+        """Run every held action in order, skipping the gaps of rows that never finished."""
+        for seq in sorted(self._waiting):
+            self._waiting.pop(seq)()
+
+
+class HeldWriter(LineWriter, Protocol):
+    """The held file's writer: it can write what it holds at once (a regular file never blocks)."""
+
+    def flush_now(self) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GroupOutputs:
+    """Where the command writes what whole groups leave beside their results.
+
+    `dropped` takes the rollouts of groups not written, each stamped with why. With `held` (the
+    held file, which holds each rollout as it finished), a group reaches the results only once
+    its rollouts have reached `held`, and `held` is told `results_size()` each time a group has
+    been written, and which group when it was kept: a resumed run then knows the results file's
+    whole groups from a torn one, and how many were kept."""
+
+    keep_incomplete: bool = False
+    dropped: LineWriter | None = None
+    held: HeldWriter | None = None
+    results_size: Callable[[], int] | None = None
+
+
+class LineSink:
+    """The command's sink: results as JSON lines, failures as errors-record lines or stderr lines,
+    in input order with --ordered; with `groups`, whole groups (`group`).
+
+    `message_of` is how the command says a failure's message (the settings it names, as options),
+    and `stderr_line` makes a failure's one-line report (`Failure.line`) a line for stderr; `fold`,
+    given the failure and that line, says what of it to write there (b"": nothing)."""
+
+    def __init__(
+        self,
+        results: LineWriter,
+        errors: LineWriter,
+        *,
+        records: bool,
+        ordered: bool,
+        repeats: int,
+        stderr_line: Callable[[str], bytes],
+        message_of: Callable[[Failure], str] | None = None,
+        groups: GroupOutputs | None = None,
+        fold: Callable[[Failure, bytes], bytes] | None = None,
+    ) -> None:
+        self._results = results
+        self._fold = fold
+        self._groups = groups if groups is not None else GroupOutputs()
+        self._vouched = -1  # the results' size the held file was last told
+        self._message_of = message_of
+        self._stderr_line = stderr_line
+        self._errors = errors
+        self._records = records
+        self._repeated = repeats > 1
+        self._reorderer = Reorderer() if ordered else None
+
+    def result(self, job: Job, result: dict[str, Any], release: Release) -> None:
+        line = _encode(result) + b"\n"
+        if self._reorderer is None:
+            self._results.write(line, release)
+        else:
+            self._reorderer.emit(job.seq, lambda: self._results.write(line, release))
+
+    def failure(self, job: Job, failure: AttemptFailure, release: Release) -> None:
+        self.report(job.as_failure(failure))
+        self._release(job, release)
+
+    def group(self, closed: ClosedGroup, release: Release) -> None:
+        """A group at its end: its rollouts written together (kept, or incomplete with
+        keep_incomplete), else to `dropped`, each stamped with why."""
+        outputs = self._groups
+        members = closed.members
+        if trained_on(closed.fate, keep_incomplete=outputs.keep_incomplete):
+            if members:
+                lines = b"".join(_encode(member.result) + b"\n" for member in members)
+                kept = [closed.task_index, closed.first] if closed.fate is Fate.KEPT else None
+                self._write_group(lines, release, kept)
+                return
+        elif outputs.dropped is not None and members:
+            why = closed.fate.value
+            lines = b"".join(_encode({**member.result, DROPPED_BECAUSE: why}) + b"\n" for member in members)
+            outputs.dropped.write(lines, release)
+            return
+        release()
+
+    def _write_group(self, lines: bytes, release: Release, kept: list[Any] | None) -> None:
+        held, results_size = self._groups.held, self._groups.results_size
+        if held is None or results_size is None:
+            self._results.write(lines, release)
+            return
+
+        def written() -> None:
+            release()
+            size = results_size()
+            if size != self._vouched or kept is not None:  # a kept group's own; else once for one write's groups
+                self._vouched = size
+                marker: dict[str, Any] = {WRITTEN_THROUGH: size}
+                if kept is not None:
+                    marker[KEPT] = kept
+                held.write(_encode(marker) + b"\n")
+
+        held.flush_now()  # the group's rollouts are in the held file before any of its lines is in the results
+        self._results.write(lines, written)
+
+    def report(self, failure: Failure) -> None:
+        """Write one failure: a record with --errors, else a line on stderr."""
+        message = failure.message if self._message_of is None else self._message_of(failure)
+        if message != failure.message:
+            failure = dataclasses.replace(failure, message=message)
+        if self._records:
+            self._errors.write(_encode(failure.record()) + b"\n")
+        else:
+            line = self._stderr_line(failure.line(repeated=self._repeated))
+            if self._fold is not None:
+                line = self._fold(failure, line)
+            if line:
+                self._errors.write(line)
+
+    def not_persisted(self, job: Job, attempts: int, release: Release) -> None:
+        self._release(job, release)
+
+    def _release(self, job: Job, release: Release) -> None:
+        if self._reorderer is None:
+            release()
+        else:
+            self._reorderer.emit(job.seq, release)
+
+    def flush_held(self) -> None:
+        """Write what --ordered still holds behind unfinished rows (the run was stopped)."""
+        if self._reorderer is not None:
+            self._reorderer.flush()
+
+
+class BodySink(LineSink):
+    """--dry-run's sink: each row's body as it would be sent, in place of its result; failures
+    as `LineSink` writes them on stderr."""
+
+    def __init__(
+        self,
+        bodies: LineWriter,
+        errors: LineWriter,
+        *,
+        repeats: int,
+        stderr_line: Callable[[str], bytes],
+        message_of: Callable[[Failure], str] | None = None,
+        fold: Callable[[Failure, bytes], bytes] | None = None,
+    ) -> None:
+        super().__init__(
+            bodies,
+            errors,
+            records=False,
+            ordered=False,
+            repeats=repeats,
+            stderr_line=stderr_line,
+            message_of=message_of,
+            fold=fold,
+        )
+
+    def result(self, job: Job, result: dict[str, Any], release: Release) -> None:
+        self._results.write(job.body + b"\n")
+        # Given back at once, not when written: a dry run's one worker would otherwise wait
+        # for the writer's next batch after every row.
+        release()
+
+
+class ChannelSink:
+    """The API's sink: outcomes into a channel; a row's slot is given back when the consumer takes it.
+
+    With `grouped`, a failure is handed out in its group (`Group.failures`), not alone."""
+
+    def __init__(
+        self,
+        send: trio.MemorySendChannel[tuple[Outcome, Release]],
+        *,
+        grouped: bool = False,
+        keep_incomplete: bool = False,
+    ) -> None:
+        self._send = send
+        self._grouped = grouped
+        self._keep_incomplete = keep_incomplete
+
+    def result(self, job: Job, result: dict[str, Any], release: Release) -> None:
+        self._send.send_nowait((job.as_rollout(result), release))
+
+    def failure(self, job: Job, failure: AttemptFailure, release: Release) -> None:
+        if self._grouped:
+            release()
+        else:
+            self._send.send_nowait((job.as_failure(failure), release))
+
+    def not_persisted(self, job: Job, attempts: int, release: Release) -> None:
+        if self._grouped:
+            release()
+            return
+        message = "the agent asked for this rollout not to be kept (_ng_no_persist)"
+        failure = AttemptFailure(ErrorKind.NOT_PERSISTED, message, attempts=attempts)
+        self._send.send_nowait((job.as_failure(failure), release))
+
+    def group(self, closed: ClosedGroup, release: Release) -> None:
+        rollouts = tuple(member.job.as_rollout(member.result) for member in closed.members if member.job is not None)
+        failures = tuple(job.as_failure(failure) for job, failure in closed.failures)
+        ok = trained_on(closed.fate, keep_incomplete=self._keep_incomplete)
+        self._send.send_nowait((Group(closed.task_index, closed.fate.value, rollouts, failures, ok), release))

@@ -1,0 +1,1 @@
+"""The formats nothing of the engine drives: what is read, written and kept on disk."""

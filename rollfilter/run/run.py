@@ -1,0 +1,422 @@
+"""One run, put together in one place: the parts a `Config` asks for, built once, and the summary
+they make.
+
+    run = Run(config, source=rows, sink=outcomes)   # metrics, task stats, spool, transport
+    await run.connect()     # the agents (a head server asked once), the router, the engine
+    await run.send()        # the engine's nursery, until every row has ended or a stop
+    await run.aggregate()   # the agents' /aggregate_metrics, with Config.aggregate
+    run.summary()           # the summary object
+    await run.aclose()
+
+The command line (`cli/run.py`), the Python API (`rollout_run.py`) and `--summarize` (a run
+whose source is result files and which sends nothing: `connect(send=False)`, its counts fed by
+the caller) wrap a `Run` with their own inputs and outputs. What a run does around the engine
+is built here, and only here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from rollfilter.config import MIN_RATE, Config, ConfigError
+from rollfilter.cost import Spending
+from rollfilter.engine.adaptive import AdaptiveWindow
+from rollfilter.engine.client import AgentClient, DryRunClient, JobClient
+from rollfilter.engine.groups import ClosedGroup, GroupStage, Member, trained_on
+from rollfilter.engine.metrics import UNNAMED_AGENT, Metrics
+from rollfilter.engine.nursery import Engine, RunControl, StopCause, describe, internal_error_event, reward_of
+from rollfilter.engine.plan import Job, JobSource, LineSource, Planner
+from rollfilter.engine.rate_limits import AgentLimits, SendSlots
+from rollfilter.engine.routing import Agent, Router
+from rollfilter.engine.sinks import RowSink
+from rollfilter.engine.steering import StalenessGate, Steering, SteeringError, SteeringStatistics
+from rollfilter.errors import ServiceError, UsageError
+from rollfilter.figures.passk import TaskStats
+from rollfilter.formats.headserver import HEAD_SERVER_TIMEOUT, fetch_config, resolve_endpoints
+from rollfilter.formats.resume import ResumeState
+from rollfilter.formats.spool import ResultSpool
+from rollfilter.formats.writers import Release
+from rollfilter.http import AgentTransport
+from rollfilter.outcomes import AttemptFailure
+from rollfilter.redact import origin, printable
+from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name, is_masked
+from rollfilter.run.aggregate import AggregateReport, aggregate_run
+from rollfilter.run.connect import transport_for
+from rollfilter.run.reverify import (
+    MaterializedIndex,
+    ReverifyPlanner,
+    ReverifyRefused,
+    refusal,
+    reverify_modes,
+    verifiers_from_config,
+    verify_urls,
+)
+
+KEEP: Any = ...  # set_rate's default: the limit stays as it is
+
+
+class Run:
+    """One run of `config`: its parts, and the summary they make.
+
+    Built at once: `metrics`, `tasks` (mean@K and pass@k, with repeats over 1; `on_task` gets
+    each task's record when they are computed), `spool` (the results for /aggregate_metrics,
+    with `config.aggregate`) and `transport` (what every request goes through, with `tls` and
+    `on_warning`). Built by `connect`: `router` and `engine`, which takes its rows from `source`
+    and hands its outcomes to `sink`. Built by `aggregate`: `report`.
+
+    `resume` is what earlier runs left (their pairs are skipped or retried), `on_event` the -v
+    line for each row event, and `dry_run`, when given, gets each routed job in place of
+    sending it. With `config.groups`, `connect` builds `groups` too, which hands the sink whole
+    groups, and `hold` gets each finished rollout's line (the command's held file), with the
+    `release` to run once it is written. `transport`, when given, is what the run sends through
+    instead of the one `config` asks for (a test's `rollfilter.http.testing.ScriptedTransport`).
+    With `stop_when_unreachable`, an agent that refused or dropped every connection since the
+    start stops the run (`StopCause.AGENT_UNREACHABLE`) once a row has failed on it. The run owns
+    its transport and spool: `aclose` closes them.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        source: LineSource | None = None,
+        sink: RowSink | None = None,
+        control: RunControl | None = None,
+        resume: ResumeState | None = None,
+        tls: ssl.SSLContext | None = None,
+        on_task: Callable[[dict[str, Any]], None] | None = None,
+        on_event: Callable[[str], None] | None = None,
+        on_warning: Callable[[str], None] | None = None,
+        dry_run: Callable[[Job, Agent], None] | None = None,
+        hold: Callable[[bytes, Release | None], None] | None = None,
+        transport: AgentTransport | None = None,
+        stop_when_unreachable: bool = False,
+    ) -> None:
+        self.config = config
+        self.control = control if control is not None else RunControl()
+        self.metrics = Metrics()
+        if config.prices:
+            self.metrics.spending = Spending(config.prices)
+        self.tasks = TaskStats(config.max_repeats, config.pass_threshold, on_task) if config.max_repeats > 1 else None
+        self.spool = ResultSpool() if config.aggregate and dry_run is None else None
+        talks = source is not None or self.spool is not None
+        if transport is None and talks:
+            transport = transport_for(config, tls=tls, on_warning=on_warning)
+        self.transport: AgentTransport | None = transport
+        self.router: Router | None = None
+        self.engine: Engine | None = None
+        self.report: AggregateReport | None = None
+        self.groups: GroupStage | None = None
+        self.send_slots = SendSlots(config.concurrency) if config.rate_limited and dry_run is None else None
+        self.concurrency = config.concurrency  # as set_concurrency last set it
+        self.steering = Steering(config.policy_version)
+        self.staleness: StalenessGate | None = None
+        if config.max_staleness is not None and config.batch_groups is not None:
+            self.staleness = StalenessGate(self.steering, config.max_staleness, config.batch_groups)
+        self.index: MaterializedIndex | None = None  # with config.reverify: the materialized inputs, indexed
+        self.unsafe = False  # re-scored at a resources server that does not say it is stateless (forced)
+        self._source, self._sink, self._resume = source, sink, resume
+        self._on_event, self._dry_run, self._hold = on_event, dry_run, hold
+        self._stop_when_unreachable = stop_when_unreachable
+        self._on_warning = on_warning
+
+    async def connect(self, *, send: bool = True) -> None:
+        """Find the agents (one request to the head server, when the config names one), and
+        build the router, and with `send` the engine.
+
+        Raises UsageError or ServiceError, before anything is sent, when rows could not be
+        routed at all or the head server cannot be used."""
+        config = self.config
+        if send and not config.names_an_agent:
+            raise ConfigError("url", "is not given, nor Config.endpoints or Config.head_server: no agent for the rows")
+        if self.transport is None:
+            return
+        if config.reverify is not None:
+            endpoints, head, config = await self._verifiers(config, self.transport, send=send)
+        else:
+            endpoints, head = await resolve_endpoints(config, self.transport)
+        window_for = self._window_for if config.adaptive and self._dry_run is None else None
+        self.router = Router(config, endpoints, head, window_for=window_for, limits_for=self._limits_for)
+        self.steering.requests_out = self.router.requests_out
+        if send:
+            assert self._source is not None, "a run that sends has a source"
+            assert self._sink is not None, "and a sink"
+            self.engine = self._engine(self._source, self._sink, self.router, self.transport)
+
+    async def _verifiers(
+        self, config: Config, transport: AgentTransport, *, send: bool
+    ) -> tuple[dict[str, tuple[str, ...]], None, Config]:
+        """Re-scoring's routes: each agent's resources server (from the head server's config, under
+        Config.endpoints), and the config whose url is the one for every rollout (Config.url, or a
+        config's one resources server). Then, with `send`, each server's /reverify_mode asked, and
+        the materialized inputs indexed. ReverifyRefused when a server is not stateless (unless
+        Config.reverify.force: then `on_warning` says so once, and the summary says unsafe)."""
+        settings = config.reverify
+        assert settings is not None
+        endpoints = dict(config.endpoints)
+        default = config.url
+        if config.head_server is not None:
+            with trio.move_on_after(HEAD_SERVER_TIMEOUT) as scope:
+                head_config = await fetch_config(config.head_server, transport)
+            if scope.cancelled_caught:
+                raise ServiceError(f"the head server at {origin(config.head_server)} did not answer in time")
+            verifiers, only = verifiers_from_config(head_config, f"the head server at {origin(config.head_server)}")
+            endpoints = {name: (url,) for name, url in verifiers.items()} | endpoints
+            default = default or only
+        if not send:
+            return endpoints, None, config
+        why = refusal(await reverify_modes(verify_urls(config, endpoints, default), transport), origin)
+        if why is not None and not settings.force:
+            raise ReverifyRefused(why)
+        if why is not None:
+            self.unsafe = True
+            if self._on_warning is not None:
+                self._on_warning(f"{why}; re-scored there anyway (forced): the summary says unsafe")
+        try:
+            self.index = MaterializedIndex(settings.materialized)
+        except OSError as exc:
+            problem = f"cannot read the materialized inputs {printable(settings.materialized)}: {exc.strerror}"
+            raise UsageError(problem) from None
+        await trio.to_thread.run_sync(self.index.build)  # one pass over a file: not abandoned with its descriptor
+        return endpoints, None, dataclasses.replace(config, url=default) if default != config.url else config
+
+    def _engine(self, source: LineSource, sink: RowSink, router: Router, transport: AgentTransport) -> Engine:
+        config, dry_run = self.config, self._dry_run
+        client: JobClient = (
+            DryRunClient(dry_run)
+            if dry_run is not None
+            else AgentClient(
+                config,
+                transport,
+                on_retry=self._count_retry,
+                on_internal_error=self._internal_error,
+                send_slots=self.send_slots,
+                steering=self.steering,
+            )
+        )
+        if config.groups:
+            self.groups = GroupStage(
+                sink,
+                self._target_reached,
+                self._count_member,
+                field=config.group_field,
+                drop_uniform=config.drop_uniform,
+                target=config.target_groups,
+                hold=self._hold,
+                kept_before=self._resume.kept_groups if self._resume is not None else 0,
+                dropped_before=self._resume.dropped_groups if self._resume is not None else 0,
+                masked_before=self._resume.masked_groups if self._resume is not None else 0,
+                in_order=config.max_staleness is not None,
+                on_close=self._group_closed if self.staleness is not None else None,
+            )
+            self.groups.start()  # a target earlier runs met stops the run before anything is sent
+            if self.groups.target_reached and self._resume is not None:  # no row is read: it skips them all
+                self.metrics.skipped = self._resume.finished_pairs
+        on_group = self.groups.planned if self.groups is not None else None
+        planner: JobSource = Planner(source, config, self._resume, self.tasks, on_group)
+        if config.reverify is not None:
+            assert self.index is not None, "indexed when connected"
+            planner = ReverifyPlanner(
+                source, self.index, config.reverify, self._resume, self.tasks, config.limit, config.shard
+            )
+        return Engine(
+            planner=planner,
+            router=router,
+            client=client,
+            sink=sink,
+            metrics=self.metrics,
+            control=self.control,
+            # A dry run shows each row's route, then its body, one row at a time: in input order.
+            concurrency=self.concurrency if dry_run is None else 1,
+            failure_limit=config.max_failures,
+            max_cost=config.max_cost,
+            tasks=self.tasks if dry_run is None else None,  # planned, but no rollout is answered
+            on_event=self._on_event,
+            spool=self.spool,
+            groups=self.groups,
+            group_field=config.group_field if config.drop_uniform else None,
+            waiting_rows=self.send_slots.waiting_rows if self.send_slots is not None else 0,
+            stop_when_unreachable=self._stop_when_unreachable and dry_run is None,
+            steering=self.steering,
+            staleness=self.staleness,
+        )
+
+    def _target_reached(self) -> None:
+        reason = f"stopped once {self.config.target_groups} groups were kept (the target)"
+        self.control.stop(StopCause.TARGET_REACHED, reason)
+
+    def _group_closed(self, closed: ClosedGroup) -> None:
+        assert self.staleness is not None
+        handed_out = trained_on(closed.fate, keep_incomplete=self.config.keep_incomplete)
+        self.staleness.group_closed(closed, trained_on=handed_out)
+
+    def _count_member(self, member: Member) -> None:
+        """A rollout of a group that closed: into the figures (one an earlier run finished, as its)."""
+        if member.job is None:
+            self.add_earlier_result(member.result)
+        else:
+            assert self.engine is not None
+            self.engine.count_result(member.job, member.result, member.latency)
+
+    def _window_for(self, name: str | None) -> AdaptiveWindow:
+        label = name if name is not None else UNNAMED_AGENT
+        on_event = self._on_event
+
+        def changed(old: int, new: int) -> None:
+            if on_event is not None:
+                on_event(f"agent {label}: window {old} -> {new}")
+
+        window = self.metrics.windows[label] = AdaptiveWindow(self.concurrency, on_change=changed)
+        return window
+
+    def _limits_for(self, name: str | None, rpm: float | None, tpm: float | None) -> AgentLimits:
+        limits = AgentLimits(rpm, tpm)
+        self.metrics.limits[name if name is not None else UNNAMED_AGENT] = limits
+        return limits
+
+    def _count_retry(self, job: Job, failure: AttemptFailure, delay: float) -> None:
+        self.metrics.add_retry(failure, job.agent_name)
+        if self._on_event is not None:
+            self._on_event(f"{describe(job)}: retry in {delay:.2f} s after {failure.kind.value}: {failure.message}")
+
+    def _internal_error(self, job: Job, exc: Exception) -> None:
+        if self._on_event is not None:
+            self._on_event(internal_error_event(job, exc))
+
+    async def send(self) -> None:
+        """Run the engine until every row has ended, or the run was stopped."""
+        assert self.engine is not None, "connect() builds the engine"
+        try:
+            await self.engine.run()
+        finally:
+            if self.groups is not None:
+                self.groups.cancel_open()
+
+    def set_concurrency(self, concurrency: int) -> None:
+        """Bound the requests out at once by `concurrency` from now on (with adaptive windows,
+        their ceiling). A lower bound cancels nothing: what is out finishes, and its slots are not
+        taken again until the run is under the new bound. SteeringError for less than 1."""
+        if type(concurrency) is not int or concurrency < 1:
+            raise SteeringError(f"the concurrency is a whole number of at least 1, not {concurrency!r}")
+        self.concurrency = concurrency
+        if self.send_slots is not None:
+            self.send_slots.slots.total_tokens = concurrency
+        if self.engine is not None:
+            self.engine.set_concurrency(concurrency)
+        for window in self.metrics.windows.values():
+            window.set_ceiling(concurrency)
+
+    def set_rate(self, agent: str | None = None, *, rpm: float | None = KEEP, tpm: float | None = KEEP) -> None:
+        """Change the requests (`rpm`) or tokens (`tpm`) a minute rows of `agent` may use (None:
+        every agent of the run), for the requests waiting too; None removes a limit, and one not
+        given stays. SteeringError for an agent the run does not have, or a rate under its least."""
+        for name, rate in (("rpm", rpm), ("tpm", tpm)):
+            if rate is not KEEP and rate is not None and not _pace_able(rate):
+                raise SteeringError(f"{name} is a number of at least {MIN_RATE:g}, not {rate!r}")
+        if self.router is None:
+            raise SteeringError("the run does not know its agents yet: try again once it has started")
+        try:
+            targets = self.router.agents_named(agent)
+        except LookupError:
+            raise SteeringError(f"the run has no agent {agent!r}") from None
+        for target in targets:
+            limits = target.limits
+            new_rpm = (limits.rpm if limits is not None else None) if rpm is KEEP else rpm
+            new_tpm = (limits.tpm if limits is not None else None) if tpm is KEEP else tpm
+            if limits is not None:
+                limits.set(new_rpm, new_tpm)  # the requests waiting on them look again
+                if new_rpm is None and new_tpm is None:
+                    target.limits = None  # a plain path again (its figures stay in the summary)
+            elif new_rpm is not None or new_tpm is not None:
+                target.limits = self._limits_for(target.name, new_rpm, new_tpm)
+
+    def set_policy_version(self, version: int) -> None:
+        """The policy version the agents serve from now on (see `Steering.set_version`)."""
+        self.steering.set_version(version)
+
+    def statistics(self) -> SteeringStatistics:
+        """What is in force now: paused, the concurrency, the windows and rates, the version, and
+        with a staleness bound the groups admitted and held back."""
+        rates: dict[str, dict[str, float | None]] = {}
+        if self.router is not None:
+            for agent in self.router.agents_named(None):
+                if agent.limits is not None:
+                    label = agent.name if agent.name is not None else UNNAMED_AGENT
+                    rates[label] = {"rpm": agent.limits.rpm, "tpm": agent.limits.tpm}
+        staleness = self.staleness
+        return SteeringStatistics(
+            paused=self.steering.paused,
+            requests_out=self.steering.requests_out(),
+            concurrency=self.engine.concurrency if self.engine is not None else self.concurrency,
+            windows={name: window.limit for name, window in self.metrics.windows.items()},
+            rates=rates,
+            policy_version=self.steering.version,
+            groups_admitted=staleness.groups_admitted if staleness is not None else 0,
+            groups_held_by_staleness=staleness.groups_held if staleness is not None else 0,
+            rows_held_by_staleness=staleness.rows_held if staleness is not None else 0,
+        )
+
+    def add_earlier_result(self, result: dict[str, Any]) -> None:
+        """An earlier run's result (a resumed run's summary and aggregate cover the whole
+        output): into the means (not this run's counters), the tasks, and the spool."""
+        agent = agent_name(result)
+        self.metrics.add_earlier_result(result, agent)
+        if self.tasks is not None and TASK_INDEX in result:
+            rollout = result.get(ROLLOUT_INDEX)
+            masked = is_masked(result)
+            self.tasks.rollout_ended(result[TASK_INDEX], reward_of(result), rollout, result, agent, masked=masked)
+        if self.spool is not None:
+            self.spool.add(agent, result)
+
+    async def aggregate(self) -> None:
+        """Ask each agent for its aggregate metrics (see `aggregate_run`), unless the run was
+        stopped; a stop during the calls ends them."""
+        if self.spool is None or self.router is None or self.transport is None or self.control.stopped_early:
+            return
+        with self.control.stoppable():
+            self.report = await aggregate_run(self.spool, self.router, self.config, self.transport)
+
+    def summary(self, *, stopped: str | None = None, timings: bool = True) -> dict[str, Any]:
+        """The summary object: the metrics' figures, the tasks', the replicas' counts, and each
+        agent's key_metrics once aggregated. `stopped` says why the run stopped, if it did."""
+        if self.router is not None:
+            self.metrics.replicas = self.router.replica_counts()
+        summary = self.metrics.summary(stopped=stopped, tasks=self.tasks, timings=timings)
+        if self._dry_run is not None:  # nothing was sent, so nothing succeeded: the rows that would be
+            figures: dict[str, Any] = {}
+            for key, value in summary["rollfilter"].items():
+                figures |= {"succeeded": 0, "would_send": value} if key == "succeeded" else {key: value}
+            summary["rollfilter"] = figures
+        if self.groups is not None:
+            figures = summary["rollfilter"]
+            figures["groups"] = self.groups.figures()
+            expected = self.metrics.expected
+            read = self.metrics.taken + self.metrics.skipped + self.metrics.not_retried
+            figures["not_started"] = None if expected is None else max(0, expected - read)
+        if self.report is not None:
+            self.report.add_to(summary)
+        if self.unsafe:
+            summary["rollfilter"]["unsafe"] = True
+        planner = self.engine.planner if self.engine is not None else None
+        if isinstance(planner, ReverifyPlanner) and self.config.reverify and self.config.reverify.judge_failed_only:
+            summary["rollfilter"]["not_judge_failed"] = planner.passed_over
+        return summary
+
+    async def aclose(self) -> None:
+        """Close the transport and the spool (call it shielded from cancellation)."""
+        if self.spool is not None:
+            self.spool.close()
+        if self.index is not None:
+            self.index.close()
+        if self.transport is not None:
+            await self.transport.aclose()
+
+
+def _pace_able(rate: Any) -> bool:
+    return type(rate) in (int, float) and math.isfinite(rate) and rate >= MIN_RATE

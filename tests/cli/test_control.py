@@ -1,0 +1,189 @@
+"""cli/control.py: each command line and its answer, over a run on trio's MockClock."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from rollfilter import Config
+from rollfilter.api.in_trio import RolloutRun, open_rollouts_in_trio
+from rollfilter.cli.control import (
+    CONTROL_CLIENTS,
+    CONTROL_IDLE_SECONDS,
+    CONTROL_LINE_BYTES,
+    ControlServer,
+    ControlSocket,
+)
+from tests.conftest import ROOT, URL
+from tests.engine.test_steering import StandIn, rows
+
+
+@pytest.fixture
+def control() -> Iterator[ControlSocket]:
+    folder = Path(tempfile.mkdtemp(prefix="rf-", dir="/tmp"))  # a socket's path is at most 108 bytes
+    socket = ControlSocket(str(folder / "run.sock"))
+    try:
+        yield socket
+    finally:
+        socket.remove()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+async def run() -> AsyncIterator[RolloutRun]:
+    config = Config(url=URL, concurrency=4, policy_version=1)
+    async with open_rollouts_in_trio(rows(8), config, transport=StandIn(lambda row: 10.0)) as run:
+        yield run
+        run.resume()
+        assert len([outcome async for outcome in run]) == 8
+
+
+async def answer(server: ControlServer, line: bytes) -> dict[str, Any]:
+    text = await server.command(line)
+    assert text.endswith(b"\n")
+    assert text.count(b"\n") == 1
+    answered = json.loads(text)
+    assert isinstance(answered, dict)
+    return answered
+
+
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        (b"", "no command"),
+        (b"   ", "no command"),
+        (b"\xff", "UTF-8"),
+        (b"stop", "'stop' is no command"),
+        (b"pause now", "pause takes no argument"),
+        (b"drain 1 2", "at most one argument"),
+        (b"drain soon", "number of seconds"),
+        (b"drain -1", "number of seconds"),
+        (b"drain inf", "number of seconds"),
+        (b"concurrency", "concurrency takes one argument: concurrency N"),
+        (b"version 2 3", "version takes one argument: version V"),
+        (b"rpm =600", "no agent before '='"),
+        (b"concurrency x", "whole number"),
+        (b"concurrency 0", "at least 1"),
+        (b"concurrency 1.5", "whole number"),
+        (b"rpm fast", "[AGENT=]N"),
+        (b"rpm 0", "at least"),
+        (b"rpm nan", "at least"),
+        (b"tpm other=5", "no agent 'other'"),
+        (b"version x", "whole number"),
+        (b"version 0", "cannot go back"),
+    ],
+)
+async def test_a_command_refused_answers_its_error_and_changes_nothing(
+    autojump_clock: trio.testing.MockClock, control: ControlSocket, run: RolloutRun, line: bytes, error: str
+):
+    assert run._run is not None
+    server = ControlServer(control, run._run)
+    before = run.statistics()
+    answered = await answer(server, line)
+    assert answered["ok"] is False
+    assert error in answered["error"]
+    assert run.statistics() == before
+
+
+async def test_each_command_answers_what_is_in_force_after_it(
+    autojump_clock: trio.testing.MockClock, control: ControlSocket, run: RolloutRun
+):
+    assert run._run is not None
+    heard: list[str] = []
+    server = ControlServer(control, run._run, heard.append, fit=lambda wanted: min(wanted, 100))
+    await trio.sleep(1)
+    assert (await answer(server, b"pause"))["paused"] is True
+    drained = await answer(server, b"drain 100")
+    assert (drained["ok"], drained["drained"], drained["requests_out"]) == (True, True, 0)
+    assert (await answer(server, b"concurrency 2"))["concurrency"] == 2
+    fitted = await answer(server, b"concurrency 1000")
+    assert fitted["concurrency"] == 100
+    assert "open files" in fitted["note"]
+    assert (await answer(server, b"rpm 600"))["rates"] == {"(no name)": {"rpm": 600.0, "tpm": None}}
+    assert (await answer(server, b"tpm 5000"))["rates"] == {"(no name)": {"rpm": 600.0, "tpm": 5000.0}}
+    assert (await answer(server, b"rpm off"))["rates"] == {"(no name)": {"rpm": None, "tpm": 5000.0}}
+    assert (await answer(server, b"tpm off"))["rates"] == {}
+    assert (await answer(server, b"version 2"))["policy_version"] == 2
+    status = await answer(server, b" status ")
+    assert (status["paused"], status["done"], status["concurrency"]) == (True, 4, 100)
+    assert (await answer(server, b"resume"))["paused"] is False
+    assert heard == [
+        "--control: pause",
+        "--control: drain 100",
+        "--control: concurrency 2",
+        "--control: concurrency 1000",
+        "--control: rpm 600",
+        "--control: tpm 5000",
+        "--control: rpm off",
+        "--control: tpm off",
+        "--control: version 2",
+        "--control: resume",
+    ]
+
+
+def test_the_man_page_gives_the_bounds_the_control_keeps():
+    man = (ROOT / "man" / "rollfilter.1").read_text().replace("\\-", "-")
+    assert f"at most {CONTROL_CLIENTS} at once" in man
+    assert f"a line of at most {CONTROL_LINE_BYTES} bytes" in man
+    assert f"a client silent for {CONTROL_IDLE_SECONDS / 60:g} minutes" in man
+
+
+class OutOfFiles:
+    """A listener whose first accepts fail as a process out of file descriptors sees them fail."""
+
+    def __init__(self, listener: trio.SocketListener, failures: int) -> None:
+        self.listener = listener
+        self.failures = failures
+
+    async def accept(self) -> trio.SocketStream:
+        if self.failures:
+            self.failures -= 1
+            await trio.lowlevel.checkpoint()
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return await self.listener.accept()
+
+
+async def test_a_client_met_with_no_file_descriptor_left_ends_nothing(
+    autojump_clock: trio.testing.MockClock, control: ControlSocket, run: RolloutRun
+):
+    assert run._run is not None
+    server = ControlServer(control, run._run)
+    listener = OutOfFiles(server._listener, failures=3)
+    server._listener = listener  # type: ignore[assignment]  # accepts as the real one does
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.serve)
+        async with await trio.open_unix_socket(control.path) as client:
+            await client.send_all(b"status\n")
+            answered = b""
+            while not answered.endswith(b"\n"):
+                answered += await client.receive_some()
+        assert json.loads(answered)["ok"] is True
+        assert listener.failures == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_client_that_reads_no_answer_is_let_go(
+    autojump_clock: trio.testing.MockClock, control: ControlSocket, run: RolloutRun
+):
+    assert run._run is not None
+    server = ControlServer(control, run._run)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.serve)
+        async with await trio.open_unix_socket(control.path) as client:
+            # Commands enough that their answers fill both buffers; none of them is read.
+            await client.send_all(b"status\n" * 20_000)
+            await trio.testing.wait_all_tasks_blocked()
+            assert server.clients == 1
+            await trio.sleep(CONTROL_IDLE_SECONDS + 1)
+            assert server.clients == 0  # let go: its place is free for another
+        nursery.cancel_scope.cancel()

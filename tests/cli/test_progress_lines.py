@@ -1,0 +1,99 @@
+"""cli/progress_lines.py: --progress's plain lines where stderr is no terminal, on trio's mock clock."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import trio
+import trio.testing
+
+from rollfilter.cli.progress_lines import ProgressLines
+from rollfilter.engine.metrics import Metrics
+
+
+@pytest.fixture
+def pipe() -> Iterator[tuple[int, int]]:
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    try:
+        yield read_end, write_end
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def lines_written(fd: int) -> list[str]:
+    try:
+        return os.read(fd, 65536).decode().splitlines()
+    except BlockingIOError:
+        return []
+
+
+async def test_a_line_at_each_hundredth_of_the_total_and_after_a_quiet_minute(
+    pipe: tuple[int, int], autojump_clock: trio.testing.MockClock
+):
+    read_end, write_end = pipe
+    metrics = Metrics(clock=trio.current_time)
+    finished = [0]
+    metrics.expected = 1000  # known from the start (a materialized file)
+    lines = ProgressLines(fd=write_end, finished=lambda: finished[0])
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lines.run, metrics)
+        await trio.sleep(1)
+        finished[0] = 9
+        await trio.sleep(1)
+        assert lines_written(read_end) == []  # under 1%
+        finished[0] = 10
+        metrics.failed = 2
+        await trio.sleep(1)
+        (line,) = lines_written(read_end)
+        assert line.startswith("rollfilter: 10 of 1,000 rollouts finished (1%), ")
+        assert line.endswith(", 2 failed, 0:00:02 elapsed")
+        assert "rollouts/s" in line
+        finished[0] = 35  # three steps at once: one line, and the next at 40
+        await trio.sleep(1)
+        assert [line.split(" rollouts")[0] for line in lines_written(read_end)] == ["rollfilter: 35 of 1,000"]
+        finished[0] = 39
+        await trio.sleep(58)
+        assert lines_written(read_end) == []
+        await trio.sleep(2)  # a minute since the last line
+        assert [line.split(",")[0] for line in lines_written(read_end)] == ["rollfilter: 39 of 1"]
+        finished[0] = 40
+        await trio.sleep(1)
+        assert len(lines_written(read_end)) == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_without_a_total_a_line_a_minute_and_the_runs_expected_pairs_once_known(
+    pipe: tuple[int, int], autojump_clock: trio.testing.MockClock
+):
+    read_end, write_end = pipe
+    metrics = Metrics(clock=trio.current_time)
+    finished = [5]
+    lines = ProgressLines(fd=write_end, finished=lambda: finished[0])
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lines.run, metrics)
+        await trio.sleep(59)
+        assert lines_written(read_end) == []
+        await trio.sleep(2)
+        (line,) = lines_written(read_end)
+        assert line.startswith("rollfilter: 5 rollouts finished, ")
+        metrics.expected = 100
+        await trio.sleep(1)
+        finished[0] = 6
+        await trio.sleep(1)
+        assert [line.split(" (")[0] for line in lines_written(read_end)] == ["rollfilter: 6 of 100 rollouts finished"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_write_that_fails_ends_the_lines_not_the_run(autojump_clock: trio.testing.MockClock):
+    full = os.open("/dev/full", os.O_WRONLY)
+    try:
+        lines = ProgressLines(fd=full, finished=lambda: 1)
+        with trio.move_on_after(600):
+            await lines.run(Metrics(clock=trio.current_time))
+        assert lines.failed
+    finally:
+        os.close(full)

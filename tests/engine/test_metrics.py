@@ -1,0 +1,244 @@
+"""metrics.py: latency percentiles and exact means."""
+
+from __future__ import annotations
+
+import fractions
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rollfilter.engine.metrics import LatencyHistogram, Metrics
+from rollfilter.errors import ErrorKind
+from rollfilter.outcomes import AttemptFailure
+
+FINITE = st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from([1e308, -1e308, 1.7976931348623157e308])
+
+
+def exact_mean(values: list[float]) -> float:
+    return float(sum(map(fractions.Fraction, values)) / len(values))
+
+
+def test_latency_percentiles_within_one_percent():
+    histogram = LatencyHistogram()
+    values = [i / 1000 for i in range(1, 1001)]
+    random.Random(1).shuffle(values)
+    for value in values:
+        histogram.add(value)
+    for p, exact in ((50, 0.5), (90, 0.9), (99, 0.99)):
+        assert abs(histogram.percentile(p) - exact) <= exact * 0.011
+    assert histogram.max == 1.0
+
+
+def test_latencies_counted_under_bounds_as_a_prometheus_histogram_counts_them():
+    histogram = LatencyHistogram()
+    values = [i / 1000 for i in range(1, 1001)]  # 1 ms to 1 s
+    for value in values:
+        histogram.add(value)
+    bounds = (0.001, 0.1, 0.5, 0.999, 2.0)
+    for bound, counted in zip(bounds, histogram.cumulative(bounds), strict=True):
+        exact = sum(value <= bound for value in values)
+        assert abs(counted - exact) <= max(1, 0.011 * exact)  # a bucket is 1% wide
+    assert histogram.cumulative(bounds)[-1] == histogram.count == 1000
+    assert histogram.sum == pytest.approx(sum(values))
+    assert LatencyHistogram().cumulative(bounds) == [0] * 5
+
+
+def test_failures_retries_and_throttled_replies_are_counted_by_agent():
+    metrics = Metrics()
+    throttled = AttemptFailure(ErrorKind.HTTP_STATUS, "429", status=429)
+    metrics.add_retry(throttled, "a")
+    metrics.add_retry(AttemptFailure(ErrorKind.TIMEOUT, "slow"), "a")
+    metrics.add_failure(AttemptFailure(ErrorKind.HTTP_STATUS, "503", status=503), "b")
+    metrics.add_failure(AttemptFailure(ErrorKind.CONNECT, "refused"), None)
+    metrics.add_not_persisted("a")
+    assert metrics.retries == 2
+    assert metrics.retries_by_agent == {"a": 2}
+    assert metrics.throttled_by_agent == {"a": 1, "b": 1}
+    assert metrics.failed_by_agent == {("b", "http_status"): 1, (None, "connect"): 1}
+    assert metrics.failed_by_kind == {"http_status": 1, "connect": 1}
+    assert metrics.not_persisted == 1
+    assert metrics.not_persisted_by_agent == {"a": 1}
+
+
+def test_metrics_means_skip_non_numbers_and_count_booleans():
+    metrics = Metrics()
+    metrics.add_result({"reward": 1.0, "accuracy": True, "note": "x", "score": float("nan")}, 0.1)
+    metrics.add_result({"reward": 0, "accuracy": False, "score": 3}, 0.2)
+    metrics.add_result({"accuracy": True}, 0.3)
+    metrics.add_failure(AttemptFailure(ErrorKind.TIMEOUT, "slow"))
+    summary = metrics.summary()
+    assert summary["reward"] == 0.5
+    assert summary["accuracy"] == 2 / 3
+    assert summary["score"] == 3.0
+    assert "note" not in summary
+    assert summary["rollfilter"]["failed_by_kind"] == {"timeout": 1}
+    assert list(summary)[-1] == "rollfilter"
+    assert Metrics().summary()["reward"] is None  # no result: no mean, rather than a mean of 0
+
+
+def test_means_count_numbers_only_and_usage_one_level_down():
+    from rollfilter.engine.metrics import Means
+
+    means = Means()
+    usage = {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 4}, "note": "n"}
+    odd = {"huge": 10**400, "nan": float("nan"), "_ng_task_index": 3, "text": "x"}
+    means.add({"reward": 1.0, "ok": True, **odd, "response": {"usage": usage}})
+    means.add({"reward": 0, "ok": False, "response": {"usage": {"input_tokens": 20}}})
+    assert means.means() == {"reward": 0.5, "ok": 0.5}
+    assert means.usage() == {"input_tokens": 15.0, "input_tokens_details.cached_tokens": 4.0}
+    assert means.tokens() == 30.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=st.lists(FINITE, min_size=1, max_size=12))
+def test_means_stay_finite_and_exact_near_the_float_limits(values: list[float]):
+    from rollfilter.engine.metrics import Means
+    from rollfilter.figures.sums import EXACT_FROM
+
+    means = Means()
+    for value in values:
+        means.add({"reward": value, "response": {"usage": {"total_tokens": value}}})
+    small = [abs(v) for v in values if abs(v) < EXACT_FROM]
+    # Values past EXACT_FROM are summed exactly; the float sum of the others is off by at most
+    # a few units in the last place of the largest of them.
+    bound = len(values) * 2**-52 * max(small, default=0.0)
+    for mean in (means.mean("reward"), means.means()["reward"], means.usage()["total_tokens"]):
+        assert math.isfinite(mean)
+        assert abs(mean - exact_mean(values)) <= bound or mean == exact_mean(values)
+
+
+def test_the_mean_of_rewards_and_usage_near_the_float_limits():
+    from rollfilter.engine.metrics import Means
+
+    means = Means()
+    for _ in range(2):  # the float sum of these two is infinite
+        means.add({"reward": 1e308, "tokens": 10**308, "response": {"usage": {"input_tokens": 10**308}}})
+    assert means.means() == {"reward": 1e308, "tokens": 1e308}
+    assert means.usage() == {"input_tokens": 1e308}
+
+
+def test_a_token_rate_past_the_float_range_is_null_not_infinite():
+    ticks = iter([0.0, *[1e-12] * 10])
+    metrics = Metrics(clock=lambda: next(ticks))
+    for _ in range(30):  # each under the exact sums' threshold, their float sum past what a rate can hold
+        metrics.add_result({"reward": 1.0, "response": {"usage": {"total_tokens": 9e297}}}, 0.1)
+    figures = metrics.summary()["rollfilter"]
+    assert figures["tokens_per_s"] is None
+    assert figures["rows_per_s"] == pytest.approx(3e10)
+
+
+def test_token_counts_past_the_exact_sums_threshold_count_in_the_token_rate():
+    metrics = Metrics()
+    for _ in range(4):
+        metrics.add_result(
+            {"reward": 1.0, "response": {"usage": {"input_tokens": 10**300, "output_tokens": 10**300}}}, 0.1
+        )
+    assert metrics.tokens() == pytest.approx(8e300)
+    assert metrics.summary()["rollfilter"]["tokens_per_s"] > 8e300
+
+
+def test_a_masked_result_is_counted_and_its_tokens_spent_but_it_is_in_no_mean():
+    metrics = Metrics()
+    usage = {"response": {"usage": {"total_tokens": 10}}}
+    metrics.add_result({"reward": 1.0, "reward_components": {"a": 1.0, "b": True, "c": "x"}, **usage}, 0.1)
+    metrics.add_result({"reward": 0.0, "mask_sample": True, "reward_components": {"a": 9.0}, **usage}, 0.1)
+    metrics.add_result({"reward": 0.5, "mask_sample": False, "reward_components": {"a": 0.0}, **usage}, 0.1)
+    metrics.add_earlier_result({"reward": 0.0, "mask_sample": True, **usage})
+    summary = metrics.summary()
+    assert summary["reward"] == 0.75
+    assert "mask_sample" not in summary
+    assert summary["reward_components"] == {"a": 0.5, "b": 1.0}
+    assert (summary["rollfilter"]["succeeded"], summary["rollfilter"]["masked"]) == (3, 1)  # this run's
+    assert summary["rollfilter"]["means_cover"] == 2  # the earlier run's masked result covered by none
+    assert metrics.tokens() == 30
+    assert summary["usage"] == {"total_tokens": 10.0}
+
+
+def test_a_masked_result_is_in_per_rollout_but_in_no_error_bar():
+    metrics = Metrics()
+    for reward, tokens, masked in ((1.0, 3, False), (0.0, 5, False), (0.0, 100, True)):
+        response = {"usage": {"output_tokens": tokens}}
+        metrics.add_result({"reward": reward, "mask_sample": masked, "response": response}, 0.1)
+    summary = metrics.summary()
+    assert summary["per_rollout"]["output_tokens"]["max"] == 100  # its tokens were spent
+    assert summary["sample_size"] == {"reward": {"tasks": 2, "rollouts": 2}}
+    assert summary["stderr"] == {"reward": 0.5}
+
+
+def test_token_percentiles_over_many_rollouts_in_bounded_memory():
+    from rollfilter.engine.metrics import CountSketch
+
+    rng = random.Random(2)
+    values = [int(rng.lognormvariate(6, 1.5)) for _ in range(200_000)]
+    sketch = CountSketch()
+    for value in values:
+        sketch.add(value)
+    ordered = sorted(values)
+    for p in (50, 90, 99):
+        exact = ordered[math.ceil(p / 100 * len(values)) - 1]
+        assert exact <= sketch.percentile(p) <= exact * 1.01 + 1
+    assert sketch.buckets() < 128 + 1200  # exact under 128, then 1% buckets up to ~3 million
+    assert sketch.figures() == {
+        "p50": math.floor(sketch.percentile(50)),
+        "p90": math.floor(sketch.percentile(90)),
+        "max": max(values),
+        "mean": sum(values) / len(values),
+    }
+
+
+def test_what_each_rollout_took_by_agent():
+    metrics = Metrics()
+    call = {"type": "function_call", "name": "f", "arguments": "{}"}
+    message = {"type": "message", "content": []}
+    answers = [
+        (
+            "a",
+            {"status": "completed", "output": [call, call, message], "usage": {"input_tokens": 9, "output_tokens": 3}},
+        ),
+        ("a", {"status": "incomplete", "output": [message], "usage": {"input_tokens": 11, "output_tokens": 40}}),
+        ("b", {"output": [call], "incomplete_details": {"reason": "max_output_tokens"}, "usage": {"output_tokens": 7}}),
+        ("b", {"output": [], "incomplete_details": None}),
+    ]
+    for agent, response in answers:
+        metrics.add_result({"reward": 1.0, "response": response}, 0.1, agent)
+    metrics.add_result({"reward": 1.0}, 0.1, "b")  # no response: no figure of a rollout's cost
+    summary = metrics.summary()
+    assert summary["per_rollout"] == {
+        "output_tokens": {"p50": 7, "p90": 40, "max": 40, "mean": 50 / 3},
+        "input_tokens": {"p50": 9, "p90": 11, "max": 11, "mean": 10.0},
+        "tool_calls": {"p50": 0, "p90": 2, "max": 2, "mean": 0.75},
+        "incomplete": 0.5,
+    }
+    assert summary["agents"]["a"]["per_rollout"]["tool_calls"] == {"p50": 0, "p90": 2, "max": 2, "mean": 1.0}
+    assert summary["agents"]["b"]["per_rollout"]["input_tokens"] is None
+    assert summary["agents"]["b"]["per_rollout"]["incomplete"] == 0.5
+
+
+def test_the_summary_gives_each_mean_its_error_bars_by_agent_too():
+    metrics = Metrics()
+    for reward, agent in ((1.0, "a"), (0.0, "a"), (1.0, "a"), (0.5, "b")):
+        metrics.add_result({"reward": reward, "note": "x"}, 0.1, agent)
+    summary = metrics.summary()
+    assert summary["stderr"] == {"reward": 0.24}
+    assert summary["sample_size"] == {"reward": {"tasks": 4, "rollouts": 4}}
+    assert summary["agents"]["a"]["stderr"] == {"reward": 0.33}
+    assert summary["agents"]["a"]["ci95"] == {"reward": [-0.77, 2.1]}
+    assert summary["agents"]["b"]["stderr"] == {"reward": None}  # one rollout: no spread to see
+    assert summary["agents"]["b"]["sample_size"] == {"reward": {"tasks": 1, "rollouts": 1}}
+
+
+def test_no_mean_no_error_blocks():
+    metrics = Metrics()
+    metrics.add_failure(AttemptFailure(ErrorKind.TIMEOUT, "slow"))
+    assert {"stderr", "ci95", "sample_size", "per_rollout"}.isdisjoint(metrics.summary())
+
+
+def test_token_counts_past_any_real_count_are_left_out_of_the_distributions():
+    metrics = Metrics()
+    for tokens in (10**400, 2**53, -1, 7.5, 12.0, True):
+        metrics.add_result({"reward": 1.0, "response": {"usage": {"output_tokens": tokens}}}, 0.1)
+    figures = metrics.summary()["per_rollout"]["output_tokens"]
+    assert figures == {"p50": 12, "p90": 12, "max": 12, "mean": 12.0}

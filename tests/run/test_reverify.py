@@ -1,0 +1,87 @@
+"""reverify.py: the materialized index, the resources servers a config names, /reverify_mode."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import trio.testing
+
+from rollfilter.errors import ServiceError
+from rollfilter.http.testing import ScriptedRequest, ScriptedTransport, scripted_reply
+from rollfilter.run.reverify import MODE_TIMEOUT, MaterializedIndex, refusal, reverify_modes, verifiers_from_config
+
+
+def test_the_index_finds_each_pairs_line_across_chunks_and_skips_what_it_cannot_join(tmp_path: Path):
+    path = tmp_path / "m.jsonl"
+    filler = "x" * 700_000  # lines that straddle the reads of a megabyte
+    rows = [{"_ng_task_index": t, "_ng_rollout_index": r, "pad": filler[: (t * 7 + r) % 5 * 150_000]}
+            for t in range(4) for r in range(2)]  # fmt: skip
+    text = "".join(json.dumps(row) + "\n" for row in rows) + "not json\n\n" + '{"no": "indices"}\n'
+    path.write_text(text + json.dumps({"_ng_task_index": "t", "_ng_rollout_index": 0}))  # no newline at the end
+    index = MaterializedIndex(str(path))
+    try:
+        index.build()
+        assert (index.lines, index.unusable) == (11, 2)
+        for row in rows:
+            assert index.body(row["_ng_task_index"], row["_ng_rollout_index"]) == row
+        assert index.body("t", 0) == {"_ng_task_index": "t", "_ng_rollout_index": 0}
+        assert index.body(9, 0) is None
+    finally:
+        index.close()
+
+
+def resources(name: str, port: int) -> dict[str, Any]:
+    return {name: {"resources_servers": {name: {"host": "127.0.0.1", "port": port}}}}
+
+
+def agent(name: str, resources_name: str) -> dict[str, Any]:
+    block = {"host": "127.0.0.1", "port": 9, "resources_server": {"type": "resources_servers", "name": resources_name}}
+    return {name: {"responses_api_agents": {"simple_agent": block}}}
+
+
+def test_each_agent_verifies_at_the_resources_server_it_names():
+    config = resources("math", 1001) | resources("code", 1002) | agent("a", "math") | agent("b", "code")
+    assert verifiers_from_config(config) == (
+        {"a": "http://127.0.0.1:1001/verify", "b": "http://127.0.0.1:1002/verify"},
+        None,
+    )
+    # No agent blocks: NeMo Gym sends every rollout to the one resources server.
+    assert verifiers_from_config(resources("math", 1001)) == ({}, "http://127.0.0.1:1001/verify")
+    with pytest.raises(ServiceError, match="several resources servers"):
+        verifiers_from_config(resources("math", 1001) | resources("code", 1002))
+    with pytest.raises(ServiceError, match="no resources server"):
+        verifiers_from_config({})
+    with pytest.raises(ServiceError, match="'missing', which has no host and port"):
+        verifiers_from_config(resources("math", 1001) | agent("a", "missing"))
+
+
+async def test_reverify_modes_asks_each_server_once_and_bounds_the_wait(autojump_clock: trio.testing.MockClock):
+    async def answer(request: ScriptedRequest) -> Any:
+        if request.url.port == 3:
+            await trio.sleep(MODE_TIMEOUT + 1)
+        if request.url.port == 4:
+            raise httpx.ConnectError("connection refused")
+        return scripted_reply(200, "stateless" if request.url.port == 1 else "unsupported")
+
+    transport = ScriptedTransport(answer)
+    urls = ["http://127.0.0.1:1/verify", "http://127.0.0.1:2/verify", "http://127.0.0.1:1/verify"]
+    modes = await reverify_modes(urls, transport)
+    assert modes == {"http://127.0.0.1:1/verify": "stateless", "http://127.0.0.1:2/verify": "unsupported"}
+    assert [str(request.url) for request in transport.requests] == [
+        "http://127.0.0.1:1/reverify_mode",
+        "http://127.0.0.1:2/reverify_mode",
+    ]
+    why = refusal(modes, lambda url: url)
+    assert why is not None
+    assert "http://127.0.0.1:2/verify (unsupported)" in why
+    assert "127.0.0.1:1/" not in why
+    assert refusal({"u": "stateless"}, str) is None
+    with pytest.raises(ServiceError, match=f"did not answer /reverify_mode in {MODE_TIMEOUT:g} s"):
+        await reverify_modes(["http://127.0.0.1:3/verify"], transport)
+    with pytest.raises(ServiceError, match=r"cannot ask the resources server at http://127\.0\.0\.1:4"):
+        await reverify_modes(["http://127.0.0.1:4/verify"], transport)
