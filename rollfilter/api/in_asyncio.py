@@ -143,8 +143,12 @@ class _RowsInTrio:
     """The caller's iterable, stepped by the engine in trio as it would be under trio; what it raises is noted."""
 
     def __init__(self, rows: Iterable[Any]) -> None:
+        self._rows = rows
         self._iterator = iter(rows)
         self.error: BaseException | None = None  # what the caller's iterator raised
+
+    def whole_rows(self) -> Iterable[Any]:
+        return self._rows
 
     def __iter__(self) -> _RowsInTrio:
         return self

@@ -14,8 +14,8 @@ import contextlib
 import dataclasses
 import math
 import threading
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
-from typing import Any
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 import trio
@@ -40,18 +40,30 @@ class RunResults:
     With `Config(aggregate=True)`, `aggregate` then holds NeMo Gym's aggregate entries (one per
     agent: agent_ref, agent_metrics, key_metrics, group_level_metrics), the summary holds each
     agent's `key_metrics`, and `aggregate_problems` says, a line each, which agents gave none.
+    `warnings` says, a line each, what in the config the rows showed to be of no use (an agent
+    given a repeat count that no row named).
     """
 
     def __init__(self) -> None:
         self.summary: dict[str, Any] | None = None
         self.aggregate: list[dict[str, Any]] | None = None
         self.aggregate_problems: list[str] = []
+        self.warnings: list[str] = []
 
     def _take_results(self, run: RunResults) -> None:
         """Hold what `run` left: a run that hands out another's outcomes leaves its results too."""
         self.summary = run.summary
         self.aggregate = run.aggregate
         self.aggregate_problems = run.aggregate_problems
+        self.warnings = run.warnings
+
+    def _take_ended_run(self, run: Run) -> None:
+        """Hold what the ended `run` leaves."""
+        self.summary = run.summary()
+        self.warnings = [str(warning) for warning in run.warnings()]
+        if run.report is not None:
+            self.aggregate = run.report.entries
+            self.aggregate_problems = run.report.problems
 
 
 @dataclasses.dataclass(slots=True)
@@ -159,10 +171,20 @@ class _ChannelRun(RolloutRun):
         return outcome
 
 
+@runtime_checkable
+class WrappedRows(Protocol):
+    """The caller's rows as another loop hands them to the run (`in_asyncio`)."""
+
+    def whole_rows(self) -> Rows:
+        """The caller's rows themselves."""
+        ...
+
+
 class _RowFeed:
     """Hands the planner the caller's rows (dicts, or JSON lines as str or bytes) one at a time."""
 
     def __init__(self, rows: Rows) -> None:
+        self._rows = rows
         self._sync = iter(rows) if isinstance(rows, Iterable) else None
         self._async = aiter(rows) if self._sync is None else None  # type: ignore[arg-type]
         self._number = 0
@@ -200,6 +222,12 @@ class _RowFeed:
             return InputLine("<rows>", self._number, None, problem)
         return InputLine("<rows>", self._number, data)
 
+    def read_again(self) -> _RowFeed | None:
+        """The same rows from the first, when they are a sequence (a list), which can be read twice."""
+        rows = self._rows
+        whole = rows.whole_rows() if isinstance(rows, WrappedRows) else rows
+        return _RowFeed(whole) if isinstance(whole, Sequence) else None
+
     async def aclose(self) -> None:
         """Close the iterator taken from the rows (a generator left mid-way), as the run owns it."""
         if self._async is not None and hasattr(self._async, "aclose"):
@@ -229,15 +257,10 @@ async def open_rollouts_in_trio(
         async def drive() -> None:
             try:
                 await run.send()
-                await run.aggregate()
+                await run.finish()
             finally:
-                control = run.control
-                stopped = control.reason or ("stopped early by the caller" if control.stopped_early else None)
-                results.summary = run.summary(stopped=stopped)
+                results._take_ended_run(run)
                 figures.ended = True
-                if run.report is not None:
-                    results.aggregate = run.report.entries
-                    results.aggregate_problems = run.report.problems
                 send.close()
 
         async with trio.open_nursery() as nursery:

@@ -37,7 +37,6 @@ from rollfilter.cli.files.outputs import (
     run_files,
 )
 from rollfilter.cli.files.progress_file import known_total, publish_progress
-from rollfilter.cli.first_pass import count_rollouts, plan_first
 from rollfilter.cli.folding import FailureFolder
 from rollfilter.cli.messages import failure_message, message_line, say, write_summary
 from rollfilter.cli.signals import StopSignals, is_pipe, status_lines, watch_reader_gone
@@ -66,7 +65,8 @@ from rollfilter.http import connections_that_fit, raise_open_file_limit
 from rollfilter.redact import shown
 from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name
 from rollfilter.run.connect import tls_context_for
-from rollfilter.run.run import Run
+from rollfilter.run.first_pass import RepeatsMissing
+from rollfilter.run.run import Run, RunWarning
 
 if TYPE_CHECKING:
     from rollfilter.cli.exporter import Exporter
@@ -76,6 +76,8 @@ if TYPE_CHECKING:
 _encode = msgspec.json.Encoder().encode
 # The options of the Config fields a run checks once it knows its agents (Run.connect).
 OPTION_OF_FIELD = {"rpm_by_agent": "--rpm NAME=N", "tpm_by_agent": "--tpm NAME=N"}
+# The options of the Config fields a run's warnings name (Run.warnings), as given for `key`.
+OPTION_OF_WARNING = {"repeats_by_agent": "-r {key}=K"}
 # The stops whose reason is a fault, said on stderr wherever it goes; other reasons are notices.
 FAULT_STOPS = frozenset({StopCause.OUTPUT_FAILED, StopCause.AGENT_UNREACHABLE})
 
@@ -142,7 +144,7 @@ def _stopped_before_opening(control: RunControl, streams: Streams, *, quiet: boo
     """A run stopped while it waited to lock its outputs: nothing was sent, and its summary says so."""
     assert control.cause is not None
     if not quiet:
-        write_summary(streams.stderr, _encode(Metrics().summary(stopped=control.cause.value)) + b"\n")
+        write_summary(streams.stderr, _encode(Metrics().summary(stopped=control.why_stopped)) + b"\n")
     return RunEnd(control.cause)
 
 
@@ -275,7 +277,6 @@ class _CommandLineRun:
         )
         self.exporter = self._exporter()
         self.control_socket: ControlSocket | None = None
-        self.earlier_done = resume.done_pairs if resume is not None else 0
         if resume is not None and resume.reopened:
             self.say(
                 f"--resume: cut {resume.cut_bytes} bytes of results off -o {command.output}, from the first"
@@ -381,9 +382,7 @@ class _CommandLineRun:
 
     def finished(self) -> int:
         """The progress file's count: rollouts finished, earlier runs' included."""
-        engine = self.run.engine
-        given_up = engine.planner.given_up if engine is not None else 0  # out of attempts: finished too
-        return self.earlier_done + given_up + self.run.metrics.ended
+        return self.run.finished()
 
     def show_status(self) -> None:
         engine = self.run.engine
@@ -417,9 +416,7 @@ class _CommandLineRun:
             self.control_socket.remove()
         say("stopped again: results not yet written are dropped (--resume runs them again)", self.streams.stderr)
         if not self.options.quiet:
-            control = self.control
-            stopped = control.reason or (control.cause.value if control.cause is not None else None)
-            write_summary(self.streams.stderr, _encode(self.run.summary(stopped=stopped)) + b"\n")
+            write_summary(self.streams.stderr, _encode(self.run.summary()) + b"\n")
 
     async def _serve(self, services: trio.Nursery) -> None:
         files, options, control, run = self.files, self.options, self.control, self.run
@@ -454,13 +451,10 @@ class _CommandLineRun:
         if control.cause is None:  # not stopped during the first pass: nothing sent then
             await run.send()
         self._drop_leftovers()
-        if run.tasks is not None:
-            run.tasks.finish()  # --per-task's lines, while its writer runs
-        await self._expect(planned)
+        await run.finish()  # --per-task's lines are written then, while its writer runs
         if control.stopped_early:
             self.sink.flush_held()  # what --ordered holds behind rows that never finished
         else:
-            await run.aggregate()
             for problem in run.report.problems if run.report is not None else ():
                 self.say(f"--aggregate: {problem}")
             if run.report is not None and run.report.unnamed:
@@ -495,27 +489,28 @@ class _CommandLineRun:
             self.run.groups.cancel_earlier(len(left_open))
 
     async def _plan_first(self) -> int | None:
-        """The materialized file's first pass (see `first_pass.plan_first`): the rollouts planned,
-        or None when the file could not be written (the run is stopped then)."""
-        command, run = self.command, self.run
-        assert self.files.materialized is not None
-        assert run.router is not None
+        """The materialized file's first pass (see `Run.plan_first`): the rollouts planned, or None
+        when the file could not be written (the run is stopped then)."""
+        command, path = self.command, self.files.materialized
+        assert path is not None
         with self.control.stoppable():
             try:
-                return await plan_first(
-                    self.files.materialized,
-                    inputs=command.inputs,
-                    config=command.engine,
-                    router=run.router,
-                    reader=self.reader,
-                    stdin_fd=self.streams.stdin,
-                    max_line_bytes=command.max_line_bytes,
+                return await self.run.plan_first(
+                    path,
+                    name=f"--materialized {path}",
                     keep_existing=command.resume or command.append,
                     already=self.earlier.materialized,
                     on_staged=self.files.keep_locked,
                 )
             except OutputFailed as failure:  # the materialized file, or the copy of stdin it needs
                 self._output_failed(failure)
+            except RepeatsMissing as missing:
+                shown = ", ".join("rows naming no agent" if name is None else repr(name) for name in missing.agents)
+                given = ", ".join(f"{name}={count}" for name, count in sorted(command.engine.repeats_by_agent.items()))
+                raise UsageError(
+                    f"-r {given} gives no repeat count for {shown}, and no default -r K: give -r K for"
+                    " the agents it does not name, or -r NAME=K for each; nothing was sent"
+                ) from None
         return None
 
     def _total(self, planned: int | None) -> Callable[[], int | None]:
@@ -536,21 +531,6 @@ class _CommandLineRun:
             for result in resume.dropped_results(self.earlier.held):  # dropped groups are real samples too
                 self.run.add_earlier_result(result)
 
-    async def _expect(self, planned: int | None) -> None:
-        """What the summary gives as `expected`: every pair of the input, when it is known."""
-        metrics, control = self.run.metrics, self.control
-        metrics.expected = planned
-        if planned is None and control.cause is None and not self.options.dry_run:
-            metrics.expected = metrics.taken + metrics.skipped + metrics.not_retried  # all of it was read
-        elif planned is None and control.cause in (StopCause.TARGET_REACHED, StopCause.AGENT_UNREACHABLE):
-            # The summary's not_started: the rows not sent, counted when they can be read again.
-            command = self.command
-            # After a stop, a scope of the control's would be cancelled already: a signal now
-            # is a second one, which ends the process (cli/signals.py).
-            scope = self.control.stoppable() if control.cause is StopCause.TARGET_REACHED else trio.CancelScope()
-            with scope:
-                metrics.expected = await count_rollouts(command.inputs, command.engine, command.max_line_bytes)
-
     def _finish(self) -> RunEnd:
         """How the run ended, with the summary and the files written whole at the end."""
         control, run, files, stderr = self.control, self.run, self.files, self.streams.stderr
@@ -560,8 +540,7 @@ class _CommandLineRun:
             or self.reader.problems
             or (run.report is not None and run.report.unnamed)
         )
-        stopped = control.reason or (control.cause.value if control.cause is not None else None)
-        summary_object = run.summary(stopped=stopped)
+        summary_object = run.summary()
         summary = _encode(summary_object) + b"\n"
         if files.progress is not None:
             with contextlib.suppress(OutputClosed, OutputFailed):  # best effort, as while running
@@ -581,9 +560,8 @@ class _CommandLineRun:
         messages = list(dict.fromkeys([notice, *map(str, self.write_failures)]))
         for message in filter(None, messages):
             say(message, stderr)
-        if run.engine is not None and not control.stopped_early:
-            for name in sorted(set(self.command.engine.repeats_by_agent) - run.engine.planner.agents_seen):
-                say(f"-r {name}=K: no row named agent {name!r}", stderr)
+        for warning in run.warnings():
+            say(warning_message(warning), stderr)
         summary_lost = False
         if not self.options.quiet:
             chart = b"".join(line.encode() + b"\n" for line in chart_lines(summary_object, stderr))
@@ -591,6 +569,11 @@ class _CommandLineRun:
         return RunEnd(
             control.cause, bool(incomplete), output_failed=bool(self.write_failures), summary_lost=summary_lost
         )
+
+
+def warning_message(warning: RunWarning) -> str:
+    """A run's warning as the command says it: naming the option the user gave."""
+    return f"{OPTION_OF_WARNING[warning.field].format(key=warning.key)}: {warning.problem}"
 
 
 def summary_for(fd: int, summary: bytes) -> bytes:

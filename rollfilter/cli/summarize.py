@@ -16,7 +16,7 @@ from rollfilter.cli.messages import say, write_stderr
 from rollfilter.cli.run import cacert_context, summary_for
 from rollfilter.cli.statuses import RunEnd
 from rollfilter.engine.metrics import Metrics
-from rollfilter.engine.nursery import reward_of
+from rollfilter.engine.nursery import StopCause, reward_of
 from rollfilter.errors import ErrorKind, UsageError
 from rollfilter.figures.compare import Comparison, RunComparison
 from rollfilter.formats.resume import StandingFailures
@@ -69,17 +69,15 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
                 await _count(reader, run, unusable, (baseline.add, unclustered.result))
             except OutputFailed as failure:  # its temporary file: the summary says how far it got
                 counted_failed = failure
-            if counted_failed is None:
-                await run.aggregate()
+                run.control.stop(StopCause.OUTPUT_FAILED, str(failure))  # no aggregate of a part
+            await run.finish()  # --per-task's lines, and the aggregate
         finally:
             reader.close()
             baseline.close()
             with trio.CancelScope(shield=True):
                 await run.aclose()
-        if run.tasks is not None:
-            run.tasks.finish()  # --per-task's lines
         # The files hold no timings.
-        figures = run.summary(stopped=None if counted_failed is None else str(counted_failed), timings=False)
+        figures = run.summary(timings=False)
         if shards is not None:
             figures["rollfilter"]["shards"] = shards.summary()
         baseline.add_to(figures)

@@ -119,6 +119,17 @@ class RunControl:
             return False
         return self.cause is not None or self.scope.cancel_called
 
+    @property
+    def why_stopped(self) -> str | None:
+        """Why the run stopped, as its summary and its callers say it: the reason the stop gave,
+        else its cause's own words, else that the caller left early; None when it was not stopped."""
+        reason = self.reason
+        if reason:
+            return reason
+        if self.cause is not None:
+            return self.cause.value
+        return "stopped early by the caller" if self.scope.cancel_called else None
+
     def cancel(self) -> None:
         """Cancel the engine and what runs after it, without a stop status (the caller left)."""
         for scope in self._scopes:

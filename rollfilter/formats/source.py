@@ -109,6 +109,8 @@ class LineReader:
         read: Callable[[int, int], bytes] = os.read,
         on_problem: Callable[[str], None] | None = None,
     ) -> None:
+        self.inputs = tuple(paths)
+        self.max_line_bytes = max_line_bytes
         self._paths = collections.deque(paths)
         self._max_line_bytes = max_line_bytes
         self._chunk_bytes = chunk_bytes
@@ -223,6 +225,24 @@ class LineReader:
         self._partial = []
         self._partial_bytes = 0
         self._partial_too_long = False
+
+    @property
+    def stdin_fd(self) -> int:
+        """Where `-` is read from."""
+        return self._stdin_fd
+
+    def read_again(self) -> LineReader | None:
+        """A reader of the same inputs from their first line; None when one cannot be read twice
+        (standard input, a pipe, one gone)."""
+        for path in self.inputs:
+            try:
+                if path == STDIN or not stat.S_ISREG(os.stat(path).st_mode):
+                    return None
+            except OSError:
+                return None
+        return LineReader(
+            self.inputs, max_line_bytes=self.max_line_bytes, chunk_bytes=self._chunk_bytes, read=self._read
+        )
 
     def use_stdin(self, fd: int) -> None:
         """Read `-` from `fd` (a copy of standard input), which `close` closes; before any reading."""

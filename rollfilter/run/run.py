@@ -3,15 +3,17 @@ they make.
 
     run = Run(config, source=rows, sink=outcomes)   # metrics, task stats, spool, transport
     await run.connect()     # the agents (a head server asked once), the router, the engine
+    await run.plan_first(path, ...)  # with a materialized file: every body written first
     await run.send()        # the engine's nursery, until every row has ended or a stop
-    await run.aggregate()   # the agents' /aggregate_metrics, with Config.aggregate
-    run.summary()           # the summary object
+    await run.finish()      # the rows counted, the tasks' figures, /aggregate_metrics
+    run.warnings()          # what the run found wrong in its config, for its caller to say
+    run.summary()           # the summary object, with why the run stopped (`control.why_stopped`)
     await run.aclose()
 
-The command line (`cli/run.py`), the Python API (`rollout_run.py`) and `--summarize` (a run
+The command line (`cli/run.py`), the Python API (`api/in_trio.py`) and `--summarize` (a run
 whose source is result files and which sends nothing: `connect(send=False)`, its counts fed by
-the caller) wrap a `Run` with their own inputs and outputs. What a run does around the engine
-is built here, and only here.
+the caller) wrap a `Run` with their own inputs and outputs. What a run does around the engine,
+and what its summary says, is computed here, and only here.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ from rollfilter.engine.steering import StalenessGate, Steering, SteeringError, S
 from rollfilter.errors import ServiceError, UsageError
 from rollfilter.figures.passk import TaskStats
 from rollfilter.formats.headserver import HEAD_SERVER_TIMEOUT, fetch_config, resolve_endpoints
+from rollfilter.formats.keytable import KeyTable
 from rollfilter.formats.resume import ResumeState
+from rollfilter.formats.source import LineReader
 from rollfilter.formats.spool import ResultSpool
 from rollfilter.formats.writers import Release
 from rollfilter.http import AgentTransport
@@ -48,6 +52,7 @@ from rollfilter.redact import origin, printable
 from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name, is_masked
 from rollfilter.run.aggregate import AggregateReport, aggregate_run
 from rollfilter.run.connect import transport_for
+from rollfilter.run.first_pass import Rereadable, count_rollouts, plan_first
 from rollfilter.run.reverify import (
     MaterializedIndex,
     ReverifyPlanner,
@@ -59,6 +64,22 @@ from rollfilter.run.reverify import (
 )
 
 KEEP: Any = ...  # set_rate's default: the limit stays as it is
+# The stops after which the rows are counted again, when they can be read again: the summary's
+# not_started, the rows never sent. After other stops the count would wait on a run being left.
+COUNTED_AFTER = frozenset({StopCause.TARGET_REACHED, StopCause.AGENT_UNREACHABLE})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunWarning:
+    """Something in a run's config that its rows showed to be of no use: `field`, the Config
+    field, and `key`, the entry of it, said by `problem`. The run goes on; its caller says it."""
+
+    field: str
+    key: str
+    problem: str
+
+    def __str__(self) -> str:
+        return f"Config.{self.field}[{self.key!r}]: {self.problem}"
 
 
 class Run:
@@ -121,6 +142,7 @@ class Run:
             self.staleness = StalenessGate(self.steering, config.max_staleness, config.batch_groups)
         self.index: MaterializedIndex | None = None  # with config.reverify: the materialized inputs, indexed
         self.unsafe = False  # re-scored at a resources server that does not say it is stateless (forced)
+        self.planned: int | None = None  # the rollouts the first pass planned (a materialized file)
         self._source, self._sink, self._resume = source, sink, resume
         self._on_event, self._dry_run, self._hold = on_event, dry_run, hold
         self._stop_when_unreachable = stop_when_unreachable
@@ -185,6 +207,32 @@ class Run:
             raise UsageError(problem) from None
         await trio.to_thread.run_sync(self.index.build)  # one pass over a file: not abandoned with its descriptor
         return endpoints, None, dataclasses.replace(config, url=default) if default != config.url else config
+
+    async def plan_first(
+        self,
+        path: str,
+        *,
+        name: str,
+        keep_existing: bool,
+        already: KeyTable | None,
+        on_staged: Callable[[int], None] | None = None,
+    ) -> int:
+        """Before sending: write every body of the run's inputs to the materialized file `path`
+        (see `first_pass.plan_first`, which says what it raises); the rollouts planned, which the
+        summary gives as `expected`."""
+        assert self.router is not None, "connect() builds the router"
+        assert isinstance(self._source, LineReader), "a first pass reads the run's input files"
+        self.planned = await plan_first(
+            self._source,
+            self.config,
+            self.router,
+            path,
+            name=name,
+            keep_existing=keep_existing,
+            already=already,
+            on_staged=on_staged,
+        )
+        return self.planned
 
     def _engine(self, source: LineSource, sink: RowSink, router: Router, transport: AgentTransport) -> Engine:
         config, dry_run = self.config, self._dry_run
@@ -298,6 +346,49 @@ class Run:
             if self.groups is not None:
                 self.groups.cancel_open()
 
+    async def finish(self) -> None:
+        """After `send`: the rows counted (the summary's `expected` and `not_started`), the tasks'
+        figures made (each task's record to `on_task`), then the agents' aggregate, unless the
+        run was stopped. A stop during the count or the aggregate ends them."""
+        if self.engine is not None:
+            await self._count_expected()
+        if self.tasks is not None:
+            self.tasks.finish()
+        await self.aggregate()
+
+    async def _count_expected(self) -> None:
+        """`expected`: every pair of the input, when it is known: planned by the first pass, read
+        whole by a run that ran to its end, or counted again after a stop that left rows unread."""
+        metrics, control = self.metrics, self.control
+        metrics.expected = self.planned
+        if self.planned is not None:
+            return
+        if control.cause is None and not control.stopped_early and self._dry_run is None:
+            metrics.expected = metrics.taken + metrics.skipped + metrics.not_retried  # all of it was read
+        elif control.cause in COUNTED_AFTER:
+            again = self._source.read_again() if isinstance(self._source, Rereadable) else None
+            if again is None:
+                return
+            # After another stop, a scope of the control's is cancelled already: the command line
+            # ends at a second signal then (its signals' way out), so the count is not stoppable.
+            scope = control.stoppable() if control.cause is StopCause.TARGET_REACHED else trio.CancelScope()
+            with scope:
+                metrics.expected = await count_rollouts(again, self.config)
+
+    def warnings(self) -> list[RunWarning]:
+        """What the rows showed to be of no use in the config, once the run has ended: each agent
+        given a repeat count that no row named (none when the run was stopped before its end)."""
+        if self.engine is None or self.control.stopped_early:
+            return []
+        unnamed = sorted(set(self.config.repeats_by_agent) - self.engine.planner.agents_seen)
+        return [RunWarning("repeats_by_agent", name, f"no row named agent {name!r}") for name in unnamed]
+
+    def finished(self) -> int:
+        """The rollouts finished so far, earlier runs' and those out of attempts included."""
+        given_up = self.engine.planner.given_up if self.engine is not None else 0
+        earlier = self._resume.done_pairs if self._resume is not None else 0
+        return earlier + given_up + self.metrics.ended
+
     def set_concurrency(self, concurrency: int) -> None:
         """Bound the requests out at once by `concurrency` from now on (with adaptive windows,
         their ceiling). A lower bound cancels nothing: what is out finishes, and its slots are not
@@ -382,12 +473,12 @@ class Run:
         with self.control.stoppable():
             self.report = await aggregate_run(self.spool, self.router, self.config, self.transport)
 
-    def summary(self, *, stopped: str | None = None, timings: bool = True) -> dict[str, Any]:
-        """The summary object: the metrics' figures, the tasks', the replicas' counts, and each
-        agent's key_metrics once aggregated. `stopped` says why the run stopped, if it did."""
+    def summary(self, *, timings: bool = True) -> dict[str, Any]:
+        """The summary object: the metrics' figures, the tasks', the replicas' counts, each agent's
+        key_metrics once aggregated, and why the run stopped, if it did (`control.why_stopped`)."""
         if self.router is not None:
             self.metrics.replicas = self.router.replica_counts()
-        summary = self.metrics.summary(stopped=stopped, tasks=self.tasks, timings=timings)
+        summary = self.metrics.summary(stopped=self.control.why_stopped, tasks=self.tasks, timings=timings)
         if self._dry_run is not None:  # nothing was sent, so nothing succeeded: the rows that would be
             figures: dict[str, Any] = {}
             for key, value in summary["rollfilter"].items():

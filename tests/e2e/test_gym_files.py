@@ -158,7 +158,7 @@ def test_a_repeat_count_by_agent_with_no_default_covers_no_other_agent(tmp_path:
     )
     assert planned.returncode == 2  # as NeMo Gym refuses it, before anything is sent
     (line,) = planned.stderr.decode().splitlines()
-    assert "'other'" in line
+    assert line.startswith("rollfilter: -r agent=2 gives no repeat count for 'other', and no default -r K")
     assert "nothing was sent" in line
     assert len(agent.bodies) == sent
     assert not out.with_name("OUT_materialized_inputs.jsonl").exists()
