@@ -174,11 +174,11 @@ class AgentClient:
                 if attempt == 1 and agent.budget is not None:
                     agent.budget.deposit()
                 flight.sent_version = steering.version
-                replica = agent.pick(trio.current_time(), avoid=replica, task=task)
+                started = trio.current_time()  # nothing waits from here to the request: one reading of the clock
+                replica = agent.pick(started, avoid=replica, task=task)
                 replica.outstanding += 1
                 replica.requests += 1
                 signal = Signal.NEUTRAL  # a cancelled attempt says nothing about the agent
-                started = trio.current_time()
                 answer: dict[str, Any] | None = None
                 try:
                     outcome, retry_after = await self._attempt(replica.url, body, row, headers)
@@ -257,28 +257,36 @@ class AgentClient:
     ) -> tuple[dict[str, Any] | AttemptFailure, float | None]:
         """One attempt within --timeout: the POST (with `headers` besides the run's), and the
         307/308 redirects it is sent on to; its outcome, and the pause its reply asks for."""
-        target, credentials, status = url, True, 0
+        if self._timeout == math.inf:  # no bound, so no cancel scope: one is dear on a row's path (docs/benchmarks.md)
+            return await self._post(url, body, row, headers)
         with trio.move_on_after(self._timeout):
-            for _ in range(MAX_REDIRECTS + 1):
-                try:
-                    reply = await self._transport.post(target, body, credentials=credentials, row=row, headers=headers)
-                except httpx.TransportError as exc:
-                    return transport_failure(target, exc), None
-                status = reply.status
-                if status not in (307, 308):
-                    return self._outcome(reply)
-                moved = redirect_target(target, reply, cross_origin=self._cross_origin_redirects)
-                if isinstance(moved, AttemptFailure):
-                    return moved, None
-                if origin_of(moved) != origin_of(target):
-                    credentials = False  # as curl and httpx: Authorization stays with its origin
-                elif credentials and not moved.userinfo and target.userinfo:
-                    moved = moved.copy_with(username=target.username, password=target.password)
-                target = moved
-            message = f"HTTP {status} {_reason_phrase(status)}: more than {MAX_REDIRECTS} redirects"
-            return AttemptFailure(ErrorKind.HTTP_STATUS, message, status), None
+            return await self._post(url, body, row, headers)
         message = f"no answer within {self._timeout:g} s"
         return AttemptFailure(ErrorKind.TIMEOUT, message, retry=Retry.NOW), None
+
+    async def _post(
+        self, url: httpx.URL, body: bytes, row: str | None, headers: tuple[tuple[str, str], ...]
+    ) -> tuple[dict[str, Any] | AttemptFailure, float | None]:
+        """The POST and the redirects it is sent on to, without a bound of their own."""
+        target, credentials, status = url, True, 0
+        for _ in range(MAX_REDIRECTS + 1):
+            try:
+                reply = await self._transport.post(target, body, credentials=credentials, row=row, headers=headers)
+            except httpx.TransportError as exc:
+                return transport_failure(target, exc), None
+            status = reply.status
+            if status not in (307, 308):
+                return self._outcome(reply)
+            moved = redirect_target(target, reply, cross_origin=self._cross_origin_redirects)
+            if isinstance(moved, AttemptFailure):
+                return moved, None
+            if origin_of(moved) != origin_of(target):
+                credentials = False  # as curl and httpx: Authorization stays with its origin
+            elif credentials and not moved.userinfo and target.userinfo:
+                moved = moved.copy_with(username=target.username, password=target.password)
+            target = moved
+        message = f"HTTP {status} {_reason_phrase(status)}: more than {MAX_REDIRECTS} redirects"
+        return AttemptFailure(ErrorKind.HTTP_STATUS, message, status), None
 
     def _outcome(self, reply: Reply) -> tuple[dict[str, Any] | AttemptFailure, float | None]:
         status = reply.status

@@ -26,6 +26,7 @@ from rollfilter.outcomes import OVERLOAD_STATUSES, AttemptFailure
 from rollfilter.rows import MASK_SAMPLE, REWARD_COMPONENTS, component_key
 
 _BUCKET_GROWTH = math.log(1.01)
+_log = math.log
 _MIN_LATENCY = 1e-6
 
 
@@ -33,16 +34,21 @@ class LatencyHistogram:
     """Log-bucketed latencies: constant memory, percentiles to within 1%."""
 
     def __init__(self) -> None:
-        self._counts: collections.Counter[int] = collections.Counter()
+        # A plain dict, not a Counter: counting into a dict subclass is slower, once a result.
+        self._counts: dict[int, int] = {}
         self.count = 0
         self.sum = 0.0
         self.max = 0.0
 
     def add(self, seconds: float) -> None:
-        self._counts[math.floor(math.log(max(seconds, _MIN_LATENCY) / _MIN_LATENCY) / _BUCKET_GROWTH)] += 1
+        # int() is floor() here: the ratio is at least 1, so its log is not negative.
+        bucket = int(_log((seconds if seconds > _MIN_LATENCY else _MIN_LATENCY) / _MIN_LATENCY) / _BUCKET_GROWTH)
+        counts = self._counts
+        counts[bucket] = counts.get(bucket, 0) + 1
         self.count += 1
         self.sum += seconds
-        self.max = max(self.max, seconds)
+        if seconds > self.max:
+            self.max = seconds
 
     def cumulative(self, bounds: Sequence[float]) -> list[int]:
         """How many latencies are at most each of `bounds` (ascending), as a Prometheus histogram
@@ -76,31 +82,44 @@ class CountSketch:
     itself, larger ones in 1%-wide log buckets. Percentiles are exact under 128 and within 1%
     above; the mean and the max are exact."""
 
-    __slots__ = ("_buckets", "_exact", "count", "max", "total")
+    __slots__ = ("_buckets", "_exact", "_large_max", "_large_total")
 
     def __init__(self) -> None:
         self._exact = [0] * _EXACT_BELOW
         self._buckets: collections.Counter[int] = collections.Counter()  # by log bucket, from 128
-        self.count = 0
-        self.total = 0
-        self.max = 0
+        # The count, the total and the max are kept for the large values only, and made when
+        # asked: a small value, the common one, is one count added on a result's path.
+        self._large_total = 0
+        self._large_max = 0
 
     def add(self, value: int) -> None:
         if value < _EXACT_BELOW:
             self._exact[value] += 1
-        else:
-            self._buckets[math.floor(math.log(value / _EXACT_BELOW) / _BUCKET_GROWTH)] += 1
-        self.count += 1
-        self.total += value
-        if value > self.max:
-            self.max = value
+            return
+        self._buckets[math.floor(math.log(value / _EXACT_BELOW) / _BUCKET_GROWTH)] += 1
+        self._large_total += value
+        if value > self._large_max:
+            self._large_max = value
+
+    @property
+    def count(self) -> int:
+        return sum(self._exact) + sum(self._buckets.values())
+
+    @property
+    def total(self) -> int:
+        return sum(value * count for value, count in enumerate(self._exact) if count) + self._large_total
+
+    @property
+    def max(self) -> int:
+        if self._large_max:
+            return self._large_max
+        return next((value for value in range(_EXACT_BELOW - 1, -1, -1) if self._exact[value]), 0)
 
     def merge(self, other: CountSketch) -> None:
         self._exact = [mine + theirs for mine, theirs in zip(self._exact, other._exact, strict=True)]
         self._buckets.update(other._buckets)
-        self.count += other.count
-        self.total += other.total
-        self.max = max(self.max, other.max)
+        self._large_total += other._large_total
+        self._large_max = max(self._large_max, other._large_max)
 
     def _counts(self) -> Iterator[tuple[float, float, int]]:
         """Each value or bucket counted, ascending: its least value, its greatest, and its count."""
@@ -136,13 +155,14 @@ class CountSketch:
 
     def figures(self) -> dict[str, float] | None:
         """p50, p90, max and mean; None when nothing was counted."""
-        if not self.count:
+        count = self.count
+        if not count:
             return None
         return {
             "p50": math.floor(self.percentile(50)),
             "p90": math.floor(self.percentile(90)),
             "max": self.max,
-            "mean": self.total / self.count,
+            "mean": self.total / count,
         }
 
 
@@ -172,10 +192,10 @@ class RolloutCosts:
         self.input_tokens = CountSketch()
         self.tool_calls = CountSketch()
 
-    def add(self, response: dict[str, Any]) -> None:
+    def add(self, response: dict[str, Any], usage: Any) -> None:
+        """Count one rollout's `response`, whose `usage` the caller has read already."""
         # On the path of every result: plain ints are taken without a call.
         self.rollouts += 1
-        usage = response.get("usage")
         if type(usage) is dict:
             tokens = usage.get("output_tokens")
             if (type(tokens) is int and 0 <= tokens < _MOST_COUNTED) or (tokens := _whole(tokens)) is not None:
@@ -272,8 +292,8 @@ class Means:
         self.succeeded += 1
         response = result.get("response")
         if type(response) is dict:  # a masked rollout's tokens were spent all the same
-            self.costs.add(response)
             usage = response.get("usage")
+            self.costs.add(response, usage)
             if type(usage) is dict:
                 _add_usage(usage, self.usage_sums, self.usage_counts, self.usage_exact)
         if result.get(MASK_SAMPLE) is True:
@@ -297,8 +317,9 @@ class Means:
                 continue
             if key.startswith("_ng_"):
                 continue
-            total = sums.get(key)
-            if total is None:
+            try:  # a subscript, not a get(): no call for a field seen before
+                total = sums[key]
+            except KeyError:
                 self._first(key, value)
                 continue
             # sums.lost_to_rounding, written out: the per-result hot path.
@@ -435,26 +456,32 @@ def _add_usage(
     """Numeric fields of response.usage, and of its objects one level down (input_tokens_details...)."""
     for key, value in usage.items():
         kind = type(value)
-        if kind is dict and not prefix:
-            _add_usage(value, sums, counts, exact, f"{key}.")
-            continue
-        name = prefix + key if prefix else key
-        if kind is int:
+        if kind is int and -EXACT_FROM_INT < value < EXACT_FROM_INT:  # the common case, first
             number: float = value
-            if not -EXACT_FROM_INT < value < EXACT_FROM_INT:
-                if -_FLOAT_RANGE < value < _FLOAT_RANGE:
-                    _add_exact(name, value, sums, counts, exact)
-                continue
+        elif kind is dict:
+            if not prefix:
+                _add_usage(value, sums, counts, exact, f"{key}.")
+            continue
+        elif kind is int:
+            if -_FLOAT_RANGE < value < _FLOAT_RANGE:
+                _add_exact(prefix + key, value, sums, counts, exact)
+            continue
         else:
             converted = as_float(value)
             if converted is None:
                 continue
             number = converted
             if not -EXACT_FROM < number < EXACT_FROM:
-                _add_exact(name, number, sums, counts, exact)
+                _add_exact(prefix + key, number, sums, counts, exact)
                 continue
-        sums[name] = sums.get(name, 0.0) + number
-        counts[name] = counts.get(name, 0) + 1
+        name = prefix + key if prefix else key
+        try:  # a subscript, not a get(): no call for a key seen before
+            sums[name] += number
+        except KeyError:
+            sums[name] = 0.0 + number
+            counts[name] = 1
+        else:
+            counts[name] += 1
 
 
 def _add_exact(key: str, value: float, sums: dict[str, float], counts: dict[str, int], exact: dict[str, int]) -> None:

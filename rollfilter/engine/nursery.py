@@ -327,7 +327,8 @@ class Engine:
     def count_result(self, job: Job, result: dict[str, Any], latency: float | None) -> None:
         """Put a result into the run's figures: the means, the tasks, the spool."""
         self.metrics.add_result(result, latency, job.agent_name)
-        self._ended(job, reward_of(result), result)
+        if self.tasks is not None:  # without repeats, no reward to read
+            self._ended(job, reward_of(result), result)
         if self.spool is not None:  # by the result's agent, as an earlier run's results are spooled
             self.spool.add(agent_name(result), result)
 

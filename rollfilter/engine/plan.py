@@ -30,6 +30,7 @@ from rollfilter.outcomes import AttemptFailure, Failure, Retry, Rollout
 from rollfilter.rows import (
     AGENT_REF,
     ATTEMPT_INDEX,
+    ROLLOUT_ID,
     ROLLOUT_INDEX,
     TASK_INDEX,
     add_seed,
@@ -260,7 +261,7 @@ class Planner:
         reason = apply_params(row, config.params) if config.params else None
         if reason is None and config.repeat_seeds:
             reason = check_seedable(row)
-        if reason is None:
+        if reason is None and ROLLOUT_ID in row:
             reason = rollout_id_problem(row)
         if reason is not None:
             failure = AttemptFailure(ErrorKind.BAD_INPUT, reason)
@@ -268,7 +269,8 @@ class Planner:
             task = row[TASK_INDEX]
         else:
             task = row[TASK_INDEX] = self._numbering.task_for_line(line_key(line))
-        return ReadRow(row, body, task, name, failure)
+        # Made by tuple's own constructor: a NamedTuple's is a Python function, called once a row.
+        return tuple.__new__(ReadRow, (row, body, task, name, failure))
 
     def _plan_row(self, line: InputLine) -> None:
         self._rows += 1

@@ -148,6 +148,25 @@ async def test_timeout_is_its_own_kind_and_is_retried(autojump_clock):
     assert transport.gaps()[0] >= 5
 
 
+class DayLongTransport(ScriptedTransport):
+    """Each reply a day after its request."""
+
+    async def post(self, url: httpx.URL, body: bytes, **options: Any) -> Reply:
+        await trio.sleep(86400)
+        return await super().post(url, body, **options)
+
+
+async def test_without_a_timeout_an_attempt_waits_as_long_as_the_agent_takes(autojump_clock):
+    # Without a bound the attempt enters no cancel scope: it follows the redirect and waits out
+    # the two day-long replies all the same, as it does under a bound longer than both.
+    for timeout in (None, 2 * 86400 + 1):
+        transport = DayLongTransport(answer(307, Location="/v2/run"), answer(200, b'{"reward": 0.5}'))
+        start = trio.current_time()
+        assert await send(transport, Config(url=URL, timeout=timeout)) == {"reward": 0.5}
+        assert [str(call.url) for call in transport.calls] == [URL, URL.removesuffix("/run") + "/v2/run"]
+        assert trio.current_time() - start == 2 * 86400
+
+
 @pytest.mark.parametrize(
     ("error", "kind", "attempts"),
     [

@@ -189,6 +189,23 @@ def test_token_percentiles_over_many_rollouts_in_bounded_memory():
     }
 
 
+def test_a_sketch_makes_its_count_total_and_max_from_small_values_alone_and_merged():
+    from rollfilter.engine.metrics import CountSketch
+
+    # A value under 128 is only counted where it falls: the count, the total and the max are made
+    # from those counts when asked, and the large values' own are added in.
+    small, large = CountSketch(), CountSketch()
+    for value in (0, 3, 3, 127):
+        small.add(value)
+    for value in (5, 1000):
+        large.add(value)
+    assert (small.count, small.total, small.max) == (4, 133, 127)
+    assert (CountSketch().count, CountSketch().max, CountSketch().figures()) == (0, 0, None)
+    small.merge(large)
+    assert (small.count, small.total, small.max) == (6, 1138, 1000)
+    assert small.figures() == {"p50": 3, "p90": 1000, "max": 1000, "mean": 1138 / 6}
+
+
 def test_what_each_rollout_took_by_agent():
     metrics = Metrics()
     call = {"type": "function_call", "name": "f", "arguments": "{}"}
