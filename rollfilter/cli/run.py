@@ -50,6 +50,7 @@ from rollfilter.engine.nursery import RunControl, StopCause, describe
 from rollfilter.engine.plan import Job
 from rollfilter.engine.routing import Agent
 from rollfilter.engine.sinks import BodySink, GroupOutputs, LineSink
+from rollfilter.engine.statistics import statistics_of, summary_of
 from rollfilter.errors import UsageError
 from rollfilter.formats.keytable import KeyTable
 from rollfilter.formats.resume import (
@@ -142,7 +143,8 @@ def _stopped_before_opening(control: RunControl, streams: Streams, *, quiet: boo
     """A run stopped while it waited to lock its outputs: nothing was sent, and its summary says so."""
     assert control.cause is not None
     if not quiet:
-        write_summary(streams.stderr, _encode(Metrics().summary(stopped=control.cause.value)) + b"\n")
+        summary = summary_of(statistics_of(Metrics()), stopped=control.cause.value)
+        write_summary(streams.stderr, _encode(summary) + b"\n")
     return RunEnd(control.cause)
 
 
@@ -275,7 +277,6 @@ class _CommandLineRun:
         )
         self.exporter = self._exporter()
         self.control_socket: ControlSocket | None = None
-        self.earlier_done = resume.done_pairs if resume is not None else 0
         if resume is not None and resume.reopened:
             self.say(
                 f"--resume: cut {resume.cut_bytes} bytes of results off -o {command.output}, from the first"
@@ -369,7 +370,7 @@ class _CommandLineRun:
             return None
         from rollfilter.cli.progress_lines import ProgressLines
 
-        return ProgressLines(fd=self.streams.stderr, finished=self.finished)
+        return ProgressLines(fd=self.streams.stderr)
 
     def say(self, text: str) -> None:
         self.log.write(message_line(text))
@@ -379,15 +380,9 @@ class _CommandLineRun:
         url = ",".join(shown(replica.url) for replica in agent.replicas)
         self.log.write(message_line(f"{describe(job)} -> POST {url}"))
 
-    def finished(self) -> int:
-        """The progress file's count: rollouts finished, earlier runs' included."""
-        engine = self.run.engine
-        given_up = engine.planner.given_up if engine is not None else 0  # out of attempts: finished too
-        return self.earlier_done + given_up + self.run.metrics.ended
-
     def show_status(self) -> None:
-        engine = self.run.engine
-        for line in status_lines(engine.status() if engine is not None else None):
+        statistics = self.run.statistics()
+        for line in status_lines(statistics.status() if statistics.connected else None):
             self.say(line)
 
     async def execute(self, stops: StopSignals | None, control: ControlSocket | None = None) -> RunEnd:
@@ -444,11 +439,11 @@ class _CommandLineRun:
             raise UsageError(f"{OPTION_OF_FIELD.get(exc.field, exc.field)} {exc.problem}") from None
         planned = await self._plan_first() if files.materialized is not None and control.cause is None else None
         if self.display is not None:
-            services.start_soon(self.display.run, run.metrics, self._total(planned), lambda: run.steering.paused)
+            services.start_soon(self.display.run, run.statistics, self._total(planned))
         if self.progress_lines is not None:
-            services.start_soon(self.progress_lines.run, run.metrics, self._total(planned))
+            services.start_soon(self.progress_lines.run, run.statistics, self._total(planned))
         if files.progress is not None:
-            services.start_soon(publish_progress, files.progress, self.finished, self.say)
+            services.start_soon(publish_progress, files.progress, run.statistics, self.say)
         if self.earlier.results is not None:
             await trio.to_thread.run_sync(self._take_earlier_results, self.earlier.results)
         if control.cause is None:  # not stopped during the first pass: nothing sent then
@@ -538,10 +533,10 @@ class _CommandLineRun:
 
     async def _expect(self, planned: int | None) -> None:
         """What the summary gives as `expected`: every pair of the input, when it is known."""
-        metrics, control = self.run.metrics, self.control
-        metrics.expected = planned
+        run, control = self.run, self.control
+        run.expected = planned
         if planned is None and control.cause is None and not self.options.dry_run:
-            metrics.expected = metrics.taken + metrics.skipped + metrics.not_retried  # all of it was read
+            run.expected = run.statistics().rows_read  # all of it was read
         elif planned is None and control.cause in (StopCause.TARGET_REACHED, StopCause.AGENT_UNREACHABLE):
             # The summary's not_started: the rows not sent, counted when they can be read again.
             command = self.command
@@ -549,7 +544,7 @@ class _CommandLineRun:
             # is a second one, which ends the process (cli/signals.py).
             scope = self.control.stoppable() if control.cause is StopCause.TARGET_REACHED else trio.CancelScope()
             with scope:
-                metrics.expected = await count_rollouts(command.inputs, command.engine, command.max_line_bytes)
+                run.expected = await count_rollouts(command.inputs, command.engine, command.max_line_bytes)
 
     def _finish(self) -> RunEnd:
         """How the run ended, with the summary and the files written whole at the end."""
@@ -565,7 +560,7 @@ class _CommandLineRun:
         summary = _encode(summary_object) + b"\n"
         if files.progress is not None:
             with contextlib.suppress(OutputClosed, OutputFailed):  # best effort, as while running
-                files.progress.replace(b"%d\n" % self.finished())
+                files.progress.replace(b"%d\n" % run.statistics().finished)
         if self.exporter is not None:
             self.exporter.finish()
         try:

@@ -9,7 +9,8 @@ import trio
 import trio.testing
 
 from rollfilter.cli.progress import ProgressDisplay
-from rollfilter.engine.metrics import Metrics
+from rollfilter.config import Config
+from rollfilter.run.run import Run
 
 
 @pytest.mark.parametrize(("paused", "shown"), [(True, True), (False, False)])
@@ -19,7 +20,10 @@ async def test_the_line_says_paused_while_the_run_is(paused: bool, shown: bool, 
     try:
         display = ProgressDisplay(fd=write, force_terminal=True, steered=True)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(display.run, Metrics(), None, lambda: paused)
+            run = Run(Config(url="http://127.0.0.1:9/run"))
+            if paused:
+                run.steering.pause()
+            nursery.start_soon(display.run, run.statistics, None)
             await trio.testing.wait_all_tasks_blocked()
             nursery.cancel_scope.cancel()
         os.set_blocking(read, False)
