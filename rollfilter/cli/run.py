@@ -40,7 +40,7 @@ from rollfilter.cli.files.progress_file import known_total, publish_progress
 from rollfilter.cli.first_pass import count_rollouts, plan_first
 from rollfilter.cli.folding import FailureFolder
 from rollfilter.cli.messages import failure_message, message_line, say, write_summary
-from rollfilter.cli.signals import StopSignals, is_pipe, status_lines, watch_reader_gone
+from rollfilter.cli.signals import StopSignals, is_pipe, status_block, watch_reader_gone
 from rollfilter.cli.statuses import RunEnd
 from rollfilter.config import Config, ConfigError
 from rollfilter.demo import DemoAgent, DemoOptions
@@ -381,8 +381,7 @@ class _CommandLineRun:
         self.log.write(message_line(f"{describe(job)} -> POST {url}"))
 
     def show_status(self) -> None:
-        statistics = self.run.statistics()
-        for line in status_lines(statistics.status() if statistics.connected else None):
+        for line in status_block(self.run.statistics()):
             self.say(line)
 
     async def execute(self, stops: StopSignals | None, control: ControlSocket | None = None) -> RunEnd:

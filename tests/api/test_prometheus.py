@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -15,7 +16,7 @@ from rollfilter.api.prometheus import OUTCOMES, RunCollector, exposition, famili
 from rollfilter.config import Retries
 from rollfilter.demo import DemoAgent, serve
 from rollfilter.engine.routing import Router
-from rollfilter.engine.statistics import RunStatistics
+from rollfilter.engine.statistics import AgentStatistics, RunStatistics
 from rollfilter.errors import ErrorKind
 from rollfilter.outcomes import AttemptFailure, Outcome
 from rollfilter.run.run import Run
@@ -248,3 +249,18 @@ def test_output_tokens_as_a_histogram():
     assert [under(b) for b in ("16", "64", "256", "4096", "16384", "262144", "+Inf")] == [1, 1, 2, 2, 3, 3, 4]
     assert figures["rollfilter_rollout_output_tokens_count", ()] == 4
     assert figures["rollfilter_rollout_output_tokens_sum", ()] == 305_110
+
+
+def test_a_scrape_renders_the_snapshot_the_run_gives():
+    run = Run(Config(url="http://127.0.0.1:9/run"))
+    taken = run.statistics()
+    agent = AgentStatistics(seen=True, succeeded=5, in_flight=2, tokens=40.0, reward_mean=0.25)
+    shown = dataclasses.replace(taken, started=9, succeeded=5, in_flight=2, agents={"a": agent})
+    run.statistics = lambda: shown  # type: ignore[method-assign]
+    figures = samples(exposition(registry_of(run)))
+    assert figures["rollfilter_rollouts_started_total", ()] == 9
+    assert figures["rollfilter_rollouts_cancelled_total", ()] == 9 - 5 - 2
+    assert figures["rollfilter_rollouts_total", (("agent", "a"), ("outcome", "succeeded"))] == 5
+    assert figures["rollfilter_rollouts_in_flight", (("agent", "a"),)] == 2
+    assert figures["rollfilter_tokens_total", (("agent", "a"),)] == 40
+    assert figures["rollfilter_reward_mean", (("agent", "a"),)] == 0.25

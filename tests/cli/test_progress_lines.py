@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator
 
@@ -109,3 +110,10 @@ async def test_a_write_that_fails_ends_the_lines_not_the_run(autojump_clock: tri
         assert lines.failed
     finally:
         os.close(full)
+
+
+def test_the_line_says_what_the_snapshot_says():
+    taken = statistics_of(Metrics())
+    shown = dataclasses.replace(taken, finished=1234, failed=7, rows_per_s=2.5, elapsed_s=3725.0)
+    line = ProgressLines(fd=-1).line(shown, 2000).decode()
+    assert line == "rollfilter: 1,234 of 2,000 rollouts finished (61%), 2.5 rollouts/s, 7 failed, 1:02:05 elapsed\n"
