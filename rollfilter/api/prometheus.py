@@ -134,7 +134,7 @@ def families(statistics: RunStatistics) -> list[Metric]:
             {label: figures.masked for label, figures in seen.items()},
         ),
         _latency(statistics.latency),
-        _output_tokens(statistics.output_tokens),
+        _output_tokens(statistics.output_tokens()),
         _by_agent(
             _counter("tokens", "Tokens the agents' answers report using (usage)."),
             {label: a.tokens for label, a in agents.items() if a.tokens is not None},

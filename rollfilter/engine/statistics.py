@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import types
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rollfilter.engine.groups import GroupStage
@@ -28,6 +29,7 @@ from rollfilter.engine.steering import SteeringStatistics
 from rollfilter.errors import ErrorKind
 from rollfilter.figures.passk import TaskStats
 from rollfilter.figures.stats import Estimate, error_bars
+from rollfilter.figures.sums import mean_of
 from rollfilter.rows import REWARD_COMPONENTS, component_key
 
 _NONE: Mapping[str, Any] = types.MappingProxyType({})
@@ -95,7 +97,6 @@ class RunStatistics:
     spending: Mapping[str, Any] | None  # with prices: the summary's cost figures
     cost_usd: float | None
     latency: LatencyHistogram  # a copy: nothing changes it
-    output_tokens: CountSketch  # a rollout's output tokens, earlier runs' included (a copy)
     results_by_agent: Mapping[str | None, Means]  # the means' sums by agent name (copies)
     agents: Mapping[str, AgentStatistics]
     replicas: tuple[Mapping[str, Any], ...]
@@ -109,6 +110,13 @@ class RunStatistics:
     @property
     def ended(self) -> int:
         return self.succeeded + self.failed + self.not_persisted
+
+    def output_tokens(self) -> CountSketch:
+        """A rollout's output tokens, as the answers' usage reports them (earlier runs' included)."""
+        sketch = CountSketch()
+        for means in self.results_by_agent.values():
+            sketch.merge(means.costs.output_tokens)
+        return sketch
 
     def status(self) -> RunStatus:
         """The status the API's `status()` gives and `kill -USR1` prints."""
@@ -151,10 +159,6 @@ def statistics_of(
     by_agent = metrics.figures_by_agent()
     fresh = by_agent is not metrics.by_agent  # merged anew with earlier runs' figures: nobody else's
     results = {agent: means if fresh else _copy(means) for agent, means in by_agent.items()}
-    output_tokens = CountSketch()
-    for means in results.values():
-        output_tokens.merge(means.costs.output_tokens)
-    overall = _overall(results)
     spending = metrics.spending
     windows = {_label(agent.name): agent.window for agent in agents if agent.window is not None}
     limits = {_label(agent.name): agent.limits or agent.former_limits for agent in agents}
@@ -180,13 +184,12 @@ def statistics_of(
         failed_by_class=dict(metrics.failed_by_class),
         rows_per_s=metrics.rate(),
         tokens_per_s=metrics.tokens_per_s(),
-        reward_mean=overall.mean("reward"),
+        reward_mean=_mean_over(results.values(), "reward"),
         held_by_limits=sum(limits.waiting for limits in rate_limits.values()),
         window=sum(window.limit for window in windows.values()) if windows else None,
         spending=spending.figures() if spending is not None else None,
         cost_usd=spending.total if spending is not None else None,
         latency=metrics.latency.copy(),
-        output_tokens=output_tokens,
         results_by_agent=types.MappingProxyType(results),
         agents=_agents(metrics, results, in_flight, router, engine),
         replicas=tuple(router.replica_counts()) if router is not None else (),
@@ -209,11 +212,24 @@ def _copy(means: Means) -> Means:
     return copied
 
 
-def _overall(by_agent: Mapping[str | None, Means]) -> Means:
-    if len(by_agent) == 1:
-        return next(iter(by_agent.values()))
+def _mean_over(figures: Iterable[Means], key: str) -> float:
+    """The mean of `key` over `figures` together, as merging them gives it, without merging the rest."""
+    total, exact, count = [], 0, 0
+    for means in figures:
+        if means.counts.get(key):
+            total.append(means.sums[key] + means.compensations[key])
+            exact += means.exact.get(key, 0)
+            count += means.counts[key]
+    return mean_of(math.fsum(total), exact, count) if count else 0.0
+
+
+def _overall(figures: Mapping[str | None, Means] | list[Means]) -> Means:
+    """`figures` together: the one as it is, several merged into a new one."""
+    every = list(figures.values()) if isinstance(figures, Mapping) else figures
+    if len(every) == 1:
+        return every[0]
     total = Means()
-    for means in by_agent.values():
+    for means in every:
         total.merge(means)
     return total
 
@@ -249,10 +265,11 @@ def _agents(
         add(agent, "retries", count)
     for agent, count in metrics.throttled_by_agent.items():
         add(agent, "throttled", count)
-    merged: dict[str, Means] = {}
+    by_label: dict[str, list[Means]] = collections.defaultdict(list)
     for agent, means in results.items():
-        merged.setdefault(_label(agent), Means()).merge(means)
-    for label, means in merged.items():
+        by_label[_label(agent)].append(means)
+    for label, labelled in by_label.items():
+        means = _overall(labelled)  # merged only where agents share a label
         if means.counts.get("reward"):
             tally[label]["reward_mean"] = means.mean("reward")
     if metrics.spending is not None:

@@ -80,7 +80,7 @@ async def test_a_snapshot_taken_mid_run_is_consistent_and_stays_as_it_was_taken(
         assert mid_run.reward_mean == agent.reward_mean == pytest.approx((0.0 + 0.2 + 0.6) / 3)
         assert mid_run.steering.requests_out == 4
         assert [rollout.task_index for rollout in mid_run.oldest] == [1, 3, 5, 7]
-        assert mid_run.latency.count == mid_run.output_tokens.count == 3
+        assert mid_run.latency.count == mid_run.output_tokens().count == 3
         run.expected = 10  # once known (a materialized file): the rows never read are derived from it
         assert run.statistics().not_started == 10 - 8
     at_the_end = run.statistics()
@@ -88,7 +88,7 @@ async def test_a_snapshot_taken_mid_run_is_consistent_and_stays_as_it_was_taken(
     assert len(outcomes) == 8
     # The snapshot taken mid-run is as it was: no figure moved with the run, the copies neither.
     assert (mid_run.succeeded, mid_run.in_flight, mid_run.expected, mid_run.not_started) == (3, 4, None, None)
-    assert mid_run.latency.count == mid_run.output_tokens.count == 3
+    assert mid_run.latency.count == mid_run.output_tokens().count == 3
     assert sum(means.succeeded for means in mid_run.results_by_agent.values()) == 3
     assert summary_of(mid_run)["reward"] == pytest.approx((0.0 + 0.2 + 0.6) / 3)
     with pytest.raises(dataclasses.FrozenInstanceError):
