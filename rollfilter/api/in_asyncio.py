@@ -279,7 +279,6 @@ class GuestRolloutRun(RolloutRun):
         try:
             with self._scope:
                 async with open_rollouts_in_trio(self._rows, self._config) as run:
-                    self._status = run.status
                     self.figures = run.figures
                     self._run = run._run
                     _resolve(self._entered, None)

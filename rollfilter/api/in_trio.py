@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import math
 import threading
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
@@ -23,6 +23,7 @@ import trio
 from rollfilter.config import Config
 from rollfilter.engine.nursery import RunStatus
 from rollfilter.engine.sinks import ChannelSink
+from rollfilter.engine.statistics import RunStatistics
 from rollfilter.engine.steering import SteeringStatistics
 from rollfilter.formats.source import InputLine
 from rollfilter.formats.writers import Release
@@ -68,14 +69,25 @@ class RunResults:
 
 @dataclasses.dataclass(slots=True)
 class RunFigures:
-    """Where a run's figures are (`rollfilter.api.prometheus` reads them), and the trio loop that
-    changes them, with its thread: a reader in another thread asks that loop to read them, until
-    the run has `ended` (the loop may be busy with the caller's own work then)."""
+    """Where a run's figures are taken from (`rollfilter.api.prometheus` renders them), from any
+    thread: the run, the trio loop that changes its figures, and that loop's thread."""
 
     run: Run
     token: trio.lowlevel.TrioToken
     thread: int
     ended: bool = False
+
+    def statistics(self) -> RunStatistics:
+        """The run's snapshot (`Run.statistics()`), taken in the run's own thread, or by its trio
+        loop for a caller in another thread, so that it is never read half changed; once the run
+        has `ended` nothing changes it, and it is taken where it is asked for (the loop may be
+        busy with the caller's own work then, or gone)."""
+        if self.ended or threading.get_ident() == self.thread:
+            return self.run.statistics()
+        try:
+            return trio.from_thread.run_sync(self.run.statistics, trio_token=self.token)
+        except trio.RunFinishedError:  # the run has ended: its figures stay as they are
+            return self.run.statistics()
 
 
 class RolloutRun(RunResults, abc.ABC):
@@ -89,7 +101,6 @@ class RolloutRun(RunResults, abc.ABC):
 
     def __init__(self) -> None:
         super().__init__()
-        self._status: Callable[[], RunStatus] | None = None
         self.figures: RunFigures | None = None  # set once the run has started
         self._run: Run | None = None  # set once the run has started
 
@@ -131,15 +142,15 @@ class RolloutRun(RunResults, abc.ABC):
     def statistics(self) -> SteeringStatistics:
         """A snapshot of what is in force: paused, the concurrency, the windows and rates, the
         policy version, and the groups held back by staleness."""
-        return self._steered().statistics()
+        return self._steered().statistics().steering
 
     def status(self) -> RunStatus:
         """A snapshot of the run so far: done, failed, in flight, rows/s, and its oldest rollouts
         in flight (where each came from, its indices, agent, attempt and age), as `kill -USR1`
         shows the command's."""
-        if self._status is None:
+        if self._run is None or self._run.engine is None:
             return RunStatus(0, 0, 0, 0.0, 0.0, ())
-        return self._status()
+        return self._run.statistics().status()
 
     def __aiter__(self) -> RolloutRun:
         return self
@@ -249,8 +260,6 @@ async def open_rollouts_in_trio(
     run = Run(config, source=feed, sink=sink, transport=transport)
     try:
         await run.connect()
-        assert run.engine is not None
-        results._status = run.engine.status
         results._run = run
         results.figures = figures = RunFigures(run, trio.lowlevel.current_trio_token(), threading.get_ident())
 

@@ -5,10 +5,10 @@
         rollfilter.api.prometheus.register(run, registry)   # a trainer's own registry
         ...
 
-The collector holds nothing of its own: each scrape reads the run's `Metrics`, its engine and its
-router as they are then, so that the path of a row does no work for it. The figures belong to the
-thread of the run's trio loop; a scrape from another thread (prometheus_client's
-`start_http_server` serves from one) has that thread make them, so it never reads them half
+The collector holds nothing of its own: each scrape renders a snapshot of the run's figures
+(`Run.statistics()`), taken then, so that the path of a row does no work for it. The figures belong
+to the thread of the run's trio loop; a scrape from another thread (prometheus_client's
+`start_http_server` serves from one) has that thread take the snapshot, so it never reads them half
 changed. Names follow Prometheus' conventions: the `rollfilter_` prefix, base units, `_total` on
 counters; `agent` is the rows' agent name (`(no name)` for rows that name none).
 
@@ -18,23 +18,16 @@ export (it costs start-up time).
 
 from __future__ import annotations
 
-import collections
-import dataclasses
-import threading
-from collections.abc import Iterable
-from typing import Protocol, TypeVar
+from collections.abc import Mapping
+from typing import TypeVar
 
-import trio
 from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 
 from rollfilter.api.in_trio import RolloutRun, RunFigures
-from rollfilter.engine.groups import GroupStage
-from rollfilter.engine.metrics import UNNAMED_AGENT, CountSketch, Means, Metrics
-from rollfilter.engine.nursery import Engine
-from rollfilter.engine.routing import Router
-from rollfilter.engine.steering import StalenessGate, Steering
+from rollfilter.engine.metrics import UNNAMED_AGENT, CountSketch, LatencyHistogram, Metrics
+from rollfilter.engine.statistics import AgentStatistics, RunStatistics, statistics_of
 from rollfilter.errors import ErrorKind
 
 # The latency histogram's upper bounds, in seconds: an agent's episode takes from milliseconds
@@ -66,53 +59,26 @@ NOT_PERSISTED = "not_persisted"
 OUTCOMES = (SUCCEEDED, NOT_PERSISTED, *(kind.value for kind in ErrorKind if kind is not ErrorKind.NOT_PERSISTED))
 
 
-class Parts(Protocol):
-    """What the figures are read from: a `rollfilter.run.run.Run`."""
-
-    metrics: Metrics
-    engine: Engine | None
-    router: Router | None
-    groups: GroupStage | None
-    steering: Steering
-    staleness: StalenessGate | None
-
-
 def _label(agent: str | None) -> str:
     return UNNAMED_AGENT if agent is None else agent
 
 
 class RunCollector:
-    """A prometheus_client collector of one run's figures, read at each scrape (see the module's
-    docstring): in the run's own thread, or by its trio loop for a scrape from another thread."""
+    """A prometheus_client collector of one run's figures: a snapshot taken at each scrape (in the
+    run's own thread, or by its trio loop for a scrape from another thread: see `RunFigures`)."""
 
     def __init__(self, figures: RunFigures) -> None:
         self._figures = figures
 
     def collect(self) -> list[Metric]:
-        figures = self._figures
-        if figures.ended or threading.get_ident() == figures.thread:  # ended: nothing changes them now
-            return families(figures.run)
-        try:
-            return trio.from_thread.run_sync(families, figures.run, trio_token=figures.token)
-        except trio.RunFinishedError:  # the run has ended: its figures stay as they are
-            return families(figures.run)
+        return families(self._figures.statistics())
 
     def describe(self) -> list[Metric]:
         """The names only (a registry checks them for clashes), read from no figure."""
-        described = families(_Nothing(Metrics()))
+        described = families(statistics_of(Metrics()))
         for family in described:
             family.samples = []
         return described
-
-
-@dataclasses.dataclass
-class _Nothing:
-    metrics: Metrics
-    engine: Engine | None = None
-    router: Router | None = None
-    groups: GroupStage | None = None
-    steering: Steering = dataclasses.field(default_factory=Steering)
-    staleness: StalenessGate | None = None
 
 
 def register(run: RolloutRun, registry: CollectorRegistry) -> RunCollector:
@@ -132,46 +98,46 @@ def exposition(registry: CollectorRegistry) -> bytes:
     return generate_latest(registry)
 
 
-def families(run: Parts) -> list[Metric]:
-    """The run's figures now, as metric families (call it in the run's own thread)."""
-    metrics = run.metrics
-    in_flight = run.engine.in_flight_by_agent() if run.engine is not None else collections.Counter()
+def families(statistics: RunStatistics) -> list[Metric]:
+    """A run's snapshot as metric families (in any thread: nothing changes it)."""
+    agents = statistics.agents
     # Every agent a rollout has ended or is in flight for: each with all its outcomes and its
     # rollouts in flight, at 0 when there are none (a series that vanishes is not a 0).
-    seen = {*metrics.by_agent, *(agent for agent, _ in metrics.failed_by_agent), *metrics.not_persisted_by_agent}
-    seen |= in_flight.keys()
-    zeros = [(agent, 0) for agent in seen]  # a series that vanishes is not a 0
-    cancelled = metrics.taken - metrics.ended - sum(in_flight.values())
+    seen = {label: figures for label, figures in agents.items() if figures.seen}
+    cancelled = statistics.started - statistics.ended - statistics.in_flight
     found = [
-        _outcomes(metrics, seen),
-        CounterMetricFamily("rollfilter_rollouts_started_total", "Rollouts taken from the input.", value=metrics.taken),
+        _outcomes(seen),
+        CounterMetricFamily(
+            "rollfilter_rollouts_started_total", "Rollouts taken from the input.", value=statistics.started
+        ),
         CounterMetricFamily(
             "rollfilter_rollouts_cancelled_total", "Rollouts stopped before they ended (a stop).", value=cancelled
         ),
         _by_agent(
             GaugeMetricFamily("rollfilter_rollouts_in_flight", "Rollouts sent and not ended yet.", labels=("agent",)),
-            [(agent, in_flight[agent]) for agent in seen],
+            {label: figures.in_flight for label, figures in seen.items()},
         ),
         _by_agent(
-            _counter("retries", "Attempts sent again after a failure."), [*zeros, *metrics.retries_by_agent.items()]
+            _counter("retries", "Attempts sent again after a failure."),
+            {label: a.retries for label, a in agents.items() if a.seen or a.retries},
         ),
         _by_agent(
             _counter("retries_withheld", "Retries the agent's retry budget did not send."),
-            run.router.withheld_by_agent() if run.router is not None else (),
+            {label: a.retries_withheld for label, a in agents.items() if a.retries_withheld is not None},
         ),
         _by_agent(
             _counter("throttled_replies", "Replies 429 or 503: the agent asked for less."),
-            [*zeros, *metrics.throttled_by_agent.items()],
+            {label: a.throttled for label, a in agents.items() if a.seen or a.throttled},
         ),
         _by_agent(
             _counter("rollouts_masked", "Rollouts that succeeded with mask_sample: true, left out of every mean."),
-            [*zeros, *((agent, means.masked) for agent, means in metrics.by_agent.items())],
+            {label: figures.masked for label, figures in seen.items()},
         ),
-        _latency(metrics),
-        _output_tokens(metrics),
+        _latency(statistics.latency),
+        _output_tokens(statistics.output_tokens()),
         _by_agent(
             _counter("tokens", "Tokens the agents' answers report using (usage)."),
-            [(agent, means.tokens()) for agent, means in metrics.by_agent.items()],
+            {label: a.tokens for label, a in agents.items() if a.tokens is not None},
         ),
         _by_agent(
             GaugeMetricFamily(
@@ -179,92 +145,84 @@ def families(run: Parts) -> list[Metric]:
                 "The mean reward so far (earlier runs' results included, as in the summary).",
                 labels=("agent",),
             ),
-            [
-                (label, m.mean("reward"))
-                for label, m in _merged(metrics.figures_by_agent()).items()
-                if m.counts.get("reward")
-            ],
+            {label: a.reward_mean for label, a in agents.items() if a.reward_mean is not None},
         ),
     ]
-    if metrics.windows:
+    windows = {label: a.window for label, a in agents.items() if a.window is not None}
+    if windows:
         window = GaugeMetricFamily(
             "rollfilter_adaptive_window", "Requests the adaptive window lets in flight.", labels=("agent",)
         )
-        found.append(_by_agent(window, [(name, adaptive.limit) for name, adaptive in metrics.windows.items()]))
-    if metrics.limits:  # --rpm, --tpm: what waits on the run's own limits, not on the agent
+        found.append(_by_agent(window, windows))
+    limited = {label: a for label, a in agents.items() if a.held_by_rate_limit is not None}
+    if limited:  # --rpm, --tpm: what waits on the run's own limits, not on the agent
         held = GaugeMetricFamily(
             "rollfilter_rollouts_held_by_rate_limit", "Requests waiting on the agent's rate limits.", labels=("agent",)
         )
         waited = _counter("rate_limit_wait_seconds", "Seconds requests waited on the agent's rate limits, summed.")
-        found.append(_by_agent(held, [(name, limits.waiting) for name, limits in metrics.limits.items()]))
-        found.append(_by_agent(waited, [(name, limits.waited_s) for name, limits in metrics.limits.items()]))
-    if metrics.spending is not None:
+        found.append(_by_agent(held, {label: a.held_by_rate_limit or 0 for label, a in limited.items()}))
+        found.append(_by_agent(waited, {label: a.rate_limit_wait_s or 0.0 for label, a in limited.items()}))
+    if statistics.cost_usd is not None:
         cost = _counter("cost_usd", "What the agents' answers cost, in US dollars, by the prices given.")
-        found.append(_by_agent(cost, metrics.spending.by_agent.items()))
-    if run.groups is not None:
+        found.append(_by_agent(cost, {label: a.cost_usd for label, a in agents.items() if a.cost_usd is not None}))
+    if statistics.groups is not None:
         groups = CounterMetricFamily(
             "rollfilter_groups_total", "Groups of a task's rollouts, by fate.", labels=("fate",)
         )
-        for fate, count in run.groups.figures().items():
+        for fate, count in statistics.groups.items():
             if type(count) is int:  # not the note on what the figures cover
                 groups.add_metric((fate,), count)
         found.append(groups)
-    return found + _steered(run)
+    return found + _steered(statistics)
 
 
-def _steered(run: Parts) -> list[Metric]:
+def _steered(statistics: RunStatistics) -> list[Metric]:
     """What is in force of what can be steered: the pause, each agent's bound on requests in
     flight, and with a policy version, the version and what the staleness bound holds back."""
+    steering = statistics.steering
     paused = GaugeMetricFamily("rollfilter_paused", "1 while the run is paused: no new request leaves.")
-    paused.add_metric((), 1.0 if run.steering.paused else 0.0)
+    paused.add_metric((), 1.0 if steering.paused else 0.0)
     limit = GaugeMetricFamily(
         "rollfilter_concurrency_limit",
         "Requests the agent may have in flight now: the run's concurrency, or its adaptive window under it.",
         labels=("agent",),
     )
-    if run.engine is not None and run.router is not None:
-        concurrency = run.engine.concurrency
-        limits: dict[str, int] = {}
-        for agent in run.router.agents_named(None):
-            bound = min(agent.window.limit, concurrency) if agent.window is not None else concurrency
-            limits[_label(agent.name)] = max(bound, limits.get(_label(agent.name), 0))  # agents that share a label
-        for label, bound in sorted(limits.items()):
-            limit.add_metric((label,), bound)
+    for label, figures in statistics.agents.items():
+        if figures.concurrency_limit is not None:
+            limit.add_metric((label,), figures.concurrency_limit)
     found: list[Metric] = [paused, limit]
-    version = run.steering.version
+    version = steering.policy_version
     if version is not None:
         found.append(GaugeMetricFamily("rollfilter_policy_version", "The policy version now.", value=version))
-    if run.staleness is not None:
-        held = run.staleness
+    if statistics.staleness_bound:
         found.append(
             GaugeMetricFamily(
                 "rollfilter_rows_held_by_staleness",
                 "Rollouts waiting for a policy version that admits their group.",
-                value=held.rows_held,
+                value=steering.rows_held_by_staleness,
             )
         )
         found.append(
             GaugeMetricFamily(
                 "rollfilter_groups_held_by_staleness",
                 "Groups waiting for a policy version that admits them.",
-                value=held.groups_held,
+                value=steering.groups_held_by_staleness,
             )
         )
     return found
 
 
-def _outcomes(metrics: Metrics, seen: Iterable[str | None]) -> CounterMetricFamily:
+def _outcomes(seen: Mapping[str, AgentStatistics]) -> CounterMetricFamily:
     """Every outcome of each agent `seen`, those with none at 0 (a rate needs a start)."""
-    ended = {(_label(agent), outcome): 0 for agent in seen for outcome in OUTCOMES}
-    for agent, means in metrics.by_agent.items():
-        ended[_label(agent), SUCCEEDED] += means.succeeded
-    for agent, count in metrics.not_persisted_by_agent.items():
-        ended[_label(agent), NOT_PERSISTED] += count
-    for (agent, kind), count in metrics.failed_by_agent.items():
-        ended[_label(agent), kind] += count
     family = CounterMetricFamily(
         "rollfilter_rollouts_total", "Rollouts ended in this run, by agent and outcome.", labels=("agent", "outcome")
     )
+    ended: dict[tuple[str, str], int] = {}
+    for label, figures in seen.items():
+        for outcome in OUTCOMES:
+            ended[label, outcome] = figures.failed_by_kind.get(outcome, 0)
+        ended[label, SUCCEEDED] += figures.succeeded
+        ended[label, NOT_PERSISTED] += figures.not_persisted
     for labels, count in sorted(ended.items()):
         family.add_metric(labels, count)
     return family
@@ -277,28 +235,14 @@ def _counter(name: str, documentation: str) -> CounterMetricFamily:
 Family = TypeVar("Family", CounterMetricFamily, GaugeMetricFamily)
 
 
-def _by_agent(family: Family, values: Iterable[tuple[str | None, float]]) -> Family:
-    """`family` with one sample an agent's label: the values of agents that share one are summed
-    (a row may name its agent as the label of rows that name none), so no series is given twice."""
-    totals: dict[str, float] = {}
-    for agent, value in values:
-        label = _label(agent)
-        totals[label] = totals.get(label, 0) + value
-    for label, value in sorted(totals.items()):
+def _by_agent(family: Family, values: Mapping[str, float]) -> Family:
+    """`family` with one sample an agent's label (the snapshot has added up the agents that share one)."""
+    for label, value in sorted(values.items()):
         family.add_metric((label,), value)
     return family
 
 
-def _merged(by_agent: dict[str | None, Means]) -> dict[str, Means]:
-    """`by_agent`'s figures by label, those of agents that share one merged (as `_by_agent`)."""
-    merged: dict[str, Means] = {}
-    for agent, means in by_agent.items():
-        merged.setdefault(_label(agent), Means()).merge(means)
-    return merged
-
-
-def _latency(metrics: Metrics) -> HistogramMetricFamily:
-    latency = metrics.latency
+def _latency(latency: LatencyHistogram) -> HistogramMetricFamily:
     counts = latency.cumulative(LATENCY_BOUNDS)
     buckets = [(str(bound), float(count)) for bound, count in zip(LATENCY_BOUNDS, counts, strict=True)]
     return HistogramMetricFamily(
@@ -309,11 +253,8 @@ def _latency(metrics: Metrics) -> HistogramMetricFamily:
     )
 
 
-def _output_tokens(metrics: Metrics) -> HistogramMetricFamily:
+def _output_tokens(sketch: CountSketch) -> HistogramMetricFamily:
     """Output tokens a rollout, as its answer's usage reports them (earlier runs' results included)."""
-    sketch = CountSketch()
-    for means in metrics.figures_by_agent().values():
-        sketch.merge(means.costs.output_tokens)
     counts = sketch.cumulative(OUTPUT_TOKEN_BOUNDS)
     buckets = [(str(bound), float(count)) for bound, count in zip(OUTPUT_TOKEN_BOUNDS, counts, strict=True)]
     return HistogramMetricFamily(

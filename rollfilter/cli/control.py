@@ -231,11 +231,10 @@ class ControlServer:
         return self._status()
 
     def _status(self) -> dict[str, Any]:
-        figures = self._run.statistics().as_dict()
-        engine = self._run.engine
-        if engine is not None:
-            status = engine.status()
-            figures.update(done=status.done, failed=status.failed, in_flight=status.in_flight)
+        statistics = self._run.statistics()
+        figures = statistics.steering.as_dict()
+        if statistics.connected:
+            figures.update(done=statistics.ended, failed=statistics.failed, in_flight=statistics.in_flight)
         figures["control_clients"] = self.clients  # the one asking included
         return figures
 

@@ -19,7 +19,7 @@ import trio
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
-from rollfilter.engine.metrics import Metrics
+from rollfilter.engine.statistics import RunStatistics
 from rollfilter.formats.writers import LineWriter, OutputClosed, OutputFailed, write_all
 
 REFRESH_SECONDS = 0.25
@@ -63,8 +63,7 @@ class ProgressDisplay:
         steered: bool = False,
         fallback: LineWriter | None = None,
     ) -> None:
-        self._metrics: Metrics | None = None  # the run's, from run() on
-        self._paused: Callable[[], bool] = lambda: False
+        self._statistics: Callable[[], RunStatistics] | None = None  # the run's, from run() on
         self._fallback = fallback
         self.failed = False  # a write failed: nothing more is shown
         terminal: Any = _Terminal(fd)
@@ -127,33 +126,26 @@ class ProgressDisplay:
         self._shown(self._refresh)
 
     def _refresh(self) -> None:
-        m = self._metrics
-        assert m is not None, "refreshed from run() only"
+        assert self._statistics is not None, "refreshed from run() only"
+        s = self._statistics()
         self._progress.update(
             self._task,
-            completed=m.ended,
-            failed=m.failed,
-            in_flight=m.taken - m.ended,
-            window=m.window() or 0,
-            rate=m.rate(),
-            tokens=m.tokens_per_s() or 0.0,
-            reward=m.mean("reward"),
-            cost=m.spending.total if m.spending is not None else 0.0,
-            held="paused" if self._paused() else "held by rate limit" if m.held_by_limits() else "",
+            completed=s.ended,
+            failed=s.failed,
+            in_flight=s.started - s.ended,
+            window=s.window or 0,
+            rate=s.rows_per_s,
+            tokens=s.tokens_per_s or 0.0,
+            reward=s.reward_mean,
+            cost=s.cost_usd or 0.0,
+            held="paused" if s.steering.paused else "held by rate limit" if s.held_by_limits else "",
         )
         self._progress.refresh()
 
-    async def run(
-        self,
-        metrics: Metrics,
-        count: Callable[[], int | None] | None = None,
-        paused: Callable[[], bool] | None = None,
-    ) -> None:
-        """Show `metrics` and refresh them until cancelled; `count` (run in a thread) finds the total,
-        and `paused` says whether the run is paused."""
-        self._metrics = metrics
-        if paused is not None:
-            self._paused = paused
+    async def run(self, statistics: Callable[[], RunStatistics], count: Callable[[], int | None] | None = None) -> None:
+        """Show the run's figures, a snapshot from `statistics` at each refresh, until cancelled;
+        `count` (run in a thread) finds the total."""
+        self._statistics = statistics
         self._shown(self._progress.start)
         try:
             if count is not None:

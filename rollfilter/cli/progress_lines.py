@@ -15,7 +15,7 @@ from collections.abc import Callable
 import trio
 
 from rollfilter.cli.messages import message_line
-from rollfilter.engine.metrics import Metrics
+from rollfilter.engine.statistics import RunStatistics
 from rollfilter.formats.writers import OutputClosed, OutputFailed, write_all
 
 CHECK_SECONDS = 0.25  # how often the count is looked at: a step crossed between two looks gives one line
@@ -24,44 +24,46 @@ STEPS = 100  # a line each hundredth of the expected rollouts
 
 
 class ProgressLines:
-    """Writes the status lines of a run to `fd` (see the module docstring). `finished` counts the
-    rollouts finished, earlier runs' included, as the total counts them."""
+    """Writes the status lines of a run to `fd` (see the module docstring): the rollouts finished,
+    earlier runs' included, as the total counts them."""
 
-    def __init__(self, *, fd: int, finished: Callable[[], int]) -> None:
+    def __init__(self, *, fd: int) -> None:
         self._fd = fd
-        self._finished = finished
         self.failed = False  # a write failed: nothing more is written
 
-    def line(self, metrics: Metrics, total: int | None) -> bytes:
-        """The status line now."""
-        finished = self._finished()
+    def line(self, statistics: RunStatistics, total: int | None) -> bytes:
+        """The status line of a run's snapshot."""
+        finished = statistics.finished
         if total:
             done = f"{finished:,} of {total:,} rollouts finished ({100 * finished // total}%)"
         else:
             done = f"{finished:,} rollouts finished"
-        elapsed = int(metrics.elapsed())
+        elapsed = int(statistics.elapsed_s)
         hours, rest = divmod(elapsed, 3600)
         clock = f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
-        return message_line(f"{done}, {metrics.rate():,.1f} rollouts/s, {metrics.failed:,} failed, {clock} elapsed")
+        rate, failed = statistics.rows_per_s, statistics.failed
+        return message_line(f"{done}, {rate:,.1f} rollouts/s, {failed:,} failed, {clock} elapsed")
 
-    async def run(self, metrics: Metrics, count: Callable[[], int | None] | None = None) -> None:
-        """Write a line at each step of the total, or after QUIET_SECONDS without one, until cancelled;
-        `count` (run in a thread) finds the total, and the run's `expected` pairs replace it once known."""
+    async def run(self, statistics: Callable[[], RunStatistics], count: Callable[[], int | None] | None = None) -> None:
+        """Write a line at each step of the total, or after QUIET_SECONDS without one, until cancelled,
+        from a snapshot the run's `statistics` give at each look; `count` (run in a thread) finds the
+        total, and the run's `expected` pairs replace it once known."""
         total = await trio.to_thread.run_sync(count, abandon_on_cancel=True) if count is not None else None
         last_line_at = trio.current_time()
         next_step: int | None = None
         while not self.failed:
             await trio.sleep(CHECK_SECONDS)
-            if metrics.expected is not None:
-                total = metrics.expected
+            now = statistics()
+            if now.expected is not None:
+                total = now.expected
             step = -(-total // STEPS) if total else None
-            finished = self._finished()
+            finished = now.finished
             if next_step is None and step is not None:
                 next_step = (finished // step + 1) * step
             stepped = next_step is not None and finished >= next_step
             if not stepped and trio.current_time() - last_line_at < QUIET_SECONDS:
                 continue
-            self._write(self.line(metrics, total))
+            self._write(self.line(now, total))
             last_line_at = trio.current_time()
             if step is not None:
                 next_step = (finished // step + 1) * step

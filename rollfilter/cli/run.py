@@ -39,7 +39,7 @@ from rollfilter.cli.files.outputs import (
 from rollfilter.cli.files.progress_file import known_total, publish_progress
 from rollfilter.cli.folding import FailureFolder
 from rollfilter.cli.messages import failure_message, message_line, say, write_summary
-from rollfilter.cli.signals import StopSignals, is_pipe, status_lines, watch_reader_gone
+from rollfilter.cli.signals import StopSignals, is_pipe, status_block, watch_reader_gone
 from rollfilter.cli.statuses import RunEnd
 from rollfilter.config import Config, ConfigError
 from rollfilter.demo import DemoAgent, DemoOptions
@@ -49,6 +49,7 @@ from rollfilter.engine.nursery import RunControl, StopCause, describe
 from rollfilter.engine.plan import Job
 from rollfilter.engine.routing import Agent
 from rollfilter.engine.sinks import BodySink, GroupOutputs, LineSink
+from rollfilter.engine.statistics import statistics_of, summary_of
 from rollfilter.errors import UsageError
 from rollfilter.formats.keytable import KeyTable
 from rollfilter.formats.resume import (
@@ -144,7 +145,8 @@ def _stopped_before_opening(control: RunControl, streams: Streams, *, quiet: boo
     """A run stopped while it waited to lock its outputs: nothing was sent, and its summary says so."""
     assert control.cause is not None
     if not quiet:
-        write_summary(streams.stderr, _encode(Metrics().summary(stopped=control.why_stopped)) + b"\n")
+        summary = summary_of(statistics_of(Metrics()), stopped=control.why_stopped)
+        write_summary(streams.stderr, _encode(summary) + b"\n")
     return RunEnd(control.cause)
 
 
@@ -370,7 +372,7 @@ class _CommandLineRun:
             return None
         from rollfilter.cli.progress_lines import ProgressLines
 
-        return ProgressLines(fd=self.streams.stderr, finished=self.finished)
+        return ProgressLines(fd=self.streams.stderr)
 
     def say(self, text: str) -> None:
         self.log.write(message_line(text))
@@ -380,13 +382,8 @@ class _CommandLineRun:
         url = ",".join(shown(replica.url) for replica in agent.replicas)
         self.log.write(message_line(f"{describe(job)} -> POST {url}"))
 
-    def finished(self) -> int:
-        """The progress file's count: rollouts finished, earlier runs' included."""
-        return self.run.finished()
-
     def show_status(self) -> None:
-        engine = self.run.engine
-        for line in status_lines(engine.status() if engine is not None else None):
+        for line in status_block(self.run.statistics()):
             self.say(line)
 
     async def execute(self, stops: StopSignals | None, control: ControlSocket | None = None) -> RunEnd:
@@ -441,11 +438,11 @@ class _CommandLineRun:
             raise UsageError(f"{OPTION_OF_FIELD.get(exc.field, exc.field)} {exc.problem}") from None
         planned = await self._plan_first() if files.materialized is not None and control.cause is None else None
         if self.display is not None:
-            services.start_soon(self.display.run, run.metrics, self._total(planned), lambda: run.steering.paused)
+            services.start_soon(self.display.run, run.statistics, self._total(planned))
         if self.progress_lines is not None:
-            services.start_soon(self.progress_lines.run, run.metrics, self._total(planned))
+            services.start_soon(self.progress_lines.run, run.statistics, self._total(planned))
         if files.progress is not None:
-            services.start_soon(publish_progress, files.progress, self.finished, self.say)
+            services.start_soon(publish_progress, files.progress, run.statistics, self.say)
         if self.earlier.results is not None:
             await trio.to_thread.run_sync(self._take_earlier_results, self.earlier.results)
         if control.cause is None:  # not stopped during the first pass: nothing sent then
@@ -544,7 +541,7 @@ class _CommandLineRun:
         summary = _encode(summary_object) + b"\n"
         if files.progress is not None:
             with contextlib.suppress(OutputClosed, OutputFailed):  # best effort, as while running
-                files.progress.replace(b"%d\n" % self.finished())
+                files.progress.replace(b"%d\n" % run.statistics().finished)
         if self.exporter is not None:
             self.exporter.finish()
         try:

@@ -18,6 +18,7 @@ import trio
 from rollfilter.cli import early_signals
 from rollfilter.cli.statuses import EXIT_STATUS_OF_STOP
 from rollfilter.engine.nursery import RunControl, RunStatus, StopCause
+from rollfilter.engine.statistics import RunStatistics
 from rollfilter.redact import printable
 
 STATUS_SIGNALS = tuple(getattr(signal, name) for name in ("SIGUSR1", "SIGINFO") if hasattr(signal, name))
@@ -90,6 +91,11 @@ def is_pipe(fd: int) -> bool:
         return stat.S_ISFIFO(os.fstat(fd).st_mode)
     except OSError:
         return False
+
+
+def status_block(statistics: RunStatistics) -> list[str]:
+    """The status block of a run's snapshot, as SIGUSR1 prints it (see `status_lines`)."""
+    return status_lines(statistics.status() if statistics.connected else None)
 
 
 def status_lines(status: RunStatus | None) -> list[str]:

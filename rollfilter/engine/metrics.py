@@ -1,4 +1,5 @@
-"""Counters for a run and the summary they make: pure, no I/O.
+"""Counters for a run, fed result by result: pure, no I/O. `engine/statistics.py` takes a snapshot
+of them, with the rest of a run's figures, and makes the summary from it.
 
 Memory stays flat with the input: means are running sums, and latencies go into
 log-spaced buckets (1% wide), so percentiles are within 1% however many rows pass.
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import bisect
 import collections
-import dataclasses
 import itertools
 import math
 import time
@@ -16,11 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from rollfilter.cost import Spending
-from rollfilter.engine.adaptive import AdaptiveWindow
-from rollfilter.engine.rate_limits import AgentLimits
-from rollfilter.errors import ErrorKind
-from rollfilter.figures.passk import TaskStats
-from rollfilter.figures.stats import Estimate, error_bars, estimate_of_moments
+from rollfilter.figures.stats import Estimate, estimate_of_moments
 from rollfilter.figures.sums import EXACT_FROM, EXACT_FROM_INT, lost_to_rounding, mean_of, scaled, total_of
 from rollfilter.outcomes import OVERLOAD_STATUSES, AttemptFailure
 from rollfilter.rows import MASK_SAMPLE, REWARD_COMPONENTS, component_key
@@ -60,6 +56,13 @@ class LatencyHistogram:
             if first < len(bounds):
                 counts[first] += count
         return list(itertools.accumulate(counts))
+
+    def copy(self) -> LatencyHistogram:
+        """The latencies so far, apart from those counted from now on."""
+        copied = LatencyHistogram()
+        copied._counts = self._counts.copy()
+        copied.count, copied.sum, copied.max = self.count, self.sum, self.max
+        return copied
 
     def percentile(self, p: float) -> float:
         if not self.count:
@@ -496,48 +499,6 @@ def _add_exact(key: str, value: float, sums: dict[str, float], counts: dict[str,
 _FLOAT_RANGE = 2**1024 - 2**970  # an int at or past this rounds to an infinite float
 
 
-def error_blocks(figures: dict[str, Any], estimates: dict[str, Estimate]) -> dict[str, Any]:
-    """The summary's error bars beside its means, a block each, keyed as the means are:
-    `stderr`, `ci95` ([low, high]) and `sample_size` ({"tasks", "rollouts"}); a mean whose
-    spread cannot be seen (one task) has null bars, and a summary with no mean no blocks."""
-    stderr: dict[str, Any] = {}
-    ci95: dict[str, Any] = {}
-    sample_size: dict[str, Any] = {}
-    for key, value in figures.items():
-        estimate = estimates.get(key)
-        if value is None or estimate is None:
-            continue
-        stderr[key], ci95[key] = error_bars(estimate)
-        sample_size[key] = {"tasks": estimate.tasks, "rollouts": estimate.rollouts}
-    components = figures.get(REWARD_COMPONENTS)
-    if components:  # each entry's bars nested as its mean is: stderr.reward_components.NAME
-        for block in (stderr, ci95, sample_size):
-            block[REWARD_COMPONENTS] = {}
-        for name in components:
-            estimate = estimates.get(component_key(name))
-            if estimate is not None:
-                bars = error_bars(estimate)
-                stderr[REWARD_COMPONENTS][name], ci95[REWARD_COMPONENTS][name] = bars
-                sample_size[REWARD_COMPONENTS][name] = {"tasks": estimate.tasks, "rollouts": estimate.rollouts}
-    if not sample_size:  # no mean: no blocks, as an agent whose rollouts all failed has none
-        return {}
-    return {"stderr": stderr, "ci95": ci95, "sample_size": sample_size}
-
-
-def _agent_figures(means: Means, estimates: dict[str, Estimate]) -> dict[str, Any]:
-    """An agent's part of the summary's `agents`: its counts, means, error bars, usage and costs."""
-    figures: dict[str, Any] = {"succeeded": means.succeeded, "failed": means.failed, "masked": means.masked}
-    figures |= means.means()
-    if means.component_sums:
-        figures[REWARD_COMPONENTS] = means.components()
-    figures |= error_blocks(figures, estimates)
-    figures["usage"] = means.usage()
-    costs = means.costs.figures()
-    if costs is not None:
-        figures["per_rollout"] = costs
-    return figures
-
-
 UNNAMED_AGENT = "(no name)"  # the key in "agents" for rows routed by -u without an agent name
 
 
@@ -551,11 +512,7 @@ class Metrics:
         self.succeeded = 0
         self.failed = 0
         self.not_persisted = 0  # answers carrying _ng_no_persist: written nowhere, run again by --resume
-        self.skipped = 0  # pairs an earlier run finished (--resume)
-        self.not_retried = 0  # pairs --resume gave up: terminal, or out of attempts
-        self.expected: int | None = None  # every (task, rollout) pair of the input, when it is known
         self.retries = 0
-        self.retries_withheld = 0  # retries the agents' retry budgets did not send
         self.spending: Spending | None = None  # with prices: what the run spent
         self.failed_by_kind: collections.Counter[str] = collections.Counter()
         self.failed_by_class: collections.Counter[str] = collections.Counter()  # the agents' own classes
@@ -568,9 +525,6 @@ class Metrics:
         self.latency = LatencyHistogram()
         self.by_agent: dict[str | None, Means] = {}
         self.earlier_by_agent: dict[str | None, Means] = {}  # earlier runs' results (--resume): figures only
-        self.replicas: list[dict[str, Any]] = []
-        self.windows: dict[str, AdaptiveWindow] = {}  # --adaptive: each agent's window, by name
-        self.limits: dict[str, AgentLimits] = {}  # each agent's rate limits, by name
 
     @property
     def ended(self) -> int:
@@ -632,18 +586,6 @@ class Metrics:
         self.not_persisted += 1
         self.not_persisted_by_agent[agent] += 1
 
-    def overall(self) -> Means:
-        by_agent = self.figures_by_agent()
-        if len(by_agent) == 1:
-            return next(iter(by_agent.values()))
-        total = Means()
-        for means in by_agent.values():
-            total.merge(means)
-        return total
-
-    def mean(self, key: str) -> float:
-        return self.overall().mean(key)
-
     def tokens(self) -> float:
         return sum(means.tokens() for means in self.by_agent.values())
 
@@ -652,92 +594,9 @@ class Metrics:
         rate = self.tokens() / max(self.elapsed(), 1e-9)
         return rate if math.isfinite(rate) else None
 
-    def held_by_limits(self) -> int:
-        """Requests waiting on a rate limit now."""
-        return sum(limits.waiting for limits in self.limits.values())
-
-    def window(self) -> int | None:
-        """The agents' windows together (--adaptive), for the progress line."""
-        return sum(w.limit for w in self.windows.values()) if self.windows else None
-
     def rate(self) -> float:
         """Rollouts ended per second so far."""
         return self.ended / max(self.elapsed(), 1e-9)
 
     def elapsed(self) -> float:
         return self._clock() - self.started_at
-
-    def summary(
-        self, *, stopped: str | None = None, tasks: TaskStats | None = None, timings: bool = True
-    ) -> dict[str, Any]:
-        """The summary object: means of numeric result fields (and mean@K, pass@k over tasks),
-        token usage, a split by agent when several served the run, then the run's own figures
-        under "rollfilter"."""
-        overall = self.overall()
-        summary = overall.means()
-        if tasks is not None:
-            summary.update(tasks.summary_fields())
-        if overall.component_sums:
-            summary[REWARD_COMPONENTS] = overall.components()
-        summary |= error_blocks(summary, overall.estimates() if tasks is None else tasks.estimates())
-        summary["usage"] = overall.usage()
-        costs = overall.costs.figures()
-        if costs is not None:
-            summary["per_rollout"] = costs
-        by_agent = self.figures_by_agent()
-        if len(by_agent) > 1:
-            summary["agents"] = {
-                UNNAMED_AGENT if name is None else name: _agent_figures(
-                    means, means.estimates() if tasks is None else tasks.estimates(name, by_agent=True)
-                )
-                for name, means in sorted(by_agent.items(), key=lambda item: item[0] or "")
-            }
-        read = self.taken + self.skipped + self.not_retried
-        never_started = max(0, self.expected - read) if self.expected is not None else 0
-        figures: dict[str, Any] = {} if self.expected is None else {"expected": self.expected}
-        figures |= {
-            "rows_read": read,
-            "succeeded": self.succeeded,
-            "failed": self.failed,
-            "masked": self.masked,  # of the succeeded: in no mean, mean@K or pass@k
-            "means_cover": overall.measured,  # the results the means are over (earlier runs' included)
-            "not_persisted": self.not_persisted,
-            "skipped": self.skipped,
-            "not_retried": self.not_retried,
-            "cancelled": self.taken - self.ended + never_started,  # and, when expected is known, never started
-            "failed_by_kind": {
-                kind.value: self.failed_by_kind[kind.value] for kind in ErrorKind if self.failed_by_kind[kind.value]
-            },
-            "retries": self.retries,
-            "retries_withheld": self.retries_withheld,
-        }
-        if self.failed_by_class:
-            figures["failed_by_class"] = dict(sorted(self.failed_by_class.items()))
-        if self.spending is not None:
-            figures.update(self.spending.figures())
-        if timings:
-            elapsed = self.elapsed()
-            figures["elapsed_s"] = round(elapsed, 3)
-            figures["rows_per_s"] = round(self.rate(), 2)
-            tokens_per_s = self.tokens_per_s()
-            figures["tokens_per_s"] = None if tokens_per_s is None else round(tokens_per_s, 2)
-            figures["latency_s"] = {
-                "p50": round(self.latency.percentile(50), 4),
-                "p90": round(self.latency.percentile(90), 4),
-                "p99": round(self.latency.percentile(99), 4),
-                "max": round(self.latency.max, 4),
-            }
-        if tasks is not None:
-            figures.update(tasks.figures())
-        if self.replicas:
-            figures["replicas"] = self.replicas
-        if self.windows:
-            figures["windows"] = {name: dataclasses.asdict(w.stats()) for name, w in sorted(self.windows.items())}
-        if self.limits:
-            figures["limits"] = {name: limits.figures() for name, limits in sorted(self.limits.items())}
-        if stopped:
-            figures["stopped"] = stopped
-            if self.expected is not None:
-                figures["not_started"] = never_started
-        summary["rollfilter"] = figures
-        return summary

@@ -57,7 +57,8 @@ class InFlight:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RunStatus:
-    """A snapshot of a run in progress: its figures, and the oldest rollouts still in flight."""
+    """A run in progress, as a status block shows it: its counts, and the oldest rollouts still in
+    flight (`rollfilter.engine.statistics.RunStatistics.status()` makes it from a run's snapshot)."""
 
     done: int
     failed: int
@@ -182,10 +183,10 @@ class Engine:
     _nursery: trio.Nursery | None = None
     _workers: int = 0  # started so far
 
-    def status(self) -> RunStatus:
-        """What the run has done so far, and its oldest rollouts in flight (any thread of the run's loop)."""
+    def oldest_in_flight(self) -> tuple[InFlight, ...]:
+        """The rollouts in flight longest, oldest first (STATUS_OLDEST of them), as a status shows them."""
         now = time.monotonic()
-        oldest = tuple(
+        return tuple(
             InFlight(
                 job.source,
                 job.line,
@@ -198,10 +199,6 @@ class Engine:
             )
             for job, flight in itertools.islice(self._in_flight.items(), STATUS_OLDEST)
         )
-        m = self.metrics
-        in_flight = len(self._in_flight)
-        held = m.held_by_limits()
-        return RunStatus(m.ended, m.failed, in_flight, m.rate(), m.elapsed(), oldest, held, self.steering.paused)
 
     def in_flight_by_agent(self) -> collections.Counter[str | None]:
         """The rollouts in flight now, by their rows' agent names."""
@@ -216,9 +213,6 @@ class Engine:
                 self._nursery = nursery
                 await self._start_workers(workers)
         self._nursery = None
-        self.metrics.skipped = self.planner.skipped
-        self.metrics.not_retried = self.planner.given_up
-        self.metrics.retries_withheld = self.router.retries_withheld()
 
     async def _start_workers(self, workers: int) -> None:
         assert self._nursery is not None

@@ -187,6 +187,7 @@ class Agent:
     budget: RetryBudget | None = None  # None: every failure gets its retries
     placement: TaskPlacement | None = None
     limits: AgentLimits | None = None  # its requests and tokens a minute
+    former_limits: AgentLimits | None = None  # limits taken off while the run went: their figures stay
     answered: bool = False  # some attempt got past connecting (a reply, or a wait for one) this run
 
     def pick(self, now: float, avoid: Replica | None = None, task: bytes | None = None) -> Replica:

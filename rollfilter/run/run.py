@@ -37,6 +37,7 @@ from rollfilter.engine.plan import Job, JobSource, LineSource, Planner
 from rollfilter.engine.rate_limits import AgentLimits, SendSlots
 from rollfilter.engine.routing import Agent, Router
 from rollfilter.engine.sinks import RowSink
+from rollfilter.engine.statistics import RunStatistics, statistics_of, summary_of
 from rollfilter.engine.steering import StalenessGate, Steering, SteeringError, SteeringStatistics
 from rollfilter.errors import ServiceError, UsageError
 from rollfilter.figures.passk import TaskStats
@@ -143,6 +144,8 @@ class Run:
         self.index: MaterializedIndex | None = None  # with config.reverify: the materialized inputs, indexed
         self.unsafe = False  # re-scored at a resources server that does not say it is stateless (forced)
         self.planned: int | None = None  # the rollouts the first pass planned (a materialized file)
+        self.expected: int | None = None  # every (task, rollout) pair of the input, once it is known
+        self._skipped_unread = 0  # pairs an earlier run finished, skipped without being read
         self._source, self._sink, self._resume = source, sink, resume
         self._on_event, self._dry_run, self._hold = on_event, dry_run, hold
         self._stop_when_unreachable = stop_when_unreachable
@@ -164,7 +167,7 @@ class Run:
         else:
             endpoints, head = await resolve_endpoints(config, self.transport)
         window_for = self._window_for if config.adaptive and self._dry_run is None else None
-        self.router = Router(config, endpoints, head, window_for=window_for, limits_for=self._limits_for)
+        self.router = Router(config, endpoints, head, window_for=window_for)
         self.steering.requests_out = self.router.requests_out
         if send:
             assert self._source is not None, "a run that sends has a source"
@@ -265,7 +268,7 @@ class Run:
             )
             self.groups.start()  # a target earlier runs met stops the run before anything is sent
             if self.groups.target_reached and self._resume is not None:  # no row is read: it skips them all
-                self.metrics.skipped = self._resume.finished_pairs
+                self._skipped_unread = self._resume.finished_pairs
         on_group = self.groups.planned if self.groups is not None else None
         planner: JobSource = Planner(source, config, self._resume, self.tasks, on_group)
         if config.reverify is not None:
@@ -320,13 +323,7 @@ class Run:
             if on_event is not None:
                 on_event(f"agent {label}: window {old} -> {new}")
 
-        window = self.metrics.windows[label] = AdaptiveWindow(self.concurrency, on_change=changed)
-        return window
-
-    def _limits_for(self, name: str | None, rpm: float | None, tpm: float | None) -> AgentLimits:
-        limits = AgentLimits(rpm, tpm)
-        self.metrics.limits[name if name is not None else UNNAMED_AGENT] = limits
-        return limits
+        return AdaptiveWindow(self.concurrency, on_change=changed)
 
     def _count_retry(self, job: Job, failure: AttemptFailure, delay: float) -> None:
         self.metrics.add_retry(failure, job.agent_name)
@@ -359,12 +356,12 @@ class Run:
     async def _count_expected(self) -> None:
         """`expected`: every pair of the input, when it is known: planned by the first pass, read
         whole by a run that ran to its end, or counted again after a stop that left rows unread."""
-        metrics, control = self.metrics, self.control
-        metrics.expected = self.planned
+        control = self.control
+        self.expected = self.planned
         if self.planned is not None:
             return
         if control.cause is None and not control.stopped_early and self._dry_run is None:
-            metrics.expected = metrics.taken + metrics.skipped + metrics.not_retried  # all of it was read
+            self.expected = self.statistics().rows_read  # all of it was read
         elif control.cause in COUNTED_AFTER:
             again = self._source.read_again() if isinstance(self._source, Rereadable) else None
             if again is None:
@@ -373,7 +370,7 @@ class Run:
             # ends at a second signal then (its signals' way out), so the count is not stoppable.
             scope = control.stoppable() if control.cause is StopCause.TARGET_REACHED else trio.CancelScope()
             with scope:
-                metrics.expected = await count_rollouts(again, self.config)
+                self.expected = await count_rollouts(again, self.config)
 
     def warnings(self) -> list[RunWarning]:
         """What the rows showed to be of no use in the config, once the run has ended: each agent
@@ -382,12 +379,6 @@ class Run:
             return []
         unnamed = sorted(set(self.config.repeats_by_agent) - self.engine.planner.agents_seen)
         return [RunWarning("repeats_by_agent", name, f"no row named agent {name!r}") for name in unnamed]
-
-    def finished(self) -> int:
-        """The rollouts finished so far, earlier runs' and those out of attempts included."""
-        given_up = self.engine.planner.given_up if self.engine is not None else 0
-        earlier = self._resume.done_pairs if self._resume is not None else 0
-        return earlier + given_up + self.metrics.ended
 
     def set_concurrency(self, concurrency: int) -> None:
         """Bound the requests out at once by `concurrency` from now on (with adaptive windows,
@@ -400,8 +391,9 @@ class Run:
             self.send_slots.slots.total_tokens = concurrency
         if self.engine is not None:
             self.engine.set_concurrency(concurrency)
-        for window in self.metrics.windows.values():
-            window.set_ceiling(concurrency)
+        for agent in self.router.agents_named(None) if self.router is not None else ():
+            if agent.window is not None:
+                agent.window.set_ceiling(concurrency)
 
     def set_rate(self, agent: str | None = None, *, rpm: float | None = KEEP, tpm: float | None = KEEP) -> None:
         """Change the requests (`rpm`) or tokens (`tpm`) a minute rows of `agent` may use (None:
@@ -422,30 +414,47 @@ class Run:
             new_tpm = (limits.tpm if limits is not None else None) if tpm is KEEP else tpm
             if limits is not None:
                 limits.set(new_rpm, new_tpm)  # the requests waiting on them look again
-                if new_rpm is None and new_tpm is None:
-                    target.limits = None  # a plain path again (its figures stay in the summary)
+                if new_rpm is None and new_tpm is None:  # a plain path again (its figures stay in the summary)
+                    target.limits, target.former_limits = None, limits
             elif new_rpm is not None or new_tpm is not None:
-                target.limits = self._limits_for(target.name, new_rpm, new_tpm)
+                target.limits, target.former_limits = AgentLimits(new_rpm, new_tpm), None
 
     def set_policy_version(self, version: int) -> None:
         """The policy version the agents serve from now on (see `Steering.set_version`)."""
         self.steering.set_version(version)
 
-    def statistics(self) -> SteeringStatistics:
+    def statistics(self) -> RunStatistics:
+        """The run's figures now, a frozen snapshot that every view renders (see
+        `rollfilter.engine.statistics`): counts, rates, each agent's figures, and what is in force."""
+        return statistics_of(
+            self.metrics,
+            engine=self.engine,
+            router=self.router,
+            groups=self.groups,
+            steering=self._steering_statistics(),
+            staleness_bound=self.staleness is not None,
+            expected=self.expected,
+            skipped_unread=self._skipped_unread,
+            finished_before=self._resume.done_pairs if self._resume is not None else 0,
+        )
+
+    def _steering_statistics(self) -> SteeringStatistics:
         """What is in force now: paused, the concurrency, the windows and rates, the version, and
         with a staleness bound the groups admitted and held back."""
         rates: dict[str, dict[str, float | None]] = {}
-        if self.router is not None:
-            for agent in self.router.agents_named(None):
-                if agent.limits is not None:
-                    label = agent.name if agent.name is not None else UNNAMED_AGENT
-                    rates[label] = {"rpm": agent.limits.rpm, "tpm": agent.limits.tpm}
+        windows: dict[str, int] = {}
+        for agent in self.router.agents_named(None) if self.router is not None else ():
+            label = agent.name if agent.name is not None else UNNAMED_AGENT
+            if agent.limits is not None:
+                rates[label] = {"rpm": agent.limits.rpm, "tpm": agent.limits.tpm}
+            if agent.window is not None:
+                windows[label] = agent.window.limit
         staleness = self.staleness
         return SteeringStatistics(
             paused=self.steering.paused,
             requests_out=self.steering.requests_out(),
             concurrency=self.engine.concurrency if self.engine is not None else self.concurrency,
-            windows={name: window.limit for name, window in self.metrics.windows.items()},
+            windows=windows,
             rates=rates,
             policy_version=self.steering.version,
             groups_admitted=staleness.groups_admitted if staleness is not None else 0,
@@ -474,11 +483,10 @@ class Run:
             self.report = await aggregate_run(self.spool, self.router, self.config, self.transport)
 
     def summary(self, *, timings: bool = True) -> dict[str, Any]:
-        """The summary object: the metrics' figures, the tasks', the replicas' counts, each agent's
+        """The summary object: the figures of the run's snapshot, the tasks', each agent's
         key_metrics once aggregated, and why the run stopped, if it did (`control.why_stopped`)."""
-        if self.router is not None:
-            self.metrics.replicas = self.router.replica_counts()
-        summary = self.metrics.summary(stopped=self.control.why_stopped, tasks=self.tasks, timings=timings)
+        statistics = self.statistics()
+        summary = summary_of(statistics, stopped=self.control.why_stopped, tasks=self.tasks, timings=timings)
         if self._dry_run is not None:  # nothing was sent, so nothing succeeded: the rows that would be
             figures: dict[str, Any] = {}
             for key, value in summary["rollfilter"].items():
@@ -486,10 +494,8 @@ class Run:
             summary["rollfilter"] = figures
         if self.groups is not None:
             figures = summary["rollfilter"]
-            figures["groups"] = self.groups.figures()
-            expected = self.metrics.expected
-            read = self.metrics.taken + self.metrics.skipped + self.metrics.not_retried
-            figures["not_started"] = None if expected is None else max(0, expected - read)
+            figures["groups"] = dict(statistics.groups or {})
+            figures["not_started"] = statistics.not_started
         if self.report is not None:
             self.report.add_to(summary)
         if self.unsafe:

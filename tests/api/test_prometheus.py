@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -14,7 +15,8 @@ from rollfilter.api.in_trio import RolloutRun, RunFigures, open_rollouts_in_trio
 from rollfilter.api.prometheus import OUTCOMES, RunCollector, exposition, families, register
 from rollfilter.config import Retries
 from rollfilter.demo import DemoAgent, serve
-from rollfilter.engine.rate_limits import AgentLimits
+from rollfilter.engine.routing import Router
+from rollfilter.engine.statistics import AgentStatistics, RunStatistics
 from rollfilter.errors import ErrorKind
 from rollfilter.outcomes import AttemptFailure, Outcome
 from rollfilter.run.run import Run
@@ -97,12 +99,14 @@ async def test_a_callers_registry_scraped_in_the_run_and_from_another_thread(mon
     read_in: list[tuple[int, bool]] = []  # each read's thread, and whether the run had ended
     runs: list[RolloutRun] = []
 
-    def recorded(parts: Run) -> list:
+    take = Run.statistics
+
+    def recorded(parts: Run) -> RunStatistics:
         figures = runs[0].figures if runs else None
         read_in.append((threading.get_ident(), figures is not None and figures.ended))
-        return families(parts)
+        return take(parts)
 
-    monkeypatch.setattr("rollfilter.api.prometheus.families", recorded)
+    monkeypatch.setattr(Run, "statistics", recorded)
     agent = DemoAgent()
     registry = CollectorRegistry()
     async with trio.open_nursery() as nursery:
@@ -142,13 +146,16 @@ def test_rollouts_taken_and_not_ended_nor_in_flight_are_counted_cancelled():
 
 
 def test_families_of_a_run_not_connected_yet():
-    found = {family.name for family in families(Run(Config(url="http://127.0.0.1:9/run")))}
+    found = {family.name for family in families(Run(Config(url="http://127.0.0.1:9/run")).statistics())}
     assert "rollfilter_rollouts_in_flight" in found
 
 
 async def test_requests_held_by_a_rate_limit_and_the_seconds_they_waited(autojump_clock):
-    run = Run(Config(url="http://127.0.0.1:9/run", rpm=60))
-    limits = run.metrics.limits["a"] = AgentLimits(rpm=60, tpm=None)
+    run = Run(Config(url="http://127.0.0.1:9/run", endpoints={"a": ("http://127.0.0.1:9/run",)}, rpm=60))
+    run.router = Router(run.config)  # the agents own their limits: a run's router makes them
+    (agent,) = run.router.agents_named("a")
+    limits = agent.limits
+    assert limits is not None
 
     def figures() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         return samples(exposition(registry_of(run)))
@@ -224,7 +231,7 @@ async def test_the_pause_the_concurrency_limit_the_version_and_what_staleness_ho
 
 
 def test_a_plain_run_has_no_version_nor_staleness_figures():
-    names = {family.name for family in families(Run(Config(url="http://127.0.0.1:9/run")))}
+    names = {family.name for family in families(Run(Config(url="http://127.0.0.1:9/run")).statistics())}
     assert {"rollfilter_paused", "rollfilter_concurrency_limit"} <= names
     assert not names & {"rollfilter_policy_version", "rollfilter_rows_held_by_staleness"}
 
@@ -242,3 +249,18 @@ def test_output_tokens_as_a_histogram():
     assert [under(b) for b in ("16", "64", "256", "4096", "16384", "262144", "+Inf")] == [1, 1, 2, 2, 3, 3, 4]
     assert figures["rollfilter_rollout_output_tokens_count", ()] == 4
     assert figures["rollfilter_rollout_output_tokens_sum", ()] == 305_110
+
+
+def test_a_scrape_renders_the_snapshot_the_run_gives():
+    run = Run(Config(url="http://127.0.0.1:9/run"))
+    taken = run.statistics()
+    agent = AgentStatistics(seen=True, succeeded=5, in_flight=2, tokens=40.0, reward_mean=0.25)
+    shown = dataclasses.replace(taken, started=9, succeeded=5, in_flight=2, agents={"a": agent})
+    run.statistics = lambda: shown  # type: ignore[method-assign]
+    figures = samples(exposition(registry_of(run)))
+    assert figures["rollfilter_rollouts_started_total", ()] == 9
+    assert figures["rollfilter_rollouts_cancelled_total", ()] == 9 - 5 - 2
+    assert figures["rollfilter_rollouts_total", (("agent", "a"), ("outcome", "succeeded"))] == 5
+    assert figures["rollfilter_rollouts_in_flight", (("agent", "a"),)] == 2
+    assert figures["rollfilter_tokens_total", (("agent", "a"),)] == 40
+    assert figures["rollfilter_reward_mean", (("agent", "a"),)] == 0.25

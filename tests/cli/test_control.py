@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -187,3 +188,19 @@ async def test_a_client_that_reads_no_answer_is_let_go(
             await trio.sleep(CONTROL_IDLE_SECONDS + 1)
             assert server.clients == 0  # let go: its place is free for another
         nursery.cancel_scope.cancel()
+
+
+async def test_the_status_answers_from_the_runs_snapshot(
+    autojump_clock: trio.testing.MockClock, control: ControlSocket, run: RolloutRun
+):
+    steered = run._run
+    assert steered is not None
+    taken = steered.statistics()
+    shown = dataclasses.replace(taken, succeeded=77, failed=3, in_flight=6)
+    steered.statistics = lambda: shown  # type: ignore[method-assign]
+    try:
+        status = await answer(ControlServer(control, steered), b"status")
+    finally:
+        del steered.statistics
+    assert (status["done"], status["failed"], status["in_flight"]) == (80, 3, 6)
+    assert status["concurrency"] == taken.steering.concurrency

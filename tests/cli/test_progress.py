@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -9,7 +10,8 @@ import trio
 import trio.testing
 
 from rollfilter.cli.progress import ProgressDisplay
-from rollfilter.engine.metrics import Metrics
+from rollfilter.config import Config
+from rollfilter.run.run import Run
 
 
 @pytest.mark.parametrize(("paused", "shown"), [(True, True), (False, False)])
@@ -19,7 +21,10 @@ async def test_the_line_says_paused_while_the_run_is(paused: bool, shown: bool, 
     try:
         display = ProgressDisplay(fd=write, force_terminal=True, steered=True)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(display.run, Metrics(), None, lambda: paused)
+            run = Run(Config(url="http://127.0.0.1:9/run"))
+            if paused:
+                run.steering.pause()
+            nursery.start_soon(display.run, run.statistics, None)
             await trio.testing.wait_all_tasks_blocked()
             nursery.cancel_scope.cancel()
         os.set_blocking(read, False)
@@ -29,3 +34,25 @@ async def test_the_line_says_paused_while_the_run_is(paused: bool, shown: bool, 
         os.close(write)
     assert b" done" in screen
     assert (b"paused" in screen) is shown
+
+
+async def test_the_line_shows_the_snapshot_the_run_gives(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    taken = Run(Config(url="http://127.0.0.1:9/run")).statistics()
+    shown = dataclasses.replace(taken, started=1300, succeeded=1234, failed=56, reward_mean=0.625)
+    read, write = os.pipe()
+    try:
+        display = ProgressDisplay(fd=write, force_terminal=True)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(display.run, lambda: shown, None)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+        os.set_blocking(read, False)
+        screen = os.read(read, 1 << 16)
+    finally:
+        os.close(read)
+        os.close(write)
+    assert b"1,290 done" in screen  # the ended: succeeded and failed
+    assert b"56 failed" in screen
+    assert b"10 in flight" in screen
+    assert b"reward 0.625" in screen

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator
 
@@ -11,6 +12,7 @@ import trio.testing
 
 from rollfilter.cli.progress_lines import ProgressLines
 from rollfilter.engine.metrics import Metrics
+from rollfilter.engine.statistics import RunStatistics, statistics_of
 
 
 @pytest.fixture
@@ -24,6 +26,19 @@ def pipe() -> Iterator[tuple[int, int]]:
         os.close(write_end)
 
 
+class Counts:
+    """A run's counts as a test sets them: the rollouts finished, and those expected once known."""
+
+    def __init__(self, finished: int) -> None:
+        self.metrics = Metrics(clock=trio.current_time)
+        self.finished = finished
+        self.expected: int | None = None
+
+    def statistics(self) -> RunStatistics:
+        earlier = self.finished - self.metrics.ended  # the snapshot adds the ended to those finished before
+        return statistics_of(self.metrics, expected=self.expected, finished_before=earlier)
+
+
 def lines_written(fd: int) -> list[str]:
     try:
         return os.read(fd, 65536).decode().splitlines()
@@ -35,32 +50,31 @@ async def test_a_line_at_each_hundredth_of_the_total_and_after_a_quiet_minute(
     pipe: tuple[int, int], autojump_clock: trio.testing.MockClock
 ):
     read_end, write_end = pipe
-    metrics = Metrics(clock=trio.current_time)
-    finished = [0]
-    metrics.expected = 1000  # known from the start (a materialized file)
-    lines = ProgressLines(fd=write_end, finished=lambda: finished[0])
+    counts = Counts(0)
+    counts.expected = 1000  # known from the start (a materialized file)
+    lines = ProgressLines(fd=write_end)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(lines.run, metrics)
+        nursery.start_soon(lines.run, counts.statistics)
         await trio.sleep(1)
-        finished[0] = 9
+        counts.finished = 9
         await trio.sleep(1)
         assert lines_written(read_end) == []  # under 1%
-        finished[0] = 10
-        metrics.failed = 2
+        counts.finished = 10
+        counts.metrics.failed = 2
         await trio.sleep(1)
         (line,) = lines_written(read_end)
         assert line.startswith("rollfilter: 10 of 1,000 rollouts finished (1%), ")
         assert line.endswith(", 2 failed, 0:00:02 elapsed")
         assert "rollouts/s" in line
-        finished[0] = 35  # three steps at once: one line, and the next at 40
+        counts.finished = 35  # three steps at once: one line, and the next at 40
         await trio.sleep(1)
         assert [line.split(" rollouts")[0] for line in lines_written(read_end)] == ["rollfilter: 35 of 1,000"]
-        finished[0] = 39
+        counts.finished = 39
         await trio.sleep(58)
         assert lines_written(read_end) == []
         await trio.sleep(2)  # a minute since the last line
         assert [line.split(",")[0] for line in lines_written(read_end)] == ["rollfilter: 39 of 1"]
-        finished[0] = 40
+        counts.finished = 40
         await trio.sleep(1)
         assert len(lines_written(read_end)) == 1
         nursery.cancel_scope.cancel()
@@ -70,19 +84,18 @@ async def test_without_a_total_a_line_a_minute_and_the_runs_expected_pairs_once_
     pipe: tuple[int, int], autojump_clock: trio.testing.MockClock
 ):
     read_end, write_end = pipe
-    metrics = Metrics(clock=trio.current_time)
-    finished = [5]
-    lines = ProgressLines(fd=write_end, finished=lambda: finished[0])
+    counts = Counts(5)
+    lines = ProgressLines(fd=write_end)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(lines.run, metrics)
+        nursery.start_soon(lines.run, counts.statistics)
         await trio.sleep(59)
         assert lines_written(read_end) == []
         await trio.sleep(2)
         (line,) = lines_written(read_end)
         assert line.startswith("rollfilter: 5 rollouts finished, ")
-        metrics.expected = 100
+        counts.expected = 100
         await trio.sleep(1)
-        finished[0] = 6
+        counts.finished = 6
         await trio.sleep(1)
         assert [line.split(" (")[0] for line in lines_written(read_end)] == ["rollfilter: 6 of 100 rollouts finished"]
         nursery.cancel_scope.cancel()
@@ -91,9 +104,16 @@ async def test_without_a_total_a_line_a_minute_and_the_runs_expected_pairs_once_
 async def test_a_write_that_fails_ends_the_lines_not_the_run(autojump_clock: trio.testing.MockClock):
     full = os.open("/dev/full", os.O_WRONLY)
     try:
-        lines = ProgressLines(fd=full, finished=lambda: 1)
+        lines = ProgressLines(fd=full)
         with trio.move_on_after(600):
-            await lines.run(Metrics(clock=trio.current_time))
+            await lines.run(Counts(1).statistics)
         assert lines.failed
     finally:
         os.close(full)
+
+
+def test_the_line_says_what_the_snapshot_says():
+    taken = statistics_of(Metrics())
+    shown = dataclasses.replace(taken, finished=1234, failed=7, rows_per_s=2.5, elapsed_s=3725.0)
+    line = ProgressLines(fd=-1).line(shown, 2000).decode()
+    assert line == "rollfilter: 1,234 of 2,000 rollouts finished (61%), 2.5 rollouts/s, 7 failed, 1:02:05 elapsed\n"

@@ -5,14 +5,23 @@ from __future__ import annotations
 import fractions
 import math
 import random
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollfilter.engine.metrics import LatencyHistogram, Metrics
+from rollfilter.engine.statistics import statistics_of, summary_of
 from rollfilter.errors import ErrorKind
+from rollfilter.figures.passk import TaskStats
 from rollfilter.outcomes import AttemptFailure
+
+
+def summary_alone(metrics: Metrics, *, tasks: TaskStats | None = None) -> dict[str, Any]:
+    """The summary of `metrics` alone, as a run that has no other part makes it."""
+    return summary_of(statistics_of(metrics), tasks=tasks)
+
 
 FINITE = st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from([1e308, -1e308, 1.7976931348623157e308])
 
@@ -69,14 +78,14 @@ def test_metrics_means_skip_non_numbers_and_count_booleans():
     metrics.add_result({"reward": 0, "accuracy": False, "score": 3}, 0.2)
     metrics.add_result({"accuracy": True}, 0.3)
     metrics.add_failure(AttemptFailure(ErrorKind.TIMEOUT, "slow"))
-    summary = metrics.summary()
+    summary = summary_alone(metrics)
     assert summary["reward"] == 0.5
     assert summary["accuracy"] == 2 / 3
     assert summary["score"] == 3.0
     assert "note" not in summary
     assert summary["rollfilter"]["failed_by_kind"] == {"timeout": 1}
     assert list(summary)[-1] == "rollfilter"
-    assert Metrics().summary()["reward"] is None  # no result: no mean, rather than a mean of 0
+    assert summary_alone(Metrics())["reward"] is None  # no result: no mean, rather than a mean of 0
 
 
 def test_means_count_numbers_only_and_usage_one_level_down():
@@ -125,7 +134,7 @@ def test_a_token_rate_past_the_float_range_is_null_not_infinite():
     metrics = Metrics(clock=lambda: next(ticks))
     for _ in range(30):  # each under the exact sums' threshold, their float sum past what a rate can hold
         metrics.add_result({"reward": 1.0, "response": {"usage": {"total_tokens": 9e297}}}, 0.1)
-    figures = metrics.summary()["rollfilter"]
+    figures = summary_alone(metrics)["rollfilter"]
     assert figures["tokens_per_s"] is None
     assert figures["rows_per_s"] == pytest.approx(3e10)
 
@@ -137,7 +146,7 @@ def test_token_counts_past_the_exact_sums_threshold_count_in_the_token_rate():
             {"reward": 1.0, "response": {"usage": {"input_tokens": 10**300, "output_tokens": 10**300}}}, 0.1
         )
     assert metrics.tokens() == pytest.approx(8e300)
-    assert metrics.summary()["rollfilter"]["tokens_per_s"] > 8e300
+    assert summary_alone(metrics)["rollfilter"]["tokens_per_s"] > 8e300
 
 
 def test_a_masked_result_is_counted_and_its_tokens_spent_but_it_is_in_no_mean():
@@ -147,7 +156,7 @@ def test_a_masked_result_is_counted_and_its_tokens_spent_but_it_is_in_no_mean():
     metrics.add_result({"reward": 0.0, "mask_sample": True, "reward_components": {"a": 9.0}, **usage}, 0.1)
     metrics.add_result({"reward": 0.5, "mask_sample": False, "reward_components": {"a": 0.0}, **usage}, 0.1)
     metrics.add_earlier_result({"reward": 0.0, "mask_sample": True, **usage})
-    summary = metrics.summary()
+    summary = summary_alone(metrics)
     assert summary["reward"] == 0.75
     assert "mask_sample" not in summary
     assert summary["reward_components"] == {"a": 0.5, "b": 1.0}
@@ -162,7 +171,7 @@ def test_a_masked_result_is_in_per_rollout_but_in_no_error_bar():
     for reward, tokens, masked in ((1.0, 3, False), (0.0, 5, False), (0.0, 100, True)):
         response = {"usage": {"output_tokens": tokens}}
         metrics.add_result({"reward": reward, "mask_sample": masked, "response": response}, 0.1)
-    summary = metrics.summary()
+    summary = summary_alone(metrics)
     assert summary["per_rollout"]["output_tokens"]["max"] == 100  # its tokens were spent
     assert summary["sample_size"] == {"reward": {"tasks": 2, "rollouts": 2}}
     assert summary["stderr"] == {"reward": 0.5}
@@ -222,7 +231,7 @@ def test_what_each_rollout_took_by_agent():
     for agent, response in answers:
         metrics.add_result({"reward": 1.0, "response": response}, 0.1, agent)
     metrics.add_result({"reward": 1.0}, 0.1, "b")  # no response: no figure of a rollout's cost
-    summary = metrics.summary()
+    summary = summary_alone(metrics)
     assert summary["per_rollout"] == {
         "output_tokens": {"p50": 7, "p90": 40, "max": 40, "mean": 50 / 3},
         "input_tokens": {"p50": 9, "p90": 11, "max": 11, "mean": 10.0},
@@ -238,7 +247,7 @@ def test_the_summary_gives_each_mean_its_error_bars_by_agent_too():
     metrics = Metrics()
     for reward, agent in ((1.0, "a"), (0.0, "a"), (1.0, "a"), (0.5, "b")):
         metrics.add_result({"reward": reward, "note": "x"}, 0.1, agent)
-    summary = metrics.summary()
+    summary = summary_alone(metrics)
     assert summary["stderr"] == {"reward": 0.24}
     assert summary["sample_size"] == {"reward": {"tasks": 4, "rollouts": 4}}
     assert summary["agents"]["a"]["stderr"] == {"reward": 0.33}
@@ -250,12 +259,12 @@ def test_the_summary_gives_each_mean_its_error_bars_by_agent_too():
 def test_no_mean_no_error_blocks():
     metrics = Metrics()
     metrics.add_failure(AttemptFailure(ErrorKind.TIMEOUT, "slow"))
-    assert {"stderr", "ci95", "sample_size", "per_rollout"}.isdisjoint(metrics.summary())
+    assert {"stderr", "ci95", "sample_size", "per_rollout"}.isdisjoint(summary_alone(metrics))
 
 
 def test_token_counts_past_any_real_count_are_left_out_of_the_distributions():
     metrics = Metrics()
     for tokens in (10**400, 2**53, -1, 7.5, 12.0, True):
         metrics.add_result({"reward": 1.0, "response": {"usage": {"output_tokens": tokens}}}, 0.1)
-    figures = metrics.summary()["per_rollout"]["output_tokens"]
+    figures = summary_alone(metrics)["per_rollout"]["output_tokens"]
     assert figures == {"p50": 12, "p90": 12, "max": 12, "mean": 12.0}

@@ -440,5 +440,6 @@ async def test_a_run_steered_before_it_knows_its_agents_keeps_what_it_was_told()
     await run.connect()
     assert run.engine is not None
     assert run.engine.concurrency == 3
-    assert [window.ceiling for window in run.metrics.windows.values()] == [3]
-    assert run.statistics().paused
+    assert run.router is not None
+    assert [agent.window.ceiling for agent in run.router.agents_named(None) if agent.window is not None] == [3]
+    assert run.statistics().steering.paused

@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 
+from tests.engine.test_metrics import summary_alone
+
 
 def test_a_tasks_mean_reward_stays_finite_near_the_float_limit():
     from rollfilter.figures.passk import TaskStats
@@ -98,7 +100,7 @@ def test_each_agents_error_is_clustered_over_its_own_tasks():
     assert (a.mean, a.tasks, a.rollouts) == (0.5, 3, 6)
     assert a.stderr == pytest.approx(0.5 / 3**0.5)  # the spread of the tasks' means 1, 0 and 0.5
     assert tasks.estimates("b", by_agent=True)["reward"].stderr is None  # one task
-    summary = metrics.summary(tasks=tasks)
+    summary = summary_alone(metrics, tasks=tasks)
     assert summary["agents"]["a"]["sample_size"] == {"reward": {"tasks": 3, "rollouts": 6}}
     assert summary["sample_size"]["reward"] == {"tasks": 4, "rollouts": 8}
     assert summary["agents"]["a"]["stderr"] == {"reward": 0.29}
@@ -115,7 +117,7 @@ def test_each_reward_component_gets_error_bars_clustered_by_task():
             result = {"reward": 1.0, "reward_components": {"accuracy": value, "style": True}}
             tasks.rollout_ended(task, 1.0, result=result)
             metrics.add_result(result, 0.1)
-    summary = metrics.summary(tasks=tasks)
+    summary = summary_alone(metrics, tasks=tasks)
     assert summary["reward_components"] == {"accuracy": 0.5, "style": 1.0}
     assert summary["sample_size"]["reward_components"]["accuracy"] == {"tasks": 3, "rollouts": 6}
     assert summary["stderr"]["reward_components"]["accuracy"] == 0.29  # 0.5 / sqrt(3): over tasks
@@ -125,7 +127,7 @@ def test_each_reward_component_gets_error_bars_clustered_by_task():
     for values in accuracy.values():
         for value in values:
             plain.add_result({"reward": 1.0, "reward_components": {"accuracy": value}}, 0.1)
-    alone = plain.summary()
+    alone = summary_alone(plain)
     assert alone["sample_size"]["reward_components"]["accuracy"] == {"tasks": 6, "rollouts": 6}
     assert alone["stderr"]["reward_components"]["accuracy"] == 0.22  # sqrt(0.3 / 6)
     low, high = alone["ci95"]["reward_components"]["accuracy"]

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 
 import trio
 
+from rollfilter.engine.statistics import RunStatistics
 from rollfilter.formats.source import STDIN
 from rollfilter.formats.writers import OutputClosed, OutputFailed, WholeFile
 
@@ -16,14 +17,18 @@ PROGRESS_SECONDS = 0.5  # how often the progress file is brought up to date
 
 
 async def publish_progress(
-    file: WholeFile, finished: Callable[[], int], say: Callable[[str], None], *, seconds: float = PROGRESS_SECONDS
+    file: WholeFile,
+    statistics: Callable[[], RunStatistics],
+    say: Callable[[str], None],
+    *,
+    seconds: float = PROGRESS_SECONDS,
 ) -> None:
-    """Keep `file` holding the number of finished rollouts, as NeMo Gym's `_progress` artifact:
-    a plain integer, replaced at once. Best effort: a write that fails is reported once and
-    the run goes on without it."""
+    """Keep `file` holding the number of finished rollouts of the run's snapshot (`statistics`),
+    earlier runs' included, as NeMo Gym's `_progress` artifact: a plain integer, replaced at once.
+    Best effort: a write that fails is reported once and the run goes on without it."""
     published = None
     while True:
-        count = finished()
+        count = statistics().finished
         if count != published:
             try:
                 file.replace(b"%d\n" % count)

@@ -1,0 +1,423 @@
+"""A run's figures at one moment: a frozen snapshot, taken in one place and rendered by every view.
+
+`Metrics` counts as results come; the engine, the router and its agents (their adaptive windows,
+rate limits and retry budgets), the planner, the groups and the steering each know a part of
+where a run is. `statistics_of` reads all of them once and derives, here only, what is worked out
+from several counts (the rows read, those not started, those finished earlier runs' included).
+What it returns changes no more: the summary (`summary_of`), the Prometheus exposition, the
+progress display and lines, the progress file and the status block render it, in any thread, as
+trio's `CapacityLimiter.statistics()` is rendered by whoever asked for it.
+
+A snapshot is cheap enough to take several times a second: it copies counters and the results'
+running sums (a few numbers a field and an agent), never anything that grows with the rows.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import types
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from rollfilter.engine.groups import GroupStage
+from rollfilter.engine.metrics import UNNAMED_AGENT, CountSketch, LatencyHistogram, Means, Metrics
+from rollfilter.engine.nursery import Engine, InFlight, RunStatus
+from rollfilter.engine.routing import Agent, Router
+from rollfilter.engine.steering import SteeringStatistics
+from rollfilter.errors import ErrorKind
+from rollfilter.figures.passk import TaskStats
+from rollfilter.figures.stats import Estimate, error_bars
+from rollfilter.figures.sums import mean_of
+from rollfilter.rows import REWARD_COMPONENTS, component_key
+
+_NONE: Mapping[str, Any] = types.MappingProxyType({})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AgentStatistics:
+    """One agent's figures, by its label (the rows' agent name, "(no name)" for rows that name
+    none); agents that share a label are added up. A figure that is None has nothing to say for
+    that agent (no result of it yet, no window, no rate limit, no retry budget, no prices)."""
+
+    seen: bool = False  # a rollout of it has ended in this run or is in flight
+    succeeded: int = 0
+    not_persisted: int = 0
+    failed_by_kind: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    retries: int = 0
+    throttled: int = 0  # replies 429 and 503, of rows that failed or were sent again
+    masked: int = 0
+    in_flight: int = 0
+    tokens: float | None = None  # usage reported by this run's results
+    reward_mean: float | None = None  # earlier runs' results included, as in the summary
+    retries_withheld: int | None = None
+    window: int | None = None  # its adaptive window
+    concurrency_limit: int | None = None  # the requests it may have out: the run's bound, or its window under it
+    held_by_rate_limit: int | None = None  # requests waiting on its rate limits now
+    rate_limit_wait_s: float | None = None
+    cost_usd: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunStatistics:
+    """A run's figures at one moment, as `Run.statistics()` takes them (see the module docstring).
+
+    The rollouts: `started` (taken from the input and started), `ended` of them (`succeeded`,
+    `failed`, `not_persisted`), `in_flight`; `skipped` and `not_retried` are pairs an earlier run
+    finished or gave up (--resume); `rows_read` is all three, `expected` every pair of the input
+    when it is known, and `not_started` the pairs of it never read (None while it is not known).
+    `finished` is what the progress file counts: the ended, the given up, and what earlier runs
+    finished. `steering` is what is in force (the pause, the concurrency, the version).
+    """
+
+    connected: bool  # the run has its engine: it sends, or has sent
+    elapsed_s: float
+    started: int
+    succeeded: int
+    failed: int
+    not_persisted: int
+    masked: int  # this run's results that said mask_sample: true
+    skipped: int
+    not_retried: int
+    expected: int | None
+    rows_read: int
+    not_started: int | None
+    in_flight: int
+    finished: int
+    retries: int
+    retries_withheld: int
+    failed_by_kind: Mapping[str, int]
+    failed_by_class: Mapping[str, int]
+    rows_per_s: float
+    tokens_per_s: float | None  # None when the agents' counts make no finite rate
+    reward_mean: float  # over every result so far, earlier runs' included; 0 with none
+    held_by_limits: int  # requests waiting on a rate limit now
+    window: int | None  # the agents' adaptive windows together
+    spending: Mapping[str, Any] | None  # with prices: the summary's cost figures
+    cost_usd: float | None
+    latency: LatencyHistogram  # a copy: nothing changes it
+    results_by_agent: Mapping[str | None, Means]  # the means' sums by agent name (copies)
+    agents: Mapping[str, AgentStatistics]
+    replicas: tuple[Mapping[str, Any], ...]
+    windows: Mapping[str, Mapping[str, int]]  # each adaptive window's final, least and greatest limit
+    limits: Mapping[str, Mapping[str, Any]]  # each agent's rate limits and what waited on them
+    groups: Mapping[str, Any] | None
+    staleness_bound: bool  # a staleness bound holds groups back (see `steering`)
+    steering: SteeringStatistics
+    oldest: tuple[InFlight, ...]  # the rollouts in flight longest, oldest first
+
+    @property
+    def ended(self) -> int:
+        return self.succeeded + self.failed + self.not_persisted
+
+    def output_tokens(self) -> CountSketch:
+        """A rollout's output tokens, as the answers' usage reports them (earlier runs' included)."""
+        sketch = CountSketch()
+        for means in self.results_by_agent.values():
+            sketch.merge(means.costs.output_tokens)
+        return sketch
+
+    def status(self) -> RunStatus:
+        """The status the API's `status()` gives and `kill -USR1` prints."""
+        return RunStatus(
+            self.ended,
+            self.failed,
+            self.in_flight,
+            self.rows_per_s,
+            self.elapsed_s,
+            self.oldest,
+            self.held_by_limits,
+            self.steering.paused,
+        )
+
+
+NO_STEERING = SteeringStatistics(False, 0, 0, _NONE, _NONE, None)
+
+
+def statistics_of(
+    metrics: Metrics,
+    *,
+    engine: Engine | None = None,
+    router: Router | None = None,
+    groups: GroupStage | None = None,
+    steering: SteeringStatistics = NO_STEERING,
+    staleness_bound: bool = False,
+    expected: int | None = None,
+    skipped_unread: int = 0,
+    finished_before: int = 0,
+) -> RunStatistics:
+    """The figures of a run's parts now (see the module docstring). `skipped_unread` counts pairs
+    an earlier run finished that no row was read for (a group target met before the start), and
+    `finished_before` the pairs earlier runs finished, for `finished`."""
+    planner = engine.planner if engine is not None else None
+    skipped = skipped_unread + (planner.skipped if planner is not None else 0)
+    not_retried = planner.given_up if planner is not None else 0
+    rows_read = metrics.taken + skipped + not_retried
+    agents = router.agents_named(None) if router is not None else []
+    in_flight = engine.in_flight_by_agent() if engine is not None else collections.Counter()
+    by_agent = metrics.figures_by_agent()
+    fresh = by_agent is not metrics.by_agent  # merged anew with earlier runs' figures: nobody else's
+    results = {agent: means if fresh else _copy(means) for agent, means in by_agent.items()}
+    spending = metrics.spending
+    windows = {_label(agent.name): agent.window for agent in agents if agent.window is not None}
+    limits = {_label(agent.name): agent.limits or agent.former_limits for agent in agents}
+    rate_limits = {label: limits for label, limits in limits.items() if limits is not None}
+    return RunStatistics(
+        connected=engine is not None,
+        elapsed_s=metrics.elapsed(),
+        started=metrics.taken,
+        succeeded=metrics.succeeded,
+        failed=metrics.failed,
+        not_persisted=metrics.not_persisted,
+        masked=metrics.masked,
+        skipped=skipped,
+        not_retried=not_retried,
+        expected=expected,
+        rows_read=rows_read,
+        not_started=max(0, expected - rows_read) if expected is not None else None,
+        in_flight=sum(in_flight.values()),
+        finished=finished_before + not_retried + metrics.ended,
+        retries=metrics.retries,
+        retries_withheld=router.retries_withheld() if router is not None else 0,
+        failed_by_kind=dict(metrics.failed_by_kind),
+        failed_by_class=dict(metrics.failed_by_class),
+        rows_per_s=metrics.rate(),
+        tokens_per_s=metrics.tokens_per_s(),
+        reward_mean=_mean_over(results.values(), "reward"),
+        held_by_limits=sum(limits.waiting for limits in rate_limits.values()),
+        window=sum(window.limit for window in windows.values()) if windows else None,
+        spending=spending.figures() if spending is not None else None,
+        cost_usd=spending.total if spending is not None else None,
+        latency=metrics.latency.copy(),
+        results_by_agent=types.MappingProxyType(results),
+        agents=_agents(metrics, results, in_flight, router, engine),
+        replicas=tuple(router.replica_counts()) if router is not None else (),
+        windows={name: dataclasses.asdict(window.stats()) for name, window in sorted(windows.items())},
+        limits={name: limits.figures() for name, limits in sorted(rate_limits.items())},
+        groups=groups.figures() if groups is not None else None,
+        staleness_bound=staleness_bound,
+        steering=steering,
+        oldest=engine.oldest_in_flight() if engine is not None else (),
+    )
+
+
+def _label(agent: str | None) -> str:
+    return UNNAMED_AGENT if agent is None else agent
+
+
+def _copy(means: Means) -> Means:
+    copied = Means()
+    copied.merge(means)
+    return copied
+
+
+def _mean_over(figures: Iterable[Means], key: str) -> float:
+    """The mean of `key` over `figures` together, as merging them gives it, without merging the rest."""
+    total, exact, count = [], 0, 0
+    for means in figures:
+        if means.counts.get(key):
+            total.append(means.sums[key] + means.compensations[key])
+            exact += means.exact.get(key, 0)
+            count += means.counts[key]
+    return mean_of(math.fsum(total), exact, count) if count else 0.0
+
+
+def _overall(figures: Mapping[str | None, Means] | list[Means]) -> Means:
+    """`figures` together: the one as it is, several merged into a new one."""
+    every = list(figures.values()) if isinstance(figures, Mapping) else figures
+    if len(every) == 1:
+        return every[0]
+    total = Means()
+    for means in every:
+        total.merge(means)
+    return total
+
+
+def _agents(
+    metrics: Metrics,
+    results: Mapping[str | None, Means],
+    in_flight: collections.Counter[str | None],
+    router: Router | None,
+    engine: Engine | None,
+) -> Mapping[str, AgentStatistics]:
+    """Each agent's figures by label, those of agents that share one added up."""
+    tally: dict[str, dict[str, Any]] = collections.defaultdict(dict)
+
+    def add(agent: str | None, field: str, value: Any) -> None:
+        figures = tally[_label(agent)]
+        figures[field] = figures.get(field, 0) + value
+
+    seen = {*metrics.by_agent, *(agent for agent, _ in metrics.failed_by_agent), *metrics.not_persisted_by_agent}
+    for agent in seen | in_flight.keys():
+        tally[_label(agent)]["seen"] = True
+        add(agent, "in_flight", in_flight[agent])
+    for agent, means in metrics.by_agent.items():
+        add(agent, "succeeded", means.succeeded)
+        add(agent, "masked", means.masked)
+        add(agent, "tokens", means.tokens())
+    for agent, count in metrics.not_persisted_by_agent.items():
+        add(agent, "not_persisted", count)
+    for (agent, kind), count in metrics.failed_by_agent.items():
+        kinds = tally[_label(agent)].setdefault("failed_by_kind", {})
+        kinds[kind] = kinds.get(kind, 0) + count
+    for agent, count in metrics.retries_by_agent.items():
+        add(agent, "retries", count)
+    for agent, count in metrics.throttled_by_agent.items():
+        add(agent, "throttled", count)
+    by_label: dict[str, list[Means]] = collections.defaultdict(list)
+    for agent, means in results.items():
+        by_label[_label(agent)].append(means)
+    for label, labelled in by_label.items():
+        means = _overall(labelled)  # merged only where agents share a label
+        if means.counts.get("reward"):
+            tally[label]["reward_mean"] = means.mean("reward")
+    if metrics.spending is not None:
+        for agent, cost in metrics.spending.by_agent.items():
+            add(agent, "cost_usd", cost)
+    if router is not None:
+        for agent, withheld in router.withheld_by_agent():
+            add(agent, "retries_withheld", withheld)
+        _add_agents(add, tally, router.agents_named(None), engine.concurrency if engine is not None else None)
+    return types.MappingProxyType(
+        {label: AgentStatistics(**figures) for label, figures in sorted(tally.items())}  # sorted: as each view shows
+    )
+
+
+def _add_agents(add: Any, tally: dict[str, dict[str, Any]], agents: list[Agent], concurrency: int | None) -> None:
+    """What the router's agents own: their windows, their rate limits, and once the run sends, the
+    bound on each one's requests out (agents that share a label: the greatest)."""
+    for agent in agents:
+        if agent.window is not None:
+            add(agent.name, "window", agent.window.limit)
+        limits = agent.limits or agent.former_limits
+        if limits is not None:
+            add(agent.name, "held_by_rate_limit", limits.waiting)
+            add(agent.name, "rate_limit_wait_s", limits.waited_s)
+        if concurrency is not None:
+            bound = min(agent.window.limit, concurrency) if agent.window is not None else concurrency
+            figures = tally[_label(agent.name)]
+            figures["concurrency_limit"] = max(bound, figures.get("concurrency_limit", 0))
+
+
+def summary_of(
+    statistics: RunStatistics, *, stopped: str | None = None, tasks: TaskStats | None = None, timings: bool = True
+) -> dict[str, Any]:
+    """The summary object: means of numeric result fields (and mean@K, pass@k over `tasks`),
+    token usage, a split by agent when several served the run, then the run's own figures
+    under "rollfilter"; `stopped` says why the run stopped, if it did."""
+    by_agent = statistics.results_by_agent
+    overall = _overall(by_agent)
+    summary = overall.means()
+    if tasks is not None:
+        summary.update(tasks.summary_fields())
+    if overall.component_sums:
+        summary[REWARD_COMPONENTS] = overall.components()
+    summary |= error_blocks(summary, overall.estimates() if tasks is None else tasks.estimates())
+    summary["usage"] = overall.usage()
+    costs = overall.costs.figures()
+    if costs is not None:
+        summary["per_rollout"] = costs
+    if len(by_agent) > 1:
+        summary["agents"] = {
+            _label(name): _agent_figures(
+                means, means.estimates() if tasks is None else tasks.estimates(name, by_agent=True)
+            )
+            for name, means in sorted(by_agent.items(), key=lambda item: item[0] or "")
+        }
+    summary["rollfilter"] = _run_figures(statistics, overall.measured, stopped, tasks, timings)
+    return summary
+
+
+def _run_figures(
+    statistics: RunStatistics, means_cover: int, stopped: str | None, tasks: TaskStats | None, timings: bool
+) -> dict[str, Any]:
+    """The summary's "rollfilter": the run's own figures."""
+    s = statistics
+    figures: dict[str, Any] = {} if s.expected is None else {"expected": s.expected}
+    figures |= {
+        "rows_read": s.rows_read,
+        "succeeded": s.succeeded,
+        "failed": s.failed,
+        "masked": s.masked,  # of the succeeded: in no mean, mean@K or pass@k
+        "means_cover": means_cover,  # the results the means are over (earlier runs' included)
+        "not_persisted": s.not_persisted,
+        "skipped": s.skipped,
+        "not_retried": s.not_retried,
+        "cancelled": s.started - s.ended + (s.not_started or 0),  # and, when expected is known, never started
+        "failed_by_kind": {
+            kind.value: s.failed_by_kind[kind.value] for kind in ErrorKind if s.failed_by_kind.get(kind.value)
+        },
+        "retries": s.retries,
+        "retries_withheld": s.retries_withheld,
+    }
+    if s.failed_by_class:
+        figures["failed_by_class"] = dict(sorted(s.failed_by_class.items()))
+    if s.spending is not None:
+        figures.update(s.spending)
+    if timings:
+        latency = s.latency
+        figures["elapsed_s"] = round(s.elapsed_s, 3)
+        figures["rows_per_s"] = round(s.rows_per_s, 2)
+        figures["tokens_per_s"] = None if s.tokens_per_s is None else round(s.tokens_per_s, 2)
+        figures["latency_s"] = {
+            "p50": round(latency.percentile(50), 4),
+            "p90": round(latency.percentile(90), 4),
+            "p99": round(latency.percentile(99), 4),
+            "max": round(latency.max, 4),
+        }
+    if tasks is not None:
+        figures.update(tasks.figures())
+    if s.replicas:
+        figures["replicas"] = [dict(replica) for replica in s.replicas]
+    if s.windows:
+        figures["windows"] = {name: dict(window) for name, window in s.windows.items()}
+    if s.limits:
+        figures["limits"] = {name: dict(limits) for name, limits in s.limits.items()}
+    if stopped:
+        figures["stopped"] = stopped
+        if s.not_started is not None:
+            figures["not_started"] = s.not_started
+    return figures
+
+
+def error_blocks(figures: dict[str, Any], estimates: dict[str, Estimate]) -> dict[str, Any]:
+    """The summary's error bars beside its means, a block each, keyed as the means are:
+    `stderr`, `ci95` ([low, high]) and `sample_size` ({"tasks", "rollouts"}); a mean whose
+    spread cannot be seen (one task) has null bars, and a summary with no mean no blocks."""
+    stderr: dict[str, Any] = {}
+    ci95: dict[str, Any] = {}
+    sample_size: dict[str, Any] = {}
+    for key, value in figures.items():
+        estimate = estimates.get(key)
+        if value is None or estimate is None:
+            continue
+        stderr[key], ci95[key] = error_bars(estimate)
+        sample_size[key] = {"tasks": estimate.tasks, "rollouts": estimate.rollouts}
+    components = figures.get(REWARD_COMPONENTS)
+    if components:  # each entry's bars nested as its mean is: stderr.reward_components.NAME
+        for block in (stderr, ci95, sample_size):
+            block[REWARD_COMPONENTS] = {}
+        for name in components:
+            estimate = estimates.get(component_key(name))
+            if estimate is not None:
+                bars = error_bars(estimate)
+                stderr[REWARD_COMPONENTS][name], ci95[REWARD_COMPONENTS][name] = bars
+                sample_size[REWARD_COMPONENTS][name] = {"tasks": estimate.tasks, "rollouts": estimate.rollouts}
+    if not sample_size:  # no mean: no blocks, as an agent whose rollouts all failed has none
+        return {}
+    return {"stderr": stderr, "ci95": ci95, "sample_size": sample_size}
+
+
+def _agent_figures(means: Means, estimates: dict[str, Estimate]) -> dict[str, Any]:
+    """An agent's part of the summary's `agents`: its counts, means, error bars, usage and costs."""
+    figures: dict[str, Any] = {"succeeded": means.succeeded, "failed": means.failed, "masked": means.masked}
+    figures |= means.means()
+    if means.component_sums:
+        figures[REWARD_COMPONENTS] = means.components()
+    figures |= error_blocks(figures, estimates)
+    figures["usage"] = means.usage()
+    costs = means.costs.figures()
+    if costs is not None:
+        figures["per_rollout"] = costs
+    return figures

@@ -1,0 +1,153 @@
+"""statistics.py: a run's snapshot, taken mid-run on trio's MockClock, and the summary made from it.
+
+The run here is a `Run` over `ScriptedTransport`: its agent answers in seconds of the mock clock,
+so what is in flight when the snapshot is taken is decided by the clock, not the machine's speed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from rollfilter import Config
+from rollfilter.api.in_trio import _RowFeed
+from rollfilter.config import Retries
+from rollfilter.engine.metrics import Metrics
+from rollfilter.engine.sinks import ChannelSink
+from rollfilter.engine.statistics import RunStatistics, statistics_of, summary_of
+from rollfilter.formats.writers import Release
+from rollfilter.http import Reply
+from rollfilter.http.testing import ScriptedRequest, ScriptedTransport, scripted_reply
+from rollfilter.outcomes import Outcome
+from rollfilter.run.run import Run
+from tests.conftest import URL
+
+SLOW = 100.0  # an odd row's episode, in seconds of the mock clock; an even row's takes 1
+
+
+async def episode(request: ScriptedRequest) -> Reply:
+    """An even row answers in a second, an odd one in SLOW seconds; row 4 fails (500)."""
+    number = request.json()["id"]
+    await trio.sleep(1.0 if number % 2 == 0 else SLOW)
+    if number == 4:
+        return scripted_reply(500, {"error": "no"})
+    usage = {"input_tokens": 10, "output_tokens": 5 + number}
+    return scripted_reply(200, {"reward": number / 10, "id": number, "response": {"usage": usage}})
+
+
+def rows(count: int, agent: str | None = None) -> list[dict[str, Any]]:
+    named = {"agent_ref": {"name": agent}} if agent is not None else {}
+    return [{"id": number, "responses_create_params": {"input": f"row {number}"}, **named} for number in range(count)]
+
+
+async def take_outcomes(receive: trio.MemoryReceiveChannel[tuple[Outcome, Release]], into: list[Outcome]) -> None:
+    async for outcome, release in receive:
+        release()
+        into.append(outcome)
+
+
+async def test_a_snapshot_taken_mid_run_is_consistent_and_stays_as_it_was_taken(
+    autojump_clock: trio.testing.MockClock,
+):
+    config = Config(url=URL, concurrency=8, retries=Retries(count=0))
+    send, receive = trio.open_memory_channel[tuple[Outcome, Release]](math.inf)
+    run = Run(config, source=_RowFeed(rows(8)), sink=ChannelSink(send), transport=ScriptedTransport(episode))
+    outcomes: list[Outcome] = []
+    await run.connect()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(take_outcomes, receive, outcomes)
+
+        async def send_all() -> None:
+            async with send:
+                await run.send()
+
+        nursery.start_soon(send_all)
+        await trio.sleep(SLOW / 2)  # the even rows have ended (row 4 failed), the odd ones are out
+        mid_run = run.statistics()
+        assert (mid_run.started, mid_run.succeeded, mid_run.failed, mid_run.in_flight) == (8, 3, 1, 4)
+        assert mid_run.ended + mid_run.in_flight == mid_run.started
+        assert mid_run.rows_read == mid_run.started + mid_run.skipped + mid_run.not_retried == 8
+        assert mid_run.not_started is None  # nothing says yet how many rows the input holds
+        assert mid_run.finished == mid_run.ended == 4
+        (agent,) = mid_run.agents.values()
+        assert (agent.succeeded, agent.failed_by_kind, agent.in_flight) == (3, {"http_status": 1}, 4)
+        assert agent.tokens == 3 * 10 + (5 + 0) + (5 + 2) + (5 + 6)
+        assert mid_run.reward_mean == agent.reward_mean == pytest.approx((0.0 + 0.2 + 0.6) / 3)
+        assert mid_run.steering.requests_out == 4
+        assert [rollout.task_index for rollout in mid_run.oldest] == [1, 3, 5, 7]
+        assert mid_run.latency.count == mid_run.output_tokens().count == 3
+        run.expected = 10  # once known (a materialized file): the rows never read are derived from it
+        assert run.statistics().not_started == 10 - 8
+    at_the_end = run.statistics()
+    assert (at_the_end.succeeded, at_the_end.in_flight, at_the_end.latency.count) == (7, 0, 7)
+    assert len(outcomes) == 8
+    # The snapshot taken mid-run is as it was: no figure moved with the run, the copies neither.
+    assert (mid_run.succeeded, mid_run.in_flight, mid_run.expected, mid_run.not_started) == (3, 4, None, None)
+    assert mid_run.latency.count == mid_run.output_tokens().count == 3
+    assert sum(means.succeeded for means in mid_run.results_by_agent.values()) == 3
+    assert summary_of(mid_run)["reward"] == pytest.approx((0.0 + 0.2 + 0.6) / 3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        mid_run.succeeded = 0  # type: ignore[misc]
+    await run.aclose()
+
+
+async def test_the_agents_figures_add_up_to_the_runs_and_are_keyed_by_label(autojump_clock: trio.testing.MockClock):
+    config = Config(endpoints={"a": (URL,)}, url=URL, concurrency=8, retries=Retries(count=0))
+    send, receive = trio.open_memory_channel[tuple[Outcome, Release]](math.inf)
+    mixed = rows(5, "a") + [{"id": 10 + number, "responses_create_params": {"input": "x"}} for number in range(3)]
+    run = Run(config, source=_RowFeed(mixed), sink=ChannelSink(send), transport=ScriptedTransport(episode))
+    await run.connect()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(take_outcomes, receive, [])
+        async with send:
+            await run.send()
+    statistics = run.statistics()
+    assert set(statistics.agents) == {"a", "(no name)"}
+    assert sum(agent.succeeded for agent in statistics.agents.values()) == statistics.succeeded == 7
+    failed = sum(sum(agent.failed_by_kind.values()) for agent in statistics.agents.values())
+    assert failed == statistics.failed == 1
+    assert all(agent.concurrency_limit == 8 for agent in statistics.agents.values())
+    await run.aclose()
+
+
+def test_rows_read_and_not_started_are_derived_once_from_the_counts():
+    metrics = Metrics()
+    metrics.taken = 5
+    statistics = statistics_of(metrics, expected=12, skipped_unread=3, finished_before=2)
+    assert (statistics.rows_read, statistics.not_started, statistics.finished) == (8, 4, 2)
+    summary = summary_of(statistics, stopped="interrupted")["rollfilter"]
+    assert (summary["rows_read"], summary["not_started"]) == (8, 4)
+    assert summary["cancelled"] == 5 + 4  # taken and not ended, and never started
+    assert statistics_of(metrics, expected=6, skipped_unread=3).not_started == 0  # never below none
+
+
+async def test_the_summary_renders_the_runs_snapshot():  # a run is summed up in trio
+    run = Run(Config(url=URL, groups=True, repeats=2))
+    taken = run.statistics()
+    shown = dataclasses.replace(taken, succeeded=1234, skipped=7, rows_read=1241, expected=1300, not_started=59)
+    run.statistics = lambda: shown  # type: ignore[method-assign]
+    figures = run.summary()["rollfilter"]
+    assert (figures["succeeded"], figures["skipped"], figures["rows_read"]) == (1234, 7, 1241)
+    assert figures["expected"] == 1300
+    assert isinstance(taken, RunStatistics)
+
+
+def test_the_summary_keeps_its_keys_and_their_order():
+    metrics = Metrics()
+    metrics.add_result({"reward": 1.0, "response": {"usage": {"total_tokens": 3}}}, 0.5, "a")
+    metrics.add_result({"reward": 0.0}, 0.5, "b")
+    metrics.taken = 3
+    summary = summary_of(statistics_of(metrics, expected=3), stopped="interrupted")
+    assert list(summary) == [
+        *("reward", "stderr", "ci95", "sample_size", "usage", "per_rollout", "agents", "rollfilter")
+    ]
+    assert list(summary["rollfilter"]) == [
+        *("expected", "rows_read", "succeeded", "failed", "masked", "means_cover", "not_persisted", "skipped"),
+        *("not_retried", "cancelled", "failed_by_kind", "retries", "retries_withheld", "elapsed_s", "rows_per_s"),
+        *("tokens_per_s", "latency_s", "stopped", "not_started"),
+    ]
