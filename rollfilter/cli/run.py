@@ -27,10 +27,10 @@ from rollfilter.cli.files import identity
 from rollfilter.cli.files.outputs import (
     STANDARD_STREAMS,
     OutputFiles,
+    OutputKey,
     RunFiles,
     RunOutputs,
     Streams,
-    dry_run_files,
     held_target,
     open_appended,
     replace_content,
@@ -117,18 +117,18 @@ async def run(
         command = fit_open_files(command, files_per_connection=2 if options.demo else 1, stderr=streams.stderr)
     with control_socket(command.control_socket) as control, OutputFiles() as files:
         # Locked first: the record, the resume state and a torn tail are read under the lock.
-        appended: list[int | None] = [None] * 5
+        appended: dict[OutputKey, int] = {}
         with run_control.stoppable():  # a stop while --wait-lock waits: the summary of nothing sent
             if not options.dry_run:
                 appended = await open_appended(command, files, streams.stderr, say)
-        if run_control.cause is not None and not options.dry_run and None in appended[:1]:
+        if run_control.cause is not None and not options.dry_run and "output" not in appended:
             return _stopped_before_opening(run_control, streams, quiet=options.quiet)
         for caveat in files.caveats:
             say(caveat, streams.stderr)
         command, record = identity.command_as_recorded(command)
         resume, earlier = _earlier_runs(command, dry_run=options.dry_run)
         if options.dry_run:  # it changes no file: it reads what resume reads, and prints the rest
-            opened, earlier = dry_run_files(streams), _Earlier()
+            opened, earlier = RunFiles.standard_streams(streams), _Earlier()
         else:
             opened = run_files(command, files, streams, appended, record)
         async with _demo_agent(options.demo) as url:
@@ -239,14 +239,10 @@ class _CommandLineRun:
         self.write_failures: list[OutputFailed] = []
         self.results = self._writer(files.results, files.results_name)
         self.stderr_lines = self._writer(streams.stderr, "standard error")
-        self.errors = self.stderr_lines if files.errors is None else self._writer(files.errors, files.errors_name)
-        self.per_task = (
-            None if files.per_task is None else self._writer(files.per_task, f"--per-task {command.per_task_file}")
-        )
-        self.dropped = (
-            None if files.dropped is None else self._writer(files.dropped, f"--dropped {command.dropped_file}")
-        )
-        self.held = None if files.held is None else self._writer(files.held, f"the held file {command.held_file}")
+        self.errors = self._appended("errors_file") or self.stderr_lines
+        self.per_task = self._appended("per_task_file")
+        self.dropped = self._appended("dropped_file")
+        self.held = self._appended("held_file")
         self.writers = list(
             dict.fromkeys(
                 w for w in (self.results, self.errors, self.stderr_lines, self.per_task, self.dropped, self.held) if w
@@ -314,7 +310,7 @@ class _CommandLineRun:
         return LineSink(
             self.results,
             errors_out,
-            records=self.files.errors is not None,
+            records="errors_file" in self.files.appended,
             ordered=self.command.ordered,
             repeats=repeats,
             stderr_line=message_line,
@@ -330,6 +326,11 @@ class _CommandLineRun:
     def _writer(self, fd: int, name: str) -> BatchWriter:
         return BatchWriter(fd, name=name, on_failure=self._output_failed)
 
+    def _appended(self, key: OutputKey) -> BatchWriter | None:
+        """The writer of the output `key` appends to, if the run has it."""
+        fd = self.files.appended.get(key)
+        return None if fd is None else self._writer(fd, self.files.names[key])
+
     def _output_failed(self, failure: OutputClosed | OutputFailed) -> None:
         # A write that fails stops the run as Ctrl-C does; a closed pipe stops it quietly.
         if isinstance(failure, OutputClosed):
@@ -340,11 +341,12 @@ class _CommandLineRun:
 
     def _exporter(self) -> Exporter | None:
         """--prometheus and --prometheus-file's, when either is given (prometheus_client is imported then)."""
-        if not self.files.listening and self.files.prometheus is None:
+        prometheus_file = self.files.whole.get("prometheus_file")
+        if not self.files.listening and prometheus_file is None:
             return None
         from rollfilter.cli.exporter import Exporter
 
-        return Exporter(self.run, self.files.listening, self.files.prometheus)
+        return Exporter(self.run, self.files.listening, prometheus_file)
 
     def _display(self) -> ProgressDisplay | None:
         options, config = self.options, self.command.engine
@@ -447,8 +449,9 @@ class _CommandLineRun:
             services.start_soon(self.display.run, run.metrics, self._total(planned), lambda: run.steering.paused)
         if self.progress_lines is not None:
             services.start_soon(self.progress_lines.run, run.metrics, self._total(planned))
-        if files.progress is not None:
-            services.start_soon(publish_progress, files.progress, self.finished, self.say)
+        progress_file = files.whole.get("progress_file")
+        if progress_file is not None:
+            services.start_soon(publish_progress, progress_file, self.finished, self.say)
         if self.earlier.results is not None:
             await trio.to_thread.run_sync(self._take_earlier_results, self.earlier.results)
         if control.cause is None:  # not stopped during the first pass: nothing sent then
@@ -563,15 +566,16 @@ class _CommandLineRun:
         stopped = control.reason or (control.cause.value if control.cause is not None else None)
         summary_object = run.summary(stopped=stopped)
         summary = _encode(summary_object) + b"\n"
-        if files.progress is not None:
+        progress_file = files.whole.get("progress_file")
+        if progress_file is not None:
             with contextlib.suppress(OutputClosed, OutputFailed):  # best effort, as while running
-                files.progress.replace(b"%d\n" % self.finished())
+                progress_file.replace(b"%d\n" % self.finished())
         if self.exporter is not None:
             self.exporter.finish()
         try:
-            replace_content(files.metrics, summary)
+            replace_content(files.whole.get("metrics_file"), summary)
             if run.report is not None:
-                replace_content(files.aggregate, run.report.file_bytes())
+                replace_content(files.whole.get("aggregate_file"), run.report.file_bytes())
         except OutputFailed as failure:
             self.write_failures.append(failure)
         # Why the run stopped is in the summary (`stopped`); a line of its own would come between a
