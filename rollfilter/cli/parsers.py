@@ -1,8 +1,10 @@
 """The command line's option texts, parsed into what `Config` and `CommandConfig` take.
 
 Each parser belongs to one option (typer's `parser=`, or the command's own assembly of several)
-and says what is wrong with its text by that option's name, in one line, as `UsageError`: the
-library's `ConfigError` names Config fields, which a command-line user never sees. Two read
+and says what is wrong with its text by that option's name, in one line, as `UsageError`. What
+`Config` checks (a shard's I < N, groups of more than one rollout, --max-cost's prices) is left to
+it: its `ConfigError` names a field, and `cli/main.py` says it by the option that sets that field
+(`options.OPTION_OF_FIELD`). Two read
 outside their argument: `prices` reads its file, and `shard` the Slurm variables of the
 environment for `auto`.
 """
@@ -31,7 +33,6 @@ from rollfilter.config import (
     affinity_header_problem,
     agent_url,
     checked_url,
-    group_field_problem,
     header_problem,
     is_decimal,
     verify_url,
@@ -159,11 +160,9 @@ def endpoints(specs: Iterable[str]) -> dict[str, tuple[str, ...]]:
     return found
 
 
-def prices(
-    specs: Iterable[str], path: str | None, *, max_cost: float | None = None
-) -> tuple[tuple[str | None, Price], ...]:
+def prices(specs: Iterable[str], path: str | None) -> tuple[tuple[str | None, Price], ...]:
     """`--prices FILE` (YAML or JSON), then each `--price [AGENT=]IN,OUT[,CACHED]`; the last for an
-    agent wins. UsageError too for a `--max-cost` without any."""
+    agent wins."""
     found: dict[str | None, Price] = {}
     if path is not None:
         import yaml  # only a run given a prices file pays for importing it
@@ -182,8 +181,6 @@ def prices(
     for spec in specs:
         agent, price = parse_price(spec)
         found[agent] = price
-    if max_cost is not None and not found:
-        raise UsageError("--max-cost needs --prices: without them nothing is spent")
     return tuple(found.items())
 
 
@@ -337,8 +334,8 @@ def statuses(spec: str | frozenset[int]) -> frozenset[int]:
 
 
 def shard(spec: str | None, environ: Mapping[str, str]) -> tuple[int, int] | None:
-    """--shard `I/N`: this process's share of the tasks, 0 <= I < N; `auto`: this Slurm array task's
-    (see `slurm_shard`)."""
+    """--shard `I/N`: this process's share of the tasks (Config checks 0 <= I < N); `auto`: this
+    Slurm array task's (see `slurm_shard`)."""
     if spec is None:
         return None
     if spec == SHARD_AUTO:
@@ -346,8 +343,6 @@ def shard(spec: str | None, environ: Mapping[str, str]) -> tuple[int, int] | Non
     index, sep, count = spec.partition("/")
     if not sep or not is_decimal(index.strip()) or not is_decimal(count.strip()):
         raise UsageError(f"--shard wants I/N, like 0/4, got {spec!r}")
-    if not int(index) < int(count):
-        raise UsageError("--shard I/N wants 0 <= I < N")
     return int(index), int(count)
 
 
@@ -454,14 +449,6 @@ def gym_layout(output: str | None) -> tuple[str, str, str, str]:
     )
 
 
-def fewest_repeats(default: int | None, by_agent: Mapping[str, int]) -> tuple[int, str | None]:
-    """The fewest rollouts a row gets, and the -r that gives them (None: no -r gave it)."""
-    counts: list[tuple[int, str | None]] = [(count, f"-r {name}={count}") for name, count in sorted(by_agent.items())]
-    if default is not None or not by_agent:  # without a default, a row no count covers fails
-        counts.append((default or 1, None if default is None else f"-r {default}"))
-    return min(counts, key=lambda count: count[0])
-
-
 def steering(
     policy_version: int | None, max_staleness: int | None, batch_groups: int | None, *, groups: bool
 ) -> dict[str, Any]:
@@ -476,42 +463,19 @@ def steering(
     return {"policy_version": policy_version, "max_staleness": max_staleness, "batch_groups": batch_groups}
 
 
-def groups(
-    groups: bool,
-    *,
-    repeats: tuple[int | None, Mapping[str, int]],
-    drop_uniform: bool,
-    group_field: str | None,
-    given: dict[str, object],
-    refused: dict[str, bool],
-) -> dict[str, Any]:
+def groups(groups: bool, *, drop_uniform: bool, group_field: str | None, refused: dict[str, bool]) -> dict[str, Any]:
     """Config's groups, drop_uniform and group_field from --groups, --drop-uniform and
-    --group-field; UsageError for group options that cannot work: one that needs --groups without
-    it (those `given`), groups of one rollout (`repeats`: -r's default and counts by agent), a
-    --group-field that can never be a number, or an option groups cannot go with (those `refused`,
-    named as typed)."""
-    settings = {"groups": groups or drop_uniform, "drop_uniform": drop_uniform, "group_field": group_field or "reward"}
-    if not settings["groups"]:
-        for option, value in given.items():
-            if value not in (None, False):
-                raise UsageError(f"{option} is about groups: give --groups (or --drop-uniform)")
-        if group_field is not None:
-            raise UsageError("--group-field is what --drop-uniform compares: give --drop-uniform")
-        return settings
-    fewest, named = fewest_repeats(*repeats)
-    if fewest < 2:
-        which = f" ({named} makes groups of one)" if named is not None and repeats[1] else ""
-        raise UsageError(f"--groups needs -r K with K > 1: a group is a row's K rollouts{which}")
+    --group-field; UsageError for what Config cannot tell: a --group-field without --drop-uniform
+    (Config's has a default), and an option groups cannot go with (those `refused`, named as
+    typed). Config checks the rest: the options that need groups, groups of more than one rollout,
+    a --group-field that can be a number."""
     if group_field is not None and not drop_uniform:
         raise UsageError("--group-field is what --drop-uniform compares: give --drop-uniform")
-    problem = group_field_problem(group_field) if group_field is not None else None
-    if problem is not None:
-        raise UsageError(f"--group-field {group_field}: {problem}")
-    for option, value in refused.items():
+    for option, value in refused.items() if groups or drop_uniform else ():
         if value:
             grouping = "--groups" if groups else "--drop-uniform"
             raise UsageError(f"{grouping} cannot go with {option}: {_REFUSED_WITH_GROUPS[option]}")
-    return settings
+    return {"groups": groups or drop_uniform, "drop_uniform": drop_uniform, "group_field": group_field or "reward"}
 
 
 _REFUSED_WITH_GROUPS = {

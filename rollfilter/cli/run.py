@@ -42,7 +42,6 @@ from rollfilter.cli.folding import FailureFolder
 from rollfilter.cli.messages import failure_message, message_line, say, write_summary
 from rollfilter.cli.signals import StopSignals, is_pipe, status_lines, watch_reader_gone
 from rollfilter.cli.statuses import RunEnd
-from rollfilter.config import Config, ConfigError
 from rollfilter.demo import DemoAgent, DemoOptions
 from rollfilter.demo import serve as serve_demo
 from rollfilter.engine.metrics import Metrics
@@ -74,67 +73,50 @@ if TYPE_CHECKING:
     from rollfilter.cli.progress_lines import ProgressLines
 
 _encode = msgspec.json.Encoder().encode
-# The options of the Config fields a run checks once it knows its agents (Run.connect).
-OPTION_OF_FIELD = {"rpm_by_agent": "--rpm NAME=N", "tpm_by_agent": "--tpm NAME=N"}
 # The stops whose reason is a fault, said on stderr wherever it goes; other reasons are notices.
 FAULT_STOPS = frozenset({StopCause.OUTPUT_FAILED, StopCause.AGENT_UNREACHABLE})
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class RunOptions:
-    """How a command-line run goes beyond its `CommandConfig`: the demo agent it starts, whether it
-    handles signals (off for a run inside another program's loop), what it shows on stderr, and
-    whether it only prints what it would send (--dry-run)."""
-
-    demo: DemoOptions | None = None
-    handle_signals: bool = True
-    quiet: bool = False
-    progress: bool | None = None  # None: on when stderr is a terminal
-    verbose: bool = False
-    dry_run: bool = False
 
 
 async def run(
     command: CommandConfig,
     *,
     streams: Streams = STANDARD_STREAMS,
-    options: RunOptions = RunOptions(),
     stops: StopSignals | None = None,
 ) -> RunEnd:
     """Run the rollouts `command` describes; return how it ended. Prints the summary. `stops`
-    (the command's stop signals) stop it from here on, unless `options` say it handles none."""
+    (the command's stop signals) stop it from here on, unless `command` handles none."""
     run_control = RunControl()
-    if stops is not None and options.handle_signals:
+    if stops is not None and command.handle_signals:
         stops.attach(run_control)
     else:
         stops = None
     check_inputs(command.inputs)
-    if not command.engine.names_an_agent and options.demo is None:
+    if not command.config.names_an_agent and command.demo is None:
         raise UsageError("no agent to send to: give -u URL, -e NAME=URL, --head-server URL, or --demo")
-    RunOutputs(command, streams, dry_run=options.dry_run).check()
-    tls = cacert_context(command.engine)  # read once, and refused before any file is touched
-    if not options.dry_run:
-        command = fit_open_files(command, files_per_connection=2 if options.demo else 1, stderr=streams.stderr)
+    RunOutputs(command, streams, dry_run=command.dry_run).check()
+    tls = tls_context_for(command.config)  # read once, and refused before any file is touched
+    if not command.dry_run:
+        command = fit_open_files(command, files_per_connection=2 if command.demo else 1, stderr=streams.stderr)
     with control_socket(command.control_socket) as control, OutputFiles() as files:
         # Locked first: the record, the resume state and a torn tail are read under the lock.
         appended: dict[OutputKey, int] = {}
         with run_control.stoppable():  # a stop while --wait-lock waits: the summary of nothing sent
-            if not options.dry_run:
+            if not command.dry_run:
                 appended = await open_appended(command, files, streams.stderr, say)
-        if run_control.cause is not None and not options.dry_run and "output" not in appended:
-            return _stopped_before_opening(run_control, streams, quiet=options.quiet)
+        if run_control.cause is not None and not command.dry_run and "output" not in appended:
+            return _stopped_before_opening(run_control, streams, quiet=command.quiet)
         for caveat in files.caveats:
             say(caveat, streams.stderr)
         command, record = identity.command_as_recorded(command)
-        resume, earlier = _earlier_runs(command, dry_run=options.dry_run)
-        if options.dry_run:  # it changes no file: it reads what resume reads, and prints the rest
+        resume, earlier = _earlier_runs(command, dry_run=command.dry_run)
+        if command.dry_run:  # it changes no file: it reads what resume reads, and prints the rest
             opened, earlier = RunFiles.standard_streams(streams), _Earlier()
         else:
             opened = run_files(command, files, streams, appended, record)
-        async with _demo_agent(options.demo) as url:
+        async with _demo_agent(command.demo) as url:
             if url is not None:
-                command = dataclasses.replace(command, engine=dataclasses.replace(command.engine, url=url))
-            clrun = _CommandLineRun(command, streams, opened, resume, earlier, options, tls, run_control)
+                command = dataclasses.replace(command, config=dataclasses.replace(command.config, url=url))
+            clrun = _CommandLineRun(command, streams, opened, resume, earlier, tls, run_control)
             return await clrun.execute(stops, control)
 
 
@@ -146,14 +128,6 @@ def _stopped_before_opening(control: RunControl, streams: Streams, *, quiet: boo
     return RunEnd(control.cause)
 
 
-def cacert_context(config: Config) -> ssl.SSLContext | None:
-    """The TLS context of --cacert's file (see `tls_context_for`); UsageError naming the option."""
-    try:
-        return tls_context_for(config)
-    except ConfigError as exc:
-        raise UsageError(f"--cacert {exc.problem}") from None
-
-
 def fitted_concurrency(wanted: int, *, files_per_connection: int) -> int:
     """How many of `wanted` requests at once fit under the open-file limit (raised as far as it goes)."""
     return connections_that_fit(wanted, raise_open_file_limit(), files_per_connection=files_per_connection)
@@ -163,7 +137,7 @@ def fit_open_files(command: CommandConfig, *, files_per_connection: int, stderr:
     """Raise the open-file limit as far as it goes; if -j still does not fit under it, say so
     once and run fewer rows at a time, so that no row fails for this machine's limit."""
     limit = raise_open_file_limit()
-    wanted = command.engine.concurrency
+    wanted = command.config.concurrency
     fitted = connections_that_fit(wanted, limit, files_per_connection=files_per_connection)
     if fitted == wanted:
         return command
@@ -172,7 +146,7 @@ def fit_open_files(command: CommandConfig, *, files_per_connection: int, stderr:
         f" see ulimit -n): running {fitted} rows at a time",
         stderr,
     )
-    return dataclasses.replace(command, engine=dataclasses.replace(command.engine, concurrency=fitted))
+    return dataclasses.replace(command, config=dataclasses.replace(command.config, concurrency=fitted))
 
 
 @contextlib.asynccontextmanager
@@ -207,7 +181,7 @@ def _earlier_runs(command: CommandConfig, *, dry_run: bool) -> tuple[ResumeState
         if path is not None and not dry_run:
             drop_torn_tail(path)
     resume = ResumeState.from_files(
-        command.output, command.errors_file, command.max_attempts, held=held, target_groups=command.engine.target_groups
+        command.output, command.errors_file, command.max_attempts, held=held, target_groups=command.config.target_groups
     )
     if held is not None and command.dropped_file is not None and not dry_run:
         resume.rebuild_dropped(command.dropped_file, held)
@@ -229,11 +203,10 @@ class _CommandLineRun:
         files: RunFiles,
         resume: ResumeState | None,
         earlier: _Earlier,
-        options: RunOptions,
         tls: ssl.SSLContext | None,
         control: RunControl,
     ) -> None:
-        self.command, self.streams, self.files, self.earlier, self.options = command, streams, files, earlier, options
+        self.command, self.streams, self.files, self.earlier = command, streams, files, earlier
         self.resume = resume
         self.control = control
         self.write_failures: list[OutputFailed] = []
@@ -256,16 +229,16 @@ class _CommandLineRun:
         )
         self.sink = self._sink()
         self.run = Run(
-            command.engine,
+            command.config,
             source=self.reader,
             sink=self.sink,
             control=self.control,
             resume=resume,
             tls=tls,
             on_task=self._write_task if self.per_task is not None else None,
-            on_event=self.say if options.verbose and not options.dry_run else None,
+            on_event=self.say if command.verbose and not command.dry_run else None,
             on_warning=self.say,
-            dry_run=self.show_route if options.dry_run else None,
+            dry_run=self.show_route if command.dry_run else None,
             hold=self.held.write if self.held is not None else None,
             stop_when_unreachable=True,
         )
@@ -292,17 +265,17 @@ class _CommandLineRun:
     def _sink(self) -> LineSink:
         errors_out = self.log if self.errors is self.stderr_lines else self.errors
         # An internal error's details are a -v event line, and a dry run has none.
-        details_hint = not (self.options.verbose or self.options.dry_run)
+        details_hint = not (self.command.verbose or self.command.dry_run)
         message_of = functools.partial(failure_message, details_hint=details_hint)
-        repeats = self.command.engine.max_repeats
+        repeats = self.command.config.max_repeats
         fold = self.folder.admit
-        if self.options.dry_run:
+        if self.command.dry_run:
             return BodySink(
                 self.results, errors_out, repeats=repeats, stderr_line=message_line, message_of=message_of, fold=fold
             )
         results_fd = self.files.results
         groups = GroupOutputs(
-            keep_incomplete=self.command.engine.keep_incomplete,
+            keep_incomplete=self.command.config.keep_incomplete,
             dropped=self.dropped,
             held=self.held,
             results_size=lambda: os.lseek(results_fd, 0, os.SEEK_CUR),
@@ -349,15 +322,15 @@ class _CommandLineRun:
         return Exporter(self.run, self.files.listening, prometheus_file)
 
     def _display(self) -> ProgressDisplay | None:
-        options, config = self.options, self.command.engine
-        wanted = progress_wanted(options.progress, quiet=options.quiet, stderr_fd=self.streams.stderr)
-        if options.dry_run or not wanted or not os.isatty(self.streams.stderr):
+        command, config = self.command, self.command.config
+        wanted = progress_wanted(command.progress, quiet=command.quiet, stderr_fd=self.streams.stderr)
+        if command.dry_run or not wanted or not os.isatty(self.streams.stderr):
             return None
         from rollfilter.cli.progress import ProgressDisplay
 
         return ProgressDisplay(
             fd=self.streams.stderr,
-            force_terminal=bool(options.progress),
+            force_terminal=bool(command.progress),
             adaptive=config.adaptive,
             priced=bool(config.prices),
             limited=config.rate_limited,
@@ -367,7 +340,7 @@ class _CommandLineRun:
 
     def _progress_lines(self) -> ProgressLines | None:
         """--progress where stderr is no terminal (a batch job's log): plain lines, not the display."""
-        if self.options.dry_run or not self.options.progress or os.isatty(self.streams.stderr):
+        if self.command.dry_run or not self.command.progress or os.isatty(self.streams.stderr):
             return None
         from rollfilter.cli.progress_lines import ProgressLines
 
@@ -418,13 +391,13 @@ class _CommandLineRun:
         if self.control_socket is not None:
             self.control_socket.remove()
         say("stopped again: results not yet written are dropped (--resume runs them again)", self.streams.stderr)
-        if not self.options.quiet:
+        if not self.command.quiet:
             control = self.control
             stopped = control.reason or (control.cause.value if control.cause is not None else None)
             write_summary(self.streams.stderr, _encode(self.run.summary(stopped=stopped)) + b"\n")
 
     async def _serve(self, services: trio.Nursery) -> None:
-        files, options, control, run = self.files, self.options, self.control, self.run
+        files, command, control, run = self.files, self.command, self.control, self.run
         for writer in self.writers:
             services.start_soon(writer.run)
         try:
@@ -436,14 +409,11 @@ class _CommandLineRun:
         if self.exporter is not None:
             self.exporter.start(services, self.say)
         if self.control_socket is not None:  # served from now: a run may be paused before it sends
-            on_command = self.say if options.verbose else None
-            per_connection = 2 if options.demo else 1  # the demo agent's end of each connection too
+            on_command = self.say if command.verbose else None
+            per_connection = 2 if command.demo else 1  # the demo agent's end of each connection too
             fit = functools.partial(fitted_concurrency, files_per_connection=per_connection)
             services.start_soon(ControlServer(self.control_socket, run, on_command, fit).serve)
-        try:
-            await run.connect()
-        except ConfigError as exc:  # an agent the head server did not name, say
-            raise UsageError(f"{OPTION_OF_FIELD.get(exc.field, exc.field)} {exc.problem}") from None
+        await run.connect()  # a ConfigError, as for an agent the head server did not name, is said by its option
         planned = await self._plan_first() if files.materialized is not None and control.cause is None else None
         if self.display is not None:
             services.start_soon(self.display.run, run.metrics, self._total(planned), lambda: run.steering.paused)
@@ -488,7 +458,7 @@ class _CommandLineRun:
         the summary's groups, as the dropped file shows them."""
         if self.resume is None or (self.dropped is None and self.run.groups is None):
             return
-        config, left_open = self.command.engine, set()
+        config, left_open = self.command.config, set()
         for result in self.resume.leftover_held():
             if self.dropped is not None:
                 self.dropped.write(_encode({**result, DROPPED_BECAUSE: CANCELLED}) + b"\n")
@@ -508,7 +478,7 @@ class _CommandLineRun:
                 return await plan_first(
                     self.files.materialized,
                     inputs=command.inputs,
-                    config=command.engine,
+                    config=command.config,
                     router=run.router,
                     reader=self.reader,
                     stdin_fd=self.streams.stdin,
@@ -525,7 +495,7 @@ class _CommandLineRun:
         """How the display finds the run's total, for its ETA."""
         if planned is not None:
             return lambda: planned
-        config = self.command.engine
+        config = self.command.config
         repeats = None if config.repeats_by_agent else config.max_repeats
         if config.reverify is not None:
             repeats = None if config.reverify.judge_failed_only else 1  # a line a rollout (of those re-scored)
@@ -543,7 +513,7 @@ class _CommandLineRun:
         """What the summary gives as `expected`: every pair of the input, when it is known."""
         metrics, control = self.run.metrics, self.control
         metrics.expected = planned
-        if planned is None and control.cause is None and not self.options.dry_run:
+        if planned is None and control.cause is None and not self.command.dry_run:
             metrics.expected = metrics.taken + metrics.skipped + metrics.not_retried  # all of it was read
         elif planned is None and control.cause in (StopCause.TARGET_REACHED, StopCause.AGENT_UNREACHABLE):
             # The summary's not_started: the rows not sent, counted when they can be read again.
@@ -552,7 +522,7 @@ class _CommandLineRun:
             # is a second one, which ends the process (cli/signals.py).
             scope = self.control.stoppable() if control.cause is StopCause.TARGET_REACHED else trio.CancelScope()
             with scope:
-                metrics.expected = await count_rollouts(command.inputs, command.engine, command.max_line_bytes)
+                metrics.expected = await count_rollouts(command.inputs, command.config, command.max_line_bytes)
 
     def _finish(self) -> RunEnd:
         """How the run ended, with the summary and the files written whole at the end."""
@@ -586,10 +556,10 @@ class _CommandLineRun:
         for message in filter(None, messages):
             say(message, stderr)
         if run.engine is not None and not control.stopped_early:
-            for name in sorted(set(self.command.engine.repeats_by_agent) - run.engine.planner.agents_seen):
+            for name in sorted(set(self.command.config.repeats_by_agent) - run.engine.planner.agents_seen):
                 say(f"-r {name}=K: no row named agent {name!r}", stderr)
         summary_lost = False
-        if not self.options.quiet:
+        if not self.command.quiet:
             chart = b"".join(line.encode() + b"\n" for line in chart_lines(summary_object, stderr))
             summary_lost = not write_summary(stderr, chart + summary_for(stderr, summary))
         return RunEnd(

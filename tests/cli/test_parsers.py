@@ -39,10 +39,10 @@ def test_shard_auto_is_the_array_tasks_offset_from_the_first():
 def test_a_shard_is_i_of_n():
     assert parsers.shard("1/3", {}) == (1, 3)
     assert parsers.shard(None, {}) is None
-    for bad, said in (("3/2", "--shard I/N wants 0 <= I < N"), ("x", "--shard wants I/N, like 0/4, got 'x'")):
-        with pytest.raises(UsageError) as refused:
-            parsers.shard(bad, {})
-        assert str(refused.value) == said
+    assert parsers.shard("3/2", {}) == (3, 2)  # Config refuses it (tests/cli/test_command.py)
+    with pytest.raises(UsageError) as refused:
+        parsers.shard("x", {})
+    assert str(refused.value) == "--shard wants I/N, like 0/4, got 'x'"
 
 
 def test_a_param_takes_json_else_string():
@@ -207,3 +207,17 @@ def test_a_policy_version_is_at_most_2_to_the_53():
     with pytest.raises(UsageError, match=r"--policy-version is a whole number of at most 9007199254740992"):
         parsers.steering(2**53 + 1, None, None, groups=False)
     assert parsers.steering(-(2**53), None, None, groups=False)["policy_version"] == -(2**53)
+
+
+def test_the_group_options_are_checked_by_config_not_again_here():
+    # Groups of one rollout, --keep-incomplete without groups: Config refuses them, by field
+    # (the command line says them by option: tests/e2e/test_groups.py).
+    assert parsers.groups(True, drop_uniform=False, group_field=None, refused={}) == {
+        "groups": True,
+        "drop_uniform": False,
+        "group_field": "reward",
+    }
+    with pytest.raises(UsageError, match=r"^--groups cannot go with -k: "):
+        parsers.groups(True, drop_uniform=False, group_field=None, refused={"-k": True})
+    with pytest.raises(UsageError, match=r"^--group-field is what --drop-uniform compares"):
+        parsers.groups(True, drop_uniform=False, group_field="accuracy", refused={})
