@@ -44,6 +44,7 @@ from rollfilter.cli.signals import StopSignals, is_pipe, status_lines, watch_rea
 from rollfilter.cli.statuses import RunEnd
 from rollfilter.demo import DemoAgent, DemoOptions
 from rollfilter.demo import serve as serve_demo
+from rollfilter.engine.client import DryRunClient, JobClient
 from rollfilter.engine.metrics import Metrics
 from rollfilter.engine.nursery import RunControl, StopCause, describe
 from rollfilter.engine.plan import Job
@@ -227,7 +228,7 @@ class _CommandLineRun:
         self.reader = LineReader(
             command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=streams.stdin, on_problem=self.say
         )
-        self.sink = self._sink()
+        self.sink, client = self._dry_run_parts() if command.dry_run else (self._sink(), None)
         self.run = Run(
             command.config,
             source=self.reader,
@@ -236,9 +237,9 @@ class _CommandLineRun:
             resume=resume,
             tls=tls,
             on_task=self._write_task if self.per_task is not None else None,
-            on_event=self.say if command.verbose and not command.dry_run else None,
+            on_event=self.say if command.verbose and client is None else None,
             on_warning=self.say,
-            dry_run=self.show_route if command.dry_run else None,
+            client=client,
             hold=self.held.write if self.held is not None else None,
             stop_when_unreachable=True,
         )
@@ -262,17 +263,29 @@ class _CommandLineRun:
         """Where stderr lines go: above the display while it is up, so as not to tear it."""
         return self.display if self.display is not None else self.stderr_lines
 
-    def _sink(self) -> LineSink:
-        errors_out = self.log if self.errors is self.stderr_lines else self.errors
+    @property
+    def _errors_out(self) -> LineWriter:
+        """Where failures go: --errors, or stderr above the display."""
+        return self.log if self.errors is self.stderr_lines else self.errors
+
+    def _dry_run_parts(self) -> tuple[LineSink, JobClient]:
+        """--dry-run's sink and client: each body printed where results go, each route said on
+        stderr just before it, and nothing sent."""
         # An internal error's details are a -v event line, and a dry run has none.
-        details_hint = not (self.command.verbose or self.command.dry_run)
-        message_of = functools.partial(failure_message, details_hint=details_hint)
-        repeats = self.command.config.max_repeats
-        fold = self.folder.admit
-        if self.command.dry_run:
-            return BodySink(
-                self.results, errors_out, repeats=repeats, stderr_line=message_line, message_of=message_of, fold=fold
-            )
+        message_of = functools.partial(failure_message, details_hint=False)
+        sink = BodySink(
+            self.results,
+            self._errors_out,
+            repeats=self.command.config.max_repeats,
+            stderr_line=message_line,
+            message_of=message_of,
+            fold=self.folder.admit,
+        )
+        return sink, DryRunClient(self.show_route)
+
+    def _sink(self) -> LineSink:
+        # An internal error's details are a -v event line.
+        message_of = functools.partial(failure_message, details_hint=not self.command.verbose)
         results_fd = self.files.results
         groups = GroupOutputs(
             keep_incomplete=self.command.config.keep_incomplete,
@@ -282,14 +295,14 @@ class _CommandLineRun:
         )
         return LineSink(
             self.results,
-            errors_out,
+            self._errors_out,
             records="errors_file" in self.files.appended,
             ordered=self.command.ordered,
-            repeats=repeats,
+            repeats=self.command.config.max_repeats,
             stderr_line=message_line,
             message_of=message_of,
             groups=groups,
-            fold=fold,
+            fold=self.folder.admit,
         )
 
     def _write_task(self, record: dict[str, object]) -> None:
