@@ -314,11 +314,14 @@ class Config:
 
     def _check_staleness(self) -> None:
         if (self.max_staleness is None) != (self.batch_groups is None):
-            given = "max_staleness" if self.max_staleness is not None else "batch_groups"
-            raise ConfigError(given, "needs Config.max_staleness and Config.batch_groups together")
+            given, other = (
+                ("max_staleness", "batch_groups") if self.batch_groups is None else ("batch_groups", "max_staleness")
+            )
+            raise ConfigError(given, f"needs Config.{other} too: a staleness bound is the two together")
         if self.max_staleness is not None:
             if not self.groups:
-                raise ConfigError("max_staleness", "needs Config.groups: staleness is bounded group by group")
+                problem = "needs Config.groups (or Config.drop_uniform): staleness is bounded group by group"
+                raise ConfigError("max_staleness", problem)
             if self.policy_version is None:
                 object.__setattr__(self, "policy_version", 0)
 

@@ -948,7 +948,7 @@ def parse(
         keep_incomplete=keep_incomplete,
         target_groups=target_groups,
         **group_settings,
-        **parsers.steering(policy_version, max_staleness, batch_groups, groups=group_settings["groups"]),
+        **parsers.steering(policy_version, max_staleness, batch_groups),
     )
     command = CommandConfig(
         config,

@@ -449,17 +449,11 @@ def gym_layout(output: str | None) -> tuple[str, str, str, str]:
     )
 
 
-def steering(
-    policy_version: int | None, max_staleness: int | None, batch_groups: int | None, *, groups: bool
-) -> dict[str, Any]:
+def steering(policy_version: int | None, max_staleness: int | None, batch_groups: int | None) -> dict[str, Any]:
     """Config's policy_version, max_staleness and batch_groups from their options; UsageError for a
-    staleness bound without groups, or without both of its figures, or a version past 2**53."""
+    version past 2**53 (Config checks the staleness bound's figures and groups)."""
     if policy_version is not None and abs(policy_version) > MAX_POLICY_VERSION:
         raise UsageError(f"--policy-version is a whole number of at most {MAX_POLICY_VERSION} (2**53)")
-    if (max_staleness is None) != (batch_groups is None):
-        raise UsageError("--max-staleness and --batch-groups go together: give both")
-    if max_staleness is not None and not groups:
-        raise UsageError("--max-staleness bounds the staleness of groups: give --groups (or --drop-uniform)")
     return {"policy_version": policy_version, "max_staleness": max_staleness, "batch_groups": batch_groups}
 
 

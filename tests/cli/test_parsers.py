@@ -196,17 +196,15 @@ def test_a_prometheus_address_is_host_and_port():
 
 
 def test_a_staleness_bound_needs_both_its_figures_and_groups():
-    with pytest.raises(UsageError, match="go together"):
-        parsers.steering(None, 1, None, groups=True)
-    with pytest.raises(UsageError, match="give --groups"):
-        parsers.steering(None, 1, 2, groups=False)
-    assert parsers.steering(3, 1, 2, groups=True) == {"policy_version": 3, "max_staleness": 1, "batch_groups": 2}
+    # Config checks them; the command line names the options (tests/e2e/test_options.py).
+    assert parsers.steering(3, 1, 2) == {"policy_version": 3, "max_staleness": 1, "batch_groups": 2}
+    assert parsers.steering(None, 1, None) == {"policy_version": None, "max_staleness": 1, "batch_groups": None}
 
 
 def test_a_policy_version_is_at_most_2_to_the_53():
     with pytest.raises(UsageError, match=r"--policy-version is a whole number of at most 9007199254740992"):
-        parsers.steering(2**53 + 1, None, None, groups=False)
-    assert parsers.steering(-(2**53), None, None, groups=False)["policy_version"] == -(2**53)
+        parsers.steering(2**53 + 1, None, None)
+    assert parsers.steering(-(2**53), None, None)["policy_version"] == -(2**53)
 
 
 def test_the_group_options_are_checked_by_config_not_again_here():
