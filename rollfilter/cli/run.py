@@ -94,31 +94,43 @@ async def run(
     check_inputs(command.inputs)
     if not command.config.names_an_agent and command.demo is None:
         raise UsageError("no agent to send to: give -u URL, -e NAME=URL, --head-server URL, or --demo")
-    RunOutputs(command, streams, dry_run=command.dry_run).check()
+    outputs = RunOutputs.standard_streams(command, streams) if command.dry_run else RunOutputs(command, streams)
+    outputs.check()
     tls = tls_context_for(command.config)  # read once, and refused before any file is touched
     if not command.dry_run:
         command = fit_open_files(command, files_per_connection=2 if command.demo else 1, stderr=streams.stderr)
     with control_socket(command.control_socket) as control, OutputFiles() as files:
-        # Locked first: the record, the resume state and a torn tail are read under the lock.
-        appended: dict[OutputKey, int] = {}
-        with run_control.stoppable():  # a stop while --wait-lock waits: the summary of nothing sent
-            if not command.dry_run:
-                appended = await open_appended(command, files, streams.stderr, say)
-        if run_control.cause is not None and not command.dry_run and "output" not in appended:
-            return _stopped_before_opening(run_control, streams, quiet=command.quiet)
-        for caveat in files.caveats:
-            say(caveat, streams.stderr)
-        command, record = identity.command_as_recorded(command)
-        resume, earlier = _earlier_runs(command, dry_run=command.dry_run)
         if command.dry_run:  # it changes no file: it reads what resume reads, and prints the rest
-            opened, earlier = RunFiles.standard_streams(streams), _Earlier()
+            command, _ = identity.command_as_recorded(command)
+            opened, resume, earlier = RunFiles.standard_streams(streams), _resume_state(command), _Earlier()
         else:
-            opened = run_files(command, files, streams, appended, record)
+            opening = await _open_outputs(command, files, streams, run_control)
+            if opening is None:
+                return _stopped_before_opening(run_control, streams, quiet=command.quiet)
+            command, opened, resume, earlier = opening
         async with _demo_agent(command.demo) as url:
             if url is not None:
                 command = dataclasses.replace(command, config=dataclasses.replace(command.config, url=url))
             clrun = _CommandLineRun(command, streams, opened, resume, earlier, tls, run_control)
             return await clrun.execute(stops, control)
+
+
+async def _open_outputs(
+    command: CommandConfig, files: OutputFiles, streams: Streams, control: RunControl
+) -> tuple[CommandConfig, RunFiles, ResumeState | None, _Earlier] | None:
+    """`command`'s outputs opened and locked, then read under the lock: its run record, and what
+    earlier runs left (see `_earlier_runs`); the command as recorded. None when a stop came while
+    --wait-lock waited."""
+    appended: dict[OutputKey, int] = {}
+    with control.stoppable():  # a stop while --wait-lock waits: the summary of nothing sent
+        appended = await open_appended(command, files, streams.stderr, say)
+    if control.cause is not None and "output" not in appended:
+        return None
+    for caveat in files.caveats:
+        say(caveat, streams.stderr)
+    command, record = identity.command_as_recorded(command)
+    resume, earlier = _earlier_runs(command)
+    return command, run_files(command, files, streams, appended, record), resume, earlier
 
 
 def _stopped_before_opening(control: RunControl, streams: Streams, *, quiet: bool) -> RunEnd:
@@ -171,7 +183,7 @@ class _Earlier:
     held: str | None = None  # the held file, whose dropped groups the summary covers too
 
 
-def _earlier_runs(command: CommandConfig, *, dry_run: bool) -> tuple[ResumeState | None, _Earlier]:
+def _earlier_runs(command: CommandConfig) -> tuple[ResumeState | None, _Earlier]:
     """What earlier runs left in the outputs of a resumed run: its resume state, and what the
     summary, the aggregate and the materialized file take over (a torn last line cut off first)."""
     earlier = _Earlier()
@@ -179,18 +191,27 @@ def _earlier_runs(command: CommandConfig, *, dry_run: bool) -> tuple[ResumeState
         return None, earlier
     held = held_target(command)
     for path in (command.output, command.errors_file, command.materialized_file, command.dropped_file, held):
-        if path is not None and not dry_run:
+        if path is not None:
             drop_torn_tail(path)
-    resume = ResumeState.from_files(
-        command.output, command.errors_file, command.max_attempts, held=held, target_groups=command.config.target_groups
-    )
-    if held is not None and command.dropped_file is not None and not dry_run:
+    resume = _resume_state(command)
+    assert resume is not None
+    if held is not None and command.dropped_file is not None:
         resume.rebuild_dropped(command.dropped_file, held)
     if command.materialized_file is not None:
         earlier.materialized = read_pairs(command.materialized_file)
     earlier.results = command.output
     earlier.held = held
     return resume, earlier
+
+
+def _resume_state(command: CommandConfig) -> ResumeState | None:
+    """What a resumed run skips or retries, read from its outputs, which it leaves as they are."""
+    if not (command.resume and command.output):
+        return None
+    config, held = command.config, held_target(command)
+    return ResumeState.from_files(
+        command.output, command.errors_file, command.max_attempts, held=held, target_groups=config.target_groups
+    )
 
 
 class _CommandLineRun:

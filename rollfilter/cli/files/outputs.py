@@ -121,17 +121,22 @@ class RunOutputs:
     line naming both, two that are one file, an output that is an input, and an output named as a
     run record is, all before any file is opened."""
 
-    def __init__(
-        self, command: CommandConfig, streams: Streams, *, dry_run: bool = False, summarize: bool = False
-    ) -> None:
-        self.command = command
-        self.stdin = streams.stdin
-        # A dry run writes no file: it prints what it would send. --summarize keeps no groups.
-        given = [] if dry_run else output_paths(command)
-        self.files = [(output, path) for output, path in given if not (summarize and output.beside_output)]
-        self.record = None if dry_run or summarize else identity.record_target(command)
-        carries_stdout = summarize or dry_run or command.output is None
+    def __init__(self, command: CommandConfig, streams: Streams, *, summarize: bool = False) -> None:
+        self.inputs, self.stdin = command.inputs, streams.stdin
+        self.files = [
+            (output, path) for output, path in output_paths(command) if not (summarize and output.beside_output)
+        ]
+        self.record = None if summarize else identity.record_target(command)  # --summarize keeps no record
+        carries_stdout = summarize or command.output is None
         self.streams = [("standard output", streams.stdout)] * carries_stdout + [("standard error", streams.stderr)]
+
+    @classmethod
+    def standard_streams(cls, command: CommandConfig, streams: Streams) -> RunOutputs:
+        """The outputs of a run that writes no file (--dry-run): standard output and standard error."""
+        outputs = cls(command, streams)
+        outputs.files, outputs.record = [], None
+        outputs.streams = [("standard output", streams.stdout), ("standard error", streams.stderr)]
+        return outputs
 
     def named_files(self) -> list[tuple[str, str]]:
         """Each file as the messages name it (`--metrics m.json`), the run record last."""
@@ -148,7 +153,7 @@ class RunOutputs:
                     f" (-o FILE keeps its record in FILE{RECORD_SUFFIX}): give another name"
                 )
         named: list[tuple[str, str | int]] = [*self.streams, *self.named_files()]
-        refuse_inputs(self.command.inputs, named, self.stdin)
+        refuse_inputs(self.inputs, named, self.stdin)
         refuse_shared(self.streams, self.named_files())
 
 

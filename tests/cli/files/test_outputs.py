@@ -149,3 +149,20 @@ def test_two_outputs_that_are_one_file_are_named_by_their_options(tmp_path: Path
         str(refused.value)
         == f"--dropped {tmp_path / 'm'} is also --metrics {tmp_path / 'm'}: two outputs cannot be one file"
     )
+
+
+def test_a_run_that_writes_no_file_checks_its_standard_streams_only(tmp_path: Path):
+    """--dry-run's outputs: what the options name is not written, so not refused; standard output
+    carries its bodies, -o or not, and may not be an input."""
+    record_named = CommandConfig(CONFIG, output=str(tmp_path / "out.run.json"))
+    with pytest.raises(UsageError, match=r"is a run record's"):
+        RunOutputs(record_named, STREAMS).check()
+    RunOutputs.standard_streams(record_named, STREAMS).check()
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("{}\n")
+    with open(rows, "ab") as stdout:
+        streams = Streams(stdin=0, stdout=stdout.fileno(), stderr=2)
+        reading_stdout = CommandConfig(CONFIG, inputs=(str(rows),), output=str(tmp_path / "out.jsonl"))
+        RunOutputs(reading_stdout, streams).check()  # the results go to -o
+        with pytest.raises(UsageError, match=r"^standard output is also the input"):
+            RunOutputs.standard_streams(reading_stdout, streams).check()
