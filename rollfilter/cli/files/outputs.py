@@ -8,6 +8,11 @@ them that are one file (by device and inode, so a symlink, a hard link, /dev/std
 /proc/self/fd/1 all count; by path for one not made yet) would lose or mix lines: a file renamed
 into place takes the other's name from it, and two descriptors of one regular file overwrite each
 other. Only /dev/null may be shared: what goes there is thrown away on purpose.
+
+Each file is a row of one table, `OUTPUTS`: the option that names it, whether lines are appended
+to it or it is written whole, whether it is locked, must be empty, may be a pipe. The checks, the
+opening, the locking and the messages all read it, and the files opened come back by name
+(`RunFiles`, keyed by `OutputKey`).
 """
 
 from __future__ import annotations
