@@ -30,10 +30,8 @@ from rollfilter.config import (
     FailureLimit,
     Reverify,
     Tls,
-    affinity_header_problem,
     agent_url,
     checked_url,
-    header_problem,
     is_decimal,
     verify_url,
 )
@@ -307,15 +305,12 @@ def tls(cacert: str | None, *, insecure: bool) -> Tls:
 
 
 def header(spec: str) -> tuple[str, str]:
-    """-H `Name: value`, as curl's. The value is a secret: it never appears in a message."""
+    """-H `Name: value`, as curl's (Config checks that it can go on the wire). The value is a
+    secret: it never appears in a message."""
     name, sep, value = spec.partition(":")
     if not sep:
         raise UsageError("-H/--header wants 'Name: value' (the value is not shown)")
-    name, value = name.strip(), value.strip()
-    problem = header_problem(name, value)
-    if problem is not None:
-        raise UsageError(f"-H/--header {problem}")
-    return name, value
+    return name.strip(), value.strip()
 
 
 def statuses(spec: str | frozenset[int]) -> frozenset[int]:
@@ -491,7 +486,8 @@ def route(text: str | None) -> Literal["task", "least-outstanding"] | None:
 
 
 def affinity_header(name: str | None, headers: Sequence[str]) -> str | None:
-    """--affinity-header's name; UsageError when it is no header name, or one every request carries."""
+    """--affinity-header's name; UsageError when -H sets it too (Config checks that it is a header
+    name, and not one every request carries)."""
     if name is None:
         return None
     given = [text.partition(":")[0].strip() for text in headers]
@@ -500,9 +496,6 @@ def affinity_header(name: str | None, headers: Sequence[str]) -> str | None:
             f"--affinity-header {name}: -H sets it already, one value for every request: leave it out"
             " of -H (the affinity header carries one value a task), or name another header"
         )
-    problem = affinity_header_problem(name, given)
-    if problem is not None:
-        raise UsageError(f"--affinity-header {problem}")
     return name
 
 
