@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import typing
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from rollfilter.cli.files.outputs import (
     OUTPUTS,
     Output,
     OutputFiles,
+    OutputKey,
     RunFiles,
     RunOutputs,
     Streams,
@@ -62,6 +64,8 @@ async def opened(command: CommandConfig, files: OutputFiles) -> RunFiles:
 def test_every_file_a_command_config_names_is_in_the_table():
     file_fields = {f.name for f in dataclasses.fields(CommandConfig) if f.name.endswith("_file") or f.name == "output"}
     assert file_fields == {output.key for output in OUTPUTS if not output.beside_output}
+    assert set(typing.get_args(OutputKey)) == {output.key for output in OUTPUTS}  # each key once
+    assert len(OUTPUTS) == len(typing.get_args(OutputKey))
 
 
 async def test_the_opened_files_come_back_by_name(tmp_path: Path):
