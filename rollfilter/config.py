@@ -59,6 +59,7 @@ Status = Annotated[int, msgspec.Meta(ge=100, le=599)]
 # A key of responses_create_params, or a dotted path into it ("metadata.x"): no empty part.
 ParamKey = Annotated[str, msgspec.Meta(pattern=r"\A[^.]+(\.[^.]+)*\Z")]
 Fraction = Annotated[float, msgspec.Meta(gt=0, le=1)]
+ONE_ROLLOUT_GROUPS = "is 1, which makes groups of one: with Config.groups, a row's rollouts are its group"
 
 
 class ConfigError(UsageError):
@@ -291,15 +292,15 @@ class Config:
         if not self.groups:
             for name in ("keep_incomplete", "target_groups"):
                 if getattr(self, name) not in (False, None):
-                    raise ConfigError(name, "needs Config.groups (or drop_uniform)")
+                    raise ConfigError(name, "is about groups: give Config.groups (or Config.drop_uniform)")
         elif self.max_repeats < 2:
-            raise ConfigError("groups", "needs repeats over 1: a group is a row's repeated rollouts")
+            raise ConfigError("groups", "needs Config.repeats over 1: a group is a row's repeated rollouts")
         else:
             for name, count in self.repeats_by_agent.items():
                 if count < 2:
-                    raise ConfigError(f"repeats_by_agent[{name!r}]", "is 1 with groups: a group of one has no peers")
+                    raise ConfigError(f"repeats_by_agent[{name!r}]", ONE_ROLLOUT_GROUPS)
             if self.repeats is not None and self.repeats < 2:
-                raise ConfigError("repeats", "is 1 with groups: a group of one has no peers")
+                raise ConfigError("repeats", ONE_ROLLOUT_GROUPS)
         problem = group_field_problem(self.group_field)
         if problem is not None:
             raise ConfigError("group_field", problem)
@@ -313,11 +314,14 @@ class Config:
 
     def _check_staleness(self) -> None:
         if (self.max_staleness is None) != (self.batch_groups is None):
-            given = "max_staleness" if self.max_staleness is not None else "batch_groups"
-            raise ConfigError(given, "needs Config.max_staleness and Config.batch_groups together")
+            given, other = (
+                ("max_staleness", "batch_groups") if self.batch_groups is None else ("batch_groups", "max_staleness")
+            )
+            raise ConfigError(given, f"needs Config.{other} too: a staleness bound is the two together")
         if self.max_staleness is not None:
             if not self.groups:
-                raise ConfigError("max_staleness", "needs Config.groups: staleness is bounded group by group")
+                problem = "needs Config.groups (or Config.drop_uniform): staleness is bounded group by group"
+                raise ConfigError("max_staleness", problem)
             if self.policy_version is None:
                 object.__setattr__(self, "policy_version", 0)
 

@@ -21,7 +21,7 @@ import typer
 
 from rollfilter.cli import early_signals
 from rollfilter.cli.messages import message_line, say, write_stderr
-from rollfilter.cli.options import typer_app
+from rollfilter.cli.options import option_message, typer_app
 from rollfilter.errors import ExitStatus, RollfilterError
 from rollfilter.formats.writers import OutputClosed, OutputFailed, write_all
 from rollfilter.gc_policy import collect_garbage_for_a_run
@@ -95,8 +95,18 @@ def click_command() -> Any:
 
 
 def _report(exc: RollfilterError) -> ExitStatus:
-    say(str(exc))
+    say(_as_said(exc))
     return exc.exit_status
+
+
+def _as_said(exc: RollfilterError) -> str:
+    """`exc`'s line: a ConfigError's names the option of its field (`options.option_message`)."""
+    # Looked up, not imported: a ConfigError is raised only once config.py is loaded, and loading
+    # it (httpx) here would slow every usage error down.
+    config = sys.modules.get("rollfilter.config")
+    if config is not None and isinstance(exc, config.ConfigError):
+        return option_message(exc.field, exc.problem) or str(exc)
+    return str(exc)
 
 
 def execute(main: Callable[[StopSignals], Awaitable[RunEnd]]) -> ExitStatus:

@@ -72,6 +72,81 @@ Exit status: 0 all rollouts succeeded, 1 some failed or were not persisted, 2 us
 129 hung up, 130 interrupted, 141 stdout closed, 143 terminated.
 """
 
+# Each Config field (a part's as `retries.budget`) by the option that sets it: a ConfigError is
+# said by its option, as every other refusal of the command line is. `{key}` is a mapping's key.
+OPTION_OF_FIELD = {
+    "url": "-u/--url",
+    "endpoints": "-e/--endpoint",
+    "agent": "-a/--agent",
+    "concurrency": "-j/--concurrency",
+    "limit": "-n/--limit",
+    "repeats": "-r",
+    "repeats_by_agent": "-r {key}=K",
+    "repeat_seeds": "--repeat-seeds",
+    "params": "-p/--param",
+    "retries": "--retries",
+    "retries.count": "--retries",
+    "retries.budget": "--retry-budget",
+    "retries.statuses": "--retry-on",
+    "timeout": "--timeout",
+    "timeout.attempt": "--timeout",
+    "timeout.connect": "--connect-timeout",
+    "tls": "--cacert",
+    "tls.cacert": "--cacert",
+    "tls.insecure": "--insecure",
+    "max_failures": "--max-failures",
+    "max_failures.count": "--max-failures",
+    "max_failures.fraction": "--max-failures",
+    "prices": "--prices",
+    "max_cost": "--max-cost",
+    "headers": "-H/--header",
+    "shard": "--shard",
+    "pass_threshold": "--pass-threshold",
+    "head_server": "--head-server",
+    "proxy": "--proxy",
+    "adaptive": "--adaptive",
+    "aggregate": "--aggregate",
+    "cross_origin_redirects": "--cross-origin-redirects",
+    "max_reply_bytes": "--max-reply-bytes",
+    "groups": "--groups",
+    "keep_incomplete": "--keep-incomplete",
+    "drop_uniform": "--drop-uniform",
+    "group_field": "--group-field",
+    "target_groups": "--target-groups",
+    "policy_version": "--policy-version",
+    "max_staleness": "--max-staleness",
+    "batch_groups": "--batch-groups",
+    "route": "--route",
+    "affinity_header": "--affinity-header",
+    "rpm": "--rpm",
+    "rpm_by_agent": "--rpm NAME=N",
+    "tpm": "--tpm",
+    "tpm_by_agent": "--tpm NAME=N",
+    "reverify": "--reverify",
+    "reverify.materialized": "--reverify",
+    "reverify.judge_failed_only": "--judge-failed-only",
+    "reverify.force": "--force",
+}
+# A field's path as a ConfigError gives it: the field, then where in it (`headers[0][0]`, `repeats_by_agent['a']`).
+_FIELD_PATH = re.compile(r"(?P<field>[a-z_]+(?:\.[a-z_]+)?)(?:\[(?P<key>'[^']*'|[0-9]+)\])?")
+_FIELD_NAMED = re.compile(r"\bConfig\.(?P<field>[a-z_]+(?:\.[a-z_]+)?)")
+
+
+def option_message(field: str, problem: str) -> str | None:
+    """A ConfigError's message (its `field` and `problem`) as the command line says it, by the
+    options that set the fields it names; None when a field it names has no option."""
+    path = _FIELD_PATH.match(field)
+    if path is None or path["field"] not in OPTION_OF_FIELD:
+        return None
+    key = (path["key"] or "").strip("'")
+    option = OPTION_OF_FIELD[path["field"]].format(key=key)
+    named = [match["field"] for match in _FIELD_NAMED.finditer(problem)]
+    if any(name not in OPTION_OF_FIELD for name in named):
+        return None
+    said = _FIELD_NAMED.sub(lambda match: OPTION_OF_FIELD[match["field"]].format(key="NAME"), problem)
+    return f"{option} {said}"
+
+
 typer_app = typer.Typer(
     add_completion=True,
     pretty_exceptions_enable=False,
@@ -838,13 +913,11 @@ def parse(
     )
     group_settings = parsers.groups(
         groups,
-        repeats=(default_repeats, repeats_by_agent),
         drop_uniform=drop_uniform,
         group_field=group_field,
-        given={"--keep-incomplete": keep_incomplete, "--target-groups": target_groups, "--dropped": dropped},
         refused={"--dry-run": dry_run, option_as_typed(ctx, "ordered"): ordered},
     )
-    engine = Config(
+    config = Config(
         url=parsers.url(url) if url else None,
         **targets(ctx, endpoint, verifier, reverify, judge_failed_only, force),
         agent=agent,
@@ -859,7 +932,7 @@ def parse(
         timeout=Timeouts(attempt=timeout, connect=connect_timeout),
         tls=parsers.tls(cacert, insecure=insecure),
         max_failures=parsers.failure_limit(max_failures),
-        prices=parsers.prices(price or (), prices, max_cost=max_cost),
+        prices=parsers.prices(price or (), prices),
         max_cost=max_cost,
         headers=tuple(parsers.header(h) for h in header or ()),
         shard=parsers.shard(shard, os.environ),
@@ -875,10 +948,10 @@ def parse(
         keep_incomplete=keep_incomplete,
         target_groups=target_groups,
         **group_settings,
-        **parsers.steering(policy_version, max_staleness, batch_groups, groups=group_settings["groups"]),
+        **parsers.steering(policy_version, max_staleness, batch_groups),
     )
-    config = CommandConfig(
-        engine,
+    command = CommandConfig(
+        config,
         inputs=tuple(files) if files else ("-",),
         ordered=ordered,
         output=output,
@@ -899,20 +972,22 @@ def parse(
         control_socket=control,
         compare_files=tuple(compare or ()),
         **parsers.prometheus(prometheus, prometheus_file),
+        quiet=quiet,
+        progress=progress,
+        verbose=verbose,
+        dry_run=dry_run,
     )
-    return chosen(
-        ctx, config, demo=demo, summarize=summarize, quiet=quiet, progress=progress, verbose=verbose, dry_run=dry_run
-    )
+    return chosen(ctx, command, demo=demo, summarize=summarize)
 
 
-def chosen(ctx: typer.Context, config: "CommandConfig", *, demo: bool, summarize: bool, **options: Any) -> Execute:
-    """The run or the --summarize that `config` asks for, its inputs settled (`options`: RunOptions')."""
+def chosen(ctx: typer.Context, config: "CommandConfig", *, demo: bool, summarize: bool) -> Execute:
+    """The run or the --summarize that `config` asks for, its inputs settled."""
     if config.inputs == ("-",) and os.isatty(0):
         config = from_the_terminal(config, demo=demo, summarize=summarize)
     if summarize:
         check_summarize_outputs(ctx)
         return summarizing(config)
-    return running(config, demo=demo, **options)
+    return running(config, demo=demo)
 
 
 def targets(ctx: typer.Context, *given: Any) -> dict[str, Any]:
@@ -925,15 +1000,18 @@ def targets(ctx: typer.Context, *given: Any) -> dict[str, Any]:
     return parsers.targets(*given, options["demo"], options["summarize"], options["materialized"])
 
 
-def running(config: "CommandConfig", *, demo: bool, **options: Any) -> Execute:
-    """The run `config` asks for; `options` are RunOptions' (cli/run.py)."""
+def running(config: "CommandConfig", *, demo: bool) -> Execute:
+    """The run `config` asks for, with the demo agent's default options when `demo`."""
+    import dataclasses
+
     if config.compare_files:
         raise UsageError("--compare compares result files: give it with --summarize")
-    from rollfilter.cli.run import RunOptions, run
+    from rollfilter.cli.run import run
     from rollfilter.demo import DemoOptions
 
-    run_options = RunOptions(demo=DemoOptions() if demo else None, **options)
-    return lambda stops: run(config, options=run_options, stops=stops)
+    if demo:
+        config = dataclasses.replace(config, demo=DemoOptions())
+    return lambda stops: run(config, stops=stops)
 
 
 def summarizing(config: "CommandConfig") -> Execute:

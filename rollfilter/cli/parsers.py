@@ -1,8 +1,10 @@
 """The command line's option texts, parsed into what `Config` and `CommandConfig` take.
 
 Each parser belongs to one option (typer's `parser=`, or the command's own assembly of several)
-and says what is wrong with its text by that option's name, in one line, as `UsageError`: the
-library's `ConfigError` names Config fields, which a command-line user never sees. Two read
+and says what is wrong with its text by that option's name, in one line, as `UsageError`. What
+`Config` checks (a shard's I < N, groups of more than one rollout, --max-cost's prices) is left to
+it: its `ConfigError` names a field, and `cli/main.py` says it by the option that sets that field
+(`options.OPTION_OF_FIELD`). Two read
 outside their argument: `prices` reads its file, and `shard` the Slurm variables of the
 environment for `auto`.
 """
@@ -28,11 +30,8 @@ from rollfilter.config import (
     FailureLimit,
     Reverify,
     Tls,
-    affinity_header_problem,
     agent_url,
     checked_url,
-    group_field_problem,
-    header_problem,
     is_decimal,
     verify_url,
 )
@@ -159,11 +158,9 @@ def endpoints(specs: Iterable[str]) -> dict[str, tuple[str, ...]]:
     return found
 
 
-def prices(
-    specs: Iterable[str], path: str | None, *, max_cost: float | None = None
-) -> tuple[tuple[str | None, Price], ...]:
+def prices(specs: Iterable[str], path: str | None) -> tuple[tuple[str | None, Price], ...]:
     """`--prices FILE` (YAML or JSON), then each `--price [AGENT=]IN,OUT[,CACHED]`; the last for an
-    agent wins. UsageError too for a `--max-cost` without any."""
+    agent wins."""
     found: dict[str | None, Price] = {}
     if path is not None:
         import yaml  # only a run given a prices file pays for importing it
@@ -182,8 +179,6 @@ def prices(
     for spec in specs:
         agent, price = parse_price(spec)
         found[agent] = price
-    if max_cost is not None and not found:
-        raise UsageError("--max-cost needs --prices: without them nothing is spent")
     return tuple(found.items())
 
 
@@ -310,15 +305,12 @@ def tls(cacert: str | None, *, insecure: bool) -> Tls:
 
 
 def header(spec: str) -> tuple[str, str]:
-    """-H `Name: value`, as curl's. The value is a secret: it never appears in a message."""
+    """-H `Name: value`, as curl's (Config checks that it can go on the wire). The value is a
+    secret: it never appears in a message."""
     name, sep, value = spec.partition(":")
     if not sep:
         raise UsageError("-H/--header wants 'Name: value' (the value is not shown)")
-    name, value = name.strip(), value.strip()
-    problem = header_problem(name, value)
-    if problem is not None:
-        raise UsageError(f"-H/--header {problem}")
-    return name, value
+    return name.strip(), value.strip()
 
 
 def statuses(spec: str | frozenset[int]) -> frozenset[int]:
@@ -337,8 +329,8 @@ def statuses(spec: str | frozenset[int]) -> frozenset[int]:
 
 
 def shard(spec: str | None, environ: Mapping[str, str]) -> tuple[int, int] | None:
-    """--shard `I/N`: this process's share of the tasks, 0 <= I < N; `auto`: this Slurm array task's
-    (see `slurm_shard`)."""
+    """--shard `I/N`: this process's share of the tasks (Config checks 0 <= I < N); `auto`: this
+    Slurm array task's (see `slurm_shard`)."""
     if spec is None:
         return None
     if spec == SHARD_AUTO:
@@ -346,8 +338,6 @@ def shard(spec: str | None, environ: Mapping[str, str]) -> tuple[int, int] | Non
     index, sep, count = spec.partition("/")
     if not sep or not is_decimal(index.strip()) or not is_decimal(count.strip()):
         raise UsageError(f"--shard wants I/N, like 0/4, got {spec!r}")
-    if not int(index) < int(count):
-        raise UsageError("--shard I/N wants 0 <= I < N")
     return int(index), int(count)
 
 
@@ -454,64 +444,27 @@ def gym_layout(output: str | None) -> tuple[str, str, str, str]:
     )
 
 
-def fewest_repeats(default: int | None, by_agent: Mapping[str, int]) -> tuple[int, str | None]:
-    """The fewest rollouts a row gets, and the -r that gives them (None: no -r gave it)."""
-    counts: list[tuple[int, str | None]] = [(count, f"-r {name}={count}") for name, count in sorted(by_agent.items())]
-    if default is not None or not by_agent:  # without a default, a row no count covers fails
-        counts.append((default or 1, None if default is None else f"-r {default}"))
-    return min(counts, key=lambda count: count[0])
-
-
-def steering(
-    policy_version: int | None, max_staleness: int | None, batch_groups: int | None, *, groups: bool
-) -> dict[str, Any]:
+def steering(policy_version: int | None, max_staleness: int | None, batch_groups: int | None) -> dict[str, Any]:
     """Config's policy_version, max_staleness and batch_groups from their options; UsageError for a
-    staleness bound without groups, or without both of its figures, or a version past 2**53."""
+    version past 2**53 (Config checks the staleness bound's figures and groups)."""
     if policy_version is not None and abs(policy_version) > MAX_POLICY_VERSION:
         raise UsageError(f"--policy-version is a whole number of at most {MAX_POLICY_VERSION} (2**53)")
-    if (max_staleness is None) != (batch_groups is None):
-        raise UsageError("--max-staleness and --batch-groups go together: give both")
-    if max_staleness is not None and not groups:
-        raise UsageError("--max-staleness bounds the staleness of groups: give --groups (or --drop-uniform)")
     return {"policy_version": policy_version, "max_staleness": max_staleness, "batch_groups": batch_groups}
 
 
-def groups(
-    groups: bool,
-    *,
-    repeats: tuple[int | None, Mapping[str, int]],
-    drop_uniform: bool,
-    group_field: str | None,
-    given: dict[str, object],
-    refused: dict[str, bool],
-) -> dict[str, Any]:
+def groups(groups: bool, *, drop_uniform: bool, group_field: str | None, refused: dict[str, bool]) -> dict[str, Any]:
     """Config's groups, drop_uniform and group_field from --groups, --drop-uniform and
-    --group-field; UsageError for group options that cannot work: one that needs --groups without
-    it (those `given`), groups of one rollout (`repeats`: -r's default and counts by agent), a
-    --group-field that can never be a number, or an option groups cannot go with (those `refused`,
-    named as typed)."""
-    settings = {"groups": groups or drop_uniform, "drop_uniform": drop_uniform, "group_field": group_field or "reward"}
-    if not settings["groups"]:
-        for option, value in given.items():
-            if value not in (None, False):
-                raise UsageError(f"{option} is about groups: give --groups (or --drop-uniform)")
-        if group_field is not None:
-            raise UsageError("--group-field is what --drop-uniform compares: give --drop-uniform")
-        return settings
-    fewest, named = fewest_repeats(*repeats)
-    if fewest < 2:
-        which = f" ({named} makes groups of one)" if named is not None and repeats[1] else ""
-        raise UsageError(f"--groups needs -r K with K > 1: a group is a row's K rollouts{which}")
+    --group-field; UsageError for what Config cannot tell: a --group-field without --drop-uniform
+    (Config's has a default), and an option groups cannot go with (those `refused`, named as
+    typed). Config checks the rest: the options that need groups, groups of more than one rollout,
+    a --group-field that can be a number."""
     if group_field is not None and not drop_uniform:
         raise UsageError("--group-field is what --drop-uniform compares: give --drop-uniform")
-    problem = group_field_problem(group_field) if group_field is not None else None
-    if problem is not None:
-        raise UsageError(f"--group-field {group_field}: {problem}")
-    for option, value in refused.items():
+    for option, value in refused.items() if groups or drop_uniform else ():
         if value:
             grouping = "--groups" if groups else "--drop-uniform"
             raise UsageError(f"{grouping} cannot go with {option}: {_REFUSED_WITH_GROUPS[option]}")
-    return settings
+    return {"groups": groups or drop_uniform, "drop_uniform": drop_uniform, "group_field": group_field or "reward"}
 
 
 _REFUSED_WITH_GROUPS = {
@@ -533,7 +486,8 @@ def route(text: str | None) -> Literal["task", "least-outstanding"] | None:
 
 
 def affinity_header(name: str | None, headers: Sequence[str]) -> str | None:
-    """--affinity-header's name; UsageError when it is no header name, or one every request carries."""
+    """--affinity-header's name; UsageError when -H sets it too (Config checks that it is a header
+    name, and not one every request carries)."""
     if name is None:
         return None
     given = [text.partition(":")[0].strip() for text in headers]
@@ -542,9 +496,6 @@ def affinity_header(name: str | None, headers: Sequence[str]) -> str | None:
             f"--affinity-header {name}: -H sets it already, one value for every request: leave it out"
             " of -H (the affinity header carries one value a task), or name another header"
         )
-    problem = affinity_header_problem(name, given)
-    if problem is not None:
-        raise UsageError(f"--affinity-header {problem}")
     return name
 
 

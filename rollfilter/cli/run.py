@@ -27,10 +27,10 @@ from rollfilter.cli.files import identity
 from rollfilter.cli.files.outputs import (
     STANDARD_STREAMS,
     OutputFiles,
+    OutputKey,
     RunFiles,
     RunOutputs,
     Streams,
-    dry_run_files,
     held_target,
     open_appended,
     replace_content,
@@ -41,9 +41,9 @@ from rollfilter.cli.folding import FailureFolder
 from rollfilter.cli.messages import failure_message, message_line, say, write_summary
 from rollfilter.cli.signals import StopSignals, is_pipe, status_block, watch_reader_gone
 from rollfilter.cli.statuses import RunEnd
-from rollfilter.config import Config, ConfigError
 from rollfilter.demo import DemoAgent, DemoOptions
 from rollfilter.demo import serve as serve_demo
+from rollfilter.engine.client import DryRunClient, JobClient
 from rollfilter.engine.metrics import Metrics
 from rollfilter.engine.nursery import RunControl, StopCause, describe
 from rollfilter.engine.plan import Job
@@ -75,70 +75,65 @@ if TYPE_CHECKING:
     from rollfilter.cli.progress_lines import ProgressLines
 
 _encode = msgspec.json.Encoder().encode
-# The options of the Config fields a run checks once it knows its agents (Run.connect).
-OPTION_OF_FIELD = {"rpm_by_agent": "--rpm NAME=N", "tpm_by_agent": "--tpm NAME=N"}
 # The options of the Config fields a run's warnings name (Run.warnings), as given for `key`.
 OPTION_OF_WARNING = {"repeats_by_agent": "-r {key}=K"}
 # The stops whose reason is a fault, said on stderr wherever it goes; other reasons are notices.
 FAULT_STOPS = frozenset({StopCause.OUTPUT_FAILED, StopCause.AGENT_UNREACHABLE})
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class RunOptions:
-    """How a command-line run goes beyond its `CommandConfig`: the demo agent it starts, whether it
-    handles signals (off for a run inside another program's loop), what it shows on stderr, and
-    whether it only prints what it would send (--dry-run)."""
-
-    demo: DemoOptions | None = None
-    handle_signals: bool = True
-    quiet: bool = False
-    progress: bool | None = None  # None: on when stderr is a terminal
-    verbose: bool = False
-    dry_run: bool = False
-
-
 async def run(
     command: CommandConfig,
     *,
     streams: Streams = STANDARD_STREAMS,
-    options: RunOptions = RunOptions(),
     stops: StopSignals | None = None,
 ) -> RunEnd:
     """Run the rollouts `command` describes; return how it ended. Prints the summary. `stops`
-    (the command's stop signals) stop it from here on, unless `options` say it handles none."""
+    (the command's stop signals) stop it from here on, unless `command` handles none."""
     run_control = RunControl()
-    if stops is not None and options.handle_signals:
+    if stops is not None and command.handle_signals:
         stops.attach(run_control)
     else:
         stops = None
     check_inputs(command.inputs)
-    if not command.engine.names_an_agent and options.demo is None:
+    if not command.config.names_an_agent and command.demo is None:
         raise UsageError("no agent to send to: give -u URL, -e NAME=URL, --head-server URL, or --demo")
-    RunOutputs(command, streams, dry_run=options.dry_run).check()
-    tls = cacert_context(command.engine)  # read once, and refused before any file is touched
-    if not options.dry_run:
-        command = fit_open_files(command, files_per_connection=2 if options.demo else 1, stderr=streams.stderr)
+    outputs = RunOutputs.standard_streams(command, streams) if command.dry_run else RunOutputs(command, streams)
+    outputs.check()
+    tls = tls_context_for(command.config)  # read once, and refused before any file is touched
+    if not command.dry_run:
+        command = fit_open_files(command, files_per_connection=2 if command.demo else 1, stderr=streams.stderr)
     with control_socket(command.control_socket) as control, OutputFiles() as files:
-        # Locked first: the record, the resume state and a torn tail are read under the lock.
-        appended: list[int | None] = [None] * 5
-        with run_control.stoppable():  # a stop while --wait-lock waits: the summary of nothing sent
-            if not options.dry_run:
-                appended = await open_appended(command, files, streams.stderr, say)
-        if run_control.cause is not None and not options.dry_run and None in appended[:1]:
-            return _stopped_before_opening(run_control, streams, quiet=options.quiet)
-        for caveat in files.caveats:
-            say(caveat, streams.stderr)
-        command, record = identity.command_as_recorded(command)
-        resume, earlier = _earlier_runs(command, dry_run=options.dry_run)
-        if options.dry_run:  # it changes no file: it reads what resume reads, and prints the rest
-            opened, earlier = dry_run_files(streams), _Earlier()
+        if command.dry_run:  # it changes no file: it reads what resume reads, and prints the rest
+            command, _ = identity.command_as_recorded(command)
+            opened, resume, earlier = RunFiles.standard_streams(streams), _resume_state(command), _Earlier()
         else:
-            opened = run_files(command, files, streams, appended, record)
-        async with _demo_agent(options.demo) as url:
+            opening = await _open_outputs(command, files, streams, run_control)
+            if opening is None:
+                return _stopped_before_opening(run_control, streams, quiet=command.quiet)
+            command, opened, resume, earlier = opening
+        async with _demo_agent(command.demo) as url:
             if url is not None:
-                command = dataclasses.replace(command, engine=dataclasses.replace(command.engine, url=url))
-            clrun = _CommandLineRun(command, streams, opened, resume, earlier, options, tls, run_control)
+                command = dataclasses.replace(command, config=dataclasses.replace(command.config, url=url))
+            clrun = _CommandLineRun(command, streams, opened, resume, earlier, tls, run_control)
             return await clrun.execute(stops, control)
+
+
+async def _open_outputs(
+    command: CommandConfig, files: OutputFiles, streams: Streams, control: RunControl
+) -> tuple[CommandConfig, RunFiles, ResumeState | None, _Earlier] | None:
+    """`command`'s outputs opened and locked, then read under the lock: its run record, and what
+    earlier runs left (see `_earlier_runs`); the command as recorded. None when a stop came while
+    --wait-lock waited."""
+    appended: dict[OutputKey, int] = {}
+    with control.stoppable():  # a stop while --wait-lock waits: the summary of nothing sent
+        appended = await open_appended(command, files, streams.stderr, say)
+    if control.cause is not None and "output" not in appended:
+        return None
+    for caveat in files.caveats:
+        say(caveat, streams.stderr)
+    command, record = identity.command_as_recorded(command)
+    resume, earlier = _earlier_runs(command)
+    return command, run_files(command, files, streams, appended, record), resume, earlier
 
 
 def _stopped_before_opening(control: RunControl, streams: Streams, *, quiet: bool) -> RunEnd:
@@ -150,14 +145,6 @@ def _stopped_before_opening(control: RunControl, streams: Streams, *, quiet: boo
     return RunEnd(control.cause)
 
 
-def cacert_context(config: Config) -> ssl.SSLContext | None:
-    """The TLS context of --cacert's file (see `tls_context_for`); UsageError naming the option."""
-    try:
-        return tls_context_for(config)
-    except ConfigError as exc:
-        raise UsageError(f"--cacert {exc.problem}") from None
-
-
 def fitted_concurrency(wanted: int, *, files_per_connection: int) -> int:
     """How many of `wanted` requests at once fit under the open-file limit (raised as far as it goes)."""
     return connections_that_fit(wanted, raise_open_file_limit(), files_per_connection=files_per_connection)
@@ -167,7 +154,7 @@ def fit_open_files(command: CommandConfig, *, files_per_connection: int, stderr:
     """Raise the open-file limit as far as it goes; if -j still does not fit under it, say so
     once and run fewer rows at a time, so that no row fails for this machine's limit."""
     limit = raise_open_file_limit()
-    wanted = command.engine.concurrency
+    wanted = command.config.concurrency
     fitted = connections_that_fit(wanted, limit, files_per_connection=files_per_connection)
     if fitted == wanted:
         return command
@@ -176,7 +163,7 @@ def fit_open_files(command: CommandConfig, *, files_per_connection: int, stderr:
         f" see ulimit -n): running {fitted} rows at a time",
         stderr,
     )
-    return dataclasses.replace(command, engine=dataclasses.replace(command.engine, concurrency=fitted))
+    return dataclasses.replace(command, config=dataclasses.replace(command.config, concurrency=fitted))
 
 
 @contextlib.asynccontextmanager
@@ -200,7 +187,7 @@ class _Earlier:
     held: str | None = None  # the held file, whose dropped groups the summary covers too
 
 
-def _earlier_runs(command: CommandConfig, *, dry_run: bool) -> tuple[ResumeState | None, _Earlier]:
+def _earlier_runs(command: CommandConfig) -> tuple[ResumeState | None, _Earlier]:
     """What earlier runs left in the outputs of a resumed run: its resume state, and what the
     summary, the aggregate and the materialized file take over (a torn last line cut off first)."""
     earlier = _Earlier()
@@ -208,18 +195,27 @@ def _earlier_runs(command: CommandConfig, *, dry_run: bool) -> tuple[ResumeState
         return None, earlier
     held = held_target(command)
     for path in (command.output, command.errors_file, command.materialized_file, command.dropped_file, held):
-        if path is not None and not dry_run:
+        if path is not None:
             drop_torn_tail(path)
-    resume = ResumeState.from_files(
-        command.output, command.errors_file, command.max_attempts, held=held, target_groups=command.engine.target_groups
-    )
-    if held is not None and command.dropped_file is not None and not dry_run:
+    resume = _resume_state(command)
+    assert resume is not None
+    if held is not None and command.dropped_file is not None:
         resume.rebuild_dropped(command.dropped_file, held)
     if command.materialized_file is not None:
         earlier.materialized = read_pairs(command.materialized_file)
     earlier.results = command.output
     earlier.held = held
     return resume, earlier
+
+
+def _resume_state(command: CommandConfig) -> ResumeState | None:
+    """What a resumed run skips or retries, read from its outputs, which it leaves as they are."""
+    if not (command.resume and command.output):
+        return None
+    config, held = command.config, held_target(command)
+    return ResumeState.from_files(
+        command.output, command.errors_file, command.max_attempts, held=held, target_groups=config.target_groups
+    )
 
 
 class _CommandLineRun:
@@ -233,24 +229,19 @@ class _CommandLineRun:
         files: RunFiles,
         resume: ResumeState | None,
         earlier: _Earlier,
-        options: RunOptions,
         tls: ssl.SSLContext | None,
         control: RunControl,
     ) -> None:
-        self.command, self.streams, self.files, self.earlier, self.options = command, streams, files, earlier, options
+        self.command, self.streams, self.files, self.earlier = command, streams, files, earlier
         self.resume = resume
         self.control = control
         self.write_failures: list[OutputFailed] = []
         self.results = self._writer(files.results, files.results_name)
         self.stderr_lines = self._writer(streams.stderr, "standard error")
-        self.errors = self.stderr_lines if files.errors is None else self._writer(files.errors, files.errors_name)
-        self.per_task = (
-            None if files.per_task is None else self._writer(files.per_task, f"--per-task {command.per_task_file}")
-        )
-        self.dropped = (
-            None if files.dropped is None else self._writer(files.dropped, f"--dropped {command.dropped_file}")
-        )
-        self.held = None if files.held is None else self._writer(files.held, f"the held file {command.held_file}")
+        self.errors = self._appended("errors_file") or self.stderr_lines
+        self.per_task = self._appended("per_task_file")
+        self.dropped = self._appended("dropped_file")
+        self.held = self._appended("held_file")
         self.writers = list(
             dict.fromkeys(
                 w for w in (self.results, self.errors, self.stderr_lines, self.per_task, self.dropped, self.held) if w
@@ -262,18 +253,18 @@ class _CommandLineRun:
         self.reader = LineReader(
             command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=streams.stdin, on_problem=self.say
         )
-        self.sink = self._sink()
+        self.sink, client = self._dry_run_parts() if command.dry_run else (self._sink(), None)
         self.run = Run(
-            command.engine,
+            command.config,
             source=self.reader,
             sink=self.sink,
             control=self.control,
             resume=resume,
             tls=tls,
             on_task=self._write_task if self.per_task is not None else None,
-            on_event=self.say if options.verbose and not options.dry_run else None,
+            on_event=self.say if command.verbose and client is None else None,
             on_warning=self.say,
-            dry_run=self.show_route if options.dry_run else None,
+            client=client,
             hold=self.held.write if self.held is not None else None,
             stop_when_unreachable=True,
         )
@@ -296,34 +287,46 @@ class _CommandLineRun:
         """Where stderr lines go: above the display while it is up, so as not to tear it."""
         return self.display if self.display is not None else self.stderr_lines
 
-    def _sink(self) -> LineSink:
-        errors_out = self.log if self.errors is self.stderr_lines else self.errors
+    @property
+    def _errors_out(self) -> LineWriter:
+        """Where failures go: --errors, or stderr above the display."""
+        return self.log if self.errors is self.stderr_lines else self.errors
+
+    def _dry_run_parts(self) -> tuple[LineSink, JobClient]:
+        """--dry-run's sink and client: each body printed where results go, each route said on
+        stderr just before it, and nothing sent."""
         # An internal error's details are a -v event line, and a dry run has none.
-        details_hint = not (self.options.verbose or self.options.dry_run)
-        message_of = functools.partial(failure_message, details_hint=details_hint)
-        repeats = self.command.engine.max_repeats
-        fold = self.folder.admit
-        if self.options.dry_run:
-            return BodySink(
-                self.results, errors_out, repeats=repeats, stderr_line=message_line, message_of=message_of, fold=fold
-            )
+        message_of = functools.partial(failure_message, details_hint=False)
+        sink = BodySink(
+            self.results,
+            self._errors_out,
+            repeats=self.command.config.max_repeats,
+            stderr_line=message_line,
+            message_of=message_of,
+            fold=self.folder.admit,
+        )
+        return sink, DryRunClient(self.show_route)
+
+    def _sink(self) -> LineSink:
+        # An internal error's details are a -v event line.
+        message_of = functools.partial(failure_message, details_hint=not self.command.verbose)
         results_fd = self.files.results
         groups = GroupOutputs(
-            keep_incomplete=self.command.engine.keep_incomplete,
+            keep_incomplete=self.command.config.keep_incomplete,
             dropped=self.dropped,
             held=self.held,
             results_size=lambda: os.lseek(results_fd, 0, os.SEEK_CUR),
         )
         return LineSink(
             self.results,
-            errors_out,
-            records=self.files.errors is not None,
+            self._errors_out,
+            records="errors_file" in self.files.appended,
             ordered=self.command.ordered,
-            repeats=repeats,
+            repeats=self.command.config.max_repeats,
             stderr_line=message_line,
             message_of=message_of,
             groups=groups,
-            fold=fold,
+            fold=self.folder.admit,
         )
 
     def _write_task(self, record: dict[str, object]) -> None:
@@ -332,6 +335,11 @@ class _CommandLineRun:
 
     def _writer(self, fd: int, name: str) -> BatchWriter:
         return BatchWriter(fd, name=name, on_failure=self._output_failed)
+
+    def _appended(self, key: OutputKey) -> BatchWriter | None:
+        """The writer of the output `key` appends to, if the run has it."""
+        fd = self.files.appended.get(key)
+        return None if fd is None else self._writer(fd, self.files.names[key])
 
     def _output_failed(self, failure: OutputClosed | OutputFailed) -> None:
         # A write that fails stops the run as Ctrl-C does; a closed pipe stops it quietly.
@@ -343,22 +351,23 @@ class _CommandLineRun:
 
     def _exporter(self) -> Exporter | None:
         """--prometheus and --prometheus-file's, when either is given (prometheus_client is imported then)."""
-        if not self.files.listening and self.files.prometheus is None:
+        prometheus_file = self.files.whole.get("prometheus_file")
+        if not self.files.listening and prometheus_file is None:
             return None
         from rollfilter.cli.exporter import Exporter
 
-        return Exporter(self.run, self.files.listening, self.files.prometheus)
+        return Exporter(self.run, self.files.listening, prometheus_file)
 
     def _display(self) -> ProgressDisplay | None:
-        options, config = self.options, self.command.engine
-        wanted = progress_wanted(options.progress, quiet=options.quiet, stderr_fd=self.streams.stderr)
-        if options.dry_run or not wanted or not os.isatty(self.streams.stderr):
+        command, config = self.command, self.command.config
+        wanted = progress_wanted(command.progress, quiet=command.quiet, stderr_fd=self.streams.stderr)
+        if command.dry_run or not wanted or not os.isatty(self.streams.stderr):
             return None
         from rollfilter.cli.progress import ProgressDisplay
 
         return ProgressDisplay(
             fd=self.streams.stderr,
-            force_terminal=bool(options.progress),
+            force_terminal=bool(command.progress),
             adaptive=config.adaptive,
             priced=bool(config.prices),
             limited=config.rate_limited,
@@ -368,7 +377,7 @@ class _CommandLineRun:
 
     def _progress_lines(self) -> ProgressLines | None:
         """--progress where stderr is no terminal (a batch job's log): plain lines, not the display."""
-        if self.options.dry_run or not self.options.progress or os.isatty(self.streams.stderr):
+        if self.command.dry_run or not self.command.progress or os.isatty(self.streams.stderr):
             return None
         from rollfilter.cli.progress_lines import ProgressLines
 
@@ -412,11 +421,11 @@ class _CommandLineRun:
         if self.control_socket is not None:
             self.control_socket.remove()
         say("stopped again: results not yet written are dropped (--resume runs them again)", self.streams.stderr)
-        if not self.options.quiet:
+        if not self.command.quiet:
             write_summary(self.streams.stderr, _encode(self.run.summary()) + b"\n")
 
     async def _serve(self, services: trio.Nursery) -> None:
-        files, options, control, run = self.files, self.options, self.control, self.run
+        files, command, control, run = self.files, self.command, self.control, self.run
         for writer in self.writers:
             services.start_soon(writer.run)
         try:
@@ -428,21 +437,19 @@ class _CommandLineRun:
         if self.exporter is not None:
             self.exporter.start(services, self.say)
         if self.control_socket is not None:  # served from now: a run may be paused before it sends
-            on_command = self.say if options.verbose else None
-            per_connection = 2 if options.demo else 1  # the demo agent's end of each connection too
+            on_command = self.say if command.verbose else None
+            per_connection = 2 if command.demo else 1  # the demo agent's end of each connection too
             fit = functools.partial(fitted_concurrency, files_per_connection=per_connection)
             services.start_soon(ControlServer(self.control_socket, run, on_command, fit).serve)
-        try:
-            await run.connect()
-        except ConfigError as exc:  # an agent the head server did not name, say
-            raise UsageError(f"{OPTION_OF_FIELD.get(exc.field, exc.field)} {exc.problem}") from None
+        await run.connect()  # a ConfigError, as for an agent the head server did not name, is said by its option
         planned = await self._plan_first() if files.materialized is not None and control.cause is None else None
         if self.display is not None:
             services.start_soon(self.display.run, run.statistics, self._total(planned))
         if self.progress_lines is not None:
             services.start_soon(self.progress_lines.run, run.statistics, self._total(planned))
-        if files.progress is not None:
-            services.start_soon(publish_progress, files.progress, run.statistics, self.say)
+        progress_file = files.whole.get("progress_file")
+        if progress_file is not None:
+            services.start_soon(publish_progress, progress_file, run.statistics, self.say)
         if self.earlier.results is not None:
             await trio.to_thread.run_sync(self._take_earlier_results, self.earlier.results)
         if control.cause is None:  # not stopped during the first pass: nothing sent then
@@ -476,7 +483,7 @@ class _CommandLineRun:
         the summary's groups, as the dropped file shows them."""
         if self.resume is None or (self.dropped is None and self.run.groups is None):
             return
-        config, left_open = self.command.engine, set()
+        config, left_open = self.command.config, set()
         for result in self.resume.leftover_held():
             if self.dropped is not None:
                 self.dropped.write(_encode({**result, DROPPED_BECAUSE: CANCELLED}) + b"\n")
@@ -503,7 +510,7 @@ class _CommandLineRun:
                 self._output_failed(failure)
             except RepeatsMissing as missing:
                 shown = ", ".join("rows naming no agent" if name is None else repr(name) for name in missing.agents)
-                given = ", ".join(f"{name}={count}" for name, count in sorted(command.engine.repeats_by_agent.items()))
+                given = ", ".join(f"{name}={count}" for name, count in sorted(command.config.repeats_by_agent.items()))
                 raise UsageError(
                     f"-r {given} gives no repeat count for {shown}, and no default -r K: give -r K for"
                     " the agents it does not name, or -r NAME=K for each; nothing was sent"
@@ -514,7 +521,7 @@ class _CommandLineRun:
         """How the display finds the run's total, for its ETA."""
         if planned is not None:
             return lambda: planned
-        config = self.command.engine
+        config = self.command.config
         repeats = None if config.repeats_by_agent else config.max_repeats
         if config.reverify is not None:
             repeats = None if config.reverify.judge_failed_only else 1  # a line a rollout (of those re-scored)
@@ -539,15 +546,16 @@ class _CommandLineRun:
         )
         summary_object = run.summary()
         summary = _encode(summary_object) + b"\n"
-        if files.progress is not None:
+        progress_file = files.whole.get("progress_file")
+        if progress_file is not None:
             with contextlib.suppress(OutputClosed, OutputFailed):  # best effort, as while running
-                files.progress.replace(b"%d\n" % run.statistics().finished)
+                progress_file.replace(b"%d\n" % run.statistics().finished)
         if self.exporter is not None:
             self.exporter.finish()
         try:
-            replace_content(files.metrics, summary)
+            replace_content(files.whole.get("metrics_file"), summary)
             if run.report is not None:
-                replace_content(files.aggregate, run.report.file_bytes())
+                replace_content(files.whole.get("aggregate_file"), run.report.file_bytes())
         except OutputFailed as failure:
             self.write_failures.append(failure)
         # Why the run stopped is in the summary (`stopped`); a line of its own would come between a
@@ -560,7 +568,7 @@ class _CommandLineRun:
         for warning in run.warnings():
             say(warning_message(warning), stderr)
         summary_lost = False
-        if not self.options.quiet:
+        if not self.command.quiet:
             chart = b"".join(line.encode() + b"\n" for line in chart_lines(summary_object, stderr))
             summary_lost = not write_summary(stderr, chart + summary_for(stderr, summary))
         return RunEnd(

@@ -13,7 +13,7 @@ from rollfilter.cli.command import CommandConfig
 from rollfilter.cli.files import identity
 from rollfilter.cli.files.outputs import STANDARD_STREAMS, OutputFiles, RunOutputs, Streams, replace_content
 from rollfilter.cli.messages import say, write_stderr
-from rollfilter.cli.run import cacert_context, summary_for
+from rollfilter.cli.run import summary_for
 from rollfilter.cli.statuses import RunEnd
 from rollfilter.engine.metrics import Metrics
 from rollfilter.engine.nursery import StopCause, reward_of
@@ -25,6 +25,7 @@ from rollfilter.formats.writers import OutputFailed, WholeFile, write_all
 from rollfilter.outcomes import AttemptFailure, failure_of
 from rollfilter.redact import printable
 from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name, is_masked, parse_row
+from rollfilter.run.connect import tls_context_for
 from rollfilter.run.run import Run
 
 _encode = msgspec.json.Encoder().encode
@@ -45,7 +46,7 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
     The summary goes to stdout (it is this mode's output) and to --metrics FILE; when stdout
     cannot take it (or an output fails), to stderr too, after the line that says so (exit status 74).
     """
-    config = command.engine
+    config = command.config
     check_inputs(command.inputs)
     baseline = _Baseline.of(command, stdin_fd=streams.stdin)
     RunOutputs(command, streams, summarize=True).check()
@@ -56,7 +57,7 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
     # Made before the files are opened, so that a CA file that cannot serve is refused with none left.
     # It talks only to the agents' /aggregate_metrics, with --aggregate.
     per_task = _PerTask(command.per_task_file)
-    run = Run(config, tls=cacert_context(config) if config.aggregate else None, on_task=per_task.write)
+    run = Run(config, tls=tls_context_for(config) if config.aggregate else None, on_task=per_task.write)
     unclustered = _Unclustered(run.tasks is None)
     with OutputFiles() as files:
         metrics_file = files.whole(command.metrics_file, "--metrics")

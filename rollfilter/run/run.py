@@ -29,13 +29,13 @@ import trio
 from rollfilter.config import MIN_RATE, Config, ConfigError
 from rollfilter.cost import Spending
 from rollfilter.engine.adaptive import AdaptiveWindow
-from rollfilter.engine.client import AgentClient, DryRunClient, JobClient
+from rollfilter.engine.client import AgentClient, JobClient
 from rollfilter.engine.groups import ClosedGroup, GroupStage, Member, trained_on
 from rollfilter.engine.metrics import UNNAMED_AGENT, Metrics
 from rollfilter.engine.nursery import Engine, RunControl, StopCause, describe, internal_error_event, reward_of
 from rollfilter.engine.plan import Job, JobSource, LineSource, Planner
 from rollfilter.engine.rate_limits import AgentLimits, SendSlots
-from rollfilter.engine.routing import Agent, Router
+from rollfilter.engine.routing import Router
 from rollfilter.engine.sinks import RowSink
 from rollfilter.engine.statistics import RunStatistics, statistics_of, summary_of
 from rollfilter.engine.steering import StalenessGate, Steering, SteeringError, SteeringStatistics
@@ -93,14 +93,17 @@ class Run:
     and hands its outcomes to `sink`. Built by `aggregate`: `report`.
 
     `resume` is what earlier runs left (their pairs are skipped or retried), `on_event` the -v
-    line for each row event, and `dry_run`, when given, gets each routed job in place of
-    sending it. With `config.groups`, `connect` builds `groups` too, which hands the sink whole
-    groups, and `hold` gets each finished rollout's line (the command's held file), with the
-    `release` to run once it is written. `transport`, when given, is what the run sends through
-    instead of the one `config` asks for (a test's `rollfilter.http.testing.ScriptedTransport`).
-    With `stop_when_unreachable`, an agent that refused or dropped every connection since the
-    start stops the run (`StopCause.AGENT_UNREACHABLE`) once a row has failed on it. The run owns
-    its transport and spool: `aclose` closes them.
+    line for each row event, and `client`, when given, takes each routed job in place of the
+    agents' client: a dry run's (`DryRunClient`), which sends nothing. Such a run sends one job at
+    a time, in input order, keeps no spool, send slots or adaptive windows, counts no task
+    figures, and its summary counts what it would send. With `config.groups`, `connect` builds
+    `groups` too, which hands the sink whole groups, and `hold` gets each finished rollout's line
+    (the command's held file), with the `release` to run once it is written. `transport`, when
+    given, is what the run sends through instead of the one `config` asks for (a test's
+    `rollfilter.http.testing.ScriptedTransport`). With `stop_when_unreachable`, an agent that
+    refused or dropped every connection since the start stops the run
+    (`StopCause.AGENT_UNREACHABLE`) once a row has failed on it. The run owns its transport and
+    spool: `aclose` closes them.
     """
 
     def __init__(
@@ -115,7 +118,7 @@ class Run:
         on_task: Callable[[dict[str, Any]], None] | None = None,
         on_event: Callable[[str], None] | None = None,
         on_warning: Callable[[str], None] | None = None,
-        dry_run: Callable[[Job, Agent], None] | None = None,
+        client: JobClient | None = None,
         hold: Callable[[bytes, Release | None], None] | None = None,
         transport: AgentTransport | None = None,
         stop_when_unreachable: bool = False,
@@ -126,7 +129,7 @@ class Run:
         if config.prices:
             self.metrics.spending = Spending(config.prices)
         self.tasks = TaskStats(config.max_repeats, config.pass_threshold, on_task) if config.max_repeats > 1 else None
-        self.spool = ResultSpool() if config.aggregate and dry_run is None else None
+        self.spool = ResultSpool() if config.aggregate and client is None else None
         talks = source is not None or self.spool is not None
         if transport is None and talks:
             transport = transport_for(config, tls=tls, on_warning=on_warning)
@@ -135,7 +138,7 @@ class Run:
         self.engine: Engine | None = None
         self.report: AggregateReport | None = None
         self.groups: GroupStage | None = None
-        self.send_slots = SendSlots(config.concurrency) if config.rate_limited and dry_run is None else None
+        self.send_slots = SendSlots(config.concurrency) if config.rate_limited and client is None else None
         self.concurrency = config.concurrency  # as set_concurrency last set it
         self.steering = Steering(config.policy_version)
         self.staleness: StalenessGate | None = None
@@ -147,7 +150,7 @@ class Run:
         self.expected: int | None = None  # every (task, rollout) pair of the input, once it is known
         self._skipped_unread = 0  # pairs an earlier run finished, skipped without being read
         self._source, self._sink, self._resume = source, sink, resume
-        self._on_event, self._dry_run, self._hold = on_event, dry_run, hold
+        self._on_event, self._client, self._hold = on_event, client, hold
         self._stop_when_unreachable = stop_when_unreachable
         self._on_warning = on_warning
 
@@ -166,7 +169,7 @@ class Run:
             endpoints, head, config = await self._verifiers(config, self.transport, send=send)
         else:
             endpoints, head = await resolve_endpoints(config, self.transport)
-        window_for = self._window_for if config.adaptive and self._dry_run is None else None
+        window_for = self._window_for if config.adaptive and self._client is None else None
         self.router = Router(config, endpoints, head, window_for=window_for)
         self.steering.requests_out = self.router.requests_out
         if send:
@@ -238,10 +241,10 @@ class Run:
         return self.planned
 
     def _engine(self, source: LineSource, sink: RowSink, router: Router, transport: AgentTransport) -> Engine:
-        config, dry_run = self.config, self._dry_run
+        config, sends = self.config, self._client is None
         client: JobClient = (
-            DryRunClient(dry_run)
-            if dry_run is not None
+            self._client
+            if self._client is not None
             else AgentClient(
                 config,
                 transport,
@@ -284,16 +287,16 @@ class Run:
             metrics=self.metrics,
             control=self.control,
             # A dry run shows each row's route, then its body, one row at a time: in input order.
-            concurrency=self.concurrency if dry_run is None else 1,
+            concurrency=self.concurrency if sends else 1,
             failure_limit=config.max_failures,
             max_cost=config.max_cost,
-            tasks=self.tasks if dry_run is None else None,  # planned, but no rollout is answered
+            tasks=self.tasks if sends else None,  # planned, but no rollout is answered
             on_event=self._on_event,
             spool=self.spool,
             groups=self.groups,
             group_field=config.group_field if config.drop_uniform else None,
             waiting_rows=self.send_slots.waiting_rows if self.send_slots is not None else 0,
-            stop_when_unreachable=self._stop_when_unreachable and dry_run is None,
+            stop_when_unreachable=self._stop_when_unreachable and sends,
             steering=self.steering,
             staleness=self.staleness,
         )
@@ -360,7 +363,7 @@ class Run:
         self.expected = self.planned
         if self.planned is not None:
             return
-        if control.cause is None and not control.stopped_early and self._dry_run is None:
+        if control.cause is None and not control.stopped_early and self._client is None:
             self.expected = self.statistics().rows_read  # all of it was read
         elif control.cause in COUNTED_AFTER:
             again = self._source.read_again() if isinstance(self._source, Rereadable) else None
@@ -487,7 +490,7 @@ class Run:
         key_metrics once aggregated, and why the run stopped, if it did (`control.why_stopped`)."""
         statistics = self.statistics()
         summary = summary_of(statistics, stopped=self.control.why_stopped, tasks=self.tasks, timings=timings)
-        if self._dry_run is not None:  # nothing was sent, so nothing succeeded: the rows that would be
+        if self._client is not None:  # nothing was sent, so nothing succeeded: the rows that would be
             figures: dict[str, Any] = {}
             for key, value in summary["rollfilter"].items():
                 figures |= {"succeeded": 0, "would_send": value} if key == "succeeded" else {key: value}

@@ -15,6 +15,7 @@ from rollfilter.cli.command import CommandConfig
 from rollfilter.cli.options import typer_app
 from rollfilter.config import Config, ConfigError, FailureLimit, Retries, Timeouts, Tls
 from rollfilter.cost import Price
+from rollfilter.demo import DemoOptions
 from rollfilter.errors import ExitStatus, UsageError
 from tests.conftest import closed_port_url, rows_jsonl, run, simple_rows
 from tests.conftest import run as run_command
@@ -22,8 +23,8 @@ from tests.conftest import run as run_command
 
 def test_a_command_config_never_changes_the_engine_config_it_is_given():
     url = "http://127.0.0.1:1/run"  # nothing is sent
-    engine = Config(url=url, aggregate=True)
-    assert CommandConfig(engine, aggregate_file="aggregate.json").engine is engine
+    config = Config(url=url, aggregate=True)
+    assert CommandConfig(config, aggregate_file="aggregate.json").config is config
     with pytest.raises(UsageError) as refused:
         CommandConfig(Config(url=url), aggregate_file="aggregate.json")
     assert str(refused.value) == "--aggregate FILE is written from the agents' /aggregate_metrics, which it asks for"
@@ -90,11 +91,11 @@ def typer_run_config(*options: str) -> Config:
         patch.setattr("rollfilter.cli.run.run", keep)
         start = typer_app(["-u", "http://127.0.0.1:1", "/dev/null", *options], standalone_mode=False)
         trio.run(start, None)
-    return built[0].engine
+    return built[0].config
 
 
 def test_a_command_configs_repr_never_shows_a_header_value():
-    command = CommandConfig(engine=Config(url="http://127.0.0.1:1/run", headers=(("Authorization", "Bearer S3CRET"),)))
+    command = CommandConfig(config=Config(url="http://127.0.0.1:1/run", headers=(("Authorization", "Bearer S3CRET"),)))
     assert "S3CRET" not in repr(command)
 
 
@@ -179,6 +180,10 @@ USE_OF_FIELD: dict[str, list[str]] = {
     "max_staleness": ["--max-staleness", "1", "--batch-groups", "2", "--groups", "-r", "2"],
     "batch_groups": ["--max-staleness", "1", "--batch-groups", "2", "--groups", "-r", "2"],
     "control_socket": ["--control", "run.sock"],
+    "quiet": ["-q"],
+    "progress": ["--no-progress"],
+    "verbose": ["-v"],
+    "dry_run": ["--dry-run"],
 }
 
 
@@ -191,13 +196,22 @@ def parsed(args: list[str], monkeypatch: pytest.MonkeyPatch) -> CommandConfig:
     return given[0]
 
 
-def field_value(config: CommandConfig, name: str) -> Any:
-    """The value of field `name` (`retries.budget`: of a Config part) that `config` holds."""
-    engine_fields = {field.name for field in dataclasses.fields(config.engine)}
-    value: Any = config.engine if name.split(".")[0] in engine_fields else config
+def field_value(command: CommandConfig, name: str) -> Any:
+    """The value of field `name` (`retries.budget`: of a Config part) that `command` holds."""
+    config_fields = {field.name for field in dataclasses.fields(command.config)}
+    value: Any = command.config if name.split(".")[0] in config_fields else command
     for part in name.split("."):
         value = getattr(value, part)
     return value
+
+
+def test_demo_gives_the_run_the_demo_agents_default_options(monkeypatch: pytest.MonkeyPatch):
+    given: list[CommandConfig] = []
+    monkeypatch.setattr("rollfilter.cli.run.run", lambda config, **_: given.append(config))
+    for args in (["--demo"], ["-u", URL]):
+        options.typer_app(args=[*args, "rows.jsonl"], prog_name="rollfilter", standalone_mode=False)(None)
+    assert [command.demo for command in given] == [DemoOptions(), None]
+    assert [command.handle_signals for command in given] == [True, True]  # the command handles its signals
 
 
 def test_every_field_is_set_by_its_option(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):

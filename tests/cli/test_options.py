@@ -1,10 +1,14 @@
-"""cli/options.py: --help as a person reads it, in panels, at the terminal's width, with examples."""
+"""cli/options.py: --help as a person reads it, in panels, at the terminal's width, with examples; and a
+ConfigError said by the option of its field."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
-from rollfilter.cli.options import PANELS
+from rollfilter.cli.options import OPTION_OF_FIELD, PANELS, option_message
+from rollfilter.config import ONE_ROLLOUT_GROUPS, Config, FailureLimit, Retries, Reverify, Timeouts, Tls
+from tests.cli.test_command import USE_OF_FIELD
 from tests.conftest import clean_env, run
 
 
@@ -56,3 +60,27 @@ def test_help_ends_with_examples_that_fit_80_columns():
     assert len(examples) >= 3
     assert all(line.lstrip().startswith("rollfilter ") and len(line) <= 80 for line in examples)
     assert text.rstrip().endswith("option in full.")
+
+
+def test_every_config_field_is_said_by_the_option_that_sets_it():
+    parts = {"retries": Retries, "timeout": Timeouts, "tls": Tls, "max_failures": FailureLimit, "reverify": Reverify}
+    fields = {field.name for field in dataclasses.fields(Config)}
+    fields |= {f"{name}.{field.name}" for name, part in parts.items() for field in dataclasses.fields(part)}
+    assert set(OPTION_OF_FIELD) == fields
+    for name, option in OPTION_OF_FIELD.items():
+        spellings = option.split()[0].split("/")  # "-r {key}=K": -r; "-H/--header": -H or --header
+        if name in USE_OF_FIELD:
+            assert set(spellings) & set(USE_OF_FIELD[name]), name
+
+
+def test_a_config_error_is_said_by_the_options_of_the_fields_it_names():
+    assert option_message("max_cost", "needs Config.prices: without them nothing is spent") == (
+        "--max-cost needs --prices: without them nothing is spent"
+    )
+    assert option_message("repeats_by_agent['b']", ONE_ROLLOUT_GROUPS) == (
+        "-r b=K is 1, which makes groups of one: with --groups, a row's rollouts are its group"
+    )
+    assert option_message("headers[0][0]", "holds a name that is empty") == "-H/--header holds a name that is empty"
+    assert option_message("retries.budget", "expected `float` >= 0") == "--retry-budget expected `float` >= 0"
+    assert option_message("no_such_field", "is wrong") is None  # said as the library says it
+    assert option_message("shard", "needs Config.no_such_field") is None

@@ -18,11 +18,15 @@ SECRET = "secret-value"
 def test_a_header_is_checked_as_config_checks_it_and_named_by_its_option():
     assert parsers.header(" X-Token :  a b ") == ("X-Token", "a b")
     assert parsers.header("Authorization: Bearer abc") == ("Authorization", "Bearer abc")
+    with pytest.raises(UsageError) as refused:
+        parsers.header("X-Token " + SECRET)
+    assert str(refused.value) == "-H/--header wants 'Name: value' (the value is not shown)"
+    # What cannot go on the wire, Config refuses, and the command line says it by the option.
     for spec in ("X-Token " + SECRET, "Bad Name: " + SECRET, "Tôken: " + SECRET, "X-Token: " + SECRET + "\r\nA: 1"):
-        with pytest.raises(UsageError) as refused:
-            parsers.header(spec)
-        assert str(refused.value).startswith("-H/--header ")
-        assert SECRET not in str(refused.value)
+        proc = run(["-u", "http://127.0.0.1:1", "-H", spec], input=b"")
+        assert proc.returncode == ExitStatus.USAGE
+        assert proc.stderr.decode().startswith("rollfilter: -H/--header ")
+        assert SECRET not in proc.stderr.decode()
 
 
 def test_shard_auto_is_the_array_tasks_offset_from_the_first():
@@ -39,10 +43,10 @@ def test_shard_auto_is_the_array_tasks_offset_from_the_first():
 def test_a_shard_is_i_of_n():
     assert parsers.shard("1/3", {}) == (1, 3)
     assert parsers.shard(None, {}) is None
-    for bad, said in (("3/2", "--shard I/N wants 0 <= I < N"), ("x", "--shard wants I/N, like 0/4, got 'x'")):
-        with pytest.raises(UsageError) as refused:
-            parsers.shard(bad, {})
-        assert str(refused.value) == said
+    assert parsers.shard("3/2", {}) == (3, 2)  # Config refuses it (tests/cli/test_command.py)
+    with pytest.raises(UsageError) as refused:
+        parsers.shard("x", {})
+    assert str(refused.value) == "--shard wants I/N, like 0/4, got 'x'"
 
 
 def test_a_param_takes_json_else_string():
@@ -196,14 +200,26 @@ def test_a_prometheus_address_is_host_and_port():
 
 
 def test_a_staleness_bound_needs_both_its_figures_and_groups():
-    with pytest.raises(UsageError, match="go together"):
-        parsers.steering(None, 1, None, groups=True)
-    with pytest.raises(UsageError, match="give --groups"):
-        parsers.steering(None, 1, 2, groups=False)
-    assert parsers.steering(3, 1, 2, groups=True) == {"policy_version": 3, "max_staleness": 1, "batch_groups": 2}
+    # Config checks them; the command line names the options (tests/e2e/test_options.py).
+    assert parsers.steering(3, 1, 2) == {"policy_version": 3, "max_staleness": 1, "batch_groups": 2}
+    assert parsers.steering(None, 1, None) == {"policy_version": None, "max_staleness": 1, "batch_groups": None}
 
 
 def test_a_policy_version_is_at_most_2_to_the_53():
     with pytest.raises(UsageError, match=r"--policy-version is a whole number of at most 9007199254740992"):
-        parsers.steering(2**53 + 1, None, None, groups=False)
-    assert parsers.steering(-(2**53), None, None, groups=False)["policy_version"] == -(2**53)
+        parsers.steering(2**53 + 1, None, None)
+    assert parsers.steering(-(2**53), None, None)["policy_version"] == -(2**53)
+
+
+def test_the_group_options_are_checked_by_config_not_again_here():
+    # Groups of one rollout, --keep-incomplete without groups: Config refuses them, by field
+    # (the command line says them by option: tests/e2e/test_groups.py).
+    assert parsers.groups(True, drop_uniform=False, group_field=None, refused={}) == {
+        "groups": True,
+        "drop_uniform": False,
+        "group_field": "reward",
+    }
+    with pytest.raises(UsageError, match=r"^--groups cannot go with -k: "):
+        parsers.groups(True, drop_uniform=False, group_field=None, refused={"-k": True})
+    with pytest.raises(UsageError, match=r"^--group-field is what --drop-uniform compares"):
+        parsers.groups(True, drop_uniform=False, group_field="accuracy", refused={})

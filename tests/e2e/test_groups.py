@@ -247,9 +247,9 @@ def test_an_option_groups_cannot_go_with_is_named_as_typed(demo_server: DemoServ
 def test_group_options_that_cannot_work_exit_2_in_one_line(demo_server: DemoServer):
     url = ["-u", demo_server.url]
     refused = {
-        ("--groups",): "-r K with K > 1",
-        ("-r", "a=4", "-r", "b=1", "--drop-uniform"): "-r b=1 makes groups of one",
-        ("-r", "1", "-r", "a=4", "--groups"): "-r 1 makes groups of one",
+        ("--groups",): "--groups needs -r over 1",
+        ("-r", "a=4", "-r", "b=1", "--drop-uniform"): "-r b=K is 1, which makes groups of one",
+        ("-r", "1", "-r", "a=4", "--groups"): "-r is 1, which makes groups of one",
         ("-r", "4", "--groups", "--target-groups", "0"): "--target-groups",
         ("-r", "4", "--target-groups", "3"): "give --groups",
         ("-r", "4", "--keep-incomplete"): "give --groups",

@@ -183,3 +183,22 @@ def test_a_url_given_as_its_port_alone_reaches_this_machine(demo_server):
     proc = run(["-u", f":{port}"], input=rows_jsonl(simple_rows(2)))
     assert proc.returncode == 0, proc.stderr
     assert summary_of(proc.stderr)["rollfilter"]["succeeded"] == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--max-staleness", "1"], "--max-staleness needs --batch-groups too: a staleness bound is the two together"),
+        (["--batch-groups", "2"], "--batch-groups needs --max-staleness too: a staleness bound is the two together"),
+        (
+            ["--max-staleness", "1", "--batch-groups", "2"],
+            "--max-staleness needs --groups (or --drop-uniform): staleness is bounded group by group",
+        ),
+        (["--shard", "3/2"], "--shard I/N wants 0 <= I < N"),
+        (["--max-cost", "3"], "--max-cost needs --prices: without them nothing is spent"),
+        (["-r", "4", "--keep-incomplete"], "--keep-incomplete is about groups: give --groups (or --drop-uniform)"),
+    ],
+)
+def test_a_rule_config_checks_is_said_by_the_options_it_names(args: list[str], said: str):
+    proc = run(["-u", closed_port_url(), *args], input=rows_jsonl(simple_rows(1)))
+    assert (proc.returncode, proc.stderr.decode()) == (2, f"rollfilter: {said}\n")

@@ -282,7 +282,7 @@ async def test_a_run_reads_and_writes_the_descriptors_it_is_given(tmp_path, demo
     """The command's streams are parameters: a run in this process, on pipes and files of the test's own."""
     from rollfilter.cli.command import CommandConfig
     from rollfilter.cli.files.outputs import Streams
-    from rollfilter.cli.run import RunOptions, run
+    from rollfilter.cli.run import run
     from rollfilter.cli.statuses import RunEnd
     from rollfilter.config import Config
 
@@ -291,12 +291,8 @@ async def test_a_run_reads_and_writes_the_descriptors_it_is_given(tmp_path, demo
     os.close(write_end)
     out, err = (os.open(tmp_path / name, os.O_WRONLY | os.O_CREAT) for name in ("out", "err"))
     try:
-        config = CommandConfig(Config(url=demo_server.url))
-        end = await run(
-            config,
-            streams=Streams(stdin=read_end, stdout=out, stderr=err),
-            options=RunOptions(handle_signals=False, progress=False),
-        )
+        config = CommandConfig(Config(url=demo_server.url), handle_signals=False, progress=False)
+        end = await run(config, streams=Streams(stdin=read_end, stdout=out, stderr=err))
     finally:
         for fd in (read_end, out, err):
             os.close(fd)

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from rollfilter.config import Config
+from rollfilter.engine.client import DryRunClient
 from rollfilter.engine.plan import Job
 from rollfilter.engine.routing import Agent
 from rollfilter.formats.source import LineReader
@@ -45,7 +46,7 @@ async def test_a_dry_run_takes_one_row_at_a_time_whatever_the_concurrency(tmp_pa
     config = Config(url=demo_server.url, concurrency=16)
     shown = _Shown()
     reader = LineReader([str(rows)], max_line_bytes=1 << 20)
-    run = Run(config, source=reader, sink=shown, dry_run=shown.route)
+    run = Run(config, source=reader, sink=shown, client=DryRunClient(shown.route))
     try:
         await run.connect()
         await run.send()
@@ -54,3 +55,17 @@ async def test_a_dry_run_takes_one_row_at_a_time_whatever_the_concurrency(tmp_pa
         await run.aclose()
     assert shown.events == [(event, seq) for seq in range(20) for event in ("route", "body")]
     assert demo_server.stats()["requests"] == 0
+
+
+async def test_a_run_given_a_client_that_sends_nothing_keeps_nothing_for_answers():
+    """A dry run is composed by its caller (its client and its sink): the run given such a client
+    keeps no spool for /aggregate_metrics and no send slots for rate limits."""
+    config = Config(url="http://127.0.0.1:1/run", aggregate=True, rpm=60)
+    sending, dry = Run(config), Run(config, client=DryRunClient(lambda job, agent: None))
+    try:
+        assert (sending.spool is None, sending.send_slots is None) == (False, False)
+        assert (dry.spool, dry.send_slots) == (None, None)
+        assert dry.summary()["rollfilter"]["would_send"] == 0
+    finally:
+        await sending.aclose()
+        await dry.aclose()

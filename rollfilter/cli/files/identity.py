@@ -98,7 +98,7 @@ def file_digest(path: str) -> str:
 
 def record_of(command: CommandConfig) -> RunRecord:
     """The record of the run `command` describes (it reads every input file once)."""
-    config = command.engine
+    config = command.config
     inputs = tuple(
         InputDigest(STDIN if path == STDIN else os.path.basename(path), None if path == STDIN else file_digest(path))
         for path in command.inputs
@@ -172,9 +172,9 @@ def command_as_recorded(command: CommandConfig) -> tuple[CommandConfig, RunRecor
     if path is None:
         return command, None
     recorded = read_record(path) if command.resume else None
-    if recorded is not None and recorded.shard is not None and (command.engine.shard is None or command.shard_auto):
-        engine = dataclasses.replace(command.engine, shard=recorded.shard)
-        command = dataclasses.replace(command, engine=engine)
+    if recorded is not None and recorded.shard is not None and (command.config.shard is None or command.shard_auto):
+        config = dataclasses.replace(command.config, shard=recorded.shard)
+        command = dataclasses.replace(command, config=config)
     record = record_of(command)
     if recorded is not None:
         problems = differences(recorded, record)

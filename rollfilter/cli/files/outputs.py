@@ -8,6 +8,11 @@ them that are one file (by device and inode, so a symlink, a hard link, /dev/std
 /proc/self/fd/1 all count; by path for one not made yet) would lose or mix lines: a file renamed
 into place takes the other's name from it, and two descriptors of one regular file overwrite each
 other. Only /dev/null may be shared: what goes there is thrown away on purpose.
+
+Each file is a row of one table, `OUTPUTS`: the option that names it, whether lines are appended
+to it or it is written whole, whether it is locked, must be empty, may be a pipe. The checks, the
+opening, the locking and the messages all read it, and the files opened come back by name
+(`RunFiles`, keyed by `OutputKey`).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import dataclasses
 import os
 import socket
 import stat
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal
 
 import msgspec
@@ -34,18 +39,73 @@ from rollfilter.run.materialize import building, claim
 
 _encode = msgspec.json.Encoder().encode
 APPEND_FLAGS = os.O_WRONLY | os.O_APPEND
-# The files of a run, by CommandConfig field, each with the option that names it.
-FILE_OPTIONS = (
-    ("output", "-o"),
-    ("errors_file", "--errors"),
-    ("metrics_file", "--metrics"),
-    ("per_task_file", "--per-task"),
-    ("aggregate_file", "--aggregate"),
-    ("materialized_file", "--materialized"),
-    ("progress_file", "--progress-file"),
-    ("dropped_file", "--dropped"),
-    ("prometheus_file", "--prometheus-file"),
+# The CommandConfig field (or property) that holds an output's path, and its name among the opened files.
+OutputKey = Literal[
+    "output",
+    "errors_file",
+    "metrics_file",
+    "per_task_file",
+    "aggregate_file",
+    "materialized_file",
+    "progress_file",
+    "dropped_file",
+    "prometheus_file",
+    "held_file",
+]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Output:
+    """One output of a command-line run, as `OUTPUTS` has it: what checks, opens, locks and
+    names it asks of it."""
+
+    key: OutputKey
+    option: str  # how messages name it, before its path: `--metrics m.json`
+    appended: bool  # lines are appended to it while the run goes; else it is written whole, replaced
+    locked: bool  # locked from before anything is sent to the run's end: two runs never write it at once
+    must_be_empty: bool  # a fresh run refuses it when it holds another run's lines; --overwrite empties it
+    may_be_pipe: bool  # a pipe or a device will do; else a regular file only (its content is renamed into place)
+    # Made by the run beside -o, not named by an option (the held file): never more readable than
+    # -o, and emptied by a fresh run, since what an earlier run left in it is not this run's.
+    beside_output: bool = False
+
+
+# Every output a run's options can name, in the order a message that two are one file names them.
+OUTPUTS = (
+    Output("output", "-o", appended=True, locked=True, must_be_empty=True, may_be_pipe=True),
+    Output("errors_file", "--errors", appended=True, locked=True, must_be_empty=True, may_be_pipe=True),
+    Output("metrics_file", "--metrics", appended=False, locked=False, must_be_empty=False, may_be_pipe=True),
+    Output("per_task_file", "--per-task", appended=True, locked=True, must_be_empty=False, may_be_pipe=True),
+    Output("aggregate_file", "--aggregate", appended=False, locked=False, must_be_empty=False, may_be_pipe=True),
+    # Written by the first pass, whole, before anything is sent.
+    Output("materialized_file", "--materialized", appended=False, locked=True, must_be_empty=True, may_be_pipe=False),
+    Output("progress_file", "--progress-file", appended=False, locked=False, must_be_empty=False, may_be_pipe=False),
+    Output("dropped_file", "--dropped", appended=True, locked=True, must_be_empty=True, may_be_pipe=True),
+    Output(
+        "prometheus_file", "--prometheus-file", appended=False, locked=False, must_be_empty=False, may_be_pipe=False
+    ),
+    Output(
+        "held_file",
+        "the held file",
+        appended=True,
+        locked=True,
+        must_be_empty=False,
+        may_be_pipe=True,
+        beside_output=True,
+    ),
 )
+
+
+def output_paths(command: CommandConfig) -> list[tuple[Output, str]]:
+    """The outputs `command` names, with their paths, in `OUTPUTS`' order."""
+    given = []
+    for output in OUTPUTS:
+        path = held_target(command) if output.beside_output else getattr(command, output.key)
+        if path is not None:
+            given.append((output, path))
+    return given
+
+
 SAME_FILE = "two outputs cannot be one file"
 
 
@@ -66,36 +126,39 @@ class RunOutputs:
     line naming both, two that are one file, an output that is an input, and an output named as a
     run record is, all before any file is opened."""
 
-    def __init__(
-        self, command: CommandConfig, streams: Streams, *, dry_run: bool = False, summarize: bool = False
-    ) -> None:
-        self.command = command
-        self.stdin = streams.stdin
-        # A dry run writes no file: it prints what it would send.
-        self.files = [] if dry_run else [(o, p) for f, o in FILE_OPTIONS if (p := getattr(command, f)) is not None]
-        self.record = None if dry_run or summarize else identity.record_target(command)
-        self.held = held_target(command) if not (dry_run or summarize) else None
-        carries_stdout = summarize or dry_run or command.output is None
+    def __init__(self, command: CommandConfig, streams: Streams, *, summarize: bool = False) -> None:
+        self.inputs, self.stdin = command.inputs, streams.stdin
+        self.files = [
+            (output, path) for output, path in output_paths(command) if not (summarize and output.beside_output)
+        ]
+        self.record = None if summarize else identity.record_target(command)  # --summarize keeps no record
+        carries_stdout = summarize or command.output is None
         self.streams = [("standard output", streams.stdout)] * carries_stdout + [("standard error", streams.stderr)]
+
+    @classmethod
+    def standard_streams(cls, command: CommandConfig, streams: Streams) -> RunOutputs:
+        """The outputs of a run that writes no file (--dry-run): standard output and standard error."""
+        outputs = cls(command, streams)
+        outputs.files, outputs.record = [], None
+        outputs.streams = [("standard output", streams.stdout), ("standard error", streams.stderr)]
+        return outputs
 
     def named_files(self) -> list[tuple[str, str]]:
         """Each file as the messages name it (`--metrics m.json`), the run record last."""
-        named = [(f"{option} {path}", path) for option, path in self.files]
-        if self.held is not None:
-            named.append((f"the held file {self.held}", self.held))
+        named = [(f"{output.option} {path}", path) for output, path in self.files]
         if self.record is not None:
             named.append((f"the run record {self.record}", self.record))
         return named
 
     def check(self) -> None:
-        for option, path in self.files:
+        for output, path in self.files:
             if identity.is_record_name(path):
                 raise UsageError(
-                    f"{option} {path}: a name ending in {RECORD_SUFFIX} is a run record's"
+                    f"{output.option} {path}: a name ending in {RECORD_SUFFIX} is a run record's"
                     f" (-o FILE keeps its record in FILE{RECORD_SUFFIX}): give another name"
                 )
         named: list[tuple[str, str | int]] = [*self.streams, *self.named_files()]
-        refuse_inputs(self.command.inputs, named, self.stdin)
+        refuse_inputs(self.inputs, named, self.stdin)
         refuse_shared(self.streams, self.named_files())
 
 
@@ -320,25 +383,24 @@ def in_use(output: str, holders: list[int]) -> OutputInUse:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RunFiles:
-    """A run's outputs as opened: where results, failures and the files written whole go.
-    A dry run has none but standard output and standard error."""
+    """A run's outputs as opened, by `OutputKey`: where results, failures and the files written
+    whole go. A dry run's (`RunFiles.standard_streams`) are standard output and standard error only."""
 
     results: int  # -o's descriptor, or standard output's
     results_name: str  # as messages name it: "-o out.jsonl", "standard output"
-    errors: int | None  # --errors' descriptor; None: failures are lines on standard error
-    errors_name: str
-    per_task: int | None
-    dropped: int | None  # --dropped's descriptor
-    held: int | None  # the held file's (see CommandConfig.held_file)
-    metrics: WholeFile | None
-    aggregate: WholeFile | None
-    progress: WholeFile | None
-    prometheus: WholeFile | None  # --prometheus-file's
-    listening: list[socket.socket]  # --prometheus's sockets, bound before anything is sent
-    materialized: str | None  # written by the first pass, when it is done
-    keep_locked: Callable[[int], None] | None  # what locks the materialized file made, until the end
-    record: identity.RunRecord | None  # written beside -o before anything is sent
-    output: str | None  # -o, beside which the record is written
+    appended: Mapping[OutputKey, int] = dataclasses.field(default_factory=dict)  # -o's among them
+    whole: Mapping[OutputKey, WholeFile] = dataclasses.field(default_factory=dict)
+    names: Mapping[OutputKey, str] = dataclasses.field(default_factory=dict)  # as messages name them
+    listening: list[socket.socket] = dataclasses.field(default_factory=list)  # --prometheus's, bound
+    materialized: str | None = None  # written by the first pass, when it is done
+    keep_locked: Callable[[int], None] | None = None  # what locks the materialized file made, until the end
+    record: identity.RunRecord | None = None  # written beside -o before anything is sent
+    output: str | None = None  # -o, beside which the record is written
+
+    @classmethod
+    def standard_streams(cls, streams: Streams) -> RunFiles:
+        """A dry run's outputs: the bodies on standard output, the rest on standard error."""
+        return cls(streams.stdout, "standard output")
 
 
 LOCK_POLL_SECONDS = 0.2  # how often --wait-lock tries an output another run holds
@@ -346,38 +408,31 @@ LOCK_POLL_SECONDS = 0.2  # how often --wait-lock tries an output another run hol
 
 async def open_appended(
     command: CommandConfig, files: OutputFiles, stderr: int, say: Callable[[str, int], None]
-) -> list[int | None]:
-    """-o, --errors, --per-task, --dropped and the held file, opened to append and locked: shared
-    with --append (runs that only add lines may share a file), else exclusive. An output another
-    run holds is refused (OutputInUse), or with --wait-lock waited for; they are locked in the
-    order of their paths, so that two waiting runs never hold one each of what the other waits
-    for. A fresh run's held file is emptied: what an earlier run left in it is not this run's, and
-    with --overwrite so are -o, --errors and --dropped, once locked."""
+) -> dict[OutputKey, int]:
+    """The locked outputs (`Output.locked`) of `command`, opened to append (or, written whole,
+    held: --materialized), locked: shared with --append (runs that only add lines may share a
+    file), else exclusive; the descriptors of those appended to come back by key. An output
+    another run holds is refused (OutputInUse), or with --wait-lock waited for; they are locked
+    in the order of their paths, so that two waiting runs never hold one each of what the other
+    waits for. A fresh run's held file is emptied, and with --overwrite so are the outputs that
+    must be empty, once locked."""
     fresh_only = not (command.resume or command.append or command.overwrite)
     lock: Lock = "shared" if command.append and not command.resume else "exclusive"
-    held_file = held_target(command)
-    wanted = [
-        (command.output, "-o", fresh_only),
-        (command.errors_file, "--errors", fresh_only),
-        (command.per_task_file, "--per-task", False),
-        (command.dropped_file, "--dropped", fresh_only),
-        (held_file, "the held file", False),
-        (command.materialized_file, "--materialized", False),  # replaced whole: its file is locked
-    ]
-    fds: dict[int, int | None] = {}
-    for number in sorted(range(len(wanted)), key=lambda n: os.path.realpath(wanted[n][0] or "")):
-        path, option, must_be_empty = wanted[number]
+    wanted = [(output, path) for output, path in output_paths(command) if output.locked]
+    fds: dict[OutputKey, int] = {}
+    for output, path in sorted(wanted, key=lambda given: os.path.realpath(given[1])):
         said = False
         while True:
             try:
-                if option == "--materialized":
-                    fds[number] = None
-                    if path is not None:
-                        files.lock_replaced(path, option)
+                if not output.appended:  # replaced whole: its file is locked
+                    files.lock_replaced(path, output.option)
                 else:
-                    # The held file copies the results: it is never more readable than -o.
-                    mode = identity.beside_mode(command.output or "") if number == 4 else 0o666
-                    fds[number] = files.open(path, option, must_be_empty=must_be_empty, lock=lock, mode=mode)
+                    # A file beside -o copies the results: it is never more readable than -o.
+                    mode = identity.beside_mode(command.output or "") if output.beside_output else 0o666
+                    must_be_empty = output.must_be_empty and fresh_only
+                    opened = files.open(path, output.option, must_be_empty=must_be_empty, lock=lock, mode=mode)
+                    assert opened is not None, "a path is given"
+                    fds[output.key] = opened
                 break
             except OutputInUse as held:
                 if not command.wait_lock:
@@ -386,19 +441,19 @@ async def open_appended(
                     say(f"{held.output} is in use by {held.holder}: waiting for it (--wait-lock)", stderr)
                     said = True
                 await trio.sleep(LOCK_POLL_SECONDS)
-    if fds[4] is not None:  # the held file copies the results: never more readable than -o
-        narrow_mode(fds[4], identity.beside_mode(command.output or ""), held_file)
-    emptied = [4, *([0, 1, 3] if command.overwrite else [])]  # the held file, and what --overwrite replaces
-    for number in emptied if not command.resume else ():
-        path, option, _ = wanted[number]
-        fd = fds[number]
-        if fd is None or not stat.S_ISREG(os.fstat(fd).st_mode):  # a pipe or a device is not replaced
+    for output, path in wanted:
+        if output.beside_output and output.key in fds:
+            narrow_mode(fds[output.key], identity.beside_mode(command.output or ""), path)
+    for output, path in wanted if not command.resume else ():
+        emptied = output.beside_output or (command.overwrite and output.must_be_empty)
+        fd = fds.get(output.key)
+        if not emptied or fd is None or not stat.S_ISREG(os.fstat(fd).st_mode):  # a pipe or a device is kept
             continue
         try:
             os.ftruncate(fd, 0)
         except OSError as exc:
-            raise UsageError(f"cannot write {option} {path}: {exc.strerror}") from None
-    return [fds[number] for number in range(len(wanted) - 1)]
+            raise UsageError(f"cannot write {output.option} {path}: {exc.strerror}") from None
+    return fds
 
 
 def narrow_mode(fd: int, mode: int, path: str | None) -> None:
@@ -415,53 +470,37 @@ def run_files(
     command: CommandConfig,
     files: OutputFiles,
     streams: Streams,
-    appended: Sequence[int | None],
+    appended: Mapping[OutputKey, int],
     record: identity.RunRecord | None,
 ) -> RunFiles:
-    """The files of `command`'s run that are written whole, checked and opened (`appended` are
-    the descriptors of -o, --errors and --per-task, opened by `open_appended`)."""
-    out, errors, per_task, dropped, held = appended
-    materialized = command.materialized_file
-    if materialized is not None:
-        if not (command.resume or command.append or command.overwrite):
-            refuse_earlier_lines(materialized, "--materialized")
-        checked = files.whole(materialized, "--materialized", regular_only=True)  # its folder, made and checked
-        assert checked is not None
+    """The files of `command`'s run, those written whole checked and opened now (`appended`: the
+    descriptors `open_appended` opened)."""
+    fresh_only = not (command.resume or command.append or command.overwrite)
+    whole: dict[OutputKey, WholeFile] = {}
+    # The one locked (--materialized) first: a file another run left is refused before anything is made.
+    for output, path in sorted(output_paths(command), key=lambda given: not given[0].locked):
+        if output.appended:
+            continue
+        if output.must_be_empty and fresh_only:
+            refuse_earlier_lines(path, output.option)
+        opened = files.whole(path, output.option, regular_only=not output.may_be_pipe)  # its folder made and checked
+        assert opened is not None, "a path is given"
+        if output.key != "materialized_file":  # the first pass writes that one by its path
+            whole[output.key] = opened
     if record is not None and command.output is not None:
         files.remove_if_refused(identity.record_path(command.output))
+    out = appended.get("output")
     return RunFiles(
         results=streams.stdout if out is None else out,
         results_name="standard output" if out is None else f"-o {command.output}",
-        errors=errors,
-        errors_name=f"--errors {command.errors_file}",
-        per_task=per_task,
-        dropped=dropped,
-        held=held,
-        metrics=files.whole(command.metrics_file, "--metrics"),
-        aggregate=files.whole(command.aggregate_file, "--aggregate"),
-        progress=files.whole(command.progress_file, "--progress-file", regular_only=True),
-        prometheus=files.whole(command.prometheus_file, "--prometheus-file", regular_only=True),
+        appended=dict(appended),
+        whole=whole,
+        names={output.key: f"{output.option} {path}" for output, path in output_paths(command)},
         listening=listening(command, files),
-        materialized=materialized,
+        materialized=command.materialized_file,
         keep_locked=files.keep_locked,
         record=record,
         output=command.output,
-    )
-
-
-def dry_run_files(streams: Streams) -> RunFiles:
-    """A dry run's outputs: the bodies on standard output, the rest on standard error."""
-    return RunFiles(
-        streams.stdout,
-        "standard output",
-        None,
-        "",
-        *(None,) * 7,
-        listening=[],
-        materialized=None,
-        keep_locked=None,
-        record=None,
-        output=None,
     )
 
 
