@@ -23,13 +23,12 @@ import trio
 from rollfilter.cli.chart import chart_lines
 from rollfilter.cli.command import CommandConfig
 from rollfilter.cli.control import ControlServer, ControlSocket, control_socket
+from rollfilter.cli.environment import Environment
 from rollfilter.cli.files import identity
 from rollfilter.cli.files.outputs import (
-    STANDARD_STREAMS,
     OutputFiles,
     RunFiles,
     RunOutputs,
-    Streams,
     dry_run_files,
     held_target,
     open_appended,
@@ -97,12 +96,13 @@ class RunOptions:
 async def run(
     command: CommandConfig,
     *,
-    streams: Streams = STANDARD_STREAMS,
+    environment: Environment,
     options: RunOptions = RunOptions(),
     stops: StopSignals | None = None,
 ) -> RunEnd:
     """Run the rollouts `command` describes; return how it ended. Prints the summary. `stops`
-    (the command's stop signals) stop it from here on, unless `options` say it handles none."""
+    (the command's stop signals) stop it from here on, unless `options` say it handles none. It
+    reads and writes the standard streams of `environment` only."""
     run_control = RunControl()
     if stops is not None and options.handle_signals:
         stops.attach(run_control)
@@ -111,38 +111,38 @@ async def run(
     check_inputs(command.inputs)
     if not command.engine.names_an_agent and options.demo is None:
         raise UsageError("no agent to send to: give -u URL, -e NAME=URL, --head-server URL, or --demo")
-    RunOutputs(command, streams, dry_run=options.dry_run).check()
+    RunOutputs(command, environment, dry_run=options.dry_run).check()
     tls = cacert_context(command.engine)  # read once, and refused before any file is touched
     if not options.dry_run:
-        command = fit_open_files(command, files_per_connection=2 if options.demo else 1, stderr=streams.stderr)
+        command = fit_open_files(command, files_per_connection=2 if options.demo else 1, stderr=environment.stderr)
     with control_socket(command.control_socket) as control, OutputFiles() as files:
         # Locked first: the record, the resume state and a torn tail are read under the lock.
         appended: list[int | None] = [None] * 5
         with run_control.stoppable():  # a stop while --wait-lock waits: the summary of nothing sent
             if not options.dry_run:
-                appended = await open_appended(command, files, streams.stderr, say)
+                appended = await open_appended(command, files, environment.stderr, say)
         if run_control.cause is not None and not options.dry_run and None in appended[:1]:
-            return _stopped_before_opening(run_control, streams, quiet=options.quiet)
+            return _stopped_before_opening(run_control, environment, quiet=options.quiet)
         for caveat in files.caveats:
-            say(caveat, streams.stderr)
+            say(caveat, environment.stderr)
         command, record = identity.command_as_recorded(command)
         resume, earlier = _earlier_runs(command, dry_run=options.dry_run)
         if options.dry_run:  # it changes no file: it reads what resume reads, and prints the rest
-            opened, earlier = dry_run_files(streams), _Earlier()
+            opened, earlier = dry_run_files(environment), _Earlier()
         else:
-            opened = run_files(command, files, streams, appended, record)
+            opened = run_files(command, files, environment, appended, record)
         async with _demo_agent(options.demo) as url:
             if url is not None:
                 command = dataclasses.replace(command, engine=dataclasses.replace(command.engine, url=url))
-            clrun = _CommandLineRun(command, streams, opened, resume, earlier, options, tls, run_control)
+            clrun = _CommandLineRun(command, environment, opened, resume, earlier, options, tls, run_control)
             return await clrun.execute(stops, control)
 
 
-def _stopped_before_opening(control: RunControl, streams: Streams, *, quiet: bool) -> RunEnd:
+def _stopped_before_opening(control: RunControl, environment: Environment, *, quiet: bool) -> RunEnd:
     """A run stopped while it waited to lock its outputs: nothing was sent, and its summary says so."""
     assert control.cause is not None
     if not quiet:
-        write_summary(streams.stderr, _encode(Metrics().summary(stopped=control.cause.value)) + b"\n")
+        write_summary(environment.stderr, _encode(Metrics().summary(stopped=control.cause.value)) + b"\n")
     return RunEnd(control.cause)
 
 
@@ -225,7 +225,7 @@ class _CommandLineRun:
     def __init__(
         self,
         command: CommandConfig,
-        streams: Streams,
+        environment: Environment,
         files: RunFiles,
         resume: ResumeState | None,
         earlier: _Earlier,
@@ -233,12 +233,13 @@ class _CommandLineRun:
         tls: ssl.SSLContext | None,
         control: RunControl,
     ) -> None:
-        self.command, self.streams, self.files, self.earlier, self.options = command, streams, files, earlier, options
+        self.command, self.files, self.earlier, self.options = command, files, earlier, options
+        self.environment = environment
         self.resume = resume
         self.control = control
         self.write_failures: list[OutputFailed] = []
         self.results = self._writer(files.results, files.results_name)
-        self.stderr_lines = self._writer(streams.stderr, "standard error")
+        self.stderr_lines = self._writer(environment.stderr, "standard error")
         self.errors = self.stderr_lines if files.errors is None else self._writer(files.errors, files.errors_name)
         self.per_task = (
             None if files.per_task is None else self._writer(files.per_task, f"--per-task {command.per_task_file}")
@@ -256,7 +257,7 @@ class _CommandLineRun:
         self.folder = FailureFolder(trio.current_time, message_line)
         self.progress_lines = self._progress_lines()
         self.reader = LineReader(
-            command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=streams.stdin, on_problem=self.say
+            command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=environment.stdin, on_problem=self.say
         )
         self.sink = self._sink()
         self.run = Run(
@@ -348,13 +349,14 @@ class _CommandLineRun:
 
     def _display(self) -> ProgressDisplay | None:
         options, config = self.options, self.command.engine
-        wanted = progress_wanted(options.progress, quiet=options.quiet, stderr_fd=self.streams.stderr)
-        if options.dry_run or not wanted or not os.isatty(self.streams.stderr):
+        wanted = progress_wanted(options.progress, quiet=options.quiet, can_draw=self.environment.stderr_can_draw)
+        if options.dry_run or not wanted or not self.environment.stderr_is_terminal:
             return None
         from rollfilter.cli.progress import ProgressDisplay
 
         return ProgressDisplay(
-            fd=self.streams.stderr,
+            fd=self.environment.stderr,
+            variables=self.environment.variables,
             force_terminal=bool(options.progress),
             adaptive=config.adaptive,
             priced=bool(config.prices),
@@ -365,11 +367,11 @@ class _CommandLineRun:
 
     def _progress_lines(self) -> ProgressLines | None:
         """--progress where stderr is no terminal (a batch job's log): plain lines, not the display."""
-        if self.options.dry_run or not self.options.progress or os.isatty(self.streams.stderr):
+        if self.options.dry_run or not self.options.progress or self.environment.stderr_is_terminal:
             return None
         from rollfilter.cli.progress_lines import ProgressLines
 
-        return ProgressLines(fd=self.streams.stderr, finished=self.finished)
+        return ProgressLines(fd=self.environment.stderr, finished=self.finished)
 
     def say(self, text: str) -> None:
         self.log.write(message_line(text))
@@ -415,11 +417,11 @@ class _CommandLineRun:
         removed first: no exit leaves it behind."""
         if self.control_socket is not None:
             self.control_socket.remove()
-        say("stopped again: results not yet written are dropped (--resume runs them again)", self.streams.stderr)
+        say("stopped again: results not yet written are dropped (--resume runs them again)", self.environment.stderr)
         if not self.options.quiet:
             control = self.control
             stopped = control.reason or (control.cause.value if control.cause is not None else None)
-            write_summary(self.streams.stderr, _encode(self.run.summary(stopped=stopped)) + b"\n")
+            write_summary(self.environment.stderr, _encode(self.run.summary(stopped=stopped)) + b"\n")
 
     async def _serve(self, services: trio.Nursery) -> None:
         files, options, control, run = self.files, self.options, self.control, self.run
@@ -429,7 +431,7 @@ class _CommandLineRun:
             identity.keep(files.record, files.output)
         except OutputFailed as failure:  # nothing is sent: the summary says so, and the exit status
             self._output_failed(failure)
-        if files.results == self.streams.stdout and is_pipe(files.results):
+        if files.results == self.environment.stdout and is_pipe(files.results):
             services.start_soon(watch_reader_gone, files.results, lambda: control.stop(StopCause.READER_GONE))
         if self.exporter is not None:
             self.exporter.start(services, self.say)
@@ -508,7 +510,7 @@ class _CommandLineRun:
                     config=command.engine,
                     router=run.router,
                     reader=self.reader,
-                    stdin_fd=self.streams.stdin,
+                    stdin_fd=self.environment.stdin,
                     max_line_bytes=command.max_line_bytes,
                     keep_existing=command.resume or command.append,
                     already=self.earlier.materialized,
@@ -553,7 +555,7 @@ class _CommandLineRun:
 
     def _finish(self) -> RunEnd:
         """How the run ended, with the summary and the files written whole at the end."""
-        control, run, files, stderr = self.control, self.run, self.files, self.streams.stderr
+        control, run, files, stderr = self.control, self.run, self.files, self.environment.stderr
         incomplete = (  # an input lost, as cat says; results the agents' aggregate left out
             run.metrics.failed
             or run.metrics.not_persisted
@@ -577,7 +579,7 @@ class _CommandLineRun:
         # Why the run stopped is in the summary (`stopped`); a line of its own would come between a
         # pipe or a file and the one JSON line it is there to read, so it is said at a terminal only.
         # A fault (an output, an agent) is said wherever stderr goes.
-        notice = control.reason if control.cause in FAULT_STOPS or os.isatty(stderr) else None
+        notice = control.reason if control.cause in FAULT_STOPS or self.environment.stderr_is_terminal else None
         messages = list(dict.fromkeys([notice, *map(str, self.write_failures)]))
         for message in filter(None, messages):
             say(message, stderr)
@@ -586,23 +588,25 @@ class _CommandLineRun:
                 say(f"-r {name}=K: no row named agent {name!r}", stderr)
         summary_lost = False
         if not self.options.quiet:
-            chart = b"".join(line.encode() + b"\n" for line in chart_lines(summary_object, stderr))
-            summary_lost = not write_summary(stderr, chart + summary_for(stderr, summary))
+            drawn = chart_lines(summary_object, can_draw=self.environment.stderr_can_draw)
+            chart = b"".join(line.encode() + b"\n" for line in drawn)
+            summary_lost = not write_summary(stderr, chart + summary_for(summary, self.environment.stderr_is_terminal))
         return RunEnd(
             control.cause, bool(incomplete), output_failed=bool(self.write_failures), summary_lost=summary_lost
         )
 
 
-def summary_for(fd: int, summary: bytes) -> bytes:
-    """The summary line as `fd` shows it: indented for a person at a terminal; elsewhere (a pipe, a
+def summary_for(summary: bytes, at_terminal: bool) -> bytes:
+    """The summary line as it is shown: indented for a person at a terminal; elsewhere (a pipe, a
     file) the one JSON line as it is, for jq and `tail -n 1`."""
-    if not os.isatty(fd):
+    if not at_terminal:
         return summary
     return msgspec.json.format(summary, indent=2) + b"\n"
 
 
-def progress_wanted(forced: bool | None, *, quiet: bool, stderr_fd: int = 2) -> bool:
-    """Shown when stderr is a terminal (not TERM=dumb) unless -q; --progress/--no-progress decide."""
+def progress_wanted(forced: bool | None, *, quiet: bool, can_draw: bool) -> bool:
+    """Shown when stderr is a terminal that can draw (not TERM=dumb) unless -q;
+    --progress/--no-progress decide."""
     if forced is not None:
         return forced
-    return not quiet and os.isatty(stderr_fd) and os.environ.get("TERM") != "dumb"
+    return not quiet and can_draw

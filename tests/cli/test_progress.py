@@ -13,11 +13,11 @@ from rollfilter.engine.metrics import Metrics
 
 
 @pytest.mark.parametrize(("paused", "shown"), [(True, True), (False, False)])
-async def test_the_line_says_paused_while_the_run_is(paused: bool, shown: bool, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("COLUMNS", "200")  # the width of a terminal: a pipe has none
+async def test_the_line_says_paused_while_the_run_is(paused: bool, shown: bool):
     read, write = os.pipe()
     try:
-        display = ProgressDisplay(fd=write, force_terminal=True, steered=True)
+        # COLUMNS: the width of a terminal, which a pipe has none of
+        display = ProgressDisplay(fd=write, variables={"COLUMNS": "200"}, force_terminal=True, steered=True)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(display.run, Metrics(), None, lambda: paused)
             await trio.testing.wait_all_tasks_blocked()

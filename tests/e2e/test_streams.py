@@ -281,7 +281,7 @@ def test_a_terminal_on_stdin_gets_a_hint(demo_server: DemoServer):
 async def test_a_run_reads_and_writes_the_descriptors_it_is_given(tmp_path, demo_server: DemoServer):
     """The command's streams are parameters: a run in this process, on pipes and files of the test's own."""
     from rollfilter.cli.command import CommandConfig
-    from rollfilter.cli.files.outputs import Streams
+    from rollfilter.cli.environment import Environment
     from rollfilter.cli.run import RunOptions, run
     from rollfilter.cli.statuses import RunEnd
     from rollfilter.config import Config
@@ -294,7 +294,7 @@ async def test_a_run_reads_and_writes_the_descriptors_it_is_given(tmp_path, demo
         config = CommandConfig(Config(url=demo_server.url))
         end = await run(
             config,
-            streams=Streams(stdin=read_end, stdout=out, stderr=err),
+            environment=Environment.of_descriptors(read_end, out, err, variables={}),
             options=RunOptions(handle_signals=False, progress=False),
         )
     finally:

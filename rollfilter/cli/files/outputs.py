@@ -24,6 +24,7 @@ import msgspec
 import trio
 
 from rollfilter.cli.command import CommandConfig
+from rollfilter.cli.environment import Environment
 from rollfilter.cli.files import identity, locks
 from rollfilter.cli.files.descriptors import started_without
 from rollfilter.cli.files.identity import RECORD_SUFFIX
@@ -49,25 +50,13 @@ FILE_OPTIONS = (
 SAME_FILE = "two outputs cannot be one file"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Streams:
-    """The descriptors a run reads and writes; tests pass their own."""
-
-    stdin: int = 0
-    stdout: int = 1
-    stderr: int = 2
-
-
-STANDARD_STREAMS = Streams()
-
-
 class RunOutputs:
     """The outputs of one command-line run (see the module's docstring); `check` refuses, with one
     line naming both, two that are one file, an output that is an input, and an output named as a
     run record is, all before any file is opened."""
 
     def __init__(
-        self, command: CommandConfig, streams: Streams, *, dry_run: bool = False, summarize: bool = False
+        self, command: CommandConfig, streams: Environment, *, dry_run: bool = False, summarize: bool = False
     ) -> None:
         self.command = command
         self.stdin = streams.stdin
@@ -106,7 +95,7 @@ def held_target(command: CommandConfig) -> str | None:
     return held if held is not None and identity.may_hold_a_record(command.output or "") else None
 
 
-def refuse_inputs(inputs: Sequence[str], outputs: Iterable[tuple[str, str | int]], stdin_fd: int = 0) -> None:
+def refuse_inputs(inputs: Sequence[str], outputs: Iterable[tuple[str, str | int]], stdin_fd: int) -> None:
     """UsageError when an output (a path, or a descriptor such as stdout's) is one of the inputs:
     the run would read what it writes and never end, or destroy its input. Regular files, as GNU
     cat tells them, and pipes (`--errors /dev/stdin` would feed its records back as rows); a
@@ -414,7 +403,7 @@ def narrow_mode(fd: int, mode: int, path: str | None) -> None:
 def run_files(
     command: CommandConfig,
     files: OutputFiles,
-    streams: Streams,
+    streams: Environment,
     appended: Sequence[int | None],
     record: identity.RunRecord | None,
 ) -> RunFiles:
@@ -449,7 +438,7 @@ def run_files(
     )
 
 
-def dry_run_files(streams: Streams) -> RunFiles:
+def dry_run_files(streams: Environment) -> RunFiles:
     """A dry run's outputs: the bodies on standard output, the rest on standard error."""
     return RunFiles(
         streams.stdout,
