@@ -16,25 +16,45 @@ that C libraries read for themselves (OpenSSL's SSL_CERT_FILE and SSL_CERT_DIR).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
 
 DEFAULT_COLUMNS = 80  # as shutil.get_terminal_size's fallback, where neither COLUMNS nor a terminal says
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Environment:
     """The standard descriptors a command reads and writes, its environment variables, and
-    whether each descriptor is a terminal (asked once, when it is made: `of_descriptors`)."""
+    whether each descriptor is a terminal (asked once, when it is made: `of_descriptors`).
 
-    stdin: int = 0
-    stdout: int = 1
-    stderr: int = 2
-    variables: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    stdin_is_terminal: bool = False
-    stdout_is_terminal: bool = False
-    stderr_is_terminal: bool = False
+    A plain class, not a dataclass: --help imports this module, and would load dataclasses
+    for it alone."""
+
+    __slots__ = (
+        "stderr",
+        "stderr_is_terminal",
+        "stdin",
+        "stdin_is_terminal",
+        "stdout",
+        "stdout_is_terminal",
+        "variables",
+    )
+
+    def __init__(
+        self,
+        *,
+        stdin: int = 0,
+        stdout: int = 1,
+        stderr: int = 2,
+        variables: Mapping[str, str] | None = None,
+        stdin_is_terminal: bool = False,
+        stdout_is_terminal: bool = False,
+        stderr_is_terminal: bool = False,
+    ) -> None:
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+        self.variables: Mapping[str, str] = {} if variables is None else variables
+        self.stdin_is_terminal = stdin_is_terminal
+        self.stdout_is_terminal = stdout_is_terminal
+        self.stderr_is_terminal = stderr_is_terminal
 
     @classmethod
     def of_descriptors(
