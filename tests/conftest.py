@@ -73,10 +73,11 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-# Paths the kernel resolves against the process's own descriptors 0 to 2, and variables that
-# OpenSSL reads from the process's environment: a command given one runs in a process of its own.
+# Paths the kernel resolves against the process's own descriptors 0 to 2, and variables read
+# from the process's environment by OpenSSL and by tempfile (once, for the whole process): a
+# command given one runs in a process of its own.
 STANDARD_DESCRIPTOR_PATH = re.compile(r"/dev/(stdin|stdout|stderr|fd/[012])|/proc/self/fd/[012]")
-PROCESS_VARIABLES = frozenset({"SSL_CERT_FILE", "SSL_CERT_DIR"})
+PROCESS_VARIABLES = frozenset({"SSL_CERT_FILE", "SSL_CERT_DIR", "TMPDIR"})
 
 
 def run(
@@ -92,7 +93,8 @@ def run(
 
     rollfilter itself runs in this process (`invoke`) unless it needs what only a process has:
     a new session, a pass_fds or a preexec (`popen`), a path naming a standard descriptor
-    (/dev/stdout), or a variable OpenSSL reads (SSL_CERT_FILE); `command` always starts one."""
+    (/dev/stdout), or a variable only a process reads (PROCESS_VARIABLES); `command` always
+    starts one."""
     in_process = command is None and set(popen) <= {"stdin", "stdout", "stderr", "cwd"}
     if in_process and not _needs_a_process(args, env or {}):
         return invoke(args, input=input, timeout=timeout, env=env, **popen)

@@ -11,7 +11,7 @@ touching that process's descriptors 0 to 2 or its `os.environ`.
 What belongs to the process and stays there: the signal handlers, SIGPIPE, the open-file limit,
 the garbage collector's settings, the working directory, the paths that name a standard
 descriptor (/dev/stdout is the kernel's name for the process's descriptor 1), and the variables
-that C libraries read for themselves (OpenSSL's SSL_CERT_FILE and SSL_CERT_DIR).
+read from the process itself (OpenSSL's SSL_CERT_FILE and SSL_CERT_DIR, tempfile's TMPDIR).
 """
 
 from __future__ import annotations
