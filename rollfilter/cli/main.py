@@ -134,7 +134,7 @@ def execute(main: Callable[[StopSignals], Awaitable[RunEnd]], environment: Envir
     from rollfilter.cli.signals import StopSignals
     from rollfilter.cli.statuses import EXIT_STATUS_OF_STOP, exit_status
 
-    stdout, stderr = environment.stdout, environment.stderr
+    stderr = environment.stderr
     status = ExitStatus.OK
     collect_garbage_for_a_run()
     stops = StopSignals()
@@ -152,8 +152,6 @@ def execute(main: Callable[[StopSignals], Awaitable[RunEnd]], environment: Envir
     except* OutputFailed as group:
         say(str(_first(group)), stderr)
         status = ExitStatus.OUTPUT_FAILED
-    if status is ExitStatus.BROKEN_PIPE:
-        _silence(stdout)
     return status
     return status
 
@@ -178,16 +176,6 @@ def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]
     return exc
-
-
-def _silence(stdout: int) -> None:
-    # Python flushes sys.stdout at exit; with the reader gone that would print an error.
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, stdout)
-        os.close(devnull)
-    except OSError:
-        pass
 
 
 class _StandardOutput(io.RawIOBase):
