@@ -36,20 +36,15 @@ def pipe() -> Iterator[tuple[int, int]]:
         os.close(write_end)
 
 
+def terminals(environment: Environment) -> tuple[bool, bool, bool]:
+    return environment.stdin_is_terminal, environment.stdout_is_terminal, environment.stderr_is_terminal
+
+
 def test_each_descriptor_is_asked_whether_it_is_a_terminal(terminal: int, pipe: tuple[int, int]):
     read_end, write_end = pipe
-    at_terminal = Environment.of_descriptors(terminal, terminal, terminal, variables={})
-    assert (at_terminal.stdin_is_terminal, at_terminal.stdout_is_terminal, at_terminal.stderr_is_terminal) == (
-        True,
-        True,
-        True,
-    )
-    in_pipes = Environment.of_descriptors(read_end, write_end, write_end, variables={})
-    assert (in_pipes.stdin_is_terminal, in_pipes.stdout_is_terminal, in_pipes.stderr_is_terminal) == (
-        False,
-        False,
-        False,
-    )
+    assert terminals(Environment.of_descriptors(terminal, terminal, terminal, variables={})) == (True, True, True)
+    assert terminals(Environment.of_descriptors(read_end, write_end, terminal, variables={})) == (False, False, True)
+    assert terminals(Environment.of_descriptors(terminal, write_end, write_end, variables={})) == (True, False, False)
 
 
 def test_a_dumb_terminal_is_not_drawn_on(terminal: int):
