@@ -76,7 +76,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 # Paths the kernel resolves against the process's own descriptors 0 to 2, and variables read
 # from the process's environment by OpenSSL and by tempfile (once, for the whole process): a
 # command given one runs in a process of its own.
-STANDARD_DESCRIPTOR_PATH = re.compile(r"/dev/(stdin|stdout|stderr|fd/[012])|/proc/self/fd/[012]")
+STANDARD_DESCRIPTOR_PATH = re.compile(r"(?:^|=)(?:/dev/(?:stdin|stdout|stderr|fd/[012])|/proc/self/fd/[012])$")
 PROCESS_VARIABLES = frozenset({"SSL_CERT_FILE", "SSL_CERT_DIR", "TMPDIR"})
 
 
@@ -102,7 +102,7 @@ def run(
 
 
 def _needs_a_process(args: Sequence[str], env: dict[str, str]) -> bool:
-    return any(STANDARD_DESCRIPTOR_PATH.fullmatch(arg) for arg in args) or not PROCESS_VARIABLES.isdisjoint(env)
+    return any(STANDARD_DESCRIPTOR_PATH.search(arg) for arg in args) or not PROCESS_VARIABLES.isdisjoint(env)
 
 
 def run_process(
