@@ -73,6 +73,13 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+# Paths the kernel resolves against the process's own descriptors 0 to 2, and variables read
+# from the process's environment by OpenSSL and by tempfile (once, for the whole process): a
+# command given one runs in a process of its own.
+STANDARD_DESCRIPTOR_PATH = re.compile(r"(?:^|=)(?:/dev/(?:stdin|stdout|stderr|fd/[012])|/proc/self/fd/[012])$")
+PROCESS_VARIABLES = frozenset({"SSL_CERT_FILE", "SSL_CERT_DIR", "TMPDIR"})
+
+
 def run(
     args: Sequence[str],
     *,
@@ -84,11 +91,18 @@ def run(
 ) -> subprocess.CompletedProcess[bytes]:
     """rollfilter (or `command`) to its end; stdout and stderr are captured unless `popen` gives them.
 
-    rollfilter itself runs in this process (`invoke`) unless `popen` asks for what only a process
-    has (a new session, a pass_fds, a preexec); `command` always starts one."""
-    if command is None and set(popen) <= {"stdin", "stdout", "stderr", "cwd"}:
+    rollfilter itself runs in this process (`invoke`) unless it needs what only a process has:
+    a new session, a pass_fds or a preexec (`popen`), a path naming a standard descriptor
+    (/dev/stdout), or a variable only a process reads (PROCESS_VARIABLES); `command` always
+    starts one."""
+    in_process = command is None and set(popen) <= {"stdin", "stdout", "stderr", "cwd"}
+    if in_process and not _needs_a_process(args, env or {}):
         return invoke(args, input=input, timeout=timeout, env=env, **popen)
     return run_process(args, input=input, timeout=timeout, env=env, command=command, **popen)
+
+
+def _needs_a_process(args: Sequence[str], env: dict[str, str]) -> bool:
+    return any(STANDARD_DESCRIPTOR_PATH.search(arg) for arg in args) or not PROCESS_VARIABLES.isdisjoint(env)
 
 
 def run_process(
@@ -121,75 +135,58 @@ def invoke(
     stderr: Any = subprocess.PIPE,
     cwd: str | os.PathLike[str] | None = None,
 ) -> subprocess.CompletedProcess[bytes]:
-    """The command run in this process as `rollfilter.cli.main` runs it, on descriptors 0, 1 and 2
-    made what the test gives (as subprocess.run's arguments: PIPE captures, None inherits), with
-    `env` as the whole environment: the same parsing, run, output and exit status, without the
-    second of start-up a process costs. What the run changes in the process (signal handlers, the
-    garbage collector's settings, the environment, the directory) is put back afterwards."""
+    """The command run in this process as `rollfilter.cli.main` runs it, given an `Environment`
+    of its own: descriptors that are what the test gives (as subprocess.run's arguments: PIPE
+    captures, None inherits this process's), and `env` as its variables. The same parsing, run,
+    output and exit status, without the second of start-up a process costs, and without touching
+    this process's descriptors 0 to 2 or its os.environ. What the run changes in the process
+    (signal handlers, the garbage collector's settings, the directory) is put back afterwards."""
     from rollfilter.cli import main as cli
+    from rollfilter.cli.environment import Environment
 
     with contextlib.ExitStack() as stack:
         data = input.encode() if isinstance(input, str) else input
-        targets: dict[int, int] = {}
+        descriptors: dict[int, int] = {0: 0, 1: 1, 2: 2}  # inherited unless given
         pumps: list[threading.Thread] = []
-        child_ends: list[int] = []  # the command's ends of our pipes: once on 0, 1 or 2, closed here
         outputs: dict[int, bytes] = {}
         for fd, given in ((0, stdin), (1, stdout), (2, stderr)):
             if given is None and fd == 0:  # `input`, through a pipe as subprocess.run gives it
                 read_end, write_end = os.pipe()
-                targets[fd] = read_end
-                child_ends.append(read_end)
+                descriptors[fd] = read_end
+                stack.callback(os.close, read_end)
                 pumps.append(threading.Thread(target=_feed, args=(write_end, data), daemon=True))
             elif given is None:
                 continue  # inherited: the test's own descriptor
             elif given == subprocess.PIPE:
                 read_end, write_end = os.pipe()
-                targets[fd] = write_end
-                child_ends.append(write_end)
+                descriptors[fd] = write_end
+                stack.callback(os.close, write_end)  # the reader sees its end once the run is over
                 pumps.append(threading.Thread(target=_drain, args=(read_end, outputs, fd), daemon=True))
             elif given == subprocess.DEVNULL:
-                targets[fd] = stack.enter_context(open(os.devnull, "r+b")).fileno()
+                descriptors[fd] = stack.enter_context(open(os.devnull, "r+b")).fileno()
             else:
-                targets[fd] = given if isinstance(given, int) else given.fileno()
-        saved_fds = {fd: os.dup(fd) for fd in (0, 1, 2)}  # all three: a run may put /dev/null on 1
-        saved_env = dict(os.environ)
+                descriptors[fd] = given if isinstance(given, int) else given.fileno()
+        environment = Environment.of_descriptors(
+            descriptors[0], descriptors[1], descriptors[2], variables=env if env is not None else clean_env()
+        )
         saved_cwd = os.getcwd()
-        saved_stdout = sys.stdout
         saved_signals = {sig: signal.getsignal(sig) for sig in _SIGNALS}
         saved_threshold = gc.get_threshold()
         for pump in pumps:
             pump.start()
         try:  # a hung run is failed by pytest-timeout, as any test is
-            for fd, target in targets.items():
-                os.dup2(target, fd)
-            for end in child_ends:
-                os.close(end)  # each lives on as 0, 1 or 2 alone, as in a child process
-            child_ends.clear()
-            os.environ.clear()
-            os.environ.update(env if env is not None else clean_env())
             if cwd is not None:
                 os.chdir(cwd)
-            sys.stdout = cli._checked_stdout()
-            status = cli.run_command(list(args))
+            status = cli.run_command(list(args), environment)
         finally:
-            with contextlib.suppress(Exception):  # a failed write was the run's to report, and it has
-                sys.stdout.flush()  # what typer left buffered goes to the run's stdout, not to a later one
-            sys.stdout = saved_stdout
-            for end in child_ends:
-                os.close(end)
-            for fd, saved in saved_fds.items():
-                os.dup2(saved, fd)  # closes the pipe ends the command held: the readers see their end
-                os.close(saved)
-            os.environ.clear()
-            os.environ.update(saved_env)
             os.chdir(saved_cwd)
             for sig, handler in saved_signals.items():
                 signal.signal(sig, handler)
             gc.unfreeze()
             gc.set_threshold(*saved_threshold)
-            for pump in pumps:
-                pump.join(timeout)
-                assert not pump.is_alive(), "a pipe of the command's was still open"
+    for pump in pumps:
+        pump.join(timeout)
+        assert not pump.is_alive(), "a pipe of the command's was still open"
     return subprocess.CompletedProcess(["rollfilter", *args], status, outputs.get(1), outputs.get(2))
 
 

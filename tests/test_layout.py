@@ -160,6 +160,71 @@ def test_only_the_command_line_imports_typer_or_exits():
     assert offenders == []
 
 
+# What the command takes from its process, read where the command starts only: the rest of cli/
+# reads the `Environment` it is given (cli/environment.py), so that a test can give its own.
+PROCESS_INPUTS = {
+    *("os.environ", "os.environb", "os.getenv", "os.getenvb", "sys.argv"),
+    *("sys.stdin", "sys.stdout", "sys.stderr", "sys.__stdin__", "sys.__stdout__", "sys.__stderr__"),
+    *("os.get_terminal_size", "shutil.get_terminal_size"),
+}
+# os functions that, given 0, 1 or 2, read or write the process's own standard descriptors.
+DESCRIPTOR_FUNCTIONS = {"isatty", "write", "read", "fstat", "dup", "dup2", "lseek", "get_terminal_size"}
+ENTRY_POINT = {"rollfilter.cli.startup", "rollfilter.cli.main", "rollfilter.cli.environment"}
+
+
+def process_inputs(tree: ast.Module) -> list[str]:
+    """Where `tree` reads PROCESS_INPUTS (under any name it imports them as), or calls an os
+    function on descriptor 0, 1 or 2 by number."""
+    bound: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module in ("os", "sys", "shutil"):
+            bound.update((alias.asname or alias.name, f"{node.module}.{alias.name}") for alias in node.names)
+
+    def qualified(node: ast.expr) -> str:
+        if isinstance(node, ast.Name):
+            return bound.get(node.id, node.id)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            return f"{node.value.id}.{node.attr}"
+        return ""
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name | ast.Attribute) and qualified(node) in PROCESS_INPUTS:
+            found.append(f"{node.lineno} reads {qualified(node)}")
+        elif (
+            isinstance(node, ast.Call)
+            and qualified(node.func).removeprefix("os.") in DESCRIPTOR_FUNCTIONS
+            and qualified(node.func).startswith("os.")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value in (0, 1, 2)
+        ):
+            found.append(f"{node.lineno} calls {qualified(node.func)} on descriptor {node.args[0].value}")
+    return found
+
+
+def test_only_the_entry_point_reads_the_process_streams_and_environment():
+    """cli/ takes the standard streams, the environment variables and the terminal from the
+    `Environment` its entry point makes: nothing else in it reads them from the process."""
+    offenders = [
+        f"{name}:{where}"
+        for name, tree in sorted(modules().items())
+        if name.startswith("rollfilter.cli.") and name not in ENTRY_POINT
+        for where in process_inputs(tree)
+    ]
+    assert offenders == []
+
+
+def test_process_inputs_are_found_under_any_name():
+    code = "import os, sys\nfrom os import environ as env\nenv.get('X')\nsys.stdout.write('')\n"
+    code += "os.isatty(2)\nos.isatty(fd)\n"
+    assert sorted(process_inputs(ast.parse(code))) == [
+        "3 reads os.environ",
+        "4 reads sys.stdout",
+        "5 calls os.isatty on descriptor 2",
+    ]
+
+
 def test_no_function_is_over_80_lines():
     """Bodies, that is: a typer command's signature (one option a parameter) is not counted."""
     long = [

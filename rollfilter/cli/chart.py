@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import locale
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,10 +49,10 @@ def _signed(value: float | None) -> str:
     return "-" if value is None else f"{value:+g}"
 
 
-def chart_lines(summary: dict[str, Any], stderr_fd: int) -> list[str]:
-    """For a person at a terminal (standard error is one), the chart of `summary`'s
-    pass_histogram and the table of its comparison (`--compare`); else none."""
-    if not _is_terminal(stderr_fd):
+def chart_lines(summary: dict[str, Any], *, can_draw: bool) -> list[str]:
+    """For a person at a terminal (`can_draw`: standard error is one, not TERM=dumb), the chart
+    of `summary`'s pass_histogram and the table of its comparison (`--compare`); else none."""
+    if not can_draw:
         return []
     lines = []
     histogram = summary.get("pass_histogram")
@@ -63,7 +62,3 @@ def chart_lines(summary: dict[str, Any], stderr_fd: int) -> list[str]:
     if isinstance(compare, dict) and compare:
         lines += compare_table(compare)
     return lines
-
-
-def _is_terminal(fd: int) -> bool:
-    return os.isatty(fd) and os.environ.get("TERM") != "dumb"

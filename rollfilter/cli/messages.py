@@ -30,7 +30,7 @@ def message_line(text: str, prefix: str = PREFIX) -> bytes:
     return f"{prefix}{printable(text)}\n".encode(errors="backslashreplace")
 
 
-def say(text: str, fd: int = 2) -> None:
+def say(text: str, fd: int) -> None:
     """One line on stderr (`fd`) at once. stderr may be closed or full: then the line is lost,
     and the exit status tells."""
     write_stderr(fd, message_line(text))

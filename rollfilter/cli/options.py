@@ -8,9 +8,11 @@ whether it will run: this module imports typer and constants only. The parsers, 
 
 # No `from __future__ import annotations`: typer reads these annotations several times a start,
 # and as strings it would evaluate each of them again at every read (docs/benchmarks.md, start-up).
+import functools
 import os
 import re
-from collections.abc import Awaitable, Callable
+import sys
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -18,6 +20,7 @@ from typer._click.types import IntRange
 from typer.core import TyperCommand  # typer's own click (0.28), whose ranges --help describes
 
 from rollfilter._version import __version__
+from rollfilter.cli.environment import Environment, of_process
 from rollfilter.cli.messages import say
 from rollfilter.defaults import (
     DEFAULT_CONCURRENCY,
@@ -160,7 +163,26 @@ typer_app = typer.Typer(
 class PanelledCommand(TyperCommand):
     """The command, its --help options in the panels their `rich_help_panel` names, in PANELS'
     order. typer draws panels only through rich, which --help does not load (its start-up cost),
-    so they are drawn here with click's plain formatter; options of no panel come last."""
+    so they are drawn here with click's plain formatter; options of no panel come last.
+
+    Its options' variables (ROLLFILTER_URL) and shell completion's (_ROLLFILTER_COMPLETE) are
+    read from the command's `Environment` (click reads `os.environ`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if param.envvar:
+                param.resolve_envvar_value = functools.partial(variable_of, param)  # type: ignore[method-assign]
+
+    def _main_shell_completion(
+        self, ctx_args: MutableMapping[str, Any], prog_name: str, complete_var: str | None = None
+    ) -> None:
+        name = complete_var or f"_{prog_name}_COMPLETE".replace("-", "_").upper()
+        instruction = environment_of(ctx_args.get("obj")).variables.get(name)
+        if instruction:
+            from typer.completion import shell_complete
+
+            sys.exit(shell_complete(self, ctx_args, prog_name, name, instruction))
 
     def format_options(self, ctx: Any, formatter: Any) -> None:
         arguments: list[tuple[str, str]] = []
@@ -178,6 +200,21 @@ class PanelledCommand(TyperCommand):
             if records:
                 with formatter.section(name):
                     formatter.write_dl(records)
+
+
+def environment_of(obj: object) -> Environment:
+    """The command's environment, as `cli/main.py` gives it with the context's object; the
+    process's own for a context without one (`typer_app` called as a function)."""
+    given = obj.get("environment") if isinstance(obj, dict) else None
+    return given if isinstance(given, Environment) else of_process()
+
+
+def variable_of(param: Any, ctx: Any) -> str | None:
+    """`param`'s value from the command's environment variables: the first of its variables
+    that is set and not empty, as click reads them."""
+    variables = environment_of(ctx.find_root().obj).variables
+    names = [param.envvar] if isinstance(param.envvar, str) else param.envvar
+    return next((variables[name] for name in names if variables.get(name)), None)
 
 
 def parsed_by(name: str, *made_with: str) -> Callable[[Any], Any]:
@@ -904,6 +941,7 @@ def parse(
     from rollfilter.cli.command import CommandConfig
     from rollfilter.config import Config, Retries, Timeouts
 
+    environment = environment_of(ctx.obj)
     if demo:
         check_demo_alone(ctx, url=url, endpoints=endpoint, head_server=head_server)
         url = head_server = None  # defaults from the environment: --demo replaces them
@@ -935,7 +973,7 @@ def parse(
         prices=parsers.prices(price or (), prices),
         max_cost=max_cost,
         headers=tuple(parsers.header(h) for h in header or ()),
-        shard=parsers.shard(shard, os.environ),
+        shard=parsers.shard(shard, environment.variables),
         pass_threshold=pass_threshold,
         head_server=parsers.service_url("--head-server")(head_server) if head_server else None,
         proxy=parsers.service_url("--proxy", ("http", "https", "socks5"))(proxy) if proxy else None,
@@ -964,7 +1002,7 @@ def parse(
         resume=resume,
         append=append,
         overwrite=overwrite,
-        max_attempts=parsers.max_attempts(max_attempts),
+        max_attempts=parsers.max_attempts(max_attempts, environment.variables),
         max_line_bytes=max_line_bytes,
         shard_auto=shard == parsers.SHARD_AUTO,
         wait_lock=wait_lock,
@@ -982,12 +1020,13 @@ def parse(
 
 def chosen(ctx: typer.Context, config: "CommandConfig", *, demo: bool, summarize: bool) -> Execute:
     """The run or the --summarize that `config` asks for, its inputs settled."""
-    if config.inputs == ("-",) and os.isatty(0):
-        config = from_the_terminal(config, demo=demo, summarize=summarize)
+    environment = environment_of(ctx.obj)
+    if config.inputs == ("-",) and environment.stdin_is_terminal:
+        config = from_the_terminal(config, environment, demo=demo, summarize=summarize)
     if summarize:
         check_summarize_outputs(ctx)
-        return summarizing(config)
-    return running(config, demo=demo)
+        return summarizing(config, environment)
+    return running(config, environment, demo=demo)
 
 
 def targets(ctx: typer.Context, *given: Any) -> dict[str, Any]:
@@ -1000,8 +1039,9 @@ def targets(ctx: typer.Context, *given: Any) -> dict[str, Any]:
     return parsers.targets(*given, options["demo"], options["summarize"], options["materialized"])
 
 
-def running(config: "CommandConfig", *, demo: bool) -> Execute:
-    """The run `config` asks for, with the demo agent's default options when `demo`."""
+def running(config: "CommandConfig", environment: Environment, *, demo: bool) -> Execute:
+    """The run `config` asks for, on `environment`'s streams, with the demo agent's default options
+    when `demo`."""
     import dataclasses
 
     if config.compare_files:
@@ -1011,25 +1051,27 @@ def running(config: "CommandConfig", *, demo: bool) -> Execute:
 
     if demo:
         config = dataclasses.replace(config, demo=DemoOptions())
-    return lambda stops: run(config, stops=stops)
+    return lambda stops: run(config, stops=stops, environment=environment)
 
 
-def summarizing(config: "CommandConfig") -> Execute:
+def summarizing(config: "CommandConfig", environment: Environment) -> Execute:
     from rollfilter.cli.summarize import summarize
 
-    return lambda stops: summarize(config)
+    return lambda stops: summarize(config, environment=environment)
 
 
-def from_the_terminal(config: "CommandConfig", *, demo: bool, summarize: bool) -> "CommandConfig":
+def from_the_terminal(
+    config: "CommandConfig", environment: Environment, *, demo: bool, summarize: bool
+) -> "CommandConfig":
     """The run of a command typed at a terminal with no input: `rollfilter --demo` shows the whole
     job with no setup at all (the example rows); anything else says it reads the terminal."""
     import dataclasses
 
     if demo and not summarize:
-        say(f"--demo with no input: running the example rows in {EXAMPLE_ROWS}")
+        say(f"--demo with no input: running the example rows in {EXAMPLE_ROWS}", environment.stderr)
         return dataclasses.replace(config, inputs=(EXAMPLE_ROWS,))
     what = "result lines" if summarize else "rows"
-    say(f"reading {what} from the terminal (give FILE, or pipe them in; Ctrl-D ends)")
+    say(f"reading {what} from the terminal (give FILE, or pipe them in; Ctrl-D ends)", environment.stderr)
     return config
 
 

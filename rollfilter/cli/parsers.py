@@ -293,9 +293,9 @@ def param(spec: str) -> tuple[str, Any]:
     return key, value
 
 
-def max_attempts(given: int | None) -> int:
+def max_attempts(given: int | None, environ: Mapping[str, str]) -> int:
     """--max-attempts N, or else NEMO_GYM_MAX_ROLLOUT_ATTEMPTS's, as NeMo Gym reads it."""
-    return given if given is not None else max_attempts_from_environment()
+    return given if given is not None else max_attempts_from_environment(environ)
 
 
 def tls(cacert: str | None, *, insecure: bool) -> Tls:

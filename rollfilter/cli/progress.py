@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import trio
@@ -55,7 +55,8 @@ class ProgressDisplay:
     def __init__(
         self,
         *,
-        fd: int = 2,
+        fd: int,
+        variables: Mapping[str, str],
         force_terminal: bool = False,
         adaptive: bool = False,
         priced: bool = False,
@@ -67,7 +68,10 @@ class ProgressDisplay:
         self._fallback = fallback
         self.failed = False  # a write failed: nothing more is shown
         terminal: Any = _Terminal(fd)
-        self.console = Console(file=terminal, force_terminal=force_terminal or None, highlight=False)
+        # rich reads TERM, NO_COLOR and COLUMNS from these rather than from os.environ.
+        self.console = Console(
+            file=terminal, force_terminal=force_terminal or None, highlight=False, _environ=variables
+        )
         window = (TextColumn("window {task.fields[window]:>5,}"),) if adaptive else ()
         cost = (TextColumn("${task.fields[cost]:,.4f}"),) if priced else ()
         # Held by --rpm/--tpm or by a pause rather than by the agent: said while rows wait so.

@@ -23,14 +23,13 @@ import trio
 from rollfilter.cli.chart import chart_lines
 from rollfilter.cli.command import CommandConfig
 from rollfilter.cli.control import ControlServer, ControlSocket, control_socket
+from rollfilter.cli.environment import Environment
 from rollfilter.cli.files import identity
 from rollfilter.cli.files.outputs import (
-    STANDARD_STREAMS,
     OutputFiles,
     OutputKey,
     RunFiles,
     RunOutputs,
-    Streams,
     held_target,
     open_appended,
     replace_content,
@@ -84,11 +83,12 @@ FAULT_STOPS = frozenset({StopCause.OUTPUT_FAILED, StopCause.AGENT_UNREACHABLE})
 async def run(
     command: CommandConfig,
     *,
-    streams: Streams = STANDARD_STREAMS,
+    environment: Environment,
     stops: StopSignals | None = None,
 ) -> RunEnd:
     """Run the rollouts `command` describes; return how it ended. Prints the summary. `stops`
-    (the command's stop signals) stop it from here on, unless `command` handles none."""
+    (the command's stop signals) stop it from here on, unless `command` handles none. It reads and
+    writes the standard streams of `environment` only."""
     run_control = RunControl()
     if stops is not None and command.handle_signals:
         stops.attach(run_control)
@@ -97,51 +97,51 @@ async def run(
     check_inputs(command.inputs)
     if not command.config.names_an_agent and command.demo is None:
         raise UsageError("no agent to send to: give -u URL, -e NAME=URL, --head-server URL, or --demo")
-    outputs = RunOutputs.standard_streams(command, streams) if command.dry_run else RunOutputs(command, streams)
+    outputs = RunOutputs.standard_streams(command, environment) if command.dry_run else RunOutputs(command, environment)
     outputs.check()
     tls = tls_context_for(command.config)  # read once, and refused before any file is touched
     if not command.dry_run:
-        command = fit_open_files(command, files_per_connection=2 if command.demo else 1, stderr=streams.stderr)
+        command = fit_open_files(command, files_per_connection=2 if command.demo else 1, stderr=environment.stderr)
     with control_socket(command.control_socket) as control, OutputFiles() as files:
         if command.dry_run:  # it changes no file: it reads what resume reads, and prints the rest
             command, _ = identity.command_as_recorded(command)
-            opened, resume, earlier = RunFiles.standard_streams(streams), _resume_state(command), _Earlier()
+            opened, resume, earlier = RunFiles.standard_streams(environment), _resume_state(command), _Earlier()
         else:
-            opening = await _open_outputs(command, files, streams, run_control)
+            opening = await _open_outputs(command, files, environment, run_control)
             if opening is None:
-                return _stopped_before_opening(run_control, streams, quiet=command.quiet)
+                return _stopped_before_opening(run_control, environment, quiet=command.quiet)
             command, opened, resume, earlier = opening
         async with _demo_agent(command.demo) as url:
             if url is not None:
                 command = dataclasses.replace(command, config=dataclasses.replace(command.config, url=url))
-            clrun = _CommandLineRun(command, streams, opened, resume, earlier, tls, run_control)
+            clrun = _CommandLineRun(command, environment, opened, resume, earlier, tls, run_control)
             return await clrun.execute(stops, control)
 
 
 async def _open_outputs(
-    command: CommandConfig, files: OutputFiles, streams: Streams, control: RunControl
+    command: CommandConfig, files: OutputFiles, environment: Environment, control: RunControl
 ) -> tuple[CommandConfig, RunFiles, ResumeState | None, _Earlier] | None:
     """`command`'s outputs opened and locked, then read under the lock: its run record, and what
     earlier runs left (see `_earlier_runs`); the command as recorded. None when a stop came while
     --wait-lock waited."""
     appended: dict[OutputKey, int] = {}
     with control.stoppable():  # a stop while --wait-lock waits: the summary of nothing sent
-        appended = await open_appended(command, files, streams.stderr, say)
+        appended = await open_appended(command, files, environment.stderr, say)
     if control.cause is not None and "output" not in appended:
         return None
     for caveat in files.caveats:
-        say(caveat, streams.stderr)
+        say(caveat, environment.stderr)
     command, record = identity.command_as_recorded(command)
     resume, earlier = _earlier_runs(command)
-    return command, run_files(command, files, streams, appended, record), resume, earlier
+    return command, run_files(command, files, environment, appended, record), resume, earlier
 
 
-def _stopped_before_opening(control: RunControl, streams: Streams, *, quiet: bool) -> RunEnd:
+def _stopped_before_opening(control: RunControl, environment: Environment, *, quiet: bool) -> RunEnd:
     """A run stopped while it waited to lock its outputs: nothing was sent, and its summary says so."""
     assert control.cause is not None
     if not quiet:
         summary = summary_of(statistics_of(Metrics()), stopped=control.why_stopped)
-        write_summary(streams.stderr, _encode(summary) + b"\n")
+        write_summary(environment.stderr, _encode(summary) + b"\n")
     return RunEnd(control.cause)
 
 
@@ -225,19 +225,20 @@ class _CommandLineRun:
     def __init__(
         self,
         command: CommandConfig,
-        streams: Streams,
+        environment: Environment,
         files: RunFiles,
         resume: ResumeState | None,
         earlier: _Earlier,
         tls: ssl.SSLContext | None,
         control: RunControl,
     ) -> None:
-        self.command, self.streams, self.files, self.earlier = command, streams, files, earlier
+        self.command, self.files, self.earlier = command, files, earlier
+        self.environment = environment
         self.resume = resume
         self.control = control
         self.write_failures: list[OutputFailed] = []
         self.results = self._writer(files.results, files.results_name)
-        self.stderr_lines = self._writer(streams.stderr, "standard error")
+        self.stderr_lines = self._writer(environment.stderr, "standard error")
         self.errors = self._appended("errors_file") or self.stderr_lines
         self.per_task = self._appended("per_task_file")
         self.dropped = self._appended("dropped_file")
@@ -251,7 +252,7 @@ class _CommandLineRun:
         self.folder = FailureFolder(trio.current_time, message_line)
         self.progress_lines = self._progress_lines()
         self.reader = LineReader(
-            command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=streams.stdin, on_problem=self.say
+            command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=environment.stdin, on_problem=self.say
         )
         self.sink, client = self._dry_run_parts() if command.dry_run else (self._sink(), None)
         self.run = Run(
@@ -360,13 +361,14 @@ class _CommandLineRun:
 
     def _display(self) -> ProgressDisplay | None:
         command, config = self.command, self.command.config
-        wanted = progress_wanted(command.progress, quiet=command.quiet, stderr_fd=self.streams.stderr)
-        if command.dry_run or not wanted or not os.isatty(self.streams.stderr):
+        wanted = progress_wanted(command.progress, quiet=command.quiet, can_draw=self.environment.stderr_can_draw)
+        if command.dry_run or not wanted or not self.environment.stderr_is_terminal:
             return None
         from rollfilter.cli.progress import ProgressDisplay
 
         return ProgressDisplay(
-            fd=self.streams.stderr,
+            fd=self.environment.stderr,
+            variables=self.environment.variables,
             force_terminal=bool(command.progress),
             adaptive=config.adaptive,
             priced=bool(config.prices),
@@ -377,11 +379,11 @@ class _CommandLineRun:
 
     def _progress_lines(self) -> ProgressLines | None:
         """--progress where stderr is no terminal (a batch job's log): plain lines, not the display."""
-        if self.command.dry_run or not self.command.progress or os.isatty(self.streams.stderr):
+        if self.command.dry_run or not self.command.progress or self.environment.stderr_is_terminal:
             return None
         from rollfilter.cli.progress_lines import ProgressLines
 
-        return ProgressLines(fd=self.streams.stderr)
+        return ProgressLines(fd=self.environment.stderr)
 
     def say(self, text: str) -> None:
         self.log.write(message_line(text))
@@ -420,9 +422,9 @@ class _CommandLineRun:
         removed first: no exit leaves it behind."""
         if self.control_socket is not None:
             self.control_socket.remove()
-        say("stopped again: results not yet written are dropped (--resume runs them again)", self.streams.stderr)
+        say("stopped again: results not yet written are dropped (--resume runs them again)", self.environment.stderr)
         if not self.command.quiet:
-            write_summary(self.streams.stderr, _encode(self.run.summary()) + b"\n")
+            write_summary(self.environment.stderr, _encode(self.run.summary()) + b"\n")
 
     async def _serve(self, services: trio.Nursery) -> None:
         files, command, control, run = self.files, self.command, self.control, self.run
@@ -432,7 +434,7 @@ class _CommandLineRun:
             identity.keep(files.record, files.output)
         except OutputFailed as failure:  # nothing is sent: the summary says so, and the exit status
             self._output_failed(failure)
-        if files.results == self.streams.stdout and is_pipe(files.results):
+        if files.results == self.environment.stdout and is_pipe(files.results):
             services.start_soon(watch_reader_gone, files.results, lambda: control.stop(StopCause.READER_GONE))
         if self.exporter is not None:
             self.exporter.start(services, self.say)
@@ -537,7 +539,7 @@ class _CommandLineRun:
 
     def _finish(self) -> RunEnd:
         """How the run ended, with the summary and the files written whole at the end."""
-        control, run, files, stderr = self.control, self.run, self.files, self.streams.stderr
+        control, run, files, stderr = self.control, self.run, self.files, self.environment.stderr
         incomplete = (  # an input lost, as cat says; results the agents' aggregate left out
             run.metrics.failed
             or run.metrics.not_persisted
@@ -561,7 +563,7 @@ class _CommandLineRun:
         # Why the run stopped is in the summary (`stopped`); a line of its own would come between a
         # pipe or a file and the one JSON line it is there to read, so it is said at a terminal only.
         # A fault (an output, an agent) is said wherever stderr goes.
-        notice = control.reason if control.cause in FAULT_STOPS or os.isatty(stderr) else None
+        notice = control.reason if control.cause in FAULT_STOPS or self.environment.stderr_is_terminal else None
         messages = list(dict.fromkeys([notice, *map(str, self.write_failures)]))
         for message in filter(None, messages):
             say(message, stderr)
@@ -569,8 +571,9 @@ class _CommandLineRun:
             say(warning_message(warning), stderr)
         summary_lost = False
         if not self.command.quiet:
-            chart = b"".join(line.encode() + b"\n" for line in chart_lines(summary_object, stderr))
-            summary_lost = not write_summary(stderr, chart + summary_for(stderr, summary))
+            drawn = chart_lines(summary_object, can_draw=self.environment.stderr_can_draw)
+            chart = b"".join(line.encode() + b"\n" for line in drawn)
+            summary_lost = not write_summary(stderr, chart + summary_for(summary, self.environment.stderr_is_terminal))
         return RunEnd(
             control.cause, bool(incomplete), output_failed=bool(self.write_failures), summary_lost=summary_lost
         )
@@ -581,16 +584,17 @@ def warning_message(warning: RunWarning) -> str:
     return f"{OPTION_OF_WARNING[warning.field].format(key=warning.key)}: {warning.problem}"
 
 
-def summary_for(fd: int, summary: bytes) -> bytes:
-    """The summary line as `fd` shows it: indented for a person at a terminal; elsewhere (a pipe, a
+def summary_for(summary: bytes, at_terminal: bool) -> bytes:
+    """The summary line as it is shown: indented for a person at a terminal; elsewhere (a pipe, a
     file) the one JSON line as it is, for jq and `tail -n 1`."""
-    if not os.isatty(fd):
+    if not at_terminal:
         return summary
     return msgspec.json.format(summary, indent=2) + b"\n"
 
 
-def progress_wanted(forced: bool | None, *, quiet: bool, stderr_fd: int = 2) -> bool:
-    """Shown when stderr is a terminal (not TERM=dumb) unless -q; --progress/--no-progress decide."""
+def progress_wanted(forced: bool | None, *, quiet: bool, can_draw: bool) -> bool:
+    """Shown when stderr is a terminal that can draw (not TERM=dumb) unless -q;
+    --progress/--no-progress decide."""
     if forced is not None:
         return forced
-    return not quiet and os.isatty(stderr_fd) and os.environ.get("TERM") != "dumb"
+    return not quiet and can_draw

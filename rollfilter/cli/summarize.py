@@ -10,8 +10,9 @@ import trio
 
 from rollfilter.cli.chart import chart_lines
 from rollfilter.cli.command import CommandConfig
+from rollfilter.cli.environment import Environment
 from rollfilter.cli.files import identity
-from rollfilter.cli.files.outputs import STANDARD_STREAMS, OutputFiles, RunOutputs, Streams, replace_content
+from rollfilter.cli.files.outputs import OutputFiles, RunOutputs, replace_content
 from rollfilter.cli.messages import say, write_stderr
 from rollfilter.cli.run import summary_for
 from rollfilter.cli.statuses import RunEnd
@@ -35,7 +36,7 @@ STDIN_UNCHECKED = (
 )
 
 
-async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREAMS) -> RunEnd:
+async def summarize(command: CommandConfig, *, environment: Environment) -> RunEnd:
     """Recompute the summary from result lines (and errors records) without sending anything.
 
     Lines with an `error` object or `_ng_failure_class` and indices are failed attempts; other
@@ -44,14 +45,14 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
     --repeats K > 1, mean@K and pass@k are computed over tasks. With --aggregate, the results
     go to their agents' /aggregate_metrics in one call per agent (shards aggregated as one).
     The summary goes to stdout (it is this mode's output) and to --metrics FILE; when stdout
-    cannot take it (or an output fails), to stderr too, after the line that says so (exit status 74).
-    """
+    cannot take it (or an output fails), to stderr too, after the line that says so (exit status 74);
+    standard output and standard error are `environment`'s."""
     config = command.config
     check_inputs(command.inputs)
-    baseline = _Baseline.of(command, stdin_fd=streams.stdin)
-    RunOutputs(command, streams, summarize=True).check()
+    baseline = _Baseline.of(command, stdin_fd=environment.stdin)
+    RunOutputs(command, environment, summarize=True).check()
     shards = identity.shard_coverage(command.inputs)
-    reader = LineReader(command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=streams.stdin)
+    reader = LineReader(command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=environment.stdin)
     unusable = _UnusableLines()
     counted_failed: OutputFailed | None = None
     # Made before the files are opened, so that a CA file that cannot serve is refused with none left.
@@ -86,33 +87,33 @@ async def summarize(command: CommandConfig, *, streams: Streams = STANDARD_STREA
         report = run.report
         failures = [failed for failed in (counted_failed, per_task.failure) if failed is not None]
         for failed in failures:
-            say(str(failed), streams.stderr)
+            say(str(failed), environment.stderr)
         writes: list[tuple[WholeFile | int | None, bytes]] = [
             (aggregate_file, report.file_bytes() if report is not None else b""),
-            (streams.stdout, summary),
+            (environment.stdout, summary),
             (metrics_file, summary),
         ]
         for target, data in writes:
             try:
                 if isinstance(target, int):
-                    write_all(target, summary_for(target, data), "standard output")
+                    write_all(target, summary_for(data, environment.stdout_is_terminal), "standard output")
                 elif data:
                     replace_content(target, data)
             except OutputFailed as failure:
                 failures.append(failure)
-                say(str(failure), streams.stderr)
+                say(str(failure), environment.stderr)
                 if isinstance(target, int):
-                    write_stderr(streams.stderr, summary)  # the figures are not lost with their output
-    for line in chart_lines(figures, streams.stderr):
-        write_stderr(streams.stderr, line.encode() + b"\n")
+                    write_stderr(environment.stderr, summary)  # the figures are not lost with their output
+    for line in chart_lines(figures, can_draw=environment.stderr_can_draw):
+        write_stderr(environment.stderr, line.encode() + b"\n")
     lost = [*unusable.problems(), *reader.problems, *baseline.problems]
     aggregated = [f"--aggregate: {problem}" for problem in (report.problems if report is not None else ())]
     unmatched = [f"--summarize: {problem}" for problem in (shards.problems if shards is not None else ())]
     for problem in [*lost, *aggregated, *unmatched]:
-        say(problem, streams.stderr)
+        say(problem, environment.stderr)
     unchecked = [STDIN_UNCHECKED] if STDIN in command.inputs else []  # a check not made is said, not passed over
     for note in [*unchecked, *baseline.notes(), *unclustered.notes()]:
-        say(note, streams.stderr)
+        say(note, environment.stderr)
     return RunEnd(incomplete=bool(lost or unmatched), output_failed=bool(failures))
 
 

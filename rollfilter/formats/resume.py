@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import IO, Any
 
 import msgspec
@@ -560,7 +560,7 @@ def result_records(path: str) -> Iterator[dict[str, Any]]:
             yield value
 
 
-def max_attempts_from_environment(environ: dict[str, str] | None = None) -> int:
+def max_attempts_from_environment(environ: Mapping[str, str] | None = None) -> int:
     """NEMO_GYM_MAX_ROLLOUT_ATTEMPTS when it holds a positive integer, else 3 (as NeMo Gym reads it)."""
     text = (os.environ if environ is None else environ).get(MAX_ATTEMPTS_VARIABLE, "")
     try:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 import pty
 
-import pytest
-
 from rollfilter.cli.chart import chart_lines, compare_table
+from rollfilter.cli.environment import Environment
 
 
 def test_the_comparison_as_a_short_table():
@@ -43,19 +42,22 @@ def test_the_comparison_as_a_short_table():
     ]
 
 
-def test_the_table_is_drawn_for_a_terminal_only(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("TERM", "xterm")
+def can_draw(stderr: int) -> bool:
+    return Environment.of_descriptors(stderr=stderr, variables={"TERM": "xterm"}).stderr_can_draw
+
+
+def test_the_table_is_drawn_for_a_terminal_only():
     reward = {"difference": 0.5, "stderr": None, "ci95": None, "p_value": 1.0, "test": "sign"}
     summary = {"compare": {"reward": {**reward, "improved": 1, "worsened": 0, "tied": 0, "tasks": 1}}}
     controller, terminal = pty.openpty()
     try:
-        assert chart_lines(summary, terminal)[0] == "this run minus the baseline, task by task:"
+        assert chart_lines(summary, can_draw=can_draw(terminal))[0] == "this run minus the baseline, task by task:"
     finally:
         os.close(controller)
         os.close(terminal)
     read_end, write_end = os.pipe()
     try:
-        assert chart_lines(summary, write_end) == []
+        assert chart_lines(summary, can_draw=can_draw(write_end)) == []
     finally:
         os.close(read_end)
         os.close(write_end)

@@ -15,11 +15,11 @@ from rollfilter.run.run import Run
 
 
 @pytest.mark.parametrize(("paused", "shown"), [(True, True), (False, False)])
-async def test_the_line_says_paused_while_the_run_is(paused: bool, shown: bool, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("COLUMNS", "200")  # the width of a terminal: a pipe has none
+async def test_the_line_says_paused_while_the_run_is(paused: bool, shown: bool):
     read, write = os.pipe()
     try:
-        display = ProgressDisplay(fd=write, force_terminal=True, steered=True)
+        # COLUMNS: the width of a terminal, which a pipe has none of
+        display = ProgressDisplay(fd=write, variables={"COLUMNS": "200"}, force_terminal=True, steered=True)
         async with trio.open_nursery() as nursery:
             run = Run(Config(url="http://127.0.0.1:9/run"))
             if paused:
@@ -42,7 +42,7 @@ async def test_the_line_shows_the_snapshot_the_run_gives(monkeypatch: pytest.Mon
     shown = dataclasses.replace(taken, started=1300, succeeded=1234, failed=56, reward_mean=0.625)
     read, write = os.pipe()
     try:
-        display = ProgressDisplay(fd=write, force_terminal=True)
+        display = ProgressDisplay(fd=write, variables={"COLUMNS": "200"}, force_terminal=True)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(display.run, lambda: shown, None)
             await trio.testing.wait_all_tasks_blocked()

@@ -73,6 +73,7 @@ def test_the_numeric_options_are_all_found():
 def test_any_value_of_a_numeric_option_is_refused_in_one_line_or_runs(
     tmp_path_factory: pytest.TempPathFactory, capfd: pytest.CaptureFixture[str], option_value: tuple[str, str]
 ):
+    from rollfilter.cli.environment import of_process
     from rollfilter.cli.main import run_command
 
     option, value = option_value
@@ -82,7 +83,7 @@ def test_any_value_of_a_numeric_option_is_refused_in_one_line_or_runs(
     results = folder / "results.jsonl"
     results.write_text('{"_ng_task_index": 0, "_ng_rollout_index": 0, "reward": 1.0}\n')
     for mode in (["--dry-run", "-u", closed_port_url(), str(empty)], ["--summarize", str(results)]):
-        status = run_command([*mode, "-q", f"{option}={value}"])
+        status = run_command([*mode, "-q", f"{option}={value}"], of_process())
         stderr = capfd.readouterr().err
         assert status in (0, 1, 2), stderr  # 1: it ran, and a line failed (--max-line-bytes 1, say)
         if status == 2:

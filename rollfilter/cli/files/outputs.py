@@ -29,6 +29,7 @@ import msgspec
 import trio
 
 from rollfilter.cli.command import CommandConfig
+from rollfilter.cli.environment import Environment
 from rollfilter.cli.files import identity, locks
 from rollfilter.cli.files.descriptors import started_without
 from rollfilter.cli.files.identity import RECORD_SUFFIX
@@ -109,24 +110,12 @@ def output_paths(command: CommandConfig) -> list[tuple[Output, str]]:
 SAME_FILE = "two outputs cannot be one file"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Streams:
-    """The descriptors a run reads and writes; tests pass their own."""
-
-    stdin: int = 0
-    stdout: int = 1
-    stderr: int = 2
-
-
-STANDARD_STREAMS = Streams()
-
-
 class RunOutputs:
     """The outputs of one command-line run (see the module's docstring); `check` refuses, with one
     line naming both, two that are one file, an output that is an input, and an output named as a
     run record is, all before any file is opened."""
 
-    def __init__(self, command: CommandConfig, streams: Streams, *, summarize: bool = False) -> None:
+    def __init__(self, command: CommandConfig, streams: Environment, *, summarize: bool = False) -> None:
         self.inputs, self.stdin = command.inputs, streams.stdin
         self.files = [
             (output, path) for output, path in output_paths(command) if not (summarize and output.beside_output)
@@ -136,7 +125,7 @@ class RunOutputs:
         self.streams = [("standard output", streams.stdout)] * carries_stdout + [("standard error", streams.stderr)]
 
     @classmethod
-    def standard_streams(cls, command: CommandConfig, streams: Streams) -> RunOutputs:
+    def standard_streams(cls, command: CommandConfig, streams: Environment) -> RunOutputs:
         """The outputs of a run that writes no file (--dry-run): standard output and standard error."""
         outputs = cls(command, streams)
         outputs.files, outputs.record = [], None
@@ -169,7 +158,7 @@ def held_target(command: CommandConfig) -> str | None:
     return held if held is not None and identity.may_hold_a_record(command.output or "") else None
 
 
-def refuse_inputs(inputs: Sequence[str], outputs: Iterable[tuple[str, str | int]], stdin_fd: int = 0) -> None:
+def refuse_inputs(inputs: Sequence[str], outputs: Iterable[tuple[str, str | int]], stdin_fd: int) -> None:
     """UsageError when an output (a path, or a descriptor such as stdout's) is one of the inputs:
     the run would read what it writes and never end, or destroy its input. Regular files, as GNU
     cat tells them, and pipes (`--errors /dev/stdin` would feed its records back as rows); a
@@ -398,7 +387,7 @@ class RunFiles:
     output: str | None = None  # -o, beside which the record is written
 
     @classmethod
-    def standard_streams(cls, streams: Streams) -> RunFiles:
+    def standard_streams(cls, streams: Environment) -> RunFiles:
         """A dry run's outputs: the bodies on standard output, the rest on standard error."""
         return cls(streams.stdout, "standard output")
 
@@ -469,7 +458,7 @@ def narrow_mode(fd: int, mode: int, path: str | None) -> None:
 def run_files(
     command: CommandConfig,
     files: OutputFiles,
-    streams: Streams,
+    streams: Environment,
     appended: Mapping[OutputKey, int],
     record: identity.RunRecord | None,
 ) -> RunFiles:

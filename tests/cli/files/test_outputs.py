@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from rollfilter.cli.command import CommandConfig
+from rollfilter.cli.environment import Environment
 from rollfilter.cli.files.outputs import (
     OUTPUTS,
     Output,
@@ -20,7 +21,6 @@ from rollfilter.cli.files.outputs import (
     OutputKey,
     RunFiles,
     RunOutputs,
-    Streams,
     open_appended,
     run_files,
 )
@@ -29,7 +29,7 @@ from rollfilter.errors import OutputInUse, UsageError
 
 # A run of groups that asks for the aggregate: every output can be named beside it.
 CONFIG = Config(url="http://127.0.0.1:1/run", repeats=2, groups=True, aggregate=True)
-STREAMS = Streams(stdin=0, stdout=1, stderr=2)
+STREAMS = Environment.of_descriptors(0, 1, 2, variables={})
 
 
 def every_output(tmp_path: Path, **given: Any) -> CommandConfig:
@@ -87,7 +87,7 @@ async def test_the_opened_files_come_back_by_name(tmp_path: Path):
 
 
 def test_a_dry_run_has_standard_output_and_nothing_else():
-    run = RunFiles.standard_streams(Streams(stdin=5, stdout=6, stderr=7))
+    run = RunFiles.standard_streams(Environment.of_descriptors(5, 6, 7, variables={}))
     assert (run.results, run.results_name) == (6, "standard output")
     assert (run.appended, run.whole, run.listening, run.materialized, run.record) == ({}, {}, [], None, None)
 
@@ -165,7 +165,7 @@ def test_a_run_that_writes_no_file_checks_its_standard_streams_only(tmp_path: Pa
     rows = tmp_path / "rows.jsonl"
     rows.write_text("{}\n")
     with open(rows, "ab") as stdout:
-        streams = Streams(stdin=0, stdout=stdout.fileno(), stderr=2)
+        streams = Environment.of_descriptors(0, stdout.fileno(), 2, variables={})
         reading_stdout = CommandConfig(CONFIG, inputs=(str(rows),), output=str(tmp_path / "out.jsonl"))
         RunOutputs(reading_stdout, streams).check()  # the results go to -o
         with pytest.raises(UsageError, match=r"^standard output is also the input"):
