@@ -32,7 +32,7 @@ from rollfilter.defaults import (
     DEFAULT_RETRY_STATUSES,
 )
 from rollfilter.errors import UsageError
-from rollfilter.http.limits import DEFAULT_MAX_REPLY_BYTES
+from rollfilter.http.bounds import DEFAULT_MAX_REPLY_BYTES
 from rollfilter.redact import shown
 
 # A percentage limit judged on fewer finished rollouts than this would stop on the first failure.
@@ -248,7 +248,7 @@ class Config:
     # "least-outstanding". None: by task with repeats over 1, else the least outstanding.
     route: Literal["task", "least-outstanding"] | None = None
     affinity_header: str | None = None  # a header each /run carries, of one opaque value a task
-    # Requests and tokens a minute an agent may get (paced, see limits.py): `rpm` for every agent
+    # Requests and tokens a minute an agent may get (paced: rate_limits.py): `rpm` for every agent
     # that `rpm_by_agent` does not name (and for url's rows), the same for tokens.
     rpm: Rate | None = None
     rpm_by_agent: Mapping[str, Rate] = dataclasses.field(default_factory=dict)
@@ -325,7 +325,7 @@ class Config:
             if self.policy_version is None:
                 object.__setattr__(self, "policy_version", 0)
 
-    def limits_for(self, agent: str | None) -> tuple[float | None, float | None]:
+    def rate_limits_for(self, agent: str | None) -> tuple[float | None, float | None]:
         """The requests and tokens a minute rows of `agent` may use (None: no limit)."""
         if agent is None:
             return self.rpm, self.tpm

@@ -221,8 +221,8 @@ def _only(error: BaseException, leaf: BaseException) -> bool:
         return True
     if not isinstance(error, BaseExceptionGroup):
         return False
-    held, rest = error.split(lambda e: e is leaf)
-    return held is not None and rest is None
+    matched, rest = error.split(lambda e: e is leaf)
+    return matched is not None and rest is None
 
 
 class GuestRolloutRun(RolloutRun):

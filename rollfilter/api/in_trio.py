@@ -1,7 +1,7 @@
 """A run of the Python API: what it hands out, and the run itself in trio.
 
 `RolloutRun` is what every run hands out, under trio and under asyncio alike: its outcomes as
-they finish, its status, and once it has ended what it leaves (`RunResults`: the summary and
+they finish, its status, and once it has ended what it leaves (`FinalReport`: the summary and
 NeMo Gym's aggregate). `open_rollouts_in_trio` runs the engine in the caller's trio run, fed
 the caller's rows; `api.open_rollouts` calls it under trio, and `guest` runs it in a trio guest
 under asyncio.
@@ -35,7 +35,7 @@ Rows = Iterable[Any] | AsyncIterable[Any]
 _encode = msgspec.json.Encoder().encode
 
 
-class RunResults:
+class FinalReport:
     """What a run leaves once it has ended: `summary` (None until then).
 
     With `Config(aggregate=True)`, `aggregate` then holds NeMo Gym's aggregate entries (one per
@@ -51,7 +51,7 @@ class RunResults:
         self.aggregate_problems: list[str] = []
         self.warnings: list[str] = []
 
-    def _take_results(self, run: RunResults) -> None:
+    def _take_results(self, run: FinalReport) -> None:
         """Hold what `run` left: a run that hands out another's outcomes leaves its results too."""
         self.summary = run.summary
         self.aggregate = run.aggregate
@@ -68,7 +68,7 @@ class RunResults:
 
 
 @dataclasses.dataclass(slots=True)
-class RunFigures:
+class LiveFigures:
     """Where a run's figures are taken from (`rollfilter.api.prometheus` renders them), from any
     thread: the run, the trio loop that changes its figures, and that loop's thread."""
 
@@ -90,7 +90,7 @@ class RunFigures:
             return self.run.statistics()
 
 
-class RolloutRun(RunResults, abc.ABC):
+class RolloutRun(FinalReport, abc.ABC):
     """The outcomes of one run, as they finish; `summary` is set once the run has ended.
 
     A run can be steered while it runs, from the task or loop that iterates it: `pause()` and
@@ -101,7 +101,7 @@ class RolloutRun(RunResults, abc.ABC):
 
     def __init__(self) -> None:
         super().__init__()
-        self.figures: RunFigures | None = None  # set once the run has started
+        self.figures: LiveFigures | None = None  # set once the run has started
         self._run: Run | None = None  # set once the run has started
 
     def _steered(self) -> Run:
@@ -261,7 +261,7 @@ async def open_rollouts_in_trio(
     try:
         await run.connect()
         results._run = run
-        results.figures = figures = RunFigures(run, trio.lowlevel.current_trio_token(), threading.get_ident())
+        results.figures = figures = LiveFigures(run, trio.lowlevel.current_trio_token(), threading.get_ident())
 
         async def drive() -> None:
             try:

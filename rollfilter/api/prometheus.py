@@ -25,7 +25,7 @@ from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 
-from rollfilter.api.in_trio import RolloutRun, RunFigures
+from rollfilter.api.in_trio import LiveFigures, RolloutRun
 from rollfilter.engine.metrics import UNNAMED_AGENT, CountSketch, LatencyHistogram, Metrics
 from rollfilter.engine.statistics import AgentStatistics, RunStatistics, statistics_of
 from rollfilter.errors import ErrorKind
@@ -63,11 +63,11 @@ def _label(agent: str | None) -> str:
     return UNNAMED_AGENT if agent is None else agent
 
 
-class RunCollector:
+class PrometheusCollector:
     """A prometheus_client collector of one run's figures: a snapshot taken at each scrape (in the
-    run's own thread, or by its trio loop for a scrape from another thread: see `RunFigures`)."""
+    run's own thread, or by its trio loop for a scrape from another thread: see `LiveFigures`)."""
 
-    def __init__(self, figures: RunFigures) -> None:
+    def __init__(self, figures: LiveFigures) -> None:
         self._figures = figures
 
     def collect(self) -> list[Metric]:
@@ -81,14 +81,14 @@ class RunCollector:
         return described
 
 
-def register(run: RolloutRun, registry: CollectorRegistry) -> RunCollector:
+def register(run: RolloutRun, registry: CollectorRegistry) -> PrometheusCollector:
     """Add `run`'s figures to `registry` (a trainer's own, say), read at each scrape while the run
     goes and as they ended once it has; call it inside `async with open_rollouts(...) as run`.
     Returns the collector: `registry.unregister(collector)` takes the figures out again.
     ValueError (prometheus_client's) when the registry holds these names already: one run each."""
     if run.figures is None:
         raise ValueError("the run has not started: register it inside its async with block")
-    collector = RunCollector(run.figures)
+    collector = PrometheusCollector(run.figures)
     registry.register(collector)
     return collector
 
@@ -154,13 +154,13 @@ def families(statistics: RunStatistics) -> list[Metric]:
             "rollfilter_adaptive_window", "Requests the adaptive window lets in flight.", labels=("agent",)
         )
         found.append(_by_agent(window, windows))
-    limited = {label: a for label, a in agents.items() if a.held_by_rate_limit is not None}
+    limited = {label: a for label, a in agents.items() if a.waiting_on_rate_limits is not None}
     if limited:  # --rpm, --tpm: what waits on the run's own limits, not on the agent
-        held = GaugeMetricFamily(
+        waiting = GaugeMetricFamily(
             "rollfilter_rollouts_held_by_rate_limit", "Requests waiting on the agent's rate limits.", labels=("agent",)
         )
         waited = _counter("rate_limit_wait_seconds", "Seconds requests waited on the agent's rate limits, summed.")
-        found.append(_by_agent(held, {label: a.held_by_rate_limit or 0 for label, a in limited.items()}))
+        found.append(_by_agent(waiting, {label: a.waiting_on_rate_limits or 0 for label, a in limited.items()}))
         found.append(_by_agent(waited, {label: a.rate_limit_wait_s or 0.0 for label, a in limited.items()}))
     if statistics.cost_usd is not None:
         cost = _counter("cost_usd", "What the agents' answers cost, in US dollars, by the prices given.")
@@ -182,15 +182,15 @@ def _steered(statistics: RunStatistics) -> list[Metric]:
     steering = statistics.steering
     paused = GaugeMetricFamily("rollfilter_paused", "1 while the run is paused: no new request leaves.")
     paused.add_metric((), 1.0 if steering.paused else 0.0)
-    limit = GaugeMetricFamily(
+    in_flight_allowed = GaugeMetricFamily(
         "rollfilter_concurrency_limit",
         "Requests the agent may have in flight now: the run's concurrency, or its adaptive window under it.",
         labels=("agent",),
     )
     for label, figures in statistics.agents.items():
         if figures.concurrency_limit is not None:
-            limit.add_metric((label,), figures.concurrency_limit)
-    found: list[Metric] = [paused, limit]
+            in_flight_allowed.add_metric((label,), figures.concurrency_limit)
+    found: list[Metric] = [paused, in_flight_allowed]
     version = steering.policy_version
     if version is not None:
         found.append(GaugeMetricFamily("rollfilter_policy_version", "The policy version now.", value=version))

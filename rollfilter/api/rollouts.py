@@ -27,7 +27,7 @@ from typing import TypeVar
 import sniffio
 import trio
 
-from rollfilter.api.in_trio import RolloutRun, Rows, RunResults, open_rollouts_in_trio
+from rollfilter.api.in_trio import FinalReport, RolloutRun, Rows, open_rollouts_in_trio
 from rollfilter.config import Config
 from rollfilter.engine.steering import SteeringStatistics
 from rollfilter.outcomes import Group, Outcome
@@ -64,7 +64,7 @@ def _asyncio_is_running() -> bool:
         return False  # trio then says what is wrong
 
 
-class Rollouts(RunResults):
+class Rollouts(FinalReport):
     """The same run for code that is not async: iterate from any thread. A trio loop runs
     in a worker thread of its own. (Async code, asyncio included, uses `open_rollouts`.)
 

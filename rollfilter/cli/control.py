@@ -226,8 +226,8 @@ class ControlServer:
             agent, equals, rate = argument.rpartition("=")
             if equals and not agent:  # not every agent, as a bare N is: a name left out
                 raise SteeringError(f"{name} takes [AGENT=]N or [AGENT=]off: no agent before '=' in {argument!r}")
-            limit = None if rate == "off" else _rate(rate, name)
-            run.set_rate(agent or None, **{name: limit})
+            new_rate = None if rate == "off" else _rate(rate, name)
+            run.set_rate(agent or None, **{name: new_rate})
         return self._status()
 
     def _status(self) -> dict[str, Any]:

@@ -28,8 +28,8 @@ import trio
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import CollectorRegistry
 
-from rollfilter.api.in_trio import RunFigures
-from rollfilter.api.prometheus import RunCollector, exposition
+from rollfilter.api.in_trio import LiveFigures
+from rollfilter.api.prometheus import PrometheusCollector, exposition
 from rollfilter.errors import UsageError
 from rollfilter.formats.writers import OutputClosed, OutputFailed, WholeFile
 from rollfilter.run.run import Run
@@ -40,7 +40,7 @@ REQUEST_SECONDS = 5.0  # how long a scraper has to send its request and take the
 MAX_REQUEST_BYTES = 16 * 1024  # a request's head, at most: a scrape sends a few hundred bytes
 LISTEN_BACKLOG = 16
 # Connections served at once: a handful of Prometheus servers scrape a run; the descriptors beyond
-# them are the run's (FILES_FOR_OTHER_USES in rollfilter.http.limits keeps room for these).
+# them are the run's (FILES_FOR_OTHER_USES in rollfilter.http.bounds keeps room for these).
 MAX_CONNECTIONS = 16
 ACCEPT_PAUSE_SECONDS = 0.1  # after an accept that found no descriptor (or memory) free
 OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -79,7 +79,9 @@ class Exporter:
     def __init__(self, run: Run, sockets: list[socket.socket], file: WholeFile | None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         # Made in the run's trio loop, whose thread owns the figures: scrapes are read there.
-        self.registry.register(RunCollector(RunFigures(run, trio.lowlevel.current_trio_token(), threading.get_ident())))
+        self.registry.register(
+            PrometheusCollector(LiveFigures(run, trio.lowlevel.current_trio_token(), threading.get_ident()))
+        )
         self.sockets, self.file = sockets, file
 
     def start(self, services: trio.Nursery, say: Callable[[str], None]) -> None:

@@ -31,7 +31,7 @@ from rollfilter.defaults import (
     DEFAULT_RETRY_STATUSES,
 )
 from rollfilter.errors import UsageError
-from rollfilter.http.limits import DEFAULT_MAX_REPLY_BYTES
+from rollfilter.http.bounds import DEFAULT_MAX_REPLY_BYTES
 
 if TYPE_CHECKING:
     from rollfilter.cli.command import CommandConfig
@@ -979,7 +979,7 @@ def parse(
         proxy=parsers.service_url("--proxy", ("http", "https", "socks5"))(proxy) if proxy else None,
         cross_origin_redirects=cross_origin_redirects,
         max_reply_bytes=max_reply_bytes,
-        **parsers.limits(rpm or (), tpm or ()),
+        **parsers.rate_limit_fields(rpm or (), tpm or ()),
         route=parsers.route(route),
         affinity_header=parsers.affinity_header(affinity_header, header or ()),
         aggregate=aggregate is not None,  # --aggregate FILE and --gym-layout ask the agents for it

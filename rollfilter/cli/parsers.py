@@ -267,7 +267,7 @@ def rate_limits(specs: Iterable[str], option: str) -> tuple[float | None, dict[s
     return default, by_agent
 
 
-def limits(rpm: Iterable[str], tpm: Iterable[str]) -> dict[str, Any]:
+def rate_limit_fields(rpm: Iterable[str], tpm: Iterable[str]) -> dict[str, Any]:
     """Config's rpm, rpm_by_agent, tpm and tpm_by_agent from --rpm and --tpm."""
     (rpm_default, rpm_by_agent), (tpm_default, tpm_by_agent) = rate_limits(rpm, "--rpm"), rate_limits(tpm, "--tpm")
     return {"rpm": rpm_default, "rpm_by_agent": rpm_by_agent, "tpm": tpm_default, "tpm_by_agent": tpm_by_agent}

@@ -74,8 +74,8 @@ class ProgressDisplay:
         )
         window = (TextColumn("window {task.fields[window]:>5,}"),) if adaptive else ()
         cost = (TextColumn("${task.fields[cost]:,.4f}"),) if priced else ()
-        # Held by --rpm/--tpm or by a pause rather than by the agent: said while rows wait so.
-        held = (TextColumn("{task.fields[held]}"),) if limited or steered else ()
+        # Waiting on --rpm/--tpm or on a pause rather than on the agent: said while rows wait so.
+        waiting = (TextColumn("{task.fields[waiting]}"),) if limited or steered else ()
         self._progress = Progress(
             TextColumn("{task.completed:>8,.0f} done"),
             TextColumn("{task.fields[failed]:>6,} failed"),
@@ -85,7 +85,7 @@ class ProgressDisplay:
             TextColumn("{task.fields[tokens]:>9,.0f} tokens/s"),
             TextColumn("reward {task.fields[reward]:.3f}"),
             *cost,
-            *held,
+            *waiting,
             BarColumn(),
             TaskProgressColumn(),
             TimeRemainingColumn(),
@@ -103,7 +103,7 @@ class ProgressDisplay:
             tokens=0.0,
             reward=0.0,
             cost=0.0,
-            held="",
+            waiting="",
         )
 
     def set_total(self, total: int | None) -> None:
@@ -142,7 +142,7 @@ class ProgressDisplay:
             tokens=s.tokens_per_s or 0.0,
             reward=s.reward_mean,
             cost=s.cost_usd or 0.0,
-            held="paused" if s.steering.paused else "held by rate limit" if s.held_by_limits else "",
+            waiting="paused" if s.steering.paused else "held by rate limit" if s.waiting_on_rate_limits else "",
         )
         self._progress.refresh()
 

@@ -26,10 +26,10 @@ from rollfilter.cli.control import ControlServer, ControlSocket, control_socket
 from rollfilter.cli.environment import Environment
 from rollfilter.cli.files import identity
 from rollfilter.cli.files.outputs import (
+    NamedOutputs,
+    OpenedOutputs,
     OutputFiles,
     OutputKey,
-    RunFiles,
-    RunOutputs,
     held_target,
     open_appended,
     replace_content,
@@ -44,7 +44,7 @@ from rollfilter.demo import DemoAgent, DemoOptions
 from rollfilter.demo import serve as serve_demo
 from rollfilter.engine.client import DryRunClient, JobClient
 from rollfilter.engine.metrics import Metrics
-from rollfilter.engine.nursery import RunControl, StopCause, describe
+from rollfilter.engine.nursery import StopCause, StopControl, describe
 from rollfilter.engine.plan import Job
 from rollfilter.engine.routing import Agent
 from rollfilter.engine.sinks import BodySink, GroupOutputs, LineSink
@@ -66,7 +66,7 @@ from rollfilter.redact import shown
 from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name
 from rollfilter.run.connect import tls_context_for
 from rollfilter.run.first_pass import RepeatsMissing
-from rollfilter.run.run import Run, RunWarning
+from rollfilter.run.run import ConfigWarning, Run
 
 if TYPE_CHECKING:
     from rollfilter.cli.exporter import Exporter
@@ -89,15 +89,17 @@ async def run(
     """Run the rollouts `command` describes; return how it ended. Prints the summary. `stops`
     (the command's stop signals) stop it from here on, unless `command` handles none. It reads and
     writes the standard streams of `environment` only."""
-    run_control = RunControl()
+    stop_control = StopControl()
     if stops is not None and command.handle_signals:
-        stops.attach(run_control)
+        stops.attach(stop_control)
     else:
         stops = None
     check_inputs(command.inputs)
     if not command.config.names_an_agent and command.demo is None:
         raise UsageError("no agent to send to: give -u URL, -e NAME=URL, --head-server URL, or --demo")
-    outputs = RunOutputs.standard_streams(command, environment) if command.dry_run else RunOutputs(command, environment)
+    outputs = (
+        NamedOutputs.standard_streams(command, environment) if command.dry_run else NamedOutputs(command, environment)
+    )
     outputs.check()
     tls = tls_context_for(command.config)  # read once, and refused before any file is touched
     if not command.dry_run:
@@ -105,22 +107,22 @@ async def run(
     with control_socket(command.control_socket) as control, OutputFiles() as files:
         if command.dry_run:  # it changes no file: it reads what resume reads, and prints the rest
             command, _ = identity.command_as_recorded(command)
-            opened, resume, earlier = RunFiles.standard_streams(environment), _resume_state(command), _Earlier()
+            opened, resume, earlier = OpenedOutputs.standard_streams(environment), _resume_state(command), _Earlier()
         else:
-            opening = await _open_outputs(command, files, environment, run_control)
+            opening = await _open_outputs(command, files, environment, stop_control)
             if opening is None:
-                return _stopped_before_opening(run_control, environment, quiet=command.quiet)
+                return _stopped_before_opening(stop_control, environment, quiet=command.quiet)
             command, opened, resume, earlier = opening
         async with _demo_agent(command.demo) as url:
             if url is not None:
                 command = dataclasses.replace(command, config=dataclasses.replace(command.config, url=url))
-            clrun = _CommandLineRun(command, environment, opened, resume, earlier, tls, run_control)
+            clrun = _CommandLineRun(command, environment, opened, resume, earlier, tls, stop_control)
             return await clrun.execute(stops, control)
 
 
 async def _open_outputs(
-    command: CommandConfig, files: OutputFiles, environment: Environment, control: RunControl
-) -> tuple[CommandConfig, RunFiles, ResumeState | None, _Earlier] | None:
+    command: CommandConfig, files: OutputFiles, environment: Environment, control: StopControl
+) -> tuple[CommandConfig, OpenedOutputs, ResumeState | None, _Earlier] | None:
     """`command`'s outputs opened and locked, then read under the lock: its run record, and what
     earlier runs left (see `_earlier_runs`); the command as recorded. None when a stop came while
     --wait-lock waited."""
@@ -136,7 +138,7 @@ async def _open_outputs(
     return command, run_files(command, files, environment, appended, record), resume, earlier
 
 
-def _stopped_before_opening(control: RunControl, environment: Environment, *, quiet: bool) -> RunEnd:
+def _stopped_before_opening(control: StopControl, environment: Environment, *, quiet: bool) -> RunEnd:
     """A run stopped while it waited to lock its outputs: nothing was sent, and its summary says so."""
     assert control.cause is not None
     if not quiet:
@@ -153,13 +155,13 @@ def fitted_concurrency(wanted: int, *, files_per_connection: int) -> int:
 def fit_open_files(command: CommandConfig, *, files_per_connection: int, stderr: int) -> CommandConfig:
     """Raise the open-file limit as far as it goes; if -j still does not fit under it, say so
     once and run fewer rows at a time, so that no row fails for this machine's limit."""
-    limit = raise_open_file_limit()
+    open_files = raise_open_file_limit()
     wanted = command.config.concurrency
-    fitted = connections_that_fit(wanted, limit, files_per_connection=files_per_connection)
+    fitted = connections_that_fit(wanted, open_files, files_per_connection=files_per_connection)
     if fitted == wanted:
         return command
     say(
-        f"-j {wanted} needs more open files than this process may have ({limit},"
+        f"-j {wanted} needs more open files than this process may have ({open_files},"
         f" see ulimit -n): running {fitted} rows at a time",
         stderr,
     )
@@ -226,11 +228,11 @@ class _CommandLineRun:
         self,
         command: CommandConfig,
         environment: Environment,
-        files: RunFiles,
+        files: OpenedOutputs,
         resume: ResumeState | None,
         earlier: _Earlier,
         tls: ssl.SSLContext | None,
-        control: RunControl,
+        control: StopControl,
     ) -> None:
         self.command, self.files, self.earlier = command, files, earlier
         self.environment = environment
@@ -459,7 +461,7 @@ class _CommandLineRun:
         self._drop_leftovers()
         await run.finish()  # --per-task's lines are written then, while its writer runs
         if control.stopped_early:
-            self.sink.flush_held()  # what --ordered holds behind rows that never finished
+            self.sink.flush_backlog()  # what --ordered holds behind rows that never finished
         else:
             for problem in run.report.problems if run.report is not None else ():
                 self.say(f"--aggregate: {problem}")
@@ -486,7 +488,7 @@ class _CommandLineRun:
         if self.resume is None or (self.dropped is None and self.run.groups is None):
             return
         config, left_open = self.command.config, set()
-        for result in self.resume.leftover_held():
+        for result in self.resume.leftover_carried():
             if self.dropped is not None:
                 self.dropped.write(_encode({**result, DROPPED_BECAUSE: CANCELLED}) + b"\n")
             rollout, size = result.get(ROLLOUT_INDEX), config.repeats_for(agent_name(result)) or 1
@@ -579,7 +581,7 @@ class _CommandLineRun:
         )
 
 
-def warning_message(warning: RunWarning) -> str:
+def warning_message(warning: ConfigWarning) -> str:
     """A run's warning as the command says it: naming the option the user gave."""
     return f"{OPTION_OF_WARNING[warning.field].format(key=warning.key)}: {warning.problem}"
 

@@ -17,7 +17,7 @@ import trio
 
 from rollfilter.cli import early_signals
 from rollfilter.cli.statuses import EXIT_STATUS_OF_STOP
-from rollfilter.engine.nursery import RunControl, RunStatus, StopCause
+from rollfilter.engine.nursery import RunStatus, StopCause, StopControl
 from rollfilter.engine.statistics import RunStatistics
 from rollfilter.redact import printable
 
@@ -33,7 +33,7 @@ class StopSignals:
     """The stop signals (SIGINT, SIGTERM, SIGHUP) of one trio run of the command, from its first
     moment to its last, and those noted before it (`cli/early_signals.py`).
 
-    A command-line run `attach`es its `RunControl` before it does anything else: a signal stops
+    A command-line run `attach`es its `StopControl` before it does anything else: a signal stops
     it, and one that came earlier stops it as soon as it is attached, so that every stop ends with
     the summary. A signal while the run is already stopping (a second Ctrl-C, when finished
     results wait on a blocked output) calls `leave` (the summary as it stands) and exits at once
@@ -42,12 +42,12 @@ class StopSignals:
 
     def __init__(self) -> None:
         self.scope = trio.CancelScope()
-        self.control: RunControl | None = None
+        self.control: StopControl | None = None
         self.causes: list[StopCause] = []  # every stop signal taken, oldest first
         self.show_status: Callable[[], None] = lambda: None
         self.leave: Callable[[], None] | None = None
 
-    def attach(self, control: RunControl) -> None:
+    def attach(self, control: StopControl) -> None:
         self.control = control
         if self.causes:
             control.stop(self.causes[0])
@@ -102,20 +102,20 @@ def status_lines(status: RunStatus | None) -> list[str]:
     """The status block that SIGUSR1 prints: the run's figures, then its oldest rollouts in flight."""
     if status is None:
         return ["status: starting, nothing sent yet"]
-    held = f" ({status.held_by_limits:,} held by --rpm/--tpm)" if status.held_by_limits else ""
+    waiting = f" ({status.waiting_on_rate_limits:,} held by --rpm/--tpm)" if status.waiting_on_rate_limits else ""
     paused = "paused, " if status.paused else ""
     lines = [
-        f"status: {paused}{status.done:,} done, {status.failed:,} failed, {status.in_flight:,} in flight{held},"
+        f"status: {paused}{status.done:,} done, {status.failed:,} failed, {status.in_flight:,} in flight{waiting},"
         f" {status.rows_per_s:,.1f} rows/s, {status.elapsed_s:,.1f} s"
     ]
-    held_by = "paused" if status.paused else "--rpm/--tpm"
+    waiting_on = "paused" if status.paused else "--rpm/--tpm"
     for rollout in status.oldest:
         agent = rollout.agent if rollout.agent is not None else "(no name)"
         lines.append(
             printable(
                 f"  in flight {rollout.age_s:,.1f} s: {rollout.source}:{rollout.line} task {rollout.task_index}"
                 f" rollout {rollout.rollout_index} agent {agent} attempt {rollout.attempt}"
-                + (f" (not sent yet: {held_by})" if rollout.held else "")
+                + (f" (not sent yet: {waiting_on})" if rollout.waiting else "")
             )
         )
     return lines

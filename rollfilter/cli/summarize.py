@@ -12,7 +12,7 @@ from rollfilter.cli.chart import chart_lines
 from rollfilter.cli.command import CommandConfig
 from rollfilter.cli.environment import Environment
 from rollfilter.cli.files import identity
-from rollfilter.cli.files.outputs import OutputFiles, RunOutputs, replace_content
+from rollfilter.cli.files.outputs import NamedOutputs, OutputFiles, replace_content
 from rollfilter.cli.messages import say, write_stderr
 from rollfilter.cli.run import summary_for
 from rollfilter.cli.statuses import RunEnd
@@ -50,7 +50,7 @@ async def summarize(command: CommandConfig, *, environment: Environment) -> RunE
     config = command.config
     check_inputs(command.inputs)
     baseline = _Baseline.of(command, stdin_fd=environment.stdin)
-    RunOutputs(command, environment, summarize=True).check()
+    NamedOutputs(command, environment, summarize=True).check()
     shards = identity.shard_coverage(command.inputs)
     reader = LineReader(command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=environment.stdin)
     unusable = _UnusableLines()

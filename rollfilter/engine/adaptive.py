@@ -200,25 +200,26 @@ class AdaptiveWindow:
         self._cut_at = -float("inf")
         self._lot = trio.lowlevel.ParkingLot()
         self._on_change = on_change
-        self.min_seen = self.max_seen = self.limit
+        self.min_seen = self.max_seen = self.size
 
     @property
-    def limit(self) -> int:
+    def size(self) -> int:
+        """Requests the window lets in flight now."""
         return max(1, int(self._window))
 
     def stats(self) -> WindowStats:
-        return WindowStats(self.limit, self.min_seen, self.max_seen)
+        return WindowStats(self.size, self.min_seen, self.max_seen)
 
     def set_ceiling(self, ceiling: int) -> None:
         """A new ceiling (the run's concurrency changed): a window over it comes down to it at
         once, letting what is in flight finish; under it, the window grows toward it as before."""
         self.ceiling = ceiling
         self._set(self._window)
-        self._lot.unpark(count=max(0, self.limit - self.in_flight))
+        self._lot.unpark(count=max(0, self.size - self.in_flight))
 
     async def acquire(self) -> int:
         """Wait for room in the window; the attempt's ticket, for `release`."""
-        while self.in_flight >= self.limit:
+        while self.in_flight >= self.size:
             if self._phase is _Phase.BLIND and not self._timing:
                 await self._wait_to_double()
             else:
@@ -246,7 +247,7 @@ class AdaptiveWindow:
         if self._phase is _Phase.BLIND and now >= self._next_doubling:
             self._next_doubling = now + PROBE_SECONDS
             self._set(self._window * 2)
-            self._lot.unpark(count=max(0, self.limit - self.in_flight))
+            self._lot.unpark(count=max(0, self.size - self.in_flight))
 
     def release(self, ticket: int, signal: Signal, latency: float) -> None:
         self.in_flight -= 1
@@ -276,7 +277,7 @@ class AdaptiveWindow:
                 least = drain.cohort.least_mean(now, drain.cohort_sent_at)
                 if least > FOLLOWED * drain.latency_before:
                     self._judge(drain, now, latency_stayed=least)
-        self._lot.unpark(count=max(0, self.limit - self.in_flight))
+        self._lot.unpark(count=max(0, self.size - self.in_flight))
 
     def _answered(self, now: float, latency: float) -> None:
         if self._phase is _Phase.BLIND:
@@ -436,9 +437,9 @@ class AdaptiveWindow:
             self._set(self._window - 1)
 
     def _set(self, window: float) -> None:
-        old = self.limit
+        old = self.size
         self._window = min(float(self.ceiling), max(MIN_WINDOW, window))
-        new = self.limit
+        new = self.size
         if new != old:
             self.min_seen = min(self.min_seen, new)
             self.max_seen = max(self.max_seen, new)

@@ -81,15 +81,15 @@ class Flight:
     the client counts as it makes them. It is the one count of a job's attempts: the engine
     reads it for the status, and for the outcome of a job that did not fail in the client."""
 
-    __slots__ = ("attempt", "held", "held_s", "sent_version", "since")
+    __slots__ = ("attempt", "sent_version", "since", "waited_s", "waiting")
 
     def __init__(self, since: float = 0.0) -> None:
         self.since = since
         self.attempt = 1
         # Waiting on its agent's rate limits (or, under limits, for a place among those out), or
-        # held by a pause: not sent.
-        self.held = False
-        self.held_s = 0.0  # how long it waited so, over its attempts: not sent, so not its latency
+        # on a pause: not sent.
+        self.waiting = False
+        self.waited_s = 0.0  # how long it waited so, over its attempts: not sent, so not its latency
         self.sent_version: int | None = None  # the policy version when its last attempt was sent
 
 
@@ -164,7 +164,7 @@ class AgentClient:
                     await self._paused(flight)
                 window = agent.window
                 ticket = await window.acquire() if window is not None else 0
-                limits, out = agent.limits, self._send_slots
+                limits, out = agent.rate_limits, self._send_slots
                 request, charged = None, 0.0
                 if limits is not None or out is not None:  # under rate limits only: no work on a plain run's path
                     request = _Request()
@@ -191,7 +191,7 @@ class AgentClient:
                     if window is not None:
                         window.release(ticket, signal, trio.current_time() - started)
                     if limits is not None:
-                        limits.settle(charged, answer)
+                        limits.correct_charge(charged, answer)
                     if out is not None:
                         out.give_back(request)
                 if got_past_connecting(outcome):
@@ -229,28 +229,28 @@ class AgentClient:
             return AttemptFailure(ErrorKind.INTERNAL, message, attempts=flight.attempt)
 
     async def _paused(self, flight: Flight) -> None:
-        """Wait out a pause, counted in `flight` as time held."""
-        flight.held, since = True, trio.current_time()
+        """Wait out a pause, counted in `flight` as time waited."""
+        flight.waiting, since = True, trio.current_time()
         try:
             await self._steering.wait_unpaused()
         finally:
-            flight.held = False
-            flight.held_s += trio.current_time() - since
+            flight.waiting = False
+            flight.waited_s += trio.current_time() - since
 
     async def _turn(self, agent: Agent, flight: Flight, request: _Request) -> float:
         """Wait for the agent's rate limits, and under limits for a slot among the requests out
         (given back when the attempt ends), counting the wait in `flight`; the tokens the request
         was charged."""
-        flight.held, since = True, trio.current_time()
+        flight.waiting, since = True, trio.current_time()
         try:
-            if agent.limits is not None:
-                return await agent.limits.acquire(self._send_slots, request)
+            if agent.rate_limits is not None:
+                return await agent.rate_limits.acquire(self._send_slots, request)
             if self._send_slots is not None:
                 await self._send_slots.take(request)
             return 0.0
         finally:
-            flight.held = False
-            flight.held_s += trio.current_time() - since
+            flight.waiting = False
+            flight.waited_s += trio.current_time() - since
 
     async def _attempt(
         self, url: httpx.URL, body: bytes, row: str | None = None, headers: tuple[tuple[str, str], ...] = ()

@@ -1,4 +1,4 @@
-"""A task's rollouts as one group: held until every one has ended, then kept or dropped whole.
+"""A task's rollouts as one group: gathered until every one has ended, then kept or dropped whole.
 
 GRPO-style training takes a task's K rollouts together, and a group whose rewards are all equal
 gives it no gradient. With `Config.groups`, the engine hands each finished rollout here instead
@@ -16,7 +16,8 @@ were planned: a group that closed early waits for those before it, so that a tra
 groups it takes cannot run ahead of a slow one by more than the bound.
 
 A group's results are in memory only while it is open, at most one group per rollout in flight.
-Each member's slot is given back as soon as it is held, but the one that closes the group, whose
+Each member's slot is given back as soon as its result is kept (in the held file, or without
+one in memory), but the one that closes the group, whose
 slot comes back once the group is written (or, from the Python API, taken): that keeps what is
 written or handed out behind a slow reader bounded, and never waits on a slot a group holds.
 """
@@ -158,13 +159,13 @@ class GroupStage:
 
     def planned(self, plan: GroupPlan) -> None:
         """A line's rollouts are planned: open their group (or close it now, when nothing of it is sent)."""
-        if not plan.sent and not plan.held and not plan.given_up:
+        if not plan.sent and not plan.carried and not plan.given_up:
             if plan.done and not plan.counted:  # one the held file did not count (kept_before)
                 self.kept_earlier += 1
                 self._check_target()
             return  # a dropped group's is counted in dropped_before or masked_before
-        members = {rollout: Member(None, result, None) for rollout, result in plan.held.items()}
-        size = len(plan.sent) + len(plan.held) + plan.done + plan.dropped + plan.given_up
+        members = {rollout: Member(None, result, None) for rollout, result in plan.carried.items()}
+        size = len(plan.sent) + len(plan.carried) + plan.done + plan.dropped + plan.given_up
         group = _Open(plan.task_index, plan.first, size, set(plan.sent), members, [], plan.given_up > 0, self._planned)
         self._planned += 1
         if group.waiting:

@@ -52,7 +52,7 @@ class InFlight:
     agent: str | None
     attempt: int  # this run's attempt at it, 1 for the first
     age_s: float  # since it was first sent in this run
-    held: bool = False  # waiting on its agent's rate limits or on a pause, not sent
+    waiting: bool = False  # waiting on its agent's rate limits or on a pause, not sent
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -66,7 +66,7 @@ class RunStatus:
     rows_per_s: float
     elapsed_s: float
     oldest: tuple[InFlight, ...]
-    held_by_limits: int = 0  # requests waiting on an agent's rate limit (Config.rpm, Config.tpm)
+    waiting_on_rate_limits: int = 0  # requests waiting on an agent's rate limit (Config.rpm, Config.tpm)
     paused: bool = False  # no new request leaves (the run's pause)
 
 
@@ -83,7 +83,7 @@ class StopCause(enum.Enum):
     AGENT_UNREACHABLE = "agent unreachable"  # an agent refused or dropped every connection since the start
 
 
-class RunControl:
+class StopControl:
     """Stops a run from anywhere (a signal, a closed stdout, the failure limit).
 
     The first stop wins: its cause is the run's, and its reason is reported. A reason given as
@@ -162,7 +162,7 @@ class Engine:
     client: JobClient
     sink: RowSink
     metrics: Metrics
-    control: RunControl
+    control: StopControl
     concurrency: int
     failure_limit: FailureLimit = dataclasses.field(default_factory=FailureLimit)
     tasks: TaskStats | None = None  # mean@K and pass@k, with --repeats K > 1
@@ -195,7 +195,7 @@ class Engine:
                 job.agent_name,
                 attempt=flight.attempt,
                 age_s=now - flight.since,
-                held=flight.held,
+                waiting=flight.waiting,
             )
             for job, flight in itertools.islice(self._in_flight.items(), STATUS_OLDEST)
         )
@@ -309,7 +309,7 @@ class Engine:
                 job, AttemptFailure(ErrorKind.GROUP_FIELD, message, attempts=flight.attempt, answer=outcome), release
             )
         else:
-            latency = trio.current_time() - started - flight.held_s  # from sending, not from waiting to
+            latency = trio.current_time() - started - flight.waited_s  # from sending, not from waiting to
             if self.on_event is not None:
                 self.on_event(f"{describe(job)}: finished in {latency:.3f} s, reward {outcome.get('reward')}")
             if self.groups is not None:

@@ -88,7 +88,7 @@ class GroupPlan:
     task_index: Any
     first: int  # its first rollout index: with the task, the group's key (Job.group)
     sent: tuple[int, ...]  # rollout indices this run sends
-    held: dict[int, dict[str, Any]]  # finished by an earlier run, their group then still open
+    carried: dict[int, dict[str, Any]]  # finished by an earlier run, their group then still open
     done: int  # written whole by an earlier run
     dropped: int  # dropped by an earlier run (uniform)
     given_up: int  # out of attempts, or terminal: the group can never be whole
@@ -102,7 +102,7 @@ def shard_of(task_index: Any, shards: int) -> int:
     return zlib.crc32(_encode(task_index)) % shards
 
 
-class ReadRow(NamedTuple):
+class InputRow(NamedTuple):
     """An input line read as a row, before it is planned."""
 
     row: dict[str, Any] | None  # the JSON object, None when the line is none
@@ -236,8 +236,8 @@ class Planner:
         one task at a time reads more input."""
         return await next_when_ready(self.next_job_nowait, self.fill, filling)
 
-    def _read_row(self, line: InputLine) -> ReadRow:
-        """The line read as a row: see `ReadRow`."""
+    def _read_row(self, line: InputLine) -> InputRow:
+        """The line read as a row: see `InputRow`."""
         config = self._config
         row: dict[str, Any] | None = None
         name: str | None = None
@@ -246,12 +246,12 @@ class Planner:
             body = b""
             task: Any = self._numbering.new_task()
             failure = AttemptFailure(ErrorKind.BAD_INPUT, line.problem or "unreadable line")
-            return ReadRow(row, body, task, name, failure)
+            return InputRow(row, body, task, name, failure)
         body = line.data.strip()
         parsed = parse_row(body)
         if isinstance(parsed, str):
             task = self._numbering.task_for_line(line_key(line))
-            return ReadRow(row, body, task, name, AttemptFailure(ErrorKind.BAD_INPUT, parsed))
+            return InputRow(row, body, task, name, AttemptFailure(ErrorKind.BAD_INPUT, parsed))
         row = parsed
         if config.agent is not None and AGENT_REF not in row:
             row[AGENT_REF] = {"name": config.agent}
@@ -270,7 +270,7 @@ class Planner:
         else:
             task = row[TASK_INDEX] = self._numbering.task_for_line(line_key(line))
         # Made by tuple's own constructor: a NamedTuple's is a Python function, called once a row.
-        return tuple.__new__(ReadRow, (row, body, task, name, failure))
+        return tuple.__new__(InputRow, (row, body, task, name, failure))
 
     def _plan_row(self, line: InputLine) -> None:
         self._rows += 1
@@ -292,7 +292,7 @@ class Planner:
         prefix = _encoded_prefix(sent, seeds=config.repeat_seeds) if sent is not None else None
         given_attempt = row.get(ATTEMPT_INDEX) if row is not None else None
         jobs = []
-        held: dict[int, dict[str, Any]] = {}
+        carried: dict[int, dict[str, Any]] = {}
         done = dropped = given_up = 0
         for rollout in range(first, first + repeats):
             attempt = 0
@@ -304,8 +304,8 @@ class Planner:
                         done += 1
                     elif attempt == ResumeState.DROPPED:
                         dropped += 1
-                    elif attempt == ResumeState.HELD:
-                        held[rollout] = self._resume.take_held(task, rollout)
+                    elif attempt == ResumeState.CARRIED:
+                        carried[rollout] = self._resume.take_carried(task, rollout)
                     else:
                         given_up += 1
                         self.given_up += 1
@@ -340,7 +340,7 @@ class Planner:
         if self._on_group is not None:
             sending = tuple(job.rollout_index for job in jobs)
             counted = done > 0 and self._resume is not None and self._resume.counted_kept(task, first)
-            self._on_group(GroupPlan(task, first, sending, held, done, dropped, given_up, counted))
+            self._on_group(GroupPlan(task, first, sending, carried, done, dropped, given_up, counted))
         self._pending.extend(jobs)
 
 

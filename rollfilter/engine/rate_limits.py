@@ -44,7 +44,7 @@ def waiting_rows(concurrency: int) -> int:
 class Pacer:
     """GCRA over `per_second` units a second, a burst of BURST_SECONDS' worth (at least one unit):
     `delay` says how long units would wait, `charge` takes them as they leave, `adjust` charges
-    more (or gives back) afterwards. It does not wait itself: `AgentLimits` orders the waiters."""
+    more (or gives back) afterwards. It does not wait itself: `RateLimits` orders the waiters."""
 
     def __init__(self, per_second: float) -> None:
         self._interval = 1.0 / per_second
@@ -105,7 +105,7 @@ class SendSlots:
         self.slots.release_on_behalf_of(request)
 
 
-class AgentLimits:
+class RateLimits:
     """An agent's `rpm` and `tpm` (either may be None), and what rows waited on them.
 
     Requests wait their turn in the order they came (one lock), each until every limit lets it
@@ -128,20 +128,20 @@ class AgentLimits:
 
     async def acquire(self, out: SendSlots | None = None, request: object = None) -> float:
         """Wait until a request may go and, with `out`, take its slot there on behalf of `request`
-        (the caller gives it back when the attempt ends); the tokens it was charged (settle them
-        with `settle`)."""
+        (the caller gives it back when the attempt ends); the tokens it was charged (corrected
+        by `correct_charge`)."""
         now = trio.current_time()
-        if not self.held(now):  # the common case under a limit that does not bind: no lock
+        if not self.would_wait(now):  # the common case under a limit that does not bind: no lock
             if out is not None and not out.take_now(request):
                 await out.take(request)  # in line with every other request for a place
                 now = trio.current_time()
-                if self.held(now):  # the limit binds by now: wait for it without holding a place
+                if self.would_wait(now):  # the limit binds by now: wait for it without holding a place
                     out.give_back(request)
-                    return await self._acquire_held(now, out, request)
+                    return await self._acquire_in_turn(now, out, request)
             return self._leave(now)
-        return await self._acquire_held(now, out, request)
+        return await self._acquire_in_turn(now, out, request)
 
-    async def _acquire_held(self, now: float, out: SendSlots | None, request: object) -> float:
+    async def _acquire_in_turn(self, now: float, out: SendSlots | None, request: object) -> float:
         """`acquire` when the limits hold the request back: in turn, then a place among those out."""
         self.waiting += 1
         waited_until: float | None = None
@@ -199,8 +199,9 @@ class AgentLimits:
             with trio.move_on_at(due):
                 await self._changed.wait()
 
-    def settle(self, charged: float, answer: Mapping[str, Any] | None) -> None:
-        """A request charged `charged` tokens has ended with `answer` (None: no 2xx answer)."""
+    def correct_charge(self, charged: float, answer: Mapping[str, Any] | None) -> None:
+        """Correct the tokens a request was charged (`charged`) to what its `answer` says it used
+        (None: no 2xx answer), and learn from it the tokens a reply takes."""
         if self._tokens is None:
             return
         assert self.tpm is not None
@@ -220,7 +221,7 @@ class AgentLimits:
             self._probe_back.set()
             self._probe_back = trio.Event()
 
-    def held(self, now: float) -> bool:
+    def would_wait(self, now: float) -> bool:
         """Whether a request made now would wait on a limit."""
         if self._turn.locked() or (self._probe_out and self.estimate is None):
             return True

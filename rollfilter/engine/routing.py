@@ -26,7 +26,7 @@ import msgspec
 from rollfilter.config import Config, ConfigError
 from rollfilter.engine.adaptive import AdaptiveWindow
 from rollfilter.engine.budget import RetryBudget
-from rollfilter.engine.rate_limits import AgentLimits
+from rollfilter.engine.rate_limits import RateLimits
 from rollfilter.errors import ErrorKind
 from rollfilter.outcomes import AttemptFailure
 from rollfilter.redact import shown
@@ -186,8 +186,8 @@ class Agent:
     window: AdaptiveWindow | None = None
     budget: RetryBudget | None = None  # None: every failure gets its retries
     placement: TaskPlacement | None = None
-    limits: AgentLimits | None = None  # its requests and tokens a minute
-    former_limits: AgentLimits | None = None  # limits taken off while the run went: their figures stay
+    rate_limits: RateLimits | None = None  # its requests and tokens a minute
+    former_rate_limits: RateLimits | None = None  # limits taken off while the run went: their figures stay
     answered: bool = False  # some attempt got past connecting (a reply, or a wait for one) this run
 
     def pick(self, now: float, avoid: Replica | None = None, task: bytes | None = None) -> Replica:
@@ -219,7 +219,7 @@ class Router:
         head: HeadServerAgents | None = None,
         *,
         window_for: Callable[[str | None], AdaptiveWindow] | None = None,
-        limits_for: Callable[[str | None, float | None, float | None], AgentLimits] | None = None,
+        rate_limits_for: Callable[[str | None, float | None, float | None], RateLimits] | None = None,
     ) -> None:
         by_task = config.route_by_task
 
@@ -229,11 +229,11 @@ class Router:
             budget = RetryBudget(ratio) if ratio is not None else None
             replicas = [Replica(httpx.URL(url)) for url in urls]
             placement = TaskPlacement(replicas) if by_task and len(replicas) > 1 else None
-            rpm, tpm = config.limits_for(name)
-            limits = None
+            rpm, tpm = config.rate_limits_for(name)
+            rate_limits = None
             if rpm is not None or tpm is not None:
-                limits = limits_for(name, rpm, tpm) if limits_for is not None else AgentLimits(rpm, tpm)
-            return Agent(name, replicas, window, budget, placement, limits)
+                rate_limits = rate_limits_for(name, rpm, tpm) if rate_limits_for is not None else RateLimits(rpm, tpm)
+            return Agent(name, replicas, window, budget, placement, rate_limits)
 
         self._default = agent(None, [config.url]) if config.url else None
         named = endpoints if endpoints is not None else config.endpoints

@@ -60,7 +60,7 @@ class Reorderer:
             self._next += 1
 
     def flush(self) -> None:
-        """Run every held action in order, skipping the gaps of rows that never finished."""
+        """Run every waiting action in order, skipping the gaps of rows that never finished."""
         for seq in sorted(self._waiting):
             self._waiting.pop(seq)()
 
@@ -190,7 +190,7 @@ class LineSink:
         else:
             self._reorderer.emit(job.seq, release)
 
-    def flush_held(self) -> None:
+    def flush_backlog(self) -> None:
         """Write what --ordered still holds behind unfinished rows (the run was stopped)."""
         if self._reorderer is not None:
             self._reorderer.flush()

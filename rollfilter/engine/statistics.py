@@ -54,7 +54,7 @@ class AgentStatistics:
     retries_withheld: int | None = None
     window: int | None = None  # its adaptive window
     concurrency_limit: int | None = None  # the requests it may have out: the run's bound, or its window under it
-    held_by_rate_limit: int | None = None  # requests waiting on its rate limits now
+    waiting_on_rate_limits: int | None = None  # requests waiting on its rate limits now
     rate_limit_wait_s: float | None = None
     cost_usd: float | None = None
 
@@ -92,7 +92,7 @@ class RunStatistics:
     rows_per_s: float
     tokens_per_s: float | None  # None when the agents' counts make no finite rate
     reward_mean: float  # over every result so far, earlier runs' included; 0 with none
-    held_by_limits: int  # requests waiting on a rate limit now
+    waiting_on_rate_limits: int  # requests waiting on a rate limit now
     window: int | None  # the agents' adaptive windows together
     spending: Mapping[str, Any] | None  # with prices: the summary's cost figures
     cost_usd: float | None
@@ -100,7 +100,7 @@ class RunStatistics:
     results_by_agent: Mapping[str | None, Means]  # the means' sums by agent name (copies)
     agents: Mapping[str, AgentStatistics]
     replicas: tuple[Mapping[str, Any], ...]
-    windows: Mapping[str, Mapping[str, int]]  # each adaptive window's final, least and greatest limit
+    windows: Mapping[str, Mapping[str, int]]  # each adaptive window's final, least and greatest size
     limits: Mapping[str, Mapping[str, Any]]  # each agent's rate limits and what waited on them
     groups: Mapping[str, Any] | None
     staleness_bound: bool  # a staleness bound holds groups back (see `steering`)
@@ -127,7 +127,7 @@ class RunStatistics:
             self.rows_per_s,
             self.elapsed_s,
             self.oldest,
-            self.held_by_limits,
+            self.waiting_on_rate_limits,
             self.steering.paused,
         )
 
@@ -161,7 +161,7 @@ def statistics_of(
     results = {agent: means if fresh else _copy(means) for agent, means in by_agent.items()}
     spending = metrics.spending
     windows = {_label(agent.name): agent.window for agent in agents if agent.window is not None}
-    limits = {_label(agent.name): agent.limits or agent.former_limits for agent in agents}
+    limits = {_label(agent.name): agent.rate_limits or agent.former_rate_limits for agent in agents}
     rate_limits = {label: limits for label, limits in limits.items() if limits is not None}
     return RunStatistics(
         connected=engine is not None,
@@ -185,8 +185,8 @@ def statistics_of(
         rows_per_s=metrics.rate(),
         tokens_per_s=metrics.tokens_per_s(),
         reward_mean=_mean_over(results.values(), "reward"),
-        held_by_limits=sum(limits.waiting for limits in rate_limits.values()),
-        window=sum(window.limit for window in windows.values()) if windows else None,
+        waiting_on_rate_limits=sum(limits.waiting for limits in rate_limits.values()),
+        window=sum(window.size for window in windows.values()) if windows else None,
         spending=spending.figures() if spending is not None else None,
         cost_usd=spending.total if spending is not None else None,
         latency=metrics.latency.copy(),
@@ -289,13 +289,13 @@ def _add_agents(add: Any, tally: dict[str, dict[str, Any]], agents: list[Agent],
     bound on each one's requests out (agents that share a label: the greatest)."""
     for agent in agents:
         if agent.window is not None:
-            add(agent.name, "window", agent.window.limit)
-        limits = agent.limits or agent.former_limits
+            add(agent.name, "window", agent.window.size)
+        limits = agent.rate_limits or agent.former_rate_limits
         if limits is not None:
-            add(agent.name, "held_by_rate_limit", limits.waiting)
+            add(agent.name, "waiting_on_rate_limits", limits.waiting)
             add(agent.name, "rate_limit_wait_s", limits.waited_s)
         if concurrency is not None:
-            bound = min(agent.window.limit, concurrency) if agent.window is not None else concurrency
+            bound = min(agent.window.size, concurrency) if agent.window is not None else concurrency
             figures = tally[_label(agent.name)]
             figures["concurrency_limit"] = max(bound, figures.get("concurrency_limit", 0))
 

@@ -191,9 +191,9 @@ class StalenessGate:
         self._passed_over = 0  # groups that closed without being handed out to train on
         self._waiting: Counter[int] = Counter()  # rows waiting, by their group's number
         self._moved = trio.Event()
-        steering.on_version(self._limit_raised)
+        steering.on_version(self._allowance_raised)
 
-    def limit(self) -> int:
+    def groups_allowed(self) -> int:
         """How many groups may be sent under the current version."""
         version = self._steering.version
         assert version is not None
@@ -217,18 +217,18 @@ class StalenessGate:
         self._numbered.remove(key)
         if not trained_on:
             self._passed_over += 1
-            self._limit_raised()
+            self._allowance_raised()
 
     def admits_now(self, job: Job) -> int | None:
         """None if `job`'s group may be sent now, else its group's number (for `admit`)."""
         number = self._number(job)
-        return None if number < self.limit() else number
+        return None if number < self.groups_allowed() else number
 
     async def admit(self, number: int) -> None:
         """Wait until group `number` may be sent."""
         self._waiting[number] += 1
         try:
-            while number >= self.limit():
+            while number >= self.groups_allowed():
                 await self._moved.wait()
         finally:
             self._waiting[number] -= 1
@@ -237,16 +237,16 @@ class StalenessGate:
 
     @property
     def groups_admitted(self) -> int:
-        return min(self._groups_seen, self.limit())
+        return min(self._groups_seen, self.groups_allowed())
 
     @property
-    def rows_held(self) -> int:
+    def rows_waiting(self) -> int:
         return sum(self._waiting.values())
 
     @property
-    def groups_held(self) -> int:
+    def groups_waiting(self) -> int:
         return len(self._waiting)
 
-    def _limit_raised(self) -> None:
+    def _allowance_raised(self) -> None:
         moved, self._moved = self._moved, trio.Event()
         moved.set()

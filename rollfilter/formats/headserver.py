@@ -37,9 +37,9 @@ class HeadServerAgents:
     urls: dict[str, str]
     incomplete: frozenset[str]
 
-    def describe_known(self, limit: int = 20) -> str:
+    def describe_known(self, at_most: int = 20) -> str:
         names = sorted(self.urls)
-        shown = ", ".join(names[:limit]) + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+        shown = ", ".join(names[:at_most]) + (f", ... ({len(names)} in all)" if len(names) > at_most else "")
         return shown or "none"
 
 

@@ -8,7 +8,7 @@
     origin.py           `Origin`: the pool's key and the boundary of credentials
     headers.py          the headers every request carries, and Basic auth from a URL
     tls.py              the TLS context (a CA file loaded once), and what a failed certificate check says
-    limits.py           the open-file limit, and the connections that fit under it
+    bounds.py           the open-file limit and the connections that fit under it; the bound on replies
     errors.py           the errors raised: httpx's, with `BadReply`, `CertificateError` and `KeptAliveLost`;
                         `CaFileError`
     testing.py          `ScriptedTransport`: replies from a function of a test's, no socket (httpx's MockTransport)
@@ -16,7 +16,7 @@
 Text in its errors and warnings (a server's words, a URL's host) is as it came: the caller
 escapes it before printing it.
 
-Names are imported on first use: the command's options take the reply bound from `limits`
+Names are imported on first use: the command's options take the reply bound from `bounds`
 before it knows whether it will run, and that loads neither httpx nor the parser.
 """
 
@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rollfilter.http.agent_transport import AgentTransport, open_transport
+    from rollfilter.http.bounds import DEFAULT_MAX_REPLY_BYTES, connections_that_fit, raise_open_file_limit
     from rollfilter.http.connection import BodyChunks
     from rollfilter.http.errors import BadReply, CaFileError, CertificateError, KeptAliveLost
     from rollfilter.http.framing import Framing, Reply, body_framing
-    from rollfilter.http.limits import DEFAULT_MAX_REPLY_BYTES, connections_that_fit, raise_open_file_limit
     from rollfilter.http.origin import Origin, origin_of
     from rollfilter.http.pool import HTTP11Transport
     from rollfilter.http.proxy import ProxyTransport
@@ -43,12 +43,12 @@ _EXPORTS = {
     "CaFileError": "rollfilter.http.errors",
     "CertificateError": "rollfilter.http.errors",
     "KeptAliveLost": "rollfilter.http.errors",
-    "DEFAULT_MAX_REPLY_BYTES": "rollfilter.http.limits",
+    "DEFAULT_MAX_REPLY_BYTES": "rollfilter.http.bounds",
     "Framing": "rollfilter.http.framing",
     "Reply": "rollfilter.http.framing",
     "body_framing": "rollfilter.http.framing",
-    "connections_that_fit": "rollfilter.http.limits",
-    "raise_open_file_limit": "rollfilter.http.limits",
+    "connections_that_fit": "rollfilter.http.bounds",
+    "raise_open_file_limit": "rollfilter.http.bounds",
     "Origin": "rollfilter.http.origin",
     "origin_of": "rollfilter.http.origin",
     "HTTP11Transport": "rollfilter.http.pool",

@@ -9,9 +9,9 @@ from typing import Protocol
 
 import httpx
 
+from rollfilter.http.bounds import DEFAULT_MAX_REPLY_BYTES
 from rollfilter.http.connection import BodyChunks
 from rollfilter.http.framing import Reply
-from rollfilter.http.limits import DEFAULT_MAX_REPLY_BYTES
 from rollfilter.http.pool import HTTP11Transport
 from rollfilter.http.proxy import ProxyTransport
 

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 
 import httptools
 
+from rollfilter.http.bounds import DEFAULT_MAX_REPLY_BYTES
 from rollfilter.http.errors import BadReply
-from rollfilter.http.limits import DEFAULT_MAX_REPLY_BYTES
 
 MAX_HEAD_BYTES = 64 * 1024  # a reply's status line and headers; more is refused as a bad reply
 HEAD_TOO_LARGE = f"the reply's header block is over {MAX_HEAD_BYTES // 1024} KiB"

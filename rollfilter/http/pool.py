@@ -32,11 +32,11 @@ from collections.abc import Callable, Sequence
 import httpx
 import trio
 
+from rollfilter.http.bounds import DEFAULT_MAX_REPLY_BYTES
 from rollfilter.http.connection import BodyChunks, Connection, Lost, OutOfFiles, open_tcp
 from rollfilter.http.errors import CertificateError, KeptAliveLost, reason
 from rollfilter.http.framing import Reply, decode_body
 from rollfilter.http.headers import RESERVED_HEADERS, authorization_for, header_lines
-from rollfilter.http.limits import DEFAULT_MAX_REPLY_BYTES
 from rollfilter.http.origin import Origin, origin_of
 from rollfilter.http.tls import certificate_failure, tls_context
 

@@ -7,11 +7,11 @@ from collections.abc import AsyncIterator, Sequence
 
 import httpx
 
+from rollfilter.http.bounds import DEFAULT_MAX_REPLY_BYTES
 from rollfilter.http.connection import BodyChunks
 from rollfilter.http.errors import BadReply, CertificateError
 from rollfilter.http.framing import Reply, body_too_large
 from rollfilter.http.headers import RESERVED_HEADERS, authorization_for
-from rollfilter.http.limits import DEFAULT_MAX_REPLY_BYTES
 from rollfilter.http.tls import certificate_failure, tls_context
 
 

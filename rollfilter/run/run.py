@@ -32,9 +32,9 @@ from rollfilter.engine.adaptive import AdaptiveWindow
 from rollfilter.engine.client import AgentClient, JobClient
 from rollfilter.engine.groups import ClosedGroup, GroupStage, Member, trained_on
 from rollfilter.engine.metrics import UNNAMED_AGENT, Metrics
-from rollfilter.engine.nursery import Engine, RunControl, StopCause, describe, internal_error_event, reward_of
+from rollfilter.engine.nursery import Engine, StopCause, StopControl, describe, internal_error_event, reward_of
 from rollfilter.engine.plan import Job, JobSource, LineSource, Planner
-from rollfilter.engine.rate_limits import AgentLimits, SendSlots
+from rollfilter.engine.rate_limits import RateLimits, SendSlots
 from rollfilter.engine.routing import Router
 from rollfilter.engine.sinks import RowSink
 from rollfilter.engine.statistics import RunStatistics, statistics_of, summary_of
@@ -71,7 +71,7 @@ COUNTED_AFTER = frozenset({StopCause.TARGET_REACHED, StopCause.AGENT_UNREACHABLE
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class RunWarning:
+class ConfigWarning:
     """Something in a run's config that its rows showed to be of no use: `field`, the Config
     field, and `key`, the entry of it, said by `problem`. The run goes on; its caller says it."""
 
@@ -112,7 +112,7 @@ class Run:
         *,
         source: LineSource | None = None,
         sink: RowSink | None = None,
-        control: RunControl | None = None,
+        control: StopControl | None = None,
         resume: ResumeState | None = None,
         tls: ssl.SSLContext | None = None,
         on_task: Callable[[dict[str, Any]], None] | None = None,
@@ -124,7 +124,7 @@ class Run:
         stop_when_unreachable: bool = False,
     ) -> None:
         self.config = config
-        self.control = control if control is not None else RunControl()
+        self.control = control if control is not None else StopControl()
         self.metrics = Metrics()
         if config.prices:
             self.metrics.spending = Spending(config.prices)
@@ -375,13 +375,13 @@ class Run:
             with scope:
                 self.expected = await count_rollouts(again, self.config)
 
-    def warnings(self) -> list[RunWarning]:
+    def warnings(self) -> list[ConfigWarning]:
         """What the rows showed to be of no use in the config, once the run has ended: each agent
         given a repeat count that no row named (none when the run was stopped before its end)."""
         if self.engine is None or self.control.stopped_early:
             return []
         unnamed = sorted(set(self.config.repeats_by_agent) - self.engine.planner.agents_seen)
-        return [RunWarning("repeats_by_agent", name, f"no row named agent {name!r}") for name in unnamed]
+        return [ConfigWarning("repeats_by_agent", name, f"no row named agent {name!r}") for name in unnamed]
 
     def set_concurrency(self, concurrency: int) -> None:
         """Bound the requests out at once by `concurrency` from now on (with adaptive windows,
@@ -412,15 +412,15 @@ class Run:
         except LookupError:
             raise SteeringError(f"the run has no agent {agent!r}") from None
         for target in targets:
-            limits = target.limits
+            limits = target.rate_limits
             new_rpm = (limits.rpm if limits is not None else None) if rpm is KEEP else rpm
             new_tpm = (limits.tpm if limits is not None else None) if tpm is KEEP else tpm
             if limits is not None:
                 limits.set(new_rpm, new_tpm)  # the requests waiting on them look again
                 if new_rpm is None and new_tpm is None:  # a plain path again (its figures stay in the summary)
-                    target.limits, target.former_limits = None, limits
+                    target.rate_limits, target.former_rate_limits = None, limits
             elif new_rpm is not None or new_tpm is not None:
-                target.limits, target.former_limits = AgentLimits(new_rpm, new_tpm), None
+                target.rate_limits, target.former_rate_limits = RateLimits(new_rpm, new_tpm), None
 
     def set_policy_version(self, version: int) -> None:
         """The policy version the agents serve from now on (see `Steering.set_version`)."""
@@ -448,10 +448,10 @@ class Run:
         windows: dict[str, int] = {}
         for agent in self.router.agents_named(None) if self.router is not None else ():
             label = agent.name if agent.name is not None else UNNAMED_AGENT
-            if agent.limits is not None:
-                rates[label] = {"rpm": agent.limits.rpm, "tpm": agent.limits.tpm}
+            if agent.rate_limits is not None:
+                rates[label] = {"rpm": agent.rate_limits.rpm, "tpm": agent.rate_limits.tpm}
             if agent.window is not None:
-                windows[label] = agent.window.limit
+                windows[label] = agent.window.size
         staleness = self.staleness
         return SteeringStatistics(
             paused=self.steering.paused,
@@ -461,8 +461,8 @@ class Run:
             rates=rates,
             policy_version=self.steering.version,
             groups_admitted=staleness.groups_admitted if staleness is not None else 0,
-            groups_held_by_staleness=staleness.groups_held if staleness is not None else 0,
-            rows_held_by_staleness=staleness.rows_held if staleness is not None else 0,
+            groups_held_by_staleness=staleness.groups_waiting if staleness is not None else 0,
+            rows_held_by_staleness=staleness.rows_waiting if staleness is not None else 0,
         )
 
     def add_earlier_result(self, result: dict[str, Any]) -> None:

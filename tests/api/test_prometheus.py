@@ -11,8 +11,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rollfilter import Config, open_rollouts
-from rollfilter.api.in_trio import RolloutRun, RunFigures, open_rollouts_in_trio
-from rollfilter.api.prometheus import OUTCOMES, RunCollector, exposition, families, register
+from rollfilter.api.in_trio import LiveFigures, RolloutRun, open_rollouts_in_trio
+from rollfilter.api.prometheus import OUTCOMES, PrometheusCollector, exposition, families, register
 from rollfilter.config import Retries
 from rollfilter.demo import DemoAgent, serve
 from rollfilter.engine.routing import Router
@@ -34,7 +34,7 @@ def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 def registry_of(run: Run) -> CollectorRegistry:
     registry = CollectorRegistry()
-    registry.register(RunCollector(RunFigures(run, None, threading.get_ident())))  # type: ignore[arg-type]
+    registry.register(PrometheusCollector(LiveFigures(run, None, threading.get_ident())))  # type: ignore[arg-type]
     return registry
 
 
@@ -81,14 +81,14 @@ def _price():  # type: ignore[no-untyped-def]
 
 def test_describe_names_the_metrics_without_reading_a_figure():
     run = Run(Config(url="http://127.0.0.1:9/run"))
-    collector = RunCollector(RunFigures(run, None, threading.get_ident()))  # type: ignore[arg-type]
+    collector = PrometheusCollector(LiveFigures(run, None, threading.get_ident()))  # type: ignore[arg-type]
     names = {family.name for family in collector.describe()}
     assert {"rollfilter_rollouts", "rollfilter_rollout_duration_seconds", "rollfilter_reward_mean"} <= names
     assert all(not family.samples for family in collector.describe())
     registry = CollectorRegistry()
     registry.register(collector)
     with pytest.raises(ValueError, match="Duplicated timeseries"):  # one run a registry
-        registry.register(RunCollector(RunFigures(run, None, threading.get_ident())))  # type: ignore[arg-type]
+        registry.register(PrometheusCollector(LiveFigures(run, None, threading.get_ident())))  # type: ignore[arg-type]
 
 
 def weather_rows() -> list[dict]:
@@ -154,7 +154,7 @@ async def test_requests_held_by_a_rate_limit_and_the_seconds_they_waited(autojum
     run = Run(Config(url="http://127.0.0.1:9/run", endpoints={"a": ("http://127.0.0.1:9/run",)}, rpm=60))
     run.router = Router(run.config)  # the agents own their limits: a run's router makes them
     (agent,) = run.router.agents_named("a")
-    limits = agent.limits
+    limits = agent.rate_limits
     assert limits is not None
 
     def figures() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -268,7 +268,7 @@ def test_a_rollout_that_ends_after_a_retry_counts_both_attempts():
 
 
 async def test_the_python_api_gives_the_same_status(agent: RecordingAgent):
-    agent.hold_after(1, held=3)
+    agent.hold_after(1, waiting=3)
     rows = [{"id": i, "responses_create_params": {"input": "q"}} for i in range(4)]
     async with open_rollouts(rows, Config(url=agent.run_url, agent="agent", concurrency=4)) as run:
         first = await run.__anext__()

@@ -12,14 +12,14 @@ from rollfilter.engine.statistics import statistics_of
 
 def test_the_status_block_says_what_the_snapshot_says():
     taken = statistics_of(Metrics())
-    oldest = (InFlight("rows.jsonl", 3, 7, 0, "a", attempt=2, age_s=12.5, held=True),)
+    oldest = (InFlight("rows.jsonl", 3, 7, 0, "a", attempt=2, age_s=12.5, waiting=True),)
     shown = dataclasses.replace(
         taken,
         connected=True,
         succeeded=40,
         failed=2,
         in_flight=5,
-        held_by_limits=3,
+        waiting_on_rate_limits=3,
         rows_per_s=1.5,
         elapsed_s=30.0,
         oldest=oldest,

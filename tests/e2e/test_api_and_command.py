@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from rollfilter import Config, open_rollouts, rollouts
-from rollfilter.api.in_trio import RunResults
+from rollfilter.api.in_trio import FinalReport
 from tests.conftest import DemoServer, invoke, rows_jsonl, summary_of
 from tests.e2e.test_groups import K, group_rows
 
@@ -77,14 +77,14 @@ def _through_the_command(case: Case, rows: Path, url: str) -> tuple[dict[str, An
 def _through_the_api(case: Case, rows: list[dict[str, Any]], url: str, loop: str) -> tuple[dict[str, Any], list[str]]:
     """The run through `rollouts()` from this thread, or `open_rollouts` under asyncio or trio."""
     config = Config(url=url, concurrency=1, **case.config)
-    results: RunResults
+    results: FinalReport
     if loop == "thread":
         results = rollouts(rows, config)
         for _ in results:
             pass
     else:
 
-        async def collect() -> RunResults:
+        async def collect() -> FinalReport:
             async with open_rollouts(rows, config) as run:
                 async for _ in run:
                     pass

@@ -24,10 +24,10 @@ from tests.conftest import (
 
 
 class CountingAgent(ThreadedHTTPServer):
-    """An agent that answers each /run after `delay` seconds and counts the most it held at once."""
+    """An agent that answers each /run after `delay` seconds and counts the most it had in flight at once."""
 
     def __init__(self, delay: float) -> None:
-        self.held = self.most_held = 0
+        self.in_flight = self.most_in_flight = 0
         lock = threading.Lock()
         agent = self
 
@@ -37,11 +37,11 @@ class CountingAgent(ThreadedHTTPServer):
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers["Content-Length"]))
                 with lock:
-                    agent.held += 1
-                    agent.most_held = max(agent.most_held, agent.held)
+                    agent.in_flight += 1
+                    agent.most_in_flight = max(agent.most_in_flight, agent.in_flight)
                 time.sleep(delay)
                 with lock:
-                    agent.held -= 1
+                    agent.in_flight -= 1
                 self.send_json(200, b'{"reward": 1.0}')
 
         super().__init__(Handler)
@@ -81,7 +81,7 @@ def test_rollfilter_concurrency_bounds_the_rows_in_flight():
     with serving(CountingAgent(delay=0.2)) as agent:
         proc = run(["-u", agent.url], input=rows_jsonl(simple_rows(12)), env=clean_env(ROLLFILTER_CONCURRENCY="3"))
     assert proc.returncode == 0, proc.stderr
-    assert agent.most_held == 3
+    assert agent.most_in_flight == 3
 
 
 def test_rollfilter_retries_sets_the_retries(demo_server: DemoServer):

@@ -176,7 +176,7 @@ def test_the_progress_file_counts_finished_rollouts(tmp_path: Path, agent: Recor
 
 def test_the_progress_file_says_how_far_a_run_is_while_it_goes(tmp_path: Path, agent: RecordingAgent):
     progress = tmp_path / "progress"
-    agent.hold_after(5, held=3)  # five answered, the other three wait
+    agent.hold_after(5, waiting=3)  # five answered, the other three wait
     proc = start(["-u", agent.run_url, "-q", "-j", "3", "--progress-file", str(progress)], stdin=subprocess.PIPE)
     assert proc.stdin is not None
     proc.stdin.write("".join(input_lines(8)).encode())
@@ -243,7 +243,7 @@ def test_expected_pairs_add_up_when_a_run_is_stopped_mid_way(tmp_path: Path, age
     data = tmp_path / "in.jsonl"
     data.write_text("".join(lines))
     out = tmp_path / "OUT.jsonl"
-    agent.hold_after(3, held=4, drop=True)  # 3 answered, 4 in flight when the run is stopped
+    agent.hold_after(3, waiting=4, drop=True)  # 3 answered, 4 in flight when the run is stopped
     proc = start(gym_args(agent, out, str(data)))
     try:
         assert agent.answered.wait(SUBPROCESS_TIMEOUT)

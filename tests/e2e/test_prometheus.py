@@ -57,7 +57,7 @@ def scrape(port: int) -> str:
 def test_scraped_mid_run_the_counts_agree_with_the_results_written(tmp_path: Path, agent: RecordingAgent):
     data = tmp_path / "in.jsonl"
     data.write_text("".join(json.dumps({"id": i, "responses_create_params": {"input": "q"}}) + "\n" for i in range(8)))
-    agent.hold_after(2, held=6)  # two answered, the other six wait in flight
+    agent.hold_after(2, waiting=6)  # two answered, the other six wait in flight
     port = free_port()
     out = tmp_path / "out.jsonl"
     proc = start(

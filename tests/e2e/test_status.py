@@ -13,7 +13,7 @@ from tests.servers.recording_agent import RecordingAgent
 def test_sigusr1_prints_a_status_block_and_changes_nothing_else(tmp_path: Path, agent: RecordingAgent):
     data = tmp_path / "in.jsonl"
     data.write_text("".join(json.dumps({"id": i, "responses_create_params": {"input": "q"}}) + "\n" for i in range(8)))
-    agent.hold_after(2, held=6)  # two answered, the other six wait in flight
+    agent.hold_after(2, waiting=6)  # two answered, the other six wait in flight
     proc = start(["-u", agent.run_url, "-a", "agent", "-j", "6", "-r", "1", str(data)])
     assert proc.stderr is not None
     stderr = lines_of(proc.stderr)

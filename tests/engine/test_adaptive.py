@@ -67,7 +67,7 @@ class Run:
             assert self.watch is not None
             while True:
                 await trio.sleep(0.5)
-                self.watch(trio.current_time() - started, self.window.limit)
+                self.watch(trio.current_time() - started, self.window.size)
 
         started = trio.current_time()
         async with trio.open_nursery() as outer:
@@ -234,10 +234,10 @@ def test_neutral_failures_leave_the_window_alone_and_changes_are_reported():
         window = AdaptiveWindow(64, initial=8, on_change=lambda old, new: changes.append((old, new)))
         for _ in range(5):
             window.release(await window.acquire(), Signal.NEUTRAL, 0.1)
-        assert window.limit == 8
+        assert window.size == 8
         tickets = [await window.acquire() for _ in range(8)]  # a full window in flight; one is refused
         window.release(tickets.pop(), Signal.OVERLOAD, 0.01)
-        assert window.limit == 7  # cut below what was in flight (90% of 8)
+        assert window.size == 7  # cut below what was in flight (90% of 8)
 
     virtual_scenario(scenario)
     assert changes == [(8, 7)]
@@ -253,7 +253,7 @@ def test_the_window_never_passes_its_ceiling_or_lets_more_in():
             for _ in range(20):
                 ticket = await window.acquire()
                 most = max(most, window.in_flight)
-                assert window.in_flight <= window.limit <= 5
+                assert window.in_flight <= window.size <= 5
                 await trio.sleep(0.01)
                 window.release(ticket, Signal.KEPT_UP, 0.01)
 

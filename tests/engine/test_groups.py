@@ -1,4 +1,4 @@
-"""groups.py: a task's rollouts held until the group ends, then kept or dropped whole."""
+"""groups.py: a task's rollouts gathered until the group ends, then kept or dropped whole."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def stage(
 
 
 def plan(task: int, rollouts: range, **earlier: Any) -> GroupPlan:
-    fields = {"held": {}, "done": 0, "dropped": 0, "given_up": 0, **earlier}
+    fields = {"carried": {}, "done": 0, "dropped": 0, "given_up": 0, **earlier}
     return GroupPlan(task, rollouts.start, tuple(rollouts), **fields)
 
 

@@ -60,15 +60,15 @@ def test_an_answer_after_a_retry_counts_both_attempts(busy_once: tuple[str, dict
 async def test_why_a_run_stopped_is_its_reason_else_its_cause_else_the_callers_leaving():
     """One wording for the command and the API: the stop's reason, the cause's words without one,
     the caller's leaving for a run cancelled with no cause, and None for a run not stopped."""
-    from rollfilter.engine.nursery import RunControl, StopCause
+    from rollfilter.engine.nursery import StopCause, StopControl
 
-    assert RunControl().why_stopped is None
-    interrupted = RunControl()
+    assert StopControl().why_stopped is None
+    interrupted = StopControl()
     interrupted.stop(StopCause.INTERRUPTED)
     assert interrupted.why_stopped == "interrupted"
-    limited = RunControl()
+    limited = StopControl()
     limited.stop(StopCause.LIMIT_REACHED, lambda: "stopped after 2 failed rows (the limit: 2)")
     assert limited.why_stopped == "stopped after 2 failed rows (the limit: 2)"
-    left = RunControl()
+    left = StopControl()
     left.cancel()
     assert left.why_stopped == "stopped early by the caller"

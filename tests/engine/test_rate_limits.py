@@ -9,7 +9,7 @@ import trio
 import trio.testing
 
 from rollfilter.config import Config, ConfigError
-from rollfilter.engine.rate_limits import AgentLimits, usage_tokens
+from rollfilter.engine.rate_limits import RateLimits, usage_tokens
 
 
 def most_in_a_window(times: list[float], seconds: float) -> int:
@@ -24,7 +24,7 @@ def most_in_a_window(times: list[float], seconds: float) -> int:
 
 
 async def test_requests_a_minute_are_paced_with_a_small_burst(autojump_clock: trio.testing.MockClock):
-    limits = AgentLimits(3000, None)
+    limits = RateLimits(3000, None)
     arrivals: list[float] = []
 
     async def request() -> None:
@@ -43,7 +43,7 @@ async def test_requests_a_minute_are_paced_with_a_small_burst(autojump_clock: tr
 async def test_tokens_are_charged_by_the_mean_so_far_and_the_first_request_goes_alone(
     autojump_clock: trio.testing.MockClock,
 ):
-    limits = AgentLimits(None, 600_000)  # 10,000 tokens a second
+    limits = RateLimits(None, 600_000)  # 10,000 tokens a second
     answer = {"response": {"usage": {"total_tokens": 1000}}, "reward": 1.0}
     sent: list[float] = []
 
@@ -51,7 +51,7 @@ async def test_tokens_are_charged_by_the_mean_so_far_and_the_first_request_goes_
         charged = await limits.acquire()
         sent.append(trio.current_time())
         await trio.sleep(0.5)  # the episode
-        limits.settle(charged, answer)
+        limits.correct_charge(charged, answer)
 
     async with trio.open_nursery() as nursery:
         for _ in range(300):
@@ -64,13 +64,13 @@ async def test_tokens_are_charged_by_the_mean_so_far_and_the_first_request_goes_
 
 
 async def test_a_reply_without_usage_is_charged_the_estimate_and_counted(autojump_clock: trio.testing.MockClock):
-    limits = AgentLimits(60, 60_000)
+    limits = RateLimits(60, 60_000)
     first = await limits.acquire()
-    limits.settle(first, {"response": {"usage": {"input_tokens": 300, "output_tokens": 100}}})
+    limits.correct_charge(first, {"response": {"usage": {"input_tokens": 300, "output_tokens": 100}}})
     charged = await limits.acquire()
     assert charged == 400
-    limits.settle(charged, {"reward": 1.0})  # no usage
-    limits.settle(await limits.acquire(), None)  # no answer at all: not a reply
+    limits.correct_charge(charged, {"reward": 1.0})  # no usage
+    limits.correct_charge(await limits.acquire(), None)  # no answer at all: not a reply
     figures = limits.figures()
     assert figures["replies_without_usage"] == 1
     assert figures["tokens_a_reply"] == 400
@@ -87,14 +87,14 @@ def test_usage_tokens_reads_the_total_or_its_parts():
 
 
 async def test_until_a_reply_tells_the_tokens_requests_go_one_at_a_time(autojump_clock: trio.testing.MockClock):
-    limits = AgentLimits(None, 600_000)
+    limits = RateLimits(None, 600_000)
     sent: list[float] = []
 
     async def row(answer: dict | None) -> None:
         charged = await limits.acquire()
         sent.append(trio.current_time())
         await trio.sleep(1.0)  # the episode
-        limits.settle(charged, answer)
+        limits.correct_charge(charged, answer)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(row, {"reward": 1.0})  # no usage
@@ -114,9 +114,9 @@ async def test_until_a_reply_tells_the_tokens_requests_go_one_at_a_time(autojump
 async def test_a_reply_claiming_absurd_usage_holds_the_agent_back_a_minute_at_most(
     autojump_clock: trio.testing.MockClock, reported: int
 ):
-    limits = AgentLimits(None, 600_000)
+    limits = RateLimits(None, 600_000)
     charged = await limits.acquire()
-    limits.settle(charged, {"response": {"usage": {"total_tokens": reported}}})  # no OverflowError
+    limits.correct_charge(charged, {"response": {"usage": {"total_tokens": reported}}})  # no OverflowError
     assert limits.estimate == 600_000
     start = trio.current_time()
     await limits.acquire()
@@ -125,12 +125,12 @@ async def test_a_reply_claiming_absurd_usage_holds_the_agent_back_a_minute_at_mo
 
 
 async def test_a_limit_that_does_not_bind_waits_for_nothing(autojump_clock: trio.testing.MockClock):
-    limits = AgentLimits(1e300, None)
+    limits = RateLimits(1e300, None)
 
-    async def held(*_: object) -> float:
-        raise AssertionError("a request its limit lets go took the way of a held one (the lock)")
+    async def in_turn(*_: object) -> float:
+        raise AssertionError("a request its limit lets go took the way of one that waits (the lock)")
 
-    limits._acquire_held = held  # type: ignore[method-assign]
+    limits._acquire_in_turn = in_turn  # type: ignore[method-assign]
     async with trio.open_nursery() as nursery:
         for _ in range(1000):
             nursery.start_soon(limits.acquire)
@@ -139,7 +139,7 @@ async def test_a_limit_that_does_not_bind_waits_for_nothing(autojump_clock: trio
 
 
 async def test_the_seconds_waited_count_a_wait_cut_short(autojump_clock: trio.testing.MockClock):
-    limits = AgentLimits(60, None)
+    limits = RateLimits(60, None)
     await limits.acquire()
     with trio.move_on_after(0.5):
         await limits.acquire()  # its turn was 1 s away: cancelled after half of it

@@ -172,9 +172,9 @@ async def test_a_lower_concurrency_lets_the_excess_finish_and_a_higher_one_sends
 def test_a_new_ceiling_brings_an_adaptive_window_down_at_once():
     window = AdaptiveWindow(16, initial=8)
     window.set_ceiling(3)
-    assert window.limit == 3
+    assert window.size == 3
     window.set_ceiling(32)
-    assert window.limit == 3  # it grows toward a higher ceiling as it finds room, not at once
+    assert window.size == 3  # it grows toward a higher ceiling as it finds room, not at once
     assert window.ceiling == 32
 
 

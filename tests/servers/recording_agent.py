@@ -34,8 +34,8 @@ class RecordingAgent(ThreadedHTTPServer):
         self.answers_left: int | None = None
         self.answered = threading.Event()
         self.release = threading.Event()
-        self.drop_held = False
-        self.held = 0  # requests waiting for `release`
+        self.drop_waiting = False
+        self.waiting = 0  # requests waiting for `release`
         self.hold_target = 1  # `answered` is set once this many wait
         agent = self
 
@@ -47,15 +47,15 @@ class RecordingAgent(ThreadedHTTPServer):
                         wait = agent.answers_left is not None and agent.answers_left <= 0
                         if agent.answers_left is not None and not wait:
                             agent.answers_left -= 1
-                        if not (wait and agent.drop_held):
+                        if not (wait and agent.drop_waiting):
                             agent.raw_bodies.append(body)
                     if wait:
                         with agent._lock:
-                            agent.held += 1
-                            if agent.held >= agent.hold_target:
+                            agent.waiting += 1
+                            if agent.waiting >= agent.hold_target:
                                 agent.answered.set()
                         agent.release.wait(timeout=60)
-                        if agent.drop_held:  # its client is gone: answer nothing, record nothing
+                        if agent.drop_waiting:  # its client is gone: answer nothing, record nothing
                             self.close_connection = True
                             return
                     self.send_json(200, json.dumps(agent.run(json.loads(body))).encode())
@@ -68,14 +68,14 @@ class RecordingAgent(ThreadedHTTPServer):
         super().__init__(Handler)
         self.run_url = self.url + "/run"
 
-    def hold_after(self, answers: int, *, drop: bool = False, held: int = 1) -> None:
+    def hold_after(self, answers: int, *, drop: bool = False, waiting: int = 1) -> None:
         """Answer `answers` /run requests, then hold every other until `release` is set (and
         then answer it, or with `drop` close its connection unanswered and unrecorded);
-        `answered` is set once `held` requests wait."""
+        `answered` is set once `waiting` requests wait."""
         self.answers_left = answers
-        self.drop_held = drop
-        self.held = 0
-        self.hold_target = held
+        self.drop_waiting = drop
+        self.waiting = 0
+        self.hold_target = waiting
         self.answered.clear()
         self.release.clear()
 

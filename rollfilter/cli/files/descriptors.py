@@ -23,10 +23,10 @@ def hold_closed_streams() -> None:
         try:
             os.fstat(fd)
         except OSError:
-            held = os.open(os.devnull, flags)
-            if held != fd:
-                os.dup2(held, fd)
-                os.close(held)
+            stand_in = os.open(os.devnull, flags)
+            if stand_in != fd:
+                os.dup2(stand_in, fd)
+                os.close(stand_in)
 
 
 def started_without(path: str) -> int | None:

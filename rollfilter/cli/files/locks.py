@@ -31,7 +31,7 @@ LOCAL_ONLY = ("local_lock=all", "local_lock=flock", "localflock")
 ATTEMPTS = 10  # a path replaced this many times while it was being locked is given up on
 
 
-class Held(Exception):
+class LockTaken(Exception):
     """Another process holds the lock; `holders` are their process IDs, as /proc/locks tells them."""
 
     def __init__(self, holders: list[int]) -> None:
@@ -60,7 +60,7 @@ def open_locked(
     mode: int = 0o666,
 ) -> Locked | None:
     """Open (creating, unless not `create`, with `mode` less the umask) `path` with `flags` and,
-    with `locking`, lock it at once if it is a regular file; Held when another process has it.
+    with `locking`, lock it at once if it is a regular file; LockTaken when another process has it.
     None when `path` is not there and not to be created; OSError when it cannot be opened."""
     for _ in range(ATTEMPTS):
         if not create and not os.path.exists(path):
@@ -92,8 +92,8 @@ def _open_existing(path: str, flags: int) -> tuple[int, bool] | None:
         return None
 
 
-def lock_held(fd: int) -> None:
-    """Lock a file this process made and no other opened yet (it cannot be held): for as long
+def lock_new_file(fd: int) -> None:
+    """Lock a file this process made and no other opened yet (none can have it): for as long
     as a duplicate of `fd` stays open."""
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
@@ -116,7 +116,7 @@ def _lock(fd: int, shared: bool, lock: Callable[[int, int], None]) -> str | None
     try:
         lock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise Held(lock_holders(fd)) from None
+        raise LockTaken(lock_holders(fd)) from None
     except OSError as exc:
         if exc.errno in NO_LOCKS:
             return "its file system keeps no locks (NFS without its lock daemon?): other runs are not kept out"

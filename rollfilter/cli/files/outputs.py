@@ -12,7 +12,7 @@ other. Only /dev/null may be shared: what goes there is thrown away on purpose.
 Each file is a row of one table, `OUTPUTS`: the option that names it, whether lines are appended
 to it or it is written whole, whether it is locked, must be empty, may be a pipe. The checks, the
 opening, the locking and the messages all read it, and the files opened come back by name
-(`RunFiles`, keyed by `OutputKey`).
+(`OpenedOutputs`, keyed by `OutputKey`).
 """
 
 from __future__ import annotations
@@ -110,8 +110,8 @@ def output_paths(command: CommandConfig) -> list[tuple[Output, str]]:
 SAME_FILE = "two outputs cannot be one file"
 
 
-class RunOutputs:
-    """The outputs of one command-line run (see the module's docstring); `check` refuses, with one
+class NamedOutputs:
+    """The outputs a command-line run names (see the module's docstring); `check` refuses, with one
     line naming both, two that are one file, an output that is an input, and an output named as a
     run record is, all before any file is opened."""
 
@@ -125,7 +125,7 @@ class RunOutputs:
         self.streams = [("standard output", streams.stdout)] * carries_stdout + [("standard error", streams.stderr)]
 
     @classmethod
-    def standard_streams(cls, command: CommandConfig, streams: Environment) -> RunOutputs:
+    def standard_streams(cls, command: CommandConfig, streams: Environment) -> NamedOutputs:
         """The outputs of a run that writes no file (--dry-run): standard output and standard error."""
         outputs = cls(command, streams)
         outputs.files, outputs.record = [], None
@@ -273,8 +273,8 @@ class OutputFiles(contextlib.ExitStack):
         try:
             self.make_folders(path)
             opened = locks.open_locked(path, APPEND_FLAGS, shared=lock == "shared", locking=lock is not None, mode=mode)
-        except locks.Held as held:
-            raise in_use(f"{option} {path}", held.holders) from None
+        except locks.LockTaken as taken:
+            raise in_use(f"{option} {path}", taken.holders) from None
         except OSError as exc:
             raise UsageError(f"cannot write {option} {path}: {exc.strerror or exc}") from None
         assert opened is not None, "made when not there"
@@ -320,8 +320,8 @@ class OutputFiles(contextlib.ExitStack):
                 raise in_use(f"{option} {path}", builders)
             # Not blocking: a FIFO with no writer (refused as no regular file) would hang the start.
             opened = locks.open_locked(path, os.O_RDONLY | os.O_NONBLOCK, shared=False, create=False)
-        except locks.Held as held:
-            raise in_use(f"{option} {path}", held.holders) from None
+        except locks.LockTaken as taken:
+            raise in_use(f"{option} {path}", taken.holders) from None
         except OSError as exc:
             raise UsageError(f"cannot write {option} {path}: {exc.strerror or exc}") from None
         if opened is not None:
@@ -329,9 +329,9 @@ class OutputFiles(contextlib.ExitStack):
 
     def keep_locked(self, fd: int) -> None:
         """Lock the file this run made at `fd` (the one renamed into place) until the run ends."""
-        held = os.dup(fd)
-        self.callback(os.close, held)
-        locks.lock_held(held)
+        duplicate = os.dup(fd)
+        self.callback(os.close, duplicate)
+        locks.lock_new_file(duplicate)
 
     def make_folders(self, path: str) -> None:
         """Make the missing folders above `path`, which a refused run removes again. OSError."""
@@ -371,9 +371,9 @@ def in_use(output: str, holders: list[int]) -> OutputInUse:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class RunFiles:
+class OpenedOutputs:
     """A run's outputs as opened, by `OutputKey`: where results, failures and the files written
-    whole go. A dry run's (`RunFiles.standard_streams`) are standard output and standard error only."""
+    whole go. A dry run's (`OpenedOutputs.standard_streams`) are standard output and standard error only."""
 
     results: int  # -o's descriptor, or standard output's
     results_name: str  # as messages name it: "-o out.jsonl", "standard output"
@@ -387,7 +387,7 @@ class RunFiles:
     output: str | None = None  # -o, beside which the record is written
 
     @classmethod
-    def standard_streams(cls, streams: Environment) -> RunFiles:
+    def standard_streams(cls, streams: Environment) -> OpenedOutputs:
         """A dry run's outputs: the bodies on standard output, the rest on standard error."""
         return cls(streams.stdout, "standard output")
 
@@ -423,11 +423,11 @@ async def open_appended(
                     assert opened is not None, "a path is given"
                     fds[output.key] = opened
                 break
-            except OutputInUse as held:
+            except OutputInUse as taken:
                 if not command.wait_lock:
                     raise
                 if not said:
-                    say(f"{held.output} is in use by {held.holder}: waiting for it (--wait-lock)", stderr)
+                    say(f"{taken.output} is in use by {taken.holder}: waiting for it (--wait-lock)", stderr)
                     said = True
                 await trio.sleep(LOCK_POLL_SECONDS)
     for output, path in wanted:
@@ -461,7 +461,7 @@ def run_files(
     streams: Environment,
     appended: Mapping[OutputKey, int],
     record: identity.RunRecord | None,
-) -> RunFiles:
+) -> OpenedOutputs:
     """The files of `command`'s run, those written whole checked and opened now (`appended`: the
     descriptors `open_appended` opened)."""
     fresh_only = not (command.resume or command.append or command.overwrite)
@@ -479,7 +479,7 @@ def run_files(
     if record is not None and command.output is not None:
         files.remove_if_refused(identity.record_path(command.output))
     out = appended.get("output")
-    return RunFiles(
+    return OpenedOutputs(
         results=streams.stdout if out is None else out,
         results_name="standard output" if out is None else f"-o {command.output}",
         appended=dict(appended),

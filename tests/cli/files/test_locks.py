@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rollfilter.cli.files.locks import Held, holder_text, local_only, lock_holders, open_locked
+from rollfilter.cli.files.locks import LockTaken, holder_text, local_only, lock_holders, open_locked
 
 FLAGS = os.O_WRONLY | os.O_APPEND
 
@@ -24,11 +24,11 @@ def test_a_file_locked_elsewhere_names_its_holder(tmp_path: Path):
     first = open_locked(str(path), FLAGS, shared=False)
     try:
         assert first.created
-        with pytest.raises(Held) as held:
+        with pytest.raises(LockTaken) as taken:
             open_locked(str(path), FLAGS, shared=False)
-        assert held.value.holders == [os.getpid()]
-        assert holder_text(held.value.holders).startswith(f"process {os.getpid()} (")
-        with pytest.raises(Held):
+        assert taken.value.holders == [os.getpid()]
+        assert holder_text(taken.value.holders).startswith(f"process {os.getpid()} (")
+        with pytest.raises(LockTaken):
             open_locked(str(path), FLAGS, shared=True)  # an --append run waits for an owner too
     finally:
         os.close(first.fd)
@@ -41,7 +41,7 @@ def test_shared_locks_share_and_keep_an_owner_out(tmp_path: Path):
     path = tmp_path / "out.jsonl"
     shared = [open_locked(str(path), FLAGS, shared=True) for _ in range(2)]
     try:
-        with pytest.raises(Held):
+        with pytest.raises(LockTaken):
             open_locked(str(path), FLAGS, shared=False)
     finally:
         for opened in shared:

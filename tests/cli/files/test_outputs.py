@@ -16,11 +16,11 @@ from rollfilter.cli.command import CommandConfig
 from rollfilter.cli.environment import Environment
 from rollfilter.cli.files.outputs import (
     OUTPUTS,
+    NamedOutputs,
+    OpenedOutputs,
     Output,
     OutputFiles,
     OutputKey,
-    RunFiles,
-    RunOutputs,
     open_appended,
     run_files,
 )
@@ -55,7 +55,7 @@ def make_empty(command: CommandConfig, outputs: Iterable[Output]) -> None:
         path_of(command, output).touch()
 
 
-async def opened(command: CommandConfig, files: OutputFiles) -> RunFiles:
+async def opened(command: CommandConfig, files: OutputFiles) -> OpenedOutputs:
     said: list[str] = []
     appended = await open_appended(command, files, STREAMS.stderr, lambda text, fd: said.append(text))
     return run_files(command, files, STREAMS, appended, None)
@@ -87,7 +87,7 @@ async def test_the_opened_files_come_back_by_name(tmp_path: Path):
 
 
 def test_a_dry_run_has_standard_output_and_nothing_else():
-    run = RunFiles.standard_streams(Environment.of_descriptors(5, 6, 7, variables={}))
+    run = OpenedOutputs.standard_streams(Environment.of_descriptors(5, 6, 7, variables={}))
     assert (run.results, run.results_name) == (6, "standard output")
     assert (run.appended, run.whole, run.listening, run.materialized, run.record) == ({}, {}, [], None, None)
 
@@ -148,7 +148,7 @@ async def test_the_locked_outputs_and_no_other_are_locked_while_the_run_goes(tmp
 def test_two_outputs_that_are_one_file_are_named_by_their_options(tmp_path: Path):
     command = CommandConfig(CONFIG, metrics_file=str(tmp_path / "m"), dropped_file=str(tmp_path / "m"))
     with pytest.raises(UsageError) as refused:
-        RunOutputs(command, STREAMS).check()
+        NamedOutputs(command, STREAMS).check()
     assert (
         str(refused.value)
         == f"--dropped {tmp_path / 'm'} is also --metrics {tmp_path / 'm'}: two outputs cannot be one file"
@@ -160,13 +160,13 @@ def test_a_run_that_writes_no_file_checks_its_standard_streams_only(tmp_path: Pa
     carries its bodies, -o or not, and may not be an input."""
     record_named = CommandConfig(CONFIG, output=str(tmp_path / "out.run.json"))
     with pytest.raises(UsageError, match=r"is a run record's"):
-        RunOutputs(record_named, STREAMS).check()
-    RunOutputs.standard_streams(record_named, STREAMS).check()
+        NamedOutputs(record_named, STREAMS).check()
+    NamedOutputs.standard_streams(record_named, STREAMS).check()
     rows = tmp_path / "rows.jsonl"
     rows.write_text("{}\n")
     with open(rows, "ab") as stdout:
         streams = Environment.of_descriptors(0, stdout.fileno(), 2, variables={})
         reading_stdout = CommandConfig(CONFIG, inputs=(str(rows),), output=str(tmp_path / "out.jsonl"))
-        RunOutputs(reading_stdout, streams).check()  # the results go to -o
+        NamedOutputs(reading_stdout, streams).check()  # the results go to -o
         with pytest.raises(UsageError, match=r"^standard output is also the input"):
-            RunOutputs.standard_streams(reading_stdout, streams).check()
+            NamedOutputs.standard_streams(reading_stdout, streams).check()
