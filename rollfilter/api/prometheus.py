@@ -18,7 +18,7 @@ export (it costs start-up time).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
 from prometheus_client import generate_latest
@@ -243,23 +243,31 @@ def _by_agent(family: Family, values: Mapping[str, float]) -> Family:
 
 
 def _latency(latency: LatencyHistogram) -> HistogramMetricFamily:
-    counts = latency.cumulative(LATENCY_BOUNDS)
-    buckets = [(str(bound), float(count)) for bound, count in zip(LATENCY_BOUNDS, counts, strict=True)]
-    return HistogramMetricFamily(
+    return _histogram(
         "rollfilter_rollout_duration_seconds",
         "Time from sending a rollout to its answer, retries included (a bucket's bound within 1%).",
-        buckets=[*buckets, ("+Inf", latency.count)],
-        sum_value=latency.sum,
+        LATENCY_BOUNDS,
+        latency.cumulative(LATENCY_BOUNDS),
+        count=latency.count,
+        total=latency.sum,
     )
 
 
 def _output_tokens(sketch: CountSketch) -> HistogramMetricFamily:
     """Output tokens a rollout, as its answer's usage reports them (earlier runs' results included)."""
-    counts = sketch.cumulative(OUTPUT_TOKEN_BOUNDS)
-    buckets = [(str(bound), float(count)) for bound, count in zip(OUTPUT_TOKEN_BOUNDS, counts, strict=True)]
-    return HistogramMetricFamily(
+    return _histogram(
         "rollfilter_rollout_output_tokens",
         "Output tokens a rollout (usage.output_tokens; a bucket's bound within 1% over 128).",
-        buckets=[*buckets, ("+Inf", float(sketch.count))],
-        sum_value=sketch.total,
+        OUTPUT_TOKEN_BOUNDS,
+        sketch.cumulative(OUTPUT_TOKEN_BOUNDS),
+        count=sketch.count,
+        total=sketch.total,
     )
+
+
+def _histogram(
+    name: str, documentation: str, bounds: Sequence[float], counts: Sequence[int], *, count: int, total: float
+) -> HistogramMetricFamily:
+    """A histogram from cumulative `counts` at `bounds`, all `count` values under +Inf."""
+    buckets = [(str(bound), float(number)) for bound, number in zip(bounds, counts, strict=True)]
+    return HistogramMetricFamily(name, documentation, buckets=[*buckets, ("+Inf", float(count))], sum_value=total)

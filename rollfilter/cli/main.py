@@ -21,8 +21,8 @@ import typer
 
 from rollfilter.cli import early_signals
 from rollfilter.cli.environment import Environment, of_process
-from rollfilter.cli.messages import message_line, say, write_stderr
-from rollfilter.cli.options import HELP_MAX_WIDTH, option_message, typer_app
+from rollfilter.cli.messages import message_line, option_message, say, write_stderr
+from rollfilter.cli.options import HELP_MAX_WIDTH, typer_app
 from rollfilter.errors import ExitStatus, RollfilterError
 from rollfilter.formats.writers import OutputClosed, OutputFailed, write_all
 from rollfilter.gc_policy import collect_garbage_for_a_run
@@ -125,7 +125,7 @@ def _report(exc: RollfilterError, stderr: int) -> ExitStatus:
 
 
 def _as_said(exc: RollfilterError) -> str:
-    """`exc`'s line: a ConfigError's names the option of its field (`options.option_message`)."""
+    """`exc`'s line: a ConfigError's names the option of its field (`messages.option_message`)."""
     # Looked up, not imported: a ConfigError is raised only once config.py is loaded, and loading
     # it (httpx) here would slow every usage error down.
     config = sys.modules.get("rollfilter.config")

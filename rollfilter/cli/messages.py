@@ -12,6 +12,7 @@ writes what is already whole lines, the summary.
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import TYPE_CHECKING
 
 from rollfilter.errors import ErrorKind
@@ -22,6 +23,85 @@ if TYPE_CHECKING:
     from rollfilter.outcomes import Failure
 
 PREFIX = "rollfilter: "
+
+# Each Config field (a part's as `retries.budget`) by the option that sets it: a ConfigError is
+# said by its option, as every other refusal of the command line is. `{key}` is a mapping's key.
+OPTION_OF_FIELD = {
+    "url": "-u/--url",
+    "endpoints": "-e/--endpoint",
+    "agent": "-a/--agent",
+    "concurrency": "-j/--concurrency",
+    "limit": "-n/--limit",
+    "repeats": "-r",
+    "repeats_by_agent": "-r {key}=K",
+    "repeat_seeds": "--repeat-seeds",
+    "params": "-p/--param",
+    "retries": "--retries",
+    "retries.count": "--retries",
+    "retries.budget": "--retry-budget",
+    "retries.statuses": "--retry-on",
+    "timeout": "--timeout",
+    "timeout.attempt": "--timeout",
+    "timeout.connect": "--connect-timeout",
+    "tls": "--cacert",
+    "tls.cacert": "--cacert",
+    "tls.insecure": "--insecure",
+    "max_failures": "--max-failures",
+    "max_failures.count": "--max-failures",
+    "max_failures.fraction": "--max-failures",
+    "prices": "--prices",
+    "max_cost": "--max-cost",
+    "headers": "-H/--header",
+    "shard": "--shard",
+    "pass_threshold": "--pass-threshold",
+    "head_server": "--head-server",
+    "proxy": "--proxy",
+    "adaptive": "--adaptive",
+    "aggregate": "--aggregate",
+    "cross_origin_redirects": "--cross-origin-redirects",
+    "max_reply_bytes": "--max-reply-bytes",
+    "groups": "--groups",
+    "keep_incomplete": "--keep-incomplete",
+    "drop_uniform": "--drop-uniform",
+    "group_field": "--group-field",
+    "target_groups": "--target-groups",
+    "policy_version": "--policy-version",
+    "max_staleness": "--max-staleness",
+    "batch_groups": "--batch-groups",
+    "route": "--route",
+    "affinity_header": "--affinity-header",
+    "rpm": "--rpm",
+    "rpm_by_agent": "--rpm NAME=N",
+    "tpm": "--tpm",
+    "tpm_by_agent": "--tpm NAME=N",
+    "reverify": "--reverify",
+    "reverify.materialized": "--reverify",
+    "reverify.judge_failed_only": "--judge-failed-only",
+    "reverify.force": "--force",
+}
+# A field's path as a ConfigError gives it: the field, then where in it (`headers[0][0]`, `repeats_by_agent['a']`).
+_FIELD_PATH = re.compile(r"(?P<field>[a-z_]+(?:\.[a-z_]+)?)(?:\[(?P<key>'[^']*'|[0-9]+)\])?")
+_FIELD_NAMED = re.compile(r"\bConfig\.(?P<field>[a-z_]+(?:\.[a-z_]+)?)")
+
+
+def option_message(field: str, problem: str) -> str | None:
+    """A ConfigError's message (its `field` and `problem`) as the command line says it, by the
+    options that set the fields it names; None when a field it names has no option."""
+    path = _FIELD_PATH.match(field)
+    if path is None or path["field"] not in OPTION_OF_FIELD:
+        return None
+    key = (path["key"] or "").strip("'")
+    option = option_of(path["field"], key)
+    named = [match["field"] for match in _FIELD_NAMED.finditer(problem)]
+    if any(name not in OPTION_OF_FIELD for name in named):
+        return None
+    said = _FIELD_NAMED.sub(lambda match: OPTION_OF_FIELD[match["field"]].format(key="NAME"), problem)
+    return f"{option} {said}"
+
+
+def option_of(field: str, key: str = "NAME") -> str:
+    """The option that sets Config's `field` (`repeats_by_agent`, key `a`: `-r a=K`)."""
+    return OPTION_OF_FIELD[field].format(key=key)
 
 
 def message_line(text: str, prefix: str = PREFIX) -> bytes:

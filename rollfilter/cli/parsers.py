@@ -4,7 +4,7 @@ Each parser belongs to one option (typer's `parser=`, or the command's own assem
 and says what is wrong with its text by that option's name, in one line, as `UsageError`. What
 `Config` checks (a shard's I < N, groups of more than one rollout, --max-cost's prices) is left to
 it: its `ConfigError` names a field, and `cli/main.py` says it by the option that sets that field
-(`options.OPTION_OF_FIELD`). Two read
+(`messages.OPTION_OF_FIELD`). Two read
 outside their argument: `prices` reads its file, and `shard` the Slurm variables of the
 environment for `auto`.
 """

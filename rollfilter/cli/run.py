@@ -37,7 +37,7 @@ from rollfilter.cli.files.outputs import (
 )
 from rollfilter.cli.files.progress_file import known_total, publish_progress
 from rollfilter.cli.folding import FailureFolder
-from rollfilter.cli.messages import failure_message, message_line, say, write_summary
+from rollfilter.cli.messages import failure_message, message_line, option_of, say, write_summary
 from rollfilter.cli.signals import StopSignals, is_pipe, status_block, watch_reader_gone
 from rollfilter.cli.statuses import RunEnd
 from rollfilter.demo import DemoAgent, DemoOptions
@@ -74,8 +74,6 @@ if TYPE_CHECKING:
     from rollfilter.cli.progress_lines import ProgressLines
 
 _encode = msgspec.json.Encoder().encode
-# The options of the Config fields a run's warnings name (Run.warnings), as given for `key`.
-OPTION_OF_WARNING = {"repeats_by_agent": "-r {key}=K"}
 # The stops whose reason is a fault, said on stderr wherever it goes; other reasons are notices.
 FAULT_STOPS = frozenset({StopCause.OUTPUT_FAILED, StopCause.AGENT_UNREACHABLE})
 
@@ -583,7 +581,7 @@ class _CommandLineRun:
 
 def warning_message(warning: ConfigWarning) -> str:
     """A run's warning as the command says it: naming the option the user gave."""
-    return f"{OPTION_OF_WARNING[warning.field].format(key=warning.key)}: {warning.problem}"
+    return f"{option_of(warning.field, warning.key)}: {warning.problem}"
 
 
 def summary_for(summary: bytes, at_terminal: bool) -> bytes:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from rollfilter.cli.options import OPTION_OF_FIELD, PANELS, option_message
+from rollfilter.cli.messages import OPTION_OF_FIELD, option_message
+from rollfilter.cli.options import PANELS
 from rollfilter.config import ONE_ROLLOUT_GROUPS, Config, FailureLimit, Retries, Reverify, Timeouts, Tls
 from tests.cli.test_command import USE_OF_FIELD
 from tests.conftest import clean_env, run

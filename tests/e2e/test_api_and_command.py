@@ -120,4 +120,5 @@ def test_the_command_and_the_api_summarize_the_same_run_alike(
         assert figures["not_started"] > 0 if "stopped" in figures else figures["not_started"] == 0
     # The same warnings, each naming what the caller gave: the option, or the Config field.
     assert [line.partition(": ")[2] for line in command_warnings] == list(case.warned)
+    assert [line.partition(": ")[0] for line in command_warnings] == ["-r nobody=K"] * len(case.warned)
     assert [line.partition(": ")[2] for line in api_warnings] == list(case.warned)
