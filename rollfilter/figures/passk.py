@@ -297,9 +297,11 @@ class TaskStats:
         return dict(self._agent_estimates.get(agent, {}))
 
     def find(self, task: Any) -> int | None:
-        """`task`'s slot, None for a task never met (nothing is added)."""
+        """`task`'s slot, None for a task never met (nothing is added); a numbered task under the
+        highest met has a slot of its own all the same, met or not."""
         if type(task) is int and 0 <= task < self._numbered:
-            return task
+            counts = self._counts
+            return task if counts["ended"][task] or counts["planned"][task] else None
         return self._others.get(_key(task))
 
     def fields(self) -> list[str]:
