@@ -236,6 +236,24 @@ def summary_of(stderr: bytes) -> dict[str, Any]:
     return summary
 
 
+# The summary's counts of the pairs read, each pair in one of them (docs/faults.md).
+COUNTED_ONCE = ("succeeded", "failed", "not_persisted", "skipped", "not_retried", "cancelled")
+
+
+def assert_counts_add_up(summary: dict[str, Any]) -> None:
+    """The identities docs/faults.md states of a summary, which hold however the run ended: every
+    pair read is counted once, rows_read = succeeded + failed + not_persisted + skipped +
+    not_retried + cancelled; and where the input's pairs are known, expected = rows_read + not_started."""
+    figures = summary["rollfilter"]
+    counted = {key: figures[key] for key in COUNTED_ONCE}
+    assert all(count >= 0 for count in counted.values()), figures
+    assert figures["rows_read"] == sum(counted.values()), figures
+    assert figures["failed"] == sum(figures["failed_by_kind"].values()), figures
+    if figures.get("expected") is not None:
+        assert figures["not_started"] >= 0, figures
+        assert figures["expected"] == figures["rows_read"] + figures["not_started"], figures
+
+
 def expected_reward(row: dict[str, Any]) -> float:
     """The demo agent's documented formula, written out again independently of its code."""
     if isinstance(row.get("demo"), dict) and "reward" in row["demo"]:

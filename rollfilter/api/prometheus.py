@@ -104,7 +104,7 @@ def families(statistics: RunStatistics) -> list[Metric]:
     # Every agent a rollout has ended or is in flight for: each with all its outcomes and its
     # rollouts in flight, at 0 when there are none (a series that vanishes is not a 0).
     seen = {label: figures for label, figures in agents.items() if figures.seen}
-    cancelled = statistics.started - statistics.ended - statistics.in_flight
+    cancelled = statistics.cancelled - statistics.in_flight  # those out now may yet end
     found = [
         _outcomes(seen),
         CounterMetricFamily(

@@ -56,7 +56,7 @@ def chart_lines(summary: dict[str, Any], *, can_draw: bool) -> list[str]:
         return []
     lines = []
     histogram = summary.get("pass_histogram")
-    if isinstance(histogram, list) and histogram:
+    if isinstance(histogram, list) and any(histogram):  # no group ended: nothing to draw
         lines += pass_chart(histogram, summary.get("rollfilter", {}).get("pass_threshold", 1.0))
     compare = summary.get("compare")
     if isinstance(compare, dict) and compare:

@@ -135,9 +135,18 @@ async def _count(
         metrics.taken += 1
         failure = failure_of(record)
         assert failure is not None
-        metrics.add_failure(failure, agent_name(record))
+        agent = agent_name(record)
+        metrics.add_failure(failure, agent)
         if tasks is not None:
+            _reached(run, record, agent)
             tasks.rollout_ended(record[TASK_INDEX], None, record.get(ROLLOUT_INDEX))
+
+
+def _reached(run: Run, record: dict[str, Any], agent: str | None) -> None:
+    """A task has the rollouts -r gives its agent, or the groups of them its rollout indices reach:
+    one with fewer results is unfinished, as in the run that wrote them."""
+    assert run.tasks is not None
+    run.tasks.reached(record[TASK_INDEX], record.get(ROLLOUT_INDEX), run.config.repeats_for(agent) or 1)
 
 
 def _count_line(
@@ -176,6 +185,7 @@ def _count_line(
     if spool is not None:
         spool.add(agent, record)
     if tasks is not None and TASK_INDEX in record:
+        _reached(run, record, agent)
         rollout, masked = record.get(ROLLOUT_INDEX), is_masked(record)
         tasks.rollout_ended(record[TASK_INDEX], reward_of(record), rollout, record, agent, masked=masked)
 

@@ -258,6 +258,7 @@ class Means:
     __slots__ = (
         *(
             "component_counts",
+            "component_exact",
             "component_squares",
             "component_sums",
             "compensations",
@@ -275,6 +276,7 @@ class Means:
         self.masked = 0  # results with mask_sample: true, in `succeeded` but in no mean
         self.component_sums: dict[str, float] = {}  # reward_components, by name
         self.component_counts: dict[str, int] = {}
+        self.component_exact: dict[str, int] = {}  # the entries past EXACT_FROM, summed exactly as the fields'
         # Their squares about 0 (entries are rewards, near 0 and 1): for the error bars, and simply
         # added when two runs' figures are merged.
         self.component_squares: dict[str, float] = {}
@@ -343,10 +345,16 @@ class Means:
         sums, counts, squares = self.component_sums, self.component_counts, self.component_squares
         for name, value in components.items():
             number = as_float(value)
-            if number is not None and -EXACT_FROM < number < EXACT_FROM:
+            if number is None:
+                continue
+            counts[name] = counts.get(name, 0) + 1
+            if -EXACT_FROM < number < EXACT_FROM:
                 sums[name] = sums.get(name, 0.0) + number
-                counts[name] = counts.get(name, 0) + 1
                 squares[name] = squares.get(name, 0.0) + number * number
+            else:  # a figure all the same: summed exactly, its spread past the float range
+                sums.setdefault(name, 0.0)
+                squares[name] = math.inf
+                self.component_exact[name] = self.component_exact.get(name, 0) + scaled(number)
 
     def _add_huge(self, key: str, value: float) -> None:
         if key.startswith("_ng_"):
@@ -392,6 +400,7 @@ class Means:
             (self.exact, other.exact),
             (self.usage_exact, other.usage_exact),
             (self.component_counts, other.component_counts),
+            (self.component_exact, other.component_exact),
         ):
             for key, count in more.items():
                 tallies[key] = tallies.get(key, 0) + count
@@ -417,8 +426,8 @@ class Means:
 
     def components(self) -> dict[str, float]:
         """The mean of each reward_components entry, over the results the means cover."""
-        counts = self.component_counts
-        return {name: total / counts[name] for name, total in self.component_sums.items()}
+        counts, exact = self.component_counts, self.component_exact
+        return {name: mean_of(total, exact.get(name, 0), counts[name]) for name, total in self.component_sums.items()}
 
     def estimates(self) -> dict[str, Estimate]:
         """Each field's mean with its standard error, taking each rollout as a task of its own
@@ -431,9 +440,9 @@ class Means:
                 found[key] = Estimate(mean, None, None, None, count, count)
             else:
                 found[key] = estimate_of_moments(count, mean, self.shifts[key], self.squares[key])
-        for name, total in self.component_sums.items():
+        for name, mean in self.components().items():
             count = self.component_counts[name]
-            found[component_key(name)] = estimate_of_moments(count, total / count, 0.0, self.component_squares[name])
+            found[component_key(name)] = estimate_of_moments(count, mean, 0.0, self.component_squares[name])
         return found
 
     def usage(self) -> dict[str, float]:

@@ -3,10 +3,10 @@
 `Metrics` counts as results come; the engine, the router and its agents (their adaptive windows,
 rate limits and retry budgets), the planner, the groups and the steering each know a part of
 where a run is. `statistics_of` reads all of them once and derives, here only, what is worked out
-from several counts (the rows read, those not started, those finished earlier runs' included).
-What it returns changes no more: the summary (`summary_of`), the Prometheus exposition, the
-progress display and lines, the progress file and the status block render it, in any thread, as
-trio's `CapacityLimiter.statistics()` is rendered by whoever asked for it.
+from several counts (the rows read, those cancelled, those not started, those finished earlier
+runs' included). What it returns changes no more: the summary (`summary_of`), the Prometheus
+exposition, the progress display and lines, the progress file and the status block render it, in
+any thread, as trio's `CapacityLimiter.statistics()` is rendered by whoever asked for it.
 
 A snapshot is cheap enough to take several times a second: it copies counters and the results'
 running sums (a few numbers a field and an agent), never anything that grows with the rows.
@@ -63,10 +63,14 @@ class AgentStatistics:
 class RunStatistics:
     """A run's figures at one moment, as `Run.statistics()` takes them (see the module docstring).
 
-    The rollouts: `started` (taken from the input and started), `ended` of them (`succeeded`,
-    `failed`, `not_persisted`), `in_flight`; `skipped` and `not_retried` are pairs an earlier run
-    finished or gave up (--resume); `rows_read` is all three, `expected` every pair of the input
-    when it is known, and `not_started` the pairs of it never read (None while it is not known).
+    The rollouts: `started` (taken from the input), of which `succeeded`, `failed` and
+    `not_persisted` have `ended` and the rest are `cancelled` (while the run goes, those not ended
+    yet, `in_flight` among them; once it is over, those a stop cut); `skipped` and `not_retried` are
+    pairs an earlier run finished or gave up (--resume). `rows_read` is the started, the skipped and
+    the not retried, `expected` every pair of the input when it is known, and `not_started` the
+    pairs of it never read (None while it is not known). So, however the run ended, rows_read =
+    succeeded + failed + not_persisted + skipped + not_retried + cancelled, and expected = rows_read
+    + not_started.
     `finished` is what the progress file counts: the ended, the given up, and what earlier runs
     finished. `steering` is what is in force (the pause, the concurrency, the version).
     """
@@ -80,6 +84,7 @@ class RunStatistics:
     masked: int  # this run's results that said mask_sample: true
     skipped: int
     not_retried: int
+    cancelled: int
     expected: int | None
     rows_read: int
     not_started: int | None
@@ -173,6 +178,7 @@ def statistics_of(
         masked=metrics.masked,
         skipped=skipped,
         not_retried=not_retried,
+        cancelled=metrics.taken - metrics.ended,
         expected=expected,
         rows_read=rows_read,
         not_started=max(0, expected - rows_read) if expected is not None else None,
@@ -344,7 +350,11 @@ def _run_figures(
         "not_persisted": s.not_persisted,
         "skipped": s.skipped,
         "not_retried": s.not_retried,
-        "cancelled": s.started - s.ended + (s.not_started or 0),  # and, when expected is known, never started
+        "cancelled": s.cancelled,
+    }
+    if s.expected is not None or s.groups is not None:  # with groups, null when the input cannot be counted
+        figures["not_started"] = s.not_started
+    figures |= {
         "failed_by_kind": {
             kind.value: s.failed_by_kind[kind.value] for kind in ErrorKind if s.failed_by_kind.get(kind.value)
         },
@@ -376,8 +386,6 @@ def _run_figures(
         figures["limits"] = {name: dict(limits) for name, limits in s.limits.items()}
     if stopped:
         figures["stopped"] = stopped
-        if s.not_started is not None:
-            figures["not_started"] = s.not_started
     return figures
 
 

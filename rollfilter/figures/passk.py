@@ -106,6 +106,18 @@ class TaskStats:
         if not self._counts["size"][slot]:
             self._counts["size"][slot] = count
 
+    def reached(self, task: Any, rollout: Any, size: int) -> None:
+        """Where no plan says how many rollouts `task` has (results counted from files): it has at
+        least the groups of `size` its rollout index `rollout` reaches (a task with fewer ended is
+        unfinished). Call it before the rollout's `rollout_ended`."""
+        slot = self._slot(task)
+        counts = self._counts
+        if not counts["size"][slot]:
+            counts["size"][slot] = size
+        size = counts["size"][slot]
+        groups = rollout // size + 1 if type(rollout) is int and rollout >= 0 else 1
+        counts["planned"][slot] = max(counts["planned"][slot], groups * size)
+
     def rollout_ended(
         self,
         task: Any,
@@ -239,7 +251,7 @@ class TaskStats:
         estimates = {f"mean@{self.repeats}": _over_tasks(task_means, rollouts["mean"], mean_of_means)}
         estimates |= {f"pass@{k}": _over_tasks(passes[k], rollouts[k], 0.0) for k in self.ks}
         fields: dict[str, Any] = {key: None if e is None else e.mean for key, e in estimates.items()}
-        fields["pass_histogram"] = _histogram(groups)
+        fields["pass_histogram"] = _histogram(groups, self.repeats)
         self._estimates = self._field_estimates(by_agent=False)[None]
         self._estimates |= {key: e for key, e in estimates.items() if e is not None}
         self._finished = {
@@ -285,9 +297,11 @@ class TaskStats:
         return dict(self._agent_estimates.get(agent, {}))
 
     def find(self, task: Any) -> int | None:
-        """`task`'s slot, None for a task never met (nothing is added)."""
+        """`task`'s slot, None for a task never met (nothing is added); a numbered task under the
+        highest met has a slot of its own all the same, met or not."""
         if type(task) is int and 0 <= task < self._numbered:
-            return task
+            counts = self._counts
+            return task if counts["ended"][task] or counts["planned"][task] else None
         return self._others.get(_key(task))
 
     def fields(self) -> list[str]:
@@ -307,8 +321,7 @@ class TaskStats:
     def summary_fields(self) -> dict[str, Any]:
         """mean@K, pass@k for each k (null when no task had k rollouts to judge), and
         `pass_histogram`: of the groups (a line's rollouts) whose rollouts all ended well, how many had
-        0, 1, ..., K rollouts at or over the threshold (K: the largest of those groups, -r's K
-        once a group of K has ended)."""
+        0, 1, ..., K rollouts at or over the threshold: K+1 bins, whichever groups ended."""
         self.finish()
         assert self._finished is not None
         return dict(self._finished["fields"])
@@ -341,10 +354,11 @@ def _number(value: Any) -> float | None:
 _FLOAT_RANGE = 2**1023
 
 
-def _histogram(groups: collections.Counter[tuple[int, int]]) -> list[int]:
-    """Groups by their correct rollouts, 0 to the largest group's size; a smaller group (of an
-    agent given fewer repeats) that is all correct is at its size, not at the end."""
-    histogram = [0] * (max((size for size, _ in groups), default=-1) + 1)
+def _histogram(groups: collections.Counter[tuple[int, int]], repeats: int) -> list[int]:
+    """Groups by their correct rollouts, 0 to K (`repeats`), whatever the groups' sizes: a group
+    with masked rollouts, or of an agent given fewer repeats, that is all correct is at its count
+    of correct rollouts, not at the end (a group of results without rollout indices may reach further)."""
+    histogram = [0] * (max([repeats, *(correct for _, correct in groups)]) + 1)
     for (_, correct), count in groups.items():
         histogram[correct] += count
     return histogram

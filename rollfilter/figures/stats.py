@@ -214,11 +214,12 @@ class Difference:
     """One mean compared over the tasks two runs share: this run minus the baseline.
 
     `test` says how `p_value` was found: "t", a paired t-test of the tasks' differences; "sign",
-    the exact sign test (McNemar's), used when every task's figure is 0 or 1 in both runs."""
+    the exact sign test (McNemar's), used when every task's figure is 0 or 1 in both runs; None,
+    with no task paired: no test, and `p_value` is nan."""
 
     difference: Estimate
     p_value: float
-    test: str
+    test: str | None
     improved: int
     worsened: int
     tied: int
@@ -248,6 +249,8 @@ class PairedDifferences:
 
     def result(self) -> Difference:
         estimate = self._differences.estimate()
+        if not estimate.tasks:  # no pair: nothing to test, not a test that found nothing
+            return Difference(estimate, math.nan, None, *self._split())
         if self._binary:
             return Difference(estimate, sign_test(self.improved, self.worsened), "sign", *self._split())
         return Difference(estimate, _paired_t(estimate), "t", *self._split())

@@ -496,9 +496,7 @@ class Run:
                 figures |= {"succeeded": 0, "would_send": value} if key == "succeeded" else {key: value}
             summary["rollfilter"] = figures
         if self.groups is not None:
-            figures = summary["rollfilter"]
-            figures["groups"] = dict(statistics.groups or {})
-            figures["not_started"] = statistics.not_started
+            summary["rollfilter"]["groups"] = dict(statistics.groups or {})
         if self.report is not None:
             self.report.add_to(summary)
         if self.unsafe:

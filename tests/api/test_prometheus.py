@@ -255,7 +255,7 @@ def test_a_scrape_renders_the_snapshot_the_run_gives():
     run = Run(Config(url="http://127.0.0.1:9/run"))
     taken = run.statistics()
     agent = AgentStatistics(seen=True, succeeded=5, in_flight=2, tokens=40.0, reward_mean=0.25)
-    shown = dataclasses.replace(taken, started=9, succeeded=5, in_flight=2, agents={"a": agent})
+    shown = dataclasses.replace(taken, started=9, succeeded=5, cancelled=9 - 5, in_flight=2, agents={"a": agent})
     run.statistics = lambda: shown  # type: ignore[method-assign]
     figures = samples(exposition(registry_of(run)))
     assert figures["rollfilter_rollouts_started_total", ()] == 9

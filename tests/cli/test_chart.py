@@ -61,3 +61,8 @@ def test_the_table_is_drawn_for_a_terminal_only():
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+def test_a_histogram_of_no_group_is_not_drawn():
+    assert chart_lines({"pass_histogram": [0, 0, 0, 0, 0]}, can_draw=True) == []
+    assert chart_lines({"pass_histogram": [0, 1, 0]}, can_draw=True)[0].endswith("(pass_histogram):")

@@ -282,6 +282,26 @@ def test_summarize_gives_the_pass_histogram(tmp_path: Path, demo_server: DemoSer
     assert b"pass_histogram):" not in summarized.stderr  # the chart is for a terminal only
 
 
+def test_the_pass_histogram_keeps_k_plus_1_bins_when_rollouts_are_masked(tmp_path: Path, demo_server: DemoServer):
+    row = {"responses_create_params": {"input": "hi"}, "demo": {"fields": [{"mask_sample": True}, {}, {}, {}]}}
+    out = tmp_path / "out.jsonl"
+    proc = run(["-u", demo_server.url, "-r", str(K), "-o", str(out)], input=rows_jsonl([row, row]))
+    assert summary_of(proc.stderr)["pass_histogram"] == [0, 0, 0, 2, 0]  # three correct of each task's K
+    summarized = run(["--summarize", "-r", str(K), str(out)])
+    assert json.loads(summarized.stdout)["pass_histogram"] == [0, 0, 0, 2, 0]
+
+
+def test_summarize_counts_a_task_with_fewer_rollouts_than_k_unfinished(tmp_path: Path, demo_server: DemoServer):
+    out = tmp_path / "out.jsonl"
+    proc = run(["-u", demo_server.url, "-r", str(K), "-o", str(out)], input=rows_jsonl(group_rows(3)))
+    assert proc.returncode == 0, proc.stderr
+    as_run = json.loads(run(["--summarize", "-r", str(K), str(out)]).stdout)
+    assert as_run["rollfilter"]["tasks_unfinished"] == 0
+    summary = json.loads(run(["--summarize", "-r", str(2 * K), str(out)]).stdout)
+    assert (summary["rollfilter"]["tasks"], summary["rollfilter"]["tasks_unfinished"]) == (3, 3)
+    assert summary["pass_histogram"] == [0] * (2 * K + 1)  # no group of 2K ended
+
+
 def test_a_resumed_run_finishes_a_killed_one_with_every_group_whole_and_once(tmp_path: Path):
     n, jobs = 60, 12
     demo = DemoServer()

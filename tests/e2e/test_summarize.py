@@ -250,6 +250,20 @@ def test_compare_pairs_two_runs_by_task_and_says_what_it_left_out(tmp_path):
     )  # in a pipe: no table
 
 
+NO_PAIR = {"difference": None, "stderr": None, "ci95": None, "p_value": None, "test": None, "tasks": 0}
+
+
+def test_compare_with_no_task_in_common_tests_nothing(tmp_path):
+    baseline, results = tmp_path / "baseline.jsonl", tmp_path / "results.jsonl"
+    baseline.write_text(rows_jsonl([{"_ng_task_index": 1, "_ng_rollout_index": 0, "reward": 0.0}]))
+    results.write_text(rows_jsonl([{"_ng_task_index": 0, "_ng_rollout_index": 0, "reward": 1.0}]))
+    proc = run(["--summarize", "--compare", str(baseline), str(results)])
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert {key: summary["compare"]["reward"][key] for key in NO_PAIR} == NO_PAIR
+    assert summary["rollfilter"]["compared_tasks"]["paired"] == 0  # task 0 is under the baseline's 1, not in it
+
+
 def test_compare_refuses_what_it_cannot_use(tmp_path):
     baseline, results = paired_runs(tmp_path, tasks=5, only_in_baseline=0)
     alone = run(["--compare", baseline, results])

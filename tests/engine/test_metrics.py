@@ -109,12 +109,13 @@ def test_means_stay_finite_and_exact_near_the_float_limits(values: list[float]):
 
     means = Means()
     for value in values:
-        means.add({"reward": value, "response": {"usage": {"total_tokens": value}}})
+        means.add({"reward": value, "reward_components": {"c": value}, "response": {"usage": {"total_tokens": value}}})
     small = [abs(v) for v in values if abs(v) < EXACT_FROM]
     # Values past EXACT_FROM are summed exactly; the float sum of the others is off by at most
     # a few units in the last place of the largest of them.
     bound = len(values) * 2**-52 * max(small, default=0.0)
-    for mean in (means.mean("reward"), means.means()["reward"], means.usage()["total_tokens"]):
+    figures = (means.mean("reward"), means.means()["reward"], means.usage()["total_tokens"], means.components()["c"])
+    for mean in figures:
         assert math.isfinite(mean)
         assert abs(mean - exact_mean(values)) <= bound or mean == exact_mean(values)
 
@@ -127,6 +128,18 @@ def test_the_mean_of_rewards_and_usage_near_the_float_limits():
         means.add({"reward": 1e308, "tokens": 10**308, "response": {"usage": {"input_tokens": 10**308}}})
     assert means.means() == {"reward": 1e308, "tokens": 1e308}
     assert means.usage() == {"input_tokens": 1e308}
+
+
+def test_a_reward_component_of_any_finite_size_has_its_mean_as_the_reward_has():
+    metrics = Metrics()
+    metrics.add_result({"reward": 1e300, "reward_components": {"c": 1e300, "d": 0.5}}, 0.1)
+    metrics.add_result({"reward": 1e300, "reward_components": {"c": 1e300, "d": 1.5}}, 0.1)
+    metrics.add_earlier_result({"reward": 1e300, "reward_components": {"c": 1e300}})  # merged with this run's
+    summary = summary_alone(metrics)
+    assert summary["reward"] == 1e300
+    assert summary["reward_components"] == {"c": 1e300, "d": 1.0}
+    assert summary["stderr"]["reward_components"] == {"c": None, "d": 0.5}  # a spread past the float range: unknown
+    assert summary["sample_size"]["reward_components"]["c"] == {"tasks": 3, "rollouts": 3}
 
 
 def test_a_token_rate_past_the_float_range_is_null_not_infinite():

@@ -73,6 +73,22 @@ def test_tasks_in_one_run_only_are_counted_and_left_out():
     assert (reward["stderr"], reward["ci95"]) == (0.0, [0.25, 0.25])
 
 
+@pytest.mark.parametrize(("baseline_task", "task"), [(0, 1), (1, 0)])
+def test_runs_with_no_task_in_common_have_no_difference_and_no_test(baseline_task: int, task: int):
+    compared = compare_runs(
+        [{"_ng_task_index": baseline_task, "reward": 1.0}], [{"_ng_task_index": task, "reward": 0.0}]
+    )
+    assert compared["tasks"] == {"paired": 0, "only_in_baseline": 1, "only_in_this_run": 1, "results_without_task": 0}
+    reward = compared["compare"]["reward"]
+    assert (reward["difference"], reward["ci95"], reward["p_value"], reward["test"], reward["tasks"]) == (
+        None,
+        None,
+        None,
+        None,
+        0,
+    )
+
+
 def test_tasks_are_paired_by_content_without_an_index_and_0_1_rewards_take_the_sign_test():
     rows = [{"responses_create_params": {"input": f"question {i}"}} for i in range(12)]
     baseline = [dict(row, reward=0) for row in rows]

@@ -65,6 +65,35 @@ def test_the_pass_histogram_counts_finished_tasks_by_their_correct_rollouts():
     assert tasks.figures()["tasks_unfinished"] == 2
 
 
+def test_the_pass_histogram_has_k_plus_1_bins_whichever_groups_ended():
+    from rollfilter.figures.passk import TaskStats
+
+    assert TaskStats(4, 1.0).summary_fields()["pass_histogram"] == [0] * 5  # no group ended
+    tasks = TaskStats(4, 1.0)
+    for task in range(3):  # one rollout masked in each: groups of three measured
+        tasks.planned(task, 4)
+        for rollout in range(4):
+            tasks.rollout_ended(task, 1.0, rollout, {"reward": 1.0}, masked=rollout == 0)
+    assert tasks.summary_fields()["pass_histogram"] == [0, 0, 0, 3, 0]
+
+
+def test_results_counted_without_a_plan_reach_the_groups_their_rollout_indices_say():
+    from rollfilter.figures.passk import TaskStats
+
+    tasks = TaskStats(8, 1.0)
+    for rollout in range(4):  # four rollouts of eight: unfinished, and in no bin
+        tasks.reached(0, rollout, 8)
+        tasks.rollout_ended(0, 1.0, rollout)
+    for rollout in (0, 1, 2, 3, 4, 5, 6, 7, 9):  # a second group of eight, begun
+        tasks.reached(1, rollout, 8)
+        tasks.rollout_ended(1, 1.0, rollout)
+    for rollout in range(8):
+        tasks.reached(2, rollout, 8)
+        tasks.rollout_ended(2, 0.0, rollout)
+    assert tasks.figures()["tasks_unfinished"] == 2
+    assert tasks.summary_fields()["pass_histogram"] == [1, 0, 0, 0, 0, 0, 0, 0, 1]
+
+
 def test_masked_rollouts_are_in_no_task_figure_but_end_the_task():
     from rollfilter.figures.passk import TaskStats
 
@@ -79,7 +108,8 @@ def test_masked_rollouts_are_in_no_task_figure_but_end_the_task():
     assert fields["mean@4"] == 0.5
     assert (fields["pass@1"], fields["pass@2"], fields["pass@4"]) == (0.5, 1.0, None)
     # Task 0 is a group of its 2 measured rollouts, 1 correct; task 1 measured none: in no bucket.
-    assert fields["pass_histogram"] == [0, 1, 0]
+    # The bins are K+1 all the same: a count of correct rollouts among a task's K.
+    assert fields["pass_histogram"] == [0, 1, 0, 0, 0]
     assert tasks.figures()["tasks_unfinished"] == 0
     estimates = tasks.estimates()  # the error bars are over the measured rollouts alone
     assert (estimates["reward"].tasks, estimates["reward"].rollouts) == (1, 2)

@@ -126,4 +126,6 @@ def test_paired_differences_count_the_tasks_and_choose_the_test():
     for baseline, value in ((0.5, 0.75), (0.25, 0.5), (0.5, 0.5)):
         graded.add(baseline, value)
     assert graded.result().test == "t"
+    unpaired = PairedDifferences().result()  # no task: no test, not one that found nothing
+    assert (unpaired.test, unpaired.difference.tasks, math.isnan(unpaired.p_value)) == (None, 0, True)
     assert graded.result().difference.mean == pytest.approx(1 / 6)
