@@ -93,6 +93,10 @@ async def run(
     else:
         stops = None
     check_inputs(command.inputs)
+    if command.config.reverify is not None:  # before an output is opened: one may be that file (refused next)
+        from rollfilter.run.reverify import check_materialized  # re-scoring's module, for a run that re-scores
+
+        check_materialized(command.config.reverify.materialized)
     if not command.config.names_an_agent and command.demo is None:
         raise UsageError("no agent to send to: give -u URL, -e NAME=URL, --head-server URL, or --demo")
     outputs = (
