@@ -544,11 +544,11 @@ class _CommandLineRun:
     def _finish(self) -> RunEnd:
         """How the run ended, with the summary and the files written whole at the end."""
         control, run, files, stderr = self.control, self.run, self.files, self.environment.stderr
-        incomplete = (  # an input lost, as cat says; results the agents' aggregate left out
+        incomplete = (  # an input lost, as cat says; an aggregate without some agent's answer or some results
             run.metrics.failed
             or run.metrics.not_persisted
             or self.reader.problems
-            or (run.report is not None and run.report.unnamed)
+            or (run.report is not None and not run.report.whole)
         )
         summary_object = run.summary()
         summary = _encode(summary_object) + b"\n"
