@@ -49,7 +49,7 @@ from rollfilter.engine.plan import Job
 from rollfilter.engine.routing import Agent
 from rollfilter.engine.sinks import BodySink, GroupOutputs, LineSink
 from rollfilter.engine.statistics import statistics_of, summary_of
-from rollfilter.errors import UsageError
+from rollfilter.errors import ServiceError, UsageError
 from rollfilter.formats.keytable import KeyTable
 from rollfilter.formats.resume import (
     CANCELLED,
@@ -93,6 +93,10 @@ async def run(
     else:
         stops = None
     check_inputs(command.inputs)
+    if command.config.reverify is not None:  # before an output is opened: one may be that file (refused next)
+        from rollfilter.run.reverify import check_materialized  # re-scoring's module, for a run that re-scores
+
+        check_materialized(command.config.reverify.materialized)
     if not command.config.names_an_agent and command.demo is None:
         raise UsageError("no agent to send to: give -u URL, -e NAME=URL, --head-server URL, or --demo")
     outputs = (
@@ -102,6 +106,21 @@ async def run(
     tls = tls_context_for(command.config)  # read once, and refused before any file is touched
     if not command.dry_run:
         command = fit_open_files(command, files_per_connection=2 if command.demo else 1, stderr=environment.stderr)
+    try:
+        return await _run_with_files(command, environment, stop_control, stops, tls)
+    except* ServiceError as group:  # the files it made are removed by now, as for any refusal
+        refused = _first_error(group)
+    return _refused_by_a_service(refused, environment, quiet=command.quiet)
+
+
+async def _run_with_files(
+    command: CommandConfig,
+    environment: Environment,
+    stop_control: StopControl,
+    stops: StopSignals | None,
+    tls: ssl.SSLContext | None,
+) -> RunEnd:
+    """`run`, once its inputs and outputs are checked: the outputs opened, the run made and executed."""
     with control_socket(command.control_socket) as control, OutputFiles() as files:
         if command.dry_run:  # it changes no file: it reads what resume reads, and prints the rest
             command, _ = identity.command_as_recorded(command)
@@ -116,6 +135,24 @@ async def run(
                 command = dataclasses.replace(command, config=dataclasses.replace(command.config, url=url))
             clrun = _CommandLineRun(command, environment, opened, resume, earlier, tls, stop_control)
             return await clrun.execute(stops, control)
+
+
+def _first_error(group: BaseExceptionGroup[ServiceError]) -> ServiceError:
+    """The first of the errors in `group`, however deep it is nested."""
+    found: BaseException = group
+    while isinstance(found, BaseExceptionGroup):
+        found = found.exceptions[0]
+    assert isinstance(found, ServiceError)
+    return found
+
+
+def _refused_by_a_service(refused: ServiceError, environment: Environment, *, quiet: bool) -> RunEnd:
+    """A run that a service it needs before sending (a head server, a resources server's
+    /reverify_mode) stopped: its line, then the summary of nothing sent, last, as every run's is."""
+    say(str(refused), environment.stderr)
+    if not quiet:
+        _write_nothing_sent(environment, stopped=str(refused))
+    return RunEnd(refused=refused)
 
 
 async def _open_outputs(
@@ -140,9 +177,14 @@ def _stopped_before_opening(control: StopControl, environment: Environment, *, q
     """A run stopped while it waited to lock its outputs: nothing was sent, and its summary says so."""
     assert control.cause is not None
     if not quiet:
-        summary = summary_of(statistics_of(Metrics()), stopped=control.why_stopped)
-        write_summary(environment.stderr, _encode(summary) + b"\n")
+        _write_nothing_sent(environment, stopped=control.why_stopped)
     return RunEnd(control.cause)
+
+
+def _write_nothing_sent(environment: Environment, *, stopped: str | None) -> None:
+    """The summary of a run stopped before it sent anything, for `stopped`."""
+    summary = _encode(summary_of(statistics_of(Metrics()), stopped=stopped)) + b"\n"
+    write_summary(environment.stderr, summary_for(summary, environment.stderr_is_terminal))
 
 
 def fitted_concurrency(wanted: int, *, files_per_connection: int) -> int:
@@ -540,11 +582,11 @@ class _CommandLineRun:
     def _finish(self) -> RunEnd:
         """How the run ended, with the summary and the files written whole at the end."""
         control, run, files, stderr = self.control, self.run, self.files, self.environment.stderr
-        incomplete = (  # an input lost, as cat says; results the agents' aggregate left out
+        incomplete = (  # an input lost, as cat says; an aggregate without some agent's answer or some results
             run.metrics.failed
             or run.metrics.not_persisted
             or self.reader.problems
-            or (run.report is not None and run.report.unnamed)
+            or (run.report is not None and not run.report.whole)
         )
         summary_object = run.summary()
         summary = _encode(summary_object) + b"\n"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from rollfilter.engine.nursery import StopCause
-from rollfilter.errors import ExitStatus
+from rollfilter.errors import ExitStatus, RollfilterError
 
 EXIT_STATUS_OF_STOP = {
     StopCause.LIMIT_REACHED: ExitStatus.ROWS_FAILED,
@@ -32,11 +32,14 @@ class RunEnd:
     incomplete: bool = False
     output_failed: bool = False
     summary_lost: bool = False  # the summary could not be written on stderr (closed, full, no reader)
+    refused: RollfilterError | None = None  # what stopped the run before it sent (its line and summary said)
 
 
 def exit_status(end: RunEnd) -> ExitStatus:
     if end.output_failed:  # whatever stopped the run first, what it wrote is incomplete
         return ExitStatus.OUTPUT_FAILED
+    if end.refused is not None:
+        return end.refused.exit_status
     if end.stopped is not None and end.stopped is not StopCause.TARGET_REACHED:  # a target reached is the end
         return EXIT_STATUS_OF_STOP[end.stopped]  # a stop says why, even when its summary was lost
     if end.summary_lost:

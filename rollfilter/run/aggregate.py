@@ -46,6 +46,11 @@ class AggregateReport:
     unnamed: int = 0  # results left out of every agent's aggregate: they named no agent
 
     @property
+    def whole(self) -> bool:
+        """Every result is in the answer of its agent: each agent answered, and every result named one."""
+        return not self.problems
+
+    @property
     def key_metrics(self) -> dict[str, Any]:
         return {entry["agent_ref"]["name"]: entry["key_metrics"] for entry in self.entries}
 

@@ -14,15 +14,17 @@ lines stream through the same engine as a run's rows: -j, retries, rate limits, 
 errors record and the summary all hold.
 
 Before anything is sent each resources server is asked `GET /reverify_mode`: only a server that
-answers `stateless` can verify a response without the episode's state, so any other answer
-refuses the run (`ReverifyRefused`) unless `Config.reverify.force`.
+answers `stateless` can verify a response without the episode's state, so any other answer, and
+a server without the endpoint (HTTP 404: its mode is unknown), refuses the run (`ReverifyRefused`)
+unless `Config.reverify.force`.
 """
 
 from __future__ import annotations
 
 import collections
 import os
-from collections.abc import Callable, Iterable, Mapping
+import stat
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import httpx
@@ -38,11 +40,12 @@ from rollfilter.formats.resume import ResumeState, pair_key
 from rollfilter.formats.source import InputLine, next_when_ready
 from rollfilter.http import AgentTransport
 from rollfilter.outcomes import AttemptFailure
-from rollfilter.redact import origin, printable
+from rollfilter.redact import printable, shown
 from rollfilter.rows import AGENT_REF, ROLLOUT_INDEX, TASK_INDEX, agent_name, encode_json, parse_row
 
 JUDGE_FAILED = "judge_failed"  # the failure class --judge-failed-only re-sends
 STATELESS = "stateless"  # the one /reverify_mode answer that lets a run go ahead
+MODE_UNKNOWN = None  # the mode of a server without /reverify_mode: refused, as "unknown" is, unless forced
 RESOURCES_SERVER_TYPE = "resources_servers"
 _AGENT_SERVER_TYPE = "responses_api_agents"
 SKILLS_REF = "skills_ref"
@@ -70,7 +73,7 @@ class MaterializedIndex:
     def __init__(self, path: str) -> None:
         self.path = path
         self._table = KeyTable(("Q", "I"))  # pair -> offset, length
-        self._fd = os.open(path, os.O_RDONLY)
+        self._fd = open_materialized(path)
         self.lines = 0
         self.unusable = 0  # lines without both indices, or not JSON: no rollout can be joined with them
 
@@ -118,6 +121,41 @@ class MaterializedIndex:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def open_materialized(path: str) -> int:
+    """The materialized inputs file at `path`, opened to read; UsageError, before anything is sent,
+    when it cannot be read or is no regular file: its lines are read back by offset, which a pipe
+    or a directory cannot do."""
+    where = f"the materialized inputs {printable(path)}"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO with no writer would block the open
+    except OSError as exc:
+        raise UsageError(f"cannot read {where}: {exc.strerror}") from None
+    kind = _file_kind(os.fstat(fd).st_mode)
+    if kind is not None:
+        os.close(fd)
+        raise UsageError(f"cannot read {where}: it is {kind}; it must be a regular file (its lines are read by offset)")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def check_materialized(path: str) -> None:
+    """UsageError when the materialized inputs file at `path` could not be indexed (see `open_materialized`)."""
+    os.close(open_materialized(path))
+
+
+def _file_kind(mode: int) -> str | None:
+    """What a file that is not regular is, as a message says it; None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a pipe"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device"
 
 
 class ReverifyPlanner:
@@ -285,41 +323,52 @@ def reverify_mode_url(verify: str) -> str:
     return str(url.copy_with(path=base + "/reverify_mode", query=None))
 
 
-async def reverify_modes(verify_urls: Iterable[str], transport: AgentTransport) -> dict[str, str]:
-    """Each resources server's answer to `GET /reverify_mode`, by its /verify URL (asked once each).
-    ServiceError when one cannot be asked or answers with no mode."""
-    modes: dict[str, str] = {}
+async def reverify_modes(verify_urls: Iterable[str], transport: AgentTransport) -> dict[str, str | None]:
+    """Each resources server's answer to `GET /reverify_mode`, by its /verify URL (asked once each):
+    its mode, or `MODE_UNKNOWN` when it has no such endpoint (HTTP 404: a server older than it).
+    ServiceError, naming the URL asked with its path, when one cannot be asked or answers anything else."""
+    modes: dict[str, str | None] = {}
     for verify in sorted(set(verify_urls)):
         url = reverify_mode_url(verify)
-        where = f"the resources server at {origin(verify)}"
+        where = f"resources server {shown(url)}"
         try:
             with trio.move_on_after(MODE_TIMEOUT) as scope:
                 reply = await transport.request(b"GET", httpx.URL(url))
         except (httpx.TransportError, httpx.InvalidURL) as exc:
-            raise ServiceError(f"cannot ask {where} for its /reverify_mode: {printable(str(exc))}") from None
+            raise ServiceError(f"cannot reach {where}: {printable(str(exc))}") from None
         if scope.cancelled_caught:
-            raise ServiceError(f"{where} did not answer /reverify_mode in {MODE_TIMEOUT:g} s")
+            raise ServiceError(f"{where} did not answer in {MODE_TIMEOUT:g} s")
+        if reply.status == 404:
+            modes[verify] = MODE_UNKNOWN
+            continue
         if reply.status != 200:
-            raise ServiceError(f"{where} answered HTTP {reply.status} for /reverify_mode")
+            raise ServiceError(f"{where} answered HTTP {reply.status}")
         try:
             mode = _decode(reply.body)
         except (msgspec.DecodeError, RecursionError):
             mode = None
         if not isinstance(mode, str):
-            raise ServiceError(f"{where} answered /reverify_mode with no mode (a JSON string)")
+            raise ServiceError(f"{where} answered no mode (a JSON string)")
         modes[verify] = mode
     return modes
 
 
-def refusal(modes: Mapping[str, str], names: Callable[[str], str]) -> str | None:
-    """Why the run must not re-score at these servers (those whose mode is not stateless), or None."""
-    unsafe = [f"{names(url)} ({printable(mode)})" for url, mode in modes.items() if mode != STATELESS]
+def refusal(modes: Mapping[str, str | None]) -> str | None:
+    """Why the run must not re-score at these servers (those whose mode is not stateless, or
+    unknown), naming each by the /reverify_mode URL asked; None when every one is stateless."""
+    unsafe = [
+        f"{shown(reverify_mode_url(url))} ({_mode_said(mode)})" for url, mode in modes.items() if mode != STATELESS
+    ]
     if not unsafe:
         return None
     return (
         f"resources server {', '.join(unsafe)} does not say its /reverify_mode is {STATELESS}: its rewards"
         " may not be those of the episodes"
     )
+
+
+def _mode_said(mode: str | None) -> str:
+    return "HTTP 404: mode unknown" if mode is None else printable(mode)
 
 
 def verify_urls(config: Config, endpoints: Mapping[str, tuple[str, ...]], default: str | None) -> list[str]:
@@ -334,6 +383,7 @@ __all__ = [
     "MaterializedIndex",
     "ReverifyPlanner",
     "ReverifyRefused",
+    "check_materialized",
     "refusal",
     "reverify_modes",
     "verifiers_from_config",

@@ -199,7 +199,8 @@ class Run:
             default = default or only
         if not send:
             return endpoints, None, config
-        why = refusal(await reverify_modes(verify_urls(config, endpoints, default), transport), origin)
+        self.index = MaterializedIndex(settings.materialized)  # a file that cannot be indexed is refused first
+        why = refusal(await reverify_modes(verify_urls(config, endpoints, default), transport))
         if why is not None and not settings.force:
             raise ReverifyRefused(why)
         if why is not None:
@@ -207,11 +208,10 @@ class Run:
             if self._on_warning is not None:
                 self._on_warning(f"{why}; re-scored there anyway (forced): the summary says unsafe")
         try:
-            self.index = MaterializedIndex(settings.materialized)
+            await trio.to_thread.run_sync(self.index.build)  # one pass over a file: not abandoned with its descriptor
         except OSError as exc:
             problem = f"cannot read the materialized inputs {printable(settings.materialized)}: {exc.strerror}"
             raise UsageError(problem) from None
-        await trio.to_thread.run_sync(self.index.build)  # one pass over a file: not abandoned with its descriptor
         return endpoints, None, dataclasses.replace(config, url=default) if default != config.url else config
 
     async def plan_first(

@@ -17,10 +17,12 @@ from typing import Any
 import pytest
 import trio
 
-from rollfilter import Config, open_rollouts, rollouts
+from rollfilter import Config, Reverify, RollfilterError, ServiceError, open_rollouts, rollouts
 from rollfilter.api.in_trio import FinalReport
-from tests.conftest import DemoServer, invoke, rows_jsonl, summary_of
+from tests.conftest import DemoServer, closed_port_url, invoke, read_jsonl, rows_jsonl, serving, summary_of
 from tests.e2e.test_groups import K, group_rows
+from tests.e2e.test_reverify import files as reverify_files
+from tests.servers.resources_server import ResourcesServer
 
 # What depends on the clock, not on the rows.
 TIMINGS = ("elapsed_s", "rows_per_s", "tokens_per_s", "latency_s")
@@ -122,3 +124,32 @@ def test_the_command_and_the_api_summarize_the_same_run_alike(
     assert [line.partition(": ")[2] for line in command_warnings] == list(case.warned)
     assert [line.partition(": ")[0] for line in command_warnings] == ["-r nobody=K"] * len(case.warned)
     assert [line.partition(": ")[2] for line in api_warnings] == list(case.warned)
+
+
+STOPS_BEFORE_SENDING = ["head server unreachable", "reverify_mode HTTP 500", "no reverify_mode", "materialized folder"]
+
+
+@pytest.mark.parametrize("stop", STOPS_BEFORE_SENDING)
+def test_a_run_stopped_before_it_sends_raises_what_the_command_says(tmp_path: Path, stop: str):
+    """The Python API raises the error whose line the command says, and the command's status is
+    its exit status; the command's summary follows the line when a service stopped it (exit 3)."""
+    materialized, rollout_lines = reverify_files(tmp_path)
+    with serving(ResourcesServer(mode_status=500 if stop == "reverify_mode HTTP 500" else 404)) as server:
+        if stop == "head server unreachable":
+            head = closed_port_url()
+            options, config = ["--head-server", head], Config(head_server=head)
+        else:
+            path = str(tmp_path if stop == "materialized folder" else materialized)
+            options, config = ["--reverify", path, "-u", server.url], Config(url=server.url, reverify=Reverify(path))
+        proc = invoke([*options, str(rollout_lines)])
+        with pytest.raises(RollfilterError) as raised:
+            for _ in rollouts(read_jsonl(rollout_lines), config):
+                pass
+        assert server.bodies == []
+    line, *after = proc.stderr.decode().splitlines()
+    assert line == f"rollfilter: {raised.value}"
+    assert proc.returncode == raised.value.exit_status
+    if isinstance(raised.value, ServiceError):
+        assert [json.loads(summary)["rollfilter"]["stopped"] for summary in after] == [str(raised.value)]
+    else:
+        assert after == []

@@ -67,24 +67,33 @@ def test_aggregate_sends_stripped_results_and_writes_what_each_agent_answered(
     assert summary["key_metrics"] == {e["agent_ref"]["name"]: e["key_metrics"] for e in written}
 
 
-def test_aggregate_problems_are_one_line_each_and_do_not_change_the_exit_status(tmp_path: Path):
-    # Results that name no agent do fail the run: tests/e2e/test_options.py holds that case.
+def test_an_aggregate_some_agents_did_not_answer_holds_the_others_and_exits_1(tmp_path: Path):
+    """The results are whole, but the aggregate file asked for is not: a line for each agent that
+    gave none, the answers of those that did in the file, and exit 1 (never 0 with a short file)."""
+    # Results that name no agent fail the run alike: tests/e2e/test_options.py holds that case.
+    answering = RecordingAgent(name="answering")
     missing, failing = RecordingAgent(aggregate_status=404), RecordingAgent(aggregate_status=500)
+    servers = {"answering": answering, "missing": missing, "failing": failing}
     try:
-        data = rows(2, "missing") + rows(2, "failing")
-        args = ["-e", f"missing={missing.url}", "-e", f"failing={failing.url}"]
+        data = "".join(rows(2, name) for name in servers)
+        args = [arg for name, server in servers.items() for arg in ("-e", f"{name}={server.url}")]
         proc = run([*args, "--aggregate", str(tmp_path / "agg.json")], input=data)
     finally:
-        for server in (missing, failing):
+        for server in servers.values():
             server.close()
-    assert proc.returncode == 0, proc.stderr  # the rollouts themselves succeeded
+    assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.decode().splitlines()
     problems = [line for line in lines if line.startswith("rollfilter: --aggregate:")]
     assert len(problems) == 2
     assert any("'missing'" in line and "404" in line for line in problems)
     assert any("'failing'" in line and "HTTP 500" in line for line in problems)
-    assert json.loads((tmp_path / "agg.json").read_text()) == []
-    assert summary_of(proc.stderr)["key_metrics"] == {}
+    (entry,) = json.loads((tmp_path / "agg.json").read_text())
+    assert entry["agent_ref"] == {"name": "answering"}
+    (answer,) = answering.aggregate_answers
+    assert {key: entry[key] for key in answer} == answer
+    summary = json.loads(lines[-1])  # the summary, last
+    assert summary["rollfilter"]["succeeded"] == 6  # the rollouts themselves succeeded
+    assert summary["key_metrics"] == {"answering": answer["key_metrics"]}
 
 
 def test_materialized_holds_every_body_exactly_as_sent_in_order(tmp_path: Path, agents: dict[str, RecordingAgent]):

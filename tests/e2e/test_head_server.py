@@ -20,6 +20,7 @@ from tests.conftest import (
     rows_jsonl,
     run,
     simple_rows,
+    summary_of,
 )
 
 
@@ -58,9 +59,10 @@ def test_a_head_server_that_does_not_answer_its_config_exits_3(status: int, body
         server.close()
     assert proc.returncode == 3
     assert proc.stdout == b""
-    [message] = proc.stderr.decode().splitlines()
+    message, summary = proc.stderr.decode().splitlines()  # the summary last, as every run's
     assert message.startswith(f"rollfilter: the head server at {server.url}")
     assert reason in message
+    assert json.loads(summary)["rollfilter"]["stopped"] == message.removeprefix("rollfilter: ")
     assert server.requests == 1
 
 
@@ -133,5 +135,8 @@ def test_unreachable_head_server_exits_3_before_sending():
     proc = run(["--head-server", head_server, "-a", AGENT], input=rows_jsonl(simple_rows(2)))
     assert proc.returncode == 3
     assert proc.stdout == b""
-    assert proc.stderr.decode().startswith(f"rollfilter: cannot reach the head server at {head_server}")
-    assert proc.stderr.decode().count("\n") == 1
+    message, _ = proc.stderr.decode().splitlines()
+    assert message.startswith(f"rollfilter: cannot reach the head server at {head_server}")
+    figures = summary_of(proc.stderr)["rollfilter"]  # the summary last, `2>&1 >/dev/null | tail -n 1 | jq` finds it
+    assert figures["stopped"] == message.removeprefix("rollfilter: ")
+    assert (figures["rows_read"], figures["succeeded"], figures["failed"]) == (0, 0, 0)

@@ -7,6 +7,7 @@ materialized input's `expected`), so every reward below is computed here from th
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ import pytest
 from tests.conftest import (
     SUBPROCESS_TIMEOUT,
     HeadServer,
+    closed_port_url,
     read_jsonl,
     result_lines,
     run,
@@ -259,10 +261,24 @@ def test_options_that_do_not_go_with_re_scoring_are_usage_errors(args: list[str]
     assert message in proc.stderr.decode()
 
 
-def test_a_materialized_file_that_cannot_be_read_is_a_usage_error(tmp_path: Path, verifier: ResourcesServer):
-    proc = run(["--reverify", str(tmp_path / "missing.jsonl"), "-u", verifier.url], input=b"{}\n")
+@pytest.mark.parametrize("kind", ["missing", "directory", "pipe", "fifo"])
+def test_a_materialized_file_that_cannot_be_read_by_offset_is_a_usage_error(
+    tmp_path: Path, verifier: ResourcesServer, kind: str
+):
+    """It is indexed, then read back by offset: a pipe or a directory is refused with one line,
+    as a missing file is, before any output is made (-o naming it too makes no empty file of it)."""
+    materialized, rollouts = files(tmp_path)
+    given = {"missing": tmp_path / "missing.jsonl", "directory": tmp_path, "pipe": Path("/dev/stdin")}
+    path = given.get(kind, tmp_path / "fifo")
+    if kind == "fifo":
+        os.mkfifo(path)  # no writer: opening it must not wait for one
+    args = ["--reverify", str(path), "-u", verifier.url, str(rollouts)]
+    proc = run([*args, "-o", str(path)] if kind == "missing" else args, input=materialized.read_bytes())
     assert proc.returncode == 2
-    assert "cannot read the materialized inputs" in proc.stderr.decode()
+    (line,) = proc.stderr.decode().splitlines()
+    assert line.startswith(f"rollfilter: cannot read the materialized inputs {path}: ")
+    assert line.endswith("No such file or directory" if kind == "missing" else "(its lines are read by offset)")
+    assert not (tmp_path / "missing.jsonl").exists()
     assert verifier.bodies == []
 
 
@@ -384,3 +400,85 @@ def test_resuming_with_another_materialized_file_or_as_a_run_is_refused(tmp_path
         assert "--reverify" in proc.stderr.decode() or "--judge-failed-only" in proc.stderr.decode()
         assert verifier.bodies == []
     assert run(["--reverify", str(materialized), *args, "--resume"]).returncode == 0
+
+
+@pytest.mark.parametrize("prefix", ["", "/prefix"])
+def test_a_server_without_reverify_mode_is_refused_by_its_url_unless_forced(tmp_path: Path, prefix: str):
+    """An older resources server answers /reverify_mode with 404: its mode is unknown. Refused
+    (exit 2) by the URL asked, its path included; re-scored and marked unsafe with --force."""
+    materialized, rollouts = files(tmp_path)
+    with serving(ResourcesServer(mode_status=404, prefix=prefix)) as server:
+        refused = run(["--reverify", str(materialized), "-u", f"{server.url}{prefix}/", str(rollouts)])
+        assert refused.returncode == 2, refused.stderr
+        (line,) = refused.stderr.decode().splitlines()
+        assert line.startswith(
+            f"rollfilter: resources server {server.url}{prefix}/reverify_mode (HTTP 404: mode unknown) "
+        )
+        assert server.bodies == []
+        forced = run(["--reverify", str(materialized), "-u", f"{server.url}{prefix}/verify", "--force", str(rollouts)])
+        assert forced.returncode == 0, forced.stderr
+        assert summary_of(forced.stderr)["rollfilter"]["unsafe"] is True
+        assert len(result_lines(forced.stdout)) == len(server.bodies) == TASKS * K
+
+
+@pytest.mark.parametrize("failure", ["HTTP 500", "unreachable"])
+def test_a_failing_reverify_mode_exits_3_with_the_summary_last_and_leaves_no_file(tmp_path: Path, failure: str):
+    materialized, rollouts = files(tmp_path)
+    out = tmp_path / "rescored.jsonl"
+    with serving(ResourcesServer(mode_status=500)) as server:
+        url = server.url if failure == "HTTP 500" else closed_port_url()
+        proc = run(["--reverify", str(materialized), "-u", url, "-o", str(out), str(rollouts)])
+        quiet = run(["--reverify", str(materialized), "-u", url, "-q", str(rollouts)])
+        assert server.bodies == []
+    assert proc.returncode == 3
+    message, summary = proc.stderr.decode().splitlines()  # `2>&1 >/dev/null | tail -n 1 | jq` finds the summary
+    assert f"resources server {url}/reverify_mode" in message
+    assert failure.removeprefix("unreachable") in message
+    figures = json.loads(summary)["rollfilter"]
+    assert figures["stopped"] == message.removeprefix("rollfilter: ")
+    assert (figures["rows_read"], figures["succeeded"]) == (0, 0)
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted([materialized.name, rollouts.name])
+    assert (quiet.returncode, quiet.stderr.decode().splitlines()) == (3, [message])  # -q: no summary
+
+
+@pytest.mark.parametrize("link", ["same path", "symlink", "hard link"])
+@pytest.mark.parametrize(
+    "given",
+    [
+        ["-o", "{}", "--overwrite"],
+        ["-o", "{}", "--append"],
+        ["--errors", "{}"],
+        ["--metrics", "{}"],
+        ["--aggregate", "{}"],
+        ["--gym-layout", "-o", "rescored.jsonl"],
+        ["> {}"],
+    ],
+)
+def test_a_materialized_file_that_is_an_output_is_refused_and_left_as_it_is(
+    tmp_path: Path, verifier: ResourcesServer, link: str, given: list[str]
+):
+    """Re-scoring reads the materialized file as an input: an output that is that file, by path or
+    by inode, would empty it or append results to it, after which it joins nothing."""
+    materialized, rollouts = files(tmp_path)
+    gym_layout = "--gym-layout" in given  # its failures file beside -o is the output
+    output = tmp_path / ("rescored_failures.jsonl" if gym_layout else "output.jsonl")
+    if link == "symlink":
+        output.symlink_to(materialized)
+    elif link == "hard link":
+        output.hardlink_to(materialized)
+    elif gym_layout:
+        materialized = materialized.rename(output)
+    else:
+        output = materialized
+    before = materialized.read_bytes()
+    args = ["--reverify", str(materialized), "-u", verifier.url, str(rollouts)]
+    if given == ["> {}"]:
+        with output.open("ab") as stdout:
+            proc = run(args, stdout=stdout)
+    else:
+        proc = run([*args, *(arg.format(output) for arg in given)], cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.decode().splitlines()
+    assert line.endswith(f"is also the input --reverify {materialized}: input file is output file")
+    assert materialized.read_bytes() == before
+    assert verifier.bodies == []

@@ -647,11 +647,12 @@ def test_the_head_server_and_aggregate_metrics_have_the_bounds_of_run(tmp_path):
         args = ["-a", "demo", "--aggregate", str(aggregate), "--max-reply-bytes", "1000"]
         outcome = rollfilter(server.url, 2, tmp_path, *args)
     assert head.returncode == 3
-    assert head.stderr.decode().splitlines() == [
+    assert head.stderr.decode().splitlines()[:-1] == [  # the summary last
         f"rollfilter: the head server at {server.base} answered badly: the reply's body is over 1000 bytes"
         " (the limit on replies)"
     ]
     assert outcome.kinds(2) == ["ok", "ok"]
+    assert outcome.proc.returncode == 1  # the aggregate asked for is not whole
     problems = [line for line in outcome.stderr.splitlines() if "aggregate_metrics" in line]
     assert len(problems) == 1
     assert "/aggregate_metrics failed: " in problems[0]
@@ -691,10 +692,12 @@ def test_a_head_server_port_that_cannot_be_used_is_exit_3_naming_the_server_and_
     with WireServer(lambda request, conn: conn.send(answer)) as server:
         proc = run(["--head-server", server.base, "-a", "simple_agent"], input=rows_jsonl(rows_for(1)))
     assert proc.returncode == 3
-    assert proc.stderr.decode().splitlines() == [
-        f"rollfilter: the head server at {server.base} gives simple_agent.responses_api_agents.simple_agent.port,"
+    message = (
+        f"the head server at {server.base} gives simple_agent.responses_api_agents.simple_agent.port,"
         " which is not a TCP port (an integer from 1 to 65535)"
-    ]
+    )
+    assert proc.stderr.decode().splitlines()[:-1] == [f"rollfilter: {message}"]
+    assert summary_of(proc.stderr)["rollfilter"]["stopped"] == message  # the summary last
 
 
 def test_ipv6_origins_are_printed_in_brackets(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +12,16 @@ import pytest
 import trio
 import trio.testing
 
-from rollfilter.errors import ServiceError
+from rollfilter.errors import ServiceError, UsageError
 from rollfilter.http.testing import ScriptedRequest, ScriptedTransport, scripted_reply
-from rollfilter.run.reverify import MODE_TIMEOUT, MaterializedIndex, refusal, reverify_modes, verifiers_from_config
+from rollfilter.run.reverify import (
+    MODE_TIMEOUT,
+    MODE_UNKNOWN,
+    MaterializedIndex,
+    refusal,
+    reverify_modes,
+    verifiers_from_config,
+)
 
 
 def test_the_index_finds_each_pairs_line_across_chunks_and_skips_what_it_cannot_join(tmp_path: Path):
@@ -66,6 +74,8 @@ async def test_reverify_modes_asks_each_server_once_and_bounds_the_wait(autojump
             await trio.sleep(MODE_TIMEOUT + 1)
         if request.url.port == 4:
             raise httpx.ConnectError("connection refused")
+        if request.url.port == 5:
+            return scripted_reply(500, {"detail": "down"})
         return scripted_reply(200, "stateless" if request.url.port == 1 else "unsupported")
 
     transport = ScriptedTransport(answer)
@@ -76,12 +86,49 @@ async def test_reverify_modes_asks_each_server_once_and_bounds_the_wait(autojump
         "http://127.0.0.1:1/reverify_mode",
         "http://127.0.0.1:2/reverify_mode",
     ]
-    why = refusal(modes, lambda url: url)
+    why = refusal(modes)
     assert why is not None
-    assert "http://127.0.0.1:2/verify (unsupported)" in why
+    assert "http://127.0.0.1:2/reverify_mode (unsupported)" in why
     assert "127.0.0.1:1/" not in why
-    assert refusal({"u": "stateless"}, str) is None
-    with pytest.raises(ServiceError, match=f"did not answer /reverify_mode in {MODE_TIMEOUT:g} s"):
+    assert refusal({"u": "stateless"}) is None
+    with pytest.raises(
+        ServiceError,
+        match=rf"^resources server http://127\.0\.0\.1:3/reverify_mode did not answer in {MODE_TIMEOUT:g} s$",
+    ):
         await reverify_modes(["http://127.0.0.1:3/verify"], transport)
-    with pytest.raises(ServiceError, match=r"cannot ask the resources server at http://127\.0\.0\.1:4"):
+    with pytest.raises(ServiceError, match=r"^cannot reach resources server http://127\.0\.0\.1:4/reverify_mode: "):
         await reverify_modes(["http://127.0.0.1:4/verify"], transport)
+    with pytest.raises(ServiceError, match=r"^resources server http://127\.0\.0\.1:5/reverify_mode answered HTTP 500$"):
+        await reverify_modes(["http://127.0.0.1:5/verify"], transport)
+
+
+async def test_a_server_without_reverify_mode_is_of_unknown_mode_named_by_the_url_asked():
+    """An older resources server answers 404: its mode is unknown, which refuses the run unless
+    forced, as "unknown" does; the URL asked is named with its path."""
+    transport = ScriptedTransport(lambda request: scripted_reply(404, {"detail": "Not Found"}))
+    verify = "http://user:secret@127.0.0.1:1/prefix/verify?key=k"
+    modes = await reverify_modes([verify], transport)
+    assert [str(request.url) for request in transport.requests] == [
+        "http://user:secret@127.0.0.1:1/prefix/reverify_mode"
+    ]
+    assert modes == {verify: MODE_UNKNOWN}
+    why = refusal(modes)
+    assert why is not None
+    assert why.startswith("resources server http://127.0.0.1:1/prefix/reverify_mode (HTTP 404: mode unknown) ")
+    assert "secret" not in why
+
+
+@pytest.mark.parametrize("kind", ["directory", "pipe", "missing"])
+def test_a_materialized_file_that_is_not_a_regular_file_is_a_usage_error(tmp_path: Path, kind: str):
+    """It is indexed by offset: a pipe or a directory is refused with one line, as a missing file is."""
+    path = tmp_path / "m.jsonl"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "pipe":
+        os.mkfifo(path)  # with no writer: opening it must not wait for one
+    with pytest.raises(UsageError, match=f"^cannot read the materialized inputs {path}: ") as refused:
+        MaterializedIndex(str(path))
+    said = {"directory": "it is a directory", "pipe": "it is a pipe", "missing": "No such file or directory"}[kind]
+    assert said in str(refused.value)
+    if kind != "missing":
+        assert "must be a regular file" in str(refused.value)

@@ -5,7 +5,8 @@
 1.0 when the response's output text holds the body's `expected`, else 0.0. A body whose `expected`
 is listed in `failing` is answered 500; one in `judge_failing` is answered 200 with
 `_ng_failure_class: judge_failed`. Each answer waits `latency` s. `GET /reverify_mode` answers
-`mode` as a JSON string. Every /verify body is recorded.
+`mode` as a JSON string, or with `mode_status` that status (404: a server older than the endpoint).
+Under `prefix` (`/prefix`), both are there and nothing is at the root. Every /verify body is recorded.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ def verify_reward(body: dict[str, Any]) -> float:
 
 
 class ResourcesServer(ThreadedHTTPServer):
-    def __init__(self, *, mode: str = "stateless") -> None:
+    def __init__(self, *, mode: str = "stateless", mode_status: int = 200, prefix: str = "") -> None:
         self.mode = mode
+        self.mode_status = mode_status
+        self.prefix = prefix
         self.bodies: list[dict[str, Any]] = []
         self.mode_asked = 0
         self.failing: set[str] = set()
@@ -43,16 +46,19 @@ class ResourcesServer(ThreadedHTTPServer):
 
         class Handler(QuietHandler):
             def do_GET(self) -> None:
-                if self.path == "/reverify_mode":
+                if self.path == server.prefix + "/reverify_mode":
                     with server._lock:
                         server.mode_asked += 1
+                    if server.mode_status != 200:
+                        self.send_json(server.mode_status, b'{"detail": "no mode here"}')
+                        return
                     self.send_json(200, json.dumps(server.mode).encode())
                 else:
                     self.send_json(404, b'{"detail": "Not Found"}')
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
-                if self.path != "/verify":
+                if self.path != server.prefix + "/verify":
                     self.send_json(404, b'{"detail": "Not Found"}')
                     return
                 with server._lock:

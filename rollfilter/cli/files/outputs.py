@@ -22,7 +22,7 @@ import dataclasses
 import os
 import socket
 import stat
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Literal
 
 import msgspec
@@ -116,7 +116,7 @@ class NamedOutputs:
     run record is, all before any file is opened."""
 
     def __init__(self, command: CommandConfig, streams: Environment, *, summarize: bool = False) -> None:
-        self.inputs, self.stdin = command.inputs, streams.stdin
+        self.inputs = named_inputs(command, streams.stdin)
         self.files = [
             (output, path) for output, path in output_paths(command) if not (summarize and output.beside_output)
         ]
@@ -147,7 +147,7 @@ class NamedOutputs:
                     f" (-o FILE keeps its record in FILE{RECORD_SUFFIX}): give another name"
                 )
         named: list[tuple[str, str | int]] = [*self.streams, *self.named_files()]
-        refuse_inputs(self.inputs, named, self.stdin)
+        refuse_inputs(self.inputs, named)
         refuse_shared(self.streams, self.named_files())
 
 
@@ -158,16 +158,29 @@ def held_target(command: CommandConfig) -> str | None:
     return held if held is not None and identity.may_hold_a_record(command.output or "") else None
 
 
-def refuse_inputs(inputs: Sequence[str], outputs: Iterable[tuple[str, str | int]], stdin_fd: int) -> None:
-    """UsageError when an output (a path, or a descriptor such as stdout's) is one of the inputs:
-    the run would read what it writes and never end, or destroy its input. Regular files, as GNU
-    cat tells them, and pipes (`--errors /dev/stdin` would feed its records back as rows); a
-    terminal or /dev/null may be read and written."""
+def named_inputs(command: CommandConfig, stdin_fd: int) -> list[tuple[str, str | int]]:
+    """What `command`'s run reads, as messages name it: each FILE (`-` by standard input's
+    descriptor, named `<stdin>`), and with --reverify the materialized inputs whose lines become
+    the bodies sent."""
+    named: list[tuple[str, str | int]] = [
+        (display_name(path), stdin_fd if path == STDIN else path) for path in command.inputs
+    ]
+    rescoring = command.config.reverify
+    if rescoring is not None:
+        named.append((f"--reverify {rescoring.materialized}", rescoring.materialized))
+    return named
+
+
+def refuse_inputs(inputs: Iterable[tuple[str, str | int]], outputs: Iterable[tuple[str, str | int]]) -> None:
+    """UsageError when an output (a path, or a descriptor such as stdout's) is one of the named
+    `inputs` (paths or descriptors): the run would read what it writes and never end, or destroy
+    its input. Regular files, as GNU cat tells them, and pipes (`--errors /dev/stdin` would feed
+    its records back as rows); a terminal or /dev/null may be read and written."""
     read: dict[tuple[int, int], str] = {}
-    for path in inputs:
-        key = _file_or_pipe(stdin_fd if path == STDIN else path)
+    for name, source in inputs:
+        key = _file_or_pipe(source)
         if key is not None:
-            read.setdefault(key, display_name(path))
+            read.setdefault(key, name)
     for name, target in outputs if read else ():
         key = _file_or_pipe(target)
         if key in read:

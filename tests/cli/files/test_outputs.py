@@ -24,7 +24,7 @@ from rollfilter.cli.files.outputs import (
     open_appended,
     run_files,
 )
-from rollfilter.config import Config
+from rollfilter.config import Config, Reverify
 from rollfilter.errors import OutputInUse, UsageError
 
 # A run of groups that asks for the aggregate: every output can be named beside it.
@@ -170,3 +170,26 @@ def test_a_run_that_writes_no_file_checks_its_standard_streams_only(tmp_path: Pa
         NamedOutputs(reading_stdout, streams).check()  # the results go to -o
         with pytest.raises(UsageError, match=r"^standard output is also the input"):
             NamedOutputs.standard_streams(reading_stdout, streams).check()
+
+
+# Re-scoring reads its materialized file as an input: it runs one rollout at a time (no groups,
+# so no --dropped and no held file) and never writes --materialized.
+RESCORED_OUTPUTS = [output for output in NAMED if output.key not in ("dropped_file", "materialized_file")]
+
+
+@pytest.mark.parametrize("link", ["same path", "symlink", "hard link"])
+@pytest.mark.parametrize("output", RESCORED_OUTPUTS, ids=lambda o: o.option)
+def test_an_output_that_is_the_materialized_file_re_scoring_reads_is_refused(tmp_path: Path, output: Any, link: str):
+    materialized = tmp_path / "materialized.jsonl"
+    materialized.write_text("{}\n")
+    path = materialized if link == "same path" else tmp_path / "output"
+    if link == "symlink":
+        path.symlink_to(materialized)
+    elif link == "hard link":
+        path.hardlink_to(materialized)
+    config = Config(url="http://127.0.0.1:1/verify", repeats=2, aggregate=True, reverify=Reverify(str(materialized)))
+    command = CommandConfig(config, inputs=(str(tmp_path / "rollouts.jsonl"),), **{output.key: str(path)})
+    with pytest.raises(UsageError) as refused:
+        NamedOutputs(command, STREAMS).check()
+    said = f"{output.option} {path} is also the input --reverify {materialized}: input file is output file"
+    assert str(refused.value) == said
