@@ -242,7 +242,14 @@ class ControlServer:
         statistics = self._run.statistics()
         figures = statistics.steering.as_dict()
         if statistics.connected:
-            figures.update(done=statistics.ended, failed=statistics.failed, in_flight=statistics.in_flight)
+            figures.update(
+                done=statistics.ended,
+                failed=statistics.failed,
+                in_flight=statistics.in_flight,  # sent: the rows taken and not sent are held, by what holds them
+                rows_held_by_pause=statistics.waiting_on_pause,
+                rows_held_by_rate_limit=statistics.waiting_on_rate_limits,
+                rows_held_by_window=statistics.waiting_on_window,
+            )
         figures["control_clients"] = self.clients  # the one asking included
         return figures
 

@@ -25,8 +25,9 @@ from rollfilter.cli.control import (
     ControlServer,
     ControlSocket,
 )
+from rollfilter.outcomes import Outcome
 from tests.conftest import ROOT, URL
-from tests.engine.test_steering import StandIn, rows
+from tests.engine.test_steering import StandIn, collect, rows
 
 
 @pytest.fixture
@@ -239,3 +240,27 @@ async def test_an_agents_name_with_a_space_is_given_quoted(
         assert rates == {"my agent": {"rpm": 600.0, "tpm": 5000.0}}
         assert (await answer(server, b"rpm my\\ agent=off"))["rates"] == {"my agent": {"rpm": None, "tpm": 5000.0}}
         assert len([outcome async for outcome in run]) == 2
+
+
+async def test_after_a_drain_the_rows_taken_are_held_by_the_pause_not_in_flight(
+    autojump_clock: trio.testing.MockClock, control: ControlSocket
+):
+    async with open_rollouts_in_trio(rows(12), Config(url=URL, concurrency=4), transport=StandIn()) as run:
+        assert run._run is not None
+        server = ControlServer(control, run._run)
+        taken: list[Outcome] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(collect, run, taken)
+            await trio.sleep(1)  # four out at the agent
+            drained = await answer(server, b"drain")
+            await trio.testing.wait_all_tasks_blocked()  # the four slots freed are taken again, and held
+            status = await answer(server, b"status")
+            run.resume()
+        assert len(taken) == 12
+    assert (drained["drained"], drained["requests_out"]) == (True, 0)
+    assert (status["done"], status["requests_out"], status["in_flight"], status["rows_held_by_pause"]) == (4, 0, 0, 4)
+    assert (status["rows_held_by_rate_limit"], status["rows_held_by_window"], status["rows_held_by_staleness"]) == (
+        0,
+        0,
+        0,
+    )
