@@ -104,7 +104,7 @@ def families(statistics: RunStatistics) -> list[Metric]:
     # Every agent a rollout has ended or is in flight for: each with all its outcomes and its
     # rollouts in flight, at 0 when there are none (a series that vanishes is not a 0).
     seen = {label: figures for label, figures in agents.items() if figures.seen}
-    cancelled = statistics.cancelled - statistics.in_flight  # those out now may yet end
+    cancelled = statistics.cancelled - statistics.in_flight - statistics.waiting  # those out or held may yet end
     found = [
         _outcomes(seen),
         CounterMetricFamily(
@@ -148,12 +148,7 @@ def families(statistics: RunStatistics) -> list[Metric]:
             {label: a.reward_mean for label, a in agents.items() if a.reward_mean is not None},
         ),
     ]
-    windows = {label: a.window for label, a in agents.items() if a.window is not None}
-    if windows:
-        window = GaugeMetricFamily(
-            "rollfilter_adaptive_window", "Requests the adaptive window lets in flight.", labels=("agent",)
-        )
-        found.append(_by_agent(window, windows))
+    found += _windows(statistics)
     limited = {label: a for label, a in agents.items() if a.waiting_on_rate_limits is not None}
     if limited:  # --rpm, --tpm: what waits on the run's own limits, not on the agent
         waiting = GaugeMetricFamily(
@@ -176,6 +171,22 @@ def families(statistics: RunStatistics) -> list[Metric]:
     return found + _steered(statistics)
 
 
+def _windows(statistics: RunStatistics) -> list[Metric]:
+    """With adaptive windows: each agent's, and the rollouts waiting for room in them."""
+    windows = {label: a.window for label, a in statistics.agents.items() if a.window is not None}
+    if not windows:
+        return []
+    window = GaugeMetricFamily(
+        "rollfilter_adaptive_window", "Requests the adaptive window lets in flight.", labels=("agent",)
+    )
+    held = GaugeMetricFamily(
+        "rollfilter_rollouts_held_by_window",
+        "Rollouts taken and not sent: waiting for room in their agent's adaptive window.",
+        value=statistics.waiting_on_window,
+    )
+    return [_by_agent(window, windows), held]
+
+
 def _steered(statistics: RunStatistics) -> list[Metric]:
     """What is in force of what can be steered: the pause, each agent's bound on requests in
     flight, and with a policy version, the version and what the staleness bound holds back."""
@@ -190,7 +201,9 @@ def _steered(statistics: RunStatistics) -> list[Metric]:
     for label, figures in statistics.agents.items():
         if figures.concurrency_limit is not None:
             in_flight_allowed.add_metric((label,), figures.concurrency_limit)
-    found: list[Metric] = [paused, in_flight_allowed]
+    held = GaugeMetricFamily("rollfilter_rollouts_held_by_pause", "Rollouts taken and not sent: the run is paused.")
+    held.add_metric((), statistics.waiting_on_pause)
+    found: list[Metric] = [paused, held, in_flight_allowed]
     version = steering.policy_version
     if version is not None:
         found.append(GaugeMetricFamily("rollfilter_policy_version", "The policy version now.", value=version))

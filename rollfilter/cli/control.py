@@ -4,7 +4,9 @@
 
 Each line a client sends is one command; each command gets one line back, a JSON object with
 `"ok"`: `pause`, `resume`, `drain [SECONDS]`, `concurrency N`, `rpm [AGENT=]N|off`,
-`tpm [AGENT=]N|off`, `version V` and `status`. A command that cannot be carried out answers
+`tpm [AGENT=]N|off`, `version V` and `status`. Words are split and quoted as a shell does, so an
+agent's name with a space in it is quoted (`rpm "my agent"=600`), and numbers are written in ASCII
+digits, as the options take them. A command that cannot be carried out answers
 `{"ok": false, "error": ...}` and changes nothing. This is HAProxy's runtime API in small.
 
 The socket is made with mode 0600, so only the run's own user may steer it. A path that exists
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import os
 import socket
 import stat
@@ -28,6 +31,8 @@ from typing import Any
 import msgspec
 import trio
 
+from rollfilter.cli.parsers import DECIMAL
+from rollfilter.config import is_decimal
 from rollfilter.engine.steering import SteeringError
 from rollfilter.errors import UsageError
 from rollfilter.run.run import Run
@@ -42,6 +47,7 @@ ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, er
 ACCEPT_RETRY_SECONDS = 0.1
 ARGUMENT_OF = {"concurrency": "N", "rpm": "[AGENT=]N|off", "tpm": "[AGENT=]N|off", "version": "V"}  # one each
 COMMANDS = "pause, resume, drain [SECONDS], concurrency N, rpm [AGENT=]N|off, tpm [AGENT=]N|off, version V, status"
+QUOTED_AGENT = '"my agent"=600'  # how an agent's name with a space in it is given
 
 _encode = msgspec.json.Encoder().encode
 
@@ -185,13 +191,14 @@ class ControlServer:
             text = line.decode().strip()
         except UnicodeDecodeError:
             return _answer_line(error="a command is UTF-8 text")
-        if not text:
-            return _answer_line(error=f"no command: give one of {COMMANDS}")
         try:
-            answer = await self._carry_out(*text.split())
+            words = _words(text)
+            if not words:
+                return _answer_line(error=f"no command: give one of {COMMANDS}")
+            answer = await self._carry_out(*words)
         except SteeringError as exc:
             return _answer_line(error=str(exc))
-        if self._on_command is not None and text.split()[0] != "status":
+        if self._on_command is not None and words[0] != "status":
             self._on_command(f"--control: {text}")
         return _answer_line(**answer)
 
@@ -211,7 +218,8 @@ class ControlServer:
         if name not in ARGUMENT_OF:
             raise SteeringError(f"{name!r} is no command: give one of {COMMANDS}")
         if len(arguments) != 1:
-            raise SteeringError(f"{name} takes one argument: {name} {ARGUMENT_OF[name]}")
+            quoting = f" (quote an agent's name with a space: {name} {QUOTED_AGENT})" if name in ("rpm", "tpm") else ""
+            raise SteeringError(f"{name} takes one argument: {name} {ARGUMENT_OF[name]}{quoting}")
         (argument,) = arguments
         if name == "concurrency":
             wanted = _whole_number(argument, "concurrency", least=1)
@@ -221,7 +229,7 @@ class ControlServer:
                 note = f"{wanted} at once needs more open files than this process may have: {fitted} at once"
                 return {**self._status(), "note": note}
         elif name == "version":
-            run.set_policy_version(_whole_number(argument, "version"))
+            run.set_policy_version(_whole_number(argument, "version", signed=True))
         elif name in ("rpm", "tpm"):
             agent, equals, rate = argument.rpartition("=")
             if equals and not agent:  # not every agent, as a bare N is: a name left out
@@ -234,7 +242,14 @@ class ControlServer:
         statistics = self._run.statistics()
         figures = statistics.steering.as_dict()
         if statistics.connected:
-            figures.update(done=statistics.ended, failed=statistics.failed, in_flight=statistics.in_flight)
+            figures.update(
+                done=statistics.ended,
+                failed=statistics.failed,
+                in_flight=statistics.in_flight,  # sent: the rows taken and not sent are held, by what holds them
+                rows_held_by_pause=statistics.waiting_on_pause,
+                rows_held_by_rate_limit=statistics.waiting_on_rate_limits,
+                rows_held_by_window=statistics.waiting_on_window,
+            )
         figures["control_clients"] = self.clients  # the one asking included
         return figures
 
@@ -273,29 +288,35 @@ async def _next_line(stream: trio.SocketStream, buffer: bytearray) -> bytes | st
     return line
 
 
-def _whole_number(text: str, what: str, *, least: int | None = None) -> int:
+def _words(text: str) -> list[str]:
+    """A command line's words, split and quoted as a shell does (an agent's name may hold a space)."""
+    import shlex  # only once a client sends a command: a run without --control never needs it
+
     try:
-        number = int(text, 10)
-    except ValueError:
-        raise SteeringError(f"{what} takes a whole number, not {text!r}") from None
+        return shlex.split(text)
+    except ValueError:  # a quote not closed, a backslash at the end
+        raise SteeringError(f"a quote is not closed in {text!r}: quote as a shell does, rpm {QUOTED_AGENT}") from None
+
+
+# Numbers are written in ASCII digits, as the options take them: int() and float() would take
+# "1_0" and other scripts' digits too.
+def _whole_number(text: str, what: str, *, least: int | None = None, signed: bool = False) -> int:
+    if not is_decimal(text.removeprefix("-") if signed else text):
+        raise SteeringError(f"{what} takes a whole number in the digits 0-9, not {text!r}")
+    number = int(text)
     if least is not None and number < least:
         raise SteeringError(f"{what} takes a whole number of at least {least}, not {number}")
     return number
 
 
 def _rate(text: str, name: str) -> float:
-    try:
-        rate = float(text)
-    except ValueError:
-        raise SteeringError(f"{name} takes [AGENT=]N or [AGENT=]off, not {text!r}") from None
-    return rate
+    if not DECIMAL.fullmatch(text):
+        raise SteeringError(f"{name} takes [AGENT=]N or [AGENT=]off, N a number in the digits 0-9, not {text!r}")
+    return float(text)
 
 
 def _seconds(text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not 0 <= seconds < float("inf"):
-        raise SteeringError(f"drain takes a number of seconds, not {text!r}")
+    seconds = float(text) if DECIMAL.fullmatch(text) else math.inf
+    if not seconds < math.inf:
+        raise SteeringError(f"drain takes a number of seconds in the digits 0-9, not {text!r}")
     return seconds

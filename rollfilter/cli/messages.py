@@ -20,6 +20,7 @@ from rollfilter.formats.writers import OutputClosed, OutputFailed, write_all
 from rollfilter.redact import printable
 
 if TYPE_CHECKING:
+    from rollfilter.engine.nursery import RunStatus
     from rollfilter.outcomes import Failure
 
 PREFIX = "rollfilter: "
@@ -139,3 +140,17 @@ def failure_message(failure: Failure, *, details_hint: bool) -> str:
     if details_hint and failure.kind is ErrorKind.INTERNAL:
         message += " (-v shows it)"
     return message
+
+
+def held_rows(status: RunStatus, *, paused: bool = False) -> list[str]:
+    """The rows taken and not sent, in words, by what holds them (what holds none left out), as
+    every view of a run's status says them, apart from the rows in flight; with `paused`, first
+    "paused" while the run is."""
+    counts = (
+        (status.waiting_on_pause, "held by the pause"),
+        (status.waiting_on_rate_limits, "held by rate limit"),
+        (status.waiting_on_window, "held by the adaptive window"),
+        (status.waiting_on_policy_version, "held for the policy version"),
+    )
+    words = ["paused"] if paused and status.paused else []
+    return words + [f"{count:,} {why}" for count, why in counts if count]

@@ -971,6 +971,13 @@ def running(config: "CommandConfig", environment: Environment, *, demo: bool) ->
 
     if config.compare_files:
         raise UsageError("--compare compares result files: give it with --summarize")
+    if config.config.max_staleness is not None and config.control_socket is None:
+        # Only the control raises the version (the Python API's program does it itself): without
+        # it, the run would send the groups the first version admits, then wait for ever.
+        raise UsageError(
+            "--max-staleness needs --control SOCKET: the groups past the bound wait for a new policy"
+            " version, which only the control's version command gives"
+        )
     from rollfilter.cli.run import run
     from rollfilter.demo import DemoOptions
 

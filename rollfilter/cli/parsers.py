@@ -42,8 +42,9 @@ from rollfilter.redact import shown, shown_as_typed
 
 SHARD_AUTO = "auto"  # --shard auto: the shard of this Slurm array task
 DEFAULT_AGENT = "_default"  # in a prices file: the price of agents it does not name
-# A price's number as --price takes it: float() would take "1_000" and full-width digits too.
-_DECIMAL = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
+# A number as the options take it (--price, --rpm, --tpm, and the control's): float() would take
+# "1_000" and full-width digits too.
+DECIMAL = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
 
 
 def url(text: str) -> str:
@@ -187,7 +188,7 @@ def parse_price(spec: str) -> tuple[str | None, Price]:
     name, sep, numbers = spec.rpartition("=")
     parts = numbers.split(",")
     try:
-        if not all(_DECIMAL.fullmatch(part.strip()) for part in parts):
+        if not all(DECIMAL.fullmatch(part.strip()) for part in parts):
             raise ValueError
         values = [float(part) for part in parts]
         if len(values) not in (2, 3) or (sep and not name):
@@ -257,7 +258,7 @@ def rate_limits(specs: Iterable[str], option: str) -> tuple[float | None, dict[s
     for spec in specs:
         name, sep, text = spec.rpartition("=")
         text = text.strip()
-        number = float(text) if _DECIMAL.fullmatch(text) else math.nan
+        number = float(text) if DECIMAL.fullmatch(text) else math.nan
         if not (MIN_RATE <= number <= sys.float_info.max) or (sep and not name):
             raise UsageError(f"{option} wants N or NAME=N, N a number a minute of {MIN_RATE} or more, got {spec!r}")
         if sep:

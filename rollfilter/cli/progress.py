@@ -19,6 +19,7 @@ import trio
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
+from rollfilter.cli.messages import held_rows
 from rollfilter.engine.statistics import RunStatistics
 from rollfilter.formats.writers import LineWriter, OutputClosed, OutputFailed, write_all
 
@@ -49,8 +50,8 @@ class _Terminal:
 
 
 class ProgressDisplay:
-    """done, failed, in flight (and the --adaptive window), rows/s, tokens/s, mean reward, and
-    done/total with an ETA when known."""
+    """done, failed, in flight (and the --adaptive window), rows/s, tokens/s, mean reward, the rows
+    held and what holds them (and "paused"), and done/total with an ETA when known."""
 
     def __init__(
         self,
@@ -74,8 +75,9 @@ class ProgressDisplay:
         )
         window = (TextColumn("window {task.fields[window]:>5,}"),) if adaptive else ()
         cost = (TextColumn("${task.fields[cost]:,.4f}"),) if priced else ()
-        # Waiting on --rpm/--tpm or on a pause rather than on the agent: said while rows wait so.
-        waiting = (TextColumn("{task.fields[waiting]}"),) if limited or steered else ()
+        # Rows held (not sent) by the pause, --rpm/--tpm, the window or the staleness bound rather
+        # than out at the agent: said while rows wait so.
+        waiting = (TextColumn("{task.fields[waiting]}"),) if limited or steered or adaptive else ()
         self._progress = Progress(
             TextColumn("{task.completed:>8,.0f} done"),
             TextColumn("{task.fields[failed]:>6,} failed"),
@@ -136,13 +138,13 @@ class ProgressDisplay:
             self._task,
             completed=s.ended,
             failed=s.failed,
-            in_flight=s.started - s.ended,
+            in_flight=s.in_flight,
             window=s.window or 0,
             rate=s.rows_per_s,
             tokens=s.tokens_per_s or 0.0,
             reward=s.reward_mean,
             cost=s.cost_usd or 0.0,
-            waiting="paused" if s.steering.paused else "held by rate limit" if s.waiting_on_rate_limits else "",
+            waiting=", ".join(held_rows(s.status(), paused=True)),
         )
         self._progress.refresh()
 

@@ -3,7 +3,8 @@
 On a Slurm node stderr is a file, and a live display's carriage returns and colours would fill it
 with noise. So, as NeMo Gym's collector does, the run says where it is in one whole line every 1% of
 the rollouts it expects, or after a minute without one (always, when the total is not known):
-rollouts finished of those expected, the rate, the failures so far and the time elapsed. The lines
+rollouts finished of those expected, the rate, the failures so far, the time elapsed, and while rows
+are held rather than sent, how many and by what (the pause, a rate limit, the staleness bound). The lines
 are only shown: a write that fails ends them, never the run. They stop before the summary is
 written, which stays the last line.
 """
@@ -14,7 +15,7 @@ from collections.abc import Callable
 
 import trio
 
-from rollfilter.cli.messages import message_line
+from rollfilter.cli.messages import held_rows, message_line
 from rollfilter.engine.statistics import RunStatistics
 from rollfilter.formats.writers import OutputClosed, OutputFailed, write_all
 
@@ -42,7 +43,8 @@ class ProgressLines:
         hours, rest = divmod(elapsed, 3600)
         clock = f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
         rate, failed = statistics.rows_per_s, statistics.failed
-        return message_line(f"{done}, {rate:,.1f} rollouts/s, {failed:,} failed, {clock} elapsed")
+        held = "".join(f", {part}" for part in held_rows(statistics.status(), paused=True))
+        return message_line(f"{done}, {rate:,.1f} rollouts/s, {failed:,} failed, {clock} elapsed{held}")
 
     async def run(self, statistics: Callable[[], RunStatistics], count: Callable[[], int | None] | None = None) -> None:
         """Write a line at each step of the total, or after QUIET_SECONDS without one, until cancelled,

@@ -16,12 +16,14 @@ from collections.abc import Callable
 import trio
 
 from rollfilter.cli import early_signals
+from rollfilter.cli.messages import held_rows
 from rollfilter.cli.statuses import EXIT_STATUS_OF_STOP
 from rollfilter.engine.nursery import RunStatus, StopCause, StopControl
 from rollfilter.engine.statistics import RunStatistics
 from rollfilter.redact import printable
 
 STATUS_SIGNALS = tuple(getattr(signal, name) for name in ("SIGUSR1", "SIGINFO") if hasattr(signal, name))
+WAITING_ON = {"pause": "paused", "rate limits": "--rpm/--tpm", "window": "--adaptive's window"}  # InFlight.waiting
 CAUSE_OF_SIGNAL = {
     signal.SIGINT: StopCause.INTERRUPTED,
     signal.SIGTERM: StopCause.TERMINATED,
@@ -99,23 +101,25 @@ def status_block(statistics: RunStatistics) -> list[str]:
 
 
 def status_lines(status: RunStatus | None) -> list[str]:
-    """The status block that SIGUSR1 prints: the run's figures, then its oldest rollouts in flight."""
+    """The status block that SIGUSR1 prints: the run's figures (the rows held, not sent, apart from
+    those in flight), then its oldest rollouts taken and not ended, each held or in flight."""
     if status is None:
         return ["status: starting, nothing sent yet"]
-    waiting = f" ({status.waiting_on_rate_limits:,} held by --rpm/--tpm)" if status.waiting_on_rate_limits else ""
+    held = held_rows(status)
+    waiting = f" ({', '.join(held)})" if held else ""
     paused = "paused, " if status.paused else ""
     lines = [
         f"status: {paused}{status.done:,} done, {status.failed:,} failed, {status.in_flight:,} in flight{waiting},"
         f" {status.rows_per_s:,.1f} rows/s, {status.elapsed_s:,.1f} s"
     ]
-    waiting_on = "paused" if status.paused else "--rpm/--tpm"
     for rollout in status.oldest:
         agent = rollout.agent if rollout.agent is not None else "(no name)"
+        state = "held" if rollout.waiting else "in flight"
         lines.append(
             printable(
-                f"  in flight {rollout.age_s:,.1f} s: {rollout.source}:{rollout.line} task {rollout.task_index}"
+                f"  {state} {rollout.age_s:,.1f} s: {rollout.source}:{rollout.line} task {rollout.task_index}"
                 f" rollout {rollout.rollout_index} agent {agent} attempt {rollout.attempt}"
-                + (f" (not sent yet: {waiting_on})" if rollout.waiting else "")
+                + (f" (not sent yet: {WAITING_ON[rollout.waiting]})" if rollout.waiting else "")
             )
         )
     return lines

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import email.utils
+import enum
 import http
 import math
 import random
@@ -20,7 +21,7 @@ import msgspec
 import trio
 
 from rollfilter.config import Config, is_decimal
-from rollfilter.engine.adaptive import Signal
+from rollfilter.engine.adaptive import AdaptiveWindow, Signal
 from rollfilter.engine.plan import Job
 from rollfilter.engine.rate_limits import SendSlots
 from rollfilter.engine.routing import Agent, Replica, affinity_value, task_key
@@ -76,21 +77,39 @@ class _Request:
     __slots__ = ()
 
 
+class Waiting(enum.Enum):
+    """What a job taken from the input waits on before its request leaves: while it does, it is
+    not in flight (its value is how a status names it)."""
+
+    PAUSE = "pause"
+    RATE_LIMITS = "rate limits"  # its agent's limits, or under limits a place among the requests out
+    WINDOW = "window"  # its agent's adaptive window
+
+
 class Flight:
-    """A job in flight: when it was sent (the engine's clock) and the attempt under way, which
-    the client counts as it makes them. It is the one count of a job's attempts: the engine
-    reads it for the status, and for the outcome of a job that did not fail in the client."""
+    """A job taken: when (the engine's clock), the attempt under way, which the client counts as
+    it makes them, and what it waits on before the attempt is sent, if anything. It is the one
+    count of a job's attempts: the engine reads it for the status, and for the outcome of a job
+    that did not fail in the client."""
 
     __slots__ = ("attempt", "sent_version", "since", "waited_s", "waiting")
 
     def __init__(self, since: float = 0.0) -> None:
         self.since = since
         self.attempt = 1
-        # Waiting on its agent's rate limits (or, under limits, for a place among those out), or
-        # on a pause: not sent.
-        self.waiting = False
+        self.waiting: Waiting | None = None  # None: sent, or between two attempts
         self.waited_s = 0.0  # how long it waited so, over its attempts: not sent, so not its latency
         self.sent_version: int | None = None  # the policy version when its last attempt was sent
+
+
+async def _window_turn(window: AdaptiveWindow, flight: Flight) -> int:
+    """Wait for room in an agent's adaptive window, `flight` counted meanwhile as waiting on it;
+    the attempt's ticket."""
+    flight.waiting = Waiting.WINDOW
+    try:
+        return await window.acquire()
+    finally:
+        flight.waiting = None
 
 
 class JobClient(Protocol):
@@ -163,7 +182,7 @@ class AgentClient:
                 if steering.paused:  # before the waits below, so that a paused row holds no window or charge
                     await self._paused(flight)
                 window = agent.window
-                ticket = await window.acquire() if window is not None else 0
+                ticket = await _window_turn(window, flight) if window is not None else 0
                 limits, out = agent.rate_limits, self._send_slots
                 request, charged = None, 0.0
                 if limits is not None or out is not None:  # under rate limits only: no work on a plain run's path
@@ -230,18 +249,18 @@ class AgentClient:
 
     async def _paused(self, flight: Flight) -> None:
         """Wait out a pause, counted in `flight` as time waited."""
-        flight.waiting, since = True, trio.current_time()
+        flight.waiting, since = Waiting.PAUSE, trio.current_time()
         try:
             await self._steering.wait_unpaused()
         finally:
-            flight.waiting = False
+            flight.waiting = None
             flight.waited_s += trio.current_time() - since
 
     async def _turn(self, agent: Agent, flight: Flight, request: _Request) -> float:
         """Wait for the agent's rate limits, and under limits for a slot among the requests out
         (given back when the attempt ends), counting the wait in `flight`; the tokens the request
         was charged."""
-        flight.waiting, since = True, trio.current_time()
+        flight.waiting, since = Waiting.RATE_LIMITS, trio.current_time()
         try:
             if agent.rate_limits is not None:
                 return await agent.rate_limits.acquire(self._send_slots, request)
@@ -249,7 +268,7 @@ class AgentClient:
                 await self._send_slots.take(request)
             return 0.0
         finally:
-            flight.waiting = False
+            flight.waiting = None
             flight.waited_s += trio.current_time() - since
 
     async def _attempt(

@@ -22,7 +22,7 @@ import msgspec
 import trio
 
 from rollfilter.config import FailureLimit
-from rollfilter.engine.client import Flight, JobClient
+from rollfilter.engine.client import Flight, JobClient, Waiting
 from rollfilter.engine.metrics import Metrics, as_float
 from rollfilter.engine.plan import Job, JobSource
 from rollfilter.engine.routing import Agent, Router
@@ -43,7 +43,7 @@ STATUS_OLDEST = 5  # rollouts in flight that a status names, oldest first
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class InFlight:
-    """One rollout in flight, as a status shows it."""
+    """One rollout taken and not ended, as a status shows it: in flight, or `waiting` to be sent."""
 
     source: str
     line: int
@@ -51,14 +51,18 @@ class InFlight:
     rollout_index: int
     agent: str | None
     attempt: int  # this run's attempt at it, 1 for the first
-    age_s: float  # since it was first sent in this run
-    waiting: bool = False  # waiting on its agent's rate limits or on a pause, not sent
+    age_s: float  # since this run started sending it, its waits included
+    # What it waits on, not sent: "pause", "rate limits" (its agent's, or under them a place among
+    # the requests out) or "window" (its adaptive window); None while it is in flight.
+    waiting: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RunStatus:
-    """A run in progress, as a status block shows it: its counts, and the oldest rollouts still in
-    flight (`rollfilter.engine.statistics.RunStatistics.status()` makes it from a run's snapshot)."""
+    """A run in progress, as a status block shows it: its counts, and the oldest rollouts taken
+    and not ended (`rollfilter.engine.statistics.RunStatistics.status()` makes it from a run's
+    snapshot). `in_flight` counts the rollouts sent and not ended; those taken and not sent are
+    counted by what they wait on (the `waiting_on_` figures)."""
 
     done: int
     failed: int
@@ -66,8 +70,13 @@ class RunStatus:
     rows_per_s: float
     elapsed_s: float
     oldest: tuple[InFlight, ...]
-    waiting_on_rate_limits: int = 0  # requests waiting on an agent's rate limit (Config.rpm, Config.tpm)
+    # Rows waiting on an agent's rate limit (Config.rpm, Config.tpm), or under them for a place
+    # among the requests out.
+    waiting_on_rate_limits: int = 0
     paused: bool = False  # no new request leaves (the run's pause)
+    waiting_on_pause: int = 0  # rows taken and not sent because the run is paused
+    waiting_on_window: int = 0  # rows waiting for room in their agent's adaptive window
+    waiting_on_policy_version: int = 0  # rows whose group the staleness bound does not admit yet
 
 
 class StopCause(enum.Enum):
@@ -177,14 +186,15 @@ class Engine:
     stop_when_unreachable: bool = False
     steering: Steering = dataclasses.field(default_factory=Steering)  # the pause, the policy version
     staleness: StalenessGate | None = None  # with a staleness bound: which groups may be sent
-    _in_flight: dict[Job, Flight] = dataclasses.field(default_factory=dict)  # in the order sent
+    _in_flight: dict[Job, Flight] = dataclasses.field(default_factory=dict)  # sent or to be, in that order
     _limiter: trio.CapacityLimiter | None = None  # the slots of `concurrency`, once running
     _reading: trio.Lock = dataclasses.field(default_factory=trio.Lock)  # one worker at a time fills the planner
     _nursery: trio.Nursery | None = None
     _workers: int = 0  # started so far
 
     def oldest_in_flight(self) -> tuple[InFlight, ...]:
-        """The rollouts in flight longest, oldest first (STATUS_OLDEST of them), as a status shows them."""
+        """The rollouts taken longest and not ended, oldest first (STATUS_OLDEST of them), as a
+        status shows them; each says what it waits on, if it is not in flight."""
         now = time.monotonic()
         return tuple(
             InFlight(
@@ -195,14 +205,15 @@ class Engine:
                 job.agent_name,
                 attempt=flight.attempt,
                 age_s=now - flight.since,
-                waiting=flight.waiting,
+                waiting=flight.waiting.value if flight.waiting is not None else None,
             )
             for job, flight in itertools.islice(self._in_flight.items(), STATUS_OLDEST)
         )
 
-    def in_flight_by_agent(self) -> collections.Counter[str | None]:
-        """The rollouts in flight now, by their rows' agent names."""
-        return collections.Counter(job.agent_name for job in self._in_flight)
+    def taken_by_agent(self) -> collections.Counter[tuple[str | None, Waiting | None]]:
+        """The rollouts taken and not ended now (those the staleness bound holds back aside), by
+        their rows' agent names and what each waits on: None for those in flight."""
+        return collections.Counter((job.agent_name, flight.waiting) for job, flight in self._in_flight.items())
 
     async def run(self) -> None:
         """Return when every job has ended, or when `control` stopped the run."""

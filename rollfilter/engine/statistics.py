@@ -21,6 +21,7 @@ import types
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from rollfilter.engine.client import Waiting
 from rollfilter.engine.groups import GroupStage
 from rollfilter.engine.metrics import UNNAMED_AGENT, CountSketch, LatencyHistogram, Means, Metrics
 from rollfilter.engine.nursery import Engine, InFlight, RunStatus
@@ -41,14 +42,14 @@ class AgentStatistics:
     none); agents that share a label are added up. A figure that is None has nothing to say for
     that agent (no result of it yet, no window, no rate limit, no retry budget, no prices)."""
 
-    seen: bool = False  # a rollout of it has ended in this run or is in flight
+    seen: bool = False  # a rollout of it has ended in this run, or is taken and not ended
     succeeded: int = 0
     not_persisted: int = 0
     failed_by_kind: Mapping[str, int] = dataclasses.field(default_factory=dict)
     retries: int = 0
     throttled: int = 0  # replies 429 and 503, of rows that failed or were sent again
     masked: int = 0
-    in_flight: int = 0
+    in_flight: int = 0  # sent and not ended
     tokens: float | None = None  # usage reported by this run's results
     reward_mean: float | None = None  # earlier runs' results included, as in the summary
     retries_withheld: int | None = None
@@ -65,14 +66,18 @@ class RunStatistics:
 
     The rollouts: `started` (taken from the input), of which `succeeded`, `failed` and
     `not_persisted` have `ended` and the rest are `cancelled` (while the run goes, those not ended
-    yet, `in_flight` among them; once it is over, those a stop cut); `skipped` and `not_retried` are
+    yet, `in_flight` and `waiting` among them; once it is over, those a stop cut). `in_flight` are
+    sent and not ended (a retry's wait included); `waiting` are taken and not sent: on the pause, a
+    rate limit or a place among the requests out under one, an adaptive window, or the staleness
+    bound (`waiting_on_` counts some of them by what they wait on). `skipped` and `not_retried` are
     pairs an earlier run finished or gave up (--resume). `rows_read` is the started, the skipped and
     the not retried, `expected` every pair of the input when it is known, and `not_started` the
     pairs of it never read (None while it is not known). So, however the run ended, rows_read =
     succeeded + failed + not_persisted + skipped + not_retried + cancelled, and expected = rows_read
     + not_started.
     `finished` is what the progress file counts: the ended, the given up, and what earlier runs
-    finished. `steering` is what is in force (the pause, the concurrency, the version).
+    finished. `steering` is what is in force (the pause, the concurrency, the version, and the
+    rows the staleness bound holds back).
     """
 
     connected: bool  # the run has its engine: it sends, or has sent
@@ -89,6 +94,9 @@ class RunStatistics:
     rows_read: int
     not_started: int | None
     in_flight: int
+    waiting: int
+    waiting_on_pause: int
+    waiting_on_window: int
     finished: int
     retries: int
     retries_withheld: int
@@ -97,7 +105,7 @@ class RunStatistics:
     rows_per_s: float
     tokens_per_s: float | None  # None when the agents' counts make no finite rate
     reward_mean: float  # over every result so far, earlier runs' included; 0 with none
-    waiting_on_rate_limits: int  # requests waiting on a rate limit now
+    waiting_on_rate_limits: int  # rows waiting on a rate limit now (not for a place among those out)
     window: int | None  # the agents' adaptive windows together
     spending: Mapping[str, Any] | None  # with prices: the summary's cost figures
     cost_usd: float | None
@@ -134,6 +142,9 @@ class RunStatistics:
             self.oldest,
             self.waiting_on_rate_limits,
             self.steering.paused,
+            waiting_on_pause=self.waiting_on_pause,
+            waiting_on_window=self.waiting_on_window,
+            waiting_on_policy_version=self.steering.rows_held_by_staleness,
         )
 
 
@@ -160,7 +171,7 @@ def statistics_of(
     not_retried = planner.given_up if planner is not None else 0
     rows_read = metrics.taken + skipped + not_retried
     agents = router.agents_named(None) if router is not None else []
-    in_flight = engine.in_flight_by_agent() if engine is not None else collections.Counter()
+    in_flight, waiting = _taken(engine)
     by_agent = metrics.figures_by_agent()
     fresh = by_agent is not metrics.by_agent  # merged anew with earlier runs' figures: nobody else's
     results = {agent: means if fresh else _copy(means) for agent, means in by_agent.items()}
@@ -183,6 +194,9 @@ def statistics_of(
         rows_read=rows_read,
         not_started=max(0, expected - rows_read) if expected is not None else None,
         in_flight=sum(in_flight.values()),
+        waiting=sum(waiting.values()) + steering.rows_held_by_staleness,
+        waiting_on_pause=waiting[Waiting.PAUSE],
+        waiting_on_window=waiting[Waiting.WINDOW],
         finished=finished_before + not_retried + metrics.ended,
         retries=metrics.retries,
         retries_withheld=router.retries_withheld() if router is not None else 0,
@@ -206,6 +220,18 @@ def statistics_of(
         steering=steering,
         oldest=engine.oldest_in_flight() if engine is not None else (),
     )
+
+
+def _taken(engine: Engine | None) -> tuple[collections.Counter[str | None], collections.Counter[Waiting]]:
+    """The rollouts the engine has taken and not ended: those in flight by agent name (an agent
+    whose rows all wait is there, at 0), and those waiting to be sent by what they wait on."""
+    in_flight: collections.Counter[str | None] = collections.Counter()
+    waiting: collections.Counter[Waiting] = collections.Counter()
+    for (agent, on), count in (engine.taken_by_agent() if engine is not None else {}).items():
+        in_flight[agent] += count if on is None else 0
+        if on is not None:
+            waiting[on] += count
+    return in_flight, waiting
 
 
 def _label(agent: str | None) -> str:

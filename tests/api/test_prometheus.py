@@ -230,6 +230,23 @@ async def test_the_pause_the_concurrency_limit_the_version_and_what_staleness_ho
     assert len(taken) == 3
 
 
+async def test_rows_held_are_neither_in_flight_nor_cancelled(autojump_clock):
+    config = Config(url=URL, concurrency=4, adaptive=True)
+    async with open_rollouts_in_trio(rows(12), config, transport=StandIn()) as run, trio.open_nursery() as nursery:
+        nursery.start_soon(collect, run, [])
+        run.pause()  # before anything is sent: the four rows taken wait
+        await trio.sleep(1)
+        registry = CollectorRegistry()
+        register(run, registry)
+        figures = samples(exposition(registry))
+        run.resume()
+    assert figures["rollfilter_rollouts_started_total", ()] == 4
+    assert figures["rollfilter_rollouts_in_flight", (("agent", "(no name)"),)] == 0
+    assert figures["rollfilter_rollouts_held_by_pause", ()] == 4
+    assert figures["rollfilter_rollouts_held_by_window", ()] == 0
+    assert figures["rollfilter_rollouts_cancelled_total", ()] == 0
+
+
 def test_a_plain_run_has_no_version_nor_staleness_figures():
     names = {family.name for family in families(Run(Config(url="http://127.0.0.1:9/run")).statistics())}
     assert {"rollfilter_paused", "rollfilter_concurrency_limit"} <= names

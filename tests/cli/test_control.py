@@ -25,8 +25,9 @@ from rollfilter.cli.control import (
     ControlServer,
     ControlSocket,
 )
+from rollfilter.outcomes import Outcome
 from tests.conftest import ROOT, URL
-from tests.engine.test_steering import StandIn, rows
+from tests.engine.test_steering import StandIn, collect, rows
 
 
 @pytest.fixture
@@ -78,7 +79,26 @@ async def answer(server: ControlServer, line: bytes) -> dict[str, Any]:
         (b"concurrency 1.5", "whole number"),
         (b"rpm fast", "[AGENT=]N"),
         (b"rpm 0", "at least"),
-        (b"rpm nan", "at least"),
+        (b"rpm nan", "N a number in the digits 0-9"),
+        ("concurrency \u0663".encode(), "whole number in the digits 0-9, not '\u0663'"),  # an Arabic-Indic 3
+        ("concurrency \uff13".encode(), "whole number in the digits 0-9"),  # a full-width 3
+        (b"concurrency 1_0", "whole number in the digits 0-9, not '1_0'"),
+        (b"concurrency +3", "whole number in the digits 0-9"),
+        (b"version 1_0", "whole number in the digits 0-9"),
+        ("version \u0663".encode(), "whole number in the digits 0-9"),
+        (b"version -", "whole number in the digits 0-9"),
+        (b"version -1", "cannot go back from 1 to -1"),  # a version may be negative: this one goes back
+        (b"rpm 1_000", "N a number in the digits 0-9, not '1_000'"),
+        ("tpm \u0663".encode(), "N a number in the digits 0-9"),
+        (b"drain 1_0", "number of seconds in the digits 0-9"),
+        ("drain \u0663".encode(), "number of seconds in the digits 0-9"),
+        (b"drain 1e400", "number of seconds"),
+        (
+            b"rpm my agent=600",
+            "rpm takes one argument: rpm [AGENT=]N|off (quote an agent's name with a space: rpm \"my",
+        ),
+        (b'rpm "my agent=600', "a quote is not closed"),
+        (b'rpm ""=600', "no agent before '='"),
         (b"tpm other=5", "no agent 'other'"),
         (b"version x", "whole number"),
         (b"version 0", "cannot go back"),
@@ -204,3 +224,43 @@ async def test_the_status_answers_from_the_runs_snapshot(
         del steered.statistics
     assert (status["done"], status["failed"], status["in_flight"]) == (80, 3, 6)
     assert status["concurrency"] == taken.steering.concurrency
+
+
+async def test_an_agents_name_with_a_space_is_given_quoted(
+    autojump_clock: trio.testing.MockClock, control: ControlSocket
+):
+    named = [{**row, "agent_ref": {"name": "my agent"}} for row in rows(2)]
+    config = Config(endpoints={"my agent": (URL,), "other": (URL,)}, concurrency=2)
+    async with open_rollouts_in_trio(named, config, transport=StandIn(lambda row: 1.0)) as run:
+        assert run._run is not None
+        server = ControlServer(control, run._run)
+        await trio.sleep(0.5)
+        assert (await answer(server, b'rpm "my agent"=600'))["rates"] == {"my agent": {"rpm": 600.0, "tpm": None}}
+        rates = (await answer(server, b"tpm 'my agent'=5000"))["rates"]
+        assert rates == {"my agent": {"rpm": 600.0, "tpm": 5000.0}}
+        assert (await answer(server, b"rpm my\\ agent=off"))["rates"] == {"my agent": {"rpm": None, "tpm": 5000.0}}
+        assert len([outcome async for outcome in run]) == 2
+
+
+async def test_after_a_drain_the_rows_taken_are_held_by_the_pause_not_in_flight(
+    autojump_clock: trio.testing.MockClock, control: ControlSocket
+):
+    async with open_rollouts_in_trio(rows(12), Config(url=URL, concurrency=4), transport=StandIn()) as run:
+        assert run._run is not None
+        server = ControlServer(control, run._run)
+        taken: list[Outcome] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(collect, run, taken)
+            await trio.sleep(1)  # four out at the agent
+            drained = await answer(server, b"drain")
+            await trio.testing.wait_all_tasks_blocked()  # the four slots freed are taken again, and held
+            status = await answer(server, b"status")
+            run.resume()
+        assert len(taken) == 12
+    assert (drained["drained"], drained["requests_out"]) == (True, 0)
+    assert (status["done"], status["requests_out"], status["in_flight"], status["rows_held_by_pause"]) == (4, 0, 0, 4)
+    assert (status["rows_held_by_rate_limit"], status["rows_held_by_window"], status["rows_held_by_staleness"]) == (
+        0,
+        0,
+        0,
+    )

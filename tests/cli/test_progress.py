@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+from typing import Any
 
 import pytest
 import trio
@@ -39,7 +41,7 @@ async def test_the_line_says_paused_while_the_run_is(paused: bool, shown: bool):
 async def test_the_line_shows_the_snapshot_the_run_gives(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("COLUMNS", "200")
     taken = Run(Config(url="http://127.0.0.1:9/run")).statistics()
-    shown = dataclasses.replace(taken, started=1300, succeeded=1234, failed=56, reward_mean=0.625)
+    shown = dataclasses.replace(taken, started=1300, succeeded=1234, failed=56, in_flight=10, reward_mean=0.625)
     read, write = os.pipe()
     try:
         display = ProgressDisplay(fd=write, variables={"COLUMNS": "200"}, force_terminal=True)
@@ -56,3 +58,35 @@ async def test_the_line_shows_the_snapshot_the_run_gives(monkeypatch: pytest.Mon
     assert b"56 failed" in screen
     assert b"10 in flight" in screen
     assert b"reward 0.625" in screen
+
+
+@pytest.mark.parametrize(
+    ("held", "said"),
+    [
+        ({"paused": True, "waiting_on_pause": 7}, b"0 in flight .* paused, 7 held by the pause"),
+        ({"rows_held_by_staleness": 12}, b"0 in flight .* 12 held for the policy version"),
+        ({"waiting_on_rate_limits": 3}, b"0 in flight .* 3 held by rate limit"),
+        ({"waiting_on_window": 2}, b"0 in flight .* 2 held by the adaptive window"),
+    ],
+)
+async def test_the_line_says_the_rows_held_apart_from_those_in_flight(held: dict[str, Any], said: bytes):
+    taken = Run(Config(url="http://127.0.0.1:9/run")).statistics()
+    steering = dataclasses.replace(
+        taken.steering, **{key: value for key, value in held.items() if hasattr(taken.steering, key)}
+    )
+    counts = {key: value for key, value in held.items() if not hasattr(taken.steering, key)}
+    # 19 taken, 4 ended: the rest are held, none is in flight
+    shown = dataclasses.replace(taken, started=19, succeeded=4, in_flight=0, steering=steering, **counts)
+    read, write = os.pipe()
+    try:
+        display = ProgressDisplay(fd=write, variables={"COLUMNS": "250"}, force_terminal=True, steered=True)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(display.run, lambda: shown, None)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+        os.set_blocking(read, False)
+        screen = os.read(read, 1 << 16)
+    finally:
+        os.close(read)
+        os.close(write)
+    assert re.search(said, screen), screen

@@ -117,3 +117,14 @@ def test_the_line_says_what_the_snapshot_says():
     shown = dataclasses.replace(taken, finished=1234, failed=7, rows_per_s=2.5, elapsed_s=3725.0)
     line = ProgressLines(fd=-1).line(shown, 2000).decode()
     assert line == "rollfilter: 1,234 of 2,000 rollouts finished (61%), 2.5 rollouts/s, 7 failed, 1:02:05 elapsed\n"
+
+
+def test_the_line_says_the_rows_held_and_what_holds_them():
+    taken = statistics_of(Metrics())
+    steering = dataclasses.replace(taken.steering, paused=True, rows_held_by_staleness=12)
+    shown = dataclasses.replace(taken, finished=4, waiting_on_pause=7, steering=steering)
+    line = ProgressLines(fd=-1).line(shown, 40).decode()
+    assert line == (
+        "rollfilter: 4 of 40 rollouts finished (10%), 0.0 rollouts/s, 0 failed, 0:00:00 elapsed,"
+        " paused, 7 held by the pause, 12 held for the policy version\n"
+    )

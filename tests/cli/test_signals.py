@@ -12,7 +12,10 @@ from rollfilter.engine.statistics import statistics_of
 
 def test_the_status_block_says_what_the_snapshot_says():
     taken = statistics_of(Metrics())
-    oldest = (InFlight("rows.jsonl", 3, 7, 0, "a", attempt=2, age_s=12.5, waiting=True),)
+    oldest = (
+        InFlight("rows.jsonl", 2, 6, 0, "a", attempt=1, age_s=13.0),
+        InFlight("rows.jsonl", 3, 7, 0, "a", attempt=2, age_s=12.5, waiting="rate limits"),
+    )
     shown = dataclasses.replace(
         taken,
         connected=True,
@@ -25,8 +28,30 @@ def test_the_status_block_says_what_the_snapshot_says():
         oldest=oldest,
     )
     assert status_block(shown) == [
-        "status: 42 done, 2 failed, 5 in flight (3 held by --rpm/--tpm), 1.5 rows/s, 30.0 s",
-        "  in flight 12.5 s: rows.jsonl:3 task 7 rollout 0 agent a attempt 2 (not sent yet: --rpm/--tpm)",
+        "status: 42 done, 2 failed, 5 in flight (3 held by rate limit), 1.5 rows/s, 30.0 s",
+        "  in flight 13.0 s: rows.jsonl:2 task 6 rollout 0 agent a attempt 1",
+        "  held 12.5 s: rows.jsonl:3 task 7 rollout 0 agent a attempt 2 (not sent yet: --rpm/--tpm)",
+    ]
+
+
+def test_the_rows_held_are_said_apart_from_those_in_flight_by_what_holds_them():
+    taken = statistics_of(Metrics())
+    steering = dataclasses.replace(taken.steering, paused=True, rows_held_by_staleness=12)
+    oldest = (InFlight("rows.jsonl", 3, 7, 0, None, attempt=1, age_s=2.0, waiting="pause"),)
+    shown = dataclasses.replace(
+        taken,
+        connected=True,
+        succeeded=4,
+        in_flight=0,
+        waiting_on_pause=7,
+        waiting_on_window=2,
+        steering=steering,
+        oldest=oldest,
+    )
+    assert status_block(shown) == [
+        "status: paused, 4 done, 0 failed, 0 in flight (7 held by the pause, 2 held by the adaptive window,"
+        " 12 held for the policy version), 0.0 rows/s, 0.0 s",
+        "  held 2.0 s: rows.jsonl:3 task 7 rollout 0 agent (no name) attempt 1 (not sent yet: paused)",
     ]
 
 

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import (
     closed_port_url,
+    invoke,
     rows_jsonl,
     run,
     simple_rows,
@@ -203,3 +204,16 @@ def test_a_url_given_as_its_port_alone_reaches_this_machine(demo_server):
 def test_a_rule_config_checks_is_said_by_the_options_it_names(args: list[str], said: str):
     proc = run(["-u", closed_port_url(), *args], input=rows_jsonl(simple_rows(1)))
     assert (proc.returncode, proc.stderr.decode()) == (2, f"rollfilter: {said}\n")
+
+
+def test_a_staleness_bound_without_the_control_to_raise_the_version_is_refused(demo_server):
+    # Only the control's version command lets the groups past the first bound go: without it, the
+    # run would wait for ever once they were sent.
+    staleness = ["--groups", "-r", "2", "--max-staleness", "0", "--batch-groups", "1"]
+    result = invoke(["-u", demo_server.url, *staleness], input=rows_jsonl(simple_rows(4)))
+    assert (result.returncode, result.stdout) == (2, b"")
+    assert result.stderr == (
+        b"rollfilter: --max-staleness needs --control SOCKET: the groups past the bound wait for a new policy"
+        b" version, which only the control's version command gives\n"
+    )
+    assert demo_server.stats()["requests"] == 0

@@ -7,8 +7,13 @@ import os
 import pty
 import re
 import select
+import shutil
+import signal
+import socket
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from tests.conftest import SUBPROCESS_TIMEOUT, clean_env, rows_jsonl, run, start
 
@@ -131,3 +136,64 @@ def test_a_full_stderr_ends_the_display_and_lost_failure_lines_exit_74(tmp_path)
         assert proc.returncode == 74  # the failure's line was lost
         proc = run(["--demo", "--progress", str(rows)], stderr=full)
         assert (proc.returncode, len(proc.stdout.splitlines())) == (74, 200)  # the summary was lost
+
+
+def ask(path: Path, command: bytes) -> dict[str, Any]:
+    """One command over the control socket at `path`, and its answer."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.settimeout(SUBPROCESS_TIMEOUT)
+        client.connect(str(path))
+        client.sendall(command + b"\n")
+        answer = json.loads(client.makefile("rb").readline())
+    assert isinstance(answer, dict)
+    assert answer["ok"], answer
+    return answer
+
+
+def read_until(controller: int, pattern: bytes) -> bytes:
+    """What the terminal shows until `pattern` (a regular expression) is seen, or to its end."""
+    screen = b""
+    deadline = time.monotonic() + SUBPROCESS_TIMEOUT
+    while not re.search(pattern, screen):
+        assert time.monotonic() < deadline, screen[-2000:]
+        ready, _, _ = select.select([controller], [], [], 0.2)
+        if ready:
+            try:
+                screen += os.read(controller, 65536)
+            except OSError:  # the terminal closed: the process is gone
+                break
+    return screen
+
+
+def test_the_line_and_the_status_say_the_rows_held_for_the_policy_version_and_by_the_pause(tmp_path):
+    folder = Path(tempfile.mkdtemp(prefix="rf-", dir="/tmp"))  # a socket's path is at most 108 bytes
+    control = folder / "run.sock"
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(rows_jsonl([{"responses_create_params": {"input": "x"}, "demo": {"latency": 0.02}}] * 3))
+    # Version 0 admits group 0 alone; once it is written, -j 4 takes the four rows of groups 1 and 2.
+    staleness = ["-r", "2", "--groups", "--policy-version", "0", "--max-staleness", "0", "--batch-groups", "1"]
+    args = ["--demo", "-j", "4", *staleness, "--control", str(control), str(rows)]
+    controller, terminal = pty.openpty()
+    out = tmp_path / "stdout"
+    with out.open("wb") as stdout_file:
+        proc = start(args, stdout=stdout_file, stderr=terminal, env=clean_env(TERM="xterm-256color", COLUMNS="250"))
+    os.close(terminal)
+    try:
+        read_until(controller, rb"0 in flight .*4 held for the policy version")
+        proc.send_signal(signal.SIGUSR1)
+        read_until(controller, rb"status: 2 done, 0 failed, 0 in flight \(4 held for the policy version\)")
+        ask(control, b"pause")
+        ask(control, b"version 2")  # every group admitted: the pause holds their rows now
+        read_until(controller, rb"0 in flight .*paused, 4 held by the pause")
+        proc.send_signal(signal.SIGUSR1)
+        read_until(controller, rb"status: paused, 2 done, 0 failed, 0 in flight \(4 held by the pause\)")
+        ask(control, b"resume")
+        assert re.search(rb'"succeeded": ?6', read_until(controller, rb'"succeeded": ?6'))  # the summary
+        assert proc.wait(timeout=SUBPROCESS_TIMEOUT) == 0
+    finally:
+        if proc.poll() is None:  # a failed step: the run waits for a version nobody will give
+            proc.kill()
+            proc.wait(timeout=SUBPROCESS_TIMEOUT)
+        os.close(controller)
+        shutil.rmtree(folder, ignore_errors=True)
+    assert len(out.read_bytes().splitlines()) == 6

@@ -110,7 +110,7 @@ async def test_the_status_says_rows_are_held_by_a_limit_and_the_api_takes_the_li
     finally:
         log.close()
     assert status.waiting_on_rate_limits >= 1
-    assert "held by --rpm/--tpm" in status_lines(status)[0]
+    assert "held by rate limit" in status_lines(status)[0]
     assert any(rollout.waiting for rollout in status.oldest)
     assert any(line.endswith(" (not sent yet: --rpm/--tpm)") for line in status_lines(status)[1:])
     assert len(rest) == 4

@@ -15,7 +15,7 @@ import trio
 import trio.testing
 
 from rollfilter import Config
-from rollfilter.api.in_trio import _RowFeed
+from rollfilter.api.in_trio import _RowFeed, open_rollouts_in_trio
 from rollfilter.config import Retries
 from rollfilter.engine.metrics import Metrics
 from rollfilter.engine.sinks import ChannelSink
@@ -26,6 +26,7 @@ from rollfilter.http.testing import ScriptedRequest, ScriptedTransport, scripted
 from rollfilter.outcomes import Outcome
 from rollfilter.run.run import Run
 from tests.conftest import URL
+from tests.engine.test_steering import StandIn, collect
 
 SLOW = 100.0  # an odd row's episode, in seconds of the mock clock; an even row's takes 1
 
@@ -151,3 +152,56 @@ def test_the_summary_keeps_its_keys_and_their_order():
         *("not_retried", "cancelled", "not_started", "failed_by_kind", "retries", "retries_withheld", "elapsed_s"),
         *("rows_per_s", "tokens_per_s", "latency_s", "stopped"),
     ]
+
+
+async def snapshot_at(config: Config, count: int, moment: float, steer: Any = None) -> tuple[RunStatistics, int]:
+    """The snapshot of a run of `count` rows whose agent answers in SLOW seconds, taken `moment`
+    seconds in (after `steer(run)`, if given), and how many requests were at the agent then."""
+    agent = StandIn(lambda row: SLOW)
+    async with open_rollouts_in_trio(rows(count), config, transport=agent) as run, trio.open_nursery() as nursery:
+        nursery.start_soon(collect, run, [])
+        if steer is not None:
+            steer(run)
+        await trio.sleep(moment)
+        await trio.testing.wait_all_tasks_blocked()
+        assert run._run is not None
+        statistics, out = run._run.statistics(), agent.out
+        run.resume()
+        run.set_rate(rpm=None)
+        if run._run.staleness is not None:
+            run.set_policy_version(10**6)
+    return statistics, out
+
+
+def held(statistics: RunStatistics) -> tuple[int, int, int, int]:
+    status = statistics.status()
+    return (
+        status.waiting_on_pause,
+        status.waiting_on_rate_limits,
+        status.waiting_on_window,
+        status.waiting_on_policy_version,
+    )
+
+
+async def test_rows_taken_and_not_sent_are_held_by_what_holds_them_never_in_flight(autojump_clock):
+    # Paused before anything is sent: the four rows taken wait, held by the pause.
+    paused, out = await snapshot_at(Config(url=URL, concurrency=4), 12, 1, lambda run: run.pause())
+    assert (paused.ended, paused.in_flight, out, held(paused)) == (0, 0, 0, (4, 0, 0, 0))
+    assert paused.waiting == 4
+    assert paused.status().in_flight == 0
+    assert [rollout.waiting for rollout in paused.oldest] == ["pause"] * 4
+    # A minute a request: one sent, the other five wait on the limit.
+    limited, out = await snapshot_at(Config(url=URL, concurrency=8, rpm=1), 6, 1)
+    assert (limited.in_flight, out, held(limited), limited.waiting) == (1, 1, (0, 5, 0, 0), 5)
+    # An adaptive window starts at eight: the other twelve rows taken wait for room in it.
+    windowed, out = await snapshot_at(Config(url=URL, concurrency=20, adaptive=True), 20, 0.01)
+    assert (windowed.in_flight, out, held(windowed), windowed.waiting) == (8, 8, (0, 0, 12, 0), 12)
+    # Version 0 admits group 0 alone: groups 1 and 2 wait for the next.
+    stale = Config(url=URL, concurrency=6, repeats=2, groups=True, policy_version=0, max_staleness=0, batch_groups=1)
+    bounded, out = await snapshot_at(stale, 3, 1)
+    assert (bounded.in_flight, out, held(bounded), bounded.waiting) == (2, 2, (0, 0, 0, 4), 4)
+    assert bounded.steering.rows_held_by_staleness == 4
+    for statistics in (paused, limited, windowed, bounded):
+        agent = statistics.agents["(no name)"]
+        assert (agent.seen, agent.in_flight) == (True, statistics.in_flight)
+        assert statistics.started == statistics.ended + statistics.in_flight + statistics.waiting
