@@ -204,16 +204,9 @@ class AgentClient:
                 if outcome.kind is ErrorKind.CONNECT:
                     replica.connection_failed(trio.current_time(), sent=started)
                 failure = outcome.with_attempts(attempt)
-                if failure.retry is not Retry.NOW or attempt > self._retries:
-                    return failure
-                # With --adaptive, the agent's window paces the retries of a refusal (429, 503)
-                # itself: the budget holds back the rest, as it does every retry without a window.
-                paced = window is not None and failure.status in OVERLOAD_STATUSES
-                budget = agent.budget
-                if budget is not None and not paced and not budget.withdraw():
-                    return budget_spent(failure, attempt)
-                # --timeout bounds one attempt, and so the wait before the next one too.
-                delay = min(backoff_delay(attempt, self._rng, retry_after), self._timeout)
+                delay = self._pause_before_retry(failure, agent, retry_after)
+                if isinstance(delay, AttemptFailure):
+                    return delay
                 if self._on_retry is not None:
                     self._on_retry(job, failure, delay)
                 flight.attempt = attempt + 1  # under way from the pause on, as the status shows it
@@ -223,6 +216,25 @@ class AgentClient:
                 self._on_internal_error(job, exc)
             message = f"unexpected {type(exc).__name__} while sending the row or reading its reply"
             return AttemptFailure(ErrorKind.INTERNAL, message, attempts=flight.attempt)
+
+    def _pause_before_retry(
+        self, failure: AttemptFailure, agent: Agent, retry_after: float | None
+    ) -> float | AttemptFailure:
+        """How long to wait before sending the row again after `failure`, or the failure that ends
+        the row: retries spent, or withheld by the agent's budget."""
+        if failure.retry is not Retry.NOW:
+            return failure
+        attempt = failure.attempts
+        if attempt > self._retries:
+            return failure
+        # With --adaptive, the agent's window paces the retries of a refusal (429, 503) itself: the
+        # budget holds back the rest, as it does every retry without a window.
+        paced = agent.window is not None and failure.status in OVERLOAD_STATUSES
+        budget = agent.budget
+        if budget is not None and not paced and not budget.withdraw():
+            return budget_spent(failure, attempt)
+        # --timeout bounds one attempt, and so the wait before the next one too.
+        return min(backoff_delay(attempt, self._rng, retry_after), self._timeout)
 
     async def _paused(self, flight: Flight) -> None:
         """Wait out a pause, counted in `flight` as time waited."""
