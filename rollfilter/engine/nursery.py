@@ -172,9 +172,9 @@ class Engine:
     groups: ResultStage | None = None  # results held by group, counted when their group closes
     group_field: str | None = None  # a result must hold this numeric field (to tell uniform groups)
     waiting_rows: int = 0  # rows that may wait on a rate limit beside the `concurrency` in flight
-    # Stop the run once a row has failed to connect to an agent that no attempt has got past
-    # connecting to (see `_check_unreachable`).
-    stop_when_unreachable: bool = False
+    # Stop the run once a row has failed to connect to an agent judged down after its connections
+    # failed for this many seconds (see `_check_unreachable`); None: never.
+    unreachable_after: float | None = None
     steering: Steering = dataclasses.field(default_factory=Steering)  # the pause, the policy version
     staleness: StalenessGate | None = None  # with a staleness bound: which groups may be sent
     _in_flight: dict[Job, Flight] = dataclasses.field(default_factory=dict)  # in the order sent
@@ -285,8 +285,8 @@ class Engine:
         finally:
             del self._in_flight[job]
         if isinstance(outcome, AttemptFailure):
-            if self.stop_when_unreachable:
-                self._check_unreachable(agent, outcome)
+            if self.unreachable_after is not None:
+                self._check_unreachable(agent, outcome, self.unreachable_after)
             self._fail(job, outcome, release)
         elif isinstance(outcome, _NotPersisted):
             self.metrics.add_not_persisted(job.agent_name)
@@ -357,16 +357,15 @@ class Engine:
             self.groups.failure(job, failure)
         self._check_failure_limit()
 
-    def _check_unreachable(self, agent: Agent, failure: AttemptFailure) -> None:
-        """Stop the run when `failure` ended a row on a connection to `agent`, no attempt of the
-        run has got past connecting to it, and each of its replicas has refused a connection. The
-        row had its retries (or the budget withheld them, as it does once many rows fail): an agent
-        down from the start is found within one row's attempts, not after every row of the input
-        has failed the same way. A replica not yet refused may be up with its first episodes still
-        running, and the agent then answers: its rows that failed are today's failures."""
-        if failure.kind is not ErrorKind.CONNECT or agent.answered:
-            return
-        if not all(replica.refused for replica in agent.replicas):
+    def _check_unreachable(self, agent: Agent, failure: AttemptFailure, after: float) -> None:
+        """Stop the run when `failure` ended a row on a connection to `agent`, and the agent is
+        judged down (`Agent.unreachable`): no attempt of the run has got past connecting to it, each
+        of its replicas has refused a connection, and its connections have failed a few times over
+        `after` seconds. Its rows are sent again until then (the client holds them), so an agent
+        down from the start is found then, not after every row of the input has failed the same
+        way. A replica not yet refused may be up with its first episodes still running, and the
+        agent then answers: its rows that failed are today's failures."""
+        if failure.kind is not ErrorKind.CONNECT or not agent.unreachable(trio.current_time(), after):
             return
         urls = ", ".join(shown(replica.url) for replica in agent.replicas)
         who = f"agent {agent.name} ({urls})" if agent.name is not None else f"the agent at {urls}"

@@ -101,9 +101,9 @@ class Run:
     (the command's held file), with the `release` to run once it is written. `transport`, when
     given, is what the run sends through instead of the one `config` asks for (a test's
     `rollfilter.http.testing.ScriptedTransport`). With `stop_when_unreachable`, an agent that
-    refused or dropped every connection since the start stops the run
-    (`StopCause.AGENT_UNREACHABLE`) once a row has failed on it. The run owns its transport and
-    spool: `aclose` closes them.
+    refused or dropped every connection since the start, for at least the connect timeout
+    (`Config.timeout.connect`) and a few times, stops the run (`StopCause.AGENT_UNREACHABLE`); its
+    rows are sent again until then. The run owns its transport and spool: `aclose` closes them.
     """
 
     def __init__(
@@ -242,6 +242,8 @@ class Run:
 
     def _engine(self, source: LineSource, sink: RowSink, router: Router, transport: AgentTransport) -> Engine:
         config, sends = self.config, self._client is None
+        # An agent is given as long to come up as one connection is given to be made.
+        unreachable_after = config.timeout.connect if self._stop_when_unreachable and sends else None
         client: JobClient = (
             self._client
             if self._client is not None
@@ -252,6 +254,7 @@ class Run:
                 on_internal_error=self._internal_error,
                 send_slots=self.send_slots,
                 steering=self.steering,
+                unreachable_after=unreachable_after,
             )
         )
         if config.groups:
@@ -296,7 +299,7 @@ class Run:
             groups=self.groups,
             group_field=config.group_field if config.drop_uniform else None,
             waiting_rows=self.send_slots.waiting_rows if self.send_slots is not None else 0,
-            stop_when_unreachable=self._stop_when_unreachable and sends,
+            unreachable_after=unreachable_after,
             steering=self.steering,
             staleness=self.staleness,
         )

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from rollfilter import Config, Failure, rollouts
+from rollfilter.engine.routing import UNREACHABLE_AFTER_FAILURES
 from rollfilter.errors import ErrorKind
 from tests.conftest import (
     SUBPROCESS_TIMEOUT,
@@ -343,10 +344,11 @@ def test_an_agent_that_answered_then_drops_connections_fails_rows_and_the_run_go
 @pytest.mark.parametrize("agent_of", [_DropsAll], indirect=True)
 def test_an_agent_that_drops_every_connection_from_the_start_stops_the_run(agent_of: str, tmp_path):
     errors = tmp_path / "errors.jsonl"
-    proc = run(["-u", agent_of, "-j", "1", "--retries", "2", "--errors", str(errors)], input=rows_jsonl(simple_rows(6)))
+    args = ["-u", agent_of, "-j", "1", "--retries", "2", "--connect-timeout", "0.5", "--errors", str(errors)]
+    proc = run(args, input=rows_jsonl(simple_rows(6)))
     assert proc.returncode == 3, proc.stderr
     [record] = read_jsonl(errors)
-    assert record["attempts"] == 3
+    assert record["attempts"] >= UNREACHABLE_AFTER_FAILURES
     [line, _] = proc.stderr.decode().splitlines()
     assert line.startswith(f"rollfilter: stopped: the agent at {agent_of} refused or dropped every connection")
     figures = summary_of(proc.stderr)["rollfilter"]
