@@ -16,7 +16,7 @@ import trio.testing
 from rollfilter import Failure, rollouts
 from rollfilter.api.in_trio import _RowFeed
 from rollfilter.config import Config, Timeouts
-from rollfilter.engine.nursery import StopCause
+from rollfilter.engine.nursery import START_BATCH, StopCause
 from rollfilter.engine.routing import UNREACHABLE_AFTER_FAILURES
 from rollfilter.engine.sinks import ChannelSink
 from rollfilter.errors import ErrorKind
@@ -172,3 +172,25 @@ async def test_an_agent_that_answers_a_status_is_answering_and_never_stops_the_r
     assert run.control.cause is None
     assert len(outcomes) == 50
     assert {outcome.kind for outcome in outcomes if isinstance(outcome, Failure)} == {ErrorKind.HTTP_STATUS}
+
+
+class SpawnCounter(trio.abc.Instrument):
+    def __init__(self) -> None:
+        self.spawned = 0
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        self.spawned += 1
+
+
+async def test_a_run_costs_what_it_uses_of_its_concurrency_not_the_bound():
+    """5 rows at a concurrency of a million (fitted to the open-file limit, still thousands):
+    the run starts a batch of workers, not one a slot; raising the bound mid-run neither."""
+    spawned = SpawnCounter()
+    trio.lowlevel.add_instrument(spawned)
+    try:
+        run, outcomes, _ = await run_rows(lambda request: scripted_reply(200, {"reward": 1.0}), 5, concurrency=10**6)
+    finally:
+        trio.lowlevel.remove_instrument(spawned)
+    assert len(outcomes) == 5
+    assert run.concurrency > 4 * START_BATCH  # the open-file limit leaves room for many
+    assert spawned.spawned < 2 * START_BATCH
