@@ -39,9 +39,8 @@ class AttemptFailure:
     `retry` says whether sending it again can help (the kinds in TERMINAL_KINDS are always
     `Retry.NEVER`), `failure_class` is the agent's own `_ng_failure_class` (None for
     rollfilter's kinds), and `answer` holds the agent's 2xx answer when the agent itself
-    reported the failure. `kept_alive_lost`: the request went out on a kept-alive connection
-    that was lost before any reply, most often as the server closed it. `budget_spent`: a retry
-    was due, and the agent's retry budget withheld it (the message says so, attempts and all).
+    reported the failure. `budget_spent`: a retry was due, and the agent's retry budget withheld
+    it (the message says so, attempts and all).
     """
 
     kind: ErrorKind
@@ -51,7 +50,6 @@ class AttemptFailure:
     retry: Retry = Retry.LATER
     failure_class: str | None = None
     answer: dict[str, Any] | None = None
-    kept_alive_lost: bool = False
     budget_spent: bool = False
 
     def __post_init__(self) -> None:

@@ -61,12 +61,11 @@ from rollfilter.formats.resume import (
 )
 from rollfilter.formats.source import LineReader, check_inputs
 from rollfilter.formats.writers import BatchWriter, LineWriter, OutputClosed, OutputFailed
-from rollfilter.http import connections_that_fit, raise_open_file_limit
 from rollfilter.redact import shown
 from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name
 from rollfilter.run.connect import tls_context_for
 from rollfilter.run.first_pass import RepeatsMissing
-from rollfilter.run.run import ConfigWarning, Run
+from rollfilter.run.run import ConfigWarning, Run, fit_to_open_files
 
 if TYPE_CHECKING:
     from rollfilter.cli.exporter import Exporter
@@ -189,22 +188,18 @@ def _write_nothing_sent(environment: Environment, *, stopped: str | None) -> Non
 
 def fitted_concurrency(wanted: int, *, files_per_connection: int) -> int:
     """How many of `wanted` requests at once fit under the open-file limit (raised as far as it goes)."""
-    return connections_that_fit(wanted, raise_open_file_limit(), files_per_connection=files_per_connection)
+    return fit_to_open_files(wanted, files_per_connection=files_per_connection)[0]
 
 
 def fit_open_files(command: CommandConfig, *, files_per_connection: int, stderr: int) -> CommandConfig:
     """Raise the open-file limit as far as it goes; if -j still does not fit under it, say so
-    once and run fewer rows at a time, so that no row fails for this machine's limit."""
-    open_files = raise_open_file_limit()
-    wanted = command.config.concurrency
-    fitted = connections_that_fit(wanted, open_files, files_per_connection=files_per_connection)
-    if fitted == wanted:
-        return command
-    say(
-        f"-j {wanted} needs more open files than this process may have ({open_files},"
-        f" see ulimit -n): running {fitted} rows at a time",
-        stderr,
+    once, before anything is sent, and run fewer rows at a time (the run fits it no further)."""
+    fitted, problem = fit_to_open_files(
+        command.config.concurrency, files_per_connection=files_per_connection, limit_name="ulimit -n"
     )
+    if problem is None:
+        return command
+    say(f"-j {problem}", stderr)
     return dataclasses.replace(command, config=dataclasses.replace(command.config, concurrency=fitted))
 
 
@@ -623,7 +618,8 @@ class _CommandLineRun:
 
 def warning_message(warning: ConfigWarning) -> str:
     """A run's warning as the command says it: naming the option the user gave."""
-    return f"{option_of(warning.field, warning.key)}: {warning.problem}"
+    option = option_of(warning.field) if warning.key is None else option_of(warning.field, warning.key)
+    return f"{option}: {warning.problem}"
 
 
 def summary_for(summary: bytes, at_terminal: bool) -> bytes:

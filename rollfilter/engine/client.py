@@ -27,7 +27,7 @@ from rollfilter.engine.rate_limits import SendSlots
 from rollfilter.engine.routing import Agent, Replica, affinity_value, task_key
 from rollfilter.engine.steering import Steering
 from rollfilter.errors import ErrorKind
-from rollfilter.http import AgentTransport, CertificateError, KeptAliveLost, Reply, origin_of
+from rollfilter.http import AgentTransport, CertificateError, Reply, origin_of
 from rollfilter.outcomes import OVERLOAD_STATUSES, AttemptFailure, Retry
 from rollfilter.redact import origin, printable, shown
 from rollfilter.rows import decode_exact
@@ -152,8 +152,10 @@ class AgentClient:
         on_internal_error: Callable[[Job, Exception], None] | None = None,
         send_slots: SendSlots | None = None,
         steering: Steering | None = None,
+        unreachable_after: float | None = None,
     ) -> None:
         self._transport = transport
+        self._unreachable_after = unreachable_after
         self._steering = steering if steering is not None else Steering()
         self._send_slots = send_slots  # under rate limits: what bounds the requests out at once
         self._retries = config.retries.count
@@ -221,22 +223,11 @@ class AgentClient:
                     return outcome
                 replica.failures += 1
                 if outcome.kind is ErrorKind.CONNECT:
-                    replica.connection_failed(trio.current_time(), sent=started)
+                    agent.connection_failed(replica, trio.current_time(), sent=started)
                 failure = outcome.with_attempts(attempt)
-                if failure.retry is not Retry.NOW or attempt > self._retries:
-                    return failure
-                # With --adaptive, the agent's window paces the retries of a refusal (429, 503)
-                # itself: the budget holds back the rest, as it does every retry without a window.
-                paced = window is not None and failure.status in OVERLOAD_STATUSES
-                # A row's first attempt lost on a kept-alive connection is most often the server
-                # closing it as the request went out, not the agent in trouble: its one retry
-                # is not the budget's (a browser retries such a request once, too).
-                keep_alive_race = failure.kept_alive_lost and attempt == 1
-                budget = agent.budget
-                if budget is not None and not (paced or keep_alive_race) and not budget.withdraw():
-                    return budget_spent(failure, attempt)
-                # --timeout bounds one attempt, and so the wait before the next one too.
-                delay = min(backoff_delay(attempt, self._rng, retry_after), self._timeout)
+                delay = self._pause_before_retry(failure, agent, retry_after)
+                if isinstance(delay, AttemptFailure):
+                    return delay
                 if self._on_retry is not None:
                     self._on_retry(job, failure, delay)
                 flight.attempt = attempt + 1  # under way from the pause on, as the status shows it
@@ -246,6 +237,46 @@ class AgentClient:
                 self._on_internal_error(job, exc)
             message = f"unexpected {type(exc).__name__} while sending the row or reading its reply"
             return AttemptFailure(ErrorKind.INTERNAL, message, attempts=flight.attempt)
+
+    def _pause_before_retry(
+        self, failure: AttemptFailure, agent: Agent, retry_after: float | None
+    ) -> float | AttemptFailure:
+        """How long to wait before sending the row again after `failure`, or the failure that ends
+        the row: retries spent, or withheld by the agent's budget."""
+        if failure.retry is not Retry.NOW:
+            return failure
+        attempt = failure.attempts
+        until_judged = self._until_judged(failure, agent)
+        if until_judged is None:  # else sent again beyond the retries and the budget
+            if attempt > self._retries:
+                return failure
+            # With --adaptive, the agent's window paces the retries of a refusal (429, 503) itself:
+            # the budget holds back the rest, as it does every retry without a window.
+            paced = agent.window is not None and failure.status in OVERLOAD_STATUSES
+            budget = agent.budget
+            if budget is not None and not paced and not budget.withdraw():
+                return budget_spent(failure, attempt)
+        # --timeout bounds one attempt, and so the wait before the next one too.
+        delay = min(backoff_delay(attempt, self._rng, retry_after), self._timeout)
+        return min(delay, until_judged) if until_judged else delay
+
+    def _until_judged(self, failure: AttemptFailure, agent: Agent) -> float | None:
+        """When `failure` is a connection to an agent that has never answered and is not yet judged
+        down (`Agent.unreachable`), in a run that stops for such an agent: the seconds until it may
+        be judged (none left once only failures are missing). Else None.
+
+        Such a row is sent again until then, beyond its retries and the budget: a burst of refusals
+        at the start of a run (a listen backlog overflowing, a machine too loaded to accept) then
+        fails no row of a live agent, and an agent that is down stops the run on time, after a few
+        attempts, rather than on one burst; its rows wait meanwhile rather than fail one by one."""
+        after = self._unreachable_after
+        if after is None or failure.kind is not ErrorKind.CONNECT or agent.answered:
+            return None
+        now = trio.current_time()
+        if agent.unreachable(now, after):
+            return None
+        assert agent.refused_since is not None, "a connection failed"
+        return max(0.0, agent.refused_since + after - now)
 
     async def _paused(self, flight: Flight) -> None:
         """Wait out a pause, counted in `flight` as time waited."""
@@ -374,10 +405,7 @@ def transport_failure(url: httpx.URL, exc: httpx.TransportError) -> AttemptFailu
         return AttemptFailure(ErrorKind.CONNECT, f"cannot connect to {origin(url)}: {exc}", retry=Retry.NOW)
     if isinstance(exc, httpx.RemoteProtocolError):  # the agent answered: sending again would replay the episode
         return AttemptFailure(ErrorKind.BAD_RESPONSE, f"{origin(url)}: {printable(str(exc))}")
-    lost = isinstance(exc, KeptAliveLost)
-    return AttemptFailure(
-        ErrorKind.CONNECT, f"{origin(url)}: {printable(str(exc))}", retry=Retry.NOW, kept_alive_lost=lost
-    )
+    return AttemptFailure(ErrorKind.CONNECT, f"{origin(url)}: {printable(str(exc))}", retry=Retry.NOW)
 
 
 def redirect_target(url: httpx.URL, reply: Reply, *, cross_origin: bool) -> httpx.URL | AttemptFailure:

@@ -1,9 +1,11 @@
 """The engine: the one nursery that takes jobs, sends them, and hands back what happened.
 
-`concurrency` workers each take a row, send it, hand back what happened, and take the
+Up to `concurrency` workers each take a row, send it, hand back what happened, and take the
 next. Backpressure is the limiter: a slot is acquired *before* the next job is read, and
 given back only when the row's line has been written (the sink calls `release`), so rows
 in memory are bounded by the concurrency however fast the input or slow the output.
+Workers are started as rows keep them busy, a batch when none is left waiting, so a run
+costs what it uses of its concurrency, not the bound itself.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from rollfilter.redact import printable, shown
 from rollfilter.rows import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX, agent_name, field_value, is_masked
 
 ERROR_REASON_CHARS = 200  # how much of an agent's failure_reason a message quotes
-START_BATCH = 64  # workers started in one scheduler step
+START_BATCH = 64  # workers started at once, when none is left waiting for a row
 STATUS_OLDEST = 5  # rollouts in flight that a status names, oldest first
 
 
@@ -181,16 +183,18 @@ class Engine:
     groups: ResultStage | None = None  # results held by group, counted when their group closes
     group_field: str | None = None  # a result must hold this numeric field (to tell uniform groups)
     waiting_rows: int = 0  # rows that may wait on a rate limit beside the `concurrency` in flight
-    # Stop the run once a row has failed to connect to an agent that no attempt has got past
-    # connecting to (see `_check_unreachable`).
-    stop_when_unreachable: bool = False
+    # Stop the run once a row has failed to connect to an agent judged down after its connections
+    # failed for this many seconds (see `_check_unreachable`); None: never.
+    unreachable_after: float | None = None
     steering: Steering = dataclasses.field(default_factory=Steering)  # the pause, the policy version
     staleness: StalenessGate | None = None  # with a staleness bound: which groups may be sent
     _in_flight: dict[Job, Flight] = dataclasses.field(default_factory=dict)  # sent or to be, in that order
     _limiter: trio.CapacityLimiter | None = None  # the slots of `concurrency`, once running
     _reading: trio.Lock = dataclasses.field(default_factory=trio.Lock)  # one worker at a time fills the planner
     _nursery: trio.Nursery | None = None
-    _workers: int = 0  # started so far
+    _workers: int = 0  # running
+    _most_workers: int = 0  # the rows that may be taken at once: no more workers than that
+    _waiting: int = 0  # of the workers running, those without a row: waiting for a slot or for the planner
 
     def oldest_in_flight(self) -> tuple[InFlight, ...]:
         """The rollouts taken longest and not ended, oldest first (STATUS_OLDEST of them), as a
@@ -217,34 +221,35 @@ class Engine:
 
     async def run(self) -> None:
         """Return when every job has ended, or when `control` stopped the run."""
-        workers = self.concurrency + self.waiting_rows  # the requests out are bounded by the client then
-        self._limiter = trio.CapacityLimiter(workers)
+        # The rows taken at once; with rate limits the client bounds the requests out among them.
+        self._most_workers = self.concurrency + self.waiting_rows
+        self._limiter = trio.CapacityLimiter(self._most_workers)
         with self.control.scope:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                await self._start_workers(workers)
+                self._start_workers()
         self._nursery = None
 
-    async def _start_workers(self, workers: int) -> None:
+    def _start_workers(self) -> None:
+        """Start a batch of workers, up to the rows that may be taken at once. Each batch runs in a
+        scheduler step of its own, so a host loop (asyncio, for a guest run) gets turns between them."""
         assert self._nursery is not None
         assert self._limiter is not None
-        while self._workers < workers:
+        batch = max(0, min(START_BATCH, self._most_workers - self._workers))
+        for _ in range(batch):
             self._nursery.start_soon(self._worker, self._limiter, self._reading)
-            self._workers += 1
-            if self._workers % START_BATCH == 0:
-                # Workers started together connect and send in one scheduler step; in
-                # batches, a host loop (asyncio, for a guest run) gets turns in between.
-                await trio.lowlevel.checkpoint()
+        self._workers += batch
+        self._waiting += batch
 
     def set_concurrency(self, concurrency: int) -> None:
-        """Bound the rows taken at once by `concurrency` from now on: a higher one starts more
-        workers, a lower one lets the excess finish (a slot freed is then not taken again)."""
+        """Bound the rows taken at once by `concurrency` from now on: a higher one lets more
+        workers start, a lower one lets the excess finish (a slot freed is then not taken again)."""
         self.concurrency = concurrency
         if self._limiter is None:
             return
-        self._limiter.total_tokens = concurrency + self.waiting_rows
-        if self._nursery is not None and self._workers < concurrency + self.waiting_rows:
-            self._nursery.start_soon(self._start_workers, concurrency + self.waiting_rows)
+        self._most_workers = self._limiter.total_tokens = concurrency + self.waiting_rows
+        if self._nursery is not None and not self._waiting:
+            self._start_workers()
 
     async def _worker(self, limiter: trio.CapacityLimiter, reading: trio.Lock) -> None:
         # A worker that finishes a row takes the next one itself, in the same scheduler
@@ -263,7 +268,12 @@ class Engine:
             release = functools.partial(limiter.release_on_behalf_of, slot)
             if job is None:
                 release()
+                self._workers -= 1
+                self._waiting -= 1
                 return
+            self._waiting -= 1
+            if not self._waiting and self._workers < self._most_workers:  # the next row would wait for one
+                self._start_workers()
             self.metrics.taken += 1
             staleness = self.staleness
             if staleness is not None and job.failure is None:
@@ -276,8 +286,9 @@ class Engine:
                 # A run of bad lines sends nothing: without this, a stop would not be
                 # noticed until the buffered lines ran out.
                 await trio.lowlevel.checkpoint()
-                continue
-            await self._run_job(job, route, release)
+            else:
+                await self._run_job(job, route, release)
+            self._waiting += 1
 
     async def _run_job(self, job: Job, agent: Agent, release: Release) -> None:
         started = trio.current_time()
@@ -296,8 +307,8 @@ class Engine:
         finally:
             del self._in_flight[job]
         if isinstance(outcome, AttemptFailure):
-            if self.stop_when_unreachable:
-                self._check_unreachable(agent, outcome)
+            if self.unreachable_after is not None:
+                self._check_unreachable(agent, outcome, self.unreachable_after)
             self._fail(job, outcome, release)
         elif isinstance(outcome, _NotPersisted):
             self.metrics.add_not_persisted(job.agent_name)
@@ -368,16 +379,15 @@ class Engine:
             self.groups.failure(job, failure)
         self._check_failure_limit()
 
-    def _check_unreachable(self, agent: Agent, failure: AttemptFailure) -> None:
-        """Stop the run when `failure` ended a row on a connection to `agent`, no attempt of the
-        run has got past connecting to it, and each of its replicas has refused a connection. The
-        row had its retries (or the budget withheld them, as it does once many rows fail): an agent
-        down from the start is found within one row's attempts, not after every row of the input
-        has failed the same way. A replica not yet refused may be up with its first episodes still
-        running, and the agent then answers: its rows that failed are today's failures."""
-        if failure.kind is not ErrorKind.CONNECT or agent.answered:
-            return
-        if not all(replica.refused for replica in agent.replicas):
+    def _check_unreachable(self, agent: Agent, failure: AttemptFailure, after: float) -> None:
+        """Stop the run when `failure` ended a row on a connection to `agent`, and the agent is
+        judged down (`Agent.unreachable`): no attempt of the run has got past connecting to it, each
+        of its replicas has refused a connection, and its connections have failed a few times over
+        `after` seconds. Its rows are sent again until then (the client holds them), so an agent
+        down from the start is found then, not after every row of the input has failed the same
+        way. A replica not yet refused may be up with its first episodes still running, and the
+        agent then answers: its rows that failed are today's failures."""
+        if failure.kind is not ErrorKind.CONNECT or not agent.unreachable(trio.current_time(), after):
             return
         urls = ", ".join(shown(replica.url) for replica in agent.replicas)
         who = f"agent {agent.name} ({urls})" if agent.name is not None else f"the agent at {urls}"

@@ -46,6 +46,10 @@ COOLDOWN_CAP = 4.0
 BALANCE = 1.25
 POINTS_PER_REPLICA = 100  # places of each replica on the ring: its share of the tasks within a few percent
 PLACED_TASKS = 65_536  # tasks whose replica is remembered (a task's rollouts come together, then rarely again)
+# An agent that has never answered is judged down once its connections have failed this many times,
+# over a span of time (see `Agent.unreachable`): a burst of refusals at the start of a run (a listen
+# backlog overflowing) comes at one moment, and a connection that hangs fails only at its timeout.
+UNREACHABLE_AFTER_FAILURES = 3
 _encode = msgspec.json.Encoder().encode
 
 
@@ -189,6 +193,27 @@ class Agent:
     rate_limits: RateLimits | None = None  # its requests and tokens a minute
     former_rate_limits: RateLimits | None = None  # limits taken off while the run went: their figures stay
     answered: bool = False  # some attempt got past connecting (a reply, or a wait for one) this run
+    refused_since: float | None = None  # when a connection to it first failed this run
+    refusals: int = 0  # connections to it that failed this run
+
+    def connection_failed(self, replica: Replica, now: float, sent: float) -> None:
+        """A connection to `replica` failed, for a request `sent` then."""
+        replica.connection_failed(now, sent)
+        self.refusals += 1
+        if self.refused_since is None:
+            self.refused_since = now
+
+    def unreachable(self, now: float, after: float) -> bool:
+        """Whether it is judged down: no attempt of the run got past connecting to it, each of its
+        replicas refused or dropped a connection, and its connections failed at least
+        UNREACHABLE_AFTER_FAILURES times over at least `after` seconds."""
+        return (
+            not self.answered
+            and self.refused_since is not None
+            and now - self.refused_since >= after
+            and self.refusals >= UNREACHABLE_AFTER_FAILURES
+            and all(replica.refused for replica in self.replicas)
+        )
 
     def pick(self, now: float, avoid: Replica | None = None, task: bytes | None = None) -> Replica:
         """The replica for a rollout of the task `task` (its `task_key`): by placement, or the one

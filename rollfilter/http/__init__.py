@@ -1,7 +1,7 @@
 """The HTTP/1.1 client of rollfilter: a leaf that imports nothing else of rollfilter.
 
     framing.py          a reply: its framing decided once (`body_framing`), parsed by llhttp, decoded
-    connection.py       one connection: a request and its reply, and what a lost one proves
+    connection.py       one connection: a request and its reply, and the check before reuse
     pool.py             `HTTP11Transport`: a keep-alive stack per origin, and why replies stay with requests
     proxy.py            `ProxyTransport`: the same rules through an HTTP proxy, over httpx
     agent_transport.py  the `AgentTransport` interface both implement, and `open_transport`
@@ -9,8 +9,7 @@
     headers.py          the headers every request carries, and Basic auth from a URL
     tls.py              the TLS context (a CA file loaded once), and what a failed certificate check says
     bounds.py           the open-file limit and the connections that fit under it; the bound on replies
-    errors.py           the errors raised: httpx's, with `BadReply`, `CertificateError` and `KeptAliveLost`;
-                        `CaFileError`
+    errors.py           the errors raised: httpx's, with `BadReply` and `CertificateError`; `CaFileError`
     testing.py          `ScriptedTransport`: replies from a function of a test's, no socket (httpx's MockTransport)
 
 Text in its errors and warnings (a server's words, a URL's host) is as it came: the caller
@@ -28,7 +27,7 @@ if TYPE_CHECKING:
     from rollfilter.http.agent_transport import AgentTransport, open_transport
     from rollfilter.http.bounds import DEFAULT_MAX_REPLY_BYTES, connections_that_fit, raise_open_file_limit
     from rollfilter.http.connection import BodyChunks
-    from rollfilter.http.errors import BadReply, CaFileError, CertificateError, KeptAliveLost
+    from rollfilter.http.errors import BadReply, CaFileError, CertificateError
     from rollfilter.http.framing import Framing, Reply, body_framing
     from rollfilter.http.origin import Origin, origin_of
     from rollfilter.http.pool import HTTP11Transport
@@ -42,7 +41,6 @@ _EXPORTS = {
     "BadReply": "rollfilter.http.errors",
     "CaFileError": "rollfilter.http.errors",
     "CertificateError": "rollfilter.http.errors",
-    "KeptAliveLost": "rollfilter.http.errors",
     "DEFAULT_MAX_REPLY_BYTES": "rollfilter.http.bounds",
     "Framing": "rollfilter.http.framing",
     "Reply": "rollfilter.http.framing",
@@ -64,7 +62,6 @@ __all__ = [
     "CertificateError",
     "Framing",
     "HTTP11Transport",
-    "KeptAliveLost",
     "Origin",
     "ProxyTransport",
     "Reply",

@@ -1,17 +1,14 @@
 """One HTTP/1.1 connection: the socket, one request and its reply at a time, and what the
-socket can tell about a request that was lost."""
+pool must know before it uses the connection again."""
 
 from __future__ import annotations
 
 import collections
 import errno
-import fcntl
 import ipaddress
 import os
 import select
 import socket
-import struct
-import termios
 from collections.abc import AsyncIterator, Callable
 
 import httptools
@@ -38,19 +35,13 @@ KEEPALIVE_INTERVAL = 10
 KEEPALIVE_PROBES = 3
 # Rows named in the warning about a connection that carried bytes nobody asked for.
 MAX_NAMED_ROWS = 10
-_RESET_ERRNOS = frozenset({errno.ECONNRESET, errno.ECONNABORTED})
 _OUT_OF_FILES_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
 BodyChunks = Callable[[], AsyncIterator[bytes]]  # a request body, read afresh each time it is sent
 _TO_CLOSE = Framing.TO_CLOSE  # looked up once: attribute access on an Enum class is slow per reply
 
 
 class Lost(Exception):
-    """The connection ended before any byte of the reply; `unread` when the server provably
-    never received the whole request (only then may it be sent again for free)."""
-
-    def __init__(self, reason: str, *, unread: bool) -> None:
-        super().__init__(reason)
-        self.unread = unread
+    """The connection ended before any byte of the reply."""
 
 
 class OutOfFiles(Exception):
@@ -126,17 +117,6 @@ class Connection:
                     self.exposed = collections.deque(maxlen=MAX_NAMED_ROWS)
                 self.exposed.append(row)
 
-    def _closed_before_the_request_arrived(self) -> bool:
-        # Whether the server provably never received the whole request: it closed (a FIN,
-        # which acknowledges all its side had received) and part of the request is still
-        # unacknowledged, so it reached the server after the close. A reset proves nothing:
-        # a server that read the request and then aborted resets too, and Linux does not
-        # take the acknowledgement a reset carries, so the request looks unacknowledged.
-        try:
-            return _unacknowledged_bytes(self.socket.fileno()) > 0
-        except OSError:
-            return False
-
     async def exchange(self, method: bytes, request: bytes, body: BodyChunks | None = None) -> tuple[Reply, bool]:
         """Send one whole request (`request`, then the chunks of `body()` if given); return
         the reply and whether the connection can be reused."""
@@ -156,12 +136,11 @@ class Connection:
     async def _read_early_reply(self, reply: Reply, failure: str) -> bool:
         # A server may answer before it has read the whole request (a 413 for a body too
         # large) and close while the body is still going out: what it answered is what
-        # happened to the request, as httpcore reads it. With no answer, the request was
-        # never received whole.
+        # happened to the request, as httpcore reads it.
         try:
             await self._read_reply(reply)
         except Lost:
-            raise Lost(failure, unread=True) from None
+            raise Lost(failure) from None
         return False
 
     async def _read_reply(self, reply: Reply) -> bool:
@@ -173,17 +152,14 @@ class Connection:
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 if received:
                     raise BadReply(f"the reply was cut short after {received} bytes: {reason(exc)}") from None
-                # EPIPE here is a reset that came after the server's FIN (Linux's word for it in CLOSE_WAIT).
-                unread = not errnos(exc) & _RESET_ERRNOS and self._closed_before_the_request_arrived()
-                raise Lost(f"connection lost: {reason(exc)}", unread=unread) from None
+                raise Lost(f"connection lost: {reason(exc)}") from None
             if not data:
                 if reply.status and reply.framing is _TO_CLOSE:
                     reply.on_message_complete()  # a body delimited by the connection's end
                     return False
                 if received:
                     raise BadReply(f"the server closed the connection after {received} bytes of its reply")
-                unread = self._closed_before_the_request_arrived()
-                raise Lost("the server closed the connection without a reply", unread=unread)
+                raise Lost("the server closed the connection without a reply")
             received += len(data)
             try:
                 parser.feed_data(data)
@@ -245,15 +221,6 @@ async def open_tcp(host: str, port: int) -> trio.SocketStream:
         raise
     _keep_alive(sock)
     return trio.SocketStream(sock)
-
-
-def _unacknowledged_bytes(fd: int) -> int:
-    """Bytes sent on socket `fd` that the peer has not acknowledged (Linux's SIOCOUTQ); 0
-    where the system cannot tell."""
-    if not hasattr(termios, "TIOCOUTQ"):
-        return 0
-    unacknowledged: int = struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0"))[0]
-    return unacknowledged
 
 
 def _holds_bytes(fd: int) -> bool:

@@ -4,8 +4,7 @@
       httpx.ConnectError        connecting failed (TCP, TLS, the open-file limit)
         CertificateError        the server's certificate could not be verified
       httpx.ConnectTimeout      connecting took longer than the connect timeout
-      httpx.ReadError           the connection was lost before any byte of the reply
-        KeptAliveLost           ... a kept-alive one, which the server may have been closing
+      httpx.ReadError           a new connection was lost before any byte of the reply
       httpx.RemoteProtocolError
         BadReply                the server answered, but not with a reply that can be used
     CaFileError                 a CA file that cannot serve: raised by `tls_context`, before any request
@@ -24,13 +23,6 @@ class BadReply(httpx.RemoteProtocolError):
 
     Not worth sending again: the server read the request, and may have run it.
     """
-
-
-class KeptAliveLost(httpx.ReadError):
-    """A kept-alive connection was lost before any byte of the reply, and the request may have
-    reached the server. Most often the server was closing it as the request went out (its
-    keep-alive timeout, or a server that closes after every reply): a race of the keep-alive
-    rather than a server in trouble, though nothing proves which."""
 
 
 class CertificateError(httpx.ConnectError):

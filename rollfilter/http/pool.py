@@ -13,10 +13,11 @@ What keeps a reply with its own request:
 - idle connections expire after IDLE_EXPIRY, before common server keep-alive timeouts;
 - bytes nobody asked for (after a complete reply, or found by the check before reuse) turn
   keep-alive off for that origin for the rest of the run (`HTTP11Transport` says why);
-- a request that provably never reached the server on a reused connection (sending it
-  failed, or the server had closed before acknowledging it) is sent again at once on a
-  new one; any other loss (a reset after the request went out, say) is left to the
-  caller's retries, since the agent may have read it and started an episode;
+- a request whose reused connection ends before any byte of its reply is sent once more,
+  at once, on a new connection, as curl does: most often the server was closing the
+  connection as the request went out (its keep-alive timeout, or a server that closes after
+  every reply without saying so). Never once a byte of the reply has come; and a new
+  connection lost so is the caller's to retry, counted and bounded;
 - a reply that llhttp rejects, or that breaks the protocol, raises `BadReply`: the server
   did answer, so sending again could replay an episode that ran.
 
@@ -34,7 +35,7 @@ import trio
 
 from rollfilter.http.bounds import DEFAULT_MAX_REPLY_BYTES
 from rollfilter.http.connection import BodyChunks, Connection, Lost, OutOfFiles, open_tcp
-from rollfilter.http.errors import CertificateError, KeptAliveLost, reason
+from rollfilter.http.errors import CertificateError, reason
 from rollfilter.http.framing import Reply, decode_body
 from rollfilter.http.headers import RESERVED_HEADERS, authorization_for, header_lines
 from rollfilter.http.origin import Origin, origin_of
@@ -53,8 +54,7 @@ class HTTP11Transport:
     `request` sends anything else (the head server's GET, /aggregate_metrics) by the same
     rules. Errors are httpx's:
     ConnectError (CertificateError when TLS verification failed), ConnectTimeout,
-    ReadError (the connection was lost before any reply byte; KeptAliveLost on a kept-alive
-    one, when the request may have arrived), RemoteProtocolError
+    ReadError (a new connection was lost before any reply byte), RemoteProtocolError
     (BadReply: the server answered, but not usably). `connect_timeout` bounds TCP connect
     plus the TLS handshake; the caller bounds the whole request. Servers' certificates are
     checked with the context `tls` (see `tls_context`), or the system's trust store.
@@ -166,12 +166,9 @@ class HTTP11Transport:
                 self._discard(conn)
                 if not reused:
                     raise httpx.ReadError(str(lost)) from None
-                if not lost.unread:
-                    raise KeptAliveLost(str(lost)) from None
-                # The request could not be sent on a kept-alive connection, or the server had
-                # closed it (its keep-alive timeout) before the request arrived: no episode
-                # can have started. Send it again, on a new one. Anything else is the caller's
-                # to retry, counted and bounded.
+                # Most often the server was closing the kept-alive connection as the request went
+                # out. It may have read the request first (a reset cannot tell), so, as curl does,
+                # it is sent again once only, on a new connection.
                 reused = False
                 conn = await self._connect(origin)
             except BaseException:

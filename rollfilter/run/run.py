@@ -47,7 +47,7 @@ from rollfilter.formats.resume import ResumeState
 from rollfilter.formats.source import LineReader
 from rollfilter.formats.spool import ResultSpool
 from rollfilter.formats.writers import Release
-from rollfilter.http import AgentTransport
+from rollfilter.http import AgentTransport, connections_that_fit, raise_open_file_limit
 from rollfilter.outcomes import AttemptFailure
 from rollfilter.redact import origin, printable
 from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name, is_masked
@@ -72,15 +72,34 @@ COUNTED_AFTER = frozenset({StopCause.TARGET_REACHED, StopCause.AGENT_UNREACHABLE
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ConfigWarning:
-    """Something in a run's config that its rows showed to be of no use: `field`, the Config
-    field, and `key`, the entry of it, said by `problem`. The run goes on; its caller says it."""
+    """Something in a run's config that it could not do as given, or that its rows showed to be of
+    no use: `field`, the Config field, and `key`, the entry of it if any, said by `problem`. The
+    run goes on; its caller says it."""
 
     field: str
-    key: str
+    key: str | None
     problem: str
 
     def __str__(self) -> str:
-        return f"Config.{self.field}[{self.key!r}]: {self.problem}"
+        entry = f"[{self.key!r}]" if self.key is not None else ""
+        return f"Config.{self.field}{entry}: {self.problem}"
+
+
+def fit_to_open_files(
+    wanted: int, *, files_per_connection: int = 1, limit_name: str = "RLIMIT_NOFILE"
+) -> tuple[int, str | None]:
+    """How many of `wanted` requests at once fit under the process's open-file limit, raised as
+    far as it goes; and when that is fewer, what to say of it ("1500 needs more open files ..."),
+    naming the limit as `limit_name` (the command line names the shell's `ulimit`)."""
+    open_files = raise_open_file_limit()
+    fitted = connections_that_fit(wanted, open_files, files_per_connection=files_per_connection)
+    if fitted == wanted:
+        return fitted, None
+    problem = (
+        f"{wanted} needs more open files than this process may have ({open_files}, see {limit_name}):"
+        f" running {fitted} rows at a time"
+    )
+    return fitted, problem
 
 
 class Run:
@@ -101,9 +120,11 @@ class Run:
     (the command's held file), with the `release` to run once it is written. `transport`, when
     given, is what the run sends through instead of the one `config` asks for (a test's
     `rollfilter.http.testing.ScriptedTransport`). With `stop_when_unreachable`, an agent that
-    refused or dropped every connection since the start stops the run
-    (`StopCause.AGENT_UNREACHABLE`) once a row has failed on it. The run owns its transport and
-    spool: `aclose` closes them.
+    refused or dropped every connection since the start, for at least the connect timeout
+    (`Config.timeout.connect`) and a few times, stops the run (`StopCause.AGENT_UNREACHABLE`); its
+    rows are sent again until then. A run that sends fits its concurrency to the open-file limit
+    (`fit_to_open_files`), and says so in `warnings`. The run owns its transport and spool:
+    `aclose` closes them.
     """
 
     def __init__(
@@ -138,8 +159,10 @@ class Run:
         self.engine: Engine | None = None
         self.report: AggregateReport | None = None
         self.groups: GroupStage | None = None
-        self.send_slots = SendSlots(config.concurrency) if config.rate_limited and client is None else None
-        self.concurrency = config.concurrency  # as set_concurrency last set it
+        self._fits_open_files = source is not None and client is None  # a run that connects
+        self._open_files_warning: ConfigWarning | None = None
+        self.concurrency = self._fitted(config.concurrency)  # as set_concurrency last set it
+        self.send_slots = SendSlots(self.concurrency) if config.rate_limited and client is None else None
         self.steering = Steering(config.policy_version)
         self.staleness: StalenessGate | None = None
         if config.max_staleness is not None and config.batch_groups is not None:
@@ -242,6 +265,8 @@ class Run:
 
     def _engine(self, source: LineSource, sink: RowSink, router: Router, transport: AgentTransport) -> Engine:
         config, sends = self.config, self._client is None
+        # An agent is given as long to come up as one connection is given to be made.
+        unreachable_after = config.timeout.connect if self._stop_when_unreachable and sends else None
         client: JobClient = (
             self._client
             if self._client is not None
@@ -252,6 +277,7 @@ class Run:
                 on_internal_error=self._internal_error,
                 send_slots=self.send_slots,
                 steering=self.steering,
+                unreachable_after=unreachable_after,
             )
         )
         if config.groups:
@@ -296,7 +322,7 @@ class Run:
             groups=self.groups,
             group_field=config.group_field if config.drop_uniform else None,
             waiting_rows=self.send_slots.waiting_rows if self.send_slots is not None else 0,
-            stop_when_unreachable=self._stop_when_unreachable and sends,
+            unreachable_after=unreachable_after,
             steering=self.steering,
             staleness=self.staleness,
         )
@@ -376,20 +402,35 @@ class Run:
                 self.expected = await count_rollouts(again, self.config)
 
     def warnings(self) -> list[ConfigWarning]:
-        """What the rows showed to be of no use in the config, once the run has ended: each agent
-        given a repeat count that no row named (none when the run was stopped before its end)."""
+        """What in the config the run could not do as given: a concurrency over what the open-file
+        limit lets it have (said once, however often it was asked for). And what the rows showed
+        to be of no use, once the run has ended: each agent given a repeat count that no row named
+        (none when the run was stopped before its end)."""
+        said = [self._open_files_warning] if self._open_files_warning is not None else []
         if self.engine is None or self.control.stopped_early:
-            return []
+            return said
         unnamed = sorted(set(self.config.repeats_by_agent) - self.engine.planner.agents_seen)
-        return [ConfigWarning("repeats_by_agent", name, f"no row named agent {name!r}") for name in unnamed]
+        return [*said, *(ConfigWarning("repeats_by_agent", name, f"no row named agent {name!r}") for name in unnamed)]
+
+    def _fitted(self, concurrency: int) -> int:
+        """`concurrency`, or as many requests at once as fit under the open-file limit, as the
+        command fits -j (more would only wait in the transport for a descriptor). The first cut
+        is a warning."""
+        if not self._fits_open_files:
+            return concurrency
+        fitted, problem = fit_to_open_files(concurrency)
+        if problem is not None and self._open_files_warning is None:
+            self._open_files_warning = ConfigWarning("concurrency", None, problem)
+        return fitted
 
     def set_concurrency(self, concurrency: int) -> None:
         """Bound the requests out at once by `concurrency` from now on (with adaptive windows,
-        their ceiling). A lower bound cancels nothing: what is out finishes, and its slots are not
-        taken again until the run is under the new bound. SteeringError for less than 1."""
+        their ceiling), or by as many as fit under the open-file limit (see `warnings`). A lower
+        bound cancels nothing: what is out finishes, and its slots are not taken again until the
+        run is under the new bound. SteeringError for less than 1."""
         if type(concurrency) is not int or concurrency < 1:
             raise SteeringError(f"the concurrency is a whole number of at least 1, not {concurrency!r}")
-        self.concurrency = concurrency
+        concurrency = self.concurrency = self._fitted(concurrency)
         if self.send_slots is not None:
             self.send_slots.slots.total_tokens = concurrency
         if self.engine is not None:

@@ -21,6 +21,7 @@ from rollfilter import Config, Failure, Group, Rollout, Tls, open_rollouts, roll
 from rollfilter.config import ConfigError
 from rollfilter.demo import DemoAgent, serve
 from rollfilter.errors import ErrorKind, ServiceError, UsageError
+from rollfilter.http.bounds import FILES_FOR_OTHER_USES
 from tests.conftest import (
     SUBPROCESS_TIMEOUT,
     WEATHER,
@@ -285,19 +286,24 @@ async def test_the_python_api_gives_the_same_status(agent: RecordingAgent):
 
 
 API_UNDER_A_LOW_LIMIT = """
-import resource, sys
+import json, resource, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 from rollfilter import Config, rollouts
 rows = [{"id": i, "responses_create_params": {"input": "x"}} for i in range(1200)]
 with rollouts(rows, Config(url=sys.argv[1], concurrency=600, retries=0)) as run:
-    outcomes = list(run)
+    each = iter(run)
+    outcomes = [next(each)]
+    run.set_concurrency(10**6)
+    concurrency = run.statistics().concurrency
+    outcomes += each
 failed = [o.message for o in outcomes if not o.ok]
-print(len(outcomes), len(failed), failed[:1])
+print(json.dumps([len(outcomes), failed[:1], concurrency, run.warnings]))
 """
 
 
-def test_the_open_file_limit_never_fails_a_row_through_the_api_either(demo_server: DemoServer):
-    """The API does not fit -j to the limit: the transport waits for a descriptor instead."""
+def test_the_api_fits_its_concurrency_to_the_open_file_limit_as_the_command_does(demo_server: DemoServer):
+    """As the command fits -j, said once however often a concurrency over the limit is asked for
+    (the transport would wait for a descriptor: no row fails either way)."""
     proc = subprocess.run(
         [sys.executable, "-c", API_UNDER_A_LOW_LIMIT, demo_server.url],
         capture_output=True,
@@ -305,7 +311,16 @@ def test_the_open_file_limit_never_fails_a_row_through_the_api_either(demo_serve
         env=clean_env(),
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.decode().split()[:2] == ["1200", "0"], proc.stdout
+    fitted = 256 - FILES_FOR_OTHER_USES
+    assert json.loads(proc.stdout) == [
+        1200,
+        [],
+        fitted,
+        [
+            "Config.concurrency: 600 needs more open files than this process may have (256, see RLIMIT_NOFILE):"
+            f" running {fitted} rows at a time"
+        ],
+    ]
 
 
 # Config(groups=...): whole groups, under trio, asyncio and threads alike (rewards: tests/e2e/test_groups.py).

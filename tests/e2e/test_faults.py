@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from rollfilter import Config, Failure, rollouts
+from rollfilter.engine.routing import UNREACHABLE_AFTER_FAILURES
 from rollfilter.errors import ErrorKind
 from tests.conftest import (
     SUBPROCESS_TIMEOUT,
@@ -80,12 +81,13 @@ def test_chaos_run_loses_and_duplicates_nothing(tmp_path, start_demo):
         assert record["row"]["id"] == record["_ng_task_index"]  # the row as sent
         assert record["line"] == record["_ng_task_index"] + 1
     stats = server.stats()
-    assert max(stats["by_id"].values()) <= retries + 1
+    # A request dropped on a kept-alive connection goes once more on a new one: not a retry.
+    assert max(stats["by_id"].values()) <= 2 * (retries + 1)
     figures = summary_of(proc.stderr)["rollfilter"]
     assert figures["rows_read"] == n == figures["succeeded"] + figures["failed"] + figures["skipped"]
     assert figures["succeeded"] == len(results)
     assert figures["failed_by_kind"] == dict(kinds)
-    assert figures["retries"] == stats["requests"] - n
+    assert n + figures["retries"] <= stats["requests"] <= 2 * (n + figures["retries"])
     assert all(isinstance(r["reward"], float) for r in results)
 
 
@@ -342,10 +344,11 @@ def test_an_agent_that_answered_then_drops_connections_fails_rows_and_the_run_go
 @pytest.mark.parametrize("agent_of", [_DropsAll], indirect=True)
 def test_an_agent_that_drops_every_connection_from_the_start_stops_the_run(agent_of: str, tmp_path):
     errors = tmp_path / "errors.jsonl"
-    proc = run(["-u", agent_of, "-j", "1", "--retries", "2", "--errors", str(errors)], input=rows_jsonl(simple_rows(6)))
+    args = ["-u", agent_of, "-j", "1", "--retries", "2", "--connect-timeout", "0.5", "--errors", str(errors)]
+    proc = run(args, input=rows_jsonl(simple_rows(6)))
     assert proc.returncode == 3, proc.stderr
     [record] = read_jsonl(errors)
-    assert record["attempts"] == 3
+    assert record["attempts"] >= UNREACHABLE_AFTER_FAILURES
     [line, _] = proc.stderr.decode().splitlines()
     assert line.startswith(f"rollfilter: stopped: the agent at {agent_of} refused or dropped every connection")
     figures = summary_of(proc.stderr)["rollfilter"]

@@ -88,10 +88,9 @@ def test_a_socks5_proxy_is_usable(tmp_path):
     """socks5 is accepted, so its support is installed: a dead proxy fails a row, no traceback, and
     since no agent was ever reached through it, stops the run."""
     proxy, agent = closed_port_urls(2)
-    proc = run(
-        ["--proxy", proxy.replace("http://", "socks5://"), "-u", agent, "--retries", "0", "-j", "1"],
-        input=rows_jsonl(simple_rows(2)),
-    )
+    # --connect-timeout: the stop comes once connections have failed for that long.
+    args = ["--proxy", proxy.replace("http://", "socks5://"), "-u", agent, "--retries", "0", "-j", "1"]
+    proc = run([*args, "--connect-timeout", "0.5"], input=rows_jsonl(simple_rows(2)))
     assert proc.returncode == 3
     assert b"Traceback" not in proc.stderr
     assert summary_of(proc.stderr)["rollfilter"]["failed_by_kind"] == {"connect": 1}

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from rollfilter.engine.routing import UNREACHABLE_AFTER_FAILURES
 from tests.conftest import (
     DemoServer,
     assert_counts_add_up,
@@ -110,17 +111,22 @@ def test_status_not_in_retry_set_is_not_retried(demo_server: DemoServer):
     assert demo_server.stats()["by_id"]["2"] == 2
 
 
-def test_an_agent_that_never_answered_stops_the_run_after_one_row_s_retries(tmp_path, demo_server: DemoServer):
-    """An agent refusing every connection since the start: the first row to spend its retries
-    stops the run as a service failure (exit 3), the rest are counted not started, and --resume
-    finishes the run once an agent answers."""
+def test_an_agent_that_never_answered_stops_the_run_once_refused_for_the_connect_timeout(
+    tmp_path, demo_server: DemoServer
+):
+    """An agent refusing every connection since the start: its row is sent again, beyond its
+    retries, until the agent has refused for the connect timeout, a few times; then that row's
+    failure stops the run as a service failure (exit 3), the rest are counted not started, and
+    --resume finishes the run once an agent answers."""
     errors, output, rows = tmp_path / "errors.jsonl", tmp_path / "out.jsonl", tmp_path / "rows.jsonl"
     rows.write_text(rows_jsonl(simple_rows(50)))
     url = closed_port_url()
-    proc = run(["-u", url, "-j", "1", "--retries", "1", "--errors", str(errors), "-o", str(output), str(rows)])
+    args = ["-u", url, "-j", "1", "--retries", "1", "--connect-timeout", "0.5"]
+    proc = run([*args, "--errors", str(errors), "-o", str(output), str(rows)])
     assert proc.returncode == 3
     [record] = read_jsonl(errors)
-    assert (record["error"]["kind"], record["attempts"]) == ("connect", 2)
+    assert record["error"]["kind"] == "connect"
+    assert record["attempts"] >= UNREACHABLE_AFTER_FAILURES
     *lines, _ = proc.stderr.decode().splitlines()
     assert lines == [
         f"rollfilter: stopped: the agent at {url}/run refused or dropped every connection since the run began:"

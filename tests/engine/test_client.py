@@ -18,6 +18,7 @@ from rollfilter.config import (
     DEFAULT_RETRY_STATUSES,
     Config,
 )
+from rollfilter.engine.budget import RetryBudget
 from rollfilter.engine.client import (
     BACKOFF_CAP,
     MAX_REDIRECTS,
@@ -27,9 +28,9 @@ from rollfilter.engine.client import (
     parse_retry_after,
 )
 from rollfilter.engine.plan import Job
-from rollfilter.engine.routing import Agent, Replica
+from rollfilter.engine.routing import UNREACHABLE_AFTER_FAILURES, Agent, Replica
 from rollfilter.errors import ErrorKind
-from rollfilter.http import BadReply, CertificateError, KeptAliveLost, Reply
+from rollfilter.http import BadReply, CertificateError, Reply
 from rollfilter.outcomes import AttemptFailure
 from tests.conftest import URL, closed_port_urls
 
@@ -429,13 +430,9 @@ def test_backoff_stays_capped_past_a_thousand_retries():
 @pytest.mark.parametrize("adaptive", [True, False])
 async def test_an_adaptive_window_paces_refusals_the_budget_would_hold_back(adaptive: bool, autojump_clock):
     from rollfilter.engine.adaptive import AdaptiveWindow
-    from rollfilter.engine.budget import RetryBudget
 
-    budget = RetryBudget(0.0)
-    while budget.withdraw():
-        pass  # the reserve spent: no retry may come from the budget
     window = AdaptiveWindow(4) if adaptive else None
-    paced = Agent(None, [Replica(httpx.URL(URL))], window, budget)
+    paced = Agent(None, [Replica(httpx.URL(URL))], window, spent_budget())
     transport = ScriptedTransport(answer(429, b"busy"), answer(503, b"busy"), answer(200, b'{"reward": 1.0}'))
     client = AgentClient(Config(url=URL, retries=3), transport, rng=random.Random(1))
     outcome = await client.run(job(), paced)
@@ -465,37 +462,55 @@ def test_backoff_is_jittered_capped_and_never_under_retry_after():
     assert backoff_delay(1, rng, retry_after=2.0) >= 2.0
 
 
-@pytest.mark.parametrize(
-    ("lost", "sent"),
-    [
-        (KeptAliveLost("lost"), 2),  # the keep-alive's race: its one retry is not the budget's
-        (httpx.ReadError("lost"), 1),  # any other loss waits for the budget, which is spent
-    ],
-)
-async def test_a_rows_first_loss_on_a_kept_alive_connection_is_retried_outside_the_budget(
-    lost: httpx.ReadError, sent: int, autojump_clock
-):
-    from rollfilter.engine.budget import RetryBudget
-
+def spent_budget() -> RetryBudget:
     budget = RetryBudget(0.0)
     while budget.withdraw():
         pass  # the reserve spent: no retry may come from the budget
-    transport = ScriptedTransport(lost, answer(200, b'{"reward": 1.0}'))
-    client = AgentClient(Config(url=URL, retries=3), transport, rng=random.Random(1))
-    outcome = await client.run(job(), Agent(None, [Replica(httpx.URL(URL))], None, budget))
-    assert len(transport.calls) == sent
-    assert (outcome == {"reward": 1.0}) == (sent == 2)
+    return budget
 
 
-async def test_only_the_first_loss_on_a_kept_alive_connection_is_outside_the_budget(autojump_clock):
-    from rollfilter.engine.budget import RetryBudget
+async def test_an_agent_never_answered_is_tried_until_it_can_be_judged_down(autojump_clock):
+    """In a run that stops for an agent that never answered, a connection failure to one not yet
+    judged down is tried again, beyond the retries and the budget, until its connections have
+    failed for `unreachable_after` seconds and a few times: then the row's failure returns."""
+    transport = ScriptedTransport(httpx.ConnectError("Connection refused"))
+    refusing = Agent(None, [Replica(httpx.URL(URL))], None, spent_budget())
+    client = AgentClient(Config(url=URL, retries=0), transport, rng=random.Random(1), unreachable_after=10.0)
+    failure = await client.run(job(), refusing)
+    assert isinstance(failure, AttemptFailure)
+    assert failure.kind is ErrorKind.CONNECT
+    assert "budget" not in failure.message
+    assert failure.attempts == len(transport.calls) >= UNREACHABLE_AFTER_FAILURES
+    first, last = transport.calls[0].time, transport.calls[-1].time
+    assert last - first == pytest.approx(10.0)  # refused over the whole bound, judged at its end
+    assert refusing.unreachable(last, 10.0)
+    assert not refusing.unreachable(last, 10.0 + last - first + 0.01)
 
-    budget = RetryBudget(0.0)
-    while budget.withdraw():
-        pass
-    transport = ScriptedTransport(KeptAliveLost("lost"), KeptAliveLost("lost"), answer(200, b'{"reward": 1.0}'))
-    client = AgentClient(Config(url=URL, retries=3), transport, rng=random.Random(1))
-    outcome = await client.run(job(), Agent(None, [Replica(httpx.URL(URL))], None, budget))
-    assert isinstance(outcome, AttemptFailure)
-    assert "retry budget is spent" in outcome.message
-    assert len(transport.calls) == 2
+
+async def test_an_agent_that_comes_up_within_the_bound_costs_no_row(autojump_clock):
+    transport = ScriptedTransport(
+        lambda url: httpx.ConnectError("Connection refused") if trio.current_time() < 6.0 else answer()
+    )
+    client = AgentClient(Config(url=URL, retries=0), transport, rng=random.Random(1), unreachable_after=10.0)
+    assert await client.run(job(), Agent(None, [Replica(httpx.URL(URL))], None, spent_budget())) == {"reward": 1.0}
+    assert len(transport.calls) > 2
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        answer(503, b"busy"),  # an agent that answers a status answers: it is up
+        httpx.ConnectError("Connection refused"),  # without the stop, the retries are as configured
+    ],
+)
+async def test_only_an_agent_never_answered_in_a_run_that_stops_for_it_is_tried_beyond_the_retries(
+    step: Step, autojump_clock
+):
+    transport = ScriptedTransport(step)
+    after = 10.0 if isinstance(step, Reply) else None
+    client = AgentClient(Config(url=URL, retries=1), transport, rng=random.Random(1), unreachable_after=after)
+    answering = agent()
+    failure = await client.run(job(), answering)
+    assert isinstance(failure, AttemptFailure)
+    assert failure.attempts == len(transport.calls) == 2
+    assert answering.answered == isinstance(step, Reply)
