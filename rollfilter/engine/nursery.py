@@ -308,6 +308,9 @@ class Engine:
             del self._in_flight[job]
         if isinstance(outcome, AttemptFailure):
             if self.unreachable_after is not None:
+                if self._cut_by_the_stop(agent, outcome):
+                    release()  # cancelled, as the rows in flight are: --resume sends it
+                    return
                 self._check_unreachable(agent, outcome, self.unreachable_after)
             self._fail(job, outcome, release)
         elif isinstance(outcome, _NotPersisted):
@@ -378,6 +381,15 @@ class Engine:
         if self.groups is not None:
             self.groups.failure(job, failure)
         self._check_failure_limit()
+
+    def _cut_by_the_stop(self, agent: Agent, failure: AttemptFailure) -> bool:
+        """Whether `failure` is one more refused connection to an agent the run has stopped for:
+        the rows that waited on it reach the bound together, and only the first is its failure."""
+        return (
+            self.control.cause is StopCause.AGENT_UNREACHABLE
+            and failure.kind is ErrorKind.CONNECT
+            and not agent.answered
+        )
 
     def _check_unreachable(self, agent: Agent, failure: AttemptFailure, after: float) -> None:
         """Stop the run when `failure` ended a row on a connection to `agent`, and the agent is
