@@ -37,6 +37,9 @@ def ks_for(repeats: int) -> list[int]:
 # failed, masked (ended, but no valid measurement), correct (reward at or over the threshold),
 # rewarded, the rollouts of its first line (its group's size), and the mean of the rewards.
 _COUNTS = ("planned", "ended", "failed", "masked", "correct", "rewarded", "size")
+# A histogram of K+1 bins is a line of the summary: past this K (a run of thousands of rollouts a
+# task, or -r given as a bound no task reaches), it ends at the most correct rollouts a group had.
+HISTOGRAM_MAX_K = 1024
 _DENSE_GAP = 1 << 16  # a numbered task at most this far past the last one extends the arrays
 
 
@@ -358,7 +361,8 @@ def _histogram(groups: collections.Counter[tuple[int, int]], repeats: int) -> li
     """Groups by their correct rollouts, 0 to K (`repeats`), whatever the groups' sizes: a group
     with masked rollouts, or of an agent given fewer repeats, that is all correct is at its count
     of correct rollouts, not at the end (a group of results without rollout indices may reach further)."""
-    histogram = [0] * (max([repeats, *(correct for _, correct in groups)]) + 1)
+    bins = max([repeats if repeats <= HISTOGRAM_MAX_K else 0, *(correct for _, correct in groups)]) + 1
+    histogram = [0] * bins
     for (_, correct), count in groups.items():
         histogram[correct] += count
     return histogram

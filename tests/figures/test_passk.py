@@ -77,6 +77,15 @@ def test_the_pass_histogram_has_k_plus_1_bins_whichever_groups_ended():
     assert tasks.summary_fields()["pass_histogram"] == [0, 0, 0, 3, 0]
 
 
+def test_a_k_too_large_for_a_line_ends_the_histogram_at_the_most_correct_rollouts_seen():
+    from rollfilter.figures.passk import HISTOGRAM_MAX_K, TaskStats
+
+    assert TaskStats(HISTOGRAM_MAX_K, 1.0).summary_fields()["pass_histogram"] == [0] * (HISTOGRAM_MAX_K + 1)
+    tasks = TaskStats(2**32 - 1, 1.0)  # -r's largest: no list of K+1 bins is made
+    tasks.rollout_ended(0, 1.0, 0, {"reward": 1.0})
+    assert tasks.summary_fields()["pass_histogram"] == [0, 1]  # unplanned: a group of its one rollout
+
+
 def test_results_counted_without_a_plan_reach_the_groups_their_rollout_indices_say():
     from rollfilter.figures.passk import TaskStats
 
