@@ -181,8 +181,9 @@ def flood(path: Path) -> dict[str, Any]:
 def test_silent_and_flooding_clients_hold_nothing_up(agent: ArrivalsAgent, short_dir: Path):
     control = short_dir / "run.sock"
     rows = rows_file(short_dir, 20, latency=0.2)
+    agent.gate.clear()  # the run cannot end while the clients come and go
     process = start(["-u", agent.run_url, "-j", "2", "--control", str(control), str(rows)])
-    wait_for(control.exists)
+    wait_for(lambda: agent.in_flight == 2)  # sent: the socket listens (its file is there a moment before)
     silent = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(CONTROL_CLIENTS)]
     try:
         for client in silent:
@@ -197,6 +198,7 @@ def test_silent_and_flooding_clients_hold_nothing_up(agent: ArrivalsAgent, short
         wait_for(lambda: "at most 4096 bytes" in flood(control)["error"])
         wait_for(lambda: "whole number" in ask(control, b"concurrency x")["error"])  # a bad command changes nothing
         wait_for(lambda: ask(control, b"status").get("concurrency") == 2)
+        agent.gate.set()
         returncode, stdout, _ = finished(process)  # the silent clients are still connected
         assert returncode == 0
         assert len(stdout.splitlines()) == 20
