@@ -972,9 +972,10 @@ def running(config: "CommandConfig", environment: Environment, *, demo: bool) ->
     if config.compare_files:
         raise UsageError("--compare compares result files: give it with --summarize")
     from rollfilter.cli.run import run
-    from rollfilter.demo import DemoOptions
 
     if demo:
+        from rollfilter.demo import DemoOptions
+
         config = dataclasses.replace(config, demo=DemoOptions())
     return lambda stops: run(config, stops=stops, environment=environment)
 
