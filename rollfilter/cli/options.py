@@ -979,9 +979,10 @@ def running(config: "CommandConfig", environment: Environment, *, demo: bool) ->
             " version, which only the control's version command gives"
         )
     from rollfilter.cli.run import run
-    from rollfilter.demo import DemoOptions
 
     if demo:
+        from rollfilter.demo import DemoOptions
+
         config = dataclasses.replace(config, demo=DemoOptions())
     return lambda stops: run(config, stops=stops, environment=environment)
 

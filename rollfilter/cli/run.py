@@ -22,7 +22,6 @@ import trio
 
 from rollfilter.cli.chart import chart_lines
 from rollfilter.cli.command import CommandConfig
-from rollfilter.cli.control import ControlServer, ControlSocket, control_socket
 from rollfilter.cli.environment import Environment
 from rollfilter.cli.files import identity
 from rollfilter.cli.files.outputs import (
@@ -40,8 +39,6 @@ from rollfilter.cli.folding import FailureFolder
 from rollfilter.cli.messages import failure_message, message_line, option_of, say, write_summary
 from rollfilter.cli.signals import StopSignals, is_pipe, status_block, watch_reader_gone
 from rollfilter.cli.statuses import RunEnd
-from rollfilter.demo import DemoAgent, DemoOptions
-from rollfilter.demo import serve as serve_demo
 from rollfilter.engine.client import DryRunClient, JobClient
 from rollfilter.engine.metrics import Metrics
 from rollfilter.engine.nursery import StopCause, StopControl, describe
@@ -67,10 +64,12 @@ from rollfilter.run.connect import tls_context_for
 from rollfilter.run.first_pass import RepeatsMissing
 from rollfilter.run.run import ConfigWarning, Run, fit_to_open_files
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # these, --control's socket and the demo agent are loaded by the runs that use them
+    from rollfilter.cli.control import ControlSocket
     from rollfilter.cli.exporter import Exporter
     from rollfilter.cli.progress import ProgressDisplay
     from rollfilter.cli.progress_lines import ProgressLines
+    from rollfilter.demo import DemoOptions
 
 _encode = msgspec.json.Encoder().encode
 # The stops whose reason is a fault, said on stderr wherever it goes; other reasons are notices.
@@ -120,7 +119,7 @@ async def _run_with_files(
     tls: ssl.SSLContext | None,
 ) -> RunEnd:
     """`run`, once its inputs and outputs are checked: the outputs opened, the run made and executed."""
-    with control_socket(command.control_socket) as control, OutputFiles() as files:
+    with _control_socket(command.control_socket) as control, OutputFiles() as files:
         if command.dry_run:  # it changes no file: it reads what resume reads, and prints the rest
             command, _ = identity.command_as_recorded(command)
             opened, resume, earlier = OpenedOutputs.standard_streams(environment), _resume_state(command), _Earlier()
@@ -203,12 +202,24 @@ def fit_open_files(command: CommandConfig, *, files_per_connection: int, stderr:
     return dataclasses.replace(command, config=dataclasses.replace(command.config, concurrency=fitted))
 
 
+def _control_socket(path: str | None) -> contextlib.AbstractContextManager[ControlSocket | None]:
+    """--control's socket at `path` (None: none) while the block runs; removed after it."""
+    if path is None:
+        return contextlib.nullcontext()
+    from rollfilter.cli.control import control_socket
+
+    return control_socket(path)
+
+
 @contextlib.asynccontextmanager
 async def _demo_agent(options: DemoOptions | None) -> AsyncIterator[str | None]:
     """The demo agent, serving on a free loopback port while the block runs: its /run URL."""
     if options is None:
         yield None
         return
+    from rollfilter.demo import DemoAgent
+    from rollfilter.demo import serve as serve_demo
+
     async with trio.open_nursery() as nursery:
         port = await nursery.start(lambda task_status: serve_demo(DemoAgent(options), task_status=task_status))
         yield f"http://127.0.0.1:{port}/run"
@@ -476,6 +487,8 @@ class _CommandLineRun:
         if self.exporter is not None:
             self.exporter.start(services, self.say)
         if self.control_socket is not None:  # served from now: a run may be paused before it sends
+            from rollfilter.cli.control import ControlServer
+
             on_command = self.say if command.verbose else None
             per_connection = 2 if command.demo else 1  # the demo agent's end of each connection too
             fit = functools.partial(fitted_concurrency, files_per_connection=per_connection)

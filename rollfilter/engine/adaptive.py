@@ -45,7 +45,6 @@ import collections
 import dataclasses
 import enum
 import math
-import statistics
 from collections.abc import Callable
 
 import trio
@@ -342,6 +341,8 @@ class AdaptiveWindow:
             self._grow()
 
     def _grow(self) -> None:
+        import statistics  # and fractions under it: loaded by an adaptive run, not at every start
+
         assert self._no_load is not None
         if self._refused_at is not None and self._window >= self._refused_at - 1:
             self._plateau += 1

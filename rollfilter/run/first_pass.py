@@ -23,7 +23,6 @@ from rollfilter.errors import UsageError
 from rollfilter.formats.keytable import KeyTable
 from rollfilter.formats.source import STDIN, LineReader
 from rollfilter.formats.writers import OutputFailed, write_all
-from rollfilter.run.materialize import write_materialized
 
 STDIN_COPY = "a temporary copy of standard input"
 CHECKPOINT_JOBS = 4096  # jobs counted between two scheduler checkpoints (a stop is seen at once)
@@ -81,6 +80,8 @@ async def plan_first(
 
     Raises RepeatsMissing, with nothing sent, when some rows have no repeat count (as NeMo Gym
     refuses them), and OutputFailed when the file or the copy cannot be written."""
+    from rollfilter.run.materialize import write_materialized  # loaded by the runs that write the file
+
     first_stdin = stdin_fd = reader.stdin_fd
     if STDIN in reader.inputs:
         first_stdin = await trio.to_thread.run_sync(spooled, stdin_fd, abandon_on_cancel=True)

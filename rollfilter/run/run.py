@@ -22,7 +22,7 @@ import dataclasses
 import math
 import ssl
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -51,18 +51,13 @@ from rollfilter.http import AgentTransport, connections_that_fit, raise_open_fil
 from rollfilter.outcomes import AttemptFailure
 from rollfilter.redact import origin, printable
 from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name, is_masked
-from rollfilter.run.aggregate import AggregateReport, aggregate_run
 from rollfilter.run.connect import transport_for
 from rollfilter.run.first_pass import Rereadable, count_rollouts, plan_first
-from rollfilter.run.reverify import (
-    MaterializedIndex,
-    ReverifyPlanner,
-    ReverifyRefused,
-    refusal,
-    reverify_modes,
-    verifiers_from_config,
-    verify_urls,
-)
+
+# Re-scoring and /aggregate_metrics are loaded by the runs that use them, not at every start.
+if TYPE_CHECKING:
+    from rollfilter.run.aggregate import AggregateReport
+    from rollfilter.run.reverify import MaterializedIndex
 
 KEEP: Any = ...  # set_rate's default: the limit stays as it is
 # The stops after which the rows are counted again, when they can be read again: the summary's
@@ -208,6 +203,15 @@ class Run:
         config's one resources server). Then, with `send`, each server's /reverify_mode asked, and
         the materialized inputs indexed. ReverifyRefused when a server is not stateless (unless
         Config.reverify.force: then `on_warning` says so once, and the summary says unsafe)."""
+        from rollfilter.run.reverify import (
+            MaterializedIndex,
+            ReverifyRefused,
+            refusal,
+            reverify_modes,
+            verifiers_from_config,
+            verify_urls,
+        )
+
         settings = config.reverify
         assert settings is not None
         endpoints = dict(config.endpoints)
@@ -301,6 +305,8 @@ class Run:
         on_group = self.groups.planned if self.groups is not None else None
         planner: JobSource = Planner(source, config, self._resume, self.tasks, on_group)
         if config.reverify is not None:
+            from rollfilter.run.reverify import ReverifyPlanner
+
             assert self.index is not None, "indexed when connected"
             planner = ReverifyPlanner(
                 source, self.index, config.reverify, self._resume, self.tasks, config.limit, config.shard
@@ -523,6 +529,8 @@ class Run:
         stopped; a stop during the calls ends them."""
         if self.spool is None or self.router is None or self.transport is None or self.control.stopped_early:
             return
+        from rollfilter.run.aggregate import aggregate_run
+
         with self.control.stoppable():
             self.report = await aggregate_run(self.spool, self.router, self.config, self.transport)
 
@@ -542,9 +550,12 @@ class Run:
             self.report.add_to(summary)
         if self.unsafe:
             summary["rollfilter"]["unsafe"] = True
-        planner = self.engine.planner if self.engine is not None else None
-        if isinstance(planner, ReverifyPlanner) and self.config.reverify and self.config.reverify.judge_failed_only:
-            summary["rollfilter"]["not_judge_failed"] = planner.passed_over
+        settings = self.config.reverify
+        if settings is not None and settings.judge_failed_only and self.engine is not None:
+            from rollfilter.run.reverify import ReverifyPlanner
+
+            if isinstance(self.engine.planner, ReverifyPlanner):
+                summary["rollfilter"]["not_judge_failed"] = self.engine.planner.passed_over
         return summary
 
     async def aclose(self) -> None:

@@ -41,6 +41,37 @@ def test_a_run_imports_neither_httpxs_command_line_nor_yaml(tmp_path):
     assert imported.isdisjoint({"rich", "pygments", "yaml"}), imported & {"rich", "pygments", "yaml"}
 
 
+# Loaded by the runs that use them, and by no other: re-scoring, the --materialized file,
+# --aggregate, the --control socket, --summarize and --compare, an adaptive window's median.
+LOADED_WHEN_USED = {
+    "rollfilter.run.reverify",
+    "rollfilter.run.materialize",
+    "rollfilter.run.aggregate",
+    "rollfilter.cli.control",
+    "rollfilter.cli.summarize",
+    "rollfilter.figures.compare",
+    "statistics",
+}
+
+
+@pytest.mark.parametrize("demo", [True, False])
+def test_a_plain_run_imports_nothing_it_does_not_use(tmp_path, agent, demo: bool):
+    log = tmp_path / "imports"
+    proc = subprocess.run(
+        [sys.executable, "-c", IMPORTS_LOGGED, str(log), "-q", *(["--demo"] if demo else ["-u", agent.run_url])],
+        input=rows_jsonl(simple_rows(2)).encode(),
+        capture_output=True,
+        timeout=SUBPROCESS_TIMEOUT,
+        env=clean_env(),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout.splitlines()) == 2
+    imported = set(log.read_text().split())
+    assert "rollfilter.run.run" in imported  # the log is whole
+    unused = LOADED_WHEN_USED if demo else {*LOADED_WHEN_USED, "rollfilter.demo", "rollfilter.demo.agent"}
+    assert imported.isdisjoint(unused), imported & unused
+
+
 def test_the_entry_point_imports_only_signal_before_it_sets_its_handlers():
     # `main` sets SIGINT's and SIGUSR1's handling first: what runs before it is the entry point's
     # own import, which must load nothing of its own (a traceback would name what was loading).

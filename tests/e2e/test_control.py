@@ -80,11 +80,10 @@ def ask(path: Path, command: bytes) -> dict[str, Any]:
     return answer
 
 
-def settled(agent: ArrivalsAgent, in_flight: int) -> bool:
-    """`in_flight` requests at the agent, the last of them arrived a moment ago: none is being
-    sent now, nor for the rest of their episodes."""
-    arrivals = agent.arrivals
-    return agent.in_flight == in_flight and bool(arrivals) and time.monotonic() - arrivals[-1].time < 0.2
+def ended_at_rollfilter(control: Path, count: int) -> bool:
+    """`count` rows ended as rollfilter counts them: the agent's count of replies is no witness,
+    as a reply it has let go of may still be on its way."""
+    return ask(control, b"status").get("done") == count
 
 
 def finished(process: subprocess.Popen[bytes]) -> tuple[int, bytes, bytes]:
@@ -95,15 +94,17 @@ def finished(process: subprocess.Popen[bytes]) -> tuple[int, bytes, bytes]:
 def test_after_pause_is_acknowledged_no_request_arrives(agent: ArrivalsAgent, short_dir: Path):
     control = short_dir / "run.sock"
     rows = rows_file(short_dir, 12, latency=1.0)
+    agent.gate.clear()  # the first four wait at the agent until the run is paused
     process = start(["-u", agent.run_url, "-j", "4", "--control", str(control), str(rows)])
     errors = lines_of(process.stderr)
-    wait_for(lambda: settled(agent, 4))
+    wait_for(lambda: agent.in_flight == 4)
     assert stat.S_IMODE(os.stat(control).st_mode) == 0o600
     answer = ask(control, b"pause")
     acknowledged = time.monotonic()
     assert answer["ok"]
     assert answer["paused"]
-    wait_for(lambda: agent.in_flight == 0)  # what was out finishes
+    agent.gate.set()
+    wait_for(lambda: ended_at_rollfilter(control, 4))  # what was out finishes
     time.sleep(1.5)  # longer than an episode: a row held back would have been sent by now
     assert agent.arrived_after(acknowledged) == []
     process.send_signal(signal.SIGUSR1)
@@ -124,12 +125,14 @@ def test_after_pause_is_acknowledged_no_request_arrives(agent: ArrivalsAgent, sh
 def test_after_concurrency_4_at_most_4_are_in_flight(agent: ArrivalsAgent, short_dir: Path):
     control = short_dir / "run.sock"
     rows = rows_file(short_dir, 48, latency=0.3)
+    agent.gate.clear()  # no slot frees up before the change is acknowledged
     process = start(["-u", agent.run_url, "-j", "8", "--control", str(control), str(rows)])
-    wait_for(lambda: settled(agent, 8))
+    wait_for(lambda: agent.in_flight == 8)
     answer = ask(control, b"concurrency 4")
     acknowledged = time.monotonic()
     assert answer["ok"]
     assert answer["concurrency"] == 4
+    agent.gate.set()
     returncode, stdout, _ = finished(process)
     assert returncode == 0
     assert len(stdout.splitlines()) == 48
@@ -142,12 +145,14 @@ def test_after_concurrency_4_at_most_4_are_in_flight(agent: ArrivalsAgent, short
 def test_ctrl_c_while_paused_stops_with_the_summary_and_resume_finishes(agent: ArrivalsAgent, short_dir: Path):
     control = short_dir / "run.sock"
     output = short_dir / "out.jsonl"
-    rows = rows_file(short_dir, 12, latency=0.5)
+    rows = rows_file(short_dir, 12, latency=0.1)
     args = ["-u", agent.run_url, "-j", "4", "-o", str(output), "--control", str(control), str(rows)]
+    agent.gate.clear()  # the first four wait at the agent until the run is paused
     process = start(args)
-    wait_for(lambda: settled(agent, 4))
+    wait_for(lambda: agent.in_flight == 4)
     assert ask(control, b"pause")["paused"]
-    wait_for(lambda: agent.in_flight == 0)
+    agent.gate.set()
+    wait_for(lambda: ended_at_rollfilter(control, 4))
     process.send_signal(signal.SIGINT)
     returncode, _, stderr = finished(process)
     assert returncode == 130
@@ -176,8 +181,9 @@ def flood(path: Path) -> dict[str, Any]:
 def test_silent_and_flooding_clients_hold_nothing_up(agent: ArrivalsAgent, short_dir: Path):
     control = short_dir / "run.sock"
     rows = rows_file(short_dir, 20, latency=0.2)
+    agent.gate.clear()  # the run cannot end while the clients come and go
     process = start(["-u", agent.run_url, "-j", "2", "--control", str(control), str(rows)])
-    wait_for(control.exists)
+    wait_for(lambda: agent.in_flight == 2)  # sent: the socket listens (its file is there a moment before)
     silent = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(CONTROL_CLIENTS)]
     try:
         for client in silent:
@@ -192,6 +198,7 @@ def test_silent_and_flooding_clients_hold_nothing_up(agent: ArrivalsAgent, short
         wait_for(lambda: "at most 4096 bytes" in flood(control)["error"])
         wait_for(lambda: "whole number" in ask(control, b"concurrency x")["error"])  # a bad command changes nothing
         wait_for(lambda: ask(control, b"status").get("concurrency") == 2)
+        agent.gate.set()
         returncode, stdout, _ = finished(process)  # the silent clients are still connected
         assert returncode == 0
         assert len(stdout.splitlines()) == 20

@@ -36,7 +36,6 @@ from rollfilter.cli.files.identity import RECORD_SUFFIX
 from rollfilter.errors import OutputInUse, RollfilterError, UsageError
 from rollfilter.formats.source import STDIN, display_name
 from rollfilter.formats.writers import WholeFile
-from rollfilter.run.materialize import building, claim
 
 _encode = msgspec.json.Encoder().encode
 APPEND_FLAGS = os.O_WRONLY | os.O_APPEND
@@ -322,6 +321,8 @@ class OutputFiles(contextlib.ExitStack):
         """Hold the file at `path` that this run will replace whole (--materialized) until the run
         ends: claimed by this process (see `materialize.claim`), and locked if it is there.
         OutputInUse when another run holds it, or builds its own."""
+        from rollfilter.run.materialize import building, claim  # loaded by the runs that write the file
+
         builders = building(path)
         if builders:
             raise in_use(f"{option} {path}", builders)
