@@ -23,6 +23,7 @@ import contextlib
 import errno
 import math
 import os
+import secrets
 import socket
 import stat
 from collections.abc import Callable, Iterator
@@ -64,17 +65,14 @@ class ControlSocket:
         if not path:  # Linux would bind an empty path to an abstract address, which no file names
             raise UsageError("--control needs a path for its socket")
         _clear_stale(path)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        umask = os.umask(0o177)  # the socket is made 0600, never readable by others for a moment
+        self.socket = sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.bind(path)
+            _listen_at(sock, path)
         except OSError as exc:
             sock.close()
+            if exc.errno == errno.EEXIST:  # another run took the path between the check and now
+                raise UsageError(f"--control {path}: another run is listening on it") from None
             raise UsageError(f"--control {path}: cannot listen there: {exc.strerror or exc}") from None
-        finally:
-            os.umask(umask)
-        sock.listen(CONTROL_BACKLOG)
-        self.socket = sock
         self._inode = os.stat(path).st_ino
 
     def remove(self) -> None:
@@ -83,6 +81,31 @@ class ControlSocket:
             if os.stat(self.path).st_ino == self._inode:
                 os.unlink(self.path)
         self.socket.close()
+
+
+def _listen_at(sock: socket.socket, path: str) -> None:
+    """Bind `sock` under a name of its own beside `path`, listen, then link it to `path`: the path
+    appears listening. Bound at `path` itself, a client (or another run's check for a stale
+    socket) that came between bind() and listen() would be refused, and take a live run's socket
+    for a dead one. A link never replaces a file: EEXIST if `path` was taken meanwhile."""
+    folder = os.path.dirname(path)
+    private = os.path.join(folder, f".{os.path.basename(path)}.{secrets.token_hex(4)}")
+    umask = os.umask(0o177)  # the socket is made 0600, never readable by others for a moment
+    try:
+        try:
+            sock.bind(private)
+        except OSError:  # a path near the length a socket's address may have: bound where it goes
+            sock.bind(path)
+            sock.listen(CONTROL_BACKLOG)
+            return
+    finally:
+        os.umask(umask)
+    try:
+        sock.listen(CONTROL_BACKLOG)
+        os.link(private, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(private)
 
 
 def _clear_stale(path: str) -> None:

@@ -25,6 +25,7 @@ from rollfilter.cli.control import (
     ControlServer,
     ControlSocket,
 )
+from rollfilter.errors import UsageError
 from rollfilter.outcomes import Outcome
 from tests.conftest import ROOT, URL
 from tests.engine.test_steering import StandIn, collect, rows
@@ -264,3 +265,56 @@ async def test_after_a_drain_the_rows_taken_are_held_by_the_pause_not_in_flight(
         0,
         0,
     )
+
+
+def test_the_socket_appears_at_its_path_already_listening(monkeypatch: pytest.MonkeyPatch):
+    import os
+    import socket as socket_module
+
+    from rollfilter.cli import control as control_module
+
+    folder = Path(tempfile.mkdtemp(prefix="rf-", dir="/tmp"))
+    path = str(folder / "run.sock")
+    seen: list[tuple[bool, bool]] = []
+    link = os.link
+
+    def linking(source: str, target: str) -> None:
+        probe = socket_module.socket(socket_module.AF_UNIX, socket_module.SOCK_STREAM)
+        try:
+            probe.connect(source)  # refused if it were bound and not yet listening
+            seen.append((True, os.path.exists(target)))
+        finally:
+            probe.close()
+        link(source, target)
+
+    monkeypatch.setattr(control_module.os, "link", linking)
+    made = ControlSocket(path)
+    try:
+        assert seen == [(True, False)]  # listening before the path names it
+        assert sorted(os.listdir(folder)) == ["run.sock"]  # the private name is gone
+    finally:
+        made.remove()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_path_taken_while_the_socket_was_made_is_refused_not_replaced(monkeypatch: pytest.MonkeyPatch):
+    import os
+
+    from rollfilter.cli import control as control_module
+
+    folder = Path(tempfile.mkdtemp(prefix="rf-", dir="/tmp"))
+    path = folder / "run.sock"
+    link = os.link
+
+    def taken_first(source: str, target: str) -> None:
+        path.write_text("another run's\n")
+        link(source, target)
+
+    monkeypatch.setattr(control_module.os, "link", taken_first)
+    try:
+        with pytest.raises(UsageError, match="another run is listening on it"):
+            ControlSocket(str(path))
+        assert path.read_text() == "another run's\n"
+        assert sorted(os.listdir(folder)) == ["run.sock"]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
