@@ -24,6 +24,7 @@ from rollfilter.http.framing import (
     NoBody,
     Reply,
     Unsolicited,
+    UnsupportedCoding,
     body_too_large,
 )
 
@@ -172,6 +173,9 @@ class Connection:
                     return False  # where llhttp stopped in these bytes is not known
                 if isinstance(exc.__context__, HeadTooLarge):
                     raise BadReply(HEAD_TOO_LARGE) from None
+                if isinstance(exc.__context__, UnsupportedCoding):
+                    codings = exc.__context__.args[0].decode("latin-1")
+                    raise BadReply(f"a body in Transfer-Encoding {codings!r}: only chunked is decoded") from None
                 if isinstance(exc.__context__, BodyTooLarge):
                     raise BadReply(body_too_large(reply.max_body_bytes)) from None
                 raise BadReply(f"malformed reply: {exc}") from None

@@ -46,23 +46,40 @@ class Framing(enum.Enum):
     TO_CLOSE = "the connection's end"
 
 
+class UnsupportedCoding(Exception):
+    """The reply's Transfer-Encoding is other than chunked alone; its codings are the argument."""
+
+
 def body_framing(method: bytes, status: int, headers: Iterable[tuple[bytes, bytes]]) -> Framing:
     """A reply's framing, decided once from the request's method, its status and its headers
-    (RFC 9112 section 6.3, as h11's `_body_framing` decides it): a reply to HEAD, a 1xx, 204
-    and 304 carry no body; Transfer-Encoding wins over Content-Length, and frames the body
-    only when chunked is its last coding (else the body runs to the connection's end); then
-    Content-Length; then the connection's end."""
+    (RFC 9112 section 6.3), as h11's `_body_framing` decides it: a reply to HEAD, a 1xx, 204
+    and 304 carry no body; then Transfer-Encoding wins over Content-Length, its codings read
+    over all its lines together: chunked, last, frames the body; identity alone codes nothing,
+    and the body runs to the connection's end, as RFC 9112 reads it (h11 refuses it); any
+    other coding is refused (UnsupportedCoding), as h11 refuses it: a gzip body would reach
+    the JSON decoder still coded. Then Content-Length; then the connection's end."""
     if status < 200 or status == 204 or status == 304 or method == b"HEAD":
         return _NO_BODY
     framing = _TO_CLOSE
+    codings = None
     for name, value in headers:
         # Names are compared by length first: lower() on every header of every reply shows.
         size = len(name)
         if size == 17 and name.lower() == b"transfer-encoding":
-            return _CHUNKED if value.rstrip().lower().endswith(b"chunked") else _TO_CLOSE
-        if size == 14 and name.lower() == b"content-length":
+            codings = value if codings is None else codings + b"," + value
+        elif size == 14 and name.lower() == b"content-length":
             framing = _LENGTH
-    return framing
+    if codings is None:
+        return framing
+    if codings.strip(b" \t").lower() == b"chunked":  # the common case, without a split
+        return _CHUNKED
+    listed = [coding for coding in (part.strip(b" \t").lower() for part in codings.split(b",")) if coding]
+    coded = [coding for coding in listed if coding != b"identity"]
+    if not coded:
+        return _TO_CLOSE
+    if coded == [b"chunked"] and listed[-1] == b"chunked":
+        return _CHUNKED
+    raise UnsupportedCoding(codings)
 
 
 # Enum members looked up once: attribute access on an Enum class is slow on the per-reply path.

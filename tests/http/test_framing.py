@@ -153,3 +153,43 @@ async def test_a_reply_to_head_has_no_body_whatever_its_headers_say():
         finally:
             await transport.aclose()
     assert (answer.status, answer.body) == (oracle.status_code, oracle.content) == (200, b"")
+
+
+@pytest.mark.parametrize(
+    "codings",
+    [
+        b"Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n",  # two lines: one list of codings
+        b"Transfer-Encoding: gzip, chunked\r\n",
+        b"Transfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n",
+        b"Transfer-Encoding: chunked, identity\r\n",  # chunked not last: no framing of chunks
+    ],
+)
+async def test_a_coding_other_than_chunked_alone_is_a_bad_reply_as_h11_refuses_it(codings: bytes):
+    response = b"HTTP/1.1 200 OK\r\n" + codings + b"\r\n2\r\n{}\r\n0\r\n\r\n"
+
+    async def handler(stream: trio.SocketStream) -> None:
+        await read_request(stream)
+        await stream.send_all(response)
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        url = await serve_raw(nursery, handler)
+        transport = HTTP11Transport()
+        with trio.fail_after(10), pytest.raises(BadReply, match="only chunked is decoded"):
+            await transport.post(url, b"{}")
+        await transport.aclose()
+        nursery.cancel_scope.cancel()
+
+
+def test_chunked_is_found_over_every_transfer_encoding_line():
+    from rollfilter.http.framing import Framing, UnsupportedCoding, body_framing
+
+    assert body_framing(b"POST", 200, [(b"Transfer-Encoding", b" Chunked ")]) is Framing.CHUNKED
+    both = [(b"Content-Length", b"2"), (b"transfer-encoding", b"chunked")]
+    assert body_framing(b"POST", 200, both) is Framing.CHUNKED  # over Content-Length, whichever comes first
+    identity_first = [(b"Transfer-Encoding", b"identity"), (b"Transfer-Encoding", b"chunked")]
+    assert body_framing(b"POST", 200, identity_first) is Framing.CHUNKED
+    assert body_framing(b"POST", 200, [(b"Transfer-Encoding", b"identity")]) is Framing.TO_CLOSE
+    with pytest.raises(UnsupportedCoding):
+        body_framing(b"POST", 200, [(b"Transfer-Encoding", b"chunked"), (b"Transfer-Encoding", b"chunked")])
+    assert body_framing(b"HEAD", 200, [(b"Transfer-Encoding", b"gzip")]) is Framing.NONE
