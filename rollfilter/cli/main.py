@@ -163,7 +163,6 @@ def execute(main: Callable[[StopSignals], Awaitable[RunEnd]], environment: Envir
         say(str(_first(group)), stderr)
         status = ExitStatus.OUTPUT_FAILED
     return status
-    return status
 
 
 async def _watching_signals(main: Callable[[StopSignals], Awaitable[RunEnd]], stops: StopSignals) -> RunEnd | None:

@@ -422,7 +422,7 @@ async def open_appended(
     fresh_only = not (command.resume or command.append or command.overwrite)
     lock: Lock = "shared" if command.append and not command.resume else "exclusive"
     wanted = [(output, path) for output, path in output_paths(command) if output.locked]
-    fds: dict[OutputKey, int] = {}
+    appended: dict[OutputKey, int] = {}
     for output, path in sorted(wanted, key=lambda given: os.path.realpath(given[1])):
         said = False
         while True:
@@ -435,7 +435,7 @@ async def open_appended(
                     must_be_empty = output.must_be_empty and fresh_only
                     opened = files.open(path, output.option, must_be_empty=must_be_empty, lock=lock, mode=mode)
                     assert opened is not None, "a path is given"
-                    fds[output.key] = opened
+                    appended[output.key] = opened
                 break
             except OutputInUse as taken:
                 if not command.wait_lock:
@@ -445,18 +445,18 @@ async def open_appended(
                     said = True
                 await trio.sleep(LOCK_POLL_SECONDS)
     for output, path in wanted:
-        if output.beside_output and output.key in fds:
-            narrow_mode(fds[output.key], identity.beside_mode(command.output or ""), path)
+        if output.beside_output and output.key in appended:
+            narrow_mode(appended[output.key], identity.beside_mode(command.output or ""), path)
     for output, path in wanted if not command.resume else ():
         emptied = output.beside_output or (command.overwrite and output.must_be_empty)
-        fd = fds.get(output.key)
+        fd = appended.get(output.key)
         if not emptied or fd is None or not stat.S_ISREG(os.fstat(fd).st_mode):  # a pipe or a device is kept
             continue
         try:
             os.ftruncate(fd, 0)
         except OSError as exc:
             raise UsageError(f"cannot write {output.option} {path}: {exc.strerror}") from None
-    return fds
+    return appended
 
 
 def narrow_mode(fd: int, mode: int, path: str | None) -> None:
