@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from rollfilter.api.in_trio import RolloutRun
     from rollfilter.api.rollouts import Rollouts, open_rollouts, rollouts
     from rollfilter.config import Config, Retries, Reverify, Timeouts, Tls
-    from rollfilter.engine.steering import SteeringError, SteeringStatistics
-    from rollfilter.errors import ErrorKind, RollfilterError, ServiceError, UsageError
+    from rollfilter.engine.steering import SteeringStatistics
+    from rollfilter.errors import ErrorKind, RollfilterError, ServiceError, SteeringError, UsageError
     from rollfilter.figures.compare import compare_runs
     from rollfilter.outcomes import Failure, Group, Rollout
 
@@ -39,7 +39,7 @@ _EXPORTS = {
     "Rollouts": "rollfilter.api.rollouts",
     "open_rollouts": "rollfilter.api.rollouts",
     "rollouts": "rollfilter.api.rollouts",
-    "SteeringError": "rollfilter.engine.steering",
+    "SteeringError": "rollfilter.errors",
     "SteeringStatistics": "rollfilter.engine.steering",
     "compare_runs": "rollfilter.figures.compare",
 }

@@ -4,6 +4,7 @@
     ├── UsageError           bad options or unusable files: exit 2, nothing sent
     ├── ServiceError         a service the run depends on (a head server) cannot be used: exit 3
     └── OutputInUse          another run holds an output this run would write: exit 75, nothing sent
+    SteeringError            (a ValueError) a change a running run cannot take: nothing changed
 
 Per-row failures are not exceptions: they are records (`outcomes.py`: an `AttemptFailure`, tied to
 its row as a `Failure`) that the run writes to the errors record and counts, and the run goes on.
@@ -76,3 +77,7 @@ class OutputInUse(RollfilterError):
         super().__init__(message)
         self.output = output
         self.holder = holder
+
+
+class SteeringError(ValueError):
+    """A change that cannot be made to a run (a version going back, an agent the run does not have)."""

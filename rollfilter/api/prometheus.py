@@ -26,9 +26,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import CollectorRegistry
 
 from rollfilter.api.in_trio import LiveFigures, RolloutRun
-from rollfilter.engine.metrics import UNNAMED_AGENT, CountSketch, LatencyHistogram, Metrics
-from rollfilter.engine.statistics import AgentStatistics, RunStatistics, statistics_of
+from rollfilter.engine.metrics import UNNAMED_AGENT, Metrics
 from rollfilter.errors import ErrorKind
+from rollfilter.figures.sketches import CountSketch, LatencyHistogram
+from rollfilter.run.statistics import AgentStatistics, RunStatistics, statistics_of
 
 # The latency histogram's upper bounds, in seconds: an agent's episode takes from milliseconds
 # (a cached answer) to most of an hour.

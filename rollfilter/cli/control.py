@@ -34,8 +34,7 @@ import trio
 
 from rollfilter.cli.parsers import DECIMAL
 from rollfilter.config import is_decimal
-from rollfilter.engine.steering import SteeringError
-from rollfilter.errors import UsageError
+from rollfilter.errors import SteeringError, UsageError
 from rollfilter.run.run import Run
 
 CONTROL_LINE_BYTES = 4096  # a command is a few words: a longer line is refused, and its client let go

@@ -20,8 +20,8 @@ from rollfilter.formats.writers import OutputClosed, OutputFailed, write_all
 from rollfilter.redact import printable
 
 if TYPE_CHECKING:
-    from rollfilter.engine.nursery import RunStatus
     from rollfilter.outcomes import Failure
+    from rollfilter.run.statistics import RunStatus
 
 PREFIX = "rollfilter: "
 

@@ -20,8 +20,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
 from rollfilter.cli.messages import held_rows
-from rollfilter.engine.statistics import RunStatistics
 from rollfilter.formats.writers import LineWriter, OutputClosed, OutputFailed, write_all
+from rollfilter.run.statistics import RunStatistics
 
 REFRESH_SECONDS = 0.25
 

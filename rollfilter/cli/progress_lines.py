@@ -16,8 +16,8 @@ from collections.abc import Callable
 import trio
 
 from rollfilter.cli.messages import held_rows, message_line
-from rollfilter.engine.statistics import RunStatistics
 from rollfilter.formats.writers import OutputClosed, OutputFailed, write_all
+from rollfilter.run.statistics import RunStatistics
 
 CHECK_SECONDS = 0.25  # how often the count is looked at: a step crossed between two looks gives one line
 QUIET_SECONDS = 60.0  # the longest a run goes without a line

@@ -41,11 +41,9 @@ from rollfilter.cli.signals import StopSignals, is_pipe, status_block, watch_rea
 from rollfilter.cli.statuses import RunEnd
 from rollfilter.engine.client import DryRunClient, JobClient
 from rollfilter.engine.metrics import Metrics
-from rollfilter.engine.nursery import StopCause, StopControl, describe
-from rollfilter.engine.plan import Job
+from rollfilter.engine.plan import Job, describe
 from rollfilter.engine.routing import Agent
 from rollfilter.engine.sinks import BodySink, GroupOutputs, LineSink
-from rollfilter.engine.statistics import statistics_of, summary_of
 from rollfilter.errors import ServiceError, UsageError
 from rollfilter.formats.keytable import KeyTable
 from rollfilter.formats.resume import (
@@ -63,6 +61,9 @@ from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name
 from rollfilter.run.connect import tls_context_for
 from rollfilter.run.first_pass import RepeatsMissing
 from rollfilter.run.run import ConfigWarning, Run, fit_to_open_files
+from rollfilter.run.statistics import statistics_of
+from rollfilter.run.summary import summary_of
+from rollfilter.stops import StopCause, StopControl
 
 if TYPE_CHECKING:  # these, --control's socket and the demo agent are loaded by the runs that use them
     from rollfilter.cli.control import ControlSocket
@@ -257,7 +258,8 @@ def _earlier_runs(command: CommandConfig) -> tuple[ResumeState | None, _Earlier]
 
 
 def _resume_state(command: CommandConfig) -> ResumeState | None:
-    """What a resumed run skips or retries, read from its outputs, which it leaves as they are."""
+    """What a resumed run skips or retries, read from its outputs (after `drop_torn_tail` has cut a
+    torn last line; reading them may also cut off -o a group left in part: `ResumeState.cut_bytes`)."""
     if not (command.resume and command.output):
         return None
     config, held = command.config, held_target(command)

@@ -18,9 +18,9 @@ import trio
 from rollfilter.cli import early_signals
 from rollfilter.cli.messages import held_rows
 from rollfilter.cli.statuses import EXIT_STATUS_OF_STOP
-from rollfilter.engine.nursery import RunStatus, StopCause, StopControl
-from rollfilter.engine.statistics import RunStatistics
 from rollfilter.redact import printable
+from rollfilter.run.statistics import RunStatistics, RunStatus
+from rollfilter.stops import StopCause, StopControl
 
 STATUS_SIGNALS = tuple(getattr(signal, name) for name in ("SIGUSR1", "SIGINFO") if hasattr(signal, name))
 WAITING_ON = {"pause": "paused", "rate limits": "--rpm/--tpm", "window": "--adaptive's window"}  # InFlight.waiting

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from rollfilter.engine.nursery import StopCause
 from rollfilter.errors import ExitStatus, RollfilterError
+from rollfilter.stops import StopCause
 
 EXIT_STATUS_OF_STOP = {
     StopCause.LIMIT_REACHED: ExitStatus.ROWS_FAILED,

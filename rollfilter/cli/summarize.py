@@ -17,9 +17,9 @@ from rollfilter.cli.messages import say, write_stderr
 from rollfilter.cli.run import summary_for
 from rollfilter.cli.statuses import RunEnd
 from rollfilter.engine.metrics import Metrics
-from rollfilter.engine.nursery import StopCause, reward_of
 from rollfilter.errors import ErrorKind, UsageError
 from rollfilter.figures.compare import Comparison, RunComparison
+from rollfilter.figures.means import reward_of
 from rollfilter.formats.resume import StandingFailures
 from rollfilter.formats.source import STDIN, InputLine, LineReader, check_inputs
 from rollfilter.formats.writers import OutputFailed, WholeFile, write_all
@@ -28,6 +28,7 @@ from rollfilter.redact import printable
 from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name, is_masked, parse_row
 from rollfilter.run.connect import tls_context_for
 from rollfilter.run.run import Run
+from rollfilter.stops import StopCause
 
 _encode = msgspec.json.Encoder().encode
 STDIN_UNCHECKED = (

@@ -12,33 +12,32 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import enum
 import functools
 import itertools
-import math
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import msgspec
 import trio
 
 from rollfilter.config import FailureLimit
 from rollfilter.engine.client import Flight, JobClient, Waiting
-from rollfilter.engine.metrics import Metrics, as_float
-from rollfilter.engine.plan import Job, JobSource
+from rollfilter.engine.judge import NotPersisted, judge
+from rollfilter.engine.metrics import Metrics
+from rollfilter.engine.plan import Job, JobSource, describe
 from rollfilter.engine.routing import Agent, Router
 from rollfilter.engine.sinks import RowSink
 from rollfilter.engine.steering import StalenessGate, Steering
 from rollfilter.errors import ErrorKind
+from rollfilter.figures.means import as_float, reward_of
 from rollfilter.figures.passk import TaskStats
 from rollfilter.formats.spool import ResultSpool
 from rollfilter.formats.writers import Release
-from rollfilter.outcomes import AttemptFailure, Retry
+from rollfilter.outcomes import AttemptFailure
 from rollfilter.redact import printable, shown
-from rollfilter.rows import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX, agent_name, field_value, is_masked
+from rollfilter.rows import agent_name, field_value, is_masked
+from rollfilter.stops import StopCause, StopControl
 
-ERROR_REASON_CHARS = 200  # how much of an agent's failure_reason a message quotes
 START_BATCH = 64  # workers started at once, when none is left waiting for a row
 STATUS_OLDEST = 5  # rollouts in flight that a status names, oldest first
 
@@ -57,103 +56,6 @@ class InFlight:
     # What it waits on, not sent: "pause", "rate limits" (its agent's, or under them a place among
     # the requests out) or "window" (its adaptive window); None while it is in flight.
     waiting: str | None = None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class RunStatus:
-    """A run in progress, as a status block shows it: its counts, and the oldest rollouts taken
-    and not ended (`rollfilter.engine.statistics.RunStatistics.status()` makes it from a run's
-    snapshot). `in_flight` counts the rollouts sent and not ended; those taken and not sent are
-    counted by what they wait on (the `waiting_on_` figures)."""
-
-    done: int
-    failed: int
-    in_flight: int
-    rows_per_s: float
-    elapsed_s: float
-    oldest: tuple[InFlight, ...]
-    # Rows waiting on an agent's rate limit (Config.rpm, Config.tpm), or under them for a place
-    # among the requests out.
-    waiting_on_rate_limits: int = 0
-    paused: bool = False  # no new request leaves (the run's pause)
-    waiting_on_pause: int = 0  # rows taken and not sent because the run is paused
-    waiting_on_window: int = 0  # rows waiting for room in their agent's adaptive window
-    waiting_on_policy_version: int = 0  # rows whose group the staleness bound does not admit yet
-
-
-class StopCause(enum.Enum):
-    """Why a run was stopped before its rows ran out; the value is how the summary says it."""
-
-    LIMIT_REACHED = "limit reached"  # the failure limit, or the budget
-    INTERRUPTED = "interrupted"  # the signals the command line stops on
-    TERMINATED = "terminated"
-    HUNG_UP = "hung up"
-    READER_GONE = "broken pipe"  # the reader of the results went away
-    TARGET_REACHED = "target reached"  # as many groups written as Config.target_groups asks
-    OUTPUT_FAILED = "output failed"  # an output could not be written
-    AGENT_UNREACHABLE = "agent unreachable"  # an agent refused or dropped every connection since the start
-
-
-class StopControl:
-    """Stops a run from anywhere (a signal, a closed stdout, the failure limit).
-
-    The first stop wins: its cause is the run's, and its reason is reported. A reason given as
-    a function is asked when it is reported, so that counts it quotes include the rows that
-    ended while the stop took effect.
-    `scope` bounds the engine; `stoppable()` gives more scopes that a stop cancels too.
-    """
-
-    def __init__(self) -> None:
-        self.scope = trio.CancelScope()
-        self._scopes = [self.scope]
-        self.cause: StopCause | None = None
-        self._reason: str | Callable[[], str] | None = None
-
-    @property
-    def reason(self) -> str | None:
-        return self._reason() if callable(self._reason) else self._reason
-
-    def stop(self, cause: StopCause, reason: str | Callable[[], str] | None = None) -> None:
-        # A target reached ends the engine only: what follows a finished run (the aggregate) runs,
-        # and a stop after it (a signal during the aggregate) is the run's.
-        if self.cause is None or (self.cause is StopCause.TARGET_REACHED and cause is not StopCause.TARGET_REACHED):
-            self.cause = cause
-            self._reason = reason
-        if cause is StopCause.TARGET_REACHED:
-            self.scope.cancel()
-        else:
-            self.cancel()
-
-    @property
-    def stopped_early(self) -> bool:
-        """Whether the run was stopped before its end (a target reached is an end)."""
-        if self.cause is StopCause.TARGET_REACHED:
-            return False
-        return self.cause is not None or self.scope.cancel_called
-
-    @property
-    def why_stopped(self) -> str | None:
-        """Why the run stopped, as its summary and its callers say it: the reason the stop gave,
-        else its cause's own words, else that the caller left early; None when it was not stopped."""
-        reason = self.reason
-        if reason:
-            return reason
-        if self.cause is not None:
-            return self.cause.value
-        return "stopped early by the caller" if self.scope.cancel_called else None
-
-    def cancel(self) -> None:
-        """Cancel the engine and what runs after it, without a stop status (the caller left)."""
-        for scope in self._scopes:
-            scope.cancel()
-
-    def stoppable(self) -> trio.CancelScope:
-        """A cancel scope for work after the engine (the aggregate calls) that a stop cancels."""
-        scope = trio.CancelScope()
-        if self.stopped_early:
-            scope.cancel()
-        self._scopes.append(scope)
-        return scope
 
 
 class ResultStage(Protocol):
@@ -313,7 +215,7 @@ class Engine:
                     return
                 self._check_unreachable(agent, outcome, self.unreachable_after)
             self._fail(job, outcome, release)
-        elif isinstance(outcome, _NotPersisted):
+        elif isinstance(outcome, NotPersisted):
             self.metrics.add_not_persisted(job.agent_name)
             if self.on_event is not None:
                 advice = "a resumed run runs it again"
@@ -425,77 +327,9 @@ class Engine:
         return f"stopped after {counts} (the limit: {self.failure_limit.describe()})"
 
 
-class _NotPersisted:
-    """The outcome of a rollout whose answer carries `_ng_no_persist`."""
-
-
-NOT_PERSISTED = _NotPersisted()
-
-
-def judge(
-    job: Job, answer: dict[str, Any] | AttemptFailure, attempts: int
-) -> dict[str, Any] | AttemptFailure | _NotPersisted:
-    """What the agent's answer, after `attempts` requests, makes of the rollout: a result stamped
-    with the row's indices and agent (as NeMo Gym stamps them), the agent's own failure, or not
-    persisted."""
-    if isinstance(answer, AttemptFailure):
-        return answer
-    stamp(job, answer)
-    if answer.get("_ng_no_persist"):
-        return NOT_PERSISTED
-    failure_class = answer.get("_ng_failure_class")
-    if failure_class is None:
-        return answer
-    failure_class = failure_class if isinstance(failure_class, str) else msgspec_text(failure_class)
-    reason = answer.get("failure_reason")
-    message = f"the agent reported failure class {failure_class!r}" + (
-        f": {reason[:ERROR_REASON_CHARS]!r}" if isinstance(reason, str) and reason else ""
-    )
-    return AttemptFailure(
-        ErrorKind.AGENT_FAILURE,
-        message,
-        attempts=attempts,
-        failure_class=failure_class,
-        retry=Retry.NEVER if answer.get("_ng_failure_terminal") else Retry.LATER,
-        answer=answer,
-    )
-
-
-def stamp(job: Job, result: dict[str, Any]) -> None:
-    """Put the row's indices, agent_ref and pass-through keys on its result."""
-    result[TASK_INDEX] = job.task_index
-    result[ROLLOUT_INDEX] = job.rollout_index
-    row = job.row or {}
-    if AGENT_REF in row:
-        result[AGENT_REF] = row[AGENT_REF]
-    if "skills_ref" in row:
-        result["skills_ref"] = row["skills_ref"]
-    if job.attempt_index is not None:
-        result[ATTEMPT_INDEX] = job.attempt_index
-    if "_ng_rollout_id" in row:
-        result["_ng_rollout_id"] = row["_ng_rollout_id"]
-
-
-def describe(job: Job) -> str:
-    return f"{job.source}:{job.line} task {job.task_index} rollout {job.rollout_index}"
-
-
 def internal_error_event(job: Job, exc: Exception) -> str:
     """The -v line for a row's unexpected error (its text may quote a server: escaped)."""
     return f"{describe(job)}: internal error: {type(exc).__name__}: {printable(str(exc))}"
-
-
-def reward_of(result: dict[str, Any]) -> float:
-    """A result's reward for pass@k; a result without a finite numeric one counts as 0."""
-    reward = result.get("reward")
-    if type(reward) is float:  # the common case, without a call
-        return reward if math.isfinite(reward) else 0.0
-    number = as_float(reward)
-    return 0.0 if number is None else number
-
-
-def msgspec_text(value: Any) -> str:
-    return msgspec.json.encode(value).decode()
 
 
 class _Slot:

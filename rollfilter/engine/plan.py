@@ -368,3 +368,7 @@ def _encoded_rollout(row: dict[str, Any], rollout: int, attempt: int, *, seeds: 
     if attempt:
         copy[ATTEMPT_INDEX] = attempt
     return _encode(copy)
+
+
+def describe(job: Job) -> str:
+    return f"{job.source}:{job.line} task {job.task_index} rollout {job.rollout_index}"

@@ -36,12 +36,9 @@ import trio
 from rollfilter.config import MAX_POLICY_VERSION
 from rollfilter.engine.groups import ClosedGroup, group_key
 from rollfilter.engine.plan import Job
+from rollfilter.errors import SteeringError
 
 POLICY_VERSION = "_rf_policy_version"  # a result's key: the version when its /run was sent, and when it ended
-
-
-class SteeringError(ValueError):
-    """A change that cannot be made to a run (a version going back, an agent the run does not have)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

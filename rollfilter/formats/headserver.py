@@ -1,4 +1,5 @@
-"""Agent names from a NeMo Gym head server: `GET /global_config_dict_yaml`.
+"""Agent names in a NeMo Gym head server's config, the answer to `GET /global_config_dict_yaml`
+(`rollfilter.run.headserver` asks for it).
 
 The answer is a JSON string holding YAML: the whole deployment config, API keys included.
 It is parsed with yaml.safe_load and never printed; messages name agents, never values.
@@ -13,17 +14,13 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import msgspec
-import trio
 
-from rollfilter.config import Config, is_decimal
-from rollfilter.errors import ServiceError, UsageError
-from rollfilter.http import AgentTransport
-from rollfilter.redact import origin, printable
+from rollfilter.config import is_decimal
+from rollfilter.errors import ServiceError
+from rollfilter.redact import printable
 
 AGENT_SERVER_TYPE = "responses_api_agents"
-HEAD_SERVER_TIMEOUT = 30.0  # seconds for the one config fetch, connecting included
 _INTERPOLATION = re.compile(r"^\$\{([^}]+)\}$")
 # A host name or an IPv4 address (letters, digits, '-', '.', '_'), or an IPv6 address: what
 # can stand between http:// and :port.
@@ -114,31 +111,6 @@ def _agent_url(host: Any, port: Any, where: str, path: str = "/run") -> str:
     return f"http://{bracketed}:{port}{path}"
 
 
-async def fetch_agents(base_url: str, transport: AgentTransport) -> HeadServerAgents:
-    """Fetch and parse the head server's config once; ServiceError when it cannot be had.
-    The caller bounds the wait (a trio cancel scope)."""
-    where = f"the head server at {origin(base_url)}"
-    return agents_from_config(await fetch_config(base_url, transport), where)
-
-
-async def fetch_config(base_url: str, transport: AgentTransport) -> dict[str, Any]:
-    """The head server's whole config (never to be printed: it may hold secrets); ServiceError
-    when it cannot be had. The caller bounds the wait (a trio cancel scope)."""
-    url = base_url.rstrip("/") + "/global_config_dict_yaml"
-    where = f"the head server at {origin(base_url)}"
-    try:
-        reply = await transport.request(b"GET", httpx.URL(url), to_agent=False)
-    except httpx.RemoteProtocolError as exc:
-        raise ServiceError(f"{where} answered badly: {printable(str(exc))}") from None
-    except httpx.TransportError as exc:
-        raise ServiceError(f"cannot reach {where}: {printable(str(exc))}") from None
-    except httpx.InvalidURL:
-        raise ServiceError(f"cannot reach {where}: not a URL") from None
-    if reply.status != 200:
-        raise ServiceError(f"{where} answered HTTP {reply.status} for /global_config_dict_yaml")
-    return config_from_answer(reply.body, where)
-
-
 def agents_from_answer(body: bytes, where: str) -> HeadServerAgents:
     """The agents in a head server's answer to /global_config_dict_yaml (a JSON string of
     YAML); ServiceError, naming `where`, for anything else it may answer."""
@@ -158,26 +130,3 @@ def config_from_answer(body: bytes, where: str) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise ServiceError(f"{where} answered a config that is not a mapping")
     return config
-
-
-async def resolve_endpoints(
-    config: Config, transport: AgentTransport
-) -> tuple[dict[str, tuple[str, ...]], HeadServerAgents | None]:
-    """-e endpoints, over the head server's agents when there is one (explicit -e wins).
-    The head server is asked through `transport`, the run's: --proxy, the TLS options, the -H
-    headers (but Host) and the bounds apply to it too."""
-    if config.head_server is None:
-        return dict(config.endpoints), None
-    with trio.move_on_after(HEAD_SERVER_TIMEOUT) as scope:
-        head = await fetch_agents(config.head_server, transport)
-    if scope.cancelled_caught:
-        raise ServiceError(
-            f"the head server at {origin(config.head_server)} did not answer in {HEAD_SERVER_TIMEOUT:g} s"
-        )
-    endpoints: dict[str, tuple[str, ...]] = {name: (url,) for name, url in head.urls.items()}
-    endpoints.update(config.endpoints)
-    if config.agent is not None and config.agent not in endpoints and config.url is None:
-        if config.agent in head.incomplete:
-            raise UsageError(f"agent {config.agent!r} has no host and port in the head server's config")
-        raise UsageError(f"agent {config.agent!r} is not known to the head server (it knows: {head.describe_known()})")
-    return endpoints, head

@@ -32,16 +32,15 @@ from rollfilter.engine.adaptive import AdaptiveWindow
 from rollfilter.engine.client import AgentClient, JobClient
 from rollfilter.engine.groups import ClosedGroup, GroupStage, Member, trained_on
 from rollfilter.engine.metrics import UNNAMED_AGENT, Metrics
-from rollfilter.engine.nursery import Engine, StopCause, StopControl, describe, internal_error_event, reward_of
-from rollfilter.engine.plan import Job, JobSource, LineSource, Planner
+from rollfilter.engine.nursery import Engine, internal_error_event
+from rollfilter.engine.plan import Job, JobSource, LineSource, Planner, describe
 from rollfilter.engine.rate_limits import RateLimits, SendSlots
 from rollfilter.engine.routing import Router
 from rollfilter.engine.sinks import RowSink
-from rollfilter.engine.statistics import RunStatistics, statistics_of, summary_of
-from rollfilter.engine.steering import StalenessGate, Steering, SteeringError, SteeringStatistics
-from rollfilter.errors import ServiceError, UsageError
+from rollfilter.engine.steering import StalenessGate, Steering, SteeringStatistics
+from rollfilter.errors import ServiceError, SteeringError, UsageError
+from rollfilter.figures.means import reward_of
 from rollfilter.figures.passk import TaskStats
-from rollfilter.formats.headserver import HEAD_SERVER_TIMEOUT, fetch_config, resolve_endpoints
 from rollfilter.formats.keytable import KeyTable
 from rollfilter.formats.resume import ResumeState
 from rollfilter.formats.source import LineReader
@@ -53,6 +52,10 @@ from rollfilter.redact import origin, printable
 from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name, is_masked
 from rollfilter.run.connect import transport_for
 from rollfilter.run.first_pass import Rereadable, count_rollouts, plan_first
+from rollfilter.run.headserver import HEAD_SERVER_TIMEOUT, fetch_config, resolve_endpoints
+from rollfilter.run.statistics import RunStatistics, statistics_of
+from rollfilter.run.summary import summary_of
+from rollfilter.stops import StopCause, StopControl
 
 # Re-scoring and /aggregate_metrics are loaded by the runs that use them, not at every start.
 if TYPE_CHECKING:
@@ -475,7 +478,7 @@ class Run:
 
     def statistics(self) -> RunStatistics:
         """The run's figures now, a frozen snapshot that every view renders (see
-        `rollfilter.engine.statistics`): counts, rates, each agent's figures, and what is in force."""
+        `rollfilter.run.statistics`): counts, rates, each agent's figures, and what is in force."""
         return statistics_of(
             self.metrics,
             engine=self.engine,

@@ -16,10 +16,10 @@ from rollfilter.api.prometheus import OUTCOMES, PrometheusCollector, exposition,
 from rollfilter.config import Retries
 from rollfilter.demo import DemoAgent, serve
 from rollfilter.engine.routing import Router
-from rollfilter.engine.statistics import AgentStatistics, RunStatistics
 from rollfilter.errors import ErrorKind
 from rollfilter.outcomes import AttemptFailure, Outcome
 from rollfilter.run.run import Run
+from rollfilter.run.statistics import AgentStatistics, RunStatistics
 from tests.conftest import URL
 from tests.engine.test_steering import StandIn, collect, rows
 

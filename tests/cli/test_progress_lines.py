@@ -12,7 +12,7 @@ import trio.testing
 
 from rollfilter.cli.progress_lines import ProgressLines
 from rollfilter.engine.metrics import Metrics
-from rollfilter.engine.statistics import RunStatistics, statistics_of
+from rollfilter.run.statistics import RunStatistics, statistics_of
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import dataclasses
 from rollfilter.cli.signals import status_block
 from rollfilter.engine.metrics import Metrics
 from rollfilter.engine.nursery import InFlight
-from rollfilter.engine.statistics import statistics_of
+from rollfilter.run.statistics import statistics_of
 
 
 def test_the_status_block_says_what_the_snapshot_says():

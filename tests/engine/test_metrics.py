@@ -1,21 +1,21 @@
-"""metrics.py: latency percentiles and exact means."""
+"""engine/metrics.py: the counters, and the means and error bars the summary makes of them."""
 
 from __future__ import annotations
 
 import fractions
 import math
-import random
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollfilter.engine.metrics import LatencyHistogram, Metrics
-from rollfilter.engine.statistics import statistics_of, summary_of
+from rollfilter.engine.metrics import Metrics
 from rollfilter.errors import ErrorKind
 from rollfilter.figures.passk import TaskStats
 from rollfilter.outcomes import AttemptFailure
+from rollfilter.run.statistics import statistics_of
+from rollfilter.run.summary import summary_of
 
 
 def summary_alone(metrics: Metrics, *, tasks: TaskStats | None = None) -> dict[str, Any]:
@@ -28,31 +28,6 @@ FINITE = st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from([1e3
 
 def exact_mean(values: list[float]) -> float:
     return float(sum(map(fractions.Fraction, values)) / len(values))
-
-
-def test_latency_percentiles_within_one_percent():
-    histogram = LatencyHistogram()
-    values = [i / 1000 for i in range(1, 1001)]
-    random.Random(1).shuffle(values)
-    for value in values:
-        histogram.add(value)
-    for p, exact in ((50, 0.5), (90, 0.9), (99, 0.99)):
-        assert abs(histogram.percentile(p) - exact) <= exact * 0.011
-    assert histogram.max == 1.0
-
-
-def test_latencies_counted_under_bounds_as_a_prometheus_histogram_counts_them():
-    histogram = LatencyHistogram()
-    values = [i / 1000 for i in range(1, 1001)]  # 1 ms to 1 s
-    for value in values:
-        histogram.add(value)
-    bounds = (0.001, 0.1, 0.5, 0.999, 2.0)
-    for bound, counted in zip(bounds, histogram.cumulative(bounds), strict=True):
-        exact = sum(value <= bound for value in values)
-        assert abs(counted - exact) <= max(1, 0.011 * exact)  # a bucket is 1% wide
-    assert histogram.cumulative(bounds)[-1] == histogram.count == 1000
-    assert histogram.sum == pytest.approx(sum(values))
-    assert LatencyHistogram().cumulative(bounds) == [0] * 5
 
 
 def test_failures_retries_and_throttled_replies_are_counted_by_agent():
@@ -89,7 +64,7 @@ def test_metrics_means_skip_non_numbers_and_count_booleans():
 
 
 def test_means_count_numbers_only_and_usage_one_level_down():
-    from rollfilter.engine.metrics import Means
+    from rollfilter.figures.means import Means
 
     means = Means()
     usage = {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 4}, "note": "n"}
@@ -104,7 +79,7 @@ def test_means_count_numbers_only_and_usage_one_level_down():
 @settings(max_examples=300, deadline=None)
 @given(values=st.lists(FINITE, min_size=1, max_size=12))
 def test_means_stay_finite_and_exact_near_the_float_limits(values: list[float]):
-    from rollfilter.engine.metrics import Means
+    from rollfilter.figures.means import Means
     from rollfilter.figures.sums import EXACT_FROM
 
     means = Means()
@@ -121,7 +96,7 @@ def test_means_stay_finite_and_exact_near_the_float_limits(values: list[float]):
 
 
 def test_the_mean_of_rewards_and_usage_near_the_float_limits():
-    from rollfilter.engine.metrics import Means
+    from rollfilter.figures.means import Means
 
     means = Means()
     for _ in range(2):  # the float sum of these two is infinite
@@ -188,44 +163,6 @@ def test_a_masked_result_is_in_per_rollout_but_in_no_error_bar():
     assert summary["per_rollout"]["output_tokens"]["max"] == 100  # its tokens were spent
     assert summary["sample_size"] == {"reward": {"tasks": 2, "rollouts": 2}}
     assert summary["stderr"] == {"reward": 0.5}
-
-
-def test_token_percentiles_over_many_rollouts_in_bounded_memory():
-    from rollfilter.engine.metrics import CountSketch
-
-    rng = random.Random(2)
-    values = [int(rng.lognormvariate(6, 1.5)) for _ in range(200_000)]
-    sketch = CountSketch()
-    for value in values:
-        sketch.add(value)
-    ordered = sorted(values)
-    for p in (50, 90, 99):
-        exact = ordered[math.ceil(p / 100 * len(values)) - 1]
-        assert exact <= sketch.percentile(p) <= exact * 1.01 + 1
-    assert sketch.buckets() < 128 + 1200  # exact under 128, then 1% buckets up to ~3 million
-    assert sketch.figures() == {
-        "p50": math.floor(sketch.percentile(50)),
-        "p90": math.floor(sketch.percentile(90)),
-        "max": max(values),
-        "mean": sum(values) / len(values),
-    }
-
-
-def test_a_sketch_makes_its_count_total_and_max_from_small_values_alone_and_merged():
-    from rollfilter.engine.metrics import CountSketch
-
-    # A value under 128 is only counted where it falls: the count, the total and the max are made
-    # from those counts when asked, and the large values' own are added in.
-    small, large = CountSketch(), CountSketch()
-    for value in (0, 3, 3, 127):
-        small.add(value)
-    for value in (5, 1000):
-        large.add(value)
-    assert (small.count, small.total, small.max) == (4, 133, 127)
-    assert (CountSketch().count, CountSketch().max, CountSketch().figures()) == (0, 0, None)
-    small.merge(large)
-    assert (small.count, small.total, small.max) == (6, 1138, 1000)
-    assert small.figures() == {"p50": 3, "p90": 1000, "max": 1000, "mean": 1138 / 6}
 
 
 def test_what_each_rollout_took_by_agent():

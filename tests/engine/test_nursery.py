@@ -16,7 +16,7 @@ import trio.testing
 from rollfilter import Failure, rollouts
 from rollfilter.api.in_trio import _RowFeed
 from rollfilter.config import Config, Timeouts
-from rollfilter.engine.nursery import START_BATCH, StopCause
+from rollfilter.engine.nursery import START_BATCH
 from rollfilter.engine.routing import UNREACHABLE_AFTER_FAILURES
 from rollfilter.engine.sinks import ChannelSink
 from rollfilter.errors import ErrorKind
@@ -25,6 +25,7 @@ from rollfilter.http import Reply
 from rollfilter.http.testing import Handler, ScriptedRequest, ScriptedTransport, scripted_reply
 from rollfilter.outcomes import Outcome
 from rollfilter.run.run import Run
+from rollfilter.stops import StopCause
 from tests.conftest import URL, QuietHandler, ThreadedHTTPServer
 
 
@@ -75,7 +76,7 @@ def test_an_answer_after_a_retry_counts_both_attempts(busy_once: tuple[str, dict
 async def test_why_a_run_stopped_is_its_reason_else_its_cause_else_the_callers_leaving():
     """One wording for the command and the API: the stop's reason, the cause's words without one,
     the caller's leaving for a run cancelled with no cause, and None for a run not stopped."""
-    from rollfilter.engine.nursery import StopCause, StopControl
+    from rollfilter.stops import StopCause, StopControl
 
     assert StopControl().why_stopped is None
     interrupted = StopControl()

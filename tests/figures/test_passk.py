@@ -174,7 +174,7 @@ def test_each_reward_component_gets_error_bars_clustered_by_task():
 
 
 def test_means_are_compensated_sums_whatever_the_order():
-    from rollfilter.engine.metrics import Means
+    from rollfilter.figures.means import Means
     from rollfilter.figures.stats import ClusteredMean
 
     means, clustered = Means(), ClusteredMean()

@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from rollfilter.engine.metrics import Means
+from rollfilter.figures.means import Means
 from rollfilter.figures.passk import TaskStats
 from rollfilter.figures.stats import (
     ClusteredMean,

@@ -9,9 +9,9 @@ from collections.abc import Callable, Sequence
 
 import trio
 
-from rollfilter.engine.statistics import RunStatistics
 from rollfilter.formats.source import STDIN
 from rollfilter.formats.writers import OutputClosed, OutputFailed, WholeFile
+from rollfilter.run.statistics import RunStatistics
 
 PROGRESS_SECONDS = 0.5  # how often the progress file is brought up to date
 

@@ -10,8 +10,8 @@ import trio.testing
 
 from rollfilter.cli.files.progress_file import PROGRESS_SECONDS, publish_progress
 from rollfilter.engine.metrics import Metrics
-from rollfilter.engine.statistics import RunStatistics, statistics_of
 from rollfilter.formats.writers import WholeFile
+from rollfilter.run.statistics import RunStatistics, statistics_of
 
 
 async def test_the_file_holds_the_finished_rollouts_of_each_snapshot(

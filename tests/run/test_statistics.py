@@ -19,12 +19,13 @@ from rollfilter.api.in_trio import _RowFeed, open_rollouts_in_trio
 from rollfilter.config import Retries
 from rollfilter.engine.metrics import Metrics
 from rollfilter.engine.sinks import ChannelSink
-from rollfilter.engine.statistics import RunStatistics, statistics_of, summary_of
 from rollfilter.formats.writers import Release
 from rollfilter.http import Reply
 from rollfilter.http.testing import ScriptedRequest, ScriptedTransport, scripted_reply
 from rollfilter.outcomes import Outcome
 from rollfilter.run.run import Run
+from rollfilter.run.statistics import RunStatistics, statistics_of
+from rollfilter.run.summary import summary_of
 from tests.conftest import URL
 from tests.engine.test_steering import StandIn, collect
 

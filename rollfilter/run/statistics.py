@@ -23,17 +23,37 @@ from typing import Any
 
 from rollfilter.engine.client import Waiting
 from rollfilter.engine.groups import GroupStage
-from rollfilter.engine.metrics import UNNAMED_AGENT, CountSketch, LatencyHistogram, Means, Metrics
-from rollfilter.engine.nursery import Engine, InFlight, RunStatus
+from rollfilter.engine.metrics import UNNAMED_AGENT, Metrics
+from rollfilter.engine.nursery import Engine, InFlight
 from rollfilter.engine.routing import Agent, Router
 from rollfilter.engine.steering import SteeringStatistics
-from rollfilter.errors import ErrorKind
-from rollfilter.figures.passk import TaskStats
-from rollfilter.figures.stats import Estimate, error_bars
+from rollfilter.figures.means import Means
+from rollfilter.figures.sketches import CountSketch, LatencyHistogram
 from rollfilter.figures.sums import mean_of
-from rollfilter.rows import REWARD_COMPONENTS, component_key
 
 _NONE: Mapping[str, Any] = types.MappingProxyType({})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunStatus:
+    """A run in progress, as a status block shows it: its counts, and the oldest rollouts taken
+    and not ended (`RunStatistics.status()` makes it from a run's snapshot). `in_flight` counts
+    the rollouts sent and not ended; those taken and not sent are counted by what they wait on
+    (the `waiting_on_` figures)."""
+
+    done: int
+    failed: int
+    in_flight: int
+    rows_per_s: float
+    elapsed_s: float
+    oldest: tuple[InFlight, ...]
+    # Rows waiting on an agent's rate limit (Config.rpm, Config.tpm), or under them for a place
+    # among the requests out.
+    waiting_on_rate_limits: int = 0
+    paused: bool = False  # no new request leaves (the run's pause)
+    waiting_on_pause: int = 0  # rows taken and not sent because the run is paused
+    waiting_on_window: int = 0  # rows waiting for room in their agent's adaptive window
+    waiting_on_policy_version: int = 0  # rows whose group the staleness bound does not admit yet
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -176,8 +196,8 @@ def statistics_of(
     fresh = by_agent is not metrics.by_agent  # merged anew with earlier runs' figures: nobody else's
     results = {agent: means if fresh else _copy(means) for agent, means in by_agent.items()}
     spending = metrics.spending
-    windows = {_label(agent.name): agent.window for agent in agents if agent.window is not None}
-    limits = {_label(agent.name): agent.rate_limits or agent.former_rate_limits for agent in agents}
+    windows = {label(agent.name): agent.window for agent in agents if agent.window is not None}
+    limits = {label(agent.name): agent.rate_limits or agent.former_rate_limits for agent in agents}
     rate_limits = {label: limits for label, limits in limits.items() if limits is not None}
     return RunStatistics(
         connected=engine is not None,
@@ -234,7 +254,7 @@ def _taken(engine: Engine | None) -> tuple[collections.Counter[str | None], coll
     return in_flight, waiting
 
 
-def _label(agent: str | None) -> str:
+def label(agent: str | None) -> str:
     return UNNAMED_AGENT if agent is None else agent
 
 
@@ -255,7 +275,7 @@ def _mean_over(figures: Iterable[Means], key: str) -> float:
     return mean_of(math.fsum(total), exact, count) if count else 0.0
 
 
-def _overall(figures: Mapping[str | None, Means] | list[Means]) -> Means:
+def merged(figures: Mapping[str | None, Means] | list[Means]) -> Means:
     """`figures` together: the one as it is, several merged into a new one."""
     every = list(figures.values()) if isinstance(figures, Mapping) else figures
     if len(every) == 1:
@@ -277,12 +297,12 @@ def _agents(
     tally: dict[str, dict[str, Any]] = collections.defaultdict(dict)
 
     def add(agent: str | None, field: str, value: Any) -> None:
-        figures = tally[_label(agent)]
+        figures = tally[label(agent)]
         figures[field] = figures.get(field, 0) + value
 
     seen = {*metrics.by_agent, *(agent for agent, _ in metrics.failed_by_agent), *metrics.not_persisted_by_agent}
     for agent in seen | in_flight.keys():
-        tally[_label(agent)]["seen"] = True
+        tally[label(agent)]["seen"] = True
         add(agent, "in_flight", in_flight[agent])
     for agent, means in metrics.by_agent.items():
         add(agent, "succeeded", means.succeeded)
@@ -291,7 +311,7 @@ def _agents(
     for agent, count in metrics.not_persisted_by_agent.items():
         add(agent, "not_persisted", count)
     for (agent, kind), count in metrics.failed_by_agent.items():
-        kinds = tally[_label(agent)].setdefault("failed_by_kind", {})
+        kinds = tally[label(agent)].setdefault("failed_by_kind", {})
         kinds[kind] = kinds.get(kind, 0) + count
     for agent, count in metrics.retries_by_agent.items():
         add(agent, "retries", count)
@@ -299,11 +319,11 @@ def _agents(
         add(agent, "throttled", count)
     by_label: dict[str, list[Means]] = collections.defaultdict(list)
     for agent, means in results.items():
-        by_label[_label(agent)].append(means)
-    for label, labelled in by_label.items():
-        means = _overall(labelled)  # merged only where agents share a label
+        by_label[label(agent)].append(means)
+    for name, labelled in by_label.items():
+        means = merged(labelled)  # merged only where agents share a label
         if means.counts.get("reward"):
-            tally[label]["reward_mean"] = means.mean("reward")
+            tally[name]["reward_mean"] = means.mean("reward")
     if metrics.spending is not None:
         for agent, cost in metrics.spending.by_agent.items():
             add(agent, "cost_usd", cost)
@@ -328,130 +348,5 @@ def _add_agents(add: Any, tally: dict[str, dict[str, Any]], agents: list[Agent],
             add(agent.name, "rate_limit_wait_s", limits.waited_s)
         if concurrency is not None:
             bound = min(agent.window.size, concurrency) if agent.window is not None else concurrency
-            figures = tally[_label(agent.name)]
+            figures = tally[label(agent.name)]
             figures["concurrency_limit"] = max(bound, figures.get("concurrency_limit", 0))
-
-
-def summary_of(
-    statistics: RunStatistics, *, stopped: str | None = None, tasks: TaskStats | None = None, timings: bool = True
-) -> dict[str, Any]:
-    """The summary object: means of numeric result fields (and mean@K, pass@k over `tasks`),
-    token usage, a split by agent when several served the run, then the run's own figures
-    under "rollfilter"; `stopped` says why the run stopped, if it did."""
-    by_agent = statistics.results_by_agent
-    overall = _overall(by_agent)
-    summary = overall.means()
-    if tasks is not None:
-        summary.update(tasks.summary_fields())
-    if overall.component_sums:
-        summary[REWARD_COMPONENTS] = overall.components()
-    summary |= error_blocks(summary, overall.estimates() if tasks is None else tasks.estimates())
-    summary["usage"] = overall.usage()
-    costs = overall.costs.figures()
-    if costs is not None:
-        summary["per_rollout"] = costs
-    if len(by_agent) > 1:
-        summary["agents"] = {
-            _label(name): _agent_figures(
-                means, means.estimates() if tasks is None else tasks.estimates(name, by_agent=True)
-            )
-            for name, means in sorted(by_agent.items(), key=lambda item: item[0] or "")
-        }
-    summary["rollfilter"] = _run_figures(statistics, overall.measured, stopped, tasks, timings)
-    return summary
-
-
-def _run_figures(
-    statistics: RunStatistics, means_cover: int, stopped: str | None, tasks: TaskStats | None, timings: bool
-) -> dict[str, Any]:
-    """The summary's "rollfilter": the run's own figures."""
-    s = statistics
-    figures: dict[str, Any] = {} if s.expected is None else {"expected": s.expected}
-    figures |= {
-        "rows_read": s.rows_read,
-        "succeeded": s.succeeded,
-        "failed": s.failed,
-        "masked": s.masked,  # of the succeeded: in no mean, mean@K or pass@k
-        "means_cover": means_cover,  # the results the means are over (earlier runs' included)
-        "not_persisted": s.not_persisted,
-        "skipped": s.skipped,
-        "not_retried": s.not_retried,
-        "cancelled": s.cancelled,
-    }
-    if s.expected is not None or s.groups is not None:  # with groups, null when the input cannot be counted
-        figures["not_started"] = s.not_started
-    figures |= {
-        "failed_by_kind": {
-            kind.value: s.failed_by_kind[kind.value] for kind in ErrorKind if s.failed_by_kind.get(kind.value)
-        },
-        "retries": s.retries,
-        "retries_withheld": s.retries_withheld,
-    }
-    if s.failed_by_class:
-        figures["failed_by_class"] = dict(sorted(s.failed_by_class.items()))
-    if s.spending is not None:
-        figures.update(s.spending)
-    if timings:
-        latency = s.latency
-        figures["elapsed_s"] = round(s.elapsed_s, 3)
-        figures["rows_per_s"] = round(s.rows_per_s, 2)
-        figures["tokens_per_s"] = None if s.tokens_per_s is None else round(s.tokens_per_s, 2)
-        figures["latency_s"] = {
-            "p50": round(latency.percentile(50), 4),
-            "p90": round(latency.percentile(90), 4),
-            "p99": round(latency.percentile(99), 4),
-            "max": round(latency.max, 4),
-        }
-    if tasks is not None:
-        figures.update(tasks.figures())
-    if s.replicas:
-        figures["replicas"] = [dict(replica) for replica in s.replicas]
-    if s.windows:
-        figures["windows"] = {name: dict(window) for name, window in s.windows.items()}
-    if s.limits:
-        figures["limits"] = {name: dict(limits) for name, limits in s.limits.items()}
-    if stopped:
-        figures["stopped"] = stopped
-    return figures
-
-
-def error_blocks(figures: dict[str, Any], estimates: dict[str, Estimate]) -> dict[str, Any]:
-    """The summary's error bars beside its means, a block each, keyed as the means are:
-    `stderr`, `ci95` ([low, high]) and `sample_size` ({"tasks", "rollouts"}); a mean whose
-    spread cannot be seen (one task) has null bars, and a summary with no mean no blocks."""
-    stderr: dict[str, Any] = {}
-    ci95: dict[str, Any] = {}
-    sample_size: dict[str, Any] = {}
-    for key, value in figures.items():
-        estimate = estimates.get(key)
-        if value is None or estimate is None:
-            continue
-        stderr[key], ci95[key] = error_bars(estimate)
-        sample_size[key] = {"tasks": estimate.tasks, "rollouts": estimate.rollouts}
-    components = figures.get(REWARD_COMPONENTS)
-    if components:  # each entry's bars nested as its mean is: stderr.reward_components.NAME
-        for block in (stderr, ci95, sample_size):
-            block[REWARD_COMPONENTS] = {}
-        for name in components:
-            estimate = estimates.get(component_key(name))
-            if estimate is not None:
-                bars = error_bars(estimate)
-                stderr[REWARD_COMPONENTS][name], ci95[REWARD_COMPONENTS][name] = bars
-                sample_size[REWARD_COMPONENTS][name] = {"tasks": estimate.tasks, "rollouts": estimate.rollouts}
-    if not sample_size:  # no mean: no blocks, as an agent whose rollouts all failed has none
-        return {}
-    return {"stderr": stderr, "ci95": ci95, "sample_size": sample_size}
-
-
-def _agent_figures(means: Means, estimates: dict[str, Estimate]) -> dict[str, Any]:
-    """An agent's part of the summary's `agents`: its counts, means, error bars, usage and costs."""
-    figures: dict[str, Any] = {"succeeded": means.succeeded, "failed": means.failed, "masked": means.masked}
-    figures |= means.means()
-    if means.component_sums:
-        figures[REWARD_COMPONENTS] = means.components()
-    figures |= error_blocks(figures, estimates)
-    figures["usage"] = means.usage()
-    costs = means.costs.figures()
-    if costs is not None:
-        figures["per_rollout"] = costs
-    return figures
