@@ -864,7 +864,7 @@ def parse(
     """The run the command line asks for, ready to start; a RollfilterError if it cannot be."""
     from rollfilter.cli import parsers
     from rollfilter.cli.command import CommandConfig
-    from rollfilter.config import Config, Retries, Timeouts
+    from rollfilter.config import Config, Cost, Rates, Repeats, Retries, Routing, Timeouts, Tls, Wire
 
     environment = environment_of(ctx.obj)
     if demo:
@@ -874,10 +874,14 @@ def parse(
     materialized, errors, aggregate, progress_file = parsers.gym_files(
         gym_layout, output, (materialized, errors, aggregate, progress_file), summarize=summarize
     )
-    group_settings = parsers.groups(
+    grouping = parsers.groups(
         groups,
+        keep_incomplete=keep_incomplete,
         drop_uniform=drop_uniform,
-        group_field=group_field,
+        field=group_field,
+        target=target_groups,
+        max_staleness=max_staleness,
+        batch=batch_groups,
         refused={"--dry-run": dry_run, option_as_typed(ctx, "ordered"): ordered},
     )
     config = Config(
@@ -887,31 +891,27 @@ def parse(
         concurrency=concurrency,
         adaptive=adaptive,
         limit=limit,
-        repeats=default_repeats,
-        repeats_by_agent=repeats_by_agent,
-        repeat_seeds=repeat_seeds,
+        repeats=Repeats(default_repeats, repeats_by_agent, repeat_seeds),
+        groups=grouping,
+        policy_version=parsers.policy_version(policy_version),
         params=tuple(parsers.param(p) for p in param or ()),
         retries=Retries(count=retries, budget=retry_budget, statuses=retry_on),
         timeout=Timeouts(attempt=timeout, connect=connect_timeout),
-        tls=parsers.tls(cacert, insecure=insecure),
+        tls=Tls(parsers.cacert(cacert), insecure=insecure),
         max_failures=parsers.failure_limit(max_failures),
-        prices=parsers.prices(price or (), prices),
-        max_cost=max_cost,
+        cost=Cost(parsers.prices(price or (), prices), max_cost),
         headers=tuple(parsers.header(h) for h in header or ()),
         shard=parsers.shard(shard, environment.variables),
         pass_threshold=pass_threshold,
         head_server=parsers.service_url("--head-server")(head_server) if head_server else None,
-        proxy=parsers.service_url("--proxy", ("http", "https", "socks5"))(proxy) if proxy else None,
-        cross_origin_redirects=cross_origin_redirects,
-        max_reply_bytes=max_reply_bytes,
-        **parsers.rate_limit_fields(rpm or (), tpm or ()),
-        route=parsers.route(route),
-        affinity_header=parsers.affinity_header(affinity_header, header or ()),
+        wire=Wire(
+            parsers.service_url("--proxy", ("http", "https", "socks5"))(proxy) if proxy else None,
+            cross_origin_redirects,
+            max_reply_bytes,
+        ),
+        rates=Rates(**parsers.rates(rpm or (), tpm or ())),
+        routing=Routing(parsers.route(route), parsers.affinity_header(affinity_header, header or ())),
         aggregate=aggregate is not None,  # --aggregate FILE and --gym-layout ask the agents for it
-        keep_incomplete=keep_incomplete,
-        target_groups=target_groups,
-        **group_settings,
-        **parsers.steering(policy_version, max_staleness, batch_groups),
     )
     command = CommandConfig(
         config,
@@ -971,7 +971,8 @@ def running(config: "CommandConfig", environment: Environment, *, demo: bool) ->
 
     if config.compare_files:
         raise UsageError("--compare compares result files: give it with --summarize")
-    if config.config.max_staleness is not None and config.control_socket is None:
+    groups = config.config.groups
+    if groups is not None and groups.max_staleness is not None and config.control_socket is None:
         # Only the control raises the version (the Python API's program does it itself): without
         # it, the run would send the groups the first version admits, then wait for ever.
         raise UsageError(

@@ -263,8 +263,9 @@ def _resume_state(command: CommandConfig) -> ResumeState | None:
     if not (command.resume and command.output):
         return None
     config, held = command.config, held_target(command)
+    target = config.groups.target if config.groups is not None else None
     return ResumeState.from_files(
-        command.output, command.errors_file, command.max_attempts, held=held, target_groups=config.target_groups
+        command.output, command.errors_file, command.max_attempts, held=held, target_groups=target
     )
 
 
@@ -351,7 +352,7 @@ class _CommandLineRun:
         sink = BodySink(
             self.results,
             self._errors_out,
-            repeats=self.command.config.max_repeats,
+            repeats=self.command.config.repeats.largest,
             stderr_line=message_line,
             message_of=message_of,
             fold=self.folder.admit,
@@ -363,7 +364,7 @@ class _CommandLineRun:
         message_of = functools.partial(failure_message, details_hint=not self.command.verbose)
         results_fd = self.files.results
         groups = GroupOutputs(
-            keep_incomplete=self.command.config.keep_incomplete,
+            keep_incomplete=bool(self.command.config.groups and self.command.config.groups.keep_incomplete),
             dropped=self.dropped,
             held=self.held,
             results_size=lambda: os.lseek(results_fd, 0, os.SEEK_CUR),
@@ -373,7 +374,7 @@ class _CommandLineRun:
             self._errors_out,
             records="errors_file" in self.files.appended,
             ordered=self.command.ordered,
-            repeats=self.command.config.max_repeats,
+            repeats=self.command.config.repeats.largest,
             stderr_line=message_line,
             message_of=message_of,
             groups=groups,
@@ -421,8 +422,8 @@ class _CommandLineRun:
             variables=self.environment.variables,
             force_terminal=bool(command.progress),
             adaptive=config.adaptive,
-            priced=bool(config.prices),
-            limited=config.rate_limited,
+            priced=bool(config.cost.prices),
+            limited=config.rates.limited,
             steered=self.command.control_socket is not None,
             fallback=self.stderr_lines,
         )
@@ -541,7 +542,7 @@ class _CommandLineRun:
         for result in self.resume.leftover_carried():
             if self.dropped is not None:
                 self.dropped.write(_encode({**result, DROPPED_BECAUSE: CANCELLED}) + b"\n")
-            rollout, size = result.get(ROLLOUT_INDEX), config.repeats_for(agent_name(result)) or 1
+            rollout, size = result.get(ROLLOUT_INDEX), config.repeats.for_agent(agent_name(result)) or 1
             left_open.add((_encode(result.get(TASK_INDEX)), rollout // size if type(rollout) is int else 0))
         if self.run.groups is not None:
             self.run.groups.cancel_earlier(len(left_open))
@@ -564,7 +565,7 @@ class _CommandLineRun:
                 self._output_failed(failure)
             except RepeatsMissing as missing:
                 shown = ", ".join("rows naming no agent" if name is None else repr(name) for name in missing.agents)
-                given = ", ".join(f"{name}={count}" for name, count in sorted(command.config.repeats_by_agent.items()))
+                given = ", ".join(f"{name}={count}" for name, count in sorted(command.config.repeats.by_agent.items()))
                 raise UsageError(
                     f"-r {given} gives no repeat count for {shown}, and no default -r K: give -r K for"
                     " the agents it does not name, or -r NAME=K for each; nothing was sent"
@@ -576,7 +577,7 @@ class _CommandLineRun:
         if planned is not None:
             return lambda: planned
         config = self.command.config
-        repeats = None if config.repeats_by_agent else config.max_repeats
+        repeats = None if config.repeats.by_agent else config.repeats.largest
         if config.reverify is not None:
             repeats = None if config.reverify.judge_failed_only else 1  # a line a rollout (of those re-scored)
         return known_total(self.command.inputs, limit=config.limit, shard=config.shard, repeats=repeats)

@@ -147,7 +147,7 @@ def _reached(run: Run, record: dict[str, Any], agent: str | None) -> None:
     """A task has the rollouts -r gives its agent, or the groups of them its rollout indices reach:
     one with fewer results is unfinished, as in the run that wrote them."""
     assert run.tasks is not None
-    run.tasks.reached(record[TASK_INDEX], record.get(ROLLOUT_INDEX), run.config.repeats_for(agent) or 1)
+    run.tasks.reached(record[TASK_INDEX], record.get(ROLLOUT_INDEX), run.config.repeats.for_agent(agent) or 1)
 
 
 def _count_line(

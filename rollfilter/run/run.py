@@ -145,9 +145,10 @@ class Run:
         self.config = config
         self.control = control if control is not None else StopControl()
         self.metrics = Metrics()
-        if config.prices:
-            self.metrics.spending = Spending(config.prices)
-        self.tasks = TaskStats(config.max_repeats, config.pass_threshold, on_task) if config.max_repeats > 1 else None
+        if config.cost.prices:
+            self.metrics.spending = Spending(config.cost.prices)
+        largest = config.repeats.largest
+        self.tasks = TaskStats(largest, config.pass_threshold, on_task) if largest > 1 else None
         self.spool = ResultSpool() if config.aggregate and client is None else None
         talks = source is not None or self.spool is not None
         if transport is None and talks:
@@ -160,11 +161,11 @@ class Run:
         self._fits_open_files = source is not None and client is None  # a run that connects
         self._open_files_warning: ConfigWarning | None = None
         self.concurrency = self._fitted(config.concurrency)  # as set_concurrency last set it
-        self.send_slots = SendSlots(self.concurrency) if config.rate_limited and client is None else None
+        self.send_slots = SendSlots(self.concurrency) if config.rates.limited and client is None else None
         self.steering = Steering(config.policy_version)
         self.staleness: StalenessGate | None = None
-        if config.max_staleness is not None and config.batch_groups is not None:
-            self.staleness = StalenessGate(self.steering, config.max_staleness, config.batch_groups)
+        if config.groups is not None and config.groups.max_staleness is not None and config.groups.batch is not None:
+            self.staleness = StalenessGate(self.steering, config.groups.max_staleness, config.groups.batch)
         self.index: MaterializedIndex | None = None  # with config.reverify: the materialized inputs, indexed
         self.unsafe = False  # re-scored at a resources server that does not say it is stateless (forced)
         self.planned: int | None = None  # the rollouts the first pass planned (a materialized file)
@@ -292,14 +293,14 @@ class Run:
                 sink,
                 self._target_reached,
                 self._count_member,
-                field=config.group_field,
-                drop_uniform=config.drop_uniform,
-                target=config.target_groups,
+                field=config.groups.field,
+                drop_uniform=config.groups.drop_uniform,
+                target=config.groups.target,
                 hold=self._hold,
                 kept_before=self._resume.kept_groups if self._resume is not None else 0,
                 dropped_before=self._resume.dropped_groups if self._resume is not None else 0,
                 masked_before=self._resume.masked_groups if self._resume is not None else 0,
-                in_order=config.max_staleness is not None,
+                in_order=config.groups.max_staleness is not None,
                 on_close=self._group_closed if self.staleness is not None else None,
             )
             self.groups.start()  # a target earlier runs met stops the run before anything is sent
@@ -324,12 +325,12 @@ class Run:
             # A dry run shows each row's route, then its body, one row at a time: in input order.
             concurrency=self.concurrency if sends else 1,
             failure_limit=config.max_failures,
-            max_cost=config.max_cost,
+            max_cost=config.cost.max_usd,
             tasks=self.tasks if sends else None,  # planned, but no rollout is answered
             on_event=self._on_event,
             spool=self.spool,
             groups=self.groups,
-            group_field=config.group_field if config.drop_uniform else None,
+            group_field=config.groups.field if config.groups and config.groups.drop_uniform else None,
             waiting_rows=self.send_slots.waiting_rows if self.send_slots is not None else 0,
             unreachable_after=unreachable_after,
             steering=self.steering,
@@ -337,12 +338,14 @@ class Run:
         )
 
     def _target_reached(self) -> None:
-        reason = f"stopped once {self.config.target_groups} groups were kept (the target)"
+        assert self.config.groups is not None, "a target is a count of groups"
+        reason = f"stopped once {self.config.groups.target} groups were kept (the target)"
         self.control.stop(StopCause.TARGET_REACHED, reason)
 
     def _group_closed(self, closed: ClosedGroup) -> None:
         assert self.staleness is not None
-        handed_out = trained_on(closed.fate, keep_incomplete=self.config.keep_incomplete)
+        assert self.config.groups is not None, "a staleness bound is one of groups"
+        handed_out = trained_on(closed.fate, keep_incomplete=self.config.groups.keep_incomplete)
         self.staleness.group_closed(closed, trained_on=handed_out)
 
     def _count_member(self, member: Member) -> None:
@@ -418,8 +421,8 @@ class Run:
         said = [self._open_files_warning] if self._open_files_warning is not None else []
         if self.engine is None or self.control.stopped_early:
             return said
-        unnamed = sorted(set(self.config.repeats_by_agent) - self.engine.planner.agents_seen)
-        return [*said, *(ConfigWarning("repeats_by_agent", name, f"no row named agent {name!r}") for name in unnamed)]
+        unnamed = sorted(set(self.config.repeats.by_agent) - self.engine.planner.agents_seen)
+        return [*said, *(ConfigWarning("repeats.by_agent", name, f"no row named agent {name!r}") for name in unnamed)]
 
     def _fitted(self, concurrency: int) -> int:
         """`concurrency`, or as many requests at once as fit under the open-file limit, as the
