@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
+from rollfilter.cli.definition import PANELS
 from rollfilter.cli.messages import OPTION_OF_FIELD, option_message
-from rollfilter.cli.options import PANELS
 from rollfilter.config import ONE_ROLLOUT_GROUPS
 from tests.cli.test_command import USE_OF_FIELD, leaf_fields
 from tests.conftest import clean_env, run
