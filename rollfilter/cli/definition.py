@@ -8,9 +8,8 @@ constants only: declaring the options is all that --help needs.
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 from rollfilter.defaults import (
     DEFAULT_CONCURRENCY,
@@ -58,8 +57,9 @@ Exit status: 0 all rollouts succeeded, 1 some failed or were not persisted, 2 us
 FILES_HELP = "JSONL input files, read in order; - or none means stdin."
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class OptionSpec:
+# A NamedTuple, not a dataclass: the class is made at every start, and a dataclass takes longer to
+# make (docs/benchmarks.md, start-up).
+class OptionSpec(NamedTuple):
     """One option: its spellings (`flags`), what --help says of it, the type typer converts its
     text to (`kind`) and its `default`, and the field it sets alone (`sets`: "Config.limit",
     "Config.retries.count", "CommandConfig.ordered"), as typer gives it; None when the command
