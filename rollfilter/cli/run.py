@@ -583,11 +583,11 @@ class _CommandLineRun:
 
     def _take_earlier_results(self, path: str) -> None:
         for result in result_records(path):
-            self.run.add_earlier_result(result)
+            self.run.count_earlier(result)
         resume = self.resume
         if resume is not None and self.earlier.held is not None:
             for result in resume.dropped_results(self.earlier.held):  # dropped groups are real samples too
-                self.run.add_earlier_result(result)
+                self.run.count_earlier(result)
 
     def _finish(self) -> RunEnd:
         """How the run ended, with the summary and the files written whole at the end."""

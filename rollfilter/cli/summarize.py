@@ -16,16 +16,14 @@ from rollfilter.cli.files.outputs import NamedOutputs, OutputFiles, replace_cont
 from rollfilter.cli.messages import say, write_stderr
 from rollfilter.cli.run import summary_for
 from rollfilter.cli.statuses import RunEnd
-from rollfilter.engine.metrics import Metrics
 from rollfilter.errors import ErrorKind, UsageError
 from rollfilter.figures.compare import Comparison, RunComparison
-from rollfilter.figures.means import reward_of
 from rollfilter.formats.resume import StandingFailures
 from rollfilter.formats.source import STDIN, InputLine, LineReader, check_inputs
 from rollfilter.formats.writers import OutputFailed, WholeFile, write_all
 from rollfilter.outcomes import AttemptFailure, failure_of
 from rollfilter.redact import printable
-from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name, is_masked, parse_row
+from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, parse_row
 from rollfilter.run.connect import tls_context_for
 from rollfilter.run.run import Run
 from rollfilter.stops import StopCause
@@ -124,7 +122,6 @@ async def _count(
     """Count each line read into `run`'s figures: a result (given to each of `on_result` too), a failed
     attempt (once per pair, unless a result has the pair), or a line that cannot be used.
     OutputFailed when the failures cannot be held."""
-    metrics, tasks = run.metrics, run.tasks
     failures = StandingFailures()
     try:
         while (line := await reader.next_line()) is not None:
@@ -133,21 +130,9 @@ async def _count(
         failures.close()
         raise
     for record in failures.standing():
-        metrics.taken += 1
         failure = failure_of(record)
         assert failure is not None
-        agent = agent_name(record)
-        metrics.add_failure(failure, agent)
-        if tasks is not None:
-            _reached(run, record, agent)
-            tasks.rollout_ended(record[TASK_INDEX], None, record.get(ROLLOUT_INDEX))
-
-
-def _reached(run: Run, record: dict[str, Any], agent: str | None) -> None:
-    """A task has the rollouts -r gives its agent, or the groups of them its rollout indices reach:
-    one with fewer results is unfinished, as in the run that wrote them."""
-    assert run.tasks is not None
-    run.tasks.reached(record[TASK_INDEX], record.get(ROLLOUT_INDEX), run.config.repeats_for(agent) or 1)
+        run.count_failure(failure, record)
 
 
 def _count_line(
@@ -157,20 +142,18 @@ def _count_line(
     failures: StandingFailures,
     on_result: Sequence[Callable[[dict[str, Any]], None]],
 ) -> None:
-    metrics, tasks, spool = run.metrics, run.tasks, run.spool
     if line.data is None:  # over --max-line-bytes
-        unusable.add(line, line.problem or "too long", metrics)
+        unusable.add(line, line.problem or "too long", run)
         return
     if not line.data.strip():
         return
     record = parse_row(line.data, exact=True)  # a result rollfilter wrote, numbers of every size kept
     if isinstance(record, str):
-        unusable.add(line, record, metrics)
+        unusable.add(line, record, run)
         return
     failure = failure_of(record)
     if failure is not None and TASK_INDEX not in record:  # no pair to count it once for
-        metrics.taken += 1
-        metrics.add_failure(failure, agent_name(record))
+        run.count_failure(failure, record)
         return
     if failure is not None:
         failures.failure(line.data)  # counted once every result is known
@@ -178,17 +161,9 @@ def _count_line(
     if not failures.result(record) and TASK_INDEX in record and ROLLOUT_INDEX in record:
         unusable.repeated(line)  # a pair counted already: the same file twice, or runs mixed
         return
-    metrics.taken += 1
-    agent = agent_name(record)
-    metrics.add_result(record, None, agent)
+    run.count_result(record)
     for hand_on in on_result:
         hand_on(record)
-    if spool is not None:
-        spool.add(agent, record)
-    if tasks is not None and TASK_INDEX in record:
-        _reached(run, record, agent)
-        rollout, masked = record.get(ROLLOUT_INDEX), is_masked(record)
-        tasks.rollout_ended(record[TASK_INDEX], reward_of(record), rollout, record, agent, masked=masked)
 
 
 class _Baseline:
@@ -323,9 +298,8 @@ class _UnusableLines:
             )
         return found
 
-    def add(self, line: InputLine, reason: str, metrics: Metrics) -> None:
-        metrics.taken += 1
-        metrics.add_failure(AttemptFailure(ErrorKind.BAD_INPUT, reason))
+    def add(self, line: InputLine, reason: str, run: Run) -> None:
+        run.count_failure(AttemptFailure(ErrorKind.BAD_INPUT, reason))
         if not self.count:
             self._first = printable(f"{line.source}:{line.number}: {reason}")
         self.count += 1

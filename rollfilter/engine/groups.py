@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from rollfilter.engine.plan import GroupPlan, Job
+from rollfilter.engine.tally import Tally
 from rollfilter.formats.resume import DROPPED_BECAUSE, FAILED, ROLLOUTS
 from rollfilter.formats.writers import Release
 from rollfilter.outcomes import AttemptFailure
@@ -104,7 +105,8 @@ def _after_both(release: Release) -> tuple[Release, Release]:
 class GroupStage:
     """Holds groups from the first rollout planned to the last ended (see the module docstring).
 
-    `count(member)` puts a closed group's member into the run's figures; `hold(line, release)`
+    `tally` counts the members of a group once it has closed (one an earlier run finished as
+    an earlier result); `hold(line, release)`
     keeps a finished member's result line (or the marker of a group dropped as uniform or closed
     incomplete) on disk, for a resumed run, and runs `release` (when given) once it is there;
     `on_close(closed)` hears of each group as it closes, before it is handed out; `reached()` is
@@ -122,7 +124,7 @@ class GroupStage:
         self,
         sink: GroupSink,
         reached: Callable[[], None],
-        count: Callable[[Member], None],
+        tally: Tally,
         *,
         field: str = "reward",
         drop_uniform: bool = False,
@@ -137,7 +139,7 @@ class GroupStage:
         self._sink = sink
         self._on_close = on_close
         self._reached = reached
-        self._count = count
+        self._tally = tally
         self._field = field
         self._drop_uniform = drop_uniform
         self._target = target
@@ -202,8 +204,12 @@ class GroupStage:
         members = tuple(group.members[rollout] for rollout in sorted(group.members))
         fate = Fate.INCOMPLETE if group.broken else self._decide(members)
         self.fates[fate] += 1
+        tally = self._tally
         for member in members:
-            self._count(member)
+            if member.job is None:
+                tally.earlier(member.result)
+            else:
+                tally.result(member.job, member.result, member.latency)
         if self._hold is not None:
             self._hold_marker(group, fate, members)
         closed = ClosedGroup(group.task_index, fate, members, tuple(group.failures), group.first)

@@ -30,7 +30,7 @@ from rollfilter.config import MIN_RATE, Config, ConfigError
 from rollfilter.cost import Spending
 from rollfilter.engine.adaptive import AdaptiveWindow
 from rollfilter.engine.client import AgentClient, JobClient
-from rollfilter.engine.groups import ClosedGroup, GroupStage, Member, trained_on
+from rollfilter.engine.groups import ClosedGroup, GroupStage, trained_on
 from rollfilter.engine.metrics import UNNAMED_AGENT, Metrics
 from rollfilter.engine.nursery import Engine, internal_error_event
 from rollfilter.engine.plan import Job, JobSource, LineSource, Planner, describe
@@ -38,8 +38,8 @@ from rollfilter.engine.rate_limits import RateLimits, SendSlots
 from rollfilter.engine.routing import Router
 from rollfilter.engine.sinks import RowSink
 from rollfilter.engine.steering import StalenessGate, Steering, SteeringStatistics
+from rollfilter.engine.tally import Tally
 from rollfilter.errors import ServiceError, SteeringError, UsageError
-from rollfilter.figures.means import reward_of
 from rollfilter.figures.passk import TaskStats
 from rollfilter.formats.keytable import KeyTable
 from rollfilter.formats.resume import ResumeState
@@ -49,7 +49,6 @@ from rollfilter.formats.writers import Release
 from rollfilter.http import AgentTransport, connections_that_fit, raise_open_file_limit
 from rollfilter.outcomes import AttemptFailure
 from rollfilter.redact import origin, printable
-from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name, is_masked
 from rollfilter.run.connect import transport_for
 from rollfilter.run.first_pass import Rereadable, count_rollouts, plan_first
 from rollfilter.run.headserver import HEAD_SERVER_TIMEOUT, fetch_config, resolve_endpoints
@@ -149,6 +148,9 @@ class Run:
             self.metrics.spending = Spending(config.prices)
         self.tasks = TaskStats(config.max_repeats, config.pass_threshold, on_task) if config.max_repeats > 1 else None
         self.spool = ResultSpool() if config.aggregate and client is None else None
+        # A dry run's rollouts are planned for the tasks, and never answered.
+        answered = self.tasks if client is None else None
+        self.tally = Tally(self.metrics, answered, self.spool, repeats_for=config.repeats_for)
         talks = source is not None or self.spool is not None
         if transport is None and talks:
             transport = transport_for(config, tls=tls, on_warning=on_warning)
@@ -291,7 +293,7 @@ class Run:
             self.groups = GroupStage(
                 sink,
                 self._target_reached,
-                self._count_member,
+                self.tally,
                 field=config.group_field,
                 drop_uniform=config.drop_uniform,
                 target=config.target_groups,
@@ -319,15 +321,13 @@ class Run:
             router=router,
             client=client,
             sink=sink,
-            metrics=self.metrics,
+            tally=self.tally,
             control=self.control,
             # A dry run shows each row's route, then its body, one row at a time: in input order.
             concurrency=self.concurrency if sends else 1,
             failure_limit=config.max_failures,
             max_cost=config.max_cost,
-            tasks=self.tasks if sends else None,  # planned, but no rollout is answered
             on_event=self._on_event,
-            spool=self.spool,
             groups=self.groups,
             group_field=config.group_field if config.drop_uniform else None,
             waiting_rows=self.send_slots.waiting_rows if self.send_slots is not None else 0,
@@ -345,14 +345,6 @@ class Run:
         handed_out = trained_on(closed.fate, keep_incomplete=self.config.keep_incomplete)
         self.staleness.group_closed(closed, trained_on=handed_out)
 
-    def _count_member(self, member: Member) -> None:
-        """A rollout of a group that closed: into the figures (one an earlier run finished, as its)."""
-        if member.job is None:
-            self.add_earlier_result(member.result)
-        else:
-            assert self.engine is not None
-            self.engine.count_result(member.job, member.result, member.latency)
-
     def _window_for(self, name: str | None) -> AdaptiveWindow:
         label = name if name is not None else UNNAMED_AGENT
         on_event = self._on_event
@@ -364,7 +356,7 @@ class Run:
         return AdaptiveWindow(self.concurrency, on_change=changed)
 
     def _count_retry(self, job: Job, failure: AttemptFailure, delay: float) -> None:
-        self.metrics.add_retry(failure, job.agent_name)
+        self.tally.retry(job, failure)
         if self._on_event is not None:
             self._on_event(f"{describe(job)}: retry in {delay:.2f} s after {failure.kind.value}: {failure.message}")
 
@@ -515,17 +507,17 @@ class Run:
             rows_held_by_staleness=staleness.rows_waiting if staleness is not None else 0,
         )
 
-    def add_earlier_result(self, result: dict[str, Any]) -> None:
-        """An earlier run's result (a resumed run's summary and aggregate cover the whole
-        output): into the means (not this run's counters), the tasks, and the spool."""
-        agent = agent_name(result)
-        self.metrics.add_earlier_result(result, agent)
-        if self.tasks is not None and TASK_INDEX in result:
-            rollout = result.get(ROLLOUT_INDEX)
-            masked = is_masked(result)
-            self.tasks.rollout_ended(result[TASK_INDEX], reward_of(result), rollout, result, agent, masked=masked)
-        if self.spool is not None:
-            self.spool.add(agent, result)
+    def count_earlier(self, result: dict[str, Any]) -> None:
+        """An earlier run's result: in the figures, not in this run's counters (`Tally.earlier`)."""
+        self.tally.earlier(result)
+
+    def count_result(self, record: dict[str, Any]) -> None:
+        """A result line read back from a results file (a run that sends nothing), as it was counted."""
+        self.tally.written_result(record)
+
+    def count_failure(self, failure: AttemptFailure, record: dict[str, Any] | None = None) -> None:
+        """A failed row read back: its errors record (None: a line that is not a result), as it was counted."""
+        self.tally.written_failure(failure, record)
 
     async def aggregate(self) -> None:
         """Ask each agent for its aggregate metrics (see `aggregate_run`), unless the run was
