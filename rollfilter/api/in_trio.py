@@ -22,13 +22,12 @@ import trio
 
 from rollfilter.config import Config
 from rollfilter.engine.sinks import ChannelSink
-from rollfilter.engine.steering import SteeringStatistics
 from rollfilter.formats.source import InputLine
 from rollfilter.formats.writers import Release
 from rollfilter.http import AgentTransport
 from rollfilter.outcomes import Group, Outcome
 from rollfilter.run.run import KEEP, Run
-from rollfilter.run.statistics import RunStatistics, RunStatus
+from rollfilter.run.statistics import RunStatistics, RunStatus, SteeringStatistics
 
 Rows = Iterable[Any] | AsyncIterable[Any]
 _encode = msgspec.json.Encoder().encode

@@ -40,7 +40,6 @@ from rollfilter.cli.messages import failure_message, message_line, option_of, sa
 from rollfilter.cli.signals import StopSignals, is_pipe, status_block, watch_reader_gone
 from rollfilter.cli.statuses import RunEnd
 from rollfilter.engine.client import DryRunClient, JobClient
-from rollfilter.engine.metrics import Metrics
 from rollfilter.engine.plan import Job, describe
 from rollfilter.engine.routing import Agent
 from rollfilter.engine.sinks import BodySink, GroupOutputs, LineSink
@@ -61,7 +60,7 @@ from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name
 from rollfilter.run.connect import tls_context_for
 from rollfilter.run.first_pass import RepeatsMissing
 from rollfilter.run.run import ConfigWarning, Run, fit_to_open_files
-from rollfilter.run.statistics import statistics_of
+from rollfilter.run.statistics import RunStatistics
 from rollfilter.run.summary import summary_of
 from rollfilter.stops import StopCause, StopControl
 
@@ -182,7 +181,8 @@ def _stopped_before_opening(control: StopControl, environment: Environment, *, q
 
 def _write_nothing_sent(environment: Environment, *, stopped: str | None) -> None:
     """The summary of a run stopped before it sent anything, for `stopped`."""
-    summary = _encode(summary_of(statistics_of(Metrics()), stopped=stopped)) + b"\n"
+    statistics = dataclasses.replace(RunStatistics.empty(), stopped=stopped)
+    summary = _encode(summary_of(statistics)) + b"\n"
     write_summary(environment.stderr, summary_for(summary, environment.stderr_is_terminal))
 
 
@@ -592,18 +592,19 @@ class _CommandLineRun:
     def _finish(self) -> RunEnd:
         """How the run ended, with the summary and the files written whole at the end."""
         control, run, files, stderr = self.control, self.run, self.files, self.environment.stderr
+        summary_object = run.summary()
+        summary = _encode(summary_object) + b"\n"
+        figures = run.statistics()
         incomplete = (  # an input lost, as cat says; an aggregate without some agent's answer or some results
-            run.metrics.failed
-            or run.metrics.not_persisted
+            figures.failed
+            or figures.not_persisted
             or self.reader.problems
             or (run.report is not None and not run.report.whole)
         )
-        summary_object = run.summary()
-        summary = _encode(summary_object) + b"\n"
         progress_file = files.whole.get("progress_file")
         if progress_file is not None:
             with contextlib.suppress(OutputClosed, OutputFailed):  # best effort, as while running
-                progress_file.replace(b"%d\n" % run.statistics().finished)
+                progress_file.replace(b"%d\n" % figures.finished)
         if self.exporter is not None:
             self.exporter.finish()
         try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -57,7 +57,9 @@ async def summarize(command: CommandConfig, *, environment: Environment) -> RunE
     # Made before the files are opened, so that a CA file that cannot serve is refused with none left.
     # It talks only to the agents' /aggregate_metrics, with --aggregate.
     per_task = _PerTask(command.per_task_file)
-    run = Run(config, tls=tls_context_for(config) if config.aggregate else None, on_task=per_task.write)
+    tls = tls_context_for(config) if config.aggregate else None
+    coverage = shards.summary() if shards is not None else None
+    run = Run(config, tls=tls, on_task=per_task.write, baseline=baseline.comparison, shards=coverage)
     unclustered = _Unclustered(run.tasks is None)
     with OutputFiles() as files:
         metrics_file = files.whole(command.metrics_file, "--metrics")
@@ -67,7 +69,7 @@ async def summarize(command: CommandConfig, *, environment: Environment) -> RunE
             await run.connect(send=False)
             try:
                 await baseline.read()
-                await _count(reader, run, unusable, (baseline.add, unclustered.result))
+                await _count(reader, run, unusable, unclustered.result)
             except OutputFailed as failure:  # its temporary file: the summary says how far it got
                 counted_failed = failure
                 run.control.stop(StopCause.OUTPUT_FAILED, str(failure))  # no aggregate of a part
@@ -77,11 +79,7 @@ async def summarize(command: CommandConfig, *, environment: Environment) -> RunE
             baseline.close()
             with trio.CancelScope(shield=True):
                 await run.aclose()
-        # The files hold no timings.
-        figures = run.summary(timings=False)
-        if shards is not None:
-            figures["rollfilter"]["shards"] = shards.summary()
-        baseline.add_to(figures)
+        figures = run.summary()  # with no timings: the files hold none
         summary = _encode(figures) + b"\n"
         report = run.report
         failures = [failed for failed in (counted_failed, per_task.failure) if failed is not None]
@@ -111,15 +109,15 @@ async def summarize(command: CommandConfig, *, environment: Environment) -> RunE
     for problem in [*lost, *aggregated, *unmatched]:
         say(problem, environment.stderr)
     unchecked = [STDIN_UNCHECKED] if STDIN in command.inputs else []  # a check not made is said, not passed over
-    for note in [*unchecked, *baseline.notes(), *unclustered.notes()]:
+    for note in [*unchecked, *baseline.notes(run.statistics().comparison), *unclustered.notes()]:
         say(note, environment.stderr)
     return RunEnd(incomplete=bool(lost or unmatched), output_failed=bool(failures))
 
 
 async def _count(
-    reader: LineReader, run: Run, unusable: _UnusableLines, on_result: Sequence[Callable[[dict[str, Any]], None]]
+    reader: LineReader, run: Run, unusable: _UnusableLines, on_result: Callable[[dict[str, Any]], None]
 ) -> None:
-    """Count each line read into `run`'s figures: a result (given to each of `on_result` too), a failed
+    """Count each line read into `run`'s figures: a result (given to `on_result` too), a failed
     attempt (once per pair, unless a result has the pair), or a line that cannot be used.
     OutputFailed when the failures cannot be held."""
     failures = StandingFailures()
@@ -140,7 +138,7 @@ def _count_line(
     run: Run,
     unusable: _UnusableLines,
     failures: StandingFailures,
-    on_result: Sequence[Callable[[dict[str, Any]], None]],
+    on_result: Callable[[dict[str, Any]], None],
 ) -> None:
     if line.data is None:  # over --max-line-bytes
         unusable.add(line, line.problem or "too long", run)
@@ -162,14 +160,14 @@ def _count_line(
         unusable.repeated(line)  # a pair counted already: the same file twice, or runs mixed
         return
     run.count_result(record)
-    for hand_on in on_result:
-        hand_on(record)
+    on_result(record)
 
 
 class _Baseline:
-    """--compare BASELINE: the other run's results, read before these, and the comparison of
-    these with them (`compare.RunComparison`). Lines of BASELINE that are not JSON objects are
-    left out, and said: the exit status is 1, as for the results' own."""
+    """--compare BASELINE: the other run's results, read before these into the comparison
+    (`compare.RunComparison`) that the run adds these to and makes at its end. Lines of BASELINE
+    that are not JSON objects are left out, and said: the exit status is 1, as for the results'
+    own."""
 
     @classmethod
     def of(cls, command: CommandConfig, *, stdin_fd: int) -> _Baseline:
@@ -183,7 +181,6 @@ class _Baseline:
         self.comparison = RunComparison() if paths else None
         self._reader = LineReader(paths, max_line_bytes=max_line_bytes, stdin_fd=stdin_fd) if paths else None
         self.problems: list[str] = []
-        self._compared: Comparison | None = None
 
     async def read(self) -> None:
         if self._reader is None or self.comparison is None:
@@ -203,23 +200,8 @@ class _Baseline:
             lines = "1 line is not a result" if unusable == 1 else f"{unusable} lines are not results"
             self.problems.append(f"--compare: {lines}, left out; the first: {first}")
 
-    def add(self, result: dict[str, Any]) -> None:
-        """One of these results (not the baseline's)."""
-        if self.comparison is not None:
-            self.comparison.add(result)
-
-    def add_to(self, summary: dict[str, Any]) -> None:
-        """`compare` in the summary, before the run's own figures, and the tasks compared among them."""
-        if self.comparison is None:
-            return
-        self._compared = compared = self.comparison.comparison()
-        figures = summary.pop("rollfilter")
-        summary["compare"] = compared.figures()
-        summary["rollfilter"] = figures | {"compared_tasks": compared.tasks()}
-
-    def notes(self) -> list[str]:
-        """What the comparison left out, a line."""
-        compared = self._compared
+    def notes(self, compared: Comparison | None) -> list[str]:
+        """What the comparison `compared` left out, a line."""
         if compared is None or not (compared.only_in_baseline or compared.only_in_run or compared.without_task):
             return []
         note = (

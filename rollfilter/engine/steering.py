@@ -25,10 +25,9 @@ groups would wait for ever once more than K x B groups had failed, and so would 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -39,34 +38,6 @@ from rollfilter.engine.plan import Job
 from rollfilter.errors import SteeringError
 
 POLICY_VERSION = "_rf_policy_version"  # a result's key: the version when its /run was sent, and when it ended
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SteeringStatistics:
-    """What is in force in a run now, as `run.statistics()` gives it (a frozen snapshot).
-
-    `concurrency` is the run's bound on requests out (with adaptive windows, their ceiling), and
-    `windows` each agent's adaptive window. `rates` holds each limited agent's requests and
-    tokens a minute (by agent name, "(no name)" for the rows of the run's URL). `groups_admitted` and the
-    two counts held by staleness are 0 without a staleness bound.
-    """
-
-    paused: bool
-    requests_out: int
-    concurrency: int
-    windows: Mapping[str, int]
-    rates: Mapping[str, Mapping[str, float | None]]
-    policy_version: int | None
-    groups_admitted: int = 0
-    groups_held_by_staleness: int = 0
-    rows_held_by_staleness: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        """The snapshot as JSON-ready data (the control socket's `status`)."""
-        data = dataclasses.asdict(self)
-        data["windows"] = dict(self.windows)
-        data["rates"] = {agent: dict(rates) for agent, rates in self.rates.items()}
-        return data
 
 
 class Steering:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -37,7 +37,7 @@ from rollfilter.engine.plan import Job, JobSource, LineSource, Planner, describe
 from rollfilter.engine.rate_limits import RateLimits, SendSlots
 from rollfilter.engine.routing import Router
 from rollfilter.engine.sinks import RowSink
-from rollfilter.engine.steering import StalenessGate, Steering, SteeringStatistics
+from rollfilter.engine.steering import StalenessGate, Steering
 from rollfilter.engine.tally import Tally
 from rollfilter.errors import ServiceError, SteeringError, UsageError
 from rollfilter.figures.passk import TaskStats
@@ -58,6 +58,7 @@ from rollfilter.stops import StopCause, StopControl
 
 # Re-scoring and /aggregate_metrics are loaded by the runs that use them, not at every start.
 if TYPE_CHECKING:
+    from rollfilter.figures.compare import Comparison, RunComparison
     from rollfilter.run.aggregate import AggregateReport
     from rollfilter.run.reverify import MaterializedIndex
 
@@ -140,6 +141,8 @@ class Run:
         hold: Callable[[bytes, Release | None], None] | None = None,
         transport: AgentTransport | None = None,
         stop_when_unreachable: bool = False,
+        baseline: RunComparison | None = None,
+        shards: Mapping[str, Any] | None = None,
     ) -> None:
         self.config = config
         self.control = control if control is not None else StopControl()
@@ -176,14 +179,19 @@ class Run:
         self._on_event, self._client, self._hold = on_event, client, hold
         self._stop_when_unreachable = stop_when_unreachable
         self._on_warning = on_warning
+        self._baseline, self._shards = baseline, shards
+        self._comparison: Comparison | None = None  # with a baseline, once finished
+        self._timed = True  # a run counted from result files has no timings
 
     async def connect(self, *, send: bool = True) -> None:
         """Find the agents (one request to the head server, when the config names one), and
-        build the router, and with `send` the engine.
+        build the router, and with `send` the engine. Without `send`, the run's counts are fed
+        by its caller (`count_result`, `count_failure`: results read back), and have no timings.
 
         Raises UsageError or ServiceError, before anything is sent, when rows could not be
         routed at all or the head server cannot be used."""
         config = self.config
+        self._timed = send
         if send and not config.names_an_agent:
             raise ConfigError("url", "is not given, nor Config.endpoints or Config.head_server: no agent for the rows")
         if self.transport is None:
@@ -381,6 +389,8 @@ class Run:
             await self._count_expected()
         if self.tasks is not None:
             self.tasks.finish()
+        if self._baseline is not None:
+            self._comparison = self._baseline.comparison()
         await self.aggregate()
 
     async def _count_expected(self) -> None:
@@ -470,41 +480,35 @@ class Run:
 
     def statistics(self) -> RunStatistics:
         """The run's figures now, a frozen snapshot that every view renders (see
-        `rollfilter.run.statistics`): counts, rates, each agent's figures, and what is in force."""
+        `rollfilter.run.statistics`): counts, rates, each agent's figures, what is in force, and
+        what the run says of itself (why it stopped, the tasks' figures once finished, ...)."""
+        engine, settings = self.engine, self.config.reverify
+        passed_over = None
+        if settings is not None and settings.judge_failed_only and engine is not None:
+            from rollfilter.run.reverify import ReverifyPlanner
+
+            assert isinstance(engine.planner, ReverifyPlanner)
+            passed_over = engine.planner.passed_over
         return statistics_of(
             self.metrics,
-            engine=self.engine,
+            engine=engine,
             router=self.router,
             groups=self.groups,
-            steering=self._steering_statistics(),
-            staleness_bound=self.staleness is not None,
+            steering=self.steering,
+            staleness=self.staleness,
+            concurrency=self.concurrency,
+            tasks=self.tasks,
             expected=self.expected,
             skipped_unread=self._skipped_unread,
             finished_before=self._resume.done_pairs if self._resume is not None else 0,
-        )
-
-    def _steering_statistics(self) -> SteeringStatistics:
-        """What is in force now: paused, the concurrency, the windows and rates, the version, and
-        with a staleness bound the groups admitted and held back."""
-        rates: dict[str, dict[str, float | None]] = {}
-        windows: dict[str, int] = {}
-        for agent in self.router.agents_named(None) if self.router is not None else ():
-            label = agent.name if agent.name is not None else UNNAMED_AGENT
-            if agent.rate_limits is not None:
-                rates[label] = {"rpm": agent.rate_limits.rpm, "tpm": agent.rate_limits.tpm}
-            if agent.window is not None:
-                windows[label] = agent.window.size
-        staleness = self.staleness
-        return SteeringStatistics(
-            paused=self.steering.paused,
-            requests_out=self.steering.requests_out(),
-            concurrency=self.engine.concurrency if self.engine is not None else self.concurrency,
-            windows=windows,
-            rates=rates,
-            policy_version=self.steering.version,
-            groups_admitted=staleness.groups_admitted if staleness is not None else 0,
-            groups_held_by_staleness=staleness.groups_waiting if staleness is not None else 0,
-            rows_held_by_staleness=staleness.rows_waiting if staleness is not None else 0,
+            stopped=self.control.why_stopped,
+            unsafe=self.unsafe,
+            would_send=self.metrics.succeeded if self._client is not None else None,
+            not_judge_failed=passed_over,
+            key_metrics=self.report.key_metrics if self.report is not None else None,
+            shards=self._shards,
+            comparison=self._comparison,
+            timed=self._timed,
         )
 
     def count_earlier(self, result: dict[str, Any]) -> None:
@@ -512,8 +516,11 @@ class Run:
         self.tally.earlier(result)
 
     def count_result(self, record: dict[str, Any]) -> None:
-        """A result line read back from a results file (a run that sends nothing), as it was counted."""
+        """A result line read back from a results file (a run that sends nothing), as it was
+        counted; and with a baseline, compared with it."""
         self.tally.written_result(record)
+        if self._baseline is not None:
+            self._baseline.add(record)
 
     def count_failure(self, failure: AttemptFailure, record: dict[str, Any] | None = None) -> None:
         """A failed row read back: its errors record (None: a line that is not a result), as it was counted."""
@@ -529,29 +536,12 @@ class Run:
         with self.control.stoppable():
             self.report = await aggregate_run(self.spool, self.router, self.config, self.transport)
 
-    def summary(self, *, timings: bool = True) -> dict[str, Any]:
-        """The summary object: the figures of the run's snapshot, the tasks', each agent's
-        key_metrics once aggregated, and why the run stopped, if it did (`control.why_stopped`)."""
-        statistics = self.statistics()
-        summary = summary_of(statistics, stopped=self.control.why_stopped, tasks=self.tasks, timings=timings)
-        if self._client is not None:  # nothing was sent, so nothing succeeded: the rows that would be
-            figures: dict[str, Any] = {}
-            for key, value in summary["rollfilter"].items():
-                figures |= {"succeeded": 0, "would_send": value} if key == "succeeded" else {key: value}
-            summary["rollfilter"] = figures
-        if self.groups is not None:
-            summary["rollfilter"]["groups"] = dict(statistics.groups or {})
-        if self.report is not None:
-            self.report.add_to(summary)
-        if self.unsafe:
-            summary["rollfilter"]["unsafe"] = True
-        settings = self.config.reverify
-        if settings is not None and settings.judge_failed_only and self.engine is not None:
-            from rollfilter.run.reverify import ReverifyPlanner
-
-            if isinstance(self.engine.planner, ReverifyPlanner):
-                summary["rollfilter"]["not_judge_failed"] = self.engine.planner.passed_over
-        return summary
+    def summary(self) -> dict[str, Any]:
+        """The summary object (`summary_of`), rendered from the run's snapshot, the tasks' figures
+        computed first (before its end too: a summary asked for then covers what has ended)."""
+        if self.tasks is not None:
+            self.tasks.finish()
+        return summary_of(self.statistics())
 
     async def aclose(self) -> None:
         """Close the transport and the spool (call it shielded from cancellation)."""
