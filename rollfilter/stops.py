@@ -75,6 +75,14 @@ class StopControl:
             return self.cause.value
         return "stopped early by the caller" if self._cancelled else None
 
+    def refuse(self, reason: str) -> None:
+        """The run cannot go on: a service it needs before sending refused it, for `reason`, which
+        the run's summary gives as why it stopped (it has no cause: the refusal's error has its
+        own exit status)."""
+        if self.cause is None:
+            self._reason = reason
+        self.cancel()
+
     def cancel(self) -> None:
         """Cancel the engine and what runs after it, without a stop status (the caller left)."""
         self._cancelled = True

@@ -21,11 +21,11 @@ import msgspec
 import trio
 
 from rollfilter.config import Config
-from rollfilter.engine.sinks import ChannelSink
 from rollfilter.formats.source import InputLine
 from rollfilter.formats.writers import Release
 from rollfilter.http import AgentTransport
 from rollfilter.outcomes import Group, Outcome
+from rollfilter.run.outputs import ChannelSink
 from rollfilter.run.run import KEEP, Run
 from rollfilter.run.statistics import RunStatistics, RunStatus, SteeringStatistics
 

@@ -14,7 +14,7 @@ from rollfilter.cli.environment import Environment
 from rollfilter.cli.files import identity
 from rollfilter.cli.files.outputs import NamedOutputs, OutputFiles, replace_content
 from rollfilter.cli.messages import say, write_stderr
-from rollfilter.cli.run import summary_for
+from rollfilter.cli.report import summary_for
 from rollfilter.cli.statuses import RunEnd
 from rollfilter.errors import ErrorKind, UsageError
 from rollfilter.figures.compare import Comparison, RunComparison

@@ -26,15 +26,18 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from rollfilter.config import Config
 from rollfilter.engine.plan import GroupPlan, Job
 from rollfilter.engine.tally import Tally
-from rollfilter.formats.resume import DROPPED_BECAUSE, FAILED, ROLLOUTS
+from rollfilter.formats.resume import DROPPED_BECAUSE, FAILED, ROLLOUTS, ResumeState
 from rollfilter.formats.writers import Release
 from rollfilter.outcomes import AttemptFailure
 from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, encode_json, field_value, is_masked
+from rollfilter.stops import StopCause, StopControl
 
 
 class Fate(enum.StrEnum):
@@ -155,6 +158,39 @@ class GroupStage:
         self._next_out = 0  # with in_order, the number of the next group to hand out
         self._ready: dict[int, tuple[ClosedGroup, Release]] = {}  # closed, waiting for their turn
 
+    @classmethod
+    def for_run(
+        cls,
+        config: Config,
+        sink: GroupSink,
+        tally: Tally,
+        control: StopControl,
+        *,
+        resume: ResumeState | None = None,
+        hold: Callable[[bytes, Release | None], None] | None = None,
+        on_close: Callable[[ClosedGroup], None] | None = None,
+    ) -> GroupStage:
+        """The groups of a run of `config` (`Config.groups`), with those earlier runs kept or
+        dropped (`resume`): reaching the target stops the run (`control`); a target earlier runs
+        met stops it before anything is sent (`target_reached`)."""
+        reason = f"stopped once {config.target_groups} groups were kept (the target)"
+        groups = cls(
+            sink,
+            functools.partial(control.stop, StopCause.TARGET_REACHED, reason),
+            tally,
+            field=config.group_field,
+            drop_uniform=config.drop_uniform,
+            target=config.target_groups,
+            hold=hold,
+            kept_before=resume.kept_groups if resume is not None else 0,
+            dropped_before=resume.dropped_groups if resume is not None else 0,
+            masked_before=resume.masked_groups if resume is not None else 0,
+            in_order=config.max_staleness is not None,
+            on_close=on_close,
+        )
+        groups.start()
+        return groups
+
     def start(self) -> None:
         """Before anything is sent: calls `reached()` if earlier runs met the target."""
         self._check_target()
@@ -271,9 +307,13 @@ class GroupStage:
             self._sink.group(closed, _nothing)
         self._open.clear()
 
-    def cancel_earlier(self, groups: int) -> None:
-        """`groups` groups earlier runs left open, that this run stopped before it read: cancelled."""
-        self.fates[Fate.CANCELLED] += groups
+    def cancel_earlier(self, groups: Iterable[tuple[Any, int, list[dict[str, Any]]]]) -> None:
+        """Groups earlier runs left open, that this run stopped before it read (each its task, its
+        first rollout index and its finished rollouts): cancelled, and handed to the sink as such."""
+        for task_index, first, results in groups:
+            self.fates[Fate.CANCELLED] += 1
+            members = tuple(Member(None, result, None) for result in results)
+            self._sink.group(ClosedGroup(task_index, Fate.CANCELLED, members, (), first), _nothing)
 
     def figures(self) -> dict[str, Any]:
         """The summary's `groups`: how many of each fate (kept ones an earlier run wrote included)."""

@@ -21,18 +21,18 @@ from typing import Any, Protocol
 import trio
 
 from rollfilter.config import FailureLimit
-from rollfilter.engine.client import Flight, JobClient, Waiting
+from rollfilter.engine.client import Flight, JobClient, Waiting, internal_error_event
+from rollfilter.engine.groups import ClosedGroup
 from rollfilter.engine.judge import NotPersisted, judge
 from rollfilter.engine.plan import Job, JobSource, describe
 from rollfilter.engine.routing import Agent, Router
-from rollfilter.engine.sinks import RowSink
 from rollfilter.engine.steering import StalenessGate, Steering
 from rollfilter.engine.tally import Tally
 from rollfilter.errors import ErrorKind
 from rollfilter.figures.means import as_float
 from rollfilter.formats.writers import Release
 from rollfilter.outcomes import AttemptFailure
-from rollfilter.redact import printable, shown
+from rollfilter.redact import shown
 from rollfilter.rows import field_value, is_masked
 from rollfilter.stops import StopCause, StopControl
 
@@ -54,6 +54,24 @@ class InFlight:
     # What it waits on, not sent: "pause", "rate limits" (its agent's, or under them a place among
     # the requests out) or "window" (its adaptive window); None while it is in flight.
     waiting: str | None = None
+
+
+class RowSink(Protocol):
+    """Where the engine hands each finished row: the sinks of `rollfilter.run.outputs`, the
+    command's lines or the API's channel."""
+
+    def result(self, job: Job, result: dict[str, Any], release: Release) -> None: ...
+
+    def failure(self, job: Job, failure: AttemptFailure, release: Release) -> None: ...
+
+    def not_persisted(self, job: Job, attempts: int, release: Release) -> None:
+        """A rollout the agent asked to keep nowhere (`_ng_no_persist`), after `attempts` requests:
+        it leaves no line."""
+        ...
+
+    def group(self, closed: ClosedGroup, release: Release) -> None:
+        """A group at its end (with `Config.groups`; see `rollfilter.engine.groups`)."""
+        ...
 
 
 class ResultStage(Protocol):
@@ -306,11 +324,6 @@ class Engine:
         else:
             counts += " rows"
         return f"stopped after {counts} (the limit: {self.failure_limit.describe()})"
-
-
-def internal_error_event(job: Job, exc: Exception) -> str:
-    """The -v line for a row's unexpected error (its text may quote a server: escaped)."""
-    return f"{describe(job)}: internal error: {type(exc).__name__}: {printable(str(exc))}"
 
 
 class _Slot:

@@ -32,8 +32,8 @@ from typing import Any
 
 import trio
 
-from rollfilter.config import MAX_POLICY_VERSION
-from rollfilter.engine.groups import ClosedGroup, group_key
+from rollfilter.config import MAX_POLICY_VERSION, Config
+from rollfilter.engine.groups import ClosedGroup, group_key, trained_on
 from rollfilter.engine.plan import Job
 from rollfilter.errors import SteeringError
 
@@ -147,9 +147,12 @@ class StalenessGate:
     together); a job whose group is not admitted waits in `admit(job)`.
     """
 
-    def __init__(self, steering: Steering, max_staleness: int, batch_groups: int) -> None:
+    def __init__(
+        self, steering: Steering, max_staleness: int, batch_groups: int, *, keep_incomplete: bool = False
+    ) -> None:
         assert steering.version is not None, "a staleness bound needs a policy version"
         self._steering = steering
+        self._keep_incomplete = keep_incomplete  # incomplete groups are handed out to train on too
         self._first_version = steering.version
         self._max_staleness = max_staleness
         self._batch_groups = batch_groups
@@ -160,6 +163,13 @@ class StalenessGate:
         self._waiting: Counter[int] = Counter()  # rows waiting, by their group's number
         self._moved = trio.Event()
         steering.on_version(self._allowance_raised)
+
+    @classmethod
+    def for_config(cls, steering: Steering, config: Config) -> StalenessGate | None:
+        """The gate `config` asks for (`Config.max_staleness`, `Config.batch_groups`), or None."""
+        if config.max_staleness is None or config.batch_groups is None:
+            return None
+        return cls(steering, config.max_staleness, config.batch_groups, keep_incomplete=config.keep_incomplete)
 
     def groups_allowed(self) -> int:
         """How many groups may be sent under the current version."""
@@ -176,14 +186,14 @@ class StalenessGate:
             self._groups_seen += 1
         return self._groups_seen - 1
 
-    def group_closed(self, closed: ClosedGroup, *, trained_on: bool) -> None:
-        """A group has closed: one this gate numbered that is not `trained_on` gives its place
-        to the next group (see the module docstring)."""
+    def group_closed(self, closed: ClosedGroup) -> None:
+        """A group has closed: one this gate numbered that is not handed out to train on (see
+        `groups.trained_on`) gives its place to the next group (see the module docstring)."""
         key = group_key(closed.task_index, closed.first)
         if key not in self._numbered:  # nothing of it was sent this run (a bad line, a resumed group)
             return
         self._numbered.remove(key)
-        if not trained_on:
+        if not trained_on(closed.fate, keep_incomplete=self._keep_incomplete):
             self._passed_over += 1
             self._allowance_raised()
 

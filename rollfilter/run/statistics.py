@@ -318,6 +318,7 @@ def statistics_of(
         staleness_bound=staleness is not None,
         steering=in_force,
         oldest=engine.oldest_in_flight() if engine is not None else (),
+        not_judge_failed=planner.passed_over if planner is not None else None,
         tasks=TaskFigures.of(tasks, results if len(results) > 1 else ())
         if tasks is not None and tasks.finished
         else None,

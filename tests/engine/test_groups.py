@@ -203,3 +203,16 @@ def test_without_drop_uniform_a_group_of_masked_members_is_kept():
     for rollout in (0, 1):
         groups.result(job(0, rollout), masked_result(0, rollout, 1.0), 0.1, lambda: None)
     assert [closed.fate for closed in sink.closed] == [Fate.KEPT]
+
+
+def test_groups_earlier_runs_left_open_are_cancelled_and_handed_on_as_such():
+    sink = Sink()
+    groups, counted, _, _ = stage(sink)
+    groups.cancel_earlier([(7, 0, [result(7, 0, 1.0), result(7, 1, 0.0)]), (8, 4, [result(8, 5, 1.0)])])
+    assert [(closed.task_index, closed.first, closed.fate) for closed in sink.closed] == [
+        (7, 0, Fate.CANCELLED),
+        (8, 4, Fate.CANCELLED),
+    ]
+    assert [len(closed.members) for closed in sink.closed] == [2, 1]
+    assert counted == []  # a cancelled group's rollouts are in no figure
+    assert groups.figures()["cancelled"] == 2
