@@ -108,14 +108,14 @@ def _after_both(release: Release) -> tuple[Release, Release]:
 class GroupStage:
     """Holds groups from the first rollout planned to the last ended (see the module docstring).
 
-    `tally` counts the members of a group once it has closed (one an earlier run finished as
-    an earlier result); `hold(line, release)`
-    keeps a finished member's result line (or the marker of a group dropped as uniform or closed
-    incomplete) on disk, for a resumed run, and runs `release` (when given) once it is there;
-    `on_close(closed)` hears of each group as it closes, before it is handed out; `reached()` is
-    called once `target` groups are kept, earlier runs' included: `kept_before`, `dropped_before`
-    and `masked_before` are the groups earlier runs kept, dropped as uniform and dropped as masked,
-    as their held file counts them (so a target they met is met before anything is sent).
+    `tally` counts the members of a group once it has closed (one an earlier run finished, as an
+    earlier result); `hold(line, release)` keeps a finished member's result line (or the marker of
+    a group dropped as uniform or closed incomplete) on disk, for a resumed run, and runs
+    `release` (when given) once it is there; `on_close(closed)` hears of each group as it closes,
+    before it is handed out; `reached()` is called once `target` groups are kept, earlier runs'
+    included: `kept_before`, `dropped_before` and `masked_before` are the groups earlier runs kept,
+    dropped as uniform and dropped as masked, as their held file counts them (so a target they met
+    is met before anything is sent).
 
     With `hold`, a member's slot comes back only once its line is on disk (the member that closes
     its group: once the group is written, too). A result that has come back but is not on disk

@@ -258,13 +258,19 @@ def statistics_of(
     expected: int | None = None,
     skipped_unread: int = 0,
     finished_before: int = 0,
-    **said: Any,
+    stopped: str | None = None,
+    unsafe: bool = False,
+    would_send: int | None = None,
+    key_metrics: Mapping[str, Any] | None = None,
+    shards: Mapping[str, Any] | None = None,
+    comparison: Comparison | None = None,
+    timed: bool = True,
 ) -> RunStatistics:
     """The figures of a run's parts now (see the module docstring). `concurrency` is the run's
     bound before it has an engine; `skipped_unread` counts pairs an earlier run finished that no
     row was read for (a group target met before the start), and `finished_before` the pairs earlier
-    runs finished, for `finished`. `said` is what the run says of itself (`stopped`, `unsafe`, ...:
-    `RunStatistics`' fields of that name); `tasks` are in the snapshot once they are finished."""
+    runs finished, for `finished`; `tasks` are in the snapshot once they are finished. The rest is
+    what the run says of itself (see `RunStatistics`)."""
     planner = engine.planner if engine is not None else None
     skipped = skipped_unread + (planner.skipped if planner is not None else 0)
     not_retried = planner.given_up if planner is not None else 0
@@ -278,6 +284,8 @@ def statistics_of(
     windows, limits, rates = _limits(agents)
     concurrency = engine.concurrency if engine is not None else concurrency
     in_force = _in_force(steering, staleness, concurrency, windows, rates)
+    by_agent_too = results if len(results) > 1 else ()
+    task_figures = TaskFigures.of(tasks, by_agent_too) if tasks is not None and tasks.finished else None
     return RunStatistics(
         connected=engine is not None,
         elapsed_s=metrics.elapsed(),
@@ -319,10 +327,14 @@ def statistics_of(
         steering=in_force,
         oldest=engine.oldest_in_flight() if engine is not None else (),
         not_judge_failed=planner.passed_over if planner is not None else None,
-        tasks=TaskFigures.of(tasks, results if len(results) > 1 else ())
-        if tasks is not None and tasks.finished
-        else None,
-        **said,
+        tasks=task_figures,
+        stopped=stopped,
+        unsafe=unsafe,
+        would_send=would_send,
+        key_metrics=key_metrics,
+        shards=shards,
+        comparison=comparison,
+        timed=timed,
     )
 
 
@@ -334,11 +346,11 @@ def _limits(agents: list[Agent]) -> tuple[dict[str, Any], dict[str, RateLimits],
     limits: dict[str, RateLimits] = {}
     rates: dict[str, dict[str, float | None]] = {}
     for agent in agents:
-        current = agent.rate_limits
+        current, shown = agent.rate_limits, agent.rate_limits or agent.former_rate_limits
         if current is not None:
             rates[label(agent.name)] = {"rpm": current.rpm, "tpm": current.tpm}
-        if (current or agent.former_rate_limits) is not None:
-            limits[label(agent.name)] = current or agent.former_rate_limits  # type: ignore[assignment]
+        if shown is not None:
+            limits[label(agent.name)] = shown
     return windows, limits, rates
 
 
