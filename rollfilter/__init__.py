@@ -17,10 +17,10 @@ if TYPE_CHECKING:
     from rollfilter.api.in_trio import RolloutRun
     from rollfilter.api.rollouts import Rollouts, open_rollouts, rollouts
     from rollfilter.config import Config, Cost, Groups, Rates, Repeats, Retries, Reverify, Routing, Timeouts, Tls, Wire
-    from rollfilter.engine.steering import SteeringStatistics
     from rollfilter.errors import ErrorKind, RollfilterError, ServiceError, SteeringError, UsageError
     from rollfilter.figures.compare import compare_runs
     from rollfilter.outcomes import Failure, Group, Rollout
+    from rollfilter.run.statistics import SteeringStatistics
 
 _EXPORTS = {
     "Config": "rollfilter.config",
@@ -46,7 +46,7 @@ _EXPORTS = {
     "open_rollouts": "rollfilter.api.rollouts",
     "rollouts": "rollfilter.api.rollouts",
     "SteeringError": "rollfilter.errors",
-    "SteeringStatistics": "rollfilter.engine.steering",
+    "SteeringStatistics": "rollfilter.run.statistics",
     "compare_runs": "rollfilter.figures.compare",
 }
 __all__ = [

@@ -38,6 +38,9 @@ class StopControl:
         self._scopes = [self.scope]
         self.cause: StopCause | None = None
         self._reason: str | Callable[[], str] | None = None
+        # Whether `cancel` was called: unlike its scopes' cancel_called, read in any thread, as a
+        # run's snapshot is taken.
+        self._cancelled = False
 
     @property
     def reason(self) -> str | None:
@@ -59,7 +62,7 @@ class StopControl:
         """Whether the run was stopped before its end (a target reached is an end)."""
         if self.cause is StopCause.TARGET_REACHED:
             return False
-        return self.cause is not None or self.scope.cancel_called
+        return self.cause is not None or self._cancelled
 
     @property
     def why_stopped(self) -> str | None:
@@ -70,10 +73,19 @@ class StopControl:
             return reason
         if self.cause is not None:
             return self.cause.value
-        return "stopped early by the caller" if self.scope.cancel_called else None
+        return "stopped early by the caller" if self._cancelled else None
+
+    def refuse(self, reason: str) -> None:
+        """The run cannot go on: a service it needs before sending refused it, for `reason`, which
+        the run's summary gives as why it stopped (it has no cause: the refusal's error has its
+        own exit status)."""
+        if self.cause is None:
+            self._reason = reason
+        self.cancel()
 
     def cancel(self) -> None:
         """Cancel the engine and what runs after it, without a stop status (the caller left)."""
+        self._cancelled = True
         for scope in self._scopes:
             scope.cancel()
 

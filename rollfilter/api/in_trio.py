@@ -21,14 +21,13 @@ import msgspec
 import trio
 
 from rollfilter.config import Config
-from rollfilter.engine.sinks import ChannelSink
-from rollfilter.engine.steering import SteeringStatistics
 from rollfilter.formats.source import InputLine
 from rollfilter.formats.writers import Release
 from rollfilter.http import AgentTransport
 from rollfilter.outcomes import Group, Outcome
+from rollfilter.run.outputs import ChannelSink
 from rollfilter.run.run import KEEP, Run
-from rollfilter.run.statistics import RunStatistics, RunStatus
+from rollfilter.run.statistics import RunStatistics, RunStatus, SteeringStatistics
 
 Rows = Iterable[Any] | AsyncIterable[Any]
 _encode = msgspec.json.Encoder().encode
@@ -147,9 +146,10 @@ class RolloutRun(FinalReport, abc.ABC):
         """A snapshot of the run so far: done, failed, in flight, rows/s, and its oldest rollouts
         in flight (where each came from, its indices, agent, attempt and age), as `kill -USR1`
         shows the command's."""
-        if self._run is None or self._run.engine is None:
+        statistics = self._run.statistics() if self._run is not None else None
+        if statistics is None or not statistics.connected:
             return RunStatus(0, 0, 0, 0.0, 0.0, ())
-        return self._run.statistics().status()
+        return statistics.status()
 
     def __aiter__(self) -> RolloutRun:
         return self

@@ -26,10 +26,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import CollectorRegistry
 
 from rollfilter.api.in_trio import LiveFigures, RolloutRun
-from rollfilter.engine.metrics import UNNAMED_AGENT, Metrics
 from rollfilter.errors import ErrorKind
 from rollfilter.figures.sketches import CountSketch, LatencyHistogram
-from rollfilter.run.statistics import AgentStatistics, RunStatistics, statistics_of
+from rollfilter.run.statistics import AgentStatistics, RunStatistics
 
 # The latency histogram's upper bounds, in seconds: an agent's episode takes from milliseconds
 # (a cached answer) to most of an hour.
@@ -60,10 +59,6 @@ NOT_PERSISTED = "not_persisted"
 OUTCOMES = (SUCCEEDED, NOT_PERSISTED, *(kind.value for kind in ErrorKind if kind is not ErrorKind.NOT_PERSISTED))
 
 
-def _label(agent: str | None) -> str:
-    return UNNAMED_AGENT if agent is None else agent
-
-
 class PrometheusCollector:
     """A prometheus_client collector of one run's figures: a snapshot taken at each scrape (in the
     run's own thread, or by its trio loop for a scrape from another thread: see `LiveFigures`)."""
@@ -76,7 +71,7 @@ class PrometheusCollector:
 
     def describe(self) -> list[Metric]:
         """The names only (a registry checks them for clashes), read from no figure."""
-        described = families(statistics_of(Metrics()))
+        described = families(RunStatistics.empty())
         for family in described:
             family.samples = []
         return described

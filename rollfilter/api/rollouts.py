@@ -29,9 +29,9 @@ import trio
 
 from rollfilter.api.in_trio import FinalReport, RolloutRun, Rows, open_rollouts_in_trio
 from rollfilter.config import Config
-from rollfilter.engine.steering import SteeringStatistics
 from rollfilter.outcomes import Group, Outcome
 from rollfilter.run.run import KEEP
+from rollfilter.run.statistics import SteeringStatistics
 
 T = TypeVar("T")
 

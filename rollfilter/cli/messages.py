@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from rollfilter.errors import ErrorKind
@@ -152,3 +153,14 @@ def held_rows(status: RunStatus, *, paused: bool = False) -> list[str]:
     )
     words = ["paused"] if paused and status.paused else []
     return words + [f"{count:,} {why}" for count, why in counts if count]
+
+
+def repeats_missing(agents: Iterable[str | None], given: Mapping[str, int]) -> str:
+    """Why a materialized file's first pass stopped: rows of `agents` have no repeat count, in
+    what -r gives (`given`, by agent)."""
+    shown = ", ".join("rows naming no agent" if name is None else repr(name) for name in agents)
+    counts = ", ".join(f"{name}={count}" for name, count in sorted(given.items()))
+    return (
+        f"-r {counts} gives no repeat count for {shown}, and no default -r K: give -r K for"
+        " the agents it does not name, or -r NAME=K for each; nothing was sent"
+    )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -14,18 +14,16 @@ from rollfilter.cli.environment import Environment
 from rollfilter.cli.files import identity
 from rollfilter.cli.files.outputs import NamedOutputs, OutputFiles, replace_content
 from rollfilter.cli.messages import say, write_stderr
-from rollfilter.cli.run import summary_for
+from rollfilter.cli.report import summary_for
 from rollfilter.cli.statuses import RunEnd
-from rollfilter.engine.metrics import Metrics
 from rollfilter.errors import ErrorKind, UsageError
 from rollfilter.figures.compare import Comparison, RunComparison
-from rollfilter.figures.means import reward_of
 from rollfilter.formats.resume import StandingFailures
 from rollfilter.formats.source import STDIN, InputLine, LineReader, check_inputs
 from rollfilter.formats.writers import OutputFailed, WholeFile, write_all
 from rollfilter.outcomes import AttemptFailure, failure_of
 from rollfilter.redact import printable
-from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name, is_masked, parse_row
+from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, parse_row
 from rollfilter.run.connect import tls_context_for
 from rollfilter.run.run import Run
 from rollfilter.stops import StopCause
@@ -59,7 +57,9 @@ async def summarize(command: CommandConfig, *, environment: Environment) -> RunE
     # Made before the files are opened, so that a CA file that cannot serve is refused with none left.
     # It talks only to the agents' /aggregate_metrics, with --aggregate.
     per_task = _PerTask(command.per_task_file)
-    run = Run(config, tls=tls_context_for(config) if config.aggregate else None, on_task=per_task.write)
+    tls = tls_context_for(config) if config.aggregate else None
+    coverage = shards.summary() if shards is not None else None
+    run = Run(config, tls=tls, on_task=per_task.write, baseline=baseline.comparison, shards=coverage)
     unclustered = _Unclustered(run.tasks is None)
     with OutputFiles() as files:
         metrics_file = files.whole(command.metrics_file, "--metrics")
@@ -69,7 +69,7 @@ async def summarize(command: CommandConfig, *, environment: Environment) -> RunE
             await run.connect(send=False)
             try:
                 await baseline.read()
-                await _count(reader, run, unusable, (baseline.add, unclustered.result))
+                await _count(reader, run, unusable, unclustered.result)
             except OutputFailed as failure:  # its temporary file: the summary says how far it got
                 counted_failed = failure
                 run.control.stop(StopCause.OUTPUT_FAILED, str(failure))  # no aggregate of a part
@@ -79,11 +79,7 @@ async def summarize(command: CommandConfig, *, environment: Environment) -> RunE
             baseline.close()
             with trio.CancelScope(shield=True):
                 await run.aclose()
-        # The files hold no timings.
-        figures = run.summary(timings=False)
-        if shards is not None:
-            figures["rollfilter"]["shards"] = shards.summary()
-        baseline.add_to(figures)
+        figures = run.summary()  # with no timings: the files hold none
         summary = _encode(figures) + b"\n"
         report = run.report
         failures = [failed for failed in (counted_failed, per_task.failure) if failed is not None]
@@ -113,18 +109,17 @@ async def summarize(command: CommandConfig, *, environment: Environment) -> RunE
     for problem in [*lost, *aggregated, *unmatched]:
         say(problem, environment.stderr)
     unchecked = [STDIN_UNCHECKED] if STDIN in command.inputs else []  # a check not made is said, not passed over
-    for note in [*unchecked, *baseline.notes(), *unclustered.notes()]:
+    for note in [*unchecked, *baseline.notes(run.statistics().comparison), *unclustered.notes()]:
         say(note, environment.stderr)
     return RunEnd(incomplete=bool(lost or unmatched), output_failed=bool(failures))
 
 
 async def _count(
-    reader: LineReader, run: Run, unusable: _UnusableLines, on_result: Sequence[Callable[[dict[str, Any]], None]]
+    reader: LineReader, run: Run, unusable: _UnusableLines, on_result: Callable[[dict[str, Any]], None]
 ) -> None:
-    """Count each line read into `run`'s figures: a result (given to each of `on_result` too), a failed
+    """Count each line read into `run`'s figures: a result (given to `on_result` too), a failed
     attempt (once per pair, unless a result has the pair), or a line that cannot be used.
     OutputFailed when the failures cannot be held."""
-    metrics, tasks = run.metrics, run.tasks
     failures = StandingFailures()
     try:
         while (line := await reader.next_line()) is not None:
@@ -133,21 +128,9 @@ async def _count(
         failures.close()
         raise
     for record in failures.standing():
-        metrics.taken += 1
         failure = failure_of(record)
         assert failure is not None
-        agent = agent_name(record)
-        metrics.add_failure(failure, agent)
-        if tasks is not None:
-            _reached(run, record, agent)
-            tasks.rollout_ended(record[TASK_INDEX], None, record.get(ROLLOUT_INDEX))
-
-
-def _reached(run: Run, record: dict[str, Any], agent: str | None) -> None:
-    """A task has the rollouts -r gives its agent, or the groups of them its rollout indices reach:
-    one with fewer results is unfinished, as in the run that wrote them."""
-    assert run.tasks is not None
-    run.tasks.reached(record[TASK_INDEX], record.get(ROLLOUT_INDEX), run.config.repeats.for_agent(agent) or 1)
+        run.count_failure(failure, record)
 
 
 def _count_line(
@@ -155,22 +138,20 @@ def _count_line(
     run: Run,
     unusable: _UnusableLines,
     failures: StandingFailures,
-    on_result: Sequence[Callable[[dict[str, Any]], None]],
+    on_result: Callable[[dict[str, Any]], None],
 ) -> None:
-    metrics, tasks, spool = run.metrics, run.tasks, run.spool
     if line.data is None:  # over --max-line-bytes
-        unusable.add(line, line.problem or "too long", metrics)
+        unusable.add(line, line.problem or "too long", run)
         return
     if not line.data.strip():
         return
     record = parse_row(line.data, exact=True)  # a result rollfilter wrote, numbers of every size kept
     if isinstance(record, str):
-        unusable.add(line, record, metrics)
+        unusable.add(line, record, run)
         return
     failure = failure_of(record)
     if failure is not None and TASK_INDEX not in record:  # no pair to count it once for
-        metrics.taken += 1
-        metrics.add_failure(failure, agent_name(record))
+        run.count_failure(failure, record)
         return
     if failure is not None:
         failures.failure(line.data)  # counted once every result is known
@@ -178,23 +159,15 @@ def _count_line(
     if not failures.result(record) and TASK_INDEX in record and ROLLOUT_INDEX in record:
         unusable.repeated(line)  # a pair counted already: the same file twice, or runs mixed
         return
-    metrics.taken += 1
-    agent = agent_name(record)
-    metrics.add_result(record, None, agent)
-    for hand_on in on_result:
-        hand_on(record)
-    if spool is not None:
-        spool.add(agent, record)
-    if tasks is not None and TASK_INDEX in record:
-        _reached(run, record, agent)
-        rollout, masked = record.get(ROLLOUT_INDEX), is_masked(record)
-        tasks.rollout_ended(record[TASK_INDEX], reward_of(record), rollout, record, agent, masked=masked)
+    run.count_result(record)
+    on_result(record)
 
 
 class _Baseline:
-    """--compare BASELINE: the other run's results, read before these, and the comparison of
-    these with them (`compare.RunComparison`). Lines of BASELINE that are not JSON objects are
-    left out, and said: the exit status is 1, as for the results' own."""
+    """--compare BASELINE: the other run's results, read before these into the comparison
+    (`compare.RunComparison`) that the run adds these to and makes at its end. Lines of BASELINE
+    that are not JSON objects are left out, and said: the exit status is 1, as for the results'
+    own."""
 
     @classmethod
     def of(cls, command: CommandConfig, *, stdin_fd: int) -> _Baseline:
@@ -208,7 +181,6 @@ class _Baseline:
         self.comparison = RunComparison() if paths else None
         self._reader = LineReader(paths, max_line_bytes=max_line_bytes, stdin_fd=stdin_fd) if paths else None
         self.problems: list[str] = []
-        self._compared: Comparison | None = None
 
     async def read(self) -> None:
         if self._reader is None or self.comparison is None:
@@ -228,23 +200,8 @@ class _Baseline:
             lines = "1 line is not a result" if unusable == 1 else f"{unusable} lines are not results"
             self.problems.append(f"--compare: {lines}, left out; the first: {first}")
 
-    def add(self, result: dict[str, Any]) -> None:
-        """One of these results (not the baseline's)."""
-        if self.comparison is not None:
-            self.comparison.add(result)
-
-    def add_to(self, summary: dict[str, Any]) -> None:
-        """`compare` in the summary, before the run's own figures, and the tasks compared among them."""
-        if self.comparison is None:
-            return
-        self._compared = compared = self.comparison.comparison()
-        figures = summary.pop("rollfilter")
-        summary["compare"] = compared.figures()
-        summary["rollfilter"] = figures | {"compared_tasks": compared.tasks()}
-
-    def notes(self) -> list[str]:
-        """What the comparison left out, a line."""
-        compared = self._compared
+    def notes(self, compared: Comparison | None) -> list[str]:
+        """What the comparison `compared` left out, a line."""
         if compared is None or not (compared.only_in_baseline or compared.only_in_run or compared.without_task):
             return []
         note = (
@@ -323,9 +280,8 @@ class _UnusableLines:
             )
         return found
 
-    def add(self, line: InputLine, reason: str, metrics: Metrics) -> None:
-        metrics.taken += 1
-        metrics.add_failure(AttemptFailure(ErrorKind.BAD_INPUT, reason))
+    def add(self, line: InputLine, reason: str, run: Run) -> None:
+        run.count_failure(AttemptFailure(ErrorKind.BAD_INPUT, reason))
         if not self.count:
             self._first = printable(f"{line.source}:{line.number}: {reason}")
         self.count += 1

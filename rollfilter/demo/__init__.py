@@ -13,12 +13,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rollfilter.demo.agent import DemoAgent, DemoOptions, demo_reward, input_text
-from rollfilter.demo.server import serve
+from rollfilter.demo.server import serve, serving
 
 if TYPE_CHECKING:
     from rollfilter.demo.command_line import main, parse_args
 
-__all__ = ["DemoAgent", "DemoOptions", "demo_reward", "input_text", "main", "parse_args", "serve"]
+__all__ = ["DemoAgent", "DemoOptions", "demo_reward", "input_text", "main", "parse_args", "serve", "serving"]
 
 
 def __getattr__(name: str) -> Any:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import http
+from collections.abc import AsyncIterator
 
 import httptools
 import trio
@@ -108,3 +111,12 @@ async def serve(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(agent.run_timers)
         await trio.serve_listeners(handle, listeners)
+
+
+@contextlib.asynccontextmanager
+async def serving(agent: DemoAgent) -> AsyncIterator[str]:
+    """`agent` served on a free loopback port while the block runs: its /run URL."""
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(functools.partial(serve, agent))
+        yield f"http://127.0.0.1:{port}/run"
+        nursery.cancel_scope.cancel()

@@ -22,10 +22,11 @@ import trio
 
 from rollfilter.config import Config, is_decimal
 from rollfilter.engine.adaptive import AdaptiveWindow, Signal
-from rollfilter.engine.plan import Job
+from rollfilter.engine.plan import Job, describe
 from rollfilter.engine.rate_limits import SendSlots
 from rollfilter.engine.routing import Agent, Replica, affinity_value, task_key
 from rollfilter.engine.steering import Steering
+from rollfilter.engine.tally import Tally
 from rollfilter.errors import ErrorKind
 from rollfilter.http import AgentTransport, CertificateError, Reply, origin_of
 from rollfilter.outcomes import OVERLOAD_STATUSES, AttemptFailure, Retry
@@ -119,27 +120,14 @@ class JobClient(Protocol):
     async def run(self, job: Job, agent: Agent, flight: Flight | None = None) -> dict[str, Any] | AttemptFailure: ...
 
 
-class DryRunClient:
-    """Sends nothing: each job's route goes to `on_route`, and the answer is empty (--dry-run)."""
-
-    def __init__(self, on_route: Callable[[Job, Agent], None]) -> None:
-        self._on_route = on_route
-
-    async def run(self, job: Job, agent: Agent, flight: Flight | None = None) -> dict[str, Any] | AttemptFailure:
-        self._on_route(job, agent)
-        # A row taken from the planner's buffer never waits otherwise: let writers and signals in.
-        await trio.lowlevel.checkpoint()
-        return {}
-
-
 class AgentClient:
     """POSTs rows to agents through the transport, retrying what is worth retrying.
 
-    The transport (which carries the request headers) is owned by the caller.
-    `on_retry(job, failure, delay)` is called before each pause, for counting and -v output.
-    `run` never raises for a row: an unexpected exception while sending it or handling its
-    reply ends that row as an `internal` failure, and goes to `on_internal_error(job, exc)`
-    (for -v: its text may quote the server, so it is not put in the failure's message).
+    The transport (which carries the request headers) is owned by the caller. Each attempt
+    sent again is counted in `tally`, and said to `on_event` (-v) before its pause. `run` never
+    raises for a row: an unexpected exception while sending it or handling its reply ends that
+    row as an `internal` failure, and is said to `on_event` (its text may quote the server, so it
+    is not put in the failure's message).
     """
 
     def __init__(
@@ -148,8 +136,8 @@ class AgentClient:
         transport: AgentTransport,
         *,
         rng: random.Random | None = None,
-        on_retry: Callable[[Job, AttemptFailure, float], None] | None = None,
-        on_internal_error: Callable[[Job, Exception], None] | None = None,
+        tally: Tally | None = None,
+        on_event: Callable[[str], None] | None = None,
         send_slots: SendSlots | None = None,
         steering: Steering | None = None,
         unreachable_after: float | None = None,
@@ -164,12 +152,12 @@ class AgentClient:
         self._cross_origin_redirects = config.wire.cross_origin_redirects
         self._affinity_header = config.routing.affinity_header
         self._rng = rng or random.Random()
-        self._on_retry = on_retry
-        self._on_internal_error = on_internal_error
+        self._tally = tally
+        self._on_event = on_event
 
     async def run(self, job: Job, agent: Agent, flight: Flight | None = None) -> dict[str, Any] | AttemptFailure:
         """Send `job`'s body until it succeeds or its retries are spent, counting the attempts in
-        `flight`; `job` goes to the callbacks."""
+        `flight`."""
         body = job.body
         row = f"{job.source}:{job.line}"  # how a warning from the transport names it
         task = task_key(job.task_index) if agent.placement is not None else None
@@ -228,13 +216,17 @@ class AgentClient:
                 delay = self._pause_before_retry(failure, agent, retry_after)
                 if isinstance(delay, AttemptFailure):
                     return delay
-                if self._on_retry is not None:
-                    self._on_retry(job, failure, delay)
+                if self._tally is not None:
+                    self._tally.retry(job, failure)
+                if self._on_event is not None:
+                    self._on_event(
+                        f"{describe(job)}: retry in {delay:.2f} s after {failure.kind.value}: {failure.message}"
+                    )
                 flight.attempt = attempt + 1  # under way from the pause on, as the status shows it
                 await trio.sleep(delay)
         except Exception as exc:  # one row's surprise must not end the run
-            if self._on_internal_error is not None:
-                self._on_internal_error(job, exc)
+            if self._on_event is not None:
+                self._on_event(internal_error_event(job, exc))
             message = f"unexpected {type(exc).__name__} while sending the row or reading its reply"
             return AttemptFailure(ErrorKind.INTERNAL, message, attempts=flight.attempt)
 
@@ -451,3 +443,8 @@ def _snippet(content: bytes) -> str:
     text = content[: ERROR_BODY_CHARS * 4].decode(errors="replace")
     text = " ".join(text.split())
     return repr(text[:ERROR_BODY_CHARS]) + ("..." if len(text) > ERROR_BODY_CHARS else "")
+
+
+def internal_error_event(job: Job, exc: Exception) -> str:
+    """The -v line for a row's unexpected error (its text may quote a server: escaped)."""
+    return f"{describe(job)}: internal error: {type(exc).__name__}: {printable(str(exc))}"

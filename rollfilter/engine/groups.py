@@ -26,14 +26,18 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from rollfilter.config import Config
 from rollfilter.engine.plan import GroupPlan, Job
-from rollfilter.formats.resume import DROPPED_BECAUSE, FAILED, ROLLOUTS
+from rollfilter.engine.tally import Tally
+from rollfilter.formats.resume import DROPPED_BECAUSE, FAILED, ROLLOUTS, ResumeState
 from rollfilter.formats.writers import Release
 from rollfilter.outcomes import AttemptFailure
 from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, encode_json, field_value, is_masked
+from rollfilter.stops import StopCause, StopControl
 
 
 class Fate(enum.StrEnum):
@@ -104,13 +108,14 @@ def _after_both(release: Release) -> tuple[Release, Release]:
 class GroupStage:
     """Holds groups from the first rollout planned to the last ended (see the module docstring).
 
-    `count(member)` puts a closed group's member into the run's figures; `hold(line, release)`
-    keeps a finished member's result line (or the marker of a group dropped as uniform or closed
-    incomplete) on disk, for a resumed run, and runs `release` (when given) once it is there;
-    `on_close(closed)` hears of each group as it closes, before it is handed out; `reached()` is
-    called once `target` groups are kept, earlier runs' included: `kept_before`, `dropped_before`
-    and `masked_before` are the groups earlier runs kept, dropped as uniform and dropped as masked,
-    as their held file counts them (so a target they met is met before anything is sent).
+    `tally` counts the members of a group once it has closed (one an earlier run finished, as an
+    earlier result); `hold(line, release)` keeps a finished member's result line (or the marker of
+    a group dropped as uniform or closed incomplete) on disk, for a resumed run, and runs
+    `release` (when given) once it is there; `on_close(closed)` hears of each group as it closes,
+    before it is handed out; `reached()` is called once `target` groups are kept, earlier runs'
+    included: `kept_before`, `dropped_before` and `masked_before` are the groups earlier runs kept,
+    dropped as uniform and dropped as masked, as their held file counts them (so a target they met
+    is met before anything is sent).
 
     With `hold`, a member's slot comes back only once its line is on disk (the member that closes
     its group: once the group is written, too). A result that has come back but is not on disk
@@ -122,7 +127,7 @@ class GroupStage:
         self,
         sink: GroupSink,
         reached: Callable[[], None],
-        count: Callable[[Member], None],
+        tally: Tally,
         *,
         field: str = "reward",
         drop_uniform: bool = False,
@@ -137,7 +142,7 @@ class GroupStage:
         self._sink = sink
         self._on_close = on_close
         self._reached = reached
-        self._count = count
+        self._tally = tally
         self._field = field
         self._drop_uniform = drop_uniform
         self._target = target
@@ -152,6 +157,41 @@ class GroupStage:
         self._planned = 0  # groups numbered so far
         self._next_out = 0  # with in_order, the number of the next group to hand out
         self._ready: dict[int, tuple[ClosedGroup, Release]] = {}  # closed, waiting for their turn
+
+    @classmethod
+    def for_run(
+        cls,
+        config: Config,
+        sink: GroupSink,
+        tally: Tally,
+        control: StopControl,
+        *,
+        resume: ResumeState | None = None,
+        hold: Callable[[bytes, Release | None], None] | None = None,
+        on_close: Callable[[ClosedGroup], None] | None = None,
+    ) -> GroupStage:
+        """The groups of a run of `config` (`Config.groups`), with those earlier runs kept or
+        dropped (`resume`): reaching the target stops the run (`control`); a target earlier runs
+        met stops it before anything is sent (`target_reached`)."""
+        settings = config.groups
+        assert settings is not None, "a run of groups"
+        reason = f"stopped once {settings.target} groups were kept (the target)"
+        groups = cls(
+            sink,
+            functools.partial(control.stop, StopCause.TARGET_REACHED, reason),
+            tally,
+            field=settings.field,
+            drop_uniform=settings.drop_uniform,
+            target=settings.target,
+            hold=hold,
+            kept_before=resume.kept_groups if resume is not None else 0,
+            dropped_before=resume.dropped_groups if resume is not None else 0,
+            masked_before=resume.masked_groups if resume is not None else 0,
+            in_order=settings.max_staleness is not None,
+            on_close=on_close,
+        )
+        groups.start()
+        return groups
 
     def start(self) -> None:
         """Before anything is sent: calls `reached()` if earlier runs met the target."""
@@ -202,8 +242,12 @@ class GroupStage:
         members = tuple(group.members[rollout] for rollout in sorted(group.members))
         fate = Fate.INCOMPLETE if group.broken else self._decide(members)
         self.fates[fate] += 1
+        tally = self._tally
         for member in members:
-            self._count(member)
+            if member.job is None:
+                tally.earlier(member.result)
+            else:
+                tally.result(member.job, member.result, member.latency)
         if self._hold is not None:
             self._hold_marker(group, fate, members)
         closed = ClosedGroup(group.task_index, fate, members, tuple(group.failures), group.first)
@@ -265,9 +309,13 @@ class GroupStage:
             self._sink.group(closed, _nothing)
         self._open.clear()
 
-    def cancel_earlier(self, groups: int) -> None:
-        """`groups` groups earlier runs left open, that this run stopped before it read: cancelled."""
-        self.fates[Fate.CANCELLED] += groups
+    def cancel_earlier(self, groups: Iterable[tuple[Any, int, list[dict[str, Any]]]]) -> None:
+        """Groups earlier runs left open, that this run stopped before it read (each its task, its
+        first rollout index and its finished rollouts): cancelled, and handed to the sink as such."""
+        for task_index, first, results in groups:
+            self.fates[Fate.CANCELLED] += 1
+            members = tuple(Member(None, result, None) for result in results)
+            self._sink.group(ClosedGroup(task_index, Fate.CANCELLED, members, (), first), _nothing)
 
     def figures(self) -> dict[str, Any]:
         """The summary's `groups`: how many of each fate (kept ones an earlier run wrote included)."""

@@ -21,21 +21,19 @@ from typing import Any, Protocol
 import trio
 
 from rollfilter.config import FailureLimit
-from rollfilter.engine.client import Flight, JobClient, Waiting
+from rollfilter.engine.client import Flight, JobClient, Waiting, internal_error_event
+from rollfilter.engine.groups import ClosedGroup
 from rollfilter.engine.judge import NotPersisted, judge
-from rollfilter.engine.metrics import Metrics
 from rollfilter.engine.plan import Job, JobSource, describe
 from rollfilter.engine.routing import Agent, Router
-from rollfilter.engine.sinks import RowSink
 from rollfilter.engine.steering import StalenessGate, Steering
+from rollfilter.engine.tally import Tally
 from rollfilter.errors import ErrorKind
-from rollfilter.figures.means import as_float, reward_of
-from rollfilter.figures.passk import TaskStats
-from rollfilter.formats.spool import ResultSpool
+from rollfilter.figures.means import as_float
 from rollfilter.formats.writers import Release
 from rollfilter.outcomes import AttemptFailure
-from rollfilter.redact import printable, shown
-from rollfilter.rows import agent_name, field_value, is_masked
+from rollfilter.redact import shown
+from rollfilter.rows import field_value, is_masked
 from rollfilter.stops import StopCause, StopControl
 
 START_BATCH = 64  # workers started at once, when none is left waiting for a row
@@ -58,6 +56,24 @@ class InFlight:
     waiting: str | None = None
 
 
+class RowSink(Protocol):
+    """Where the engine hands each finished row: the sinks of `rollfilter.run.outputs`, the
+    command's lines or the API's channel."""
+
+    def result(self, job: Job, result: dict[str, Any], release: Release) -> None: ...
+
+    def failure(self, job: Job, failure: AttemptFailure, release: Release) -> None: ...
+
+    def not_persisted(self, job: Job, attempts: int, release: Release) -> None:
+        """A rollout the agent asked to keep nowhere (`_ng_no_persist`), after `attempts` requests:
+        it leaves no line."""
+        ...
+
+    def group(self, closed: ClosedGroup, release: Release) -> None:
+        """A group at its end (with `Config.groups`; see `rollfilter.engine.groups`)."""
+        ...
+
+
 class ResultStage(Protocol):
     """What takes a finished rollout in place of the sink: the groups of `rollfilter.engine.groups`."""
 
@@ -68,19 +84,17 @@ class ResultStage(Protocol):
 
 @dataclasses.dataclass(slots=True)
 class Engine:
-    """Runs every job from `planner` through `client` into `sink`, counting in `metrics`."""
+    """Runs every job from `planner` through `client` into `sink`, counting each in `tally`."""
 
     planner: JobSource
     router: Router
     client: JobClient
     sink: RowSink
-    metrics: Metrics
+    tally: Tally
     control: StopControl
     concurrency: int
     failure_limit: FailureLimit = dataclasses.field(default_factory=FailureLimit)
-    tasks: TaskStats | None = None  # mean@K and pass@k, with --repeats K > 1
     on_event: Callable[[str], None] | None = None  # -v: one line per row event
-    spool: ResultSpool | None = None  # successful results for /aggregate_metrics
     max_cost: float | None = None  # USD: the run stops once it has spent this much
     groups: ResultStage | None = None  # results held by group, counted when their group closes
     group_field: str | None = None  # a result must hold this numeric field (to tell uniform groups)
@@ -176,7 +190,7 @@ class Engine:
             self._waiting -= 1
             if not self._waiting and self._workers < self._most_workers:  # the next row would wait for one
                 self._start_workers()
-            self.metrics.taken += 1
+            self.tally.started()
             staleness = self.staleness
             if staleness is not None and job.failure is None:
                 group = staleness.admits_now(job)  # asked in the order jobs are taken: the groups' numbering
@@ -201,7 +215,7 @@ class Engine:
             answer = await self.client.run(job, agent, flight)
             if self.steering.version is not None and not isinstance(answer, AttemptFailure):
                 self.steering.stamp(answer, flight.sent_version)
-            if self.metrics.spending is not None and not isinstance(answer, AttemptFailure):
+            if self.tally.metrics.spending is not None and not isinstance(answer, AttemptFailure):
                 self._spend(job, answer)
             outcome = judge(job, answer, flight.attempt)
         except Exception as exc:  # a bug met by one row costs that row, never the run
@@ -216,11 +230,10 @@ class Engine:
                 self._check_unreachable(agent, outcome, self.unreachable_after)
             self._fail(job, outcome, release)
         elif isinstance(outcome, NotPersisted):
-            self.metrics.add_not_persisted(job.agent_name)
+            self.tally.not_persisted(job)
             if self.on_event is not None:
                 advice = "a resumed run runs it again"
                 self.on_event(f"{describe(job)}: not persisted (the agent's _ng_no_persist); {advice}")
-            self._ended(job, None)
             self.sink.not_persisted(job, flight.attempt, release)
             if self.groups is not None:
                 message = "the agent asked for this rollout not to be kept (_ng_no_persist)"
@@ -242,20 +255,12 @@ class Engine:
             if self.groups is not None:
                 self.groups.result(job, outcome, latency, release)  # counted when its group closes
             else:
-                self.count_result(job, outcome, latency)
+                self.tally.result(job, outcome, latency)
                 self.sink.result(job, outcome, release)
-
-    def count_result(self, job: Job, result: dict[str, Any], latency: float | None) -> None:
-        """Put a result into the run's figures: the means, the tasks, the spool."""
-        self.metrics.add_result(result, latency, job.agent_name)
-        if self.tasks is not None:  # without repeats, no reward to read
-            self._ended(job, reward_of(result), result)
-        if self.spool is not None:  # by the result's agent, as an earlier run's results are spooled
-            self.spool.add(agent_name(result), result)
 
     def _spend(self, job: Job, answer: dict[str, Any]) -> None:
         """Count what an agent's answer cost (an agent-reported failure's too); stop at the budget."""
-        spending = self.metrics.spending
+        spending = self.tally.metrics.spending
         assert spending is not None
         spending.add(job.agent_name, answer)
         if self.max_cost is not None and spending.total >= self.max_cost:
@@ -269,16 +274,10 @@ class Engine:
         message = f"unexpected {type(exc).__name__} while handling this row"
         return AttemptFailure(ErrorKind.INTERNAL, message, attempts=attempts)
 
-    def _ended(self, job: Job, reward: float | None, result: dict[str, Any] | None = None) -> None:
-        if self.tasks is not None:
-            masked = result is not None and is_masked(result)
-            self.tasks.rollout_ended(job.task_index, reward, job.rollout_index, result, job.agent_name, masked=masked)
-
     def _fail(self, job: Job, failure: AttemptFailure, release: Release) -> None:
-        self.metrics.add_failure(failure, job.agent_name)
+        self.tally.failure(job, failure)
         if self.on_event is not None:
             self.on_event(f"{describe(job)}: failed after {failure.attempts} attempts: {failure.kind.value}")
-        self._ended(job, None)
         self.sink.failure(job, failure, release)
         if self.groups is not None:
             self.groups.failure(job, failure)
@@ -309,14 +308,14 @@ class Engine:
         self.control.stop(StopCause.AGENT_UNREACHABLE, reason)
 
     def _check_failure_limit(self) -> None:
-        failed = self.metrics.failed + self.metrics.not_persisted
-        if self.failure_limit.is_reached(failed, self.metrics.ended):
+        metrics = self.tally.metrics
+        if self.failure_limit.is_reached(metrics.failed + metrics.not_persisted, metrics.ended):
             self.control.stop(StopCause.LIMIT_REACHED, self._failure_limit_reason)
 
     def _failure_limit_reason(self) -> str:
         # Rows in flight when the limit was reached may fail before the stop lands: the
         # message quotes the counts as the summary gives them.
-        metrics = self.metrics
+        metrics = self.tally.metrics
         counts = f"{metrics.failed} failed"
         if metrics.not_persisted:
             counts += f" and {metrics.not_persisted} not persisted"
@@ -325,11 +324,6 @@ class Engine:
         else:
             counts += " rows"
         return f"stopped after {counts} (the limit: {self.failure_limit.describe()})"
-
-
-def internal_error_event(job: Job, exc: Exception) -> str:
-    """The -v line for a row's unexpected error (its text may quote a server: escaped)."""
-    return f"{describe(job)}: internal error: {type(exc).__name__}: {printable(str(exc))}"
 
 
 class _Slot:

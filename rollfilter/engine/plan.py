@@ -127,6 +127,7 @@ class JobSource(Protocol):
 
     skipped: int  # pairs an earlier run finished (--resume)
     given_up: int  # pairs not run again: terminal, or out of attempts (--resume)
+    passed_over: int | None  # lines re-scoring leaves alone, not judged failed (None: it leaves none)
     agents_seen: set[str]  # the agents the rows named
 
     def next_job_nowait(self) -> Job | None:
@@ -209,6 +210,7 @@ class Planner:
         self._seq = 0
         self.skipped = 0  # pairs an earlier run finished (--resume)
         self.given_up = 0  # pairs not run again: terminal, or out of attempts (--resume)
+        self.passed_over: int | None = None  # it runs every row
         self.agents_seen: set[str] = set()
         self.agents_without_repeats: set[str | None] = set()  # rows that no repeat count covers
 

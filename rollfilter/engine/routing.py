@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import msgspec
 
-from rollfilter.config import Config, ConfigError
+from rollfilter.config import MIN_RATE, Config, ConfigError
 from rollfilter.engine.adaptive import AdaptiveWindow
 from rollfilter.engine.budget import RetryBudget
+from rollfilter.engine.metrics import UNNAMED_AGENT
 from rollfilter.engine.rate_limits import RateLimits
-from rollfilter.errors import ErrorKind
+from rollfilter.errors import ErrorKind, SteeringError
 from rollfilter.outcomes import AttemptFailure
 from rollfilter.redact import shown
 
@@ -51,6 +52,7 @@ PLACED_TASKS = 65_536  # tasks whose replica is remembered (a task's rollouts co
 # backlog overflowing) comes at one moment, and a connection that hangs fails only at its timeout.
 UNREACHABLE_AFTER_FAILURES = 3
 _encode = msgspec.json.Encoder().encode
+KEEP: Any = ...  # set_rates' default: the limit stays as it is
 
 
 def task_key(task_index: Any) -> bytes:
@@ -296,6 +298,27 @@ class Router:
             raise LookupError(name)
         return [self.agents[name]]
 
+    def set_rates(self, name: str | None, *, rpm: float | None = KEEP, tpm: float | None = KEEP) -> None:
+        """Change the requests (`rpm`) or tokens (`tpm`) a minute rows of agent `name` may use
+        (None: every agent), for the requests waiting too; None removes a limit, and one not given
+        (KEEP) stays. A limit taken off leaves its figures (`former_rate_limits`). SteeringError
+        for an agent the run does not have, or a rate under its least (see `check_rates`)."""
+        check_rates(rpm=rpm, tpm=tpm)
+        try:
+            targets = self.agents_named(name)
+        except LookupError:
+            raise SteeringError(f"the run has no agent {name!r}") from None
+        for target in targets:
+            limits = target.rate_limits
+            new_rpm = (limits.rpm if limits is not None else None) if rpm is KEEP else rpm
+            new_tpm = (limits.tpm if limits is not None else None) if tpm is KEEP else tpm
+            if limits is not None:
+                limits.set(new_rpm, new_tpm)  # the requests waiting on them look again
+                if new_rpm is None and new_tpm is None:  # a plain path again (its figures stay in the summary)
+                    target.rate_limits, target.former_rate_limits = None, limits
+            elif new_rpm is not None or new_tpm is not None:
+                target.rate_limits, target.former_rate_limits = RateLimits(new_rpm, new_tpm), None
+
     def requests_out(self) -> int:
         """The requests at the agents now, over every replica."""
         return sum(replica.outstanding for agent in self.agents_named(None) for replica in agent.replicas)
@@ -335,3 +358,32 @@ class Router:
                     figures["tasks_moved_for_failure"] = placement.moved_for_failure[index]
                 counts.append(figures)
         return counts
+
+
+def adaptive_windows(
+    concurrency: int, on_event: Callable[[str], None] | None
+) -> Callable[[str | None], AdaptiveWindow]:
+    """How a router makes each agent's adaptive window (its `window_for`): starting at
+    `concurrency`, each change of its size said to `on_event` (-v)."""
+
+    def window_for(name: str | None) -> AdaptiveWindow:
+        label = name if name is not None else UNNAMED_AGENT
+
+        def changed(old: int, new: int) -> None:
+            if on_event is not None:
+                on_event(f"agent {label}: window {old} -> {new}")
+
+        return AdaptiveWindow(concurrency, on_change=changed)
+
+    return window_for
+
+
+def check_rates(*, rpm: float | None = KEEP, tpm: float | None = KEEP) -> None:
+    """SteeringError for a rate a run cannot be paced at: not a number, or under its least."""
+    for name, rate in (("rpm", rpm), ("tpm", tpm)):
+        if (
+            rate is not KEEP
+            and rate is not None
+            and not (type(rate) in (int, float) and math.isfinite(rate) and rate >= MIN_RATE)
+        ):
+            raise SteeringError(f"{name} is a number of at least {MIN_RATE:g}, not {rate!r}")

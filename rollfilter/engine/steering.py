@@ -25,48 +25,19 @@ groups would wait for ever once more than K x B groups had failed, and so would 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import trio
 
-from rollfilter.config import MAX_POLICY_VERSION
-from rollfilter.engine.groups import ClosedGroup, group_key
+from rollfilter.config import MAX_POLICY_VERSION, Config
+from rollfilter.engine.groups import ClosedGroup, group_key, trained_on
 from rollfilter.engine.plan import Job
 from rollfilter.errors import SteeringError
 
 POLICY_VERSION = "_rf_policy_version"  # a result's key: the version when its /run was sent, and when it ended
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SteeringStatistics:
-    """What is in force in a run now, as `run.statistics()` gives it (a frozen snapshot).
-
-    `concurrency` is the run's bound on requests out (with adaptive windows, their ceiling), and
-    `windows` each agent's adaptive window. `rates` holds each limited agent's requests and
-    tokens a minute (by agent name, "(no name)" for the rows of the run's URL). `groups_admitted` and the
-    two counts held by staleness are 0 without a staleness bound.
-    """
-
-    paused: bool
-    requests_out: int
-    concurrency: int
-    windows: Mapping[str, int]
-    rates: Mapping[str, Mapping[str, float | None]]
-    policy_version: int | None
-    groups_admitted: int = 0
-    groups_held_by_staleness: int = 0
-    rows_held_by_staleness: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        """The snapshot as JSON-ready data (the control socket's `status`)."""
-        data = dataclasses.asdict(self)
-        data["windows"] = dict(self.windows)
-        data["rates"] = {agent: dict(rates) for agent, rates in self.rates.items()}
-        return data
 
 
 class Steering:
@@ -176,9 +147,12 @@ class StalenessGate:
     together); a job whose group is not admitted waits in `admit(job)`.
     """
 
-    def __init__(self, steering: Steering, max_staleness: int, batch_groups: int) -> None:
+    def __init__(
+        self, steering: Steering, max_staleness: int, batch_groups: int, *, keep_incomplete: bool = False
+    ) -> None:
         assert steering.version is not None, "a staleness bound needs a policy version"
         self._steering = steering
+        self._keep_incomplete = keep_incomplete  # incomplete groups are handed out to train on too
         self._first_version = steering.version
         self._max_staleness = max_staleness
         self._batch_groups = batch_groups
@@ -189,6 +163,14 @@ class StalenessGate:
         self._waiting: Counter[int] = Counter()  # rows waiting, by their group's number
         self._moved = trio.Event()
         steering.on_version(self._allowance_raised)
+
+    @classmethod
+    def for_config(cls, steering: Steering, config: Config) -> StalenessGate | None:
+        """The gate `config` asks for (`Config.groups.max_staleness`, `Config.groups.batch`), or None."""
+        groups = config.groups
+        if groups is None or groups.max_staleness is None or groups.batch is None:
+            return None
+        return cls(steering, groups.max_staleness, groups.batch, keep_incomplete=groups.keep_incomplete)
 
     def groups_allowed(self) -> int:
         """How many groups may be sent under the current version."""
@@ -205,14 +187,14 @@ class StalenessGate:
             self._groups_seen += 1
         return self._groups_seen - 1
 
-    def group_closed(self, closed: ClosedGroup, *, trained_on: bool) -> None:
-        """A group has closed: one this gate numbered that is not `trained_on` gives its place
-        to the next group (see the module docstring)."""
+    def group_closed(self, closed: ClosedGroup) -> None:
+        """A group has closed: one this gate numbered that is not handed out to train on (see
+        `groups.trained_on`) gives its place to the next group (see the module docstring)."""
         key = group_key(closed.task_index, closed.first)
         if key not in self._numbered:  # nothing of it was sent this run (a bad line, a resumed group)
             return
         self._numbered.remove(key)
-        if not trained_on:
+        if not trained_on(closed.fate, keep_incomplete=self._keep_incomplete):
             self._passed_over += 1
             self._allowance_raised()
 

@@ -214,6 +214,11 @@ class TaskStats:
             if ended > masked and not failed and (not planned or ended >= min(size, planned)):  # every one ended
                 histogram[ended - masked, correct] += 1
 
+    @property
+    def finished(self) -> bool:
+        """Whether the figures are computed (`finish`): no rollout counted after that is in them."""
+        return self._finished is not None
+
     def finish(self) -> None:
         """Compute the figures over every task, and report each task; later calls do nothing."""
         if self._finished is not None:

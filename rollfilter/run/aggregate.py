@@ -54,14 +54,6 @@ class AggregateReport:
     def key_metrics(self) -> dict[str, Any]:
         return {entry["agent_ref"]["name"]: entry["key_metrics"] for entry in self.entries}
 
-    def add_to(self, summary: dict[str, Any]) -> dict[str, Any]:
-        """The run summary with each agent's key_metrics, before the run's own figures."""
-        figures = summary.pop("rollfilter", None)
-        summary["key_metrics"] = self.key_metrics
-        if figures is not None:
-            summary["rollfilter"] = figures
-        return summary
-
     def file_bytes(self) -> bytes:
         """NeMo Gym's `_aggregate_metrics.json`: a JSON list, one entry per agent."""
         return msgspec.json.format(_encode(self.entries), indent=2) + b"\n"

@@ -4,7 +4,7 @@ A run that writes a materialized file plans every body and writes it before the 
 sent, as NeMo Gym's collector does (`plan_first`); standard input is read to its end first, into
 a temporary file that both passes read. A run stopped before its rows ran out (a target reached)
 counts its rows again from the start, when they can be read again, so that its summary says how
-many were never started (`count_rollouts`).
+many were never started (`expected_rollouts`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,13 @@ from rollfilter.errors import UsageError
 from rollfilter.formats.keytable import KeyTable
 from rollfilter.formats.source import STDIN, LineReader
 from rollfilter.formats.writers import OutputFailed, write_all
+from rollfilter.stops import StopCause, StopControl
 
 STDIN_COPY = "a temporary copy of standard input"
 CHECKPOINT_JOBS = 4096  # jobs counted between two scheduler checkpoints (a stop is seen at once)
+# The stops after which the rows are counted again, when they can be read again: the summary's
+# not_started, the rows never sent. After other stops the count would wait on a run being left.
+COUNTED_AFTER = frozenset({StopCause.TARGET_REACHED, StopCause.AGENT_UNREACHABLE})
 
 
 @runtime_checkable
@@ -60,6 +64,25 @@ async def count_rollouts(source: LineSource, config: Config) -> int:
         if isinstance(source, LineReader):
             source.close()
     return count
+
+
+async def expected_rollouts(
+    source: LineSource | None, config: Config, control: StopControl, *, read_whole: int | None
+) -> int | None:
+    """Every rollout of a run's input, when it is known: `read_whole`, the rollouts a run that read
+    it all to its end read; or after a stop that left rows unread (`COUNTED_AFTER`), counted
+    again from the first row when `source` can be read again. None when it cannot be known."""
+    if read_whole is not None:
+        return read_whole
+    if control.cause not in COUNTED_AFTER or not isinstance(source, Rereadable):
+        return None
+    again = source.read_again()
+    if again is None:
+        return None
+    # After another stop, a scope of the control's is cancelled already: the command line
+    # ends at a second signal then (its signals' way out), so the count is not stoppable.
+    with control.stoppable() if control.cause is StopCause.TARGET_REACHED else trio.CancelScope():
+        return await count_rollouts(again, config)
 
 
 async def plan_first(

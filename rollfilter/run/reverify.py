@@ -22,9 +22,10 @@ unless `Config.reverify.force`.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import stat
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import httpx
@@ -40,7 +41,7 @@ from rollfilter.formats.resume import ResumeState, pair_key
 from rollfilter.formats.source import InputLine, next_when_ready
 from rollfilter.http import AgentTransport
 from rollfilter.outcomes import AttemptFailure
-from rollfilter.redact import printable, shown
+from rollfilter.redact import origin, printable, shown
 from rollfilter.rows import AGENT_REF, ROLLOUT_INDEX, TASK_INDEX, agent_name, encode_json, parse_row
 
 JUDGE_FAILED = "judge_failed"  # the failure class --judge-failed-only re-sends
@@ -187,7 +188,7 @@ class ReverifyPlanner:
         self._seq = 0
         self.skipped = 0  # pairs an earlier run re-scored (--resume)
         self.given_up = 0  # pairs not re-scored again: terminal, or out of attempts (--resume)
-        self.passed_over = 0  # lines judge_failed_only leaves alone
+        self.passed_over: int | None = 0 if self._judge_failed_only else None  # lines judge_failed_only leaves alone
         self.agents_seen: set[str] = set()
 
     def next_job_nowait(self) -> Job | None:
@@ -216,7 +217,7 @@ class ReverifyPlanner:
         if self._judge_failed_only and not (
             isinstance(rollout, dict) and rollout.get("_ng_failure_class") == JUDGE_FAILED
         ):
-            self.passed_over += 1
+            self.passed_over = (self.passed_over or 0) + 1
             return
         task = rollout.get(TASK_INDEX) if isinstance(rollout, dict) else None
         index = rollout.get(ROLLOUT_INDEX) if isinstance(rollout, dict) else None
@@ -378,6 +379,50 @@ def verify_urls(config: Config, endpoints: Mapping[str, tuple[str, ...]], defaul
     return urls
 
 
+async def verifier_routes(
+    config: Config, transport: AgentTransport, *, send: bool, on_warning: Callable[[str], None] | None = None
+) -> tuple[dict[str, tuple[str, ...]], Config, MaterializedIndex | None, bool]:
+    """Re-scoring's routes: each agent's resources server (from the head server's config, under
+    Config.endpoints), and the config whose url is the one for every rollout (Config.url, or a
+    config's one resources server). Then, with `send`, each server's /reverify_mode asked, and
+    the materialized inputs indexed (the index is the caller's to close); and whether re-scoring
+    is unsafe. ReverifyRefused when a server is not stateless (unless Config.reverify.force:
+    then `on_warning` says so once, and the run is unsafe)."""
+    from rollfilter.run.headserver import HEAD_SERVER_TIMEOUT, fetch_config
+
+    settings = config.reverify
+    assert settings is not None
+    endpoints, default = dict(config.endpoints), config.url
+    if config.head_server is not None:
+        where = f"the head server at {origin(config.head_server)}"
+        with trio.move_on_after(HEAD_SERVER_TIMEOUT) as scope:
+            head_config = await fetch_config(config.head_server, transport)
+        if scope.cancelled_caught:
+            raise ServiceError(f"{where} did not answer in time")
+        verifiers, only = verifiers_from_config(head_config, where)
+        endpoints = {name: (url,) for name, url in verifiers.items()} | endpoints
+        default = default or only
+    if not send:
+        return endpoints, config, None, False
+    index = MaterializedIndex(settings.materialized)  # a file that cannot be indexed is refused first
+    try:
+        why = refusal(await reverify_modes(verify_urls(config, endpoints, default), transport))
+        if why is not None and not settings.force:
+            raise ReverifyRefused(why)
+        if why is not None and on_warning is not None:
+            on_warning(f"{why}; re-scored there anyway (forced): the summary says unsafe")
+        try:
+            await trio.to_thread.run_sync(index.build)  # one pass over a file: not abandoned with its descriptor
+        except OSError as exc:
+            problem = f"cannot read the materialized inputs {printable(settings.materialized)}: {exc.strerror}"
+            raise UsageError(problem) from None
+    except BaseException:
+        index.close()
+        raise
+    config = dataclasses.replace(config, url=default) if default != config.url else config
+    return endpoints, config, index, why is not None
+
+
 __all__ = [
     "JUDGE_FAILED",
     "MaterializedIndex",
@@ -386,6 +431,7 @@ __all__ = [
     "check_materialized",
     "refusal",
     "reverify_modes",
+    "verifier_routes",
     "verifiers_from_config",
     "verify_url",
 ]

@@ -1,71 +1,65 @@
 """One run, put together in one place: the parts a `Config` asks for, built once, and the summary
-they make.
+they make. The command line and the Python API reach the engine through it, and through nothing else.
 
-    run = Run(config, source=rows, sink=outcomes)   # metrics, task stats, spool, transport
+    run = Run(config, source=rows, sink=outcomes)   # the tally, the tasks, the spool, the transport
     await run.connect()     # the agents (a head server asked once), the router, the engine
     await run.plan_first(path, ...)  # with a materialized file: every body written first
-    await run.send()        # the engine's nursery, until every row has ended or a stop
+    await run.send()        # earlier runs' results counted; the engine, until every row has ended or a stop
     await run.finish()      # the rows counted, the tasks' figures, /aggregate_metrics
     run.warnings()          # what the run found wrong in its config, for its caller to say
-    run.summary()           # the summary object, with why the run stopped (`control.why_stopped`)
+    run.statistics()        # the snapshot every view renders; run.summary() renders the summary
     await run.aclose()
 
-The command line (`cli/run.py`), the Python API (`api/in_trio.py`) and `--summarize` (a run
-whose source is result files and which sends nothing: `connect(send=False)`, its counts fed by
-the caller) wrap a `Run` with their own inputs and outputs. What a run does around the engine,
-and what its summary says, is computed here, and only here.
+The Python API (`api/in_trio.py`) gives it its rows and a channel (`ChannelSink`); the command
+line (`cli/run.py`) its input files, the writers over the files it opened (`RunOutputs`, of which
+`writing_run` makes the run) and what earlier runs left in them (`Earlier`); `--summarize`
+(`cli/summarize.py`) a run that sends nothing (`connect(send=False)`), whose counts it feeds from
+result files (`count_result`, `count_failure`). What a run does around the engine, and what its
+summary says, is computed here, and only here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from rollfilter.config import MIN_RATE, Config, ConfigError
+from rollfilter.config import Config, ConfigError
 from rollfilter.cost import Spending
-from rollfilter.engine.adaptive import AdaptiveWindow
 from rollfilter.engine.client import AgentClient, JobClient
-from rollfilter.engine.groups import ClosedGroup, GroupStage, Member, trained_on
-from rollfilter.engine.metrics import UNNAMED_AGENT, Metrics
-from rollfilter.engine.nursery import Engine, internal_error_event
-from rollfilter.engine.plan import Job, JobSource, LineSource, Planner, describe
-from rollfilter.engine.rate_limits import RateLimits, SendSlots
-from rollfilter.engine.routing import Router
-from rollfilter.engine.sinks import RowSink
-from rollfilter.engine.steering import StalenessGate, Steering, SteeringStatistics
-from rollfilter.errors import ServiceError, SteeringError, UsageError
-from rollfilter.figures.means import reward_of
+from rollfilter.engine.groups import GroupStage
+from rollfilter.engine.metrics import Metrics
+from rollfilter.engine.nursery import Engine, RowSink
+from rollfilter.engine.plan import JobSource, LineSource, Planner
+from rollfilter.engine.rate_limits import SendSlots
+from rollfilter.engine.routing import KEEP as KEEP
+from rollfilter.engine.routing import Router, adaptive_windows, check_rates
+from rollfilter.engine.steering import StalenessGate, Steering
+from rollfilter.engine.tally import Tally
+from rollfilter.errors import SteeringError
 from rollfilter.figures.passk import TaskStats
-from rollfilter.formats.keytable import KeyTable
-from rollfilter.formats.resume import ResumeState
 from rollfilter.formats.source import LineReader
 from rollfilter.formats.spool import ResultSpool
 from rollfilter.formats.writers import Release
 from rollfilter.http import AgentTransport, connections_that_fit, raise_open_file_limit
 from rollfilter.outcomes import AttemptFailure
-from rollfilter.redact import origin, printable
-from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name, is_masked
 from rollfilter.run.connect import transport_for
-from rollfilter.run.first_pass import Rereadable, count_rollouts, plan_first
-from rollfilter.run.headserver import HEAD_SERVER_TIMEOUT, fetch_config, resolve_endpoints
+from rollfilter.run.earlier import Earlier
+from rollfilter.run.first_pass import expected_rollouts, plan_first
+from rollfilter.run.headserver import resolve_endpoints
+from rollfilter.run.outputs import LineSink, RunOutputs
 from rollfilter.run.statistics import RunStatistics, statistics_of
 from rollfilter.run.summary import summary_of
-from rollfilter.stops import StopCause, StopControl
+from rollfilter.stops import StopControl
 
 # Re-scoring and /aggregate_metrics are loaded by the runs that use them, not at every start.
 if TYPE_CHECKING:
+    from rollfilter.figures.compare import Comparison, RunComparison
     from rollfilter.run.aggregate import AggregateReport
     from rollfilter.run.reverify import MaterializedIndex
-
-KEEP: Any = ...  # set_rate's default: the limit stays as it is
-# The stops after which the rows are counted again, when they can be read again: the summary's
-# not_started, the rows never sent. After other stops the count would wait on a run being left.
-COUNTED_AFTER = frozenset({StopCause.TARGET_REACHED, StopCause.AGENT_UNREACHABLE})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -103,26 +97,21 @@ def fit_to_open_files(
 class Run:
     """One run of `config`: its parts, and the summary they make.
 
-    Built at once: `metrics`, `tasks` (mean@K and pass@k, with repeats over 1; `on_task` gets
-    each task's record when they are computed), `spool` (the results for /aggregate_metrics,
-    with `config.aggregate`) and `transport` (what every request goes through, with `tls` and
-    `on_warning`). Built by `connect`: `router` and `engine`, which takes its rows from `source`
-    and hands its outcomes to `sink`. Built by `aggregate`: `report`.
-
-    `resume` is what earlier runs left (their pairs are skipped or retried), `on_event` the -v
-    line for each row event, and `client`, when given, takes each routed job in place of the
-    agents' client: a dry run's (`DryRunClient`), which sends nothing. Such a run sends one job at
-    a time, in input order, keeps no spool, send slots or adaptive windows, counts no task
-    figures, and its summary counts what it would send. With `config.groups`, `connect` builds
-    `groups` too, which hands the sink whole groups, and `hold` gets each finished rollout's line
-    (the command's held file), with the `release` to run once it is written. `transport`, when
-    given, is what the run sends through instead of the one `config` asks for (a test's
-    `rollfilter.http.testing.ScriptedTransport`). With `stop_when_unreachable`, an agent that
-    refused or dropped every connection since the start, for at least the connect timeout
-    (`Config.timeout.connect`) and a few times, stops the run (`StopCause.AGENT_UNREACHABLE`); its
-    rows are sent again until then. A run that sends fits its concurrency to the open-file limit
-    (`fit_to_open_files`), and says so in `warnings`. The run owns its transport and spool:
-    `aclose` closes them.
+    Built at once: `metrics`, `tasks` (mean@K and pass@k, with repeats; `on_task` gets each
+    task's record), `spool` (the results for /aggregate_metrics), the `tally` that counts into
+    them, and `transport` (with `tls` and `on_warning`; one given is sent through instead, as a
+    test's `ScriptedTransport`). Built by `connect`: `router` and `engine`, which takes its rows
+    from `source` and hands its outcomes to `sink`, and with `config.groups`, `groups` (`hold`
+    gets each finished rollout's line, with the `release` to run once it is written). Built by
+    `finish`: `report`, the aggregate. `earlier` is what earlier runs left, and `on_event` gets the
+    -v line of each row event. A `client` given takes each routed job in place of the agents'
+    client: a dry run's (`DryRunClient`), which sends nothing, one job at a time, keeps no spool,
+    send slots or adaptive windows, counts no task figures, and counts what it would send. With
+    `stop_when_unreachable`, an agent that refused every connection since the start, for the
+    connect timeout and a few times, stops the run. A run that sends fits its concurrency to the
+    open-file limit, and says so in `warnings`. `baseline` and `shards` are --summarize's: a
+    comparison with another run's results, and the shards its files cover. `aclose` closes what
+    the run owns: its transport, spool and index.
     """
 
     def __init__(
@@ -132,7 +121,7 @@ class Run:
         source: LineSource | None = None,
         sink: RowSink | None = None,
         control: StopControl | None = None,
-        resume: ResumeState | None = None,
+        earlier: Earlier | None = None,
         tls: ssl.SSLContext | None = None,
         on_task: Callable[[dict[str, Any]], None] | None = None,
         on_event: Callable[[str], None] | None = None,
@@ -141,6 +130,8 @@ class Run:
         hold: Callable[[bytes, Release | None], None] | None = None,
         transport: AgentTransport | None = None,
         stop_when_unreachable: bool = False,
+        baseline: RunComparison | None = None,
+        shards: Mapping[str, Any] | None = None,
     ) -> None:
         self.config = config
         self.control = control if control is not None else StopControl()
@@ -150,8 +141,9 @@ class Run:
         largest = config.repeats.largest
         self.tasks = TaskStats(largest, config.pass_threshold, on_task) if largest > 1 else None
         self.spool = ResultSpool() if config.aggregate and client is None else None
-        talks = source is not None or self.spool is not None
-        if transport is None and talks:
+        answered = self.tasks if client is None else None  # a dry run's rollouts are planned, never answered
+        self.tally = Tally(self.metrics, answered, self.spool, repeats_for=config.repeats.for_agent)
+        if transport is None and (source is not None or self.spool is not None):
             transport = transport_for(config, tls=tls, on_warning=on_warning)
         self.transport: AgentTransport | None = transport
         self.router: Router | None = None
@@ -163,102 +155,58 @@ class Run:
         self.concurrency = self._fitted(config.concurrency)  # as set_concurrency last set it
         self.send_slots = SendSlots(self.concurrency) if config.rates.limited and client is None else None
         self.steering = Steering(config.policy_version)
-        self.staleness: StalenessGate | None = None
-        if config.groups is not None and config.groups.max_staleness is not None and config.groups.batch is not None:
-            self.staleness = StalenessGate(self.steering, config.groups.max_staleness, config.groups.batch)
+        self.staleness = StalenessGate.for_config(self.steering, config)
         self.index: MaterializedIndex | None = None  # with config.reverify: the materialized inputs, indexed
         self.unsafe = False  # re-scored at a resources server that does not say it is stateless (forced)
         self.planned: int | None = None  # the rollouts the first pass planned (a materialized file)
         self.expected: int | None = None  # every (task, rollout) pair of the input, once it is known
         self._skipped_unread = 0  # pairs an earlier run finished, skipped without being read
-        self._source, self._sink, self._resume = source, sink, resume
-        self._on_event, self._client, self._hold = on_event, client, hold
+        self._source, self._sink, self._earlier = source, sink, earlier
+        self._resume = earlier.resume if earlier is not None else None
+        self._on_event, self._on_warning, self._client, self._hold = on_event, on_warning, client, hold
         self._stop_when_unreachable = stop_when_unreachable
-        self._on_warning = on_warning
+        self._baseline, self._shards = baseline, shards
+        self._comparison: Comparison | None = None  # with a baseline, once finished
+        self._timed = True  # a run counted from result files has no timings
 
     async def connect(self, *, send: bool = True) -> None:
-        """Find the agents (one request to the head server, when the config names one), and
-        build the router, and with `send` the engine.
-
-        Raises UsageError or ServiceError, before anything is sent, when rows could not be
-        routed at all or the head server cannot be used."""
+        """Find the agents (a head server asked once), build the router, and with `send` the engine;
+        without, the caller feeds the counts (`count_result`: results read back), and there are no
+        timings. UsageError or ServiceError, before anything is sent, when rows could not be
+        routed at all, or a service needed first cannot be used."""
         config = self.config
+        self._timed = send
         if send and not config.names_an_agent:
             raise ConfigError("url", "is not given, nor Config.endpoints or Config.head_server: no agent for the rows")
         if self.transport is None:
             return
         if config.reverify is not None:
-            endpoints, head, config = await self._verifiers(config, self.transport, send=send)
+            from rollfilter.run.reverify import verifier_routes
+
+            endpoints, config, self.index, self.unsafe = await verifier_routes(
+                config, self.transport, send=send, on_warning=self._on_warning
+            )
+            head = None
         else:
             endpoints, head = await resolve_endpoints(config, self.transport)
-        window_for = self._window_for if config.adaptive and self._client is None else None
+        adaptive = config.adaptive and self._client is None
+        window_for = adaptive_windows(self.concurrency, self._on_event) if adaptive else None
         self.router = Router(config, endpoints, head, window_for=window_for)
         self.steering.requests_out = self.router.requests_out
         if send:
             assert self._source is not None, "a run that sends has a source"
             assert self._sink is not None, "and a sink"
-            self.engine = self._engine(self._source, self._sink, self.router, self.transport)
-
-    async def _verifiers(
-        self, config: Config, transport: AgentTransport, *, send: bool
-    ) -> tuple[dict[str, tuple[str, ...]], None, Config]:
-        """Re-scoring's routes: each agent's resources server (from the head server's config, under
-        Config.endpoints), and the config whose url is the one for every rollout (Config.url, or a
-        config's one resources server). Then, with `send`, each server's /reverify_mode asked, and
-        the materialized inputs indexed. ReverifyRefused when a server is not stateless (unless
-        Config.reverify.force: then `on_warning` says so once, and the summary says unsafe)."""
-        from rollfilter.run.reverify import (
-            MaterializedIndex,
-            ReverifyRefused,
-            refusal,
-            reverify_modes,
-            verifiers_from_config,
-            verify_urls,
-        )
-
-        settings = config.reverify
-        assert settings is not None
-        endpoints = dict(config.endpoints)
-        default = config.url
-        if config.head_server is not None:
-            with trio.move_on_after(HEAD_SERVER_TIMEOUT) as scope:
-                head_config = await fetch_config(config.head_server, transport)
-            if scope.cancelled_caught:
-                raise ServiceError(f"the head server at {origin(config.head_server)} did not answer in time")
-            verifiers, only = verifiers_from_config(head_config, f"the head server at {origin(config.head_server)}")
-            endpoints = {name: (url,) for name, url in verifiers.items()} | endpoints
-            default = default or only
-        if not send:
-            return endpoints, None, config
-        self.index = MaterializedIndex(settings.materialized)  # a file that cannot be indexed is refused first
-        why = refusal(await reverify_modes(verify_urls(config, endpoints, default), transport))
-        if why is not None and not settings.force:
-            raise ReverifyRefused(why)
-        if why is not None:
-            self.unsafe = True
-            if self._on_warning is not None:
-                self._on_warning(f"{why}; re-scored there anyway (forced): the summary says unsafe")
-        try:
-            await trio.to_thread.run_sync(self.index.build)  # one pass over a file: not abandoned with its descriptor
-        except OSError as exc:
-            problem = f"cannot read the materialized inputs {printable(settings.materialized)}: {exc.strerror}"
-            raise UsageError(problem) from None
-        return endpoints, None, dataclasses.replace(config, url=default) if default != config.url else config
+            self.engine = self._engine(config, self._source, self._sink, self.router, self.transport)
 
     async def plan_first(
-        self,
-        path: str,
-        *,
-        name: str,
-        keep_existing: bool,
-        already: KeyTable | None,
-        on_staged: Callable[[int], None] | None = None,
+        self, path: str, *, name: str, keep_existing: bool, on_staged: Callable[[int], None] | None = None
     ) -> int:
         """Before sending: write every body of the run's inputs to the materialized file `path`
-        (see `first_pass.plan_first`, which says what it raises); the rollouts planned, which the
-        summary gives as `expected`."""
+        (see `first_pass.plan_first`, which says what it raises), but those earlier runs wrote
+        there; the rollouts planned, which the summary gives as `expected`."""
         assert self.router is not None, "connect() builds the router"
         assert isinstance(self._source, LineReader), "a first pass reads the run's input files"
+        already = self._earlier.materialized if self._earlier is not None else None
         self.planned = await plan_first(
             self._source,
             self.config,
@@ -271,64 +219,49 @@ class Run:
         )
         return self.planned
 
-    def _engine(self, source: LineSource, sink: RowSink, router: Router, transport: AgentTransport) -> Engine:
-        config, sends = self.config, self._client is None
+    def _engine(
+        self, config: Config, source: LineSource, sink: RowSink, router: Router, transport: AgentTransport
+    ) -> Engine:
+        sends, resume = self._client is None, self._resume
         # An agent is given as long to come up as one connection is given to be made.
         unreachable_after = config.timeout.connect if self._stop_when_unreachable and sends else None
-        client: JobClient = (
-            self._client
-            if self._client is not None
-            else AgentClient(
-                config,
-                transport,
-                on_retry=self._count_retry,
-                on_internal_error=self._internal_error,
-                send_slots=self.send_slots,
-                steering=self.steering,
-                unreachable_after=unreachable_after,
-            )
+        client = self._client or AgentClient(
+            config,
+            transport,
+            tally=self.tally,
+            on_event=self._on_event,
+            send_slots=self.send_slots,
+            steering=self.steering,
+            unreachable_after=unreachable_after,
         )
         if config.groups:
-            self.groups = GroupStage(
-                sink,
-                self._target_reached,
-                self._count_member,
-                field=config.groups.field,
-                drop_uniform=config.groups.drop_uniform,
-                target=config.groups.target,
-                hold=self._hold,
-                kept_before=self._resume.kept_groups if self._resume is not None else 0,
-                dropped_before=self._resume.dropped_groups if self._resume is not None else 0,
-                masked_before=self._resume.masked_groups if self._resume is not None else 0,
-                in_order=config.groups.max_staleness is not None,
-                on_close=self._group_closed if self.staleness is not None else None,
+            on_close = self.staleness.group_closed if self.staleness is not None else None
+            self.groups = GroupStage.for_run(
+                config, sink, self.tally, self.control, resume=resume, hold=self._hold, on_close=on_close
             )
-            self.groups.start()  # a target earlier runs met stops the run before anything is sent
-            if self.groups.target_reached and self._resume is not None:  # no row is read: it skips them all
-                self._skipped_unread = self._resume.finished_pairs
+            if self.groups.target_reached and resume is not None:  # no row is read: it skips them all
+                self._skipped_unread = resume.finished_pairs
         on_group = self.groups.planned if self.groups is not None else None
-        planner: JobSource = Planner(source, config, self._resume, self.tasks, on_group)
+        planner: JobSource = Planner(source, config, resume, self.tasks, on_group)
         if config.reverify is not None:
             from rollfilter.run.reverify import ReverifyPlanner
 
             assert self.index is not None, "indexed when connected"
             planner = ReverifyPlanner(
-                source, self.index, config.reverify, self._resume, self.tasks, config.limit, config.shard
+                source, self.index, config.reverify, resume, self.tasks, config.limit, config.shard
             )
         return Engine(
             planner=planner,
             router=router,
             client=client,
             sink=sink,
-            metrics=self.metrics,
+            tally=self.tally,
             control=self.control,
             # A dry run shows each row's route, then its body, one row at a time: in input order.
             concurrency=self.concurrency if sends else 1,
             failure_limit=config.max_failures,
             max_cost=config.cost.max_usd,
-            tasks=self.tasks if sends else None,  # planned, but no rollout is answered
             on_event=self._on_event,
-            spool=self.spool,
             groups=self.groups,
             group_field=config.groups.field if config.groups and config.groups.drop_uniform else None,
             waiting_rows=self.send_slots.waiting_rows if self.send_slots is not None else 0,
@@ -337,81 +270,47 @@ class Run:
             staleness=self.staleness,
         )
 
-    def _target_reached(self) -> None:
-        assert self.config.groups is not None, "a target is a count of groups"
-        reason = f"stopped once {self.config.groups.target} groups were kept (the target)"
-        self.control.stop(StopCause.TARGET_REACHED, reason)
-
-    def _group_closed(self, closed: ClosedGroup) -> None:
-        assert self.staleness is not None
-        assert self.config.groups is not None, "a staleness bound is one of groups"
-        handed_out = trained_on(closed.fate, keep_incomplete=self.config.groups.keep_incomplete)
-        self.staleness.group_closed(closed, trained_on=handed_out)
-
-    def _count_member(self, member: Member) -> None:
-        """A rollout of a group that closed: into the figures (one an earlier run finished, as its)."""
-        if member.job is None:
-            self.add_earlier_result(member.result)
-        else:
-            assert self.engine is not None
-            self.engine.count_result(member.job, member.result, member.latency)
-
-    def _window_for(self, name: str | None) -> AdaptiveWindow:
-        label = name if name is not None else UNNAMED_AGENT
-        on_event = self._on_event
-
-        def changed(old: int, new: int) -> None:
-            if on_event is not None:
-                on_event(f"agent {label}: window {old} -> {new}")
-
-        return AdaptiveWindow(self.concurrency, on_change=changed)
-
-    def _count_retry(self, job: Job, failure: AttemptFailure, delay: float) -> None:
-        self.metrics.add_retry(failure, job.agent_name)
-        if self._on_event is not None:
-            self._on_event(f"{describe(job)}: retry in {delay:.2f} s after {failure.kind.value}: {failure.message}")
-
-    def _internal_error(self, job: Job, exc: Exception) -> None:
-        if self._on_event is not None:
-            self._on_event(internal_error_event(job, exc))
-
     async def send(self) -> None:
-        """Run the engine until every row has ended, or the run was stopped."""
+        """Count the results earlier runs left (in a thread: they are read from files), then run
+        the engine until every row has ended, or the run was stopped (a stop before it: nothing is
+        sent). Then the groups still open are cancelled, with those earlier runs left open that
+        this run did not read, and what the sink holds behind rows that never ended is written."""
         assert self.engine is not None, "connect() builds the engine"
+        if self._earlier is not None:
+            await trio.to_thread.run_sync(self._earlier.count, self.tally)
         try:
-            await self.engine.run()
+            if self.control.cause is None:
+                await self.engine.run()
         finally:
             if self.groups is not None:
                 self.groups.cancel_open()
+        if self.groups is not None and self._earlier is not None:
+            self.groups.cancel_earlier(self._earlier.left_open(self.config.repeats.for_agent))
+        if self.control.stopped_early and isinstance(self._sink, LineSink):
+            self._sink.flush_backlog()  # what --ordered holds behind rows that never finished
 
     async def finish(self) -> None:
-        """After `send`: the rows counted (the summary's `expected` and `not_started`), the tasks'
-        figures made (each task's record to `on_task`), then the agents' aggregate, unless the
+        """After `send`: the rows counted (the summary's `expected` and `not_started`: see
+        `expected_rollouts`), the tasks' figures made (each task's record to `on_task`), the
+        comparison with a baseline, then the agents' aggregate (see `aggregate_run`), unless the
         run was stopped. A stop during the count or the aggregate ends them."""
-        if self.engine is not None:
-            await self._count_expected()
+        control = self.control
+        if self.engine is not None and self.planned is None:
+            whole = control.cause is None and not control.stopped_early and self._client is None
+            read = self.statistics().rows_read if whole else None
+            self.expected = await expected_rollouts(self._source, self.config, control, read_whole=read)
+        elif self.engine is not None:
+            self.expected = self.planned
         if self.tasks is not None:
             self.tasks.finish()
-        await self.aggregate()
-
-    async def _count_expected(self) -> None:
-        """`expected`: every pair of the input, when it is known: planned by the first pass, read
-        whole by a run that ran to its end, or counted again after a stop that left rows unread."""
-        control = self.control
-        self.expected = self.planned
-        if self.planned is not None:
+        if self._baseline is not None:
+            self._comparison = self._baseline.comparison()
+        if self.spool is None or self.router is None or self.transport is None or control.stopped_early:
             return
-        if control.cause is None and not control.stopped_early and self._client is None:
-            self.expected = self.statistics().rows_read  # all of it was read
-        elif control.cause in COUNTED_AFTER:
-            again = self._source.read_again() if isinstance(self._source, Rereadable) else None
-            if again is None:
-                return
-            # After another stop, a scope of the control's is cancelled already: the command line
-            # ends at a second signal then (its signals' way out), so the count is not stoppable.
-            scope = control.stoppable() if control.cause is StopCause.TARGET_REACHED else trio.CancelScope()
-            with scope:
-                self.expected = await count_rollouts(again, self.config)
+        from rollfilter.run.aggregate import aggregate_run
+
+        with control.stoppable():
+            self.report = await aggregate_run(self.spool, self.router, self.config, self.transport)
 
     def warnings(self) -> list[ConfigWarning]:
         """What in the config the run could not do as given: a concurrency over what the open-file
@@ -455,25 +354,10 @@ class Run:
         """Change the requests (`rpm`) or tokens (`tpm`) a minute rows of `agent` may use (None:
         every agent of the run), for the requests waiting too; None removes a limit, and one not
         given stays. SteeringError for an agent the run does not have, or a rate under its least."""
-        for name, rate in (("rpm", rpm), ("tpm", tpm)):
-            if rate is not KEEP and rate is not None and not _pace_able(rate):
-                raise SteeringError(f"{name} is a number of at least {MIN_RATE:g}, not {rate!r}")
+        check_rates(rpm=rpm, tpm=tpm)
         if self.router is None:
             raise SteeringError("the run does not know its agents yet: try again once it has started")
-        try:
-            targets = self.router.agents_named(agent)
-        except LookupError:
-            raise SteeringError(f"the run has no agent {agent!r}") from None
-        for target in targets:
-            limits = target.rate_limits
-            new_rpm = (limits.rpm if limits is not None else None) if rpm is KEEP else rpm
-            new_tpm = (limits.tpm if limits is not None else None) if tpm is KEEP else tpm
-            if limits is not None:
-                limits.set(new_rpm, new_tpm)  # the requests waiting on them look again
-                if new_rpm is None and new_tpm is None:  # a plain path again (its figures stay in the summary)
-                    target.rate_limits, target.former_rate_limits = None, limits
-            elif new_rpm is not None or new_tpm is not None:
-                target.rate_limits, target.former_rate_limits = RateLimits(new_rpm, new_tpm), None
+        self.router.set_rates(agent, rpm=rpm, tpm=tpm)
 
     def set_policy_version(self, version: int) -> None:
         """The policy version the agents serve from now on (see `Steering.set_version`)."""
@@ -481,91 +365,49 @@ class Run:
 
     def statistics(self) -> RunStatistics:
         """The run's figures now, a frozen snapshot that every view renders (see
-        `rollfilter.run.statistics`): counts, rates, each agent's figures, and what is in force."""
+        `rollfilter.run.statistics`): counts, rates, each agent's figures, what is in force, and
+        what the run says of itself (why it stopped, the tasks' figures once finished, ...)."""
         return statistics_of(
             self.metrics,
             engine=self.engine,
             router=self.router,
             groups=self.groups,
-            steering=self._steering_statistics(),
-            staleness_bound=self.staleness is not None,
+            steering=self.steering,
+            staleness=self.staleness,
+            concurrency=self.concurrency,
+            tasks=self.tasks,
             expected=self.expected,
             skipped_unread=self._skipped_unread,
             finished_before=self._resume.done_pairs if self._resume is not None else 0,
+            stopped=self.control.why_stopped,
+            unsafe=self.unsafe,
+            would_send=self.metrics.succeeded if self._client is not None else None,
+            key_metrics=self.report.key_metrics if self.report is not None else None,
+            shards=self._shards,
+            comparison=self._comparison,
+            timed=self._timed,
         )
 
-    def _steering_statistics(self) -> SteeringStatistics:
-        """What is in force now: paused, the concurrency, the windows and rates, the version, and
-        with a staleness bound the groups admitted and held back."""
-        rates: dict[str, dict[str, float | None]] = {}
-        windows: dict[str, int] = {}
-        for agent in self.router.agents_named(None) if self.router is not None else ():
-            label = agent.name if agent.name is not None else UNNAMED_AGENT
-            if agent.rate_limits is not None:
-                rates[label] = {"rpm": agent.rate_limits.rpm, "tpm": agent.rate_limits.tpm}
-            if agent.window is not None:
-                windows[label] = agent.window.size
-        staleness = self.staleness
-        return SteeringStatistics(
-            paused=self.steering.paused,
-            requests_out=self.steering.requests_out(),
-            concurrency=self.engine.concurrency if self.engine is not None else self.concurrency,
-            windows=windows,
-            rates=rates,
-            policy_version=self.steering.version,
-            groups_admitted=staleness.groups_admitted if staleness is not None else 0,
-            groups_held_by_staleness=staleness.groups_waiting if staleness is not None else 0,
-            rows_held_by_staleness=staleness.rows_waiting if staleness is not None else 0,
-        )
+    def count_result(self, record: dict[str, Any]) -> None:
+        """A result line read back from a results file (a run that sends nothing), as it was
+        counted; and with a baseline, compared with it."""
+        self.tally.written_result(record)
+        if self._baseline is not None:
+            self._baseline.add(record)
 
-    def add_earlier_result(self, result: dict[str, Any]) -> None:
-        """An earlier run's result (a resumed run's summary and aggregate cover the whole
-        output): into the means (not this run's counters), the tasks, and the spool."""
-        agent = agent_name(result)
-        self.metrics.add_earlier_result(result, agent)
-        if self.tasks is not None and TASK_INDEX in result:
-            rollout = result.get(ROLLOUT_INDEX)
-            masked = is_masked(result)
-            self.tasks.rollout_ended(result[TASK_INDEX], reward_of(result), rollout, result, agent, masked=masked)
-        if self.spool is not None:
-            self.spool.add(agent, result)
+    def count_failure(self, failure: AttemptFailure, record: dict[str, Any] | None = None) -> None:
+        """A failed row read back: its errors record (None: a line that is not a result), as it was counted."""
+        self.tally.written_failure(failure, record)
 
-    async def aggregate(self) -> None:
-        """Ask each agent for its aggregate metrics (see `aggregate_run`), unless the run was
-        stopped; a stop during the calls ends them."""
-        if self.spool is None or self.router is None or self.transport is None or self.control.stopped_early:
-            return
-        from rollfilter.run.aggregate import aggregate_run
-
-        with self.control.stoppable():
-            self.report = await aggregate_run(self.spool, self.router, self.config, self.transport)
-
-    def summary(self, *, timings: bool = True) -> dict[str, Any]:
-        """The summary object: the figures of the run's snapshot, the tasks', each agent's
-        key_metrics once aggregated, and why the run stopped, if it did (`control.why_stopped`)."""
-        statistics = self.statistics()
-        summary = summary_of(statistics, stopped=self.control.why_stopped, tasks=self.tasks, timings=timings)
-        if self._client is not None:  # nothing was sent, so nothing succeeded: the rows that would be
-            figures: dict[str, Any] = {}
-            for key, value in summary["rollfilter"].items():
-                figures |= {"succeeded": 0, "would_send": value} if key == "succeeded" else {key: value}
-            summary["rollfilter"] = figures
-        if self.groups is not None:
-            summary["rollfilter"]["groups"] = dict(statistics.groups or {})
-        if self.report is not None:
-            self.report.add_to(summary)
-        if self.unsafe:
-            summary["rollfilter"]["unsafe"] = True
-        settings = self.config.reverify
-        if settings is not None and settings.judge_failed_only and self.engine is not None:
-            from rollfilter.run.reverify import ReverifyPlanner
-
-            if isinstance(self.engine.planner, ReverifyPlanner):
-                summary["rollfilter"]["not_judge_failed"] = self.engine.planner.passed_over
-        return summary
+    def summary(self) -> dict[str, Any]:
+        """The summary object (`summary_of`), rendered from the run's snapshot, the tasks' figures
+        computed first (before its end too: a summary asked for then covers what has ended)."""
+        if self.tasks is not None:
+            self.tasks.finish()
+        return summary_of(self.statistics())
 
     async def aclose(self) -> None:
-        """Close the transport and the spool (call it shielded from cancellation)."""
+        """Close the transport, the spool and the index (call it shielded from cancellation)."""
         if self.spool is not None:
             self.spool.close()
         if self.index is not None:
@@ -574,5 +416,34 @@ class Run:
             await self.transport.aclose()
 
 
-def _pace_able(rate: Any) -> bool:
-    return type(rate) in (int, float) and math.isfinite(rate) and rate >= MIN_RATE
+def writing_run(
+    config: Config,
+    outputs: RunOutputs,
+    *,
+    source: LineSource,
+    earlier: Earlier | None,
+    dry_run: bool,
+    control: StopControl,
+    tls: ssl.SSLContext | None,
+    on_event: Callable[[str], None] | None,
+    on_warning: Callable[[str], None],
+) -> Run:
+    """The run of `config` whose outcomes go to `outputs` (the command line's writers, over the
+    files it opened): its sink made of them, a task's line and a held rollout written there, and
+    an agent that never answers stopping it. With `dry_run`, nothing is sent: each route is said
+    on `outputs.log` and each body written where results go (no -v events: a dry run has none)."""
+    sink, client = outputs.dry_run(config) if dry_run else (outputs.sink(config), None)
+    return Run(
+        config,
+        source=source,
+        sink=sink,
+        control=control,
+        earlier=earlier,
+        tls=tls,
+        on_task=outputs.write_task if outputs.per_task is not None else None,
+        on_event=on_event if client is None else None,
+        on_warning=on_warning,
+        client=client,
+        hold=outputs.held.write if outputs.held is not None else None,
+        stop_when_unreachable=True,
+    )

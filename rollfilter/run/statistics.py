@@ -1,15 +1,19 @@
 """A run's figures at one moment: a frozen snapshot, taken in one place and rendered by every view.
 
 `Metrics` counts as results come; the engine, the router and its agents (their adaptive windows,
-rate limits and retry budgets), the planner, the groups and the steering each know a part of
-where a run is. `statistics_of` reads all of them once and derives, here only, what is worked out
-from several counts (the rows read, those cancelled, those not started, those finished earlier
-runs' included). What it returns changes no more: the summary (`summary_of`), the Prometheus
-exposition, the progress display and lines, the progress file and the status block render it, in
-any thread, as trio's `CapacityLimiter.statistics()` is rendered by whoever asked for it.
+rate limits and retry budgets), the planner, the groups, the steering and the tasks' figures each
+know a part of where a run is. `statistics_of` reads all of them once and derives, here only,
+what is worked out from several counts (the rows read, those cancelled, those not started, those
+finished earlier runs' included) and what several views show (each agent's window and rates).
+What it returns changes no more, and holds everything a view shows: the summary (`summary_of`),
+the Prometheus exposition, the progress display and lines, the progress file, the status block
+and the control socket's status render it, and read nothing else, in any thread, as trio's
+`CapacityLimiter.statistics()` is rendered by whoever asked for it.
 
 A snapshot is cheap enough to take several times a second: it copies counters and the results'
-running sums (a few numbers a field and an agent), never anything that grows with the rows.
+running sums (a few numbers a field and an agent), never anything that grows with the rows. The
+tasks' figures (`TaskFigures`), which are computed over every task, are in it once the tasks are
+finished (`TaskStats.finish`, at the run's end, or when a summary is asked for before it).
 """
 
 from __future__ import annotations
@@ -19,19 +23,71 @@ import dataclasses
 import math
 import types
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollfilter.engine.client import Waiting
 from rollfilter.engine.groups import GroupStage
 from rollfilter.engine.metrics import UNNAMED_AGENT, Metrics
 from rollfilter.engine.nursery import Engine, InFlight
+from rollfilter.engine.rate_limits import RateLimits
 from rollfilter.engine.routing import Agent, Router
-from rollfilter.engine.steering import SteeringStatistics
+from rollfilter.engine.steering import StalenessGate, Steering
 from rollfilter.figures.means import Means
+from rollfilter.figures.passk import TaskStats
 from rollfilter.figures.sketches import CountSketch, LatencyHistogram
+from rollfilter.figures.stats import Estimate
 from rollfilter.figures.sums import mean_of
 
+if TYPE_CHECKING:  # loaded by the runs that compare (--summarize --compare)
+    from rollfilter.figures.compare import Comparison
+
 _NONE: Mapping[str, Any] = types.MappingProxyType({})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SteeringStatistics:
+    """What is in force in a run now, as `run.statistics()` gives it (a frozen snapshot).
+
+    `concurrency` is the run's bound on requests out (with adaptive windows, their ceiling), and
+    `windows` each agent's adaptive window. `rates` holds each limited agent's requests and
+    tokens a minute (by agent name, "(no name)" for the rows of the run's URL). `groups_admitted` and the
+    two counts held by staleness are 0 without a staleness bound.
+    """
+
+    paused: bool
+    requests_out: int
+    concurrency: int
+    windows: Mapping[str, int]
+    rates: Mapping[str, Mapping[str, float | None]]
+    policy_version: int | None
+    groups_admitted: int = 0
+    groups_held_by_staleness: int = 0
+    rows_held_by_staleness: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The snapshot as JSON-ready data (the control socket's `status`)."""
+        data = dataclasses.asdict(self)
+        data["windows"] = dict(self.windows)
+        data["rates"] = {agent: dict(rates) for agent, rates in self.rates.items()}
+        return data
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TaskFigures:
+    """The tasks' figures, as `TaskStats.finish` computed them: mean@K, pass@k and the pass
+    histogram (`fields`), the tasks counted (`counts`), and the means' error bars clustered by
+    task, for the run (`estimates`) and, with several agents, for each (`by_agent`)."""
+
+    fields: Mapping[str, Any]
+    counts: Mapping[str, Any]
+    estimates: Mapping[str, Estimate]
+    by_agent: Mapping[str | None, Mapping[str, Estimate]]
+
+    @classmethod
+    def of(cls, tasks: TaskStats, agents: Iterable[str | None]) -> TaskFigures:
+        """`tasks`' figures, finished first if they are not; by agent for each of `agents`."""
+        by_agent = {agent: tasks.estimates(agent, by_agent=True) for agent in agents}
+        return cls(tasks.summary_fields(), tasks.figures(), tasks.estimates(), by_agent)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -98,6 +154,13 @@ class RunStatistics:
     `finished` is what the progress file counts: the ended, the given up, and what earlier runs
     finished. `steering` is what is in force (the pause, the concurrency, the version, and the
     rows the staleness bound holds back).
+
+    What the run says of itself, beside its counts: why it `stopped` (None: it was not), the
+    tasks' figures once finished (`tasks`), whether it re-scored where that is not known to be
+    safe (`unsafe`), with a client that sends nothing the rows it `would_send`, the rollouts
+    re-scoring passed over as not judged failed (`not_judge_failed`), each agent's `key_metrics`
+    once aggregated; and for a run counted from result files, which has no timings (`timed` is
+    false), the `shards` they cover and their `comparison` with a baseline.
     """
 
     connected: bool  # the run has its engine: it sends, or has sent
@@ -139,6 +202,20 @@ class RunStatistics:
     staleness_bound: bool  # a staleness bound holds groups back (see `steering`)
     steering: SteeringStatistics
     oldest: tuple[InFlight, ...]  # the rollouts in flight longest, oldest first
+    stopped: str | None = None
+    tasks: TaskFigures | None = None
+    unsafe: bool = False
+    would_send: int | None = None
+    not_judge_failed: int | None = None
+    key_metrics: Mapping[str, Any] | None = None
+    shards: Mapping[str, Any] | None = None
+    comparison: Comparison | None = None
+    timed: bool = True
+
+    @classmethod
+    def empty(cls) -> RunStatistics:
+        """The figures of a run that has done nothing: zero, with nothing in force."""
+        return statistics_of(Metrics())
 
     @property
     def ended(self) -> int:
@@ -168,24 +245,32 @@ class RunStatistics:
         )
 
 
-NO_STEERING = SteeringStatistics(False, 0, 0, _NONE, _NONE, None)
-
-
 def statistics_of(
     metrics: Metrics,
     *,
     engine: Engine | None = None,
     router: Router | None = None,
     groups: GroupStage | None = None,
-    steering: SteeringStatistics = NO_STEERING,
-    staleness_bound: bool = False,
+    steering: Steering | None = None,
+    staleness: StalenessGate | None = None,
+    concurrency: int = 0,
+    tasks: TaskStats | None = None,
     expected: int | None = None,
     skipped_unread: int = 0,
     finished_before: int = 0,
+    stopped: str | None = None,
+    unsafe: bool = False,
+    would_send: int | None = None,
+    key_metrics: Mapping[str, Any] | None = None,
+    shards: Mapping[str, Any] | None = None,
+    comparison: Comparison | None = None,
+    timed: bool = True,
 ) -> RunStatistics:
-    """The figures of a run's parts now (see the module docstring). `skipped_unread` counts pairs
-    an earlier run finished that no row was read for (a group target met before the start), and
-    `finished_before` the pairs earlier runs finished, for `finished`."""
+    """The figures of a run's parts now (see the module docstring). `concurrency` is the run's
+    bound before it has an engine; `skipped_unread` counts pairs an earlier run finished that no
+    row was read for (a group target met before the start), and `finished_before` the pairs earlier
+    runs finished, for `finished`; `tasks` are in the snapshot once they are finished. The rest is
+    what the run says of itself (see `RunStatistics`)."""
     planner = engine.planner if engine is not None else None
     skipped = skipped_unread + (planner.skipped if planner is not None else 0)
     not_retried = planner.given_up if planner is not None else 0
@@ -196,9 +281,11 @@ def statistics_of(
     fresh = by_agent is not metrics.by_agent  # merged anew with earlier runs' figures: nobody else's
     results = {agent: means if fresh else _copy(means) for agent, means in by_agent.items()}
     spending = metrics.spending
-    windows = {label(agent.name): agent.window for agent in agents if agent.window is not None}
-    limits = {label(agent.name): agent.rate_limits or agent.former_rate_limits for agent in agents}
-    rate_limits = {label: limits for label, limits in limits.items() if limits is not None}
+    windows, limits, rates = _limits(agents)
+    concurrency = engine.concurrency if engine is not None else concurrency
+    in_force = _in_force(steering, staleness, concurrency, windows, rates)
+    by_agent_too = results if len(results) > 1 else ()
+    task_figures = TaskFigures.of(tasks, by_agent_too) if tasks is not None and tasks.finished else None
     return RunStatistics(
         connected=engine is not None,
         elapsed_s=metrics.elapsed(),
@@ -214,7 +301,7 @@ def statistics_of(
         rows_read=rows_read,
         not_started=max(0, expected - rows_read) if expected is not None else None,
         in_flight=sum(in_flight.values()),
-        waiting=sum(waiting.values()) + steering.rows_held_by_staleness,
+        waiting=sum(waiting.values()) + in_force.rows_held_by_staleness,
         waiting_on_pause=waiting[Waiting.PAUSE],
         waiting_on_window=waiting[Waiting.WINDOW],
         finished=finished_before + not_retried + metrics.ended,
@@ -225,7 +312,7 @@ def statistics_of(
         rows_per_s=metrics.rate(),
         tokens_per_s=metrics.tokens_per_s(),
         reward_mean=_mean_over(results.values(), "reward"),
-        waiting_on_rate_limits=sum(limits.waiting for limits in rate_limits.values()),
+        waiting_on_rate_limits=sum(limits.waiting for limits in limits.values()),
         window=sum(window.size for window in windows.values()) if windows else None,
         spending=spending.figures() if spending is not None else None,
         cost_usd=spending.total if spending is not None else None,
@@ -234,11 +321,58 @@ def statistics_of(
         agents=_agents(metrics, results, in_flight, router, engine),
         replicas=tuple(router.replica_counts()) if router is not None else (),
         windows={name: dataclasses.asdict(window.stats()) for name, window in sorted(windows.items())},
-        limits={name: limits.figures() for name, limits in sorted(rate_limits.items())},
+        limits={name: limits.figures() for name, limits in sorted(limits.items())},
         groups=groups.figures() if groups is not None else None,
-        staleness_bound=staleness_bound,
-        steering=steering,
+        staleness_bound=staleness is not None,
+        steering=in_force,
         oldest=engine.oldest_in_flight() if engine is not None else (),
+        not_judge_failed=planner.passed_over if planner is not None else None,
+        tasks=task_figures,
+        stopped=stopped,
+        unsafe=unsafe,
+        would_send=would_send,
+        key_metrics=key_metrics,
+        shards=shards,
+        comparison=comparison,
+        timed=timed,
+    )
+
+
+def _limits(agents: list[Agent]) -> tuple[dict[str, Any], dict[str, RateLimits], dict[str, dict[str, float | None]]]:
+    """The agents' adaptive windows and rate limits, by label (of agents that share one, the
+    last): each limits' figures, those taken off while the run went included, and the rates in
+    force now."""
+    windows = {label(agent.name): agent.window for agent in agents if agent.window is not None}
+    limits: dict[str, RateLimits] = {}
+    rates: dict[str, dict[str, float | None]] = {}
+    for agent in agents:
+        current, shown = agent.rate_limits, agent.rate_limits or agent.former_rate_limits
+        if current is not None:
+            rates[label(agent.name)] = {"rpm": current.rpm, "tpm": current.tpm}
+        if shown is not None:
+            limits[label(agent.name)] = shown
+    return windows, limits, rates
+
+
+def _in_force(
+    steering: Steering | None,
+    staleness: StalenessGate | None,
+    concurrency: int,
+    windows: Mapping[str, Any],
+    rates: Mapping[str, Mapping[str, float | None]],
+) -> SteeringStatistics:
+    """What is in force now: paused, the concurrency, the windows and rates, the version, and
+    with a staleness bound the groups admitted and held back."""
+    return SteeringStatistics(
+        paused=steering.paused if steering is not None else False,
+        requests_out=steering.requests_out() if steering is not None else 0,
+        concurrency=concurrency,
+        windows={name: window.size for name, window in windows.items()},
+        rates=rates,
+        policy_version=steering.version if steering is not None else None,
+        groups_admitted=staleness.groups_admitted if staleness is not None else 0,
+        groups_held_by_staleness=staleness.groups_waiting if staleness is not None else 0,
+        rows_held_by_staleness=staleness.rows_waiting if staleness is not None else 0,
     )
 
 

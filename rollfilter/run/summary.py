@@ -11,50 +11,50 @@ from typing import Any
 
 from rollfilter.errors import ErrorKind
 from rollfilter.figures.means import Means
-from rollfilter.figures.passk import TaskStats
 from rollfilter.figures.stats import Estimate, error_bars
 from rollfilter.rows import REWARD_COMPONENTS, component_key
 from rollfilter.run.statistics import RunStatistics, label, merged
 
 
-def summary_of(
-    statistics: RunStatistics, *, stopped: str | None = None, tasks: TaskStats | None = None, timings: bool = True
-) -> dict[str, Any]:
-    """The summary object: means of numeric result fields (and mean@K, pass@k over `tasks`),
-    token usage, a split by agent when several served the run, then the run's own figures
-    under "rollfilter"; `stopped` says why the run stopped, if it did."""
+def summary_of(statistics: RunStatistics) -> dict[str, Any]:
+    """The summary object of a run's snapshot: means of numeric result fields (and mean@K, pass@k
+    over tasks), token usage, a split by agent when several served the run, each agent's
+    key_metrics once aggregated, the comparison with a baseline, then the run's own figures under
+    "rollfilter"."""
     by_agent = statistics.results_by_agent
+    tasks = statistics.tasks
     overall = merged(by_agent)
     summary = overall.means()
     if tasks is not None:
-        summary.update(tasks.summary_fields())
+        summary.update(tasks.fields)
     if overall.component_sums:
         summary[REWARD_COMPONENTS] = overall.components()
-    summary |= error_blocks(summary, overall.estimates() if tasks is None else tasks.estimates())
+    summary |= error_blocks(summary, overall.estimates() if tasks is None else dict(tasks.estimates))
     summary["usage"] = overall.usage()
     costs = overall.costs.figures()
     if costs is not None:
         summary["per_rollout"] = costs
     if len(by_agent) > 1:
         summary["agents"] = {
-            label(name): _agent_figures(
-                means, means.estimates() if tasks is None else tasks.estimates(name, by_agent=True)
-            )
+            label(name): _agent_figures(means, means.estimates() if tasks is None else dict(tasks.by_agent[name]))
             for name, means in sorted(by_agent.items(), key=lambda item: item[0] or "")
         }
-    summary["rollfilter"] = _run_figures(statistics, overall.measured, stopped, tasks, timings)
+    if statistics.key_metrics is not None:
+        summary["key_metrics"] = dict(statistics.key_metrics)
+    if statistics.comparison is not None:
+        summary["compare"] = statistics.comparison.figures()
+    summary["rollfilter"] = _run_figures(statistics, overall.measured)
     return summary
 
 
-def _run_figures(
-    statistics: RunStatistics, means_cover: int, stopped: str | None, tasks: TaskStats | None, timings: bool
-) -> dict[str, Any]:
+def _run_figures(statistics: RunStatistics, means_cover: int) -> dict[str, Any]:
     """The summary's "rollfilter": the run's own figures."""
     s = statistics
     figures: dict[str, Any] = {} if s.expected is None else {"expected": s.expected}
+    figures["rows_read"] = s.rows_read
+    # A run that sends nothing has nothing succeed: it counts the rows it would send.
+    figures |= {"succeeded": s.succeeded} if s.would_send is None else {"succeeded": 0, "would_send": s.would_send}
     figures |= {
-        "rows_read": s.rows_read,
-        "succeeded": s.succeeded,
         "failed": s.failed,
         "masked": s.masked,  # of the succeeded: in no mean, mean@K or pass@k
         "means_cover": means_cover,  # the results the means are over (earlier runs' included)
@@ -76,28 +76,51 @@ def _run_figures(
         figures["failed_by_class"] = dict(sorted(s.failed_by_class.items()))
     if s.spending is not None:
         figures.update(s.spending)
-    if timings:
-        latency = s.latency
-        figures["elapsed_s"] = round(s.elapsed_s, 3)
-        figures["rows_per_s"] = round(s.rows_per_s, 2)
-        figures["tokens_per_s"] = None if s.tokens_per_s is None else round(s.tokens_per_s, 2)
-        figures["latency_s"] = {
-            "p50": round(latency.percentile(50), 4),
-            "p90": round(latency.percentile(90), 4),
-            "p99": round(latency.percentile(99), 4),
-            "max": round(latency.max, 4),
-        }
-    if tasks is not None:
-        figures.update(tasks.figures())
+    if s.timed:
+        figures |= _timings(s)
+    if s.tasks is not None:
+        figures.update(s.tasks.counts)
     if s.replicas:
         figures["replicas"] = [dict(replica) for replica in s.replicas]
     if s.windows:
         figures["windows"] = {name: dict(window) for name, window in s.windows.items()}
     if s.limits:
         figures["limits"] = {name: dict(limits) for name, limits in s.limits.items()}
-    if stopped:
-        figures["stopped"] = stopped
-    return figures
+    return figures | _said(s)
+
+
+def _timings(statistics: RunStatistics) -> dict[str, Any]:
+    """How long the run took, and how fast it went."""
+    s, latency = statistics, statistics.latency
+    return {
+        "elapsed_s": round(s.elapsed_s, 3),
+        "rows_per_s": round(s.rows_per_s, 2),
+        "tokens_per_s": None if s.tokens_per_s is None else round(s.tokens_per_s, 2),
+        "latency_s": {
+            "p50": round(latency.percentile(50), 4),
+            "p90": round(latency.percentile(90), 4),
+            "p99": round(latency.percentile(99), 4),
+            "max": round(latency.max, 4),
+        },
+    }
+
+
+def _said(statistics: RunStatistics) -> dict[str, Any]:
+    """What the run says of itself at the end of its figures: why it stopped, its groups, whether
+    it re-scored unsafely, what re-scoring passed over, the shards read, the tasks compared."""
+    s = statistics
+    said: dict[str, Any] = {"stopped": s.stopped} if s.stopped else {}
+    if s.groups is not None:
+        said["groups"] = dict(s.groups)
+    if s.unsafe:
+        said["unsafe"] = True
+    if s.not_judge_failed is not None:
+        said["not_judge_failed"] = s.not_judge_failed
+    if s.shards is not None:
+        said["shards"] = dict(s.shards)
+    if s.comparison is not None:
+        said["compared_tasks"] = s.comparison.tasks()
+    return said
 
 
 def error_blocks(figures: dict[str, Any], estimates: dict[str, Estimate]) -> dict[str, Any]:

@@ -113,14 +113,14 @@ async def test_a_write_that_fails_ends_the_lines_not_the_run(autojump_clock: tri
 
 
 def test_the_line_says_what_the_snapshot_says():
-    taken = statistics_of(Metrics())
+    taken = RunStatistics.empty()
     shown = dataclasses.replace(taken, finished=1234, failed=7, rows_per_s=2.5, elapsed_s=3725.0)
     line = ProgressLines(fd=-1).line(shown, 2000).decode()
     assert line == "rollfilter: 1,234 of 2,000 rollouts finished (61%), 2.5 rollouts/s, 7 failed, 1:02:05 elapsed\n"
 
 
 def test_the_line_says_the_rows_held_and_what_holds_them():
-    taken = statistics_of(Metrics())
+    taken = RunStatistics.empty()
     steering = dataclasses.replace(taken.steering, paused=True, rows_held_by_staleness=12)
     shown = dataclasses.replace(taken, finished=4, waiting_on_pause=7, steering=steering)
     line = ProgressLines(fd=-1).line(shown, 40).decode()

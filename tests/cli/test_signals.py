@@ -5,13 +5,12 @@ from __future__ import annotations
 import dataclasses
 
 from rollfilter.cli.signals import status_block
-from rollfilter.engine.metrics import Metrics
 from rollfilter.engine.nursery import InFlight
-from rollfilter.run.statistics import statistics_of
+from rollfilter.run.statistics import RunStatistics
 
 
 def test_the_status_block_says_what_the_snapshot_says():
-    taken = statistics_of(Metrics())
+    taken = RunStatistics.empty()
     oldest = (
         InFlight("rows.jsonl", 2, 6, 0, "a", attempt=1, age_s=13.0),
         InFlight("rows.jsonl", 3, 7, 0, "a", attempt=2, age_s=12.5, waiting="rate limits"),
@@ -35,7 +34,7 @@ def test_the_status_block_says_what_the_snapshot_says():
 
 
 def test_the_rows_held_are_said_apart_from_those_in_flight_by_what_holds_them():
-    taken = statistics_of(Metrics())
+    taken = RunStatistics.empty()
     steering = dataclasses.replace(taken.steering, paused=True, rows_held_by_staleness=12)
     oldest = (InFlight("rows.jsonl", 3, 7, 0, None, attempt=1, age_s=2.0, waiting="pause"),)
     shown = dataclasses.replace(
@@ -56,4 +55,4 @@ def test_the_rows_held_are_said_apart_from_those_in_flight_by_what_holds_them():
 
 
 def test_a_run_not_connected_yet_has_sent_nothing():
-    assert status_block(statistics_of(Metrics())) == ["status: starting, nothing sent yet"]
+    assert status_block(RunStatistics.empty()) == ["status: starting, nothing sent yet"]

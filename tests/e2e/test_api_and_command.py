@@ -52,6 +52,12 @@ CASES = [
         {"repeats": K, "groups": Groups(target=3)},
     ),
     Case(
+        "a target the first group meets, most rows never read",
+        ("-r", str(K), "--groups", "--target-groups", "1"),
+        {"repeats": K, "groups": Groups(target=1)},
+        rows=24,
+    ),
+    Case(
         "uniform groups dropped",
         ("-r", str(K), "--drop-uniform", "--target-groups", "4"),
         {"repeats": K, "groups": Groups(drop_uniform=True, target=4)},

@@ -26,6 +26,7 @@ from rollfilter.engine.client import (
     RETRY_AFTER_CAP,
     AgentClient,
     backoff_delay,
+    internal_error_event,
     parse_retry_after,
 )
 from rollfilter.engine.plan import Job
@@ -267,17 +268,17 @@ async def test_a_replica_whose_connections_fail_cools_down(autojump_clock):
     ],
 )
 async def test_anything_unexpected_fails_only_its_row_as_internal(error: Exception, autojump_clock):
-    seen: list[tuple[Any, Exception]] = []
+    seen: list[str] = []
     transport = ScriptedTransport(error)
-    client = AgentClient(Config(url=URL), transport, on_internal_error=lambda label, exc: seen.append((label, exc)))
+    client = AgentClient(Config(url=URL), transport, on_event=seen.append)
     row_7 = job()
     failure = await client.run(row_7, agent())
     assert isinstance(failure, AttemptFailure)
     assert failure.kind is ErrorKind.INTERNAL
     assert failure.attempts == 1
     assert type(error).__name__ in failure.message
-    assert str(error) not in failure.message or not str(error)  # the detail goes to the callback only
-    assert seen == [(row_7, error)]
+    assert str(error) not in failure.message or not str(error)  # the detail goes to the -v line only
+    assert seen == [internal_error_event(row_7, error)]
 
 
 async def test_an_unexpected_reply_object_fails_its_row_without_a_callback(autojump_clock):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rollfilter.engine.groups import ClosedGroup, Fate, GroupStage, Member
+from rollfilter.engine.groups import ClosedGroup, Fate, GroupStage
 from rollfilter.engine.plan import GroupPlan, Job
 from rollfilter.errors import ErrorKind
 from rollfilter.formats.writers import Release
@@ -32,12 +32,22 @@ def result(task: int, rollout: int, reward: float) -> dict[str, Any]:
     return {"_ng_task_index": task, "_ng_rollout_index": rollout, "reward": reward}
 
 
+class Counted(list[tuple[str, Any]]):
+    """A tally that keeps what it was given to count: this run's results, and earlier runs'."""
+
+    def result(self, job: Job, result: dict[str, Any], latency: float | None) -> None:
+        self.append(("result", result["_ng_rollout_index"]))
+
+    def earlier(self, result: dict[str, Any]) -> None:
+        self.append(("earlier", result["_ng_rollout_index"]))
+
+
 def stage(
     sink: Sink, *, on_disk: list[Release] | None = None, **options: Any
-) -> tuple[GroupStage, list[Member], list[bytes], list[str]]:
+) -> tuple[GroupStage, Counted, list[bytes], list[str]]:
     """A stage whose held lines are written at once, or, given `on_disk`, whose lines' releases
     wait there until the test runs them (a held file not written yet)."""
-    counted: list[Member] = []
+    counted = Counted()
     held: list[bytes] = []
     reached: list[str] = []
 
@@ -46,7 +56,7 @@ def stage(
         if release is not None:
             release() if on_disk is None else on_disk.append(release)
 
-    groups = GroupStage(sink, lambda: reached.append("target"), counted.append, hold=hold, **options)
+    groups = GroupStage(sink, lambda: reached.append("target"), counted, hold=hold, **options)  # type: ignore[arg-type]
     return groups, counted, held, reached
 
 
@@ -146,7 +156,7 @@ def test_a_group_that_an_earlier_run_left_open_closes_with_what_it_held():
     (closed,) = sink.closed
     assert [member.job is None for member in closed.members] == [True, False]
     assert closed.fate is Fate.KEPT
-    assert len(counted) == 2
+    assert counted == [("earlier", 4), ("result", 5)]  # the held one counts as an earlier run's
     groups.planned(GroupPlan(6, 0, (), {}, 0, 0, 2))  # every rollout given up: incomplete at once
     assert sink.closed[-1].fate is Fate.INCOMPLETE
 
@@ -193,3 +203,16 @@ def test_without_drop_uniform_a_group_of_masked_members_is_kept():
     for rollout in (0, 1):
         groups.result(job(0, rollout), masked_result(0, rollout, 1.0), 0.1, lambda: None)
     assert [closed.fate for closed in sink.closed] == [Fate.KEPT]
+
+
+def test_groups_earlier_runs_left_open_are_cancelled_and_handed_on_as_such():
+    sink = Sink()
+    groups, counted, _, _ = stage(sink)
+    groups.cancel_earlier([(7, 0, [result(7, 0, 1.0), result(7, 1, 0.0)]), (8, 4, [result(8, 5, 1.0)])])
+    assert [(closed.task_index, closed.first, closed.fate) for closed in sink.closed] == [
+        (7, 0, Fate.CANCELLED),
+        (8, 4, Fate.CANCELLED),
+    ]
+    assert [len(closed.members) for closed in sink.closed] == [2, 1]
+    assert counted == []  # a cancelled group's rollouts are in no figure
+    assert groups.figures()["cancelled"] == 2

@@ -19,8 +19,10 @@ from rollfilter.run.summary import summary_of
 
 
 def summary_alone(metrics: Metrics, *, tasks: TaskStats | None = None) -> dict[str, Any]:
-    """The summary of `metrics` alone, as a run that has no other part makes it."""
-    return summary_of(statistics_of(metrics), tasks=tasks)
+    """The summary of `metrics` alone (and `tasks`, finished), as a run that has no other part makes it."""
+    if tasks is not None:
+        tasks.finish()
+    return summary_of(statistics_of(metrics, tasks=tasks))
 
 
 FINITE = st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from([1e308, -1e308, 1.7976931348623157e308])

@@ -18,12 +18,12 @@ from rollfilter.api.in_trio import _RowFeed
 from rollfilter.config import Config, Timeouts
 from rollfilter.engine.nursery import START_BATCH
 from rollfilter.engine.routing import UNREACHABLE_AFTER_FAILURES
-from rollfilter.engine.sinks import ChannelSink
 from rollfilter.errors import ErrorKind
 from rollfilter.formats.writers import Release
 from rollfilter.http import Reply
 from rollfilter.http.testing import Handler, ScriptedRequest, ScriptedTransport, scripted_reply
 from rollfilter.outcomes import Outcome
+from rollfilter.run.outputs import ChannelSink
 from rollfilter.run.run import Run
 from rollfilter.stops import StopCause
 from tests.conftest import URL, QuietHandler, ThreadedHTTPServer

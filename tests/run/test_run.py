@@ -6,12 +6,12 @@ from pathlib import Path
 from typing import Any
 
 from rollfilter.config import Config, Rates
-from rollfilter.engine.client import DryRunClient
 from rollfilter.engine.plan import Job
 from rollfilter.engine.routing import Agent
 from rollfilter.formats.source import LineReader
 from rollfilter.formats.writers import Release
 from rollfilter.outcomes import AttemptFailure
+from rollfilter.run.outputs import DryRunClient
 from rollfilter.run.run import Run
 from tests.conftest import DemoServer, rows_jsonl, simple_rows
 

@@ -18,11 +18,12 @@ from rollfilter import Config
 from rollfilter.api.in_trio import _RowFeed, open_rollouts_in_trio
 from rollfilter.config import Groups, Rates, Retries
 from rollfilter.engine.metrics import Metrics
-from rollfilter.engine.sinks import ChannelSink
+from rollfilter.figures.compare import RunComparison
 from rollfilter.formats.writers import Release
 from rollfilter.http import Reply
 from rollfilter.http.testing import ScriptedRequest, ScriptedTransport, scripted_reply
 from rollfilter.outcomes import Outcome
+from rollfilter.run.outputs import ChannelSink
 from rollfilter.run.run import Run
 from rollfilter.run.statistics import RunStatistics, statistics_of
 from rollfilter.run.summary import summary_of
@@ -122,7 +123,7 @@ def test_rows_read_and_not_started_are_derived_once_from_the_counts():
     metrics.taken = 5
     statistics = statistics_of(metrics, expected=12, skipped_unread=3, finished_before=2)
     assert (statistics.rows_read, statistics.not_started, statistics.finished) == (8, 4, 2)
-    summary = summary_of(statistics, stopped="interrupted")["rollfilter"]
+    summary = summary_of(dataclasses.replace(statistics, stopped="interrupted"))["rollfilter"]
     assert (summary["rows_read"], summary["not_started"]) == (8, 4)
     assert statistics.cancelled == summary["cancelled"] == 5  # taken and not ended: never started is apart
     assert statistics_of(metrics, expected=6, skipped_unread=3).not_started == 0  # never below none
@@ -144,7 +145,7 @@ def test_the_summary_keeps_its_keys_and_their_order():
     metrics.add_result({"reward": 1.0, "response": {"usage": {"total_tokens": 3}}}, 0.5, "a")
     metrics.add_result({"reward": 0.0}, 0.5, "b")
     metrics.taken = 3
-    summary = summary_of(statistics_of(metrics, expected=3), stopped="interrupted")
+    summary = summary_of(statistics_of(metrics, expected=3, stopped="interrupted"))
     assert list(summary) == [
         *("reward", "stderr", "ci95", "sample_size", "usage", "per_rollout", "agents", "rollfilter")
     ]
@@ -153,6 +154,36 @@ def test_the_summary_keeps_its_keys_and_their_order():
         *("not_retried", "cancelled", "not_started", "failed_by_kind", "retries", "retries_withheld", "elapsed_s"),
         *("rows_per_s", "tokens_per_s", "latency_s", "stopped"),
     ]
+
+
+def test_the_summary_shows_what_the_snapshot_says_of_the_run_and_nothing_else():
+    """Everything the summary shows beside the counts is in the snapshot: rendered in its place,
+    with no code editing the summary afterwards."""
+    metrics = Metrics()
+    metrics.add_result({"reward": 1.0}, 0.5, None)
+    metrics.taken = 1
+    comparison = RunComparison()
+    comparison.add_baseline({"_ng_task_index": 0, "reward": 0.0})
+    comparison.add({"_ng_task_index": 0, "reward": 1.0})
+    said = statistics_of(
+        metrics,
+        stopped="interrupted",
+        unsafe=True,
+        would_send=1,
+        key_metrics={"a": {"accuracy": 1}},
+        shards={"of": 2, "read": [0, 1]},
+        comparison=comparison.comparison(),
+        timed=False,
+    )
+    said = dataclasses.replace(said, not_judge_failed=2)  # as re-scoring's planner counts them
+    summary = summary_of(said)
+    assert list(summary)[-3:] == ["key_metrics", "compare", "rollfilter"]
+    figures = summary["rollfilter"]
+    assert (figures["succeeded"], figures["would_send"]) == (0, 1)  # nothing sent, nothing succeeded
+    assert list(figures)[-5:] == ["stopped", "unsafe", "not_judge_failed", "shards", "compared_tasks"]
+    assert figures["compared_tasks"]["paired"] == 1
+    assert "elapsed_s" not in figures  # counted from files: no timings
+    assert summary_of(said) == summary  # a rendering: the same snapshot, the same summary
 
 
 async def snapshot_at(config: Config, count: int, moment: float, steer: Any = None) -> tuple[RunStatistics, int]:

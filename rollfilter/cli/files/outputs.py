@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import socket
 import stat
 from collections.abc import Callable, Iterable, Mapping
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import msgspec
 import trio
@@ -33,9 +34,16 @@ from rollfilter.cli.environment import Environment
 from rollfilter.cli.files import identity, locks
 from rollfilter.cli.files.descriptors import started_without
 from rollfilter.cli.files.identity import RECORD_SUFFIX
+from rollfilter.cli.messages import failure_message, message_line, say
 from rollfilter.errors import OutputInUse, RollfilterError, UsageError
 from rollfilter.formats.source import STDIN, display_name
-from rollfilter.formats.writers import WholeFile
+from rollfilter.formats.writers import BatchWriter, LineWriter, OutputClosed, OutputFailed, WholeFile
+from rollfilter.run.earlier import Earlier, EarlierFiles
+from rollfilter.run.outputs import RunOutputs
+from rollfilter.stops import StopControl
+
+if TYPE_CHECKING:
+    from rollfilter.outcomes import Failure
 
 _encode = msgspec.json.Encoder().encode
 APPEND_FLAGS = os.O_WRONLY | os.O_APPEND
@@ -406,6 +414,66 @@ class OpenedOutputs:
         return cls(streams.stdout, "standard output")
 
 
+class OutputWriters:
+    """A writer over each output of a run that lines go to while it runs, made over the files
+    `files` opened and standard error (`stderr`): the results, the errors record (None: failures
+    go to stderr), --per-task, --dropped and the held file. The command serves each (`every`),
+    and `close` ends them in their order; `on_failure` hears of a write that failed."""
+
+    def __init__(
+        self, files: OpenedOutputs, stderr: int, on_failure: Callable[[OutputClosed | OutputFailed], None]
+    ) -> None:
+        def writer(fd: int, name: str) -> BatchWriter:
+            return BatchWriter(fd, name=name, on_failure=on_failure)
+
+        self._results_fd = files.results
+
+        self.results = writer(files.results, files.results_name)
+        self.stderr = writer(stderr, "standard error")
+        appended = {key: writer(fd, files.names[key]) for key, fd in files.appended.items() if key != "output"}
+        self.errors = appended.get("errors_file")
+        self.per_task = appended.get("per_task_file")
+        self.dropped = appended.get("dropped_file")
+        self.held = appended.get("held_file")
+        named = (self.results, self.errors, self.stderr, self.per_task, self.dropped, self.held)
+        self.every = [writer for writer in named if writer is not None]
+
+    def run_outputs(
+        self, command: CommandConfig, *, log: LineWriter, fold: Callable[[Failure, bytes], bytes]
+    ) -> RunOutputs:
+        """What a run of `command` writes its lines to: these writers, failures to --errors or else
+        on stderr through `log` (above the display), folded by `fold`; `log` for its messages."""
+        results_fd = self._results_fd
+        return RunOutputs(
+            results=self.results,
+            errors=self.errors or log,
+            log=log,
+            stderr_line=message_line,
+            records=self.errors is not None,
+            ordered=command.ordered,
+            per_task=self.per_task,
+            dropped=self.dropped,
+            held=self.held,
+            results_size=lambda: os.lseek(results_fd, 0, os.SEEK_CUR),
+            # An internal error's details are a -v event line (a dry run has none).
+            message_of=functools.partial(failure_message, details_hint=not (command.verbose or command.dry_run)),
+            fold=fold,
+        )
+
+    async def close(self) -> None:
+        """Write what each holds, and end it. Standard error is closed last: a status asked for
+        (SIGUSR1) while the other outputs are still written, as when a wind-down waits on a full
+        stdout, is printed, not dropped. The held file is closed after the results: it is told
+        how far they hold whole groups."""
+        last = (self.held, self.stderr)
+        others = [writer for writer in self.every if writer not in last]
+        for group in (others, [self.held] if self.held is not None else [], [self.stderr]):
+            for writer in group:
+                writer.close()
+            for writer in group:
+                await writer.drained.wait()
+
+
 LOCK_POLL_SECONDS = 0.2  # how often --wait-lock tries an output another run holds
 
 
@@ -457,6 +525,56 @@ async def open_appended(
         except OSError as exc:
             raise UsageError(f"cannot write {output.option} {path}: {exc.strerror}") from None
     return appended
+
+
+async def open_outputs(
+    command: CommandConfig, files: OutputFiles, environment: Environment, control: StopControl
+) -> tuple[CommandConfig, OpenedOutputs, Earlier | None] | None:
+    """`command`'s outputs opened and locked (`open_appended`, `run_files`), then read under the
+    lock: its run record, and what earlier runs left in them (`Earlier`); with the command as
+    recorded. None when a stop came while --wait-lock waited. A dry run opens nothing and changes
+    no file: it reads what resume skips, and writes on the standard streams."""
+    if command.dry_run:
+        command, _ = identity.command_as_recorded(command)
+        return command, OpenedOutputs.standard_streams(environment), _earlier(command, Earlier.skipped)
+    appended: dict[OutputKey, int] = {}
+    with control.stoppable():  # a stop while --wait-lock waits: the summary of nothing sent
+        appended = await open_appended(command, files, environment.stderr, say)
+    if control.cause is not None and "output" not in appended:
+        return None
+    for caveat in files.caveats:
+        say(caveat, environment.stderr)
+    command, record = identity.command_as_recorded(command)
+    earlier = _earlier(command, Earlier.read)  # it cuts torn last lines, and may cut a group off -o
+    return command, run_files(command, files, environment, appended, record), earlier
+
+
+def _earlier(command: CommandConfig, read: Callable[..., Earlier]) -> Earlier | None:
+    """What earlier runs left in the outputs of a resumed run, as `read` reads them."""
+    if not (command.resume and command.output):
+        return None
+    paths = (command.output, command.errors_file, command.materialized_file, command.dropped_file)
+    files = EarlierFiles(*paths, held=held_target(command))
+    groups = command.config.groups
+    target = groups.target if groups is not None else None
+    return read(files, max_attempts=command.max_attempts, target_groups=target)
+
+
+def resume_cuts(command: CommandConfig, earlier: Earlier | None) -> list[str]:
+    """What reading earlier runs' results cut off -o, a line (none when it cut nothing)."""
+    resume = earlier.resume if earlier is not None else None
+    if resume is not None and resume.reopened:
+        return [
+            f"--resume: cut {resume.cut_bytes} bytes of results off -o {command.output}, from the first"
+            f" group written incomplete whose failed rollouts run again ({resume.reopened} in all): those"
+            " groups are written again, whole, with the groups after them"
+        ]
+    if resume is not None and resume.cut_bytes:
+        return [
+            f"--resume: cut {resume.cut_bytes} bytes of results off -o {command.output} that may be a group"
+            " a kill left in part: they are written again with their group"
+        ]
+    return []
 
 
 def narrow_mode(fd: int, mode: int, path: str | None) -> None:

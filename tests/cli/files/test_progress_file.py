@@ -9,15 +9,14 @@ import trio
 import trio.testing
 
 from rollfilter.cli.files.progress_file import PROGRESS_SECONDS, publish_progress
-from rollfilter.engine.metrics import Metrics
 from rollfilter.formats.writers import WholeFile
-from rollfilter.run.statistics import RunStatistics, statistics_of
+from rollfilter.run.statistics import RunStatistics
 
 
 async def test_the_file_holds_the_finished_rollouts_of_each_snapshot(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ):
-    taken = statistics_of(Metrics())
+    taken = RunStatistics.empty()
     finished = [12]
     path = tmp_path / "_progress"
     file = WholeFile(str(path), "--progress-file")

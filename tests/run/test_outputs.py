@@ -1,8 +1,8 @@
-"""sinks.py: results put back in input order."""
+"""outputs.py: where a run's outcomes go: results put back in input order, whole groups written."""
 
 from __future__ import annotations
 
-from rollfilter.engine.sinks import GroupOutputs, LineSink, Reorderer
+from rollfilter.run.outputs import GroupOutputs, LineSink, Reorderer
 
 
 def test_reorderer_emits_in_sequence():

@@ -1,8 +1,13 @@
-"""Where finished rollouts go: result lines and error records (the command), or a channel (the API).
+"""Where a run's outcomes go: the command's lines and files, or the API's channel.
 
 Each sink takes a job's outcome and a `release`, which it must arrange to run once the
 row is out of memory (written, or handed over): until then the row holds a concurrency
 slot. That is what bounds memory by the concurrency, however slow the output.
+
+The command line opens its files and makes a writer over each; it hands them over as one
+`RunOutputs`, of which the sink is made here (`LineSink`, or for a dry run `BodySink` and the
+`DryRunClient` that sends nothing and says each route instead). The Python API's outcomes go
+to a channel (`ChannelSink`).
 """
 
 from __future__ import annotations
@@ -13,30 +18,101 @@ from typing import Any, Protocol
 
 import trio
 
+from rollfilter.config import Config
+from rollfilter.engine.client import Flight
 from rollfilter.engine.groups import ClosedGroup, Fate, trained_on
-from rollfilter.engine.plan import Job
+from rollfilter.engine.plan import Job, describe
+from rollfilter.engine.routing import Agent
 from rollfilter.errors import ErrorKind
 from rollfilter.formats.resume import DROPPED_BECAUSE, KEPT, WRITTEN_THROUGH
 from rollfilter.formats.writers import LineWriter, Release
 from rollfilter.outcomes import AttemptFailure, Failure, Group, Outcome
+from rollfilter.redact import shown
 from rollfilter.rows import encode_json as _encode
 
 
-class RowSink(Protocol):
-    """Where the engine hands each finished row."""
+class HeldWriter(LineWriter, Protocol):
+    """The held file's writer: it can write what it holds at once (a regular file never blocks)."""
 
-    def result(self, job: Job, result: dict[str, Any], release: Release) -> None: ...
+    def flush_now(self) -> None: ...
 
-    def failure(self, job: Job, failure: AttemptFailure, release: Release) -> None: ...
 
-    def not_persisted(self, job: Job, attempts: int, release: Release) -> None:
-        """A rollout the agent asked to keep nowhere (`_ng_no_persist`), after `attempts` requests:
-        it leaves no line."""
-        ...
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunOutputs:
+    """Where a command-line run's lines go, as the command opened them: a writer each.
 
-    def group(self, closed: ClosedGroup, release: Release) -> None:
-        """A group at its end (with `Config.groups`; see `rollfilter.engine.groups`)."""
-        ...
+    `results` takes the result lines (a dry run's: each body it would send); `errors` the
+    failures, as errors records with `records`, else as lines for stderr that `stderr_line`
+    makes of each failure's line, its message said by `message_of` and shortened by `fold`
+    (b"": nothing); `log` the message lines (a dry run's routes, made by `stderr_line` too).
+    `per_task` takes a line a task, `dropped` the rollouts of groups not written, `held` each
+    rollout of a group as it finished, told `results_size()` (how far the results are written)
+    as groups are written. With `ordered`, results are written in input order."""
+
+    results: LineWriter
+    errors: LineWriter
+    log: LineWriter
+    stderr_line: Callable[[str], bytes]
+    records: bool = False
+    ordered: bool = False
+    per_task: LineWriter | None = None
+    dropped: LineWriter | None = None
+    held: HeldWriter | None = None
+    results_size: Callable[[], int] | None = None
+    message_of: Callable[[Failure], str] | None = None
+    fold: Callable[[Failure, bytes], bytes] | None = None
+
+    def sink(self, config: Config) -> LineSink:
+        """The sink of a run of `config` that writes its outcomes here."""
+        keep_incomplete = config.groups is not None and config.groups.keep_incomplete
+        groups = GroupOutputs(keep_incomplete, self.dropped, self.held, self.results_size)
+        return LineSink(
+            self.results,
+            self.errors,
+            records=self.records,
+            ordered=self.ordered,
+            repeats=config.repeats.largest,
+            stderr_line=self.stderr_line,
+            message_of=self.message_of,
+            groups=groups,
+            fold=self.fold,
+        )
+
+    def dry_run(self, config: Config) -> tuple[BodySink, DryRunClient]:
+        """A dry run's sink and client: each body written where results go, each route said on
+        `log` just before it, and nothing sent."""
+        sink = BodySink(
+            self.results,
+            self.errors,
+            repeats=config.repeats.largest,
+            stderr_line=self.stderr_line,
+            message_of=self.message_of,
+            fold=self.fold,
+        )
+        return sink, DryRunClient(lambda job, agent: self.log.write(self.stderr_line(route_line(job, agent))))
+
+    def write_task(self, record: dict[str, Any]) -> None:
+        """A task's line, to `per_task`."""
+        assert self.per_task is not None
+        self.per_task.write(_encode(record) + b"\n")
+
+
+def route_line(job: Job, agent: Agent) -> str:
+    """Where a job would be sent, as a dry run says it: the row, then the agent's replicas' URLs."""
+    return f"{describe(job)} -> POST {','.join(shown(replica.url) for replica in agent.replicas)}"
+
+
+class DryRunClient:
+    """Sends nothing: each job's route goes to `on_route`, and the answer is empty (--dry-run)."""
+
+    def __init__(self, on_route: Callable[[Job, Agent], None]) -> None:
+        self._on_route = on_route
+
+    async def run(self, job: Job, agent: Agent, flight: Flight | None = None) -> dict[str, Any] | AttemptFailure:
+        self._on_route(job, agent)
+        # A row taken from the planner's buffer never waits otherwise: let writers and signals in.
+        await trio.lowlevel.checkpoint()
+        return {}
 
 
 class Reorderer:
@@ -63,12 +139,6 @@ class Reorderer:
         """Run every waiting action in order, skipping the gaps of rows that never finished."""
         for seq in sorted(self._waiting):
             self._waiting.pop(seq)()
-
-
-class HeldWriter(LineWriter, Protocol):
-    """The held file's writer: it can write what it holds at once (a regular file never blocks)."""
-
-    def flush_now(self) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -1,0 +1,107 @@
+"""What the command reports when a run has ended: the files written whole at the end (--metrics,
+--aggregate), why it stopped, what could not be written, the run's warnings, and its summary,
+last, as the one JSON line (indented for a person at a terminal, under its chart); then how the
+run ended (`RunEnd`), which `cli/statuses.py` maps to an exit status. A run stopped or refused
+before it sent anything reports the summary of a run that sent nothing, as every run's is a `Run`'s.
+"""
+
+from __future__ import annotations
+
+import ssl
+
+import msgspec
+import trio
+
+from rollfilter.cli.chart import chart_lines
+from rollfilter.cli.environment import Environment
+from rollfilter.cli.files.outputs import OpenedOutputs, replace_content
+from rollfilter.cli.messages import option_of, say, write_summary
+from rollfilter.cli.statuses import RunEnd
+from rollfilter.config import Config
+from rollfilter.errors import RollfilterError
+from rollfilter.formats.writers import OutputFailed
+from rollfilter.run.run import ConfigWarning, Run
+from rollfilter.stops import StopCause, StopControl
+
+_encode = msgspec.json.Encoder().encode
+# The stops whose reason is a fault, said on stderr wherever it goes; other reasons are notices.
+FAULT_STOPS = frozenset({StopCause.OUTPUT_FAILED, StopCause.AGENT_UNREACHABLE})
+
+
+def report_end(
+    run: Run,
+    environment: Environment,
+    files: OpenedOutputs,
+    *,
+    failures: list[OutputFailed],
+    inputs_lost: bool,
+    quiet: bool,
+) -> RunEnd:
+    """Report the ended `run` (see the module docstring), whose outputs `files` are, on the
+    standard error of `environment`: `failures` are the outputs that could not be written (those
+    written here are added), and `inputs_lost` whether an input could not be read whole."""
+    summary_object, statistics, report = run.summary(), run.statistics(), run.report
+    summary = _encode(summary_object) + b"\n"
+    try:
+        replace_content(files.whole.get("metrics_file"), summary)
+        if report is not None:
+            replace_content(files.whole.get("aggregate_file"), report.file_bytes())
+    except OutputFailed as failure:
+        failures.append(failure)
+    # Why the run stopped is in the summary (`stopped`); a line of its own would come between a
+    # pipe or a file and the one JSON line it is there to read, so it is said at a terminal only.
+    # A fault (an output, an agent) is said wherever stderr goes.
+    control, stderr = run.control, environment.stderr
+    notice = control.reason if control.cause in FAULT_STOPS or environment.stderr_is_terminal else None
+    for message in filter(None, dict.fromkeys([notice, *map(str, failures)])):
+        say(message, stderr)
+    for warning in run.warnings():
+        say(warning_message(warning), stderr)
+    summary_lost = False
+    if not quiet:
+        drawn = chart_lines(summary_object, can_draw=environment.stderr_can_draw)
+        chart = b"".join(line.encode() + b"\n" for line in drawn)
+        summary_lost = not write_summary(stderr, chart + summary_for(summary, environment.stderr_is_terminal))
+    # Rows lost, or an input, as cat says; an aggregate without some agent's answer or some results.
+    lost = statistics.failed or statistics.not_persisted or inputs_lost or (report is not None and not report.whole)
+    return RunEnd(control.cause, bool(lost), output_failed=bool(failures), summary_lost=summary_lost)
+
+
+async def report_unsent(
+    config: Config, control: StopControl, tls: ssl.SSLContext | None, environment: Environment, *, quiet: bool
+) -> RunEnd:
+    """A run of `config` stopped before it was made (`control` says why): the summary of a run
+    that sent nothing."""
+    unsent = Run(config, control=control, tls=tls)
+    try:
+        _summary_of_nothing_sent(unsent, environment, quiet=quiet)
+    finally:
+        with trio.CancelScope(shield=True):
+            await unsent.aclose()
+    return RunEnd(control.cause)
+
+
+def report_refused(refused: RollfilterError, run: Run, environment: Environment, *, quiet: bool) -> RunEnd:
+    """A run that a service it needs before sending refused: its line, then its summary, of nothing sent."""
+    say(str(refused), environment.stderr)
+    _summary_of_nothing_sent(run, environment, quiet=quiet)
+    return RunEnd(refused=refused)
+
+
+def _summary_of_nothing_sent(run: Run, environment: Environment, *, quiet: bool) -> None:
+    if not quiet:
+        write_summary(environment.stderr, summary_for(_encode(run.summary()) + b"\n", environment.stderr_is_terminal))
+
+
+def warning_message(warning: ConfigWarning) -> str:
+    """A run's warning as the command says it: naming the option the user gave."""
+    option = option_of(warning.field) if warning.key is None else option_of(warning.field, warning.key)
+    return f"{option}: {warning.problem}"
+
+
+def summary_for(summary: bytes, at_terminal: bool) -> bytes:
+    """The summary line as it is shown: indented for a person at a terminal; elsewhere (a pipe, a
+    file) the one JSON line as it is, for jq and `tail -n 1`."""
+    if not at_terminal:
+        return summary
+    return msgspec.json.format(summary, indent=2) + b"\n"

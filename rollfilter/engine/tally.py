@@ -1,0 +1,119 @@
+"""Counting a rollout: the one place where a rollout's end goes into a run's figures.
+
+A rollout is counted once, where it ends: into the run's counters (`Metrics`), its tasks'
+figures (`TaskStats`, with repeats) and the spool of results for `/aggregate_metrics`. The
+engine counts the rollouts it takes and ends, the groups count those of groups that closed (a
+cancelled group's are in no figure), a resumed run counts what earlier runs finished (in the
+figures, not in this run's counters), and `--summarize` counts the lines of result files as a
+run that wrote them would have. Each of them calls the `Tally` of its run, and nothing else
+adds to those figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rollfilter.engine.metrics import Metrics
+from rollfilter.engine.plan import Job
+from rollfilter.figures.means import reward_of
+from rollfilter.figures.passk import TaskStats
+from rollfilter.formats.spool import ResultSpool
+from rollfilter.outcomes import AttemptFailure
+from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name, is_masked
+
+
+class Tally:
+    """Counts each rollout of a run once, into `metrics`, `tasks` (None: no task figures, as
+    without repeats or in a dry run, whose rollouts are never answered) and `spool` (None: no
+    aggregate). `repeats_for(agent)` is the group size of an agent's tasks, for results read
+    from files, which no plan sizes (see `TaskStats.reached`).
+
+    The engine's calls (`started`, `result`, `failure`, `not_persisted`) are on the path of
+    every row: each is one call, and adds to the figures directly."""
+
+    __slots__ = ("_repeats_for", "metrics", "spool", "tasks")
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        tasks: TaskStats | None = None,
+        spool: ResultSpool | None = None,
+        *,
+        repeats_for: Callable[[str | None], int | None] | None = None,
+    ) -> None:
+        self.metrics = metrics
+        self.tasks = tasks
+        self.spool = spool
+        self._repeats_for = repeats_for
+
+    def started(self) -> None:
+        """A rollout is taken from the input: it ends in one of the calls below, or is cancelled."""
+        self.metrics.taken += 1
+
+    def result(self, job: Job, result: dict[str, Any], latency: float | None) -> None:
+        """`job` ended with `result`, `latency` seconds after it was sent."""
+        self.metrics.add_result(result, latency, job.agent_name)
+        if self.tasks is not None:  # without repeats, no reward to read
+            masked = is_masked(result)
+            self.tasks.rollout_ended(
+                job.task_index, reward_of(result), job.rollout_index, result, job.agent_name, masked=masked
+            )
+        if self.spool is not None:  # by the result's agent, as an earlier run's results are spooled
+            self.spool.add(agent_name(result), result)
+
+    def failure(self, job: Job, failure: AttemptFailure) -> None:
+        """`job` failed for good (after its retries, or before it could be sent)."""
+        self.metrics.add_failure(failure, job.agent_name)
+        if self.tasks is not None:
+            self.tasks.rollout_ended(job.task_index, None, job.rollout_index, None, job.agent_name)
+
+    def not_persisted(self, job: Job) -> None:
+        """`job`'s agent asked for its rollout to be kept nowhere (`_ng_no_persist`)."""
+        self.metrics.add_not_persisted(job.agent_name)
+        if self.tasks is not None:
+            self.tasks.rollout_ended(job.task_index, None, job.rollout_index, None, job.agent_name)
+
+    def retry(self, job: Job, failure: AttemptFailure) -> None:
+        """An attempt at `job` failed with `failure`, and is sent again."""
+        self.metrics.add_retry(failure, job.agent_name)
+
+    def earlier(self, result: dict[str, Any]) -> None:
+        """A result an earlier run finished (a resumed run's summary and aggregate cover the whole
+        output): into the means, the tasks and the spool, not into this run's counters."""
+        agent = agent_name(result)
+        self.metrics.add_earlier_result(result, agent)
+        self._task_and_spool(result, agent, read_back=False)
+
+    def written_result(self, record: dict[str, Any]) -> None:
+        """A result line of a results file, counted as the run that wrote it counted it."""
+        agent = agent_name(record)
+        self.metrics.taken += 1
+        self.metrics.add_result(record, None, agent)
+        self._task_and_spool(record, agent, read_back=True)
+
+    def written_failure(self, failure: AttemptFailure, record: dict[str, Any] | None = None) -> None:
+        """A failed row read back: its errors record `record` (a line that is not a result has
+        none), counted as the run that wrote it counted it."""
+        agent = agent_name(record) if record is not None else None
+        self.metrics.taken += 1
+        self.metrics.add_failure(failure, agent)
+        if self.tasks is not None and record is not None and TASK_INDEX in record:
+            self._reached(record, agent)
+            self.tasks.rollout_ended(record[TASK_INDEX], None, record.get(ROLLOUT_INDEX))
+
+    def _task_and_spool(self, result: dict[str, Any], agent: str | None, *, read_back: bool) -> None:
+        if self.tasks is not None and TASK_INDEX in result:
+            if read_back:
+                self._reached(result, agent)
+            rollout, masked = result.get(ROLLOUT_INDEX), is_masked(result)
+            self.tasks.rollout_ended(result[TASK_INDEX], reward_of(result), rollout, result, agent, masked=masked)
+        if self.spool is not None:
+            self.spool.add(agent, result)
+
+    def _reached(self, record: dict[str, Any], agent: str | None) -> None:
+        """A task of a file has the rollouts its agent's group size gives it, or the groups of them
+        its rollout indices reach: one with fewer results is unfinished, as in the run that wrote them."""
+        assert self.tasks is not None
+        size = self._repeats_for(agent) if self._repeats_for is not None else None
+        self.tasks.reached(record[TASK_INDEX], record.get(ROLLOUT_INDEX), size or 1)
