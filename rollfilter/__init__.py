@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from rollfilter.api.in_trio import RolloutRun
     from rollfilter.api.rollouts import Rollouts, open_rollouts, rollouts
-    from rollfilter.config import Config, Retries, Reverify, Timeouts, Tls
+    from rollfilter.config import Config, Cost, Groups, Rates, Repeats, Retries, Reverify, Routing, Timeouts, Tls, Wire
     from rollfilter.errors import ErrorKind, RollfilterError, ServiceError, SteeringError, UsageError
     from rollfilter.figures.compare import compare_runs
     from rollfilter.outcomes import Failure, Group, Rollout
@@ -24,10 +24,16 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "Config": "rollfilter.config",
+    "Cost": "rollfilter.config",
+    "Groups": "rollfilter.config",
+    "Rates": "rollfilter.config",
+    "Repeats": "rollfilter.config",
     "Retries": "rollfilter.config",
     "Reverify": "rollfilter.config",
+    "Routing": "rollfilter.config",
     "Timeouts": "rollfilter.config",
     "Tls": "rollfilter.config",
+    "Wire": "rollfilter.config",
     "ErrorKind": "rollfilter.errors",
     "RollfilterError": "rollfilter.errors",
     "UsageError": "rollfilter.errors",
@@ -45,21 +51,27 @@ _EXPORTS = {
 }
 __all__ = [
     "Config",
+    "Cost",
     "ErrorKind",
     "Failure",
     "Group",
+    "Groups",
+    "Rates",
+    "Repeats",
     "Retries",
     "Reverify",
     "RollfilterError",
     "Rollout",
     "RolloutRun",
     "Rollouts",
+    "Routing",
     "ServiceError",
     "SteeringError",
     "SteeringStatistics",
     "Timeouts",
     "Tls",
     "UsageError",
+    "Wire",
     "__version__",
     "compare_runs",
     "open_rollouts",

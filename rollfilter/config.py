@@ -1,12 +1,15 @@
-"""What one run is told: `Config`, all the Python API takes, and its parts (`Retries`, `Timeouts`,
-`Tls`, `FailureLimit`), frozen values checked when built.
+"""What one run is told: `Config`, all the Python API takes, and its parts, frozen values checked
+when built: `Repeats`, `Groups`, `Retries`, `Timeouts`, `Tls`, `Wire`, `Routing`, `Rates`, `Cost`,
+`FailureLimit`, `Reverify`.
 
 Each field's type and bounds are its annotation, checked by msgspec in strict mode (True is no
-int, "3" no number); a plain value stands for the part it sets, as httpx's `Client(timeout=5.0)`
-does (`Config(retries=5)` is `Config(retries=Retries(count=5))`). A field that cannot be used
-raises `ConfigError` naming its path (`Config.retries.budget`, `Config.headers[0][0]`) in one
-line. URLs are checked once, here, by the model the run sends with (`httpx.URL`). Building a
-Config reads nothing outside its arguments.
+int, "3" no number). A part checks what spans its own fields (a staleness bound's two figures,
+a cost limit's prices); `Config` checks what spans parts (groups need repeats). A plain value
+stands for the part it sets, as httpx's `Client(timeout=5.0)` does (`Config(retries=5)` is
+`Config(retries=Retries(count=5))`, `Config(groups=True)` is `Config(groups=Groups())`). A field
+that cannot be used raises `ConfigError` naming its path (`Config.groups.target`,
+`Config.headers[0][0]`) in one line. URLs are checked once, here, by the model the run sends with
+(`httpx.URL`). Building a Config reads nothing outside its arguments.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ Count = Annotated[int, msgspec.Meta(ge=0)]
 MAX_POLICY_VERSION = 2**53
 PolicyVersion = Annotated[int, msgspec.Meta(ge=-MAX_POLICY_VERSION, le=MAX_POLICY_VERSION)]
 AtLeastOne = Annotated[int, msgspec.Meta(ge=1)]
-Repeats = Annotated[int, msgspec.Meta(ge=1, le=MAX_REPEATS)]
+RepeatCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_REPEATS)]
 Status = Annotated[int, msgspec.Meta(ge=100, le=599)]
 # A key of responses_create_params, or a dotted path into it ("metadata.x"): no empty part.
 ParamKey = Annotated[str, msgspec.Meta(pattern=r"\A[^.]+(\.[^.]+)*\Z")]
@@ -194,13 +197,178 @@ class Tls:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Repeats:
+    """Rollouts per row: `count` for the rows of agents that `by_agent` does not name (None: 1,
+    unless `by_agent` is given; then, as in NeMo Gym, a row of an agent it does not name fails),
+    and with `seeds`, each rollout carries "seed": its rollout index, in metadata.extra_body.
+
+    It is `Config.repeats`; a whole number (or None) there is taken as `Repeats(count=...)`."""
+
+    count: RepeatCount | None = None
+    by_agent: Mapping[str, RepeatCount] = dataclasses.field(default_factory=dict)
+    seeds: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "by_agent", _given(self.by_agent))
+        _checked(self, "repeats.")
+
+    @property
+    def default(self) -> int | None:
+        """Rollouts per row for agents that `by_agent` does not name; None: such a row fails."""
+        if self.count is not None:
+            return self.count
+        return None if self.by_agent else 1
+
+    def for_agent(self, agent: str | None) -> int | None:
+        """Rollouts per row for rows of agent `agent` (None: a row routed without a name);
+        None when neither `by_agent` nor a default covers it."""
+        if agent is not None and agent in self.by_agent:
+            return self.by_agent[agent]
+        return self.default
+
+    @property
+    def largest(self) -> int:
+        """The most rollouts any row gets."""
+        return max([self.default or 1, *self.by_agent.values()])
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Groups:
+    """A task's rollouts (a row's repeats) as one group, handed out whole once every one has
+    ended. With `keep_incomplete`, a group with a failed rollout hands out its finished ones
+    anyway; with `drop_uniform`, a group whose `field` (a numeric field of each result, or a
+    dotted path, reward_components.NAME) is the same number in every rollout is dropped; the run
+    stops once `target` groups have been handed out.
+
+    Bounded staleness, for a trainer that takes `batch` groups a step: group i, counted in the
+    order groups are admitted, is sent once the policy version v satisfies
+    i < (v - Config.policy_version + max_staleness + 1) * batch (`max_staleness` and `batch` go
+    together; the policy version starts at 0 unless given).
+
+    It is `Config.groups` (None: no groups); True there is taken as `Groups()`, False as None."""
+
+    keep_incomplete: bool = False
+    drop_uniform: bool = False
+    field: str = "reward"
+    target: AtLeastOne | None = None
+    max_staleness: Count | None = None
+    batch: AtLeastOne | None = None
+
+    def __post_init__(self) -> None:
+        _checked(self, "groups.")
+        problem = group_field_problem(self.field)
+        if problem is not None:
+            raise ConfigError("groups.field", problem)
+        if (self.max_staleness is None) != (self.batch is None):
+            given, other = ("max_staleness", "batch") if self.batch is None else ("batch", "max_staleness")
+            problem = f"needs Config.groups.{other} too: a staleness bound is the two together"
+            raise ConfigError(f"groups.{given}", problem)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Wire:
+    """How requests go beyond TLS: through `proxy` (an http(s) or socks5 proxy URL, for every
+    request to an agent), following 307/308 redirects to another scheme, host or port too with
+    `cross_origin_redirects`, and failing a row whose reply body is longer than
+    `max_reply_bytes` (as bad_response).
+
+    It is `Config.wire`."""
+
+    proxy: str | None = None
+    cross_origin_redirects: bool = False
+    max_reply_bytes: AtLeastOne = DEFAULT_MAX_REPLY_BYTES
+
+    def __post_init__(self) -> None:
+        _checked(self, "wire.")
+        if self.proxy is not None:
+            _checked_url("wire.proxy", self.proxy, schemes=("http", "https", "socks5"))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Routing:
+    """Which replica of an agent a rollout goes to: with `policy` "task", every rollout of a task
+    to one (its prefix cache), with "least-outstanding" each to the least busy (None: by task
+    with repeats over 1, else the least outstanding); `affinity_header`, a header each /run
+    carries, of one opaque value a task, for a router that pins sessions.
+
+    It is `Config.routing`."""
+
+    policy: Literal["task", "least-outstanding"] | None = None
+    affinity_header: str | None = None
+
+    def __post_init__(self) -> None:
+        _checked(self, "routing.")
+        problem = affinity_header_problem(self.affinity_header) if self.affinity_header is not None else None
+        if problem is not None:
+            raise ConfigError("routing.affinity_header", problem)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rates:
+    """Requests and tokens a minute an agent may get, paced (engine/rate_limits.py): `rpm` and
+    `tpm` for every agent that `rpm_by_agent` and `tpm_by_agent` do not name (and for the rows
+    of Config.url); None: no limit.
+
+    It is `Config.rates`."""
+
+    rpm: Rate | None = None
+    tpm: Rate | None = None
+    rpm_by_agent: Mapping[str, Rate] = dataclasses.field(default_factory=dict)
+    tpm_by_agent: Mapping[str, Rate] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("rpm_by_agent", "tpm_by_agent"):
+            object.__setattr__(self, name, _given(getattr(self, name)))
+        _checked(self, "rates.")
+
+    def for_agent(self, agent: str | None) -> tuple[float | None, float | None]:
+        """The requests and tokens a minute rows of `agent` may use (None: no limit)."""
+        if agent is None:
+            return self.rpm, self.tpm
+        return self.rpm_by_agent.get(agent, self.rpm), self.tpm_by_agent.get(agent, self.tpm)
+
+    @property
+    def limited(self) -> bool:
+        """Whether any agent has a request or token limit."""
+        return bool(self.rpm or self.tpm or self.rpm_by_agent or self.tpm_by_agent)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Cost:
+    """What a run spends: `prices`, USD per million tokens by agent (None: every agent not named),
+    and `max_usd`, the spending at which the run stops (it needs prices: without them nothing is
+    spent).
+
+    It is `Config.cost`."""
+
+    prices: tuple[tuple[str | None, Price], ...] = ()
+    max_usd: Positive | None = None
+
+    def __post_init__(self) -> None:
+        _checked(self, "cost.")
+        if self.max_usd is not None and not self.prices:
+            raise ConfigError("cost.max_usd", "needs Config.cost.prices: without them nothing is spent")
+
+
+# The parts a plain value stands for, as httpx's `Client(timeout=5.0)`: the field of the part it sets.
+_SHORTHANDS: tuple[tuple[str, type, str], ...] = (
+    ("repeats", Repeats, "count"),
+    ("retries", Retries, "count"),
+    ("timeout", Timeouts, "attempt"),
+    ("max_failures", FailureLimit, "count"),
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Config:
     """What one run of the engine does: where rows go, how many, how each is sent and retried.
 
     This is the Python API's whole configuration; the command line builds the same and adds
     its files around it. Settings that belong together are frozen parts, checked when built:
-    `retries` (`Retries`), `timeout` (`Timeouts`), `tls` (`Tls`), `max_failures` (`FailureLimit`).
-    Errors name the fields, as `ConfigError` (`Config.limit`, `Config.retries.budget`).
+    `repeats` (`Repeats`), `groups` (`Groups`), `retries` (`Retries`), `timeout` (`Timeouts`),
+    `tls` (`Tls`), `wire` (`Wire`), `routing` (`Routing`), `rates` (`Rates`), `cost` (`Cost`),
+    `max_failures` (`FailureLimit`), `reverify` (`Reverify`). Errors name the fields, as
+    `ConfigError` (`Config.limit`, `Config.retries.budget`).
     """
 
     url: str | None = None
@@ -208,63 +376,38 @@ class Config:
     endpoints: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     agent: str | None = None
     concurrency: AtLeastOne = DEFAULT_CONCURRENCY
+    adaptive: bool = False  # concurrency is a ceiling: each agent's window finds what it keeps up with
     limit: Count | None = None
-    # Rollouts per row, for agents that repeats_by_agent does not name. None: 1, unless
-    # repeats_by_agent is given; then, as in NeMo Gym, a row of an agent it does not name fails.
-    repeats: Repeats | None = None
-    repeats_by_agent: Mapping[str, Repeats] = dataclasses.field(default_factory=dict)
-    repeat_seeds: bool = False  # each rollout carries "seed": its rollout index, in metadata.extra_body
+    repeats: Repeats = Repeats()  # or a whole number: Repeats(count=...)
+    groups: Groups | None = None  # or True: Groups()
+    # The policy version the run starts under: every result then carries _rf_policy_version, the
+    # version when its /run was sent and when it ended (the run's set_policy_version changes it).
+    policy_version: PolicyVersion | None = None
     params: tuple[tuple[ParamKey, Any], ...] = ()
     retries: Retries = Retries()  # or a whole number: Retries(count=...)
     timeout: Timeouts = Timeouts()  # or seconds, None for no bound: Timeouts(attempt=...)
     tls: Tls = Tls()
+    wire: Wire = Wire()
+    routing: Routing = Routing()
+    rates: Rates = Rates()
+    cost: Cost = Cost()
     max_failures: FailureLimit = FailureLimit()  # or a whole number: FailureLimit(count=...)
-    prices: tuple[tuple[str | None, Price], ...] = ()  # USD per million tokens, by agent (None: the rest)
-    max_cost: Positive | None = None  # stop the run once it has spent this many USD
     # Their values are secrets (tokens, keys): kept out of repr, as out of every message.
     headers: tuple[tuple[str, str], ...] = dataclasses.field(default=(), repr=False)
     shard: tuple[Count, AtLeastOne] | None = None  # (I, N): keep the tasks whose index mod N is I
     pass_threshold: Finite = 1.0
     head_server: str | None = None
-    proxy: str | None = None  # an http(s) or socks5 proxy URL for every request to an agent
-    adaptive: bool = False  # concurrency is a ceiling: each agent's window finds what it keeps up with
     aggregate: bool = False  # ask each agent for its /aggregate_metrics when the run ends
-    cross_origin_redirects: bool = False  # follow 307/308 to another scheme, host or port too
-    max_reply_bytes: AtLeastOne = DEFAULT_MAX_REPLY_BYTES  # a longer reply body fails its row as bad_response
-    # A task's rollouts (a row's repeats) as one group, handed out whole once every one has ended.
-    groups: bool = False
-    keep_incomplete: bool = False  # a group with a failed rollout hands out its finished ones anyway
-    drop_uniform: bool = False  # drop a group whose group_field is the same number in every rollout (implies groups)
-    group_field: str = "reward"  # a numeric field of each result, or a dotted path (reward_components.NAME)
-    target_groups: AtLeastOne | None = None  # stop once this many groups have been handed out
-    # The policy version the run starts under: every result then carries _rf_policy_version, the
-    # version when its /run was sent and when it ended (the run's set_policy_version changes it).
-    policy_version: PolicyVersion | None = None
-    # Bounded staleness (with groups): group i, counted in the order groups are admitted, is sent
-    # once the version v satisfies i < (v - policy_version + max_staleness + 1) * batch_groups.
-    max_staleness: Count | None = None
-    batch_groups: AtLeastOne | None = None
-    # Of an agent's replicas: "task", every rollout of a task on one (its prefix cache), or
-    # "least-outstanding". None: by task with repeats over 1, else the least outstanding.
-    route: Literal["task", "least-outstanding"] | None = None
-    affinity_header: str | None = None  # a header each /run carries, of one opaque value a task
-    # Requests and tokens a minute an agent may get (paced: rate_limits.py): `rpm` for every agent
-    # that `rpm_by_agent` does not name (and for url's rows), the same for tokens.
-    rpm: Rate | None = None
-    rpm_by_agent: Mapping[str, Rate] = dataclasses.field(default_factory=dict)
-    tpm: Rate | None = None
-    tpm_by_agent: Mapping[str, Rate] = dataclasses.field(default_factory=dict)
     # Re-score saved rollouts at resources servers' /verify instead of running rows at agents' /run:
     # url and endpoints (by the rollouts' agent names) are then resources servers, /verify their default path.
     reverify: Reverify | None = None
 
     def __post_init__(self) -> None:
-        # As httpx's Client(timeout=5.0): the plain value stands for the part it sets.
-        for name, part, field in (("retries", Retries, "count"), ("timeout", Timeouts, "attempt")):
+        for name, part, field in _SHORTHANDS:
             if not isinstance(getattr(self, name), part):
                 object.__setattr__(self, name, part(**{field: getattr(self, name)}))
-        if not isinstance(self.max_failures, FailureLimit):
-            object.__setattr__(self, "max_failures", FailureLimit(count=self.max_failures))
+        if isinstance(self.groups, bool):
+            object.__setattr__(self, "groups", Groups() if self.groups else None)
         object.__setattr__(self, "endpoints", _replicas(self.endpoints))
         _checked(self)
         # URLs are checked and completed here, so the API and the CLI agree on them.
@@ -277,92 +420,43 @@ class Config:
         })  # fmt: skip
         if self.head_server is not None:
             _checked_url("head_server", self.head_server)
-        if self.proxy is not None:
-            _checked_url("proxy", self.proxy, schemes=("http", "https", "socks5"))
         for number, (name, value) in enumerate(self.headers):
             problem = header_problem(name, value)
             if problem is not None:
                 raise ConfigError(f"headers[{number}]", problem)
         if self.shard is not None and not self.shard[0] < self.shard[1]:
             raise ConfigError("shard", "I/N wants 0 <= I < N")
-        if self.max_cost is not None and not self.prices:
-            raise ConfigError("max_cost", "needs Config.prices: without them nothing is spent")
-        if self.drop_uniform:
-            object.__setattr__(self, "groups", True)
-        if not self.groups:
-            for name in ("keep_incomplete", "target_groups"):
-                if getattr(self, name) not in (False, None):
-                    raise ConfigError(name, "is about groups: give Config.groups (or Config.drop_uniform)")
-        elif self.max_repeats < 2:
-            raise ConfigError("groups", "needs Config.repeats over 1: a group is a row's repeated rollouts")
-        else:
-            for name, count in self.repeats_by_agent.items():
-                if count < 2:
-                    raise ConfigError(f"repeats_by_agent[{name!r}]", ONE_ROLLOUT_GROUPS)
-            if self.repeats is not None and self.repeats < 2:
-                raise ConfigError("repeats", ONE_ROLLOUT_GROUPS)
-        problem = group_field_problem(self.group_field)
-        if problem is not None:
-            raise ConfigError("group_field", problem)
-        self._check_staleness()
-        if self.reverify is not None and self.groups:
-            raise ConfigError("reverify", "re-scores rollouts one by one: not with Config.groups")
-        if self.affinity_header is not None:
-            problem = affinity_header_problem(self.affinity_header, [name for name, _ in self.headers])
+        if self.groups is not None:
+            self._check_groups(self.groups)
+        if self.routing.affinity_header is not None:
+            given = [name for name, _ in self.headers]
+            problem = affinity_header_problem(self.routing.affinity_header, given)
             if problem is not None:
-                raise ConfigError("affinity_header", problem)
+                raise ConfigError("routing.affinity_header", problem)
 
-    def _check_staleness(self) -> None:
-        if (self.max_staleness is None) != (self.batch_groups is None):
-            given, other = (
-                ("max_staleness", "batch_groups") if self.batch_groups is None else ("batch_groups", "max_staleness")
-            )
-            raise ConfigError(given, f"needs Config.{other} too: a staleness bound is the two together")
-        if self.max_staleness is not None:
-            if not self.groups:
-                problem = "needs Config.groups (or Config.drop_uniform): staleness is bounded group by group"
-                raise ConfigError("max_staleness", problem)
-            if self.policy_version is None:
-                object.__setattr__(self, "policy_version", 0)
-
-    def rate_limits_for(self, agent: str | None) -> tuple[float | None, float | None]:
-        """The requests and tokens a minute rows of `agent` may use (None: no limit)."""
-        if agent is None:
-            return self.rpm, self.tpm
-        return self.rpm_by_agent.get(agent, self.rpm), self.tpm_by_agent.get(agent, self.tpm)
-
-    @property
-    def rate_limited(self) -> bool:
-        """Whether any agent has a request or token limit."""
-        return bool(self.rpm or self.tpm or self.rpm_by_agent or self.tpm_by_agent)
+    def _check_groups(self, groups: Groups) -> None:
+        if self.repeats.largest < 2:
+            raise ConfigError("groups", "needs Config.repeats over 1: a group is a row's repeated rollouts")
+        for name, count in self.repeats.by_agent.items():
+            if count < 2:
+                raise ConfigError(f"repeats.by_agent[{name!r}]", ONE_ROLLOUT_GROUPS)
+        if self.repeats.count is not None and self.repeats.count < 2:
+            raise ConfigError("repeats.count", ONE_ROLLOUT_GROUPS)
+        if self.reverify is not None:
+            raise ConfigError("reverify", "re-scores rollouts one by one: not with Config.groups")
+        if groups.max_staleness is not None and self.policy_version is None:
+            object.__setattr__(self, "policy_version", 0)
 
     @property
     def route_by_task(self) -> bool:
         """Whether a task's rollouts go to one replica of its agent."""
-        return self.route == "task" or (self.route is None and self.max_repeats > 1)
+        policy = self.routing.policy
+        return policy == "task" or (policy is None and self.repeats.largest > 1)
 
     @property
     def names_an_agent(self) -> bool:
         """Whether rows can go anywhere: a url, endpoints, or a head server to ask."""
         return self.url is not None or bool(self.endpoints) or self.head_server is not None
-
-    @property
-    def default_repeats(self) -> int | None:
-        """Rollouts per row for agents that repeats_by_agent does not name; None: such a row fails."""
-        if self.repeats is not None:
-            return self.repeats
-        return None if self.repeats_by_agent else 1
-
-    def repeats_for(self, agent: str | None) -> int | None:
-        """Rollouts per row for rows of agent `agent` (None: a row routed without a name);
-        None when neither repeats_by_agent nor a default covers it."""
-        if agent is not None and agent in self.repeats_by_agent:
-            return self.repeats_by_agent[agent]
-        return self.default_repeats
-
-    @property
-    def max_repeats(self) -> int:
-        return max([self.default_repeats or 1, *self.repeats_by_agent.values()])
 
 
 def _replicas(endpoints: Any) -> Any:
@@ -449,7 +543,7 @@ NOT_GROUP_FIELDS = frozenset(
 
 ROUTE_BY_TASK = "task"
 ROUTE_LEAST_OUTSTANDING = "least-outstanding"
-ROUTES = (ROUTE_BY_TASK, ROUTE_LEAST_OUTSTANDING)  # Config.route's policies
+ROUTES = (ROUTE_BY_TASK, ROUTE_LEAST_OUTSTANDING)  # Routing.policy's
 # Headers every request carries already (rollfilter's own, or the transport's framing).
 SENT_HEADERS = frozenset(
     {"host", "content-length", "transfer-encoding", "connection", "content-type", "accept", "accept-encoding"}

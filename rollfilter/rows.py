@@ -162,7 +162,7 @@ def rollout_id_problem(row: dict[str, Any]) -> str | None:
 
 
 def check_seedable(row: dict[str, Any]) -> str | None:
-    """Why a rollout's seed cannot be put into this row (Config.repeat_seeds), or None."""
+    """Why a rollout's seed cannot be put into this row (Config.repeats.seeds), or None."""
     params = row.get("responses_create_params", {})
     metadata = params.get("metadata", {}) if isinstance(params, dict) else None
     if not isinstance(metadata, dict):

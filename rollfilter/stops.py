@@ -19,7 +19,7 @@ class StopCause(enum.Enum):
     TERMINATED = "terminated"
     HUNG_UP = "hung up"
     READER_GONE = "broken pipe"  # the reader of the results went away
-    TARGET_REACHED = "target reached"  # as many groups written as Config.target_groups asks
+    TARGET_REACHED = "target reached"  # as many groups written as Config.groups.target asks
     OUTPUT_FAILED = "output failed"  # an output could not be written
     AGENT_UNREACHABLE = "agent unreachable"  # an agent refused or dropped every connection since the start
 

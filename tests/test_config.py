@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import pathlib
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -17,10 +18,16 @@ from rollfilter.config import (
     DEFAULT_RETRY_STATUSES,
     Config,
     ConfigError,
+    Cost,
     FailureLimit,
+    Groups,
+    Rates,
+    Repeats,
     Retries,
+    Routing,
     Timeouts,
     Tls,
+    Wire,
     agent_url,
 )
 from rollfilter.cost import Price
@@ -69,7 +76,12 @@ def test_a_part_or_its_plain_value_builds_the_same_config():
     assert Config(timeout=30) == Config(timeout=Timeouts(attempt=30))
     assert Config(timeout=None).timeout == Timeouts(attempt=None, connect=DEFAULT_CONNECT_TIMEOUT)
     assert Config(max_failures=10) == Config(max_failures=FailureLimit(count=10))
+    assert Config(repeats=4) == Config(repeats=Repeats(count=4))
+    assert Config(repeats=None).repeats == Repeats(count=None, by_agent={}, seeds=False)
+    assert Config(repeats=4, groups=True) == Config(repeats=4, groups=Groups())
+    assert Config(repeats=4, groups=False).groups is None
     assert Config() == Config(retries=Retries(), timeout=Timeouts(), tls=Tls(), max_failures=FailureLimit())
+    assert Config() == Config(repeats=Repeats(), groups=None, wire=Wire(), routing=Routing(), rates=Rates())
     assert Config(retries=Retries(count=5, budget=None)) != Config(retries=5)
     assert dataclasses.replace(Config(timeout=Timeouts(30, connect=2.5)), retries=0).retries.count == 0
 
@@ -87,9 +99,101 @@ def test_the_parts_are_frozen_values():
 
 
 def test_the_flat_fields_beside_the_parts_are_gone():
-    for name in ("retry_budget", "retry_statuses", "connect_timeout", "insecure", "cacert"):
+    for name in ("retry_budget", "retry_statuses", "connect_timeout", "insecure", "cacert", *RENAMED):
         with pytest.raises(TypeError, match=name):
             Config(**{name: None})
+
+
+# The flat fields that became a part's (CHANGELOG.md), by the part's field that holds them now.
+RENAMED = {
+    "repeats_by_agent": "repeats.by_agent",
+    "repeat_seeds": "repeats.seeds",
+    "keep_incomplete": "groups.keep_incomplete",
+    "drop_uniform": "groups.drop_uniform",
+    "group_field": "groups.field",
+    "target_groups": "groups.target",
+    "max_staleness": "groups.max_staleness",
+    "batch_groups": "groups.batch",
+    "proxy": "wire.proxy",
+    "cross_origin_redirects": "wire.cross_origin_redirects",
+    "max_reply_bytes": "wire.max_reply_bytes",
+    "route": "routing.policy",
+    "affinity_header": "routing.affinity_header",
+    "rpm": "rates.rpm",
+    "tpm": "rates.tpm",
+    "rpm_by_agent": "rates.rpm_by_agent",
+    "tpm_by_agent": "rates.tpm_by_agent",
+    "prices": "cost.prices",
+    "max_cost": "cost.max_usd",
+}
+# The parts of a Config, by the field that holds each.
+PARTS: dict[str, type] = {
+    "repeats": Repeats,
+    "groups": Groups,
+    "retries": Retries,
+    "timeout": Timeouts,
+    "tls": Tls,
+    "wire": Wire,
+    "routing": Routing,
+    "rates": Rates,
+    "cost": Cost,
+    "max_failures": FailureLimit,
+}
+
+
+def test_config_has_at_most_25_fields_and_each_renamed_one_is_a_parts():
+    assert len(dataclasses.fields(Config)) <= 25
+    held = {f"{name}.{field.name}" for name, part in PARTS.items() for field in dataclasses.fields(part)}
+    assert set(RENAMED.values()) <= held
+
+
+def test_the_checks_within_a_part_are_the_parts_own():
+    with pytest.raises(ConfigError, match=r"^Config\.groups\.max_staleness: needs Config\.groups\.batch too"):
+        Groups(max_staleness=1)
+    with pytest.raises(ConfigError, match=r"^Config\.groups\.batch: needs Config\.groups\.max_staleness too"):
+        Groups(batch=2)
+    with pytest.raises(ConfigError, match=r"^Config\.groups\.field: 'response' is not a numeric field"):
+        Groups(field="response")
+    with pytest.raises(ConfigError, match=r"^Config\.cost\.max_usd: needs Config\.cost\.prices"):
+        Cost(max_usd=5)
+    with pytest.raises(ConfigError, match=r"^Config\.wire\.proxy: not an http/https/socks5 URL"):
+        Wire(proxy="ftp://127.0.0.1:1")
+    with pytest.raises(ConfigError, match=r"^Config\.routing\.affinity_header: every request carries Host"):
+        Routing(affinity_header="Host")
+
+
+def test_the_checks_across_parts_are_configs():
+    with pytest.raises(ConfigError, match=r"^Config\.groups: needs Config\.repeats over 1"):
+        Config(groups=True)
+    with pytest.raises(ConfigError, match=r"^Config\.groups\.target: expected `int` >= 1"):
+        Config(repeats=2, groups=Groups(target=0))
+    with pytest.raises(ConfigError, match=r"^Config\.routing\.affinity_header: the headers given set"):
+        Config(routing=Routing(affinity_header="X-Session"), headers=(("x-session", "1"),))
+    # A staleness bound counts versions from the first: 0 unless given.
+    assert Config(repeats=2, groups=Groups(max_staleness=1, batch=2)).policy_version == 0
+    assert Config(repeats=2, groups=Groups(max_staleness=1, batch=2), policy_version=7).policy_version == 7
+    assert Config(repeats=2, groups=True).policy_version is None
+
+
+def test_a_parts_figures_are_asked_of_the_part():
+    repeats = Repeats(count=2, by_agent={"a": 5})
+    assert (repeats.for_agent("a"), repeats.for_agent("b"), repeats.for_agent(None), repeats.largest) == (5, 2, 2, 5)
+    assert (Repeats(by_agent={"a": 3}).default, Repeats(by_agent={"a": 3}).for_agent("b"), Repeats().default) == (
+        None,
+        None,
+        1,
+    )
+    rates = Rates(rpm=60, tpm_by_agent={"a": 1000})
+    assert (rates.for_agent(None), rates.for_agent("a"), rates.limited, Rates().limited) == (
+        (60, None),
+        (60, 1000),
+        True,
+        False,
+    )
+    assert Config(repeats=2).route_by_task
+    assert not Config(repeats=2, routing=Routing(policy="least-outstanding")).route_by_task
+    assert Config(routing=Routing(policy="task")).route_by_task
+    assert not Config().route_by_task
 
 
 @pytest.mark.parametrize(
@@ -127,8 +231,12 @@ def test_the_flat_fields_beside_the_parts_are_gone():
         (lambda: FailureLimit(count=5, fraction=0.5), "max_failures"),
         (lambda: Config(tls=True), "tls"),
         (lambda: Config(tls="ca.pem"), "tls"),
-        (lambda: Config(groups=True, repeats_by_agent={"a": 4, "b": 1}), "repeats_by_agent"),
-        (lambda: Config(drop_uniform=True, repeats=1, repeats_by_agent={"a": 4}), "repeats"),
+        (lambda: Config(groups=True, repeats=Repeats(by_agent={"a": 4, "b": 1})), "repeats.by_agent"),
+        (lambda: Config(groups=Groups(drop_uniform=True), repeats=Repeats(1, {"a": 4})), "repeats.count"),
+        (lambda: Config(groups=True, repeats=1), "groups"),
+        (lambda: Config(repeats=2, groups=Groups(target=0)), "groups.target"),
+        (lambda: Config(repeats=0), "repeats.count"),
+        (lambda: Config(repeats=Repeats(by_agent={"a": 0})), "repeats.by_agent"),
     ],
 )
 def test_a_part_that_cannot_be_used_is_refused_by_its_field(build: Callable[[], object], field: str):
@@ -144,46 +252,57 @@ WRONG_TYPES: dict[str, list[Any]] = {
     "endpoints": [5, "a=http://h/run", {"a": 5}, {"a": [5]}, {5: "http://h/run"}],
     "agent": [5, ("a",)],
     "concurrency": [True, "3", 2.0, None],
+    "adaptive": ["yes", 1],
     "limit": [True, "2", 1.5],
     "repeats": [1.5, True, "2"],
-    "repeats_by_agent": [5, {"a": "2"}, {"a": 2.0}, {5: 2}, [("a", 2)]],
-    "repeat_seeds": ["yes", 1, None],
+    "groups": ["yes", 1, Repeats()],
+    "policy_version": [1.5, True, "3"],
     "params": [5, ["ab"], [("a",)], [(5, 1)], [("", 1)], [("a..b", 1)], {"temperature": 0.7}],
     "retries": ["3", 1.5, True],
     "timeout": ["30", True],
     "tls": [True, "ca.pem"],
+    "wire": ["http://h", True],
+    "routing": ["task", 1],
+    "rates": [60, "60", {"rpm": "60"}],
+    "cost": [5, ()],
     "max_failures": ["5%", 2.5, True],
-    "prices": ["x", 5, [("a", 1.0)], [(5, Price(1, 2))], [("a", Price(1, 2), None)]],
-    "max_cost": ["5", True],
     "headers": [5, ["ab"]],
     "shard": [(1,), (0, 2, 4), "0/2", (0, "2"), (0.0, 2), (False, True)],
     "pass_threshold": ["1", None, True],
     "head_server": [3, b"http://h"],
-    "proxy": [3, b"http://h"],
-    "adaptive": ["yes", 1],
     "aggregate": ["yes", 0],
-    "cross_origin_redirects": ["yes", 1],
-    "max_reply_bytes": [2.5, True, "1024"],
-    "groups": ["yes", 1],
-    "keep_incomplete": ["yes", 1],
-    "drop_uniform": ["yes", 1],
-    "group_field": [5, None, b"reward"],
-    "target_groups": [0, 2.5, True, "3"],
-    "policy_version": [1.5, True, "3"],
-    "max_staleness": [-1, 1.5, True, "1"],
-    "batch_groups": [0, 2.5, True, "2"],
-    "route": ["random", 1, True],
-    "affinity_header": [5, "Session ID", "Host", "content-length"],
-    "rpm": [0, -1.0, "60", float("inf"), True],
-    "rpm_by_agent": [{"a": 0}, {"a": "60"}, [("a", 60)], {5: 60}],
-    "tpm": [0, -5, "x", float("nan")],
-    "tpm_by_agent": [{"a": -1}, {"a": None}],
     "reverify": ["m.jsonl", 5, True],
+}
+# For every field of the parts a plain value does not stand for, values of a type it does not take.
+PART_WRONG_TYPES: dict[str, list[Any]] = {
+    "repeats.count": [0, 1.5, True, "2"],
+    "repeats.by_agent": [5, {"a": "2"}, {"a": 2.0}, {5: 2}, [("a", 2)]],
+    "repeats.seeds": ["yes", 1, None],
+    "groups.keep_incomplete": ["yes", 1],
+    "groups.drop_uniform": ["yes", 1],
+    "groups.field": [5, None, b"reward"],
+    "groups.target": [0, 2.5, True, "3"],
+    "groups.max_staleness": [-1, 1.5, True, "1"],
+    "groups.batch": [0, 2.5, True, "2"],
+    "wire.proxy": [3, b"http://h"],
+    "wire.cross_origin_redirects": ["yes", 1],
+    "wire.max_reply_bytes": [0, 2.5, True, "1024"],
+    "routing.policy": ["random", 1, True],
+    "routing.affinity_header": [5, "Session ID", "Host", "content-length"],
+    "rates.rpm": [0, -1.0, "60", float("inf"), True],
+    "rates.rpm_by_agent": [{"a": 0}, {"a": "60"}, [("a", 60)], {5: 60}],
+    "rates.tpm": [0, -5, "x", float("nan")],
+    "rates.tpm_by_agent": [{"a": -1}, {"a": None}],
+    "cost.prices": ["x", 5, [("a", 1.0)], [(5, Price(1, 2))], [("a", Price(1, 2), None)]],
+    "cost.max_usd": ["5", True],
 }
 
 
 def test_every_config_field_has_wrong_types_to_refuse():
     assert set(WRONG_TYPES) == {field.name for field in dataclasses.fields(Config)}
+    new_parts = ("repeats", "groups", "wire", "routing", "rates", "cost")
+    fields = {f"{name}.{field.name}" for name in new_parts for field in dataclasses.fields(PARTS[name])}
+    assert set(PART_WRONG_TYPES) == fields
 
 
 @pytest.mark.parametrize(
@@ -197,6 +316,25 @@ def test_a_field_of_the_wrong_type_is_refused_by_its_name(field: str, value: Any
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.parametrize(
+    ("path", "value"), [(path, value) for path, values in PART_WRONG_TYPES.items() for value in values], ids=repr
+)
+def test_a_parts_field_of_the_wrong_type_is_refused_by_its_path(path: str, value: Any):
+    with pytest.raises(ConfigError) as refused:
+        with_field(path, value)
+    assert refused.value.field.partition("[")[0] == path  # or where in it: rates.rpm_by_agent[...]
+    assert str(refused.value).startswith(f"Config.{refused.value.field}: ")
+    assert "\n" not in str(refused.value)
+
+
+def with_field(path: str, value: Any) -> Config:
+    """A Config with `value` at `path` (a field, or a part's: `groups.target`), its groups of two rollouts."""
+    name, _, field = path.partition(".")
+    if not field:
+        return Config(**{name: value})
+    return Config(repeats=2, **{name: PARTS[name](**{field: value})})
+
+
 ANY_VALUE = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8) | st.binary(max_size=4),
     lambda inner: st.lists(inner, max_size=3) | st.tuples(inner, inner) | st.dictionaries(st.text(max_size=3), inner),
@@ -204,11 +342,11 @@ ANY_VALUE = st.recursive(
 )
 
 
-@given(field=st.sampled_from([field.name for field in dataclasses.fields(Config)]), value=ANY_VALUE)
+@given(field=st.sampled_from([*WRONG_TYPES, *PART_WRONG_TYPES]), value=ANY_VALUE)
 def test_any_value_of_any_field_is_taken_or_refused_in_one_line(field: str, value: Any):
     message = ""
     try:
-        Config(**{field: value})
+        with_field(field, value)
     except UsageError as refused:  # ConfigError naming the field, or a URL refused as not one
         message = str(refused)
     assert "\n" not in message
@@ -226,20 +364,18 @@ def test_values_of_the_types_a_field_takes_are_kept_as_what_they_mean():
         agent="a",
         concurrency=4,
         limit=0,
-        repeats=2,
-        repeats_by_agent={"a": 3},
-        repeat_seeds=True,
+        repeats=Repeats(2, by_agent=types.MappingProxyType({"a": 3}), seeds=True),  # any mapping
+        groups=Groups(keep_incomplete=True, field="reward_components.accuracy", max_staleness=0, batch=1),
         params=[("temperature", 0.7), ["metadata.x", None]],
-        prices=[(None, price), ["a", price]],
-        max_cost=1,
+        cost=Cost(prices=[(None, price), ["a", price]], max_usd=1),  # type: ignore[arg-type]
         shard=[1, 3],
         pass_threshold=0,
         head_server="http://127.0.0.1:5",
-        proxy="socks5://127.0.0.1:6",
+        wire=Wire(proxy="socks5://127.0.0.1:6", cross_origin_redirects=True, max_reply_bytes=1),
+        routing=Routing(policy="task", affinity_header="X-Session-ID"),
+        rates=Rates(rpm=60, tpm_by_agent={"a": 1000}),
         adaptive=True,
         aggregate=True,
-        cross_origin_redirects=True,
-        max_reply_bytes=1,
     )
     assert config.endpoints == {
         "a": ("http://127.0.0.1:2/run",),
@@ -247,9 +383,10 @@ def test_values_of_the_types_a_field_takes_are_kept_as_what_they_mean():
         "c": ("http://127.0.0.1:7/run",),
     }
     assert config.params == (("temperature", 0.7), ("metadata.x", None))
-    assert config.prices == ((None, price), ("a", price))
+    assert config.cost.prices == ((None, price), ("a", price))
     assert config.shard == (1, 3)
-    assert (config.max_cost, config.pass_threshold, config.max_reply_bytes) == (1, 0, 1)
+    assert (config.cost.max_usd, config.pass_threshold, config.wire.max_reply_bytes) == (1, 0, 1)
+    assert (config.repeats.by_agent, config.rates.tpm_by_agent, config.policy_version) == ({"a": 3}, {"a": 1000}, 0)
 
 
 def test_agent_url_appends_run_only_without_a_path():
@@ -261,22 +398,22 @@ def test_agent_url_appends_run_only_without_a_path():
             agent_url(bad)
 
 
-@pytest.mark.parametrize("field", ["url", "endpoints", "head_server", "proxy"])
+@pytest.mark.parametrize("field", ["url", "endpoints", "head_server", "wire.proxy"])
 def test_a_url_that_does_not_parse_is_refused_in_one_line(field: str):
     url = "http://us3r:pa55@[::1/run"  # urllib refuses to split it at all
     with pytest.raises(UsageError) as refused:
-        Config(**{field: {"a": url} if field == "endpoints" else url})
+        with_field(field, {"a": url} if field == "endpoints" else url)
     assert "not an" in str(refused.value)
     assert "pa55" not in str(refused.value)
     assert "\n" not in str(refused.value)
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1%00x", "127.0.0.%31", "exa mple", "a\x01b", "a\x00b", "a!b", "a<b"])
-@pytest.mark.parametrize("field", ["url", "endpoints", "head_server", "proxy"])
+@pytest.mark.parametrize("field", ["url", "endpoints", "head_server", "wire.proxy"])
 def test_a_host_with_a_character_curl_refuses_is_refused(field: str, host: str):
     url = f"http://us3r:pa55@{host}:8000/run"
     with pytest.raises(UsageError) as refused:
-        Config(**{field: {"a": url} if field == "endpoints" else url})
+        with_field(field, {"a": url} if field == "endpoints" else url)
     # httpx refuses a control character itself; what it takes, the check refuses as curl does.
     assert "whose host holds" in str(refused.value) or "non-printable" in str(refused.value)
     assert "8000/run" in str(refused.value)  # which of the URLs it is
@@ -312,6 +449,11 @@ def test_re_scoring_sends_to_verify_and_goes_one_rollout_at_a_time():
 
 def test_an_affinity_header_the_headers_set_already_is_refused_without_suggesting_itself():
     with pytest.raises(ConfigError) as refused:
-        Config(url="http://127.0.0.1:1/run", affinity_header="x-session-id", headers=(("X-Session-ID", "1"),))
+        Config(
+            url="http://127.0.0.1:1/run",
+            routing=Routing(affinity_header="x-session-id"),
+            headers=(("X-Session-ID", "1"),),
+        )
+    assert refused.value.field == "routing.affinity_header"
     assert "leave it out of them" in str(refused.value)
     assert "such as X-Session-ID" not in str(refused.value)

@@ -134,7 +134,7 @@ class RolloutRun(FinalReport, abc.ABC):
 
     def set_policy_version(self, version: int) -> None:
         """The policy version from now on (a whole number, never lower): results sent from now on
-        carry it as `_rf_policy_version["sent"]`, and with `Config.max_staleness` more groups may go."""
+        carry it as `_rf_policy_version["sent"]`, and with `Config.groups.max_staleness` more groups may go."""
         self._steered().set_policy_version(version)
 
     def statistics(self) -> SteeringStatistics:
@@ -255,7 +255,8 @@ async def open_rollouts_in_trio(
     send, receive = trio.open_memory_channel[tuple[Outcome, Release]](math.inf)
     results = _ChannelRun(receive)
     feed = _RowFeed(rows)
-    sink = ChannelSink(send, grouped=config.groups, keep_incomplete=config.keep_incomplete)
+    keep_incomplete = config.groups is not None and config.groups.keep_incomplete
+    sink = ChannelSink(send, grouped=config.groups is not None, keep_incomplete=keep_incomplete)
     run = Run(config, source=feed, sink=sink, transport=transport)
     try:
         await run.connect()

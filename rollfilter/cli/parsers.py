@@ -28,8 +28,8 @@ from rollfilter.config import (
     ROUTE_LEAST_OUTSTANDING,
     ROUTES,
     FailureLimit,
+    Groups,
     Reverify,
-    Tls,
     agent_url,
     checked_url,
     is_decimal,
@@ -268,8 +268,8 @@ def rate_limits(specs: Iterable[str], option: str) -> tuple[float | None, dict[s
     return default, by_agent
 
 
-def rate_limit_fields(rpm: Iterable[str], tpm: Iterable[str]) -> dict[str, Any]:
-    """Config's rpm, rpm_by_agent, tpm and tpm_by_agent from --rpm and --tpm."""
+def rates(rpm: Iterable[str], tpm: Iterable[str]) -> dict[str, Any]:
+    """Config.rates' fields from --rpm and --tpm."""
     (rpm_default, rpm_by_agent), (tpm_default, tpm_by_agent) = rate_limits(rpm, "--rpm"), rate_limits(tpm, "--tpm")
     return {"rpm": rpm_default, "rpm_by_agent": rpm_by_agent, "tpm": tpm_default, "tpm_by_agent": tpm_by_agent}
 
@@ -299,10 +299,11 @@ def max_attempts(given: int | None, environ: Mapping[str, str]) -> int:
     return given if given is not None else max_attempts_from_environment(environ)
 
 
-def tls(cacert: str | None, *, insecure: bool) -> Tls:
-    if cacert == "":
+def cacert(path: str | None) -> str | None:
+    """--cacert's file (Tls checks that it can be used when a run starts)."""
+    if path == "":
         raise UsageError("--cacert wants the path of a PEM file of CA certificates")
-    return Tls(cacert=cacert, insecure=insecure)
+    return path
 
 
 def header(spec: str) -> tuple[str, str]:
@@ -445,27 +446,45 @@ def gym_layout(output: str | None) -> tuple[str, str, str, str]:
     )
 
 
-def steering(policy_version: int | None, max_staleness: int | None, batch_groups: int | None) -> dict[str, Any]:
-    """Config's policy_version, max_staleness and batch_groups from their options; UsageError for a
-    version past 2**53 (Config checks the staleness bound's figures and groups)."""
-    if policy_version is not None and abs(policy_version) > MAX_POLICY_VERSION:
+def policy_version(version: int | None) -> int | None:
+    """--policy-version; UsageError for a version past 2**53."""
+    if version is not None and abs(version) > MAX_POLICY_VERSION:
         raise UsageError(f"--policy-version is a whole number of at most {MAX_POLICY_VERSION} (2**53)")
-    return {"policy_version": policy_version, "max_staleness": max_staleness, "batch_groups": batch_groups}
+    return version
 
 
-def groups(groups: bool, *, drop_uniform: bool, group_field: str | None, refused: dict[str, bool]) -> dict[str, Any]:
-    """Config's groups, drop_uniform and group_field from --groups, --drop-uniform and
-    --group-field; UsageError for what Config cannot tell: a --group-field without --drop-uniform
-    (Config's has a default), and an option groups cannot go with (those `refused`, named as
-    typed). Config checks the rest: the options that need groups, groups of more than one rollout,
-    a --group-field that can be a number."""
-    if group_field is not None and not drop_uniform:
+def groups(
+    grouped: bool,
+    *,
+    keep_incomplete: bool,
+    drop_uniform: bool,
+    field: str | None,
+    target: int | None,
+    max_staleness: int | None,
+    batch: int | None,
+    refused: dict[str, bool],
+) -> Groups | None:
+    """Config.groups from --groups (`grouped`), --drop-uniform (which implies it) and the options
+    of groups (None: no groups); UsageError for what `Groups` cannot tell: a --group-field without
+    --drop-uniform (its field has a default), an option of groups given without them, and an
+    option groups cannot go with (those `refused`, named as typed). `Groups` checks the rest (a
+    staleness bound's two figures, a --group-field that can be a number), and Config that a group
+    has more than one rollout."""
+    if field is not None and not drop_uniform:
         raise UsageError("--group-field is what --drop-uniform compares: give --drop-uniform")
-    for option, value in refused.items() if groups or drop_uniform else ():
+    for option, value in refused.items() if grouped or drop_uniform else ():
         if value:
-            grouping = "--groups" if groups else "--drop-uniform"
+            grouping = "--groups" if grouped else "--drop-uniform"
             raise UsageError(f"{grouping} cannot go with {option}: {_REFUSED_WITH_GROUPS[option]}")
-    return {"groups": groups or drop_uniform, "drop_uniform": drop_uniform, "group_field": group_field or "reward"}
+    settings = Groups(keep_incomplete, drop_uniform, field or "reward", target, max_staleness, batch)
+    if grouped or drop_uniform:
+        return settings
+    if max_staleness is not None:
+        raise UsageError("--max-staleness needs --groups (or --drop-uniform): staleness is bounded group by group")
+    for option, given in (("--keep-incomplete", keep_incomplete), ("--target-groups", target is not None)):
+        if given:
+            raise UsageError(f"{option} is about groups: give --groups (or --drop-uniform)")
+    return None
 
 
 _REFUSED_WITH_GROUPS = {

@@ -295,5 +295,5 @@ class _CommandLineRun:
             except OutputFailed as failure:  # the materialized file, or the copy of stdin it needs
                 self._output_failed(failure)
             except RepeatsMissing as missing:
-                raise UsageError(repeats_missing(missing.agents, command.config.repeats_by_agent)) from None
+                raise UsageError(repeats_missing(missing.agents, command.config.repeats.by_agent)) from None
         return None

@@ -84,7 +84,7 @@ class RunViews:
         if planned is not None:
             return lambda: planned
         config = self.command.config
-        repeats = None if config.repeats_by_agent else config.max_repeats
+        repeats = None if config.repeats.by_agent else config.repeats.largest
         if config.reverify is not None:
             repeats = None if config.reverify.judge_failed_only else 1  # a line a rollout (of those re-scored)
         return known_total(self.command.inputs, limit=config.limit, shard=config.shard, repeats=repeats)
@@ -110,8 +110,8 @@ def _display(command: CommandConfig, environment: Environment, fallback: LineWri
         variables=environment.variables,
         force_terminal=bool(command.progress),
         adaptive=config.adaptive,
-        priced=bool(config.prices),
-        limited=config.rate_limited,
+        priced=bool(config.cost.prices),
+        limited=config.rates.limited,
         steered=command.control_socket is not None,
         fallback=fallback,
     )

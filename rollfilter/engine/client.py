@@ -149,8 +149,8 @@ class AgentClient:
         self._retries = config.retries.count
         self._retry_statuses = config.retries.statuses
         self._timeout = config.timeout.attempt if config.timeout.attempt is not None else math.inf
-        self._cross_origin_redirects = config.cross_origin_redirects
-        self._affinity_header = config.affinity_header
+        self._cross_origin_redirects = config.wire.cross_origin_redirects
+        self._affinity_header = config.routing.affinity_header
         self._rng = rng or random.Random()
         self._tally = tally
         self._on_event = on_event

@@ -173,19 +173,21 @@ class GroupStage:
         """The groups of a run of `config` (`Config.groups`), with those earlier runs kept or
         dropped (`resume`): reaching the target stops the run (`control`); a target earlier runs
         met stops it before anything is sent (`target_reached`)."""
-        reason = f"stopped once {config.target_groups} groups were kept (the target)"
+        settings = config.groups
+        assert settings is not None, "a run of groups"
+        reason = f"stopped once {settings.target} groups were kept (the target)"
         groups = cls(
             sink,
             functools.partial(control.stop, StopCause.TARGET_REACHED, reason),
             tally,
-            field=config.group_field,
-            drop_uniform=config.drop_uniform,
-            target=config.target_groups,
+            field=settings.field,
+            drop_uniform=settings.drop_uniform,
+            target=settings.target,
             hold=hold,
             kept_before=resume.kept_groups if resume is not None else 0,
             dropped_before=resume.dropped_groups if resume is not None else 0,
             masked_before=resume.masked_groups if resume is not None else 0,
-            in_order=config.max_staleness is not None,
+            in_order=settings.max_staleness is not None,
             on_close=on_close,
         )
         groups.start()

@@ -261,7 +261,7 @@ class Planner:
         if name is not None:
             self.agents_seen.add(name)
         reason = apply_params(row, config.params) if config.params else None
-        if reason is None and config.repeat_seeds:
+        if reason is None and config.repeats.seeds:
             reason = check_seedable(row)
         if reason is None and ROLLOUT_ID in row:
             reason = rollout_id_problem(row)
@@ -281,7 +281,7 @@ class Planner:
         shard = config.shard
         if shard is not None and shard_of(task, shard[1]) != shard[0]:
             return
-        repeats = config.repeats_for(name)
+        repeats = config.repeats.for_agent(name)
         if repeats is None:
             self.agents_without_repeats.add(name)
             repeats = 1
@@ -291,7 +291,7 @@ class Planner:
         if self._tasks is not None:
             self._tasks.planned(task, repeats)
         sent = row if failure is None else None
-        prefix = _encoded_prefix(sent, seeds=config.repeat_seeds) if sent is not None else None
+        prefix = _encoded_prefix(sent, seeds=config.repeats.seeds) if sent is not None else None
         given_attempt = row.get(ATTEMPT_INDEX) if row is not None else None
         jobs = []
         carried: dict[int, dict[str, Any]] = {}
@@ -321,7 +321,7 @@ class Planner:
                     tail = b',"_ng_attempt_index":%d}' % attempt if attempt else b"}"
                     rollout_body = b'%s,"_ng_rollout_index":%d%s' % (prefix, rollout, tail)
                 else:
-                    rollout_body = _encoded_rollout(sent, rollout, attempt, seeds=config.repeat_seeds)
+                    rollout_body = _encoded_rollout(sent, rollout, attempt, seeds=config.repeats.seeds)
                 attempt_index = attempt or given_attempt
             jobs.append(
                 Job(

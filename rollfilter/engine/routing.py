@@ -256,7 +256,7 @@ class Router:
             budget = RetryBudget(ratio) if ratio is not None else None
             replicas = [Replica(httpx.URL(url)) for url in urls]
             placement = TaskPlacement(replicas) if by_task and len(replicas) > 1 else None
-            rpm, tpm = config.rate_limits_for(name)
+            rpm, tpm = config.rates.for_agent(name)
             rate_limits = None
             if rpm is not None or tpm is not None:
                 rate_limits = rate_limits_for(name, rpm, tpm) if rate_limits_for is not None else RateLimits(rpm, tpm)
@@ -266,7 +266,8 @@ class Router:
         named = endpoints if endpoints is not None else config.endpoints
         self.agents = {name: agent(name, urls) for name, urls in named.items()}
         self._head = head
-        for field, limited in (("rpm_by_agent", config.rpm_by_agent), ("tpm_by_agent", config.tpm_by_agent)):
+        rates = config.rates
+        for field, limited in (("rates.rpm_by_agent", rates.rpm_by_agent), ("rates.tpm_by_agent", rates.tpm_by_agent)):
             unknown = sorted(set(limited) - set(self.agents))
             if unknown:
                 raise ConfigError(field, f"names no agent of the run: {', '.join(map(repr, unknown))}")

@@ -166,10 +166,11 @@ class StalenessGate:
 
     @classmethod
     def for_config(cls, steering: Steering, config: Config) -> StalenessGate | None:
-        """The gate `config` asks for (`Config.max_staleness`, `Config.batch_groups`), or None."""
-        if config.max_staleness is None or config.batch_groups is None:
+        """The gate `config` asks for (`Config.groups.max_staleness`, `Config.groups.batch`), or None."""
+        groups = config.groups
+        if groups is None or groups.max_staleness is None or groups.batch is None:
             return None
-        return cls(steering, config.max_staleness, config.batch_groups, keep_incomplete=config.keep_incomplete)
+        return cls(steering, groups.max_staleness, groups.batch, keep_incomplete=groups.keep_incomplete)
 
     def groups_allowed(self) -> int:
         """How many groups may be sent under the current version."""

@@ -66,6 +66,6 @@ def transport_for(
         tls=tls,
         connect_timeout=config.timeout.connect,
         headers=request_headers(config),
-        proxy=config.proxy,
-        max_reply_bytes=config.max_reply_bytes,
+        proxy=config.wire.proxy,
+        max_reply_bytes=config.wire.max_reply_bytes,
     )

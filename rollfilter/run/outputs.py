@@ -64,13 +64,14 @@ class RunOutputs:
 
     def sink(self, config: Config) -> LineSink:
         """The sink of a run of `config` that writes its outcomes here."""
-        groups = GroupOutputs(config.keep_incomplete, self.dropped, self.held, self.results_size)
+        keep_incomplete = config.groups is not None and config.groups.keep_incomplete
+        groups = GroupOutputs(keep_incomplete, self.dropped, self.held, self.results_size)
         return LineSink(
             self.results,
             self.errors,
             records=self.records,
             ordered=self.ordered,
-            repeats=config.max_repeats,
+            repeats=config.repeats.largest,
             stderr_line=self.stderr_line,
             message_of=self.message_of,
             groups=groups,
@@ -83,7 +84,7 @@ class RunOutputs:
         sink = BodySink(
             self.results,
             self.errors,
-            repeats=config.max_repeats,
+            repeats=config.repeats.largest,
             stderr_line=self.stderr_line,
             message_of=self.message_of,
             fold=self.fold,

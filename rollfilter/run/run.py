@@ -136,12 +136,13 @@ class Run:
         self.config = config
         self.control = control if control is not None else StopControl()
         self.metrics = Metrics()
-        if config.prices:
-            self.metrics.spending = Spending(config.prices)
-        self.tasks = TaskStats(config.max_repeats, config.pass_threshold, on_task) if config.max_repeats > 1 else None
+        if config.cost.prices:
+            self.metrics.spending = Spending(config.cost.prices)
+        largest = config.repeats.largest
+        self.tasks = TaskStats(largest, config.pass_threshold, on_task) if largest > 1 else None
         self.spool = ResultSpool() if config.aggregate and client is None else None
         answered = self.tasks if client is None else None  # a dry run's rollouts are planned, never answered
-        self.tally = Tally(self.metrics, answered, self.spool, repeats_for=config.repeats_for)
+        self.tally = Tally(self.metrics, answered, self.spool, repeats_for=config.repeats.for_agent)
         if transport is None and (source is not None or self.spool is not None):
             transport = transport_for(config, tls=tls, on_warning=on_warning)
         self.transport: AgentTransport | None = transport
@@ -152,7 +153,7 @@ class Run:
         self._fits_open_files = source is not None and client is None  # a run that connects
         self._open_files_warning: ConfigWarning | None = None
         self.concurrency = self._fitted(config.concurrency)  # as set_concurrency last set it
-        self.send_slots = SendSlots(self.concurrency) if config.rate_limited and client is None else None
+        self.send_slots = SendSlots(self.concurrency) if config.rates.limited and client is None else None
         self.steering = Steering(config.policy_version)
         self.staleness = StalenessGate.for_config(self.steering, config)
         self.index: MaterializedIndex | None = None  # with config.reverify: the materialized inputs, indexed
@@ -259,10 +260,10 @@ class Run:
             # A dry run shows each row's route, then its body, one row at a time: in input order.
             concurrency=self.concurrency if sends else 1,
             failure_limit=config.max_failures,
-            max_cost=config.max_cost,
+            max_cost=config.cost.max_usd,
             on_event=self._on_event,
             groups=self.groups,
-            group_field=config.group_field if config.drop_uniform else None,
+            group_field=config.groups.field if config.groups and config.groups.drop_uniform else None,
             waiting_rows=self.send_slots.waiting_rows if self.send_slots is not None else 0,
             unreachable_after=unreachable_after,
             steering=self.steering,
@@ -284,7 +285,7 @@ class Run:
             if self.groups is not None:
                 self.groups.cancel_open()
         if self.groups is not None and self._earlier is not None:
-            self.groups.cancel_earlier(self._earlier.left_open(self.config.repeats_for))
+            self.groups.cancel_earlier(self._earlier.left_open(self.config.repeats.for_agent))
         if self.control.stopped_early and isinstance(self._sink, LineSink):
             self._sink.flush_backlog()  # what --ordered holds behind rows that never finished
 
@@ -319,8 +320,8 @@ class Run:
         said = [self._open_files_warning] if self._open_files_warning is not None else []
         if self.engine is None or self.control.stopped_early:
             return said
-        unnamed = sorted(set(self.config.repeats_by_agent) - self.engine.planner.agents_seen)
-        return [*said, *(ConfigWarning("repeats_by_agent", name, f"no row named agent {name!r}") for name in unnamed)]
+        unnamed = sorted(set(self.config.repeats.by_agent) - self.engine.planner.agents_seen)
+        return [*said, *(ConfigWarning("repeats.by_agent", name, f"no row named agent {name!r}") for name in unnamed)]
 
     def _fitted(self, concurrency: int) -> int:
         """`concurrency`, or as many requests at once as fit under the open-file limit, as the

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rollfilter import Config, open_rollouts
 from rollfilter.api.in_trio import LiveFigures, RolloutRun, open_rollouts_in_trio
 from rollfilter.api.prometheus import OUTCOMES, PrometheusCollector, exposition, families, register
-from rollfilter.config import Retries
+from rollfilter.config import Cost, Groups, Rates, Retries
 from rollfilter.demo import DemoAgent, serve
 from rollfilter.engine.routing import Router
 from rollfilter.errors import ErrorKind
@@ -39,7 +39,7 @@ def registry_of(run: Run) -> CollectorRegistry:
 
 
 def test_the_figures_by_agent_and_outcome_each_outcome_from_zero():
-    run = Run(Config(url="http://127.0.0.1:9/run", prices=(("a", _price()),)))
+    run = Run(Config(url="http://127.0.0.1:9/run", cost=Cost(prices=(("a", _price()),))))
     metrics = run.metrics
     metrics.add_result({"reward": 1.0, "response": {"usage": {"total_tokens": 7}}}, 0.2, "a")
     metrics.add_result({"reward": 0.0, "response": {"usage": {"total_tokens": 3}}}, 2.0, "a")
@@ -151,7 +151,7 @@ def test_families_of_a_run_not_connected_yet():
 
 
 async def test_requests_held_by_a_rate_limit_and_the_seconds_they_waited(autojump_clock):
-    run = Run(Config(url="http://127.0.0.1:9/run", endpoints={"a": ("http://127.0.0.1:9/run",)}, rpm=60))
+    run = Run(Config(url="http://127.0.0.1:9/run", endpoints={"a": ("http://127.0.0.1:9/run",)}, rates=Rates(rpm=60)))
     run.router = Router(run.config)  # the agents own their limits: a run's router makes them
     (agent,) = run.router.agents_named("a")
     limits = agent.rate_limits
@@ -205,7 +205,7 @@ async def test_a_scrape_after_the_run_ended_reads_the_figures_without_its_loop()
 
 async def test_the_pause_the_concurrency_limit_the_version_and_what_staleness_holds(autojump_clock):
     agent = StandIn(lambda row: 1.0)
-    config = Config(url=URL, concurrency=64, repeats=2, groups=True, max_staleness=0, batch_groups=1, policy_version=5)
+    config = Config(url=URL, concurrency=64, repeats=2, groups=Groups(max_staleness=0, batch=1), policy_version=5)
     taken: list[Outcome] = []
     async with open_rollouts_in_trio(rows(3), config, transport=agent) as run, trio.open_nursery() as nursery:
         nursery.start_soon(collect, run, taken)

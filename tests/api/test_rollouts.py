@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -17,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rollfilter
-from rollfilter import Config, Failure, Group, Rollout, Tls, open_rollouts, rollouts
+from rollfilter import Config, Failure, Group, Groups, Rollout, Tls, open_rollouts, rollouts
 from rollfilter.config import ConfigError
 from rollfilter.demo import DemoAgent, serve
 from rollfilter.errors import ErrorKind, ServiceError, UsageError
@@ -329,7 +330,7 @@ N = 24
 
 
 def grouped(url: str, **groups: Any) -> Config:
-    return Config(url=url, repeats=K, concurrency=16, drop_uniform=True, **groups)
+    return Config(url=url, repeats=K, concurrency=16, groups=Groups(drop_uniform=True, **groups))
 
 
 def check_kept(groups: list[Group]) -> None:
@@ -382,7 +383,7 @@ def test_iterating_the_run_gives_every_group_with_its_fate_and_failures(demo_ser
 def test_keep_incomplete_hands_out_the_finished_rollouts(demo_server: DemoServer):
     rows = group_rows(3)
     rows[0]["demo"]["faults"] = ["422", None, None, None]
-    groups = list(rollouts(rows, Config(url=demo_server.url, repeats=K, groups=True, keep_incomplete=True)).groups())
+    groups = list(rollouts(rows, Config(url=demo_server.url, repeats=K, groups=Groups(keep_incomplete=True))).groups())
     assert sorted((g.task_index, g.fate, len(g.rollouts)) for g in groups) == [
         (0, "incomplete", 3),
         (1, "kept", 4),
@@ -391,7 +392,7 @@ def test_keep_incomplete_hands_out_the_finished_rollouts(demo_server: DemoServer
 
 
 def test_target_groups_ends_the_run_after_that_many(demo_server: DemoServer):
-    run = rollouts(group_rows(N), grouped(demo_server.url, target_groups=2))
+    run = rollouts(group_rows(N), grouped(demo_server.url, target=2))
     assert len(list(run.groups())) == 2
     assert run.summary is not None
     assert run.summary["rollfilter"]["groups"]["kept"] == 2
@@ -401,15 +402,15 @@ def test_target_groups_ends_the_run_after_that_many(demo_server: DemoServer):
     ("settings", "field"),
     [
         ({"groups": True}, "Config.groups"),  # repeats of 1
-        ({"repeats": 4, "target_groups": 3}, "Config.target_groups"),
-        ({"repeats": 4, "keep_incomplete": True}, "Config.keep_incomplete"),
-        ({"repeats": 4, "target_groups": 0, "groups": True}, "Config.target_groups"),
-        ({"repeats": 4, "drop_uniform": True, "group_field": "response"}, "Config.group_field"),
+        ({"repeats": 4, "groups": {"target": 0}}, "Config.groups.target"),
+        ({"repeats": 4, "groups": {"drop_uniform": True, "field": "response"}}, "Config.groups.field"),
+        ({"repeats": 4, "groups": {"max_staleness": 1}}, "Config.groups.max_staleness"),
     ],
 )
 def test_group_settings_that_cannot_work_are_refused(settings: dict[str, Any], field: str):
-    with pytest.raises(ConfigError, match=field):
-        Config(url="http://127.0.0.1:9", **settings)
+    groups = settings.pop("groups")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(field)}: "):
+        Config(url="http://127.0.0.1:9", groups=Groups(**groups) if isinstance(groups, dict) else groups, **settings)
 
 
 def test_a_run_in_threads_is_steered_from_the_iterating_thread(demo_server: DemoServer):

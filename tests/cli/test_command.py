@@ -13,7 +13,21 @@ from rollfilter import rollouts
 from rollfilter.cli import options
 from rollfilter.cli.command import CommandConfig
 from rollfilter.cli.options import typer_app
-from rollfilter.config import Config, ConfigError, FailureLimit, Retries, Timeouts, Tls
+from rollfilter.config import (
+    Config,
+    ConfigError,
+    Cost,
+    FailureLimit,
+    Groups,
+    Rates,
+    Repeats,
+    Retries,
+    Reverify,
+    Routing,
+    Timeouts,
+    Tls,
+    Wire,
+)
 from rollfilter.cost import Price
 from rollfilter.demo import DemoOptions
 from rollfilter.errors import ExitStatus, UsageError
@@ -50,22 +64,32 @@ def test_the_command_line_builds_a_config_from_every_option_that_sets_a_field():
         concurrency=4,
         adaptive=True,
         limit=5,
-        repeats=2,
-        repeats_by_agent={"a": 3},
-        repeat_seeds=True,
+        repeats=Repeats(count=2, by_agent={"a": 3}, seeds=True),
         params=(("temperature", 0.7), ("model", "m")),
-        prices=((None, Price(1, 2)),),
-        max_cost=3,
+        cost=Cost(prices=((None, Price(1, 2)),), max_usd=3),
         headers=(("X-Token", "t"),),
         shard=(1, 3),
         pass_threshold=0.5,
         head_server="http://127.0.0.1:5",
-        proxy="http://127.0.0.1:6",
+        wire=Wire(proxy="http://127.0.0.1:6", cross_origin_redirects=True, max_reply_bytes=1024),
         aggregate=True,
-        cross_origin_redirects=True,
-        max_reply_bytes=1024,
         max_failures=FailureLimit(fraction=0.1),
     )
+
+
+def test_the_command_line_builds_the_groups_routing_and_rates_from_their_options():
+    config = typer_run_config(
+        "-r", "2", "--drop-uniform", "--group-field", "accuracy", "--keep-incomplete", "--target-groups", "5",
+        "--max-staleness", "1", "--batch-groups", "4", "--policy-version", "3", "--route", "least-outstanding",
+        "--affinity-header", "X-Session-ID", "--rpm", "60", "--rpm", "a=30", "--tpm", "a=1000",
+        "-e", "a=http://127.0.0.1:2", "--control", "run.sock",
+    )  # fmt: skip
+    assert config.groups == Groups(True, True, "accuracy", target=5, max_staleness=1, batch=4)
+    assert config.policy_version == 3
+    assert config.routing == Routing(policy="least-outstanding", affinity_header="X-Session-ID")
+    assert config.rates == Rates(rpm=60, rpm_by_agent={"a": 30}, tpm_by_agent={"a": 1000})
+    assert typer_run_config("-r", "2", "--groups").groups == Groups()
+    assert typer_run_config("-r", "2").groups is None
 
 
 def test_the_command_line_builds_the_parts_from_its_options():
@@ -101,8 +125,8 @@ def test_a_command_configs_repr_never_shows_a_header_value():
 
 def test_a_bad_setting_is_its_field_in_python_and_its_option_on_the_command_line(demo_server):
     with pytest.raises(UsageError) as caught:
-        list(rollouts(simple_rows(1), Config(url=demo_server.url, max_cost=5.0)))
-    assert str(caught.value) == "Config.max_cost: needs Config.prices: without them nothing is spent"
+        list(rollouts(simple_rows(1), Config(url=demo_server.url, cost=Cost(max_usd=5.0))))
+    assert str(caught.value) == "Config.cost.max_usd: needs Config.cost.prices: without them nothing is spent"
     proc = run_command(["-u", demo_server.url, "--max-cost", "5"], input=rows_jsonl(simple_rows(1)))
     assert proc.returncode == 2
     assert proc.stderr.decode() == "rollfilter: --max-cost needs --prices: without them nothing is spent\n"
@@ -118,43 +142,43 @@ def test_config_errors_name_the_field_and_the_command_line_names_the_option():
 
 
 URL = "http://127.0.0.1:1/run"  # nothing is sent: the command line is only parsed
+STALENESS = ["--max-staleness", "1", "--batch-groups", "2"]
 # For each field, a use of the option that sets it (with what that option needs beside it):
 # parsing it must change that field.
 USE_OF_FIELD: dict[str, list[str]] = {
     "url": ["-u", "http://127.0.0.1:2/run"],
     "reverify": ["--reverify", "m.jsonl"],
+    "reverify.materialized": ["--reverify", "m.jsonl"],
+    "reverify.judge_failed_only": ["--reverify", "m.jsonl", "--judge-failed-only"],
+    "reverify.force": ["--reverify", "m.jsonl", "--force"],
     "endpoints": ["-e", "a=http://127.0.0.1:3/run"],
     "agent": ["-a", "a"],
     "concurrency": ["-j", "3"],
     "limit": ["-n", "5"],
-    "repeats": ["-r", "2"],
-    "repeats_by_agent": ["-r", "a=2"],
-    "repeat_seeds": ["--repeat-seeds", "-r", "2"],
+    "repeats.count": ["-r", "2"],
+    "repeats.by_agent": ["-r", "a=2"],
+    "repeats.seeds": ["--repeat-seeds", "-r", "2"],
     "params": ["-p", "temperature=0.5"],
-    "retries": ["--retries", "7"],
     "retries.count": ["--retries", "7"],
     "retries.budget": ["--retry-budget", "0.5"],
     "retries.statuses": ["--retry-on", "500"],
-    "timeout": ["--timeout", "9"],
     "timeout.attempt": ["--timeout", "9"],
     "timeout.connect": ["--connect-timeout", "9"],
-    "tls": ["--cacert", "ca.pem"],
     "tls.cacert": ["--cacert", "ca.pem"],
     "tls.insecure": ["--insecure"],
-    "max_failures": ["--max-failures", "3"],
     "max_failures.count": ["--max-failures", "3"],
     "max_failures.fraction": ["--max-failures", "10%"],
-    "prices": ["--prices", "prices.json"],
-    "max_cost": ["--max-cost", "5", "--prices", "prices.json"],
+    "cost.prices": ["--prices", "prices.json"],
+    "cost.max_usd": ["--max-cost", "5", "--prices", "prices.json"],
     "headers": ["-H", "X-Test: 1"],
     "shard": ["--shard", "1/2"],
     "pass_threshold": ["--pass-threshold", "0.5"],
     "head_server": ["--head-server", "http://127.0.0.1:4"],
-    "proxy": ["--proxy", "http://127.0.0.1:5"],
+    "wire.proxy": ["--proxy", "http://127.0.0.1:5"],
     "adaptive": ["--adaptive"],
     "aggregate": ["--aggregate", "aggregate.json", "-a", "a"],
-    "cross_origin_redirects": ["--cross-origin-redirects"],
-    "max_reply_bytes": ["--max-reply-bytes", "1000"],
+    "wire.cross_origin_redirects": ["--cross-origin-redirects"],
+    "wire.max_reply_bytes": ["--max-reply-bytes", "1000"],
     "output": ["-o", "out.jsonl"],
     "errors_file": ["--errors", "errors.jsonl"],
     "metrics_file": ["--metrics", "metrics.json"],
@@ -165,26 +189,48 @@ USE_OF_FIELD: dict[str, list[str]] = {
     "resume": ["--resume", "-o", "out.jsonl"],
     "max_attempts": ["--max-attempts", "5"],
     "groups": ["--groups", "-r", "2"],
-    "keep_incomplete": ["--keep-incomplete", "--groups", "-r", "2"],
-    "drop_uniform": ["--drop-uniform", "-r", "2"],
-    "group_field": ["--group-field", "accuracy", "--drop-uniform", "-r", "2"],
-    "target_groups": ["--target-groups", "3", "--groups", "-r", "2"],
+    "groups.keep_incomplete": ["--keep-incomplete", "--groups", "-r", "2"],
+    "groups.drop_uniform": ["--drop-uniform", "-r", "2"],
+    "groups.field": ["--group-field", "accuracy", "--drop-uniform", "-r", "2"],
+    "groups.target": ["--target-groups", "3", "--groups", "-r", "2"],
     "dropped_file": ["--dropped", "dropped.jsonl", "--groups", "-r", "2"],
-    "route": ["--route", "task"],
-    "affinity_header": ["--affinity-header", "X-Session-ID"],
-    "rpm": ["--rpm", "600"],
-    "rpm_by_agent": ["--rpm", "a=600", "-e", "a=http://127.0.0.1:3/run"],
-    "tpm": ["--tpm", "60000"],
-    "tpm_by_agent": ["--tpm", "a=60000", "-e", "a=http://127.0.0.1:3/run"],
+    "routing.policy": ["--route", "task"],
+    "routing.affinity_header": ["--affinity-header", "X-Session-ID"],
+    "rates.rpm": ["--rpm", "600"],
+    "rates.rpm_by_agent": ["--rpm", "a=600", "-e", "a=http://127.0.0.1:3/run"],
+    "rates.tpm": ["--tpm", "60000"],
+    "rates.tpm_by_agent": ["--tpm", "a=60000", "-e", "a=http://127.0.0.1:3/run"],
     "policy_version": ["--policy-version", "3"],
-    "max_staleness": ["--max-staleness", "1", "--batch-groups", "2", "--groups", "-r", "2", "--control", "run.sock"],
-    "batch_groups": ["--max-staleness", "1", "--batch-groups", "2", "--groups", "-r", "2", "--control", "run.sock"],
+    "groups.max_staleness": [*STALENESS, "--groups", "-r", "2", "--control", "run.sock"],
+    "groups.batch": [*STALENESS, "--groups", "-r", "2", "--control", "run.sock"],
     "control_socket": ["--control", "run.sock"],
     "quiet": ["-q"],
     "progress": ["--no-progress"],
     "verbose": ["-v"],
     "dry_run": ["--dry-run"],
 }
+
+
+# Config's parts, by the field that holds each.
+PARTS: dict[str, type] = {
+    "repeats": Repeats,
+    "groups": Groups,
+    "retries": Retries,
+    "timeout": Timeouts,
+    "tls": Tls,
+    "wire": Wire,
+    "routing": Routing,
+    "rates": Rates,
+    "cost": Cost,
+    "max_failures": FailureLimit,
+    "reverify": Reverify,
+}
+
+
+def leaf_fields() -> set[str]:
+    """Config's fields that are no part, and its parts' fields (`retries.budget`), by their paths."""
+    fields = {field.name for field in dataclasses.fields(Config) if field.name not in PARTS}
+    return fields | {f"{name}.{field.name}" for name, part in PARTS.items() for field in dataclasses.fields(part)}
 
 
 def parsed(args: list[str], monkeypatch: pytest.MonkeyPatch) -> CommandConfig:
@@ -197,11 +243,12 @@ def parsed(args: list[str], monkeypatch: pytest.MonkeyPatch) -> CommandConfig:
 
 
 def field_value(command: CommandConfig, name: str) -> Any:
-    """The value of field `name` (`retries.budget`: of a Config part) that `command` holds."""
+    """The value of field `name` (`retries.budget`: of a Config part; None: of a part not there)
+    that `command` holds."""
     config_fields = {field.name for field in dataclasses.fields(command.config)}
     value: Any = command.config if name.split(".")[0] in config_fields else command
     for part in name.split("."):
-        value = getattr(value, part)
+        value = getattr(value, part) if value is not None else None
     return value
 
 
@@ -219,10 +266,7 @@ def test_every_field_is_set_by_its_option(monkeypatch: pytest.MonkeyPatch, tmp_p
     that USE_OF_FIELD gives for it: parsing that option changes the field."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "prices.json").write_text('{"a": [1, 2]}')
-    parts = {"retries": Retries, "timeout": Timeouts, "tls": Tls, "max_failures": FailureLimit}
-    config_fields = {field.name for field in dataclasses.fields(Config)}
-    config_fields |= {f"{name}.{field.name}" for name, part in parts.items() for field in dataclasses.fields(part)}
-    assert config_fields <= set(USE_OF_FIELD)
+    assert leaf_fields() <= set(USE_OF_FIELD)
     before = parsed([], monkeypatch)
     unset = []
     for name, use in USE_OF_FIELD.items():

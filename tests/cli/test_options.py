@@ -3,13 +3,12 @@ ConfigError said by the option of its field."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
+from rollfilter.cli.definition import PANELS
 from rollfilter.cli.messages import OPTION_OF_FIELD, option_message
-from rollfilter.cli.options import PANELS
-from rollfilter.config import ONE_ROLLOUT_GROUPS, Config, FailureLimit, Retries, Reverify, Timeouts, Tls
-from tests.cli.test_command import USE_OF_FIELD
+from rollfilter.config import ONE_ROLLOUT_GROUPS
+from tests.cli.test_command import USE_OF_FIELD, leaf_fields
 from tests.conftest import clean_env, run
 
 
@@ -64,10 +63,9 @@ def test_help_ends_with_examples_that_fit_80_columns():
 
 
 def test_every_config_field_is_said_by_the_option_that_sets_it():
-    parts = {"retries": Retries, "timeout": Timeouts, "tls": Tls, "max_failures": FailureLimit, "reverify": Reverify}
-    fields = {field.name for field in dataclasses.fields(Config)}
-    fields |= {f"{name}.{field.name}" for name, part in parts.items() for field in dataclasses.fields(part)}
-    assert set(OPTION_OF_FIELD) == fields
+    """Each field (a part's by its path) has its option, and so has each part a Config's own
+    check names (`Config.groups: needs Config.repeats over 1`)."""
+    assert set(OPTION_OF_FIELD) == leaf_fields() | {"groups", "repeats", "reverify"}
     for name, option in OPTION_OF_FIELD.items():
         spellings = option.split()[0].split("/")  # "-r {key}=K": -r; "-H/--header": -H or --header
         if name in USE_OF_FIELD:
@@ -75,10 +73,16 @@ def test_every_config_field_is_said_by_the_option_that_sets_it():
 
 
 def test_a_config_error_is_said_by_the_options_of_the_fields_it_names():
-    assert option_message("max_cost", "needs Config.prices: without them nothing is spent") == (
+    assert option_message("cost.max_usd", "needs Config.cost.prices: without them nothing is spent") == (
         "--max-cost needs --prices: without them nothing is spent"
     )
-    assert option_message("repeats_by_agent['b']", ONE_ROLLOUT_GROUPS) == (
+    assert option_message("groups", "needs Config.repeats over 1: a group is a row's repeated rollouts") == (
+        "--groups needs -r over 1: a group is a row's repeated rollouts"
+    )
+    assert option_message("groups.max_staleness", "needs Config.groups.batch too") == (
+        "--max-staleness needs --batch-groups too"
+    )
+    assert option_message("repeats.by_agent['b']", ONE_ROLLOUT_GROUPS) == (
         "-r b=K is 1, which makes groups of one: with --groups, a row's rollouts are its group"
     )
     assert option_message("headers[0][0]", "holds a name that is empty") == "-H/--header holds a name that is empty"

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
 from rollfilter.cli import parsers
-from rollfilter.config import FailureLimit
+from rollfilter.config import ConfigError, FailureLimit, Groups
 from rollfilter.cost import Price, PriceError
 from rollfilter.errors import ExitStatus, UsageError
 from tests.conftest import array_task, run
@@ -199,27 +200,39 @@ def test_a_prometheus_address_is_host_and_port():
     assert parsers.prometheus(None, None) == {"prometheus": None, "prometheus_file": None}
 
 
-def test_a_staleness_bound_needs_both_its_figures_and_groups():
-    # Config checks them; the command line names the options (tests/e2e/test_options.py).
-    assert parsers.steering(3, 1, 2) == {"policy_version": 3, "max_staleness": 1, "batch_groups": 2}
-    assert parsers.steering(None, 1, None) == {"policy_version": None, "max_staleness": 1, "batch_groups": None}
-
-
 def test_a_policy_version_is_at_most_2_to_the_53():
     with pytest.raises(UsageError, match=r"--policy-version is a whole number of at most 9007199254740992"):
-        parsers.steering(2**53 + 1, None, None)
-    assert parsers.steering(-(2**53), None, None)["policy_version"] == -(2**53)
+        parsers.policy_version(2**53 + 1)
+    assert parsers.policy_version(-(2**53)) == -(2**53)
+    assert parsers.policy_version(None) is None
 
 
-def test_the_group_options_are_checked_by_config_not_again_here():
-    # Groups of one rollout, --keep-incomplete without groups: Config refuses them, by field
-    # (the command line says them by option: tests/e2e/test_groups.py).
-    assert parsers.groups(True, drop_uniform=False, group_field=None, refused={}) == {
-        "groups": True,
-        "drop_uniform": False,
-        "group_field": "reward",
-    }
+def groups(grouped: bool = True, **given: object) -> Groups | None:
+    """parsers.groups of the options of groups `given`, the rest not given."""
+    options: dict[str, Any] = {"keep_incomplete": False, "drop_uniform": False, "field": None, "target": None}
+    options |= {"max_staleness": None, "batch": None, "refused": {}}
+    return parsers.groups(grouped, **{**options, **given})
+
+
+def test_the_options_of_groups_make_groups_and_are_refused_without_them():
+    assert groups() == Groups()
+    assert groups(False, drop_uniform=True, field="accuracy") == Groups(drop_uniform=True, field="accuracy")
+    assert groups(target=3, max_staleness=1, batch=2) == Groups(target=3, max_staleness=1, batch=2)
+    assert groups(False) is None
+    for given, option in (({"keep_incomplete": True}, "--keep-incomplete"), ({"target": 2}, "--target-groups")):
+        with pytest.raises(UsageError, match=rf"^{option} is about groups: give --groups \(or --drop-uniform\)$"):
+            groups(False, **given)
+    with pytest.raises(UsageError, match=r"^--max-staleness needs --groups \(or --drop-uniform\): staleness is"):
+        groups(False, max_staleness=1, batch=2)
     with pytest.raises(UsageError, match=r"^--groups cannot go with -k: "):
-        parsers.groups(True, drop_uniform=False, group_field=None, refused={"-k": True})
+        groups(refused={"-k": True})
     with pytest.raises(UsageError, match=r"^--group-field is what --drop-uniform compares"):
-        parsers.groups(True, drop_uniform=False, group_field="accuracy", refused={})
+        groups(field="accuracy")
+
+
+def test_what_groups_check_they_check_before_groups_are_asked_for():
+    # Groups refuses half a staleness bound by its field (the command line says it by option:
+    # tests/e2e/test_options.py), before the command line asks for --groups.
+    with pytest.raises(ConfigError) as refused:
+        groups(False, max_staleness=1)
+    assert refused.value.field == "groups.max_staleness"

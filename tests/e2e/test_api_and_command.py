@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import trio
 
-from rollfilter import Config, Reverify, RollfilterError, ServiceError, open_rollouts, rollouts
+from rollfilter import Config, Groups, Repeats, Reverify, RollfilterError, ServiceError, open_rollouts, rollouts
 from rollfilter.api.in_trio import FinalReport
 from tests.conftest import DemoServer, closed_port_url, invoke, read_jsonl, rows_jsonl, serving, summary_of
 from tests.e2e.test_groups import K, group_rows
@@ -42,25 +42,25 @@ CASES = [
     Case(
         "repeats by agent, one naming no row",
         ("-r", "2", "-r", "nobody=3"),
-        {"repeats": 2, "repeats_by_agent": {"nobody": 3}},
+        {"repeats": Repeats(2, by_agent={"nobody": 3})},
         warned=("no row named agent 'nobody'",),
     ),
     Case("groups", ("-r", str(K), "--groups"), {"repeats": K, "groups": True}),
     Case(
         "groups to a target",
         ("-r", str(K), "--groups", "--target-groups", "3"),
-        {"repeats": K, "groups": True, "target_groups": 3},
+        {"repeats": K, "groups": Groups(target=3)},
     ),
     Case(
         "a target the first group meets, most rows never read",
         ("-r", str(K), "--groups", "--target-groups", "1"),
-        {"repeats": K, "groups": True, "target_groups": 1},
+        {"repeats": K, "groups": Groups(target=1)},
         rows=24,
     ),
     Case(
         "uniform groups dropped",
         ("-r", str(K), "--drop-uniform", "--target-groups", "4"),
-        {"repeats": K, "drop_uniform": True, "groups": True, "target_groups": 4},
+        {"repeats": K, "groups": Groups(drop_uniform=True, target=4)},
     ),
 ]
 
@@ -122,7 +122,7 @@ def test_the_command_and_the_api_summarize_the_same_run_alike(
     assert command_summary == api_summary
     # And what they say is so: every pair of the rows expected, those never read not started.
     figures = api_summary["rollfilter"]
-    assert figures["expected"] == case.rows * case.config["repeats"]
+    assert figures["expected"] == case.rows * Config(**case.config).repeats.default
     if "stopped" in figures or case.config.get("groups"):
         assert figures["not_started"] == figures["expected"] - figures["rows_read"]
         assert figures["not_started"] > 0 if "stopped" in figures else figures["not_started"] == 0

@@ -298,7 +298,7 @@ def test_changelog_keeps_a_changelog():
 
 
 def test_help_examples_that_keep_the_summary_in_a_file_keep_it_parseable_when_rows_fail(workdir: Path, start_demo):
-    from rollfilter.cli.options import EXAMPLES
+    from rollfilter.cli.definition import EXAMPLES
 
     server = start_demo()
     port = server.url.rsplit(":", 1)[1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Annotated
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -21,6 +22,7 @@ from tests.conftest import (
 def numeric_options() -> dict[str, type]:
     """Every option whose value is a number, found in the command itself: the annotations of the
     command's parameters (int or float, or either or None), by the option that sets each."""
+    import inspect
     import types
     import typing
 
@@ -28,7 +30,10 @@ def numeric_options() -> dict[str, type]:
 
     from rollfilter.cli.options import parse, typer_app
 
-    hints = typing.get_type_hints(parse)  # Annotated[...] stripped
+    hints = {  # Annotated[...] stripped
+        name: typing.get_args(param.annotation)[0] if typing.get_origin(param.annotation) is Annotated else None
+        for name, param in inspect.signature(parse).parameters.items()
+    }
     found = {}
     for param in typer.main.get_command(typer_app).params:
         hint = hints.get(param.name or "")  # none for typer's own (--install-completion)
@@ -39,6 +44,11 @@ def numeric_options() -> dict[str, type]:
 
 
 NUMERIC_OPTIONS = numeric_options()
+
+
+def test_the_numeric_options_are_found():
+    expected = {"--concurrency": int, "--timeout": float, "--limit": int, "--max-cost": float}
+    assert expected.items() <= NUMERIC_OPTIONS.items()
 
 
 EDGE_INTEGERS = st.integers() | st.sampled_from([0, -1, 2**31, 2**32 - 1, 2**32, 2**63, 2**64, 10**30])

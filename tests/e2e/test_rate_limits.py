@@ -97,12 +97,12 @@ def test_limits_that_cannot_work_exit_2_in_one_line_and_send_nothing(
 
 
 async def test_the_status_says_rows_are_held_by_a_limit_and_the_api_takes_the_limits():
-    from rollfilter import Config, open_rollouts
+    from rollfilter import Config, Rates, open_rollouts
     from rollfilter.cli.signals import status_lines
 
     log = ArrivalLog()
     try:
-        config = Config(url=log.url + "/run", concurrency=8, rpm=120)  # 2 a second: the rest wait
+        config = Config(url=log.url + "/run", concurrency=8, rates=Rates(rpm=120))  # 2 a second: the rest wait
         async with open_rollouts([{"responses_create_params": {"input": str(i)}} for i in range(5)], config) as run_:
             await run_.__anext__()
             status = run_.status()
@@ -145,11 +145,11 @@ def test_rows_waiting_on_a_limit_never_put_more_than_j_in_flight():
 
 
 async def test_the_wait_on_a_limit_is_no_part_of_a_rollouts_latency():
-    from rollfilter import Config, open_rollouts
+    from rollfilter import Config, Rates, open_rollouts
 
     log = ArrivalLog()
     try:
-        config = Config(url=log.url + "/run", concurrency=8, rpm=30)  # one every 2 s: the third waits 4 s
+        config = Config(url=log.url + "/run", concurrency=8, rates=Rates(rpm=30))  # one every 2 s: the third waits 4 s
         async with open_rollouts([{"responses_create_params": {"input": str(i)}} for i in range(3)], config) as run_:
             outcomes = [outcome async for outcome in run_]
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from rollfilter.errors import ExitStatus
-from tests.conftest import array_task, clean_env, invoke, rows_jsonl, run, simple_rows
+from tests.conftest import DemoServer, array_task, clean_env, invoke, rows_jsonl, run, simple_rows
 from tests.servers.recording_agent import RecordingAgent
 
 
@@ -126,6 +127,51 @@ def test_resume_refuses_other_options_and_sends_nothing(
     assert stderr.startswith(f"rollfilter: --resume: {out} was made from other inputs or options")
     assert named in stderr
     assert (out.read_bytes(), (tmp_path / "out.jsonl.run.json").read_bytes(), len(agent.bodies)) == before
+
+
+# A run begun by the build this release started from (0.2.0's line, before Config had parts), in
+# tests/data: `rollfilter --demo -j 1 EARLIER --target-groups 1 -o out.jsonl rows.jsonl`, which
+# kept task 3's group and dropped task 1's as uniform, then stopped at its target. Its files, as
+# that build wrote them: the results, the held file and the run record.
+EARLIER_RUN = Path(__file__).parent.parent / "data" / "resume_across_upgrade"
+EARLIER = ["-a", "main", "-r", "4", "-r", "other=4", "-p", "temperature=0.7", "--repeat-seeds", "-n", "8"]
+EARLIER += ["--shard", "1/2", "--drop-uniform", "--group-field", "reward"]
+
+
+@pytest.fixture
+def earlier_run(tmp_path: Path) -> Path:
+    """A copy of the earlier build's run, its output's path."""
+    for file in EARLIER_RUN.iterdir():
+        shutil.copy(file, tmp_path)
+    return tmp_path / "out.jsonl"
+
+
+def test_resume_finishes_a_run_an_earlier_build_began(earlier_run: Path, demo_server: DemoServer, rollfilter: Command):
+    record = json.loads(Path(f"{earlier_run}.run.json").read_text())
+    assert (record["groups"], record["repeats_by_agent"], record["group_field"]) == (True, {"other": 4}, "reward")
+    inputs = str(earlier_run.parent / "rows.jsonl")
+    status, stderr = rollfilter(["-u", demo_server.url, *EARLIER, "--resume", "-o", str(earlier_run), inputs])
+    assert status == ExitStatus.OK, stderr
+    assert demo_server.stats()["requests"] == 8  # tasks 5 and 7 of shard 1/2: the groups it had not ended
+    assert sorted(pairs(earlier_run)) == [(task, rollout) for task in (3, 5, 7) for rollout in range(4)]
+    assert json.loads(Path(f"{earlier_run}.run.json").read_text()) == record
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        (["--group-field", "accuracy"], "--group-field: reward then, accuracy now"),
+        (["-r", "other=5"], "-r: 4 other=4 then, 4 other=5 now (a group keeps its size)"),
+        (["-a", "second"], "-a: main then, second now"),
+    ],
+)
+def test_resume_refuses_what_differs_from_the_record_an_earlier_build_wrote(
+    earlier_run: Path, demo_server: DemoServer, rollfilter: Command, given: list[str], named: str
+):
+    inputs = str(earlier_run.parent / "rows.jsonl")
+    status, stderr = rollfilter(["-u", demo_server.url, *EARLIER, *given, "--resume", "-o", str(earlier_run), inputs])
+    assert (status, demo_server.stats()["requests"]) == (ExitStatus.USAGE, 0)
+    assert named in stderr
 
 
 def test_resume_refuses_other_inputs(tmp_path: Path, agent: RecordingAgent, data: Path, rollfilter: Command):

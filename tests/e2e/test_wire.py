@@ -563,10 +563,10 @@ def test_a_request_reset_on_a_reused_connection_goes_once_more_and_is_no_retry(r
 
 
 def test_a_reply_bound_under_one_byte_is_refused_before_anything_is_sent():
-    from rollfilter.config import Config, ConfigError
+    from rollfilter.config import Config, ConfigError, Wire
 
-    with pytest.raises(ConfigError, match=r"^Config\.max_reply_bytes: expected `int` >= 1$"):
-        Config(url=closed_port_url() + "/run", max_reply_bytes=0)
+    with pytest.raises(ConfigError, match=r"^Config\.wire\.max_reply_bytes: expected `int` >= 1$"):
+        Config(url=closed_port_url() + "/run", wire=Wire(max_reply_bytes=0))
     proc = run(["-u", closed_port_url() + "/run", "--max-reply-bytes", "0"], input=rows_jsonl(rows_for(1)))
     assert proc.returncode == 2
     assert "--max-reply-bytes" in proc.stderr.decode()

@@ -17,6 +17,7 @@ import trio
 from rollfilter.config import (
     DEFAULT_RETRY_STATUSES,
     Config,
+    Wire,
 )
 from rollfilter.engine.budget import RetryBudget
 from rollfilter.engine.client import (
@@ -354,7 +355,7 @@ async def test_a_redirect_within_the_origin_however_written_keeps_credentials(ur
 async def test_a_redirect_to_another_scheme_on_the_same_port_is_another_origin(autojump_clock):
     url = "http://u:p@127.0.0.1:443/run"
     transport = ScriptedTransport(answer(307, Location="https://127.0.0.1/run"), answer(200))
-    config = Config(url=url, cross_origin_redirects=True)
+    config = Config(url=url, wire=Wire(cross_origin_redirects=True))
     assert await AgentClient(config, transport).run(job(), agent(url)) == {"reward": 1.0}
     assert not transport.calls[1].credentials
 
@@ -368,7 +369,7 @@ async def test_a_redirect_to_another_origin_is_followed_only_when_asked(autojump
     assert "(cross-origin redirects are not followed)" in failure.message
     assert "http://127.0.0.1:9000/run" in failure.message
     transport = ScriptedTransport(elsewhere, answer(200))
-    assert await send(transport, Config(url=URL, cross_origin_redirects=True)) == {"reward": 1.0}
+    assert await send(transport, Config(url=URL, wire=Wire(cross_origin_redirects=True))) == {"reward": 1.0}
     assert transport.calls[1].url == httpx.URL("http://127.0.0.1:9000/run")
     assert not transport.calls[1].credentials  # Authorization stays with its origin
 

@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.testing
 
-from rollfilter.config import Config, ConfigError
+from rollfilter.config import Config, ConfigError, Rates
 from rollfilter.engine.rate_limits import RateLimits, usage_tokens
 
 
@@ -149,5 +149,5 @@ async def test_the_seconds_waited_count_a_wait_cut_short(autojump_clock: trio.te
 
 @pytest.mark.parametrize("rate", [5e-324, 1e-320, 0.0009])
 def test_a_rate_too_small_to_pace_is_refused(rate: float):
-    with pytest.raises(ConfigError, match="rpm"):
-        Config(url="http://127.0.0.1:9/run", rpm=rate)
+    with pytest.raises(ConfigError, match=r"^Config\.rates\.rpm: "):
+        Config(url="http://127.0.0.1:9/run", rates=Rates(rpm=rate))

@@ -19,7 +19,7 @@ import trio.testing
 
 from rollfilter import Config, Failure, Group, Rollout, SteeringError
 from rollfilter.api.in_trio import RolloutRun, _RowFeed, open_rollouts_in_trio
-from rollfilter.config import ConfigError
+from rollfilter.config import ConfigError, Groups, Rates
 from rollfilter.engine.adaptive import AdaptiveWindow
 from rollfilter.engine.steering import POLICY_VERSION
 from rollfilter.http import Reply
@@ -273,16 +273,9 @@ async def test_a_version_never_goes_back(autojump_clock: trio.testing.MockClock)
 REPEATS = 2
 
 
-def grouped(max_staleness: int, batch_groups: int, **extra: Any) -> Config:
-    return Config(
-        url=URL,
-        concurrency=64,
-        repeats=REPEATS,
-        groups=True,
-        max_staleness=max_staleness,
-        batch_groups=batch_groups,
-        **extra,
-    )
+def grouped(max_staleness: int, batch_groups: int, *, drop_uniform: bool = False, **extra: Any) -> Config:
+    groups = Groups(drop_uniform=drop_uniform, max_staleness=max_staleness, batch=batch_groups)
+    return Config(url=URL, concurrency=64, repeats=REPEATS, groups=groups, **extra)
 
 
 async def test_groups_past_the_staleness_bound_wait_for_the_next_version(autojump_clock: trio.testing.MockClock):
@@ -309,11 +302,11 @@ def test_a_first_policy_version_past_2_to_the_53_is_refused():
         Config(url=URL, policy_version=2**53 + 1)
 
 
-def test_a_staleness_bound_needs_groups_and_both_its_figures():
-    with pytest.raises(ConfigError, match=r"Config\.max_staleness: needs Config\.groups"):
-        Config(url=URL, max_staleness=1, batch_groups=2)
-    with pytest.raises(ConfigError, match=r"Config\.batch_groups: needs Config\.max_staleness"):
-        Config(url=URL, repeats=2, groups=True, batch_groups=2)
+def test_a_staleness_bound_is_of_groups_and_needs_both_its_figures():
+    with pytest.raises(ConfigError, match=r"Config\.groups: needs Config\.repeats over 1"):
+        Config(url=URL, groups=Groups(max_staleness=1, batch=2))
+    with pytest.raises(ConfigError, match=r"Config\.groups\.batch: needs Config\.groups\.max_staleness"):
+        Config(url=URL, repeats=2, groups=Groups(batch=2))
     assert grouped(1, 2).policy_version == 0  # the first version, when none is given
 
 
@@ -405,7 +398,8 @@ async def test_a_failed_row_is_no_group_to_admit(autojump_clock: trio.testing.Mo
 
 async def test_a_row_waiting_on_a_rate_limit_when_paused_is_not_sent(autojump_clock: trio.testing.MockClock):
     agent = StandIn(lambda row: 0.1)
-    async with open_rollouts_in_trio(rows(5), Config(url=URL, concurrency=5, rpm=60), transport=agent) as run:
+    config = Config(url=URL, concurrency=5, rates=Rates(rpm=60))
+    async with open_rollouts_in_trio(rows(5), config, transport=agent) as run:
         await trio.sleep(0.5)
         assert len(agent.arrivals) == 1  # the rest wait on the limit, one a second
         run.pause()
@@ -419,7 +413,8 @@ async def test_a_row_waiting_on_a_rate_limit_when_paused_is_not_sent(autojump_cl
 async def test_rows_that_start_while_paused_wait_before_their_rate_limit(autojump_clock: trio.testing.MockClock):
     """Held before the limit, not after it: once resumed they are paced, not sent in a burst."""
     agent = StandIn(lambda row: 0.1)
-    async with open_rollouts_in_trio(rows(5), Config(url=URL, concurrency=5, rpm=60), transport=agent) as run:
+    config = Config(url=URL, concurrency=5, rates=Rates(rpm=60))
+    async with open_rollouts_in_trio(rows(5), config, transport=agent) as run:
         run.pause()  # before the first row is taken
         await trio.sleep(100)
         assert agent.arrivals == []

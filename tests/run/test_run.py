@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rollfilter.config import Config
+from rollfilter.config import Config, Rates
 from rollfilter.engine.plan import Job
 from rollfilter.engine.routing import Agent
 from rollfilter.formats.source import LineReader
@@ -60,7 +60,7 @@ async def test_a_dry_run_takes_one_row_at_a_time_whatever_the_concurrency(tmp_pa
 async def test_a_run_given_a_client_that_sends_nothing_keeps_nothing_for_answers():
     """A dry run is composed by its caller (its client and its sink): the run given such a client
     keeps no spool for /aggregate_metrics and no send slots for rate limits."""
-    config = Config(url="http://127.0.0.1:1/run", aggregate=True, rpm=60)
+    config = Config(url="http://127.0.0.1:1/run", aggregate=True, rates=Rates(rpm=60))
     sending, dry = Run(config), Run(config, client=DryRunClient(lambda job, agent: None))
     try:
         assert (sending.spool is None, sending.send_slots is None) == (False, False)

@@ -16,7 +16,7 @@ import trio.testing
 
 from rollfilter import Config
 from rollfilter.api.in_trio import _RowFeed, open_rollouts_in_trio
-from rollfilter.config import Retries
+from rollfilter.config import Groups, Rates, Retries
 from rollfilter.engine.metrics import Metrics
 from rollfilter.figures.compare import RunComparison
 from rollfilter.formats.writers import Release
@@ -223,13 +223,13 @@ async def test_rows_taken_and_not_sent_are_held_by_what_holds_them_never_in_flig
     assert paused.status().in_flight == 0
     assert [rollout.waiting for rollout in paused.oldest] == ["pause"] * 4
     # A minute a request: one sent, the other five wait on the limit.
-    limited, out = await snapshot_at(Config(url=URL, concurrency=8, rpm=1), 6, 1)
+    limited, out = await snapshot_at(Config(url=URL, concurrency=8, rates=Rates(rpm=1)), 6, 1)
     assert (limited.in_flight, out, held(limited), limited.waiting) == (1, 1, (0, 5, 0, 0), 5)
     # An adaptive window starts at eight: the other twelve rows taken wait for room in it.
     windowed, out = await snapshot_at(Config(url=URL, concurrency=20, adaptive=True), 20, 0.01)
     assert (windowed.in_flight, out, held(windowed), windowed.waiting) == (8, 8, (0, 0, 12, 0), 12)
     # Version 0 admits group 0 alone: groups 1 and 2 wait for the next.
-    stale = Config(url=URL, concurrency=6, repeats=2, groups=True, policy_version=0, max_staleness=0, batch_groups=1)
+    stale = Config(url=URL, concurrency=6, repeats=2, groups=Groups(max_staleness=0, batch=1), policy_version=0)
     bounded, out = await snapshot_at(stale, 3, 1)
     assert (bounded.in_flight, out, held(bounded), bounded.waiting) == (2, 2, (0, 0, 0, 4), 4)
     assert bounded.steering.rows_held_by_staleness == 4

@@ -98,7 +98,8 @@ def file_digest(path: str) -> str:
 
 def record_of(command: CommandConfig) -> RunRecord:
     """The record of the run `command` describes (it reads every input file once)."""
-    config = command.config
+    config, groups = command.config, command.config.groups
+    drop_uniform = groups is not None and groups.drop_uniform
     inputs = tuple(
         InputDigest(STDIN if path == STDIN else os.path.basename(path), None if path == STDIN else file_digest(path))
         for path in command.inputs
@@ -107,14 +108,14 @@ def record_of(command: CommandConfig) -> RunRecord:
         inputs=inputs,
         params=config.params,
         agent=config.agent,
-        repeats=config.default_repeats,
-        repeats_by_agent=dict(config.repeats_by_agent),
-        repeat_seeds=config.repeat_seeds,
+        repeats=config.repeats.default,
+        repeats_by_agent=dict(config.repeats.by_agent),
+        repeat_seeds=config.repeats.seeds,
         shard=config.shard,
         limit=config.limit,
-        groups=config.groups,
-        drop_uniform=config.drop_uniform,
-        group_field=config.group_field if config.drop_uniform else None,
+        groups=groups is not None,
+        drop_uniform=drop_uniform,
+        group_field=groups.field if groups is not None and drop_uniform else None,
         reverify=_materialized_digest(config.reverify.materialized) if config.reverify is not None else None,
         judge_failed_only=config.reverify is not None and config.reverify.judge_failed_only,
     )

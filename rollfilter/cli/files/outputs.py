@@ -555,7 +555,9 @@ def _earlier(command: CommandConfig, read: Callable[..., Earlier]) -> Earlier | 
         return None
     paths = (command.output, command.errors_file, command.materialized_file, command.dropped_file)
     files = EarlierFiles(*paths, held=held_target(command))
-    return read(files, max_attempts=command.max_attempts, target_groups=command.config.target_groups)
+    groups = command.config.groups
+    target = groups.target if groups is not None else None
+    return read(files, max_attempts=command.max_attempts, target_groups=target)
 
 
 def resume_cuts(command: CommandConfig, earlier: Earlier | None) -> list[str]:
