@@ -27,7 +27,7 @@ from rollfilter.http import AgentTransport
 from rollfilter.outcomes import Group, Outcome
 from rollfilter.run.outputs import ChannelSink
 from rollfilter.run.run import KEEP, Run
-from rollfilter.run.statistics import RunStatistics, RunStatus, SteeringStatistics
+from rollfilter.run.statistics import RunStatistics, RunStatus
 
 Rows = Iterable[Any] | AsyncIterable[Any]
 _encode = msgspec.json.Encoder().encode
@@ -137,10 +137,12 @@ class RolloutRun(FinalReport, abc.ABC):
         carry it as `_rf_policy_version["sent"]`, and with `Config.groups.max_staleness` more groups may go."""
         self._steered().set_policy_version(version)
 
-    def statistics(self) -> SteeringStatistics:
-        """A snapshot of what is in force: paused, the concurrency, the windows and rates, the
-        policy version, and the groups held back by staleness."""
-        return self._steered().statistics().steering
+    def statistics(self) -> RunStatistics:
+        """The run's snapshot, as the command's summary, status and Prometheus render it (frozen):
+        its counts, rates and each agent's figures, why it stopped (`stopped`), and under
+        `steering` what is in force: paused, the concurrency, the windows and rates, the policy
+        version, and the groups held back by staleness."""
+        return self._steered().statistics()
 
     def status(self) -> RunStatus:
         """A snapshot of the run so far: done, failed, in flight, rows/s, and its oldest rollouts

@@ -31,7 +31,7 @@ from rollfilter.api.in_trio import FinalReport, RolloutRun, Rows, open_rollouts_
 from rollfilter.config import Config
 from rollfilter.outcomes import Group, Outcome
 from rollfilter.run.run import KEEP
-from rollfilter.run.statistics import SteeringStatistics
+from rollfilter.run.statistics import RunStatistics
 
 T = TypeVar("T")
 
@@ -185,7 +185,7 @@ class Rollouts(FinalReport):
         """See `RolloutRun.set_policy_version`."""
         self._in_run(lambda run: run.set_policy_version(version))
 
-    def statistics(self) -> SteeringStatistics:
+    def statistics(self) -> RunStatistics:
         """See `RolloutRun.statistics`."""
         return self._in_run(lambda run: run.statistics())
 

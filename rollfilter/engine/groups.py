@@ -199,13 +199,13 @@ class GroupStage:
 
     def planned(self, plan: GroupPlan) -> None:
         """A line's rollouts are planned: open their group (or close it now, when nothing of it is sent)."""
-        if not plan.sent and not plan.carried and not plan.given_up:
+        if not plan.sent and not plan.earlier and not plan.given_up:
             if plan.done and not plan.counted:  # one the held file did not count (kept_before)
                 self.kept_earlier += 1
                 self._check_target()
             return  # a dropped group's is counted in dropped_before or masked_before
-        members = {rollout: Member(None, result, None) for rollout, result in plan.carried.items()}
-        size = len(plan.sent) + len(plan.carried) + plan.done + plan.dropped + plan.given_up
+        members = {rollout: Member(None, result, None) for rollout, result in plan.earlier.items()}
+        size = len(plan.sent) + len(plan.earlier) + plan.done + plan.dropped + plan.given_up
         group = _Open(plan.task_index, plan.first, size, set(plan.sent), members, [], plan.given_up > 0, self._planned)
         self._planned += 1
         if group.waiting:

@@ -88,7 +88,7 @@ class GroupPlan:
     task_index: Any
     first: int  # its first rollout index: with the task, the group's key (Job.group)
     sent: tuple[int, ...]  # rollout indices this run sends
-    carried: dict[int, dict[str, Any]]  # finished by an earlier run, their group then still open
+    earlier: dict[int, dict[str, Any]]  # finished by an earlier run, their group then still open
     done: int  # written whole by an earlier run
     dropped: int  # dropped by an earlier run (uniform)
     given_up: int  # out of attempts, or terminal: the group can never be whole
@@ -294,7 +294,7 @@ class Planner:
         prefix = _encoded_prefix(sent, seeds=config.repeats.seeds) if sent is not None else None
         given_attempt = row.get(ATTEMPT_INDEX) if row is not None else None
         jobs = []
-        carried: dict[int, dict[str, Any]] = {}
+        earlier: dict[int, dict[str, Any]] = {}
         done = dropped = given_up = 0
         for rollout in range(first, first + repeats):
             attempt = 0
@@ -306,8 +306,8 @@ class Planner:
                         done += 1
                     elif attempt == ResumeState.DROPPED:
                         dropped += 1
-                    elif attempt == ResumeState.CARRIED:
-                        carried[rollout] = self._resume.take_carried(task, rollout)
+                    elif attempt == ResumeState.EARLIER:
+                        earlier[rollout] = self._resume.take_earlier(task, rollout)
                     else:
                         given_up += 1
                         self.given_up += 1
@@ -342,7 +342,7 @@ class Planner:
         if self._on_group is not None:
             sending = tuple(job.rollout_index for job in jobs)
             counted = done > 0 and self._resume is not None and self._resume.counted_kept(task, first)
-            self._on_group(GroupPlan(task, first, sending, carried, done, dropped, given_up, counted))
+            self._on_group(GroupPlan(task, first, sending, earlier, done, dropped, given_up, counted))
         self._pending.extend(jobs)
 
 

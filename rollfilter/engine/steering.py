@@ -219,11 +219,11 @@ class StalenessGate:
         return min(self._groups_seen, self.groups_allowed())
 
     @property
-    def rows_waiting(self) -> int:
+    def rows_held(self) -> int:
         return sum(self._waiting.values())
 
     @property
-    def groups_waiting(self) -> int:
+    def groups_held(self) -> int:
         return len(self._waiting)
 
     def _allowance_raised(self) -> None:

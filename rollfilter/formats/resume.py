@@ -11,7 +11,7 @@ result as it finished; a marker line for each group dropped as uniform (its roll
 each group that closed incomplete (its rollouts and the ones that failed); and, each time a group
 has reached the results file, how far that file then held only whole groups (`written_through`,
 in bytes, with the group when it was kept). Resuming, a pair of a dropped group is not run again,
-and the finished rollouts of a group not yet written are taken back (`take_carried`) instead of
+and the finished rollouts of a group not yet written are taken back (`take_earlier`) instead of
 being sent again. Results past the last `written_through` that the held file holds too are cut
 off the results file: they may be the first part of a group that a kill cut in two, and are
 written again, whole, with the rest of their group. So is a group written incomplete whose
@@ -21,7 +21,7 @@ place, with the rollouts that finish now.
 The held file is also what the dropped groups' file is made of: `rebuild_dropped` writes it
 again from the markers, so that each rollout of a uniform group is there once whatever the kills,
 and the groups an earlier run left open are written there only by the run that closes them (or,
-still open when a run ends, as `cancelled`: `leftover_carried`).
+still open when a run ends, as `cancelled`: `leftover_earlier`).
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ class ResumeState:
     DONE = -1  # the pair is in the results: skip it
     GIVE_UP = -2  # terminal, or out of attempts: do not run it again
     DROPPED = -3  # its group was dropped (uniform): do not run it again
-    CARRIED = -4  # finished, its group not yet written: take its result back (`take_carried`)
+    EARLIER = -4  # finished, its group not yet written: take its result back (`take_earlier`)
 
     def __init__(self, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> None:
         self.max_attempts = max_attempts
@@ -119,7 +119,7 @@ class ResumeState:
         self._kept = KeyTable()  # the kept groups the held file names, by (task, first rollout)
         # A pair of a group still open -> where its result line is in the held file, and its length:
         # read when taken, so that what is taken back costs no memory until then.
-        self._carried: dict[bytes, tuple[int, int]] = {}
+        self._earlier_open: dict[bytes, tuple[int, int]] = {}
         self._held_path = ""
         self._known = KeyTable()  # every pair whose result the held file holds
         self.cut_bytes = 0  # cut off the results file: the start of a group a kill cut in two
@@ -135,8 +135,8 @@ class ResumeState:
 
     @property
     def finished_pairs(self) -> int:
-        """The pairs earlier runs finished: written, dropped as uniform, or carried over in open groups."""
-        return self._done.count + self._dropped.count + len(self._carried)
+        """The pairs earlier runs finished: written, dropped as uniform, or finished in groups still open."""
+        return self._done.count + self._dropped.count + len(self._earlier_open)
 
     def add_done(self, task: Any, rollout: Any) -> None:
         self._done.add(pair_key(task, rollout))
@@ -154,8 +154,8 @@ class ResumeState:
             return self.DONE
         if self._dropped.count and key in self._dropped:
             return self.DROPPED
-        if self._carried and key in self._carried:
-            return self.CARRIED
+        if self._earlier_open and key in self._earlier_open:
+            return self.EARLIER
         if self._closed.count and key in self._closed:
             return self.GIVE_UP
         if not self._failed.count:
@@ -173,9 +173,9 @@ class ResumeState:
         key = pair_key(task, first)
         return bool(self._kept.count) and key in self._kept and key in self._done
 
-    def take_carried(self, task: Any, rollout: Any) -> dict[str, Any]:
-        """The result an earlier run finished for a pair that `decide` calls CARRIED (given once)."""
-        result: dict[str, Any] = _decode(self._held_line(*self._carried.pop(pair_key(task, rollout))))
+    def take_earlier(self, task: Any, rollout: Any) -> dict[str, Any]:
+        """The result an earlier run finished for a pair that `decide` calls EARLIER (given once)."""
+        result: dict[str, Any] = _decode(self._held_line(*self._earlier_open.pop(pair_key(task, rollout))))
         return result
 
     def _held_line(self, offset: int, length: int) -> bytes:
@@ -188,14 +188,14 @@ class ResumeState:
         finally:
             os.close(fd)
 
-    def leftover_carried(self) -> Iterator[dict[str, Any]]:
-        """The results `take_carried` did not give (their groups are still open: the run stopped
+    def leftover_earlier(self) -> Iterator[dict[str, Any]]:
+        """The results `take_earlier` did not give (their groups are still open: the run stopped
         first), a task's together, each given once."""
         by_task: dict[bytes, list[dict[str, Any]]] = {}
-        for place in self._carried.values():
+        for place in self._earlier_open.values():
             result: dict[str, Any] = _decode(self._held_line(*place))
             by_task.setdefault(_encode(result.get(TASK_INDEX)), []).append(result)
-        self._carried.clear()
+        self._earlier_open.clear()
         for results in by_task.values():
             results.sort(key=lambda result: _rollout_order(result.get(ROLLOUT_INDEX)))
             yield from results
@@ -310,7 +310,7 @@ class ResumeState:
                 return
             for key in reopened:  # lines another program wrote past it: the group stands as written
                 self._closed.add(key)
-            self._done, self._carried, self._known, self.kept_groups = KeyTable(), {}, KeyTable(), 0
+            self._done, self._earlier_open, self._known, self.kept_groups = KeyTable(), {}, KeyTable(), 0
         self._take_back(results, held, vouched, vouched)
 
     def _reopen_point(self, results: str, incomplete: list[_HeldRecord]) -> tuple[int | None, list[bytes]]:
@@ -363,18 +363,18 @@ class ResumeState:
                 beyond[key] = True
                 taken_back[key] = (start, len(line))
             elif key not in self._done and key not in self._dropped:
-                self._carried[key] = (start, len(line))
+                self._earlier_open[key] = (start, len(line))
         if beyond and all(beyond.values()):
             if cut < vouched:  # the mark first: a kill before the cut leaves it to be cut again
                 _append(held, _encode({WRITTEN_THROUGH: cut}) + b"\n")
             self.cut_bytes = _cut_at(results, cut)
-            self._carried.update(taken_back)
+            self._earlier_open.update(taken_back)
             return True
         if cut < vouched:
             return False
         for key in beyond:  # lines another program wrote (or none): they stand
             self._count_done(key)
-            self._carried.pop(key, None)
+            self._earlier_open.pop(key, None)
         return True
 
     def _count_done(self, key: bytes) -> None:

@@ -93,7 +93,7 @@ class Earlier:
         first), each group's together: its task, its first rollout index, its results. A group's
         size is its agent's repeat count (`repeats_for`)."""
         groups: dict[tuple[bytes, int], tuple[Any, int, list[dict[str, Any]]]] = {}
-        for result in self.resume.leftover_carried():
+        for result in self.resume.leftover_earlier():
             rollout, size = result.get(ROLLOUT_INDEX), repeats_for(agent_name(result)) or 1
             first = rollout // size * size if type(rollout) is int else 0
             task = result.get(TASK_INDEX)

@@ -371,8 +371,8 @@ def _in_force(
         rates=rates,
         policy_version=steering.version if steering is not None else None,
         groups_admitted=staleness.groups_admitted if staleness is not None else 0,
-        groups_held_by_staleness=staleness.groups_waiting if staleness is not None else 0,
-        rows_held_by_staleness=staleness.rows_waiting if staleness is not None else 0,
+        groups_held_by_staleness=staleness.groups_held if staleness is not None else 0,
+        rows_held_by_staleness=staleness.rows_held if staleness is not None else 0,
     )
 
 

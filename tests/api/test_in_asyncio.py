@@ -622,14 +622,14 @@ def test_a_drain_waiting_ends_not_drained_when_the_run_is_resumed(lib: Library, 
 
     async def scenario() -> tuple[list[Any], int]:
         async with open_rollouts(rows, Config(url=demo_server.url, concurrency=2)) as run:
-            await wait_until(lib, lambda: run.statistics().requests_out == 2)
+            await wait_until(lib, lambda: run.statistics().steering.requests_out == 2)
 
             async def resume_once_paused() -> None:
-                await wait_until(lib, lambda: run.statistics().paused)
+                await wait_until(lib, lambda: run.statistics().steering.paused)
                 run.resume()
 
             answers = await lib.gather(lambda: run.drain(WAIT), resume_once_paused)
-            out = run.statistics().requests_out  # the episodes go on: the resume ended the drain
+            out = run.statistics().steering.requests_out  # the episodes go on: the resume ended the drain
             assert len([outcome async for outcome in run]) == 4
         return answers, out
 
@@ -648,7 +648,7 @@ def test_a_run_is_paused_drained_and_steered_from_its_own_library(lib: Library, 
             sent = demo_server.stats()["requests"]
             await lib.sleep(0.5)  # longer than an episode: nothing new may start meanwhile
             sent_while_paused = demo_server.stats()["requests"] - sent
-            stats = run.statistics()
+            stats = run.statistics().steering
             assert (stats.paused, stats.requests_out, stats.concurrency) == (True, 0, 2)
             run.set_concurrency(4)
             run.set_policy_version(2)

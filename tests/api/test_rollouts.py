@@ -295,7 +295,7 @@ with rollouts(rows, Config(url=sys.argv[1], concurrency=600, retries=0)) as run:
     each = iter(run)
     outcomes = [next(each)]
     run.set_concurrency(10**6)
-    concurrency = run.statistics().concurrency
+    concurrency = run.statistics().steering.concurrency
     outcomes += each
 failed = [o.message for o in outcomes if not o.ok]
 print(json.dumps([len(outcomes), failed[:1], concurrency, run.warnings]))
@@ -424,7 +424,7 @@ def test_a_run_in_threads_is_steered_from_the_iterating_thread(demo_server: Demo
         if len(outcomes) == 1:
             assert run.drain(30)  # blocks this thread until nothing is in flight
             sent = demo_server.stats()["requests"]
-            stats = run.statistics()
+            stats = run.statistics().steering
             assert (stats.paused, stats.requests_out, stats.policy_version) == (True, 0, 7)
             with pytest.raises(rollfilter.SteeringError, match="cannot go back"):
                 run.set_policy_version(6)

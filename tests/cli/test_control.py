@@ -110,11 +110,11 @@ async def test_a_command_refused_answers_its_error_and_changes_nothing(
 ):
     assert run._run is not None
     server = ControlServer(control, run._run)
-    before = run.statistics()
+    before = run.statistics().steering
     answered = await answer(server, line)
     assert answered["ok"] is False
     assert error in answered["error"]
-    assert run.statistics() == before
+    assert run.statistics().steering == before
 
 
 async def test_each_command_answers_what_is_in_force_after_it(

@@ -61,7 +61,7 @@ def stage(
 
 
 def plan(task: int, rollouts: range, **earlier: Any) -> GroupPlan:
-    fields = {"carried": {}, "done": 0, "dropped": 0, "given_up": 0, **earlier}
+    fields = {"earlier": {}, "done": 0, "dropped": 0, "given_up": 0, **earlier}
     return GroupPlan(task, rollouts.start, tuple(rollouts), **fields)
 
 

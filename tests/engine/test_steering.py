@@ -79,7 +79,7 @@ async def test_once_paused_no_request_leaves_and_those_out_finish(autojump_clock
         await trio.sleep(1)
         assert len(agent.arrivals) == 4
         run.pause()
-        assert run.statistics().paused
+        assert run.statistics().steering.paused
         first = [await anext(run) for _ in range(4)]  # what was out still comes
         await trio.sleep(1000)
         assert len(agent.arrivals) == 4
@@ -113,9 +113,9 @@ async def test_drain_waits_for_what_is_out_within_its_timeout(autojump_clock: tr
         nursery.start_soon(collect, run, outcomes)
         await trio.sleep(1)
         assert not await run.drain(5)  # the shortest episode takes 10 s
-        assert run.statistics().requests_out == 3
+        assert run.statistics().steering.requests_out == 3
         assert await run.drain(100)
-        stats = run.statistics()
+        stats = run.statistics().steering
         assert stats.paused
         assert stats.requests_out == 0
         await trio.testing.wait_all_tasks_blocked()  # the last answer's outcome on its way to the caller
@@ -142,7 +142,7 @@ async def test_a_resume_ends_a_drain_waiting_not_drained(autojump_clock: trio.te
         run.resume()  # another client's: what the drain waited for is gone
         await trio.testing.wait_all_tasks_blocked()
         assert drained == [False]
-        assert run.statistics().requests_out == 2
+        assert run.statistics().steering.requests_out == 2
     assert len(outcomes) == 4
 
 
@@ -157,7 +157,7 @@ async def test_a_lower_concurrency_lets_the_excess_finish_and_a_higher_one_sends
         await trio.sleep(1)
         assert agent.out == 8
         run.set_concurrency(3)
-        assert run.statistics().concurrency == 3
+        assert run.statistics().steering.concurrency == 3
         assert agent.out == 8  # nothing in flight was cancelled
         await trio.sleep(20)  # the excess has finished by now
         lowered = [arrival.out for arrival in agent.arrivals if arrival.time > 12]
@@ -184,7 +184,7 @@ async def test_a_concurrency_under_one_is_refused_and_changes_nothing(autojump_c
         for bad in (0, -1, 1.5, True):
             with pytest.raises(SteeringError, match="concurrency"):
                 run.set_concurrency(bad)  # type: ignore[arg-type]
-        assert run.statistics().concurrency == 2
+        assert run.statistics().steering.concurrency == 2
         assert len([outcome async for outcome in run]) == 2
 
 
@@ -193,7 +193,7 @@ async def test_a_rate_set_live_paces_the_rows_and_removing_it_lets_them_go(autoj
     outcomes: list[Outcome] = []
     async with open_rollouts_in_trio(rows(40), Config(url=URL, concurrency=4), transport=agent) as run:
         run.set_rate(rpm=6)
-        assert run.statistics().rates == {"(no name)": {"rpm": 6, "tpm": None}}
+        assert run.statistics().steering.rates == {"(no name)": {"rpm": 6, "tpm": None}}
         async with trio.open_nursery() as nursery:
             nursery.start_soon(collect, run, outcomes)
             await trio.sleep(100.05)
@@ -201,7 +201,7 @@ async def test_a_rate_set_live_paces_the_rows_and_removing_it_lets_them_go(autoj
             run.set_rate(rpm=None)  # the rows waiting on it go at once
             await trio.sleep(3)
             assert len(agent.arrivals) == 40
-            assert run.statistics().rates == {}
+            assert run.statistics().steering.rates == {}
     assert len(outcomes) == 40
 
 
@@ -214,7 +214,7 @@ async def test_a_rate_that_cannot_be_set_is_refused(autojump_clock: trio.testing
             run.set_rate(tpm=math.inf)
         with pytest.raises(SteeringError, match="no agent 'other'"):
             run.set_rate("other", rpm=10)
-        assert run.statistics().rates == {}
+        assert run.statistics().steering.rates == {}
         assert len([outcome async for outcome in run]) == 1
 
 
@@ -224,7 +224,7 @@ async def test_each_result_carries_the_version_it_was_sent_and_ended_under(autoj
     async with open_rollouts_in_trio(rows(4), config, transport=agent) as run:
         await trio.sleep(5)
         run.set_policy_version(4)
-        assert run.statistics().policy_version == 4
+        assert run.statistics().steering.policy_version == 4
         outcomes = [outcome async for outcome in run]
     stamps = {o.result["id"]: o.result[POLICY_VERSION] for o in outcomes if isinstance(o, Rollout)}
     assert stamps == {
@@ -266,7 +266,7 @@ async def test_a_version_never_goes_back(autojump_clock: trio.testing.MockClock)
         # float would overflow before long (a scrape that failed so ended the run).
         with pytest.raises(SteeringError, match=r"at most 9007199254740992"):
             run.set_policy_version(10**400)
-        assert run.statistics().policy_version == 5
+        assert run.statistics().steering.policy_version == 5
         assert len([outcome async for outcome in run]) == 1
 
 
@@ -286,7 +286,7 @@ async def test_groups_past_the_staleness_bound_wait_for_the_next_version(autojum
         nursery.start_soon(collect, run, outcomes)
         await trio.sleep(100)
         assert {arrival.row["id"] for arrival in agent.arrivals} == {0, 1, 2, 3}
-        stats = run.statistics()
+        stats = run.statistics().steering
         assert (stats.groups_admitted, stats.groups_held_by_staleness, stats.rows_held_by_staleness) == (4, 6, 12)
         assert len(outcomes) == 4  # nothing is discarded, nothing more is sent
         run.set_policy_version(1)

@@ -63,8 +63,8 @@ def test_the_held_file_gives_back_open_groups_and_keeps_dropped_ones_from_runnin
     assert state.cut_bytes == 0
     assert [state.decide(0, k) for k in (0, 1)] == [ResumeState.DONE] * 2
     assert [state.decide(1, k) for k in (0, 1)] == [ResumeState.DROPPED] * 2
-    assert [state.decide(2, k) for k in (0, 1)] == [0, ResumeState.CARRIED]
-    assert state.take_carried(2, 1)["reward"] == 0.25
+    assert [state.decide(2, k) for k in (0, 1)] == [0, ResumeState.EARLIER]
+    assert state.take_earlier(2, 1)["reward"] == 0.25
     assert [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in state.dropped_results(str(held))] == [(1, 0), (1, 1)]
 
 
@@ -78,7 +78,7 @@ def test_results_past_the_held_files_mark_are_cut_only_when_the_held_file_has_th
     state = ResumeState.from_files(str(out), None, held=str(held))
     assert state.cut_bytes == len(json.dumps(_result(1, 0))) + 1
     assert out.stat().st_size == whole
-    assert state.decide(1, 0) == ResumeState.CARRIED
+    assert state.decide(1, 0) == ResumeState.EARLIER
 
     # A line another program wrote past the mark (NeMo Gym's collector finishing the file) stands.
     with out.open("a") as file:
@@ -114,8 +114,8 @@ def test_the_dropped_file_is_made_again_from_the_held_file_each_uniform_rollout_
         (2, 0, "uniform"),
         (2, 1, "uniform"),
     ]
-    assert [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in state.leftover_carried()] == [(3, 0)]
-    assert list(state.leftover_carried()) == []  # given once
+    assert [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in state.leftover_earlier()] == [(3, 0)]
+    assert list(state.leftover_earlier()) == []  # given once
 
 
 def test_a_group_written_incomplete_is_cut_off_to_be_written_whole_when_its_failed_rollout_runs_again(tmp_path):
@@ -134,8 +134,8 @@ def test_a_group_written_incomplete_is_cut_off_to_be_written_whole_when_its_fail
     _jsonl(errors, [failure])
     state = ResumeState.from_files(str(out), str(errors), held=str(held))
     assert (state.reopened, out.stat().st_size, state.kept_groups) == (1, kept_end, 1)
-    assert [state.decide(1, k) for k in (0, 1)] == [ResumeState.CARRIED, 1]  # taken back, and run again
-    assert [state.decide(2, k) for k in (0, 1)] == [ResumeState.CARRIED] * 2  # written again after it
+    assert [state.decide(1, k) for k in (0, 1)] == [ResumeState.EARLIER, 1]  # taken back, and run again
+    assert [state.decide(2, k) for k in (0, 1)] == [ResumeState.EARLIER] * 2  # written again after it
     assert state.counted_kept(0, 0)
     assert not state.counted_kept(2, 0)
     assert json.loads(held.read_bytes().splitlines()[-1]) == {"written_through": kept_end}  # before the cut
@@ -155,4 +155,4 @@ def test_a_result_with_fields_named_like_a_markers_is_still_a_result(tmp_path):
     _jsonl(out, [])
     _jsonl(held, [_result(0, 0, failed=True, failed_rollouts=2, group_rollouts=[0], kept=[0, 0])])
     state = ResumeState.from_files(str(out), None, held=str(held))
-    assert state.decide(0, 0) == ResumeState.CARRIED
+    assert state.decide(0, 0) == ResumeState.EARLIER

@@ -10,13 +10,13 @@ from rollfilter.run.earlier import Earlier, EarlierFiles
 
 
 class _Left:
-    """A resume state whose open groups' rollouts are these (as `leftover_carried` gives them: a
+    """A resume state whose open groups' rollouts are these (as `leftover_earlier` gives them: a
     task's together, in rollout order)."""
 
     def __init__(self, results: list[dict[str, Any]]) -> None:
         self.results = results
 
-    def leftover_carried(self) -> list[dict[str, Any]]:
+    def leftover_earlier(self) -> list[dict[str, Any]]:
         return self.results
 
 
