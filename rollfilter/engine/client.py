@@ -117,7 +117,7 @@ class JobClient(Protocol):
     """What the engine hands each routed job to: it returns the agent's answer or the failure,
     and counts the attempts it makes in `flight`."""
 
-    async def run(self, job: Job, agent: Agent, flight: Flight | None = None) -> dict[str, Any] | AttemptFailure: ...
+    async def send(self, job: Job, agent: Agent, flight: Flight | None = None) -> dict[str, Any] | AttemptFailure: ...
 
 
 class AgentClient:
@@ -155,7 +155,7 @@ class AgentClient:
         self._tally = tally
         self._on_event = on_event
 
-    async def run(self, job: Job, agent: Agent, flight: Flight | None = None) -> dict[str, Any] | AttemptFailure:
+    async def send(self, job: Job, agent: Agent, flight: Flight | None = None) -> dict[str, Any] | AttemptFailure:
         """Send `job`'s body until it succeeds or its retries are spent, counting the attempts in
         `flight`."""
         body = job.body

@@ -135,7 +135,7 @@ class Engine:
         their rows' agent names and what each waits on: None for those in flight."""
         return collections.Counter((job.agent_name, flight.waiting) for job, flight in self._in_flight.items())
 
-    async def run(self) -> None:
+    async def send_all(self) -> None:
         """Return when every job has ended, or when `control` stopped the run."""
         # The rows taken at once; with rate limits the client bounds the requests out among them.
         self._most_workers = self.concurrency + self.waiting_rows
@@ -212,7 +212,7 @@ class Engine:
         if self.on_event is not None:
             self.on_event(f"{describe(job)}: sent to agent {agent.name or shown(agent.replicas[0].url)}")
         try:
-            answer = await self.client.run(job, agent, flight)
+            answer = await self.client.send(job, agent, flight)
             if self.steering.version is not None and not isinstance(answer, AttemptFailure):
                 self.steering.stamp(answer, flight.sent_version)
             if self.tally.metrics.spending is not None and not isinstance(answer, AttemptFailure):

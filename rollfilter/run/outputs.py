@@ -108,7 +108,7 @@ class DryRunClient:
     def __init__(self, on_route: Callable[[Job, Agent], None]) -> None:
         self._on_route = on_route
 
-    async def run(self, job: Job, agent: Agent, flight: Flight | None = None) -> dict[str, Any] | AttemptFailure:
+    async def send(self, job: Job, agent: Agent, flight: Flight | None = None) -> dict[str, Any] | AttemptFailure:
         self._on_route(job, agent)
         # A row taken from the planner's buffer never waits otherwise: let writers and signals in.
         await trio.lowlevel.checkpoint()

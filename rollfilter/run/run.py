@@ -280,7 +280,7 @@ class Run:
             await trio.to_thread.run_sync(self._earlier.count, self.tally)
         try:
             if self.control.cause is None:
-                await self.engine.run()
+                await self.engine.send_all()
         finally:
             if self.groups is not None:
                 self.groups.cancel_open()

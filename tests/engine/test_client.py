@@ -104,7 +104,7 @@ def agent(*urls: str) -> Agent:
 
 async def send(transport: ScriptedTransport, config: Config | None = None, **options: Any) -> dict | AttemptFailure:
     client = AgentClient(config or Config(url=URL), transport, rng=random.Random(1), **options)
-    return await client.run(job(), agent())
+    return await client.send(job(), agent())
 
 
 RETRIED_BY_DEFAULT = [408, 429, 500, 502, 503, 504]  # as the man page documents them, written out again
@@ -246,14 +246,14 @@ async def test_a_replica_whose_connections_fail_cools_down(autojump_clock):
     transport = ScriptedTransport(lambda url: httpx.ConnectError("refused") if str(url) == bad else answer(200))
     client = AgentClient(Config(url=URL), transport, rng=random.Random(1))
     replicas = agent(bad, good)
-    assert await client.run(job(), replicas) == {"reward": 1.0}
+    assert await client.send(job(), replicas) == {"reward": 1.0}
     assert [str(c.url) for c in transport.calls] == [bad, good]  # the failed replica is avoided for the retry
     transport.calls.clear()
-    assert await client.run(job(), replicas) == {"reward": 1.0}
+    assert await client.send(job(), replicas) == {"reward": 1.0}
     assert [str(c.url) for c in transport.calls] == [good]  # cooling down: not tried at all
     await trio.sleep(replicas.replicas[0].cooldown + 0.01)
     transport.calls.clear()
-    assert await client.run(job(), replicas) == {"reward": 1.0}
+    assert await client.send(job(), replicas) == {"reward": 1.0}
     assert [str(c.url) for c in transport.calls] == [bad, good]  # tried again once its cool-down is over
     assert replicas.replicas[0].cooldown == 2.0  # and it failed again: the cool-down doubles
 
@@ -272,7 +272,7 @@ async def test_anything_unexpected_fails_only_its_row_as_internal(error: Excepti
     transport = ScriptedTransport(error)
     client = AgentClient(Config(url=URL), transport, on_event=seen.append)
     row_7 = job()
-    failure = await client.run(row_7, agent())
+    failure = await client.send(row_7, agent())
     assert isinstance(failure, AttemptFailure)
     assert failure.kind is ErrorKind.INTERNAL
     assert failure.attempts == 1
@@ -295,7 +295,7 @@ async def test_an_unexpected_reply_object_fails_its_row_without_a_callback(autoj
 async def test_cancellation_is_not_swallowed(autojump_clock):
     client = AgentClient(Config(url=URL), ScriptedTransport(HANG))
     with trio.move_on_after(1) as scope:
-        await client.run(job(), agent())
+        await client.send(job(), agent())
     assert scope.cancelled_caught
 
 
@@ -315,7 +315,7 @@ async def test_cancellation_is_not_swallowed(autojump_clock):
 async def test_messages_never_show_url_credentials_or_query(step: Step, autojump_clock):
     transport = ScriptedTransport(step)
     client = AgentClient(Config(url=SECRET_URL, retries=0), transport)
-    failure = await client.run(job(), agent(SECRET_URL))
+    failure = await client.send(job(), agent(SECRET_URL))
     assert isinstance(failure, AttemptFailure)
     if not isinstance(step, Reply):
         assert "http://127.0.0.1:8000" in failure.message  # where it failed is shown...
@@ -334,7 +334,7 @@ async def test_a_same_origin_redirect_keeps_url_credentials(autojump_clock):
     url = "http://u:p@127.0.0.1:8000/run"
     transport = ScriptedTransport(answer(307, Location="http://127.0.0.1:8000/run/"), answer(200))
     client = AgentClient(Config(url=url), transport)
-    assert await client.run(job(), agent(url)) == {"reward": 1.0}
+    assert await client.send(job(), agent(url)) == {"reward": 1.0}
     assert (transport.calls[1].url.username, transport.calls[1].url.password) == ("u", "p")
     assert transport.calls[1].credentials
 
@@ -348,7 +348,7 @@ async def test_a_same_origin_redirect_keeps_url_credentials(autojump_clock):
 )
 async def test_a_redirect_within_the_origin_however_written_keeps_credentials(url, location, autojump_clock):
     transport = ScriptedTransport(answer(307, Location=location), answer(200))
-    assert await AgentClient(Config(url=url), transport).run(job(), agent(url)) == {"reward": 1.0}
+    assert await AgentClient(Config(url=url), transport).send(job(), agent(url)) == {"reward": 1.0}
     assert transport.calls[1].credentials
 
 
@@ -356,7 +356,7 @@ async def test_a_redirect_to_another_scheme_on_the_same_port_is_another_origin(a
     url = "http://u:p@127.0.0.1:443/run"
     transport = ScriptedTransport(answer(307, Location="https://127.0.0.1/run"), answer(200))
     config = Config(url=url, wire=Wire(cross_origin_redirects=True))
-    assert await AgentClient(config, transport).run(job(), agent(url)) == {"reward": 1.0}
+    assert await AgentClient(config, transport).send(job(), agent(url)) == {"reward": 1.0}
     assert not transport.calls[1].credentials
 
 
@@ -421,7 +421,7 @@ async def test_server_text_in_messages_has_control_characters_escaped(autojump_c
 @pytest.mark.parametrize("status", [200, 201, 202])
 async def test_any_2xx_carries_the_result(status: int, autojump_clock):
     transport = ScriptedTransport(answer(status, b'{"reward": 0.5}'))
-    assert await AgentClient(Config(url=URL), transport).run(job(), agent()) == {"reward": 0.5}
+    assert await AgentClient(Config(url=URL), transport).send(job(), agent()) == {"reward": 0.5}
 
 
 def test_backoff_stays_capped_past_a_thousand_retries():
@@ -437,7 +437,7 @@ async def test_an_adaptive_window_paces_refusals_the_budget_would_hold_back(adap
     paced = Agent(None, [Replica(httpx.URL(URL))], window, spent_budget())
     transport = ScriptedTransport(answer(429, b"busy"), answer(503, b"busy"), answer(200, b'{"reward": 1.0}'))
     client = AgentClient(Config(url=URL, retries=3), transport, rng=random.Random(1))
-    outcome = await client.run(job(), paced)
+    outcome = await client.send(job(), paced)
     if adaptive:
         assert outcome == {"reward": 1.0}  # the window paced the refusals' retries itself
     else:
@@ -478,7 +478,7 @@ async def test_an_agent_never_answered_is_tried_until_it_can_be_judged_down(auto
     transport = ScriptedTransport(httpx.ConnectError("Connection refused"))
     refusing = Agent(None, [Replica(httpx.URL(URL))], None, spent_budget())
     client = AgentClient(Config(url=URL, retries=0), transport, rng=random.Random(1), unreachable_after=10.0)
-    failure = await client.run(job(), refusing)
+    failure = await client.send(job(), refusing)
     assert isinstance(failure, AttemptFailure)
     assert failure.kind is ErrorKind.CONNECT
     assert "budget" not in failure.message
@@ -494,7 +494,7 @@ async def test_an_agent_that_comes_up_within_the_bound_costs_no_row(autojump_clo
         lambda url: httpx.ConnectError("Connection refused") if trio.current_time() < 6.0 else answer()
     )
     client = AgentClient(Config(url=URL, retries=0), transport, rng=random.Random(1), unreachable_after=10.0)
-    assert await client.run(job(), Agent(None, [Replica(httpx.URL(URL))], None, spent_budget())) == {"reward": 1.0}
+    assert await client.send(job(), Agent(None, [Replica(httpx.URL(URL))], None, spent_budget())) == {"reward": 1.0}
     assert len(transport.calls) > 2
 
 
@@ -512,7 +512,7 @@ async def test_only_an_agent_never_answered_in_a_run_that_stops_for_it_is_tried_
     after = 10.0 if isinstance(step, Reply) else None
     client = AgentClient(Config(url=URL, retries=1), transport, rng=random.Random(1), unreachable_after=after)
     answering = agent()
-    failure = await client.run(job(), answering)
+    failure = await client.send(job(), answering)
     assert isinstance(failure, AttemptFailure)
     assert failure.attempts == len(transport.calls) == 2
     assert answering.answered == isinstance(step, Reply)
