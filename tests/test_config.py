@@ -332,7 +332,8 @@ def with_field(path: str, value: Any) -> Config:
     name, _, field = path.partition(".")
     if not field:
         return Config(**{name: value})
-    return Config(repeats=2, **{name: PARTS[name](**{field: value})})
+    others: dict[str, Any] = {} if name == "repeats" else {"repeats": 2}
+    return Config(**others, **{name: PARTS[name](**{field: value})})
 
 
 ANY_VALUE = st.recursive(
