@@ -271,11 +271,17 @@ def simple_rows(n: int, **extra: Any) -> list[dict[str, Any]]:
     return [{"id": i, "responses_create_params": {"input": "q" * (i % 5)}, **extra} for i in range(n)]
 
 
+class _ListeningHTTPServer(http.server.ThreadingHTTPServer):
+    # socketserver's listen backlog is small: when a run opens its connections at once, the
+    # kernel drops those over it, and each is tried again only after TCP's retransmission timeout.
+    request_queue_size = 1024
+
+
 class ThreadedHTTPServer:
     """A stdlib HTTP server on 127.0.0.1 in a thread, for stand-ins (head server, proxy)."""
 
     def __init__(self, handler: type[http.server.BaseHTTPRequestHandler]) -> None:
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server = _ListeningHTTPServer(("127.0.0.1", 0), handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()
