@@ -306,7 +306,7 @@ def test_a_resumed_run_finishes_a_killed_one_with_every_group_whole_and_once(tmp
     n, jobs = 60, 12
     demo = DemoServer()
     try:
-        rows = group_rows(n, latency=lambda task, rollout: 0.05 + 0.1 * ((task * 5 + rollout * 3) % 7))
+        rows = group_rows(n, latency=lambda task, rollout: 0.01 + 0.02 * ((task * 5 + rollout * 3) % 7))
         (tmp_path / "rows.jsonl").write_text(rows_jsonl(rows))
         out = tmp_path / "out.jsonl"
         args = ["-u", demo.url, "-r", str(K), "--groups", "-j", str(jobs), str(tmp_path / "rows.jsonl")]
