@@ -41,7 +41,13 @@ def pytest_configure(config: pytest.Config) -> None:
     """Compile rollfilter's bytecode once, before any worker starts, for the processes the suite
     starts: under PYTHONDONTWRITEBYTECODE (set on the project's machines) an editable install is
     compiled again by every process that imports it, a seventh of a second each, while an
-    installed package has its bytecode written by pip."""
+    installed package has its bytecode written by pip.
+
+    And let pytest keep the test modules it rewrites (their asserts made to explain themselves)
+    in their __pycache__, as it does unless bytecode writing is off: otherwise each worker of
+    each run rewrites every test module again before it runs a test. The processes the suite
+    starts keep PYTHONDONTWRITEBYTECODE."""
+    sys.dont_write_bytecode = False
     if not hasattr(config, "workerinput"):  # the controller (or a run without workers)
         compileall.compile_dir(ROOT / "rollfilter", quiet=1)
 
