@@ -424,6 +424,15 @@ def start_demo() -> Iterator[Any]:
             server.kill()
 
 
+@pytest.fixture
+def quick_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retries after a hundredth of the backoff, in this process: for tests whose subject is
+    which attempts are made and counted, not when (tests/engine/test_client.py tests the backoff)."""
+    from rollfilter.engine import client
+
+    monkeypatch.setattr(client, "BACKOFF_BASE", client.BACKOFF_BASE / 100)
+
+
 def wait_for(predicate: Any, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():

@@ -251,6 +251,7 @@ def test_any_row_ends_as_exactly_one_outcome_and_never_raises(demo_server: DemoS
     assert figures["rows_read"] == figures["succeeded"] + figures["failed"] == len(numbered)
 
 
+@pytest.mark.usefixtures("quick_backoff")
 def test_a_rollout_that_ends_after_a_retry_counts_both_attempts():
     agent = RefusesFirstAgent()
     rows = [

@@ -388,6 +388,7 @@ def test_repeated_failure_lines_are_folded_and_the_errors_record_keeps_every_row
     assert proc.stderr.decode().count("\n") == 1
 
 
+@pytest.mark.usefixtures("quick_backoff")
 def test_a_retry_withheld_by_the_budget_is_not_also_after_its_attempts(start_demo):
     server = start_demo("--fail-rate", "1.0")
     proc = run(

@@ -355,6 +355,7 @@ def long_config_and_long_aggregate(request: Request, conn: Conn) -> None:
         conn.send(echo(request))
 
 
+@pytest.mark.usefixtures("quick_backoff")
 @pytest.mark.parametrize("name", CASES)
 def test_conformance(name: str, tmp_path):
     case = CASES[name]
