@@ -81,7 +81,8 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 # Paths the kernel resolves against the process's own descriptors 0 to 2, and variables read
 # from the process's environment by OpenSSL and by tempfile (once, for the whole process): a
-# command given one runs in a process of its own.
+# command given one, or one of these variables with another value than this process has, runs
+# in a process of its own.
 STANDARD_DESCRIPTOR_PATH = re.compile(r"(?:^|=)(?:/dev/(?:stdin|stdout|stderr|fd/[012])|/proc/self/fd/[012])$")
 PROCESS_VARIABLES = frozenset({"SSL_CERT_FILE", "SSL_CERT_DIR", "TMPDIR"})
 
@@ -99,16 +100,18 @@ def run(
 
     rollfilter itself runs in this process (`invoke`) unless it needs what only a process has:
     a new session, a pass_fds or a preexec (`popen`), a path naming a standard descriptor
-    (/dev/stdout), or a variable only a process reads (PROCESS_VARIABLES); `command` always
-    starts one."""
+    (/dev/stdout), or a variable only a process reads (PROCESS_VARIABLES) set otherwise than in
+    this process; `command` always starts one."""
     in_process = command is None and set(popen) <= {"stdin", "stdout", "stderr", "cwd"}
-    if in_process and not _needs_a_process(args, env or {}):
+    if in_process and not _needs_a_process(args, clean_env() if env is None else env):
         return invoke(args, input=input, timeout=timeout, env=env, **popen)
     return run_process(args, input=input, timeout=timeout, env=env, command=command, **popen)
 
 
 def _needs_a_process(args: Sequence[str], env: dict[str, str]) -> bool:
-    return any(STANDARD_DESCRIPTOR_PATH.search(arg) for arg in args) or not PROCESS_VARIABLES.isdisjoint(env)
+    if any(STANDARD_DESCRIPTOR_PATH.search(arg) for arg in args):
+        return True
+    return any(env.get(name) != os.environ.get(name) for name in PROCESS_VARIABLES)
 
 
 def run_process(
