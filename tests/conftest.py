@@ -292,7 +292,8 @@ class ThreadedHTTPServer:
     def __init__(self, handler: type[http.server.BaseHTTPRequestHandler]) -> None:
         self.server = _ListeningHTTPServer(("127.0.0.1", 0), handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+        # close() waits for the loop's next look at its stop flag: it looks often.
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.005,), daemon=True)
         self.thread.start()
 
     def close(self) -> None:
@@ -626,7 +627,7 @@ async def read_request(stream: trio.SocketStream) -> bytes:
     return head
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # an RSA key takes a while to make: one for every test that reads it
 def certificate(tmp_path_factory) -> tuple[Path, Path]:
     openssl = shutil.which("openssl")
     assert openssl, "openssl is needed to make a test certificate"
