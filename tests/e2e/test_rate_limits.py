@@ -136,11 +136,11 @@ def test_rows_waiting_on_a_limit_never_put_more_than_j_in_flight():
     # The waiting rows lend their slots to the run; each takes one back before it is sent.
     log = ArrivalLog(0.4)
     try:
-        proc = run(["-u", log.url + "/run", "-j", "4", "--rpm", "900"], input=rows(24))  # 15 a second, 3 at once
+        proc = run(["-u", log.url + "/run", "-j", "4", "--rpm", "900"], input=rows(16))  # 15 a second, 3 at once
     finally:
         log.close()
     assert proc.returncode == 0, proc.stderr
-    assert len(proc.stdout.splitlines()) == 24
+    assert len(proc.stdout.splitlines()) == 16
     assert log.most == 4  # the limit would let 6 episodes of 0.4 s be out: -j holds them to 4
 
 
