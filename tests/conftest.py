@@ -41,7 +41,13 @@ def pytest_configure(config: pytest.Config) -> None:
     """Compile rollfilter's bytecode once, before any worker starts, for the processes the suite
     starts: under PYTHONDONTWRITEBYTECODE (set on the project's machines) an editable install is
     compiled again by every process that imports it, a seventh of a second each, while an
-    installed package has its bytecode written by pip."""
+    installed package has its bytecode written by pip.
+
+    And let pytest keep the test modules it rewrites (their asserts made to explain themselves)
+    in their __pycache__, as it does unless bytecode writing is off: otherwise each worker of
+    each run rewrites every test module again before it runs a test. The processes the suite
+    starts keep PYTHONDONTWRITEBYTECODE."""
+    sys.dont_write_bytecode = False
     if not hasattr(config, "workerinput"):  # the controller (or a run without workers)
         compileall.compile_dir(ROOT / "rollfilter", quiet=1)
 
@@ -75,7 +81,8 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 # Paths the kernel resolves against the process's own descriptors 0 to 2, and variables read
 # from the process's environment by OpenSSL and by tempfile (once, for the whole process): a
-# command given one runs in a process of its own.
+# command given one, or one of these variables with another value than this process has, runs
+# in a process of its own.
 STANDARD_DESCRIPTOR_PATH = re.compile(r"(?:^|=)(?:/dev/(?:stdin|stdout|stderr|fd/[012])|/proc/self/fd/[012])$")
 PROCESS_VARIABLES = frozenset({"SSL_CERT_FILE", "SSL_CERT_DIR", "TMPDIR"})
 
@@ -93,16 +100,18 @@ def run(
 
     rollfilter itself runs in this process (`invoke`) unless it needs what only a process has:
     a new session, a pass_fds or a preexec (`popen`), a path naming a standard descriptor
-    (/dev/stdout), or a variable only a process reads (PROCESS_VARIABLES); `command` always
-    starts one."""
+    (/dev/stdout), or a variable only a process reads (PROCESS_VARIABLES) set otherwise than in
+    this process; `command` always starts one."""
     in_process = command is None and set(popen) <= {"stdin", "stdout", "stderr", "cwd"}
-    if in_process and not _needs_a_process(args, env or {}):
+    if in_process and not _needs_a_process(args, clean_env() if env is None else env):
         return invoke(args, input=input, timeout=timeout, env=env, **popen)
     return run_process(args, input=input, timeout=timeout, env=env, command=command, **popen)
 
 
 def _needs_a_process(args: Sequence[str], env: dict[str, str]) -> bool:
-    return any(STANDARD_DESCRIPTOR_PATH.search(arg) for arg in args) or not PROCESS_VARIABLES.isdisjoint(env)
+    if any(STANDARD_DESCRIPTOR_PATH.search(arg) for arg in args):
+        return True
+    return any(env.get(name) != os.environ.get(name) for name in PROCESS_VARIABLES)
 
 
 def run_process(
@@ -271,13 +280,20 @@ def simple_rows(n: int, **extra: Any) -> list[dict[str, Any]]:
     return [{"id": i, "responses_create_params": {"input": "q" * (i % 5)}, **extra} for i in range(n)]
 
 
+class _ListeningHTTPServer(http.server.ThreadingHTTPServer):
+    # socketserver's listen backlog is small: when a run opens its connections at once, the
+    # kernel drops those over it, and each is tried again only after TCP's retransmission timeout.
+    request_queue_size = 1024
+
+
 class ThreadedHTTPServer:
     """A stdlib HTTP server on 127.0.0.1 in a thread, for stand-ins (head server, proxy)."""
 
     def __init__(self, handler: type[http.server.BaseHTTPRequestHandler]) -> None:
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server = _ListeningHTTPServer(("127.0.0.1", 0), handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+        # close() waits for the loop's next look at its stop flag: it looks often.
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.005,), daemon=True)
         self.thread.start()
 
     def close(self) -> None:
@@ -410,6 +426,15 @@ def start_demo() -> Iterator[Any]:
     finally:
         for server in servers:
             server.kill()
+
+
+@pytest.fixture
+def quick_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retries after a hundredth of the backoff, in this process: for tests whose subject is
+    which attempts are made and counted, not when (tests/engine/test_client.py tests the backoff)."""
+    from rollfilter.engine import client
+
+    monkeypatch.setattr(client, "BACKOFF_BASE", client.BACKOFF_BASE / 100)
 
 
 def wait_for(predicate: Any, timeout: float = 20.0) -> None:
@@ -602,7 +627,7 @@ async def read_request(stream: trio.SocketStream) -> bytes:
     return head
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # an RSA key takes a while to make: one for every test that reads it
 def certificate(tmp_path_factory) -> tuple[Path, Path]:
     openssl = shutil.which("openssl")
     assert openssl, "openssl is needed to make a test certificate"

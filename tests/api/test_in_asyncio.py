@@ -432,7 +432,7 @@ def test_misconfiguration_raises_on_entry_before_anything_is_sent(lib: Library):
 
 def test_an_outcome_awaited_past_a_timeout_is_not_lost(lib: Library, demo_server: DemoServer):
     async def scenario() -> tuple[bool, list[Any]]:
-        rows = [row(i, latency=0.3) for i in range(6)]
+        rows = [row(i, latency=0.15) for i in range(6)]
         async with open_rollouts(rows, Config(url=demo_server.url, concurrency=2)) as run:
             first = await lib.within(0.05, lambda: anext(run))
 
@@ -618,7 +618,7 @@ def test_ctrl_c_in_an_asyncio_program_stops_the_run(demo_server: DemoServer, tmp
 
 
 def test_a_drain_waiting_ends_not_drained_when_the_run_is_resumed(lib: Library, demo_server: DemoServer):
-    rows = [{"responses_create_params": {"input": "hi"}, "demo": {"latency": 1.0}} for _ in range(4)]
+    rows = [{"responses_create_params": {"input": "hi"}, "demo": {"latency": 0.3}} for _ in range(4)]
 
     async def scenario() -> tuple[list[Any], int]:
         async with open_rollouts(rows, Config(url=demo_server.url, concurrency=2)) as run:
@@ -639,14 +639,14 @@ def test_a_drain_waiting_ends_not_drained_when_the_run_is_resumed(lib: Library, 
 
 
 def test_a_run_is_paused_drained_and_steered_from_its_own_library(lib: Library, demo_server: DemoServer):
-    rows = [{"responses_create_params": {"input": "hi"}, "demo": {"latency": 0.2}} for _ in range(8)]
+    rows = [{"responses_create_params": {"input": "hi"}, "demo": {"latency": 0.1}} for _ in range(8)]
 
     async def scenario() -> tuple[list[Outcome], int, int]:
         async with open_rollouts(rows, Config(url=demo_server.url, concurrency=2, policy_version=1)) as run:
             outcomes = [await anext(run)]
             assert await run.drain(WAIT)  # pauses, then waits for the other one out
             sent = demo_server.stats()["requests"]
-            await lib.sleep(0.5)  # longer than an episode: nothing new may start meanwhile
+            await lib.sleep(0.2)  # longer than an episode: nothing new may start meanwhile
             sent_while_paused = demo_server.stats()["requests"] - sent
             stats = run.statistics().steering
             assert (stats.paused, stats.requests_out, stats.concurrency) == (True, 0, 2)

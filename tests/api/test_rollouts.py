@@ -252,6 +252,7 @@ def test_any_row_ends_as_exactly_one_outcome_and_never_raises(demo_server: DemoS
     assert figures["rows_read"] == figures["succeeded"] + figures["failed"] == len(numbered)
 
 
+@pytest.mark.usefixtures("quick_backoff")
 def test_a_rollout_that_ends_after_a_retry_counts_both_attempts():
     agent = RefusesFirstAgent()
     rows = [
@@ -414,7 +415,7 @@ def test_group_settings_that_cannot_work_are_refused(settings: dict[str, Any], f
 
 
 def test_a_run_in_threads_is_steered_from_the_iterating_thread(demo_server: DemoServer):
-    rows = [{"responses_create_params": {"input": "hi"}, "demo": {"latency": 0.2}} for _ in range(6)]
+    rows = [{"responses_create_params": {"input": "hi"}, "demo": {"latency": 0.1}} for _ in range(6)]
     run = rollouts(rows, Config(url=demo_server.url, concurrency=2, policy_version=7))
     with pytest.raises(RuntimeError, match="not started"):
         run.pause()

@@ -93,7 +93,7 @@ def finished(process: subprocess.Popen[bytes]) -> tuple[int, bytes, bytes]:
 
 def test_after_pause_is_acknowledged_no_request_arrives(agent: ArrivalsAgent, short_dir: Path):
     control = short_dir / "run.sock"
-    rows = rows_file(short_dir, 12, latency=1.0)
+    rows = rows_file(short_dir, 12, latency=0.2)
     agent.gate.clear()  # the first four wait at the agent until the run is paused
     process = start(["-u", agent.run_url, "-j", "4", "--control", str(control), str(rows)])
     errors = lines_of(process.stderr)
@@ -105,7 +105,7 @@ def test_after_pause_is_acknowledged_no_request_arrives(agent: ArrivalsAgent, sh
     assert answer["paused"]
     agent.gate.set()
     wait_for(lambda: ended_at_rollfilter(control, 4))  # what was out finishes
-    time.sleep(1.5)  # longer than an episode: a row held back would have been sent by now
+    time.sleep(0.5)  # a row held back would have been sent as soon as a slot freed up
     assert agent.arrived_after(acknowledged) == []
     process.send_signal(signal.SIGUSR1)
     while not (line := errors.get(timeout=SUBPROCESS_TIMEOUT)).startswith(b"rollfilter: status:"):
@@ -124,7 +124,7 @@ def test_after_pause_is_acknowledged_no_request_arrives(agent: ArrivalsAgent, sh
 
 def test_after_concurrency_4_at_most_4_are_in_flight(agent: ArrivalsAgent, short_dir: Path):
     control = short_dir / "run.sock"
-    rows = rows_file(short_dir, 48, latency=0.3)
+    rows = rows_file(short_dir, 48, latency=0.1)
     agent.gate.clear()  # no slot frees up before the change is acknowledged
     process = start(["-u", agent.run_url, "-j", "8", "--control", str(control), str(rows)])
     wait_for(lambda: agent.in_flight == 8)
@@ -180,7 +180,7 @@ def flood(path: Path) -> dict[str, Any]:
 
 def test_silent_and_flooding_clients_hold_nothing_up(agent: ArrivalsAgent, short_dir: Path):
     control = short_dir / "run.sock"
-    rows = rows_file(short_dir, 20, latency=0.2)
+    rows = rows_file(short_dir, 20, latency=0.05)
     agent.gate.clear()  # the run cannot end while the clients come and go
     process = start(["-u", agent.run_url, "-j", "2", "--control", str(control), str(rows)])
     wait_for(lambda: agent.in_flight == 2)  # sent: the socket listens (its file is there a moment before)

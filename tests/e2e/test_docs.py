@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -12,7 +13,7 @@ import pytest
 
 import rollfilter
 from rollfilter.errors import ErrorKind, ExitStatus
-from tests.conftest import ROOT, clean_env, require_tool, rollfilter_command
+from tests.conftest import ROOT, clean_env, invoke, require_tool, rollfilter_command
 
 README = (ROOT / "README.md").read_text()
 # The pages whose examples the suite runs: the README and every page of docs/.
@@ -36,12 +37,16 @@ MAN = MAN_PAGE.read_text()
 SELF_CONTAINED = ("--demo", "--summarize", "--dry-run")
 
 
-def help_options() -> set[str]:
-    proc = subprocess.run(
-        [*rollfilter_command(), "--help"], capture_output=True, text=True, env=clean_env(COLUMNS="200")
-    )
+@functools.cache
+def help_text() -> str:
+    """`rollfilter --help`, 200 columns wide (the command in this process, as conftest's `invoke` runs it)."""
+    proc = invoke(["--help"], env=clean_env(COLUMNS="200"))
     assert proc.returncode == 0
-    text = re.sub(r"(?<=\w-)\n\s+", "", proc.stdout)  # an option the help text wraps at its hyphen ("--drop-")
+    return proc.stdout.decode()
+
+
+def help_options() -> set[str]:
+    text = re.sub(r"(?<=\w-)\n\s+", "", help_text())  # an option the help text wraps at its hyphen ("--drop-")
     return set(re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", text)) - {"-"}
 
 
@@ -75,10 +80,7 @@ def test_every_exit_status_and_error_kind_is_documented():
 
 
 def test_environment_variables_are_documented():
-    proc = subprocess.run(
-        [*rollfilter_command(), "--help"], capture_output=True, text=True, env=clean_env(COLUMNS="200")
-    )
-    variables = set(re.findall(r"ROLLFILTER_[A-Z_]+", proc.stdout))
+    variables = set(re.findall(r"ROLLFILTER_[A-Z_]+", help_text()))
     assert "ROLLFILTER_HEAD_SERVER" in variables
     environment = man_text().split(".SH ENVIRONMENT")[1].split(".SH ")[0]
     options = section(README, "Options")

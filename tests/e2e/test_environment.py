@@ -8,6 +8,8 @@ import threading
 import time
 from collections.abc import Iterator
 
+import pytest
+
 from tests.conftest import (
     DemoServer,
     HeadServer,
@@ -78,12 +80,13 @@ def test_rollfilter_head_server_resolves_agent_names(demo_server: DemoServer):
 
 
 def test_rollfilter_concurrency_bounds_the_rows_in_flight():
-    with serving(CountingAgent(delay=0.2)) as agent:
+    with serving(CountingAgent(delay=0.1)) as agent:
         proc = run(["-u", agent.url], input=rows_jsonl(simple_rows(12)), env=clean_env(ROLLFILTER_CONCURRENCY="3"))
     assert proc.returncode == 0, proc.stderr
     assert agent.most_in_flight == 3
 
 
+@pytest.mark.usefixtures("quick_backoff")
 def test_rollfilter_retries_sets_the_retries(demo_server: DemoServer):
     rows = [{**row, "demo": {"fault": "500"}} for row in simple_rows(2)]
     proc = run(["-u", demo_server.url], input=rows_jsonl(rows), env=clean_env(ROLLFILTER_RETRIES="1"))
@@ -102,6 +105,7 @@ def test_rollfilter_timeout_bounds_an_attempt(tmp_path, demo_server: DemoServer)
     assert {record["error"]["message"] for record in records} == {"no answer within 0.3 s"}
 
 
+@pytest.mark.usefixtures("quick_backoff")
 def test_rollfilter_connect_timeout_bounds_connecting(tmp_path):
     errors = tmp_path / "errors.jsonl"
     env = clean_env(ROLLFILTER_CONNECT_TIMEOUT="0.3", ROLLFILTER_RETRIES="0")

@@ -93,7 +93,7 @@ def test_chaos_run_loses_and_duplicates_nothing(tmp_path, start_demo):
 
 def test_sigkill_then_resume_completes_without_duplicates(tmp_path, demo_server: DemoServer):
     rows = [
-        {"id": i, "responses_create_params": {"input": "x" * (i % 3)}, "demo": {"latency": 0.02}} for i in range(400)
+        {"id": i, "responses_create_params": {"input": "x" * (i % 3)}, "demo": {"latency": 0.01}} for i in range(400)
     ]
     data = tmp_path / "rows.jsonl"
     data.write_text(rows_jsonl(rows))
@@ -358,7 +358,7 @@ def test_an_agent_that_drops_every_connection_from_the_start_stops_the_run(agent
 def test_a_refused_replica_does_not_stop_a_run_whose_other_replica_is_up(start_demo, tmp_path):
     # The first row goes to the closed port (the first of two replicas, none outstanding) and
     # fails at once; the other replica is up, its first episode still running: the agent answers.
-    server = start_demo("--latency", "1")
+    server = start_demo("--latency", "0.3")
     replicas = f"a={closed_port_url()},{server.url}"
     errors = tmp_path / "errors.jsonl"
     args = ["-e", replicas, "-a", "a", "-j", "2", "--retries", "0", "--errors", str(errors)]
@@ -388,6 +388,7 @@ def test_repeated_failure_lines_are_folded_and_the_errors_record_keeps_every_row
     assert proc.stderr.decode().count("\n") == 1
 
 
+@pytest.mark.usefixtures("quick_backoff")
 def test_a_retry_withheld_by_the_budget_is_not_also_after_its_attempts(start_demo):
     server = start_demo("--fail-rate", "1.0")
     proc = run(

@@ -306,7 +306,7 @@ def test_a_resumed_run_finishes_a_killed_one_with_every_group_whole_and_once(tmp
     n, jobs = 60, 12
     demo = DemoServer()
     try:
-        rows = group_rows(n, latency=lambda task, rollout: 0.05 + 0.1 * ((task * 5 + rollout * 3) % 7))
+        rows = group_rows(n, latency=lambda task, rollout: 0.01 + 0.02 * ((task * 5 + rollout * 3) % 7))
         (tmp_path / "rows.jsonl").write_text(rows_jsonl(rows))
         out = tmp_path / "out.jsonl"
         args = ["-u", demo.url, "-r", str(K), "--groups", "-j", str(jobs), str(tmp_path / "rows.jsonl")]
@@ -531,7 +531,7 @@ def test_after_kills_and_a_resume_the_dropped_file_holds_each_uniform_rollout_on
     n, jobs, kills = 120, 16, 4
     demo = DemoServer()
     try:
-        rows = group_rows(n, latency=lambda task, rollout: 0.02 + 0.03 * ((task * 5 + rollout * 3) % 4))
+        rows = group_rows(n, latency=lambda task, rollout: 0.01 + 0.015 * ((task * 5 + rollout * 3) % 4))
         (tmp_path / "rows.jsonl").write_text(rows_jsonl(rows))
         out, dropped = tmp_path / "out.jsonl", tmp_path / "dropped.jsonl"
         held = Path(str(out) + ".held")

@@ -34,6 +34,7 @@ def rows(faulty: int, **fault: object) -> str:
     )
 
 
+@pytest.mark.usefixtures("quick_backoff")
 def test_an_outage_costs_the_agent_about_one_request_a_row(demo_server: DemoServer):
     proc = run(["-u", demo_server.url, "-j", "50", "--retries", "3"], input=rows(ROWS, fault="500"))
     assert proc.returncode == 1
@@ -45,6 +46,7 @@ def test_an_outage_costs_the_agent_about_one_request_a_row(demo_server: DemoServ
     assert 0 < figures["retries_withheld"] <= ROWS  # a row is told no once, and fails then
 
 
+@pytest.mark.usefixtures("quick_backoff")
 def test_rare_failures_keep_every_retry(demo_server: DemoServer):
     proc = run(
         ["-u", demo_server.url, "-j", "50", "--retries", "3"], input=rows(ROWS // 20, fault="500", fault_first=2)
@@ -55,6 +57,7 @@ def test_rare_failures_keep_every_retry(demo_server: DemoServer):
     assert demo_server.stats()["requests"] == ROWS + ROWS // 10
 
 
+@pytest.mark.usefixtures("quick_backoff")
 def test_no_budget_retries_every_failure(demo_server: DemoServer):
     proc = run(
         ["-u", demo_server.url, "-j", "50", "--retries", "1", "--retry-budget", "off"], input=rows(40, fault="500")
@@ -65,6 +68,7 @@ def test_no_budget_retries_every_failure(demo_server: DemoServer):
     assert demo_server.stats()["requests"] == ROWS + 40
 
 
+@pytest.mark.usefixtures("quick_backoff")
 def test_a_budget_of_none_beyond_the_reserve_retries_ten_rows_of_each_agent(demo_server: DemoServer):
     # Two agents on one failing server: each has its own reserve of 10, and --retry-budget 0 adds none.
     data = "".join(
@@ -100,6 +104,7 @@ def test_retry_after_is_honoured(demo_server: DemoServer):
     assert summary_of(proc.stderr)["rollfilter"]["retries"] == 1
 
 
+@pytest.mark.usefixtures("quick_backoff")
 def test_status_not_in_retry_set_is_not_retried(demo_server: DemoServer):
     row = {"id": 1, "responses_create_params": {"input": "x"}, "demo": {"fault": "422"}}
     proc = run(["-u", demo_server.url], input=rows_jsonl([row]))

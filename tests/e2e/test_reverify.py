@@ -284,7 +284,7 @@ def test_a_materialized_file_that_cannot_be_read_by_offset_is_a_usage_error(
 
 def test_progress_counts_one_rollout_a_line_whatever_k_is(tmp_path: Path, verifier: ResourcesServer):
     materialized, rollouts = files(tmp_path)
-    verifier.latency = 0.02  # a second in all, one at a time: a line on the way
+    verifier.latency = 0.01  # half a second in all, one at a time: a line on the way
     args = ["--reverify", str(materialized), "-u", verifier.url, "-r", str(K), "-j", "1", "--progress"]
     proc = run([*args, str(rollouts)])
     assert proc.returncode == 0, proc.stderr

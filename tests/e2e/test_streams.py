@@ -75,7 +75,7 @@ def test_param_overrides_reach_the_agent(demo_server: DemoServer):
 def test_ordered_output_follows_input_order_under_random_latency(demo_server: DemoServer):
     rng = random.Random(7)
     rows = [
-        {"id": i, "responses_create_params": {"input": "x"}, "demo": {"latency": rng.uniform(0, 0.2)}}
+        {"id": i, "responses_create_params": {"input": "x"}, "demo": {"latency": rng.uniform(0, 0.1)}}
         for i in range(60)
     ]
     unordered = run(["-u", demo_server.url, "-j", "20"], input=rows_jsonl(rows))

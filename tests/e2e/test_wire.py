@@ -262,7 +262,7 @@ CASES = {
     ),
     "non-ASCII Retry-After": Case(retry_after_not_ascii, "http_status", 2, ("--retries", "1"), "HTTP 503"),
     "Retry-After of a day, with --timeout": Case(
-        retry_after_a_day, "http_status", 2, ("--retries", "1", "--timeout", "1"), "HTTP 429"
+        retry_after_a_day, "http_status", 2, ("--retries", "1", "--timeout", "0.5"), "HTTP 429"
     ),
     "307 followed with the same body": Case(temporary_redirect, "ok", 2),
     "308 followed with the same body": Case(permanent_redirect, "ok", 2),
@@ -355,6 +355,7 @@ def long_config_and_long_aggregate(request: Request, conn: Conn) -> None:
         conn.send(echo(request))
 
 
+@pytest.mark.usefixtures("quick_backoff")
 @pytest.mark.parametrize("name", CASES)
 def test_conformance(name: str, tmp_path):
     case = CASES[name]
@@ -697,7 +698,7 @@ def test_ipv6_origins_are_printed_in_brackets(tmp_path):
         probe.bind(("::1", 0))
         port = probe.getsockname()[1]
     # Nothing listens there now: each row fails to connect, and its message names the origin.
-    outcome = rollfilter(f"http://[::1]:{port}/run", 1, tmp_path, "--retries", "0")
+    outcome = rollfilter(f"http://[::1]:{port}/run", 1, tmp_path, "--retries", "0", "--connect-timeout", "0.5")
     assert outcome.kinds(1) == ["connect"]
     assert outcome.failures[0]["error"]["message"].startswith(f"cannot connect to http://[::1]:{port}: ")
     assert redact.origin(f"http://[::1]:{port}/run?key=s3cret") == f"http://[::1]:{port}"

@@ -56,6 +56,7 @@ def busy_once() -> Iterator[tuple[str, dict[str, int]]]:
     server.close()
 
 
+@pytest.mark.usefixtures("quick_backoff")
 def test_an_answer_after_a_retry_counts_both_attempts(busy_once: tuple[str, dict[str, int]]):
     """The client counts a job's attempts; what the engine makes of the answer that came on the
     second (an agent's own failure, a rollout not to be kept) says two."""
