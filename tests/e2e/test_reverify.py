@@ -355,7 +355,9 @@ def test_after_a_kill_9_a_resume_sends_only_what_is_missing(tmp_path: Path, veri
     assert resumed.returncode == 0, resumed.stderr
     every = {(t, r) for t in range(TASKS) for r in range(K)}
     assert {(b["_ng_task_index"], b["_ng_rollout_index"]) for b in verifier.bodies} == every - done
-    assert len(verifier.bodies) == len(every - done)
+    # The killed run's last requests (-j 2) may reach the server's threads after the clear above:
+    # past those two, each missing pair was sent once.
+    assert len(every - done) <= len(verifier.bodies) <= len(every - done) + 2
     assert sorted(whole_pairs(out)) == sorted(every)  # each pair once
 
 
