@@ -42,7 +42,7 @@ ROWS = 40
 REPEATS = 2  # the recipes' -r
 ALL_PAIRS = {(task, rollout) for task in range(ROWS) for rollout in range(REPEATS)}
 # A run's own figures, which result files cannot hold: its timings, and the pairs its input held.
-RUN_ONLY = ("elapsed_s", "rows_per_s", "tokens_per_s", "latency_s", "expected")
+RUN_ONLY = ("elapsed_s", "rows_per_s", "tokens_per_s", "latency_s", "expected", "not_started")
 DAEMON_WAIT = 60  # seconds for a daemon to come up or go down
 
 
