@@ -107,6 +107,7 @@ def _agent_url(host: Any, port: Any, where: str, path: str = "/run") -> str:
         raise ServiceError(f"{where}.port, which is not a TCP port (an integer from 1 to 65535)")
     if not isinstance(host, str) or not _HOST.match(host):
         raise ServiceError(f"{where}.host, which is not a host name or IP address")
+    host = host.lower()  # a host name is case-insensitive: written as -u's URL would be (httpx lowers it)
     bracketed = f"[{host}]" if ":" in host else host
     return f"http://{bracketed}:{port}{path}"
 

@@ -67,3 +67,12 @@ def test_any_config_a_head_server_answers_gives_usable_urls_or_one_line_naming_t
 def test_any_answer_a_head_server_gives_is_its_agents_or_one_line_naming_the_server(body: bytes):
     outcome = head_answer_outcome(body)
     assert isinstance(outcome, dict) or (outcome.startswith(WHERE) and "\n" not in outcome)
+
+
+def test_a_host_in_capitals_gives_the_url_minus_would_take():
+    from rollfilter.config import agent_url
+    from rollfilter.formats.headserver import agents_from_config
+
+    urls = agents_from_config({"": {"responses_api_agents": {"": {"port": 1, "host": "A"}}}}).urls
+    assert urls == {"": "http://a:1/run"}
+    assert agent_url(urls[""]) == urls[""]
