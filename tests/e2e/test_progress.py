@@ -9,13 +9,13 @@ import re
 import select
 import shutil
 import signal
-import socket
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from tests.conftest import SUBPROCESS_TIMEOUT, clean_env, rows_jsonl, run, start
+from tests.e2e.test_control import ask as ask_control
 
 ESC = b"\x1b["
 
@@ -139,13 +139,8 @@ def test_a_full_stderr_ends_the_display_and_lost_failure_lines_exit_74(tmp_path)
 
 
 def ask(path: Path, command: bytes) -> dict[str, Any]:
-    """One command over the control socket at `path`, and its answer."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
-        client.settimeout(SUBPROCESS_TIMEOUT)
-        client.connect(str(path))
-        client.sendall(command + b"\n")
-        answer = json.loads(client.makefile("rb").readline())
-    assert isinstance(answer, dict)
+    """One command over the control socket at `path`, and its answer, which must say ok."""
+    answer = ask_control(path, command)
     assert answer["ok"], answer
     return answer
 
