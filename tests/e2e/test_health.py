@@ -205,3 +205,11 @@ def test_the_python_api_says_each_rollout_s_verdict_and_counts_them(health_agent
     assert (statistics.unhealthy, dict(statistics.unhealthy_by_check), statistics.masked) == (8, MIX_BY_CHECK, 8)
     assert run_.summary is not None
     assert run_.summary["rollfilter"]["health"]["unhealthy"] == 8
+
+
+def test_an_answer_that_reports_the_agent_s_own_failure_is_judged_by_that_alone(health_agent: HealthAgent):
+    rows = rows_of(["outage"], answer={"_ng_failure_class": "model_down"})
+    proc = run(["-u", health_agent.run_url, "--unhealthy", "fail"], input=rows)
+    assert proc.returncode == 1, proc.stderr
+    figures = summary_of(proc.stderr)["rollfilter"]
+    assert (figures["failed_by_kind"], figures["health"]["unhealthy"]) == ({"agent_failure": 1}, 0)
