@@ -56,7 +56,8 @@ class Metrics:
 
     @property
     def masked(self) -> int:
-        """This run's results that said `mask_sample: true`."""
+        """This run's results that said `mask_sample: true`, and with `Config.health`'s "mask" the
+        unhealthy ones."""
         return sum(means.masked for means in self.by_agent.values())
 
     def _agent(self, agent: str | None) -> Means:

@@ -170,7 +170,7 @@ class RunStatistics:
     succeeded: int
     failed: int
     not_persisted: int
-    masked: int  # this run's results that said mask_sample: true
+    masked: int  # this run's results that said mask_sample: true (or unhealthy ones, masked)
     skipped: int
     not_retried: int
     cancelled: int
