@@ -213,3 +213,16 @@ def test_an_answer_that_reports_the_agent_s_own_failure_is_judged_by_that_alone(
     assert proc.returncode == 1, proc.stderr
     figures = summary_of(proc.stderr)["rollfilter"]
     assert (figures["failed_by_kind"], figures["health"]["unhealthy"]) == ({"agent_failure": 1}, 0)
+
+
+def test_fail_leaves_a_group_with_an_unhealthy_member_incomplete(health_agent: HealthAgent):
+    rows = [
+        {"id": 0, "responses_create_params": {"input": "a"}, "health": "outage", "health_times": 1},
+        {"id": 1, "responses_create_params": {"input": "b"}},
+    ]
+    args = ["-u", health_agent.run_url, "-r", "2", "--groups", "-j", "1", "--retries", "0", "--unhealthy", "fail"]
+    proc = run(args, input=rows_jsonl(rows))
+    assert proc.returncode == 1, proc.stderr
+    figures = summary_of(proc.stderr)["rollfilter"]
+    assert (figures["groups"]["kept"], figures["groups"]["incomplete"]) == (1, 1)
+    assert len(proc.stdout.splitlines()) == 2  # the kept group's two rollouts
