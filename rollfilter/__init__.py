@@ -16,7 +16,21 @@ if TYPE_CHECKING:
 
     from rollfilter.api.in_trio import RolloutRun
     from rollfilter.api.rollouts import Rollouts, open_rollouts, rollouts
-    from rollfilter.config import Config, Cost, Groups, Rates, Repeats, Retries, Reverify, Routing, Timeouts, Tls, Wire
+    from rollfilter.config import (
+        Config,
+        Cost,
+        Groups,
+        Health,
+        Rates,
+        RecentLimit,
+        Repeats,
+        Retries,
+        Reverify,
+        Routing,
+        Timeouts,
+        Tls,
+        Wire,
+    )
     from rollfilter.errors import ErrorKind, RollfilterError, ServiceError, SteeringError, UsageError
     from rollfilter.figures.compare import compare_runs
     from rollfilter.outcomes import Failure, Group, Rollout
@@ -26,6 +40,8 @@ _EXPORTS = {
     "Config": "rollfilter.config",
     "Cost": "rollfilter.config",
     "Groups": "rollfilter.config",
+    "Health": "rollfilter.config",
+    "RecentLimit": "rollfilter.config",
     "Rates": "rollfilter.config",
     "Repeats": "rollfilter.config",
     "Retries": "rollfilter.config",
@@ -56,7 +72,9 @@ __all__ = [
     "Failure",
     "Group",
     "Groups",
+    "Health",
     "Rates",
+    "RecentLimit",
     "Repeats",
     "Retries",
     "Reverify",

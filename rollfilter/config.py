@@ -132,6 +132,52 @@ class FailureLimit:
         return f"{self.fraction * 100:g}%" if self.fraction is not None else ""
 
 
+UNHEALTHY_MODES = ("keep", "mask", "fail")  # Health.unhealthy's
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RecentLimit:
+    """Stop once `count` rollouts were of a kind (unhealthy, masked), or once `fraction` of the
+    last 100 ended were (a window: see `rollfilter.figures.health.RecentShare`); neither: never."""
+
+    count: AtLeastOne | None = None
+    fraction: Fraction | None = None
+
+    def __post_init__(self) -> None:
+        _checked(self, "health.")
+        if self.count is not None and self.fraction is not None:
+            raise ConfigError("health", "a limit takes a count or a fraction, not both")
+
+    def describe(self) -> str:
+        """The limit as a message quotes it: `10`, or `5%`."""
+        if self.count is not None:
+            return str(self.count)
+        return f"{self.fraction * 100:g}%" if self.fraction is not None else ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Health:
+    """What a run does with unhealthy rollouts (see `rollfilter.figures.health`: a result that looks
+    like an outage behind the agent). `unhealthy`: "keep" counts and marks them, in every figure;
+    "mask" leaves them out of every figure as `mask_sample` does; "fail" makes each a failed row of
+    kind `unhealthy`, sent again as an HTTP 5xx is. `max_unhealthy` and `max_masked` stop the run
+    (None: never).
+
+    It is `Config.health`."""
+
+    unhealthy: Literal["keep", "mask", "fail"] = "keep"
+    max_unhealthy: RecentLimit | None = None
+    max_masked: RecentLimit | None = None
+
+    def __post_init__(self) -> None:
+        _checked(self, "health.")
+
+    @property
+    def watched(self) -> bool:
+        """Whether a limit is set, so that each ended rollout goes into a window."""
+        return self.max_unhealthy is not None or self.max_masked is not None
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Retries:
     """How a failed row is sent again: at most `count` more times, for a status in `statuses`
@@ -367,7 +413,7 @@ class Config:
     its files around it. Settings that belong together are frozen parts, checked when built:
     `repeats` (`Repeats`), `groups` (`Groups`), `retries` (`Retries`), `timeout` (`Timeouts`),
     `tls` (`Tls`), `wire` (`Wire`), `routing` (`Routing`), `rates` (`Rates`), `cost` (`Cost`),
-    `max_failures` (`FailureLimit`), `reverify` (`Reverify`). Errors name the fields, as
+    `max_failures` (`FailureLimit`), `health` (`Health`), `reverify` (`Reverify`). Errors name the fields, as
     `ConfigError` (`Config.limit`, `Config.retries.budget`).
     """
 
@@ -392,6 +438,7 @@ class Config:
     rates: Rates = Rates()
     cost: Cost = Cost()
     max_failures: FailureLimit = FailureLimit()  # or a whole number: FailureLimit(count=...)
+    health: Health = Health()  # what to do with unhealthy rollouts, and when they stop the run
     # Their values are secrets (tokens, keys): kept out of repr, as out of every message.
     headers: tuple[tuple[str, str], ...] = dataclasses.field(default=(), repr=False)
     shard: tuple[Count, AtLeastOne] | None = None  # (I, N): keep the tasks whose index mod N is I

@@ -45,6 +45,7 @@ class ErrorKind(enum.StrEnum):
     BAD_RESPONSE = "bad_response"  # a reply that is not HTTP, or a 200 whose body is not a JSON object
     AGENT_FAILURE = "agent_failure"  # a 2xx whose body carries the agent's own _ng_failure_class
     NOT_PERSISTED = "not_persisted"  # a 2xx carrying _ng_no_persist: kept nowhere, run again by --resume
+    UNHEALTHY = "unhealthy"  # with Config.health's "fail", a 2xx whose result failed a health check
     GROUP_FIELD = "group_field"  # with --drop-uniform, a result without a numeric --group-field
     INTERNAL = "internal"  # an unexpected error while handling this one row (a bug: details under -v)
 

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from rollfilter.errors import ErrorKind
 from rollfilter.redact import printable
-from rollfilter.rows import AGENT_REF, ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX
+from rollfilter.rows import AGENT_REF, ATTEMPT_INDEX, HEALTH, ROLLOUT_INDEX, TASK_INDEX
 
 TERMINAL_KINDS = frozenset({ErrorKind.BAD_INPUT, ErrorKind.NO_ROUTE})  # no run can fix these
 OVERLOAD_STATUSES = frozenset({429, 503})  # the agent asks for less: --adaptive's signal, and a throttled reply
@@ -69,6 +69,14 @@ class Rollout:
     result: dict[str, Any]
     task_index: Any
     rollout_index: int
+
+    @property
+    def health(self) -> tuple[str, ...]:
+        """The health checks its result failed (`rollfilter.figures.health`), as its line's
+        `_rf_health` holds them; empty when it is healthy. (With `Config.health`'s "fail", an
+        unhealthy rollout is a `Failure` of kind `unhealthy` instead.)"""
+        checks = self.result.get(HEALTH)
+        return tuple(checks) if type(checks) is list else ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ ROLLOUT_ID = "_ng_rollout_id"
 _ROLLOUT_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 AGENT_REF = "agent_ref"
 MASK_SAMPLE = "mask_sample"  # true: the rollout ran, but is no valid measurement (left out of the figures)
+HEALTH = "_rf_health"  # the health checks a result failed (rollfilter.figures.health); absent when healthy
 REWARD_COMPONENTS = "reward_components"  # named objectives beside the reward (a multi-reward verifier)
 
 
@@ -36,10 +37,11 @@ _decode = msgspec.json.Decoder().decode
 encode_json = msgspec.json.Encoder(decimal_format="number").encode
 
 
-def is_masked(result: dict[str, Any]) -> bool:
+def is_masked(result: dict[str, Any], *, unhealthy: bool = False) -> bool:
     """Whether a result says it is no valid measurement (`mask_sample: true`): written as any
-    result, but left out of every mean, pass@k and group decision."""
-    return result.get(MASK_SAMPLE) is True
+    result, but left out of every mean, pass@k and group decision. With `unhealthy` (a run that
+    masks unhealthy rollouts), a result marked unhealthy (`_rf_health`) is masked too."""
+    return result.get(MASK_SAMPLE) is True or (unhealthy and HEALTH in result)
 
 
 def field_value(result: dict[str, Any], path: str) -> Any:

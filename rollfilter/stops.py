@@ -21,6 +21,7 @@ class StopCause(enum.Enum):
     READER_GONE = "broken pipe"  # the reader of the results went away
     TARGET_REACHED = "target reached"  # as many groups written as Config.groups.target asks
     OUTPUT_FAILED = "output failed"  # an output could not be written
+    UNHEALTHY = "unhealthy"  # too many rollouts unhealthy or masked: an outage behind the agents, likely
     AGENT_UNREACHABLE = "agent unreachable"  # an agent refused or dropped every connection since the start
 
 

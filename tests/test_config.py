@@ -21,6 +21,7 @@ from rollfilter.config import (
     Cost,
     FailureLimit,
     Groups,
+    Health,
     Rates,
     Repeats,
     Retries,
@@ -138,6 +139,7 @@ PARTS: dict[str, type] = {
     "rates": Rates,
     "cost": Cost,
     "max_failures": FailureLimit,
+    "health": Health,
 }
 
 
@@ -272,6 +274,7 @@ WRONG_TYPES: dict[str, list[Any]] = {
     "head_server": [3, b"http://h"],
     "aggregate": ["yes", 0],
     "reverify": ["m.jsonl", 5, True],
+    "health": ["mask", 1, True],
 }
 # For every field of the parts a plain value does not stand for, values of a type it does not take.
 PART_WRONG_TYPES: dict[str, list[Any]] = {
@@ -295,12 +298,15 @@ PART_WRONG_TYPES: dict[str, list[Any]] = {
     "rates.tpm_by_agent": [{"a": -1}, {"a": None}],
     "cost.prices": ["x", 5, [("a", 1.0)], [(5, Price(1, 2))], [("a", Price(1, 2), None)]],
     "cost.max_usd": ["5", True],
+    "health.unhealthy": ["drop", 1, None],
+    "health.max_unhealthy": [5, "5%", True],
+    "health.max_masked": [0.5, "x"],
 }
 
 
 def test_every_config_field_has_wrong_types_to_refuse():
     assert set(WRONG_TYPES) == {field.name for field in dataclasses.fields(Config)}
-    new_parts = ("repeats", "groups", "wire", "routing", "rates", "cost")
+    new_parts = ("repeats", "groups", "wire", "routing", "rates", "cost", "health")
     fields = {f"{name}.{field.name}" for name in new_parts for field in dataclasses.fields(PARTS[name])}
     assert set(PART_WRONG_TYPES) == fields
 

@@ -27,6 +27,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from rollfilter.api.in_trio import LiveFigures, RolloutRun
 from rollfilter.errors import ErrorKind
+from rollfilter.figures.health import CHECKS
 from rollfilter.figures.sketches import CountSketch, LatencyHistogram
 from rollfilter.run.statistics import AgentStatistics, RunStatistics
 
@@ -144,6 +145,14 @@ def families(statistics: RunStatistics) -> list[Metric]:
             {label: a.reward_mean for label, a in agents.items() if a.reward_mean is not None},
         ),
     ]
+    unhealthy = CounterMetricFamily(
+        "rollfilter_rollouts_unhealthy",
+        "Rollouts whose result failed a health check (docs/health.md), by check: one may fail several.",
+        labels=("check",),
+    )
+    for check in CHECKS:
+        unhealthy.add_metric((check,), statistics.unhealthy_by_check.get(check, 0))
+    found.append(unhealthy)
     found += _windows(statistics)
     limited = {label: a for label, a in agents.items() if a.waiting_on_rate_limits is not None}
     if limited:  # --rpm, --tpm: what waits on the run's own limits, not on the agent

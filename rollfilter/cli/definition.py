@@ -185,6 +185,17 @@ OPTIONS = (
     option("--max-failures", metavar="N|P%", kind=Any, parser=("failure_limit",), show_default=False,
            panel=PANEL_FAULTS, sets="Config.max_failures",
            help="Stop once N rows (or P% of ended rows) have failed; exit 1."),
+    # Config.health: what an unhealthy rollout (a result that looks like an outage behind the agent) makes.
+    option("--unhealthy", metavar="keep|mask|fail", kind=str, default="keep", parser=("unhealthy",),
+           panel=PANEL_FAULTS, sets="Config.health.unhealthy",
+           help="What an unhealthy result (empty output, no tokens, a failed response...: docs/health.md) makes: kept"
+           " and marked _rf_health; masked, out of every figure as mask_sample; or a failed row, retried."),
+    option("--max-unhealthy", metavar="N|P%", kind=Any, parser=("recent_limit", "--max-unhealthy"),
+           show_default=False, panel=PANEL_FAULTS, sets="Config.health.max_unhealthy",
+           help="Stop once N rollouts (or P% of the last 100 ended) have been unhealthy; exit 1."),
+    option("--max-masked", metavar="N|P%", kind=Any, parser=("recent_limit", "--max-masked"),
+           show_default=False, panel=PANEL_FAULTS, sets="Config.health.max_masked",
+           help="Stop once N rollouts (or P% of the last 100 ended) have been masked (mask_sample); exit 1."),
     option("--price", metavar="[AGENT=]IN,OUT[,CACHED]", many=True, panel=PANEL_LIMITS,
            help="USD per million input, output and cached-input tokens (of response.usage); repeatable."),
     option("--prices", metavar="FILE", panel=PANEL_LIMITS,

@@ -253,7 +253,7 @@ def config_of(ctx: typer.Context, given: dict[str, Any], fields: dict[str, Any],
     """The Config the options `given` ask for: `fields`, those the options set alone (a part's
     as a mapping), with those that several options make together."""
     from rollfilter.cli import parsers
-    from rollfilter.config import Config, Cost, Rates, Repeats, Retries, Routing, Timeouts, Tls, Wire
+    from rollfilter.config import Config, Cost, Health, Rates, Repeats, Retries, Routing, Timeouts, Tls, Wire
 
     def part(name: str) -> dict[str, Any]:
         settings: dict[str, Any] = fields.setdefault(name, {})
@@ -283,7 +283,7 @@ def config_of(ctx: typer.Context, given: dict[str, Any], fields: dict[str, Any],
         policy_version=parsers.policy_version(given["policy_version"]),
     )
     parts = {"repeats": Repeats, "retries": Retries, "timeout": Timeouts, "tls": Tls, "wire": Wire, "cost": Cost}
-    parts |= {"routing": Routing, "rates": Rates}
+    parts |= {"routing": Routing, "rates": Rates, "health": Health}
     return Config(**{name: parts[name](**value) if name in parts else value for name, value in fields.items()})
 
 

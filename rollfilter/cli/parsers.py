@@ -27,8 +27,10 @@ from rollfilter.config import (
     ROUTE_BY_TASK,
     ROUTE_LEAST_OUTSTANDING,
     ROUTES,
+    UNHEALTHY_MODES,
     FailureLimit,
     Groups,
+    RecentLimit,
     Reverify,
     agent_url,
     checked_url,
@@ -384,6 +386,39 @@ def failure_limit(spec: str | FailureLimit | None) -> FailureLimit:
         return FailureLimit(count=count)
     except ValueError:
         raise UsageError(f"--max-failures wants a count like 10 or a rate like 5%, got {spec!r}") from None
+
+
+def unhealthy(text: str) -> str:
+    """--unhealthy: what to do with an unhealthy rollout (keep, mask or fail)."""
+    if text not in UNHEALTHY_MODES:
+        raise UsageError(f"--unhealthy {text!r}: the choices are keep, mask and fail")
+    return text
+
+
+def recent_limit(option: str) -> Any:
+    """A parser of `option` (--max-unhealthy, --max-masked): `N` rollouts, or `P%` of the last 100
+    ended; neither 0% nor over 100%."""
+
+    def parse(spec: str | RecentLimit | None) -> RecentLimit | None:
+        if spec is None or isinstance(spec, RecentLimit):
+            return spec
+        text = spec.strip()
+        try:
+            if text.endswith("%"):
+                percent = float(text[:-1])
+                if not (math.isfinite(percent) and 0 < percent <= 100):
+                    raise ValueError
+                return RecentLimit(fraction=percent / 100)
+            count = int(text)
+            if count < 1:
+                raise ValueError
+            return RecentLimit(count=count)
+        except ValueError:
+            raise UsageError(
+                f"{option} wants a count like 10 or a rate like 30% (over 0, at most 100), got {spec!r}"
+            ) from None
+
+    return parse
 
 
 def positive(option: str, what: str) -> Any:

@@ -81,6 +81,7 @@ class ProgressDisplay:
         self._progress = Progress(
             TextColumn("{task.completed:>8,.0f} done"),
             TextColumn("{task.fields[failed]:>6,} failed"),
+            TextColumn("{task.fields[unhealthy]}"),  # said once there are any
             TextColumn("{task.fields[in_flight]:>5,} in flight"),
             *window,
             TextColumn("{task.fields[rate]:>8,.1f} rows/s"),
@@ -99,6 +100,7 @@ class ProgressDisplay:
             "rollouts",
             total=None,
             failed=0,
+            unhealthy="",
             in_flight=0,
             window=0,
             rate=0.0,
@@ -138,6 +140,7 @@ class ProgressDisplay:
             self._task,
             completed=s.ended,
             failed=s.failed,
+            unhealthy=f"{s.unhealthy:,} unhealthy" if s.unhealthy else "",
             in_flight=s.in_flight,
             window=s.window or 0,
             rate=s.rows_per_s,

@@ -44,7 +44,8 @@ class ProgressLines:
         clock = f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
         rate, failed = statistics.rows_per_s, statistics.failed
         held = "".join(f", {part}" for part in held_rows(statistics.status(), paused=True))
-        return message_line(f"{done}, {rate:,.1f} rollouts/s, {failed:,} failed, {clock} elapsed{held}")
+        unhealthy = f", {statistics.unhealthy:,} unhealthy" if statistics.unhealthy else ""
+        return message_line(f"{done}, {rate:,.1f} rollouts/s, {failed:,} failed{unhealthy}, {clock} elapsed{held}")
 
     async def run(self, statistics: Callable[[], RunStatistics], count: Callable[[], int | None] | None = None) -> None:
         """Write a line at each step of the total, or after QUIET_SECONDS without one, until cancelled,

@@ -25,7 +25,7 @@ from rollfilter.stops import StopCause, StopControl
 
 _encode = msgspec.json.Encoder().encode
 # The stops whose reason is a fault, said on stderr wherever it goes; other reasons are notices.
-FAULT_STOPS = frozenset({StopCause.OUTPUT_FAILED, StopCause.AGENT_UNREACHABLE})
+FAULT_STOPS = frozenset({StopCause.OUTPUT_FAILED, StopCause.AGENT_UNREACHABLE, StopCause.UNHEALTHY})
 
 
 def report_end(

@@ -20,6 +20,7 @@ EXIT_STATUS_OF_STOP = {
     StopCause.READER_GONE: ExitStatus.BROKEN_PIPE,
     StopCause.OUTPUT_FAILED: ExitStatus.OUTPUT_FAILED,
     StopCause.AGENT_UNREACHABLE: ExitStatus.SERVICE_UNAVAILABLE,
+    StopCause.UNHEALTHY: ExitStatus.ROWS_FAILED,
 }
 
 

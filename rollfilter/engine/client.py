@@ -28,10 +28,11 @@ from rollfilter.engine.routing import Agent, Replica, affinity_value, task_key
 from rollfilter.engine.steering import Steering
 from rollfilter.engine.tally import Tally
 from rollfilter.errors import ErrorKind
+from rollfilter.figures.health import failed_checks
 from rollfilter.http import AgentTransport, CertificateError, Reply, origin_of
 from rollfilter.outcomes import OVERLOAD_STATUSES, AttemptFailure, Retry
 from rollfilter.redact import origin, printable, shown
-from rollfilter.rows import decode_exact
+from rollfilter.rows import HEALTH, decode_exact
 
 BACKOFF_BASE = 0.5  # seconds before the first retry (times full jitter)
 BACKOFF_CAP = 30.0  # the longest jittered pause between two attempts
@@ -151,6 +152,7 @@ class AgentClient:
         self._timeout = config.timeout.attempt if config.timeout.attempt is not None else math.inf
         self._cross_origin_redirects = config.wire.cross_origin_redirects
         self._affinity_header = config.routing.affinity_header
+        self._fail_unhealthy = config.health.unhealthy == "fail"
         self._rng = rng or random.Random()
         self._tally = tally
         self._on_event = on_event
@@ -206,6 +208,8 @@ class AgentClient:
                 if got_past_connecting(outcome):
                     agent.answered = True
                 if not isinstance(outcome, AttemptFailure):
+                    outcome = self._judge_health(outcome)
+                if not isinstance(outcome, AttemptFailure):
                     if replica.cooldown:
                         replica.connection_worked()
                     return outcome
@@ -229,6 +233,21 @@ class AgentClient:
                 self._on_event(internal_error_event(job, exc))
             message = f"unexpected {type(exc).__name__} while sending the row or reading its reply"
             return AttemptFailure(ErrorKind.INTERNAL, message, attempts=flight.attempt)
+
+    def _judge_health(self, answer: dict[str, Any]) -> dict[str, Any] | AttemptFailure:
+        """`answer` marked with the health checks it fails (`_rf_health`), if any; with "fail", an
+        unhealthy answer is a failure sent again as an HTTP 5xx is. An answer that reports the
+        agent's own failure, or asks to be kept nowhere, is judged by that instead."""
+        if "_ng_failure_class" in answer or "_ng_no_persist" in answer:
+            return answer
+        checks = failed_checks(answer)
+        if checks is None:
+            return answer
+        answer[HEALTH] = checks
+        if not self._fail_unhealthy:
+            return answer
+        message = f"the result failed the health checks {', '.join(checks)}"
+        return AttemptFailure(ErrorKind.UNHEALTHY, message, retry=Retry.NOW, answer=answer)
 
     def _pause_before_retry(
         self, failure: AttemptFailure, agent: Agent, retry_after: float | None

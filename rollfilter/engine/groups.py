@@ -261,7 +261,8 @@ class GroupStage:
         """A whole group's fate: with drop_uniform, decided on its members that are valid measurements."""
         if not self._drop_uniform:
             return Fate.KEPT
-        measured = tuple(member for member in members if not is_masked(member.result))
+        unhealthy = self._tally.mask_unhealthy
+        measured = tuple(member for member in members if not is_masked(member.result, unhealthy=unhealthy))
         if len(measured) < 2:
             return Fate.MASKED
         return Fate.UNIFORM if _uniform(measured, self._field) else Fate.KEPT

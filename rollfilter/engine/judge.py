@@ -29,6 +29,8 @@ def judge(
     with the row's indices and agent (as NeMo Gym stamps them), the agent's own failure, or not
     persisted."""
     if isinstance(answer, AttemptFailure):
+        if answer.answer is not None:  # an unhealthy answer: its record opens as a result would
+            stamp(job, answer.answer)
         return answer
     stamp(job, answer)
     if answer.get("_ng_no_persist"):

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rollfilter.cost import Spending
+from rollfilter.figures.health import RecentShare
 from rollfilter.figures.means import Means
 from rollfilter.figures.sketches import LatencyHistogram
 from rollfilter.outcomes import OVERLOAD_STATUSES, AttemptFailure
@@ -41,6 +42,13 @@ class Metrics:
         self.latency = LatencyHistogram()
         self.by_agent: dict[str | None, Means] = {}
         self.earlier_by_agent: dict[str | None, Means] = {}  # earlier runs' results (--resume): figures only
+        # Rollouts that failed a health check (rollfilter.figures.health), results and failures of kind
+        # unhealthy alike, and each check failed; earlier runs' are in the figures, not in these.
+        self.unhealthy = 0
+        self.unhealthy_by_check: collections.Counter[str] = collections.Counter()
+        # With a limit on a rate of them, the last ended rollouts (from the first answered one on).
+        self.recent_unhealthy: RecentShare | None = None
+        self.recent_masked: RecentShare | None = None
 
     @property
     def ended(self) -> int:
@@ -48,7 +56,8 @@ class Metrics:
 
     @property
     def masked(self) -> int:
-        """This run's results that said `mask_sample: true`."""
+        """This run's results that said `mask_sample: true`, and with `Config.health`'s "mask" the
+        unhealthy ones."""
         return sum(means.masked for means in self.by_agent.values())
 
     def _agent(self, agent: str | None) -> Means:
@@ -57,20 +66,39 @@ class Metrics:
             means = self.by_agent[agent] = Means()
         return means
 
-    def add_result(self, result: dict[str, Any], latency: float | None, agent: str | None = None) -> None:
+    def add_result(
+        self,
+        result: dict[str, Any],
+        latency: float | None,
+        agent: str | None = None,
+        *,
+        masked: bool = False,
+        checks: list[str] | None = None,
+    ) -> None:
+        """A result; `masked` leaves it out of the means, `checks` are the health checks it failed."""
         self.succeeded += 1
         if latency is not None:
             self.latency.add(latency)
         means = self.by_agent.get(agent)
-        (means if means is not None else self._agent(agent)).add(result)
+        (means if means is not None else self._agent(agent)).add(result, masked=masked)
+        if checks is not None:
+            self.add_unhealthy(checks)
+        if self.recent_unhealthy is not None:
+            self.recent_unhealthy.add(checks is not None)
+        if self.recent_masked is not None:
+            self.recent_masked.add(masked or result.get("mask_sample") is True)
 
-    def add_earlier_result(self, result: dict[str, Any], agent: str | None = None) -> None:
+    def add_unhealthy(self, checks: list[str]) -> None:
+        self.unhealthy += 1
+        self.unhealthy_by_check.update(checks)
+
+    def add_earlier_result(self, result: dict[str, Any], agent: str | None = None, *, masked: bool = False) -> None:
         """An earlier run's result: in the means and usage (the summary covers the whole output),
         never in this run's counters or rates."""
         means = self.earlier_by_agent.get(agent)
         if means is None:
             means = self.earlier_by_agent[agent] = Means()
-        means.add(result)
+        means.add(result, masked=masked)
 
     def figures_by_agent(self) -> dict[str | None, Means]:
         if not self.earlier_by_agent:
@@ -81,8 +109,15 @@ class Metrics:
                 combined.setdefault(agent, Means()).merge(means)
         return combined
 
-    def add_failure(self, failure: AttemptFailure, agent: str | None = None) -> None:
+    def add_failure(self, failure: AttemptFailure, agent: str | None = None, checks: list[str] | None = None) -> None:
+        """A failed rollout; `checks`: the health checks its answer failed (kind `unhealthy`)."""
         self.failed += 1
+        if checks is not None:
+            self.add_unhealthy(checks)
+        if self.recent_unhealthy is not None and (self.recent_unhealthy or checks is not None):
+            self.recent_unhealthy.add(checks is not None)
+        if self.recent_masked is not None and self.recent_masked:
+            self.recent_masked.add(False)
         self.failed_by_kind[failure.kind.value] += 1
         self.failed_by_agent[agent, failure.kind.value] += 1
         if failure.status in OVERLOAD_STATUSES:

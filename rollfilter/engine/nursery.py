@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import trio
 
-from rollfilter.config import FailureLimit
+from rollfilter.config import FailureLimit, Health, RecentLimit
 from rollfilter.engine.client import Flight, JobClient, Waiting, internal_error_event
 from rollfilter.engine.groups import ClosedGroup
 from rollfilter.engine.judge import NotPersisted, judge
@@ -29,6 +29,7 @@ from rollfilter.engine.routing import Agent, Router
 from rollfilter.engine.steering import StalenessGate, Steering
 from rollfilter.engine.tally import Tally
 from rollfilter.errors import ErrorKind
+from rollfilter.figures.health import RecentShare
 from rollfilter.figures.means import as_float
 from rollfilter.formats.writers import Release
 from rollfilter.outcomes import AttemptFailure
@@ -94,6 +95,7 @@ class Engine:
     control: StopControl
     concurrency: int
     failure_limit: FailureLimit = dataclasses.field(default_factory=FailureLimit)
+    health: Health = dataclasses.field(default_factory=Health)  # its limits stop the run
     on_event: Callable[[str], None] | None = None  # -v: one line per row event
     max_cost: float | None = None  # USD: the run stops once it has spent this much
     groups: ResultStage | None = None  # results held by group, counted when their group closes
@@ -242,7 +244,7 @@ class Engine:
         elif (
             self.group_field is not None
             and as_float(field_value(outcome, self.group_field)) is None
-            and not is_masked(outcome)  # a masked rollout decides nothing: it need not say it
+            and not is_masked(outcome, unhealthy=self.tally.mask_unhealthy)  # a masked one decides nothing
         ):
             message = f"the result has no number {self.group_field!r} to tell its group by"
             self._fail(
@@ -257,6 +259,8 @@ class Engine:
             else:
                 self.tally.result(job, outcome, latency)
                 self.sink.result(job, outcome, release)
+        if self.tally.metrics.recent_unhealthy is not None:  # a limit on unhealthy or masked rollouts
+            self._check_health_limits()
 
     def _spend(self, job: Job, answer: dict[str, Any]) -> None:
         """Count what an agent's answer cost (an agent-reported failure's too); stop at the budget."""
@@ -307,6 +311,31 @@ class Engine:
         reason = f"stopped: {who} refused or dropped every connection since the run began: {failure.message}"
         self.control.stop(StopCause.AGENT_UNREACHABLE, reason)
 
+    def _check_health_limits(self) -> None:
+        metrics = self.tally.metrics
+        for limit, total, recent, what in (
+            (self.health.max_unhealthy, metrics.unhealthy, metrics.recent_unhealthy, "unhealthy"),
+            (self.health.max_masked, metrics.masked, metrics.recent_masked, "masked"),
+        ):
+            if limit is not None and recent is not None and _is_reached(limit, total, recent):
+                reason = functools.partial(self._health_limit_reason, limit, what)
+                self.control.stop(StopCause.UNHEALTHY, reason)
+                return
+
+    def _health_limit_reason(self, limit: RecentLimit, what: str) -> str:
+        """Why a limit on unhealthy or masked rollouts stopped the run, naming the checks seen most."""
+        metrics = self.tally.metrics
+        if limit.count is not None:
+            total = metrics.unhealthy if what == "unhealthy" else metrics.masked
+            counts = f"after {total} {what} rollouts"
+        else:
+            recent = metrics.recent_unhealthy if what == "unhealthy" else metrics.recent_masked
+            assert recent is not None
+            counts = f"once {recent.count} of the last {len(recent)} ended rollouts were {what}"
+        most = ", ".join(f"{check} ({count})" for check, count in metrics.unhealthy_by_check.most_common(3))
+        seen = f"; the checks failed most: {most}" if most else ""
+        return f"stopped {counts} (the limit: {limit.describe()}){seen}"
+
     def _check_failure_limit(self) -> None:
         metrics = self.tally.metrics
         if self.failure_limit.is_reached(metrics.failed + metrics.not_persisted, metrics.ended):
@@ -324,6 +353,15 @@ class Engine:
         else:
             counts += " rows"
         return f"stopped after {counts} (the limit: {self.failure_limit.describe()})"
+
+
+def _is_reached(limit: RecentLimit, total: int, recent: RecentShare) -> bool:
+    """Whether `total` rollouts of a kind reach `limit`'s count, or their share of the last WINDOW
+    ended (`recent`) its fraction."""
+    if limit.count is not None:
+        return total >= limit.count
+    share = recent.share()
+    return share is not None and limit.fraction is not None and share >= limit.fraction
 
 
 class _Slot:

@@ -16,11 +16,13 @@ from typing import Any
 
 from rollfilter.engine.metrics import Metrics
 from rollfilter.engine.plan import Job
+from rollfilter.errors import ErrorKind
+from rollfilter.figures.health import RecentShare, failed_checks
 from rollfilter.figures.means import reward_of
 from rollfilter.figures.passk import TaskStats
 from rollfilter.formats.spool import ResultSpool
 from rollfilter.outcomes import AttemptFailure
-from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, agent_name, is_masked
+from rollfilter.rows import HEALTH, ROLLOUT_INDEX, TASK_INDEX, agent_name, is_masked
 
 
 class Tally:
@@ -29,10 +31,15 @@ class Tally:
     aggregate). `repeats_for(agent)` is the group size of an agent's tasks, for results read
     from files, which no plan sizes (see `TaskStats.reached`).
 
+    A result's health is judged once: as it was received, by the client, which marks an unhealthy
+    one (`_rf_health`); a result read back from a file is judged again here, so that files of any
+    run are judged alike. With `mask_unhealthy`, an unhealthy result is masked, as one that says
+    `mask_sample: true` is; `watch` keeps the windows a limit on a rate of them looks at.
+
     The engine's calls (`started`, `result`, `failure`, `not_persisted`) are on the path of
     every row: each is one call, and adds to the figures directly."""
 
-    __slots__ = ("_repeats_for", "metrics", "spool", "tasks")
+    __slots__ = ("_repeats_for", "mask_unhealthy", "metrics", "spool", "tasks")
 
     def __init__(
         self,
@@ -41,11 +48,16 @@ class Tally:
         spool: ResultSpool | None = None,
         *,
         repeats_for: Callable[[str | None], int | None] | None = None,
+        mask_unhealthy: bool = False,
+        watch: bool = False,
     ) -> None:
         self.metrics = metrics
         self.tasks = tasks
         self.spool = spool
         self._repeats_for = repeats_for
+        self.mask_unhealthy = mask_unhealthy
+        if watch:
+            metrics.recent_unhealthy, metrics.recent_masked = RecentShare(), RecentShare()
 
     def started(self) -> None:
         """A rollout is taken from the input: it ends in one of the calls below, or is cancelled."""
@@ -53,20 +65,30 @@ class Tally:
 
     def result(self, job: Job, result: dict[str, Any], latency: float | None) -> None:
         """`job` ended with `result`, `latency` seconds after it was sent."""
-        self.metrics.add_result(result, latency, job.agent_name)
+        checks = result.get(HEALTH)
+        masked = checks is not None and self.mask_unhealthy  # the means read mask_sample themselves
+        self.metrics.add_result(result, latency, job.agent_name, masked=masked, checks=checks)
         if self.tasks is not None:  # without repeats, no reward to read
-            masked = is_masked(result)
+            masked = masked or is_masked(result)
             self.tasks.rollout_ended(
-                job.task_index, reward_of(result), job.rollout_index, result, job.agent_name, masked=masked
+                job.task_index,
+                reward_of(result),
+                job.rollout_index,
+                result,
+                job.agent_name,
+                masked=masked,
+                unhealthy=checks is not None,
             )
         if self.spool is not None:  # by the result's agent, as an earlier run's results are spooled
             self.spool.add(agent_name(result), result)
 
     def failure(self, job: Job, failure: AttemptFailure) -> None:
         """`job` failed for good (after its retries, or before it could be sent)."""
-        self.metrics.add_failure(failure, job.agent_name)
+        checks = _unhealthy_checks(failure.kind, failure.answer)
+        self.metrics.add_failure(failure, job.agent_name, checks)
         if self.tasks is not None:
-            self.tasks.rollout_ended(job.task_index, None, job.rollout_index, None, job.agent_name)
+            unhealthy = checks is not None
+            self.tasks.rollout_ended(job.task_index, None, job.rollout_index, None, job.agent_name, unhealthy=unhealthy)
 
     def not_persisted(self, job: Job) -> None:
         """`job`'s agent asked for its rollout to be kept nowhere (`_ng_no_persist`)."""
@@ -82,32 +104,42 @@ class Tally:
         """A result an earlier run finished (a resumed run's summary and aggregate cover the whole
         output): into the means, the tasks and the spool, not into this run's counters."""
         agent = agent_name(result)
-        self.metrics.add_earlier_result(result, agent)
-        self._task_and_spool(result, agent, read_back=False)
+        checks = failed_checks(result)
+        masked = is_masked(result) or (self.mask_unhealthy and checks is not None)
+        self.metrics.add_earlier_result(result, agent, masked=masked)
+        self._task_and_spool(result, agent, masked=masked, checks=checks, read_back=False)
 
     def written_result(self, record: dict[str, Any]) -> None:
         """A result line of a results file, counted as the run that wrote it counted it."""
         agent = agent_name(record)
         self.metrics.taken += 1
-        self.metrics.add_result(record, None, agent)
-        self._task_and_spool(record, agent, read_back=True)
+        checks = failed_checks(record)
+        masked = is_masked(record) or (self.mask_unhealthy and checks is not None)
+        self.metrics.add_result(record, None, agent, masked=masked, checks=checks)
+        self._task_and_spool(record, agent, masked=masked, checks=checks, read_back=True)
 
     def written_failure(self, failure: AttemptFailure, record: dict[str, Any] | None = None) -> None:
         """A failed row read back: its errors record `record` (a line that is not a result has
         none), counted as the run that wrote it counted it."""
         agent = agent_name(record) if record is not None else None
         self.metrics.taken += 1
-        self.metrics.add_failure(failure, agent)
+        checks = _unhealthy_checks(failure.kind, record)
+        self.metrics.add_failure(failure, agent, checks)
         if self.tasks is not None and record is not None and TASK_INDEX in record:
             self._reached(record, agent)
-            self.tasks.rollout_ended(record[TASK_INDEX], None, record.get(ROLLOUT_INDEX))
+            unhealthy = checks is not None
+            self.tasks.rollout_ended(record[TASK_INDEX], None, record.get(ROLLOUT_INDEX), unhealthy=unhealthy)
 
-    def _task_and_spool(self, result: dict[str, Any], agent: str | None, *, read_back: bool) -> None:
+    def _task_and_spool(
+        self, result: dict[str, Any], agent: str | None, *, masked: bool, checks: list[str] | None, read_back: bool
+    ) -> None:
         if self.tasks is not None and TASK_INDEX in result:
             if read_back:
                 self._reached(result, agent)
-            rollout, masked = result.get(ROLLOUT_INDEX), is_masked(result)
-            self.tasks.rollout_ended(result[TASK_INDEX], reward_of(result), rollout, result, agent, masked=masked)
+            rollout, unhealthy = result.get(ROLLOUT_INDEX), checks is not None
+            self.tasks.rollout_ended(
+                result[TASK_INDEX], reward_of(result), rollout, result, agent, masked=masked, unhealthy=unhealthy
+            )
         if self.spool is not None:
             self.spool.add(agent, result)
 
@@ -117,3 +149,13 @@ class Tally:
         assert self.tasks is not None
         size = self._repeats_for(agent) if self._repeats_for is not None else None
         self.tasks.reached(record[TASK_INDEX], record.get(ROLLOUT_INDEX), size or 1)
+
+
+def _unhealthy_checks(kind: ErrorKind, answer: dict[str, Any] | None) -> list[str] | None:
+    """The health checks a failed rollout of kind `unhealthy` failed (its answer's), else None."""
+    if kind is not ErrorKind.UNHEALTHY:
+        return None
+    checks = answer.get(HEALTH) if answer is not None else None
+    if type(checks) is not list:
+        checks = failed_checks(answer) if answer is not None else None
+    return [str(check) for check in checks] if checks else []

@@ -137,7 +137,8 @@ class Means:
         self.usage_counts: dict[str, int] = {}
         self.usage_exact: dict[str, int] = {}
 
-    def add(self, result: dict[str, Any]) -> None:
+    def add(self, result: dict[str, Any], *, masked: bool = False) -> None:
+        """Add a result to the figures: `masked` (or marked `mask_sample: true`), to its usage only."""
         # The per-result hot path: as_float() written out inline. A comparison rules out
         # inf and nan (and the rare huge value, summed apart) faster than math.isfinite().
         self.succeeded += 1
@@ -147,7 +148,7 @@ class Means:
             self.costs.add(response, usage)
             if type(usage) is dict:
                 _add_usage(usage, self.usage_sums, self.usage_counts, self.usage_exact)
-        if result.get(MASK_SAMPLE) is True:
+        if masked or result.get(MASK_SAMPLE) is True:
             self.masked += 1
             return
         sums, counts, compensations = self.sums, self.counts, self.compensations

@@ -35,8 +35,9 @@ def ks_for(repeats: int) -> list[int]:
 
 # A task's counts, one array each (4 bytes a count, 8 for the mean): planned rollouts, ended,
 # failed, masked (ended, but no valid measurement), correct (reward at or over the threshold),
-# rewarded, the rollouts of its first line (its group's size), and the mean of the rewards.
-_COUNTS = ("planned", "ended", "failed", "masked", "correct", "rewarded", "size")
+# rewarded, the rollouts of its first line (its group's size), unhealthy (failed a health check,
+# `rollfilter.figures.health`), and the mean of the rewards.
+_COUNTS = ("planned", "ended", "failed", "masked", "correct", "rewarded", "size", "unhealthy")
 # A histogram of K+1 bins is a line of the summary: past this K (a run of thousands of rollouts a
 # task, or -r given as a bound no task reaches), it ends at the most correct rollouts a group had.
 HISTOGRAM_MAX_K = 1024
@@ -80,6 +81,7 @@ class TaskStats:
         # slot -> group past the first -> [ended, correct, failed, masked]
         self._later_groups: dict[int, dict[int, list[int]]] = {}
         self._finished: dict[str, Any] | None = None
+        self.all_unhealthy = 0  # tasks all of whose rollouts were unhealthy, once finished
 
     def _slot(self, task: Any) -> int:
         if type(task) is int and 0 <= task < self._numbered:
@@ -130,14 +132,17 @@ class TaskStats:
         agent: str | None = None,
         *,
         masked: bool = False,
+        unhealthy: bool = False,
     ) -> None:
         """Count one rollout of `task`, its rollout index `rollout` (None: it failed, and counts as
         not correct); `result`'s numeric top-level fields go into the task's sums (the rollouts that
         count), by `agent`. A `masked` one has ended, but is in none of the task's figures: n, the
-        sums and the error bars leave it out."""
+        sums and the error bars leave it out. An `unhealthy` one failed a health check."""
         slot = self._slot(task)
         counts = self._counts
         counts["ended"][slot] += 1
+        if unhealthy:
+            counts["unhealthy"][slot] += 1
         correct = not masked and reward is not None and reward >= self.threshold
         if type(rollout) is int and rollout >= (size := counts["size"][slot] or self.repeats):
             group = self._later_groups.setdefault(slot, {}).setdefault(rollout // size, [0, 0, 0, 0])
@@ -237,6 +242,7 @@ class TaskStats:
                 continue
             tasks += 1
             failed, rewarded, masked = counts["failed"][slot], counts["rewarded"][slot], counts["masked"][slot]
+            self.all_unhealthy += ended > 0 and counts["unhealthy"][slot] == ended
             with_failures += failed > 0
             unfinished += ended < planned
             measured = ended - masked  # the n of pass@k: masked rollouts are no trial either way

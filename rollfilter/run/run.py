@@ -142,7 +142,14 @@ class Run:
         self.tasks = TaskStats(largest, config.pass_threshold, on_task) if largest > 1 else None
         self.spool = ResultSpool() if config.aggregate and client is None else None
         answered = self.tasks if client is None else None  # a dry run's rollouts are planned, never answered
-        self.tally = Tally(self.metrics, answered, self.spool, repeats_for=config.repeats.for_agent)
+        self.tally = Tally(
+            self.metrics,
+            answered,
+            self.spool,
+            repeats_for=config.repeats.for_agent,
+            mask_unhealthy=config.health.unhealthy == "mask",
+            watch=config.health.watched,
+        )
         if transport is None and (source is not None or self.spool is not None):
             transport = transport_for(config, tls=tls, on_warning=on_warning)
         self.transport: AgentTransport | None = transport
@@ -260,6 +267,7 @@ class Run:
             # A dry run shows each row's route, then its body, one row at a time: in input order.
             concurrency=self.concurrency if sends else 1,
             failure_limit=config.max_failures,
+            health=config.health,
             max_cost=config.cost.max_usd,
             on_event=self._on_event,
             groups=self.groups,

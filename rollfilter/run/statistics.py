@@ -32,6 +32,7 @@ from rollfilter.engine.nursery import Engine, InFlight
 from rollfilter.engine.rate_limits import RateLimits
 from rollfilter.engine.routing import Agent, Router
 from rollfilter.engine.steering import StalenessGate, Steering
+from rollfilter.figures.health import CHECKS
 from rollfilter.figures.means import Means
 from rollfilter.figures.passk import TaskStats
 from rollfilter.figures.sketches import CountSketch, LatencyHistogram
@@ -169,7 +170,7 @@ class RunStatistics:
     succeeded: int
     failed: int
     not_persisted: int
-    masked: int  # this run's results that said mask_sample: true
+    masked: int  # this run's results that said mask_sample: true (or unhealthy ones, masked)
     skipped: int
     not_retried: int
     cancelled: int
@@ -211,6 +212,12 @@ class RunStatistics:
     shards: Mapping[str, Any] | None = None
     comparison: Comparison | None = None
     timed: bool = True
+    # The rollouts that failed a health check (rollfilter.figures.health), this run's: each check's
+    # count, and the tasks all of whose rollouts were unhealthy (earlier runs' included, as the
+    # tasks' figures; without repeats a task is its one rollout).
+    unhealthy: int = 0
+    unhealthy_by_check: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    tasks_all_unhealthy: int = 0
 
     @classmethod
     def empty(cls) -> RunStatistics:
@@ -335,7 +342,18 @@ def statistics_of(
         shards=shards,
         comparison=comparison,
         timed=timed,
+        **_health(metrics, tasks),
     )
+
+
+def _health(metrics: Metrics, tasks: TaskStats | None) -> dict[str, Any]:
+    """The health figures, each check's in the order of CHECKS."""
+    by_check = metrics.unhealthy_by_check
+    return {
+        "unhealthy": metrics.unhealthy,
+        "unhealthy_by_check": {check: by_check[check] for check in CHECKS if check in by_check},
+        "tasks_all_unhealthy": tasks.all_unhealthy if tasks is not None and tasks.finished else metrics.unhealthy,
+    }
 
 
 def _limits(agents: list[Agent]) -> tuple[dict[str, Any], dict[str, RateLimits], dict[str, dict[str, float | None]]]:

@@ -74,6 +74,11 @@ def _run_figures(statistics: RunStatistics, means_cover: int) -> dict[str, Any]:
     }
     if s.failed_by_class:
         figures["failed_by_class"] = dict(sorted(s.failed_by_class.items()))
+    figures["health"] = {
+        "unhealthy": s.unhealthy,
+        "by_check": dict(s.unhealthy_by_check),
+        "tasks_all_unhealthy": s.tasks_all_unhealthy,
+    }
     if s.spending is not None:
         figures.update(s.spending)
     if s.timed:

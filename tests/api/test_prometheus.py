@@ -17,6 +17,7 @@ from rollfilter.config import Cost, Groups, Rates, Retries
 from rollfilter.demo import DemoAgent, serve
 from rollfilter.engine.routing import Router
 from rollfilter.errors import ErrorKind
+from rollfilter.figures.health import CHECKS
 from rollfilter.outcomes import AttemptFailure, Outcome
 from rollfilter.run.run import Run
 from rollfilter.run.statistics import AgentStatistics, RunStatistics
@@ -281,3 +282,15 @@ def test_a_scrape_renders_the_snapshot_the_run_gives():
     assert figures["rollfilter_rollouts_in_flight", (("agent", "a"),)] == 2
     assert figures["rollfilter_tokens_total", (("agent", "a"),)] == 40
     assert figures["rollfilter_reward_mean", (("agent", "a"),)] == 0.25
+
+
+def test_the_unhealthy_rollouts_by_check_each_check_from_zero():
+    run = Run(Config(url="http://127.0.0.1:9/run"))
+    run.metrics.add_result({"response": {"output": []}}, 0.1, None, checks=["empty_output"])
+    run.metrics.add_result({"response": {"output": []}}, 0.1, None, checks=["empty_output", "response_error"])
+    figures = samples(exposition(registry_of(run)))
+    family = "rollfilter_rollouts_unhealthy_total"
+    unhealthy = {labels: value for (name, labels), value in figures.items() if name == family}
+    assert unhealthy == {
+        (("check", check),): {"empty_output": 2, "response_error": 1}.get(check, 0) for check in CHECKS
+    }

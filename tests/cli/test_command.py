@@ -19,6 +19,7 @@ from rollfilter.config import (
     Cost,
     FailureLimit,
     Groups,
+    Health,
     Rates,
     Repeats,
     Retries,
@@ -168,6 +169,9 @@ USE_OF_FIELD: dict[str, list[str]] = {
     "tls.insecure": ["--insecure"],
     "max_failures.count": ["--max-failures", "3"],
     "max_failures.fraction": ["--max-failures", "10%"],
+    "health.unhealthy": ["--unhealthy", "mask"],
+    "health.max_unhealthy": ["--max-unhealthy", "30%"],
+    "health.max_masked": ["--max-masked", "5"],
     "cost.prices": ["--prices", "prices.json"],
     "cost.max_usd": ["--max-cost", "5", "--prices", "prices.json"],
     "headers": ["-H", "X-Test: 1"],
@@ -223,6 +227,7 @@ PARTS: dict[str, type] = {
     "rates": Rates,
     "cost": Cost,
     "max_failures": FailureLimit,
+    "health": Health,
     "reverify": Reverify,
 }
 

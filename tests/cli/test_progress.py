@@ -36,12 +36,15 @@ async def test_the_line_says_paused_while_the_run_is(paused: bool, shown: bool):
         os.close(write)
     assert b" done" in screen
     assert (b"paused" in screen) is shown
+    assert b"unhealthy" not in screen  # none yet
 
 
 async def test_the_line_shows_the_snapshot_the_run_gives(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("COLUMNS", "200")
     taken = Run(Config(url="http://127.0.0.1:9/run")).statistics()
-    shown = dataclasses.replace(taken, started=1300, succeeded=1234, failed=56, in_flight=10, reward_mean=0.625)
+    shown = dataclasses.replace(
+        taken, started=1300, succeeded=1234, failed=56, in_flight=10, reward_mean=0.625, unhealthy=1200
+    )
     read, write = os.pipe()
     try:
         display = ProgressDisplay(fd=write, variables={"COLUMNS": "200"}, force_terminal=True)
@@ -55,7 +58,7 @@ async def test_the_line_shows_the_snapshot_the_run_gives(monkeypatch: pytest.Mon
         os.close(read)
         os.close(write)
     assert b"1,290 done" in screen  # the ended: succeeded and failed
-    assert b"56 failed" in screen
+    assert b"56 failed 1,200 unhealthy" in screen  # said once there are any
     assert b"10 in flight" in screen
     assert b"reward 0.625" in screen
 

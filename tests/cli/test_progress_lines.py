@@ -128,3 +128,9 @@ def test_the_line_says_the_rows_held_and_what_holds_them():
         "rollfilter: 4 of 40 rollouts finished (10%), 0.0 rollouts/s, 0 failed, 0:00:00 elapsed,"
         " paused, 7 held by the pause, 12 held for the policy version\n"
     )
+
+
+def test_the_line_says_the_unhealthy_rollouts_once_there_are_any():
+    shown = dataclasses.replace(RunStatistics.empty(), finished=40, failed=1, unhealthy=1234)
+    line = ProgressLines(fd=-1).line(shown, None).decode()
+    assert line == "rollfilter: 40 rollouts finished, 0.0 rollouts/s, 1 failed, 1,234 unhealthy, 0:00:00 elapsed\n"

@@ -122,6 +122,25 @@ def stopped_at_the_failure_limit(tmp_path: Path, demo_server: DemoServer) -> End
     return Ended(summary, len(read_jsonl(out)), len(read_jsonl(errors)))
 
 
+def stopped_for_unhealthy_rollouts(tmp_path: Path, demo_server: DemoServer) -> Ended:
+    """An outage from row 20 on: each answer is empty and failed, a failed row with --unhealthy fail."""
+    rows = mixed_rows(60)
+    outage = {"response": {"output": [], "usage": {"output_tokens": 0}, "status": "failed"}}
+    for row in rows[20:]:
+        row["demo"] = {"fields": [outage]}
+    data = tmp_path / "rows.jsonl"
+    data.write_text(rows_jsonl(rows))
+    out, errors, files = outputs(tmp_path)
+    limited = ["-j", "4", "-r", "2", "--unhealthy", "fail", "--retries", "0", "--max-unhealthy", "5"]
+    proc = run(["-u", demo_server.url, *limited, *files, str(data)])
+    assert proc.returncode == 1, proc.stderr
+    figures = summary_of(proc.stderr)["rollfilter"]
+    assert figures["stopped"].startswith("stopped after "), figures
+    assert figures["failed_by_kind"]["unhealthy"] >= 5
+    assert figures["rows_read"] < 120
+    return Ended(summary_of(proc.stderr), len(read_jsonl(out)), len(read_jsonl(errors)))
+
+
 def stopped_at_the_target(tmp_path: Path, demo_server: DemoServer) -> Ended:
     data = tmp_path / "rows.jsonl"
     rows = [{**row, "demo": {"rewards": [1, 0]}} for row in mixed_rows(60)]
@@ -187,6 +206,7 @@ ENDINGS = [
     stopped_by(signal.SIGINT, 130),
     stopped_by(signal.SIGTERM, 143),
     stopped_at_the_failure_limit,
+    stopped_for_unhealthy_rollouts,
     stopped_at_the_target,
     stopped_for_an_agent_that_never_answered,
     stopped_by_a_closed_stdout,

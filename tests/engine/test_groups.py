@@ -35,6 +35,8 @@ def result(task: int, rollout: int, reward: float) -> dict[str, Any]:
 class Counted(list[tuple[str, Any]]):
     """A tally that keeps what it was given to count: this run's results, and earlier runs'."""
 
+    mask_unhealthy = False
+
     def result(self, job: Job, result: dict[str, Any], latency: float | None) -> None:
         self.append(("result", result["_ng_rollout_index"]))
 

@@ -55,3 +55,35 @@ def test_a_failure_read_back_counts_as_the_engine_counted_it_and_an_earlier_resu
     assert read_back.metrics.taken == sent.metrics.taken == 1
     sent.earlier(RESULTS[1])
     assert (sent.metrics.succeeded, sent.metrics.figures_by_agent()["a"].succeeded) == (0, 1)
+
+
+def test_an_unhealthy_result_counts_alike_sent_or_read_back_and_masked_from_earlier_runs_too():
+    """The client marks a result it receives (`_rf_health`); a line read back is judged again."""
+    outage = {"output": [], "usage": {"output_tokens": 0}}
+    lines = [{**result, "response": outage} if result["_ng_task_index"] == 0 else result for result in RESULTS]
+    sent, read_back = Tally(Metrics(), mask_unhealthy=True), Tally(Metrics(), mask_unhealthy=True)
+    for line in lines:
+        marked = {**line, "_rf_health": ["empty_output", "no_output_tokens"]} if "response" in line else line
+        sent.result(job(line), marked, None)
+        read_back.written_result(line)
+    for counted in (sent, read_back):
+        assert (counted.metrics.unhealthy, counted.metrics.masked) == (2, 2)
+        assert counted.metrics.unhealthy_by_check == {"empty_output": 2, "no_output_tokens": 2}
+    resumed = Tally(Metrics(), TaskStats(2, 1.0), mask_unhealthy=True)
+    for line in lines:
+        resumed.earlier(line)
+    assert resumed.tasks is not None
+    resumed.tasks.finish()
+    assert (resumed.metrics.unhealthy, resumed.tasks.all_unhealthy) == (0, 1)  # an earlier run's: figures only
+    assert resumed.metrics.earlier_by_agent["a"].masked == 2
+
+
+def test_a_failure_of_kind_unhealthy_counts_the_checks_its_answer_failed():
+    counted = tally()
+    answer = {"response": {"output": []}, "_rf_health": ["empty_output"]}
+    counted.failure(job(RESULTS[0]), AttemptFailure(ErrorKind.UNHEALTHY, "unhealthy", answer=answer))
+    counted.failure(job(RESULTS[1]), AttemptFailure(ErrorKind.HTTP_STATUS, "HTTP 500", 500))
+    assert (counted.metrics.failed, counted.metrics.unhealthy) == (2, 1)
+    assert counted.tasks is not None
+    counted.tasks.finish()
+    assert counted.tasks.all_unhealthy == 0  # its other rollout failed otherwise

@@ -151,8 +151,8 @@ def test_the_summary_keeps_its_keys_and_their_order():
     ]
     assert list(summary["rollfilter"]) == [
         *("expected", "rows_read", "succeeded", "failed", "masked", "means_cover", "not_persisted", "skipped"),
-        *("not_retried", "cancelled", "not_started", "failed_by_kind", "retries", "retries_withheld", "elapsed_s"),
-        *("rows_per_s", "tokens_per_s", "latency_s", "stopped"),
+        *("not_retried", "cancelled", "not_started", "failed_by_kind", "retries", "retries_withheld", "health"),
+        *("elapsed_s", "rows_per_s", "tokens_per_s", "latency_s", "stopped"),
     ]
 
 
