@@ -12,6 +12,14 @@ standard error here is clustered by task instead, as in "Adding Error Bars to Ev
 for G tasks and N rollouts. With one rollout a task it is the usual s**2 / N. The 95% interval
 is mean +- t * stderr, t the 97.5% point of Student's t with G - 1 degrees of freedom.
 
+A field whose every value lies in [0, 1] (a 0/1 reward, a pass rate, a score) cannot have a mean
+outside it, yet mean +- t * stderr can reach past 0 or 1 when the mean is near either end. Its
+interval is Wilson's for a proportion instead (`within_unit`), clustered by task as the standard
+error is: with the effective number of draws n = p * (1 - p) / stderr**2 (the rollouts over the
+design effect), and t in place of the normal's 1.96. Wilson's interval always lies in [0, 1], and
+holds its coverage near the ends where the t interval loses it. A mean of exactly 0 or 1 has no
+spread to see; its interval is Wilson's with a draw a task, as if each task's rollouts agreed.
+
 Only sums are kept (`ClusteredMean`), never the values, so memory does not grow with the rollouts.
 Student's t is computed here from the regularized incomplete beta function (a continued fraction,
 to about 1e-14), so that no statistics package is needed.
@@ -111,6 +119,29 @@ class ClusteredMean:
             return Estimate(mean, None, None, None, tasks, rollouts)
         half = t_quantile(tasks - 1) * stderr
         return Estimate(mean, stderr, mean - half, mean + half, tasks, rollouts)
+
+
+def within_unit(estimate: Estimate) -> Estimate:
+    """`estimate` with Wilson's interval clustered by task (see the module's docstring), for a
+    field whose every value lies in [0, 1]; as it is when it has no interval, or no spread within
+    (0, 1) to weigh (every task's mean the same)."""
+    mean, stderr = estimate.mean, estimate.stderr
+    if stderr is None or not 0.0 <= mean <= 1.0:
+        return estimate
+    spread = mean * (1.0 - mean)
+    if spread > 0.0 and stderr > 0.0:
+        draws = spread / (stderr * stderr)
+    elif spread == 0.0:
+        draws = float(estimate.tasks)
+    else:
+        return estimate
+    t = t_quantile(estimate.tasks - 1)
+    scale = t * t / draws
+    center = (mean + scale / 2) / (1 + scale)
+    half = t / (1 + scale) * math.sqrt(spread / draws + scale / (4 * draws))
+    # Wilson's interval holds the mean; the bounds keep rounding from moving an end past it.
+    low, high = max(min(center - half, mean), 0.0), min(max(center + half, mean), 1.0)
+    return dataclasses.replace(estimate, low=low, high=high)
 
 
 def estimate_of_moments(count: int, mean: float, shift: float, squares: float) -> Estimate:
