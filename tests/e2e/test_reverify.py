@@ -166,6 +166,36 @@ def test_a_rollout_that_cannot_be_re_scored_fails_as_bad_input_and_nothing_is_lo
     assert summary_of(proc.stderr)["rollfilter"]["failed_by_kind"] == {"bad_input": 4}
 
 
+def test_a_rollout_made_from_other_inputs_is_bad_input_naming_the_field_that_differs(
+    tmp_path: Path, verifier: ResourcesServer
+):
+    materialized, _ = files(tmp_path)
+    other_dataset = rollout_line(0, 0, responses_create_params={"input": "question from elsewhere"})
+    other_agent = rollout_line(1, 0, agent="another agent")
+    normalised = rollout_line(
+        2,
+        0,
+        responses_create_params={"input": "question 2", "temperature": None, "tool_choice": "auto"},
+        agent_ref={"type": "responses_api_agents", "name": "agent", "extra": 1},
+    )
+    messages = rollout_line(3, 0, responses_create_params={"input": [{"role": "user", "content": "question 3"}]})
+    lines = [other_dataset, other_agent, normalised, messages]
+    errors = tmp_path / "errors.jsonl"
+    proc = run(
+        ["--reverify", str(materialized), "-u", verifier.url, "--errors", str(errors)],
+        input="".join(json.dumps(line) + "\n" for line in lines),
+    )
+    assert proc.returncode == 1
+    assert [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in result_lines(proc.stdout)] == [(2, 0)]
+    records = sorted(read_jsonl(errors), key=lambda record: record["line"])
+    assert [record["error"]["kind"] for record in records] == ["bad_input"] * 3
+    first, second, third = (record["error"]["message"] for record in records)
+    assert "responses_create_params.input differs from its materialized input's (task 0 rollout 0)" in first
+    assert "agent_ref.name differs" in second
+    assert "responses_create_params.input differs" in third  # a list where a string was sent
+    assert len(verifier.bodies) == 1
+
+
 def test_judge_failed_only_re_sends_only_the_judge_failures(tmp_path: Path, verifier: ResourcesServer):
     materialized, _ = files(tmp_path)
     lines = [
