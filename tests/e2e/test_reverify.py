@@ -196,6 +196,18 @@ def test_a_rollout_made_from_other_inputs_is_bad_input_naming_the_field_that_dif
     assert len(verifier.bodies) == 1
 
 
+def test_without_r_the_error_bars_are_clustered_by_the_lines_own_tasks(tmp_path: Path, verifier: ResourcesServer):
+    materialized, rollouts = files(tmp_path)
+    proc = run(["--reverify", str(materialized), "-u", verifier.url, str(rollouts)])
+    assert proc.returncode == 0, proc.stderr
+    summary = summary_of(proc.stderr)
+    assert summary["sample_size"]["reward"] == {"tasks": TASKS, "rollouts": TASKS * K}
+    assert summary["rollfilter"]["tasks"] == TASKS
+    assert not [key for key in summary if key.startswith(("mean@", "pass@", "pass_histogram"))]  # no K was given
+    with_k = summary_of(run(["--reverify", str(materialized), "-u", verifier.url, "-r", str(K), str(rollouts)]).stderr)
+    assert summary["stderr"]["reward"] == with_k["stderr"]["reward"]
+
+
 def test_judge_failed_only_re_sends_only_the_judge_failures(tmp_path: Path, verifier: ResourcesServer):
     materialized, _ = files(tmp_path)
     lines = [
