@@ -33,6 +33,7 @@ import math
 from collections.abc import Iterable
 
 CONFIDENCE = 0.95
+POWER = 0.80  # the chance a difference as large as `detectable` gives p < 0.05, as sample sizes are usually chosen
 ERROR_DIGITS = 2  # significant digits a standard error is shown with: its own error is larger than the third
 MEAN_DIGITS = 15  # what a figure made from rounded ones holds: the 16th digit is their rounding
 _BETA_ITERATIONS = 100_000  # the continued fraction needs about sqrt(a + b) terms
@@ -211,9 +212,9 @@ def t_two_sided(t: float, df: float) -> float:
 
 
 @functools.lru_cache(maxsize=256)
-def t_quantile(df: float) -> float:
-    """The t that P(|T| >= t) = 1 - CONFIDENCE for Student's t with `df` degrees of freedom (by bisection)."""
-    alpha = 1.0 - CONFIDENCE
+def t_quantile(df: float, confidence: float = CONFIDENCE) -> float:
+    """The t that P(|T| >= t) = 1 - `confidence` for Student's t with `df` degrees of freedom (by bisection)."""
+    alpha = 1.0 - confidence
     low, high = 0.0, 2.0
     while t_two_sided(high, df) > alpha:
         low, high = high, high * 2
@@ -224,6 +225,17 @@ def t_quantile(df: float) -> float:
         else:
             high = middle
     return (low + high) / 2
+
+
+def detectable(estimate: Estimate) -> float | None:
+    """The smallest true difference that a paired comparison of this size finds (p < 0.05, two-sided)
+    with 80% power: (t of 0.975 + t of 0.80) * stderr, about 2.8 standard errors. None when the
+    standard error is unknown. It scales as 1 / sqrt(tasks): four times the tasks halve it."""
+    if estimate.stderr is None:
+        return None
+    df = estimate.tasks - 1
+    # A one-sided 80% point is the two-sided point of confidence 2 * 0.80 - 1.
+    return (t_quantile(df) + t_quantile(df, 2 * POWER - 1)) * estimate.stderr
 
 
 def sign_test(improved: int, worsened: int) -> float:

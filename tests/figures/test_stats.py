@@ -13,6 +13,7 @@ from rollfilter.figures.passk import TaskStats
 from rollfilter.figures.stats import (
     ClusteredMean,
     PairedDifferences,
+    detectable,
     error_bars,
     estimate_of,
     incomplete_beta,
@@ -168,3 +169,23 @@ def test_paired_differences_count_the_tasks_and_choose_the_test():
     unpaired = PairedDifferences().result()  # no task: no test, not one that found nothing
     assert (unpaired.test, unpaired.difference.tasks, math.isnan(unpaired.p_value)) == (None, 0, True)
     assert graded.result().difference.mean == pytest.approx(1 / 6)
+
+
+def test_a_true_difference_as_large_as_detectable_is_found_four_times_in_five():
+    # Known truth: 60 tasks, each moved by the same true difference plus noise of spread 0.2. The
+    # difference set to what one such comparison calls detectable is found (p < 0.05) in ~80% of them.
+    rng = random.Random(5)
+    tasks, spread, runs = 60, 0.2, 400
+
+    def compared(shift: float) -> tuple[float | None, float]:
+        pairs = PairedDifferences()
+        for _ in range(tasks):
+            pairs.add(0.0, rng.gauss(shift, spread))
+        result = pairs.result()
+        return detectable(result.difference), result.p_value
+
+    smallest = statistics.fmean(d for d, _ in (compared(0.0) for _ in range(50)) if d is not None)
+    assert smallest == pytest.approx(2.8 * spread / math.sqrt(tasks), rel=0.1)
+    found = sum(compared(smallest)[1] < 0.05 for _ in range(runs))
+    assert 0.74 <= found / runs <= 0.86
+    assert detectable(estimate_of([0.5])) is None  # one task: no standard error, nothing to say
