@@ -301,12 +301,16 @@ async def test_a_run_reads_and_writes_the_descriptors_it_is_given(tmp_path, demo
     assert summary_of((tmp_path / "err").read_bytes())["rollfilter"]["succeeded"] == 3
 
 
-def test_at_a_terminal_the_summary_is_indented_and_in_a_pipe_one_line(demo_server):
-    rows = rows_jsonl(simple_rows(3))
-    code, shown = stderr_at_a_terminal(["-u", demo_server.url, "--no-progress"], input=rows)
+def test_at_a_terminal_the_summary_is_a_few_lines_for_a_person_and_in_a_pipe_one_json_line(demo_server):
+    rows = rows_jsonl(simple_rows(40))
+    code, shown = stderr_at_a_terminal(["-u", demo_server.url, "--no-progress", "-r", "16"], input=rows)
     assert code == 0
-    assert shown.startswith('{\n  "reward": ')
-    assert json.loads(shown)["rollfilter"]["succeeded"] == 3
-    proc = run(["-u", demo_server.url], input=rows)
-    [line] = proc.stderr.decode().splitlines()
-    assert json.loads(line)["rollfilter"]["succeeded"] == 3
+    summary = shown[shown.index("640 of 640 rollouts") :].splitlines()  # under the pass histogram's chart
+    assert len(summary) <= 25
+    assert summary[0] == "640 of 640 rollouts: 640 succeeded, 0 failed"
+    assert [line.split()[0] for line in summary[2:8]] == ["reward", "mean@16", "pass@1", "pass@2", "pass@4", "pass@8"]
+    assert "{" not in shown
+    assert summary[-1] == "the whole summary: --metrics FILE, or standard error to a file or a pipe (one JSON line)"
+    proc = run(["-u", demo_server.url, "-r", "16"], input=rows)
+    [line] = proc.stderr.decode().splitlines()  # where standard error is no terminal: as it was
+    assert json.loads(line)["rollfilter"]["succeeded"] == 640
