@@ -38,10 +38,13 @@ def report_end(
     failures: list[OutputFailed],
     inputs_lost: bool,
     quiet: bool,
+    resumed_by: str | None = None,
 ) -> RunEnd:
     """Report the ended `run` (see the module docstring), whose outputs `files` are, on the
     standard error of `environment`: `failures` are the outputs that could not be written (those
-    written here are added), and `inputs_lost` whether an input could not be read whole."""
+    written here are added), and `inputs_lost` whether an input could not be read whole. A run
+    interrupted at a terminal, whose -o keeps a run record, ends with `resumed_by`: the line that
+    resumes it."""
     summary_object, statistics, report = run.summary(), run.statistics(), run.report
     summary = _encode(summary_object) + b"\n"
     try:
@@ -64,6 +67,9 @@ def report_end(
         metrics = files.whole.get("metrics_file")
         shown = _shown_summary(summary_object, summary, environment, whole_at=metrics.path if metrics else None)
         summary_lost = not write_summary(stderr, shown)
+    interrupted = control.cause is StopCause.INTERRUPTED and environment.stderr_is_terminal
+    if interrupted and files.record is not None and resumed_by is not None:
+        say(resumed_by, stderr)
     # Rows lost, or an input, as cat says; an aggregate without some agent's answer or some results.
     lost = statistics.failed or statistics.not_persisted or inputs_lost or (report is not None and not report.whole)
     return RunEnd(control.cause, bool(lost), output_failed=bool(failures), summary_lost=summary_lost)
