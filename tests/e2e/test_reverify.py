@@ -526,3 +526,15 @@ def test_a_materialized_file_that_is_an_output_is_refused_and_left_as_it_is(
     assert line.endswith(f"is also the input --reverify {materialized}: input file is output file")
     assert materialized.read_bytes() == before
     assert verifier.bodies == []
+
+
+@pytest.mark.parametrize("answer", [b"stateless", b'{"mode": "stateless"}'])
+def test_a_reverify_mode_that_is_no_json_string_exits_3_as_documented(
+    tmp_path: Path, verifier: ResourcesServer, answer: bytes
+):
+    verifier.mode_body = answer
+    materialized, rollouts = files(tmp_path)
+    proc = run(["--reverify", str(materialized), "-u", verifier.url, str(rollouts)])
+    assert proc.returncode == 3
+    assert proc.stderr.decode().splitlines()[0].endswith("/reverify_mode answered no mode (a JSON string)")
+    assert verifier.bodies == []
