@@ -338,5 +338,8 @@ def error_bars(estimate: Estimate) -> tuple[float | None, list[float] | None]:
     if estimate.stderr is None or estimate.low is None or estimate.high is None:
         return None, None
     stderr = estimate.stderr
-    interval = [shown_bound(estimate.low, stderr), shown_bound(estimate.high, stderr)]
+    # Wilson's interval at a mean of 0 or 1 has a width with no spread seen: its ends are shown to
+    # the place a standard error of about a quarter of that width would be.
+    scale = stderr or (estimate.high - estimate.low) / 4
+    interval = [shown_bound(estimate.low, scale), shown_bound(estimate.high, scale)]
     return significant(stderr, ERROR_DIGITS), interval

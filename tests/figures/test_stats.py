@@ -101,6 +101,7 @@ def test_a_rate_of_zero_or_one_has_a_one_sided_interval_and_no_spread_elsewhere_
     assert (all_solved.low, all_solved.high) == pytest.approx((1.0 - none_solved.high, 1.0))
     every_task_half = within_unit(estimate_of([0.5] * 20))
     assert (every_task_half.low, every_task_half.high) == (0.5, 0.5)
+    assert error_bars(none_solved) == (0.0, [0.0, 0.18])  # to the place of its width, not 15 digits
     one_task = estimate_of([0.0])
     assert within_unit(one_task) == one_task  # no spread seen: no interval either way
 
