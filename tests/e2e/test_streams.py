@@ -305,18 +305,18 @@ async def test_a_run_reads_and_writes_the_descriptors_it_is_given(tmp_path, demo
 
 
 def test_at_a_terminal_the_summary_is_a_few_lines_for_a_person_and_in_a_pipe_one_json_line(demo_server):
-    rows = rows_jsonl(simple_rows(40))
+    rows = rows_jsonl(simple_rows(10))
     code, shown = stderr_at_a_terminal(["-u", demo_server.url, "--no-progress", "-r", "16"], input=rows)
     assert code == 0
-    summary = shown[shown.index("640 of 640 rollouts") :].splitlines()  # under the pass histogram's chart
+    summary = shown[shown.index("160 of 160 rollouts") :].splitlines()  # under the pass histogram's chart
     assert len(summary) <= 25
-    assert summary[0] == "640 of 640 rollouts: 640 succeeded, 0 failed"
+    assert summary[0] == "160 of 160 rollouts: 160 succeeded, 0 failed"
     assert [line.split()[0] for line in summary[2:8]] == ["reward", "mean@16", "pass@1", "pass@2", "pass@4", "pass@8"]
     assert "{" not in shown
     assert summary[-1] == "the whole summary: --metrics FILE, or standard error to a file or a pipe (one JSON line)"
     proc = run(["-u", demo_server.url, "-r", "16"], input=rows)
     [line] = proc.stderr.decode().splitlines()  # where standard error is no terminal: as it was
-    assert json.loads(line)["rollfilter"]["succeeded"] == 640
+    assert json.loads(line)["rollfilter"]["succeeded"] == 160
 
 
 def interrupted(args: list[str], out: Path, stderr: int) -> int:
