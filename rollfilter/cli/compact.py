@@ -63,7 +63,7 @@ def _means_table(summary: Mapping[str, Any]) -> list[str]:
     """A row a mean: the reward, mean@K and pass@k, then a few other fields, each with its 95%
     interval and what it is over; a line says how many more the whole summary has."""
     ci95, sizes = summary.get("ci95", {}), summary.get("sample_size", {})
-    keys = [key for key in summary if _is_mean(key, summary[key])]
+    keys = [key for key in summary if _is_mean(key, summary[key], sizes)]
     passes = [key for key in keys if key.startswith("pass@")]
     if len(passes) > _MOST_PASS_ROWS:
         passes = passes[: _MOST_PASS_ROWS - 1] + passes[-1:]
@@ -94,10 +94,11 @@ def _means_table(summary: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _is_mean(key: str, value: Any) -> bool:
-    """Whether the summary's `key` is a mean: its numbers at the top level are (reward, mean@K,
-    pass@k, the result fields'), and a null reward (no result carried one) is one too."""
-    return type(value) in (int, float) or (key == "reward" and value is None)
+def _is_mean(key: str, value: Any, sizes: Mapping[str, Any]) -> bool:
+    """Whether the summary's `key` is a mean: a number with its sample size beside it (reward,
+    mean@K, pass@k, the result fields'; a count the summary adds at the top is none), or the
+    reward, always there (null when no result carried one)."""
+    return key == "reward" or (type(value) in (int, float) and key in sizes)
 
 
 def _count(value: Any) -> str:

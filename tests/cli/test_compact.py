@@ -32,6 +32,7 @@ def test_a_summary_of_everything_is_at_most_25_lines_and_says_where_the_whole_on
     summary["rollfilter"] |= {"cost_usd": 1.25, "failed": 4, "failed_by_kind": {"timeout": 3, "bad_response": 1}}
     summary["health"] = {"unhealthy": 5, "by_check": {"empty_output": 4, "tool_loop": 1}, "tasks_all_unhealthy": 1}
     summary["reward_components"] = {"accuracy": 0.25, "style": 1.0}
+    summary["masked"] = 2  # a count at the top, no mean: in no row
     lines = compact_summary(summary, whole_at="run-metrics.json")
     assert len(lines) <= MOST_LINES
     assert lines[0] == "3,076 rollouts: 3,072 succeeded, 4 failed (timeout 3, bad_response 1), 2 masked"
