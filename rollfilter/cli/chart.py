@@ -28,7 +28,8 @@ def pass_chart(histogram: Sequence[int], threshold: float, *, unicode: bool | No
 def compare_table(compare: dict[str, Any]) -> list[str]:
     """`--compare`'s figures as a short table: a line a mean, this run minus the baseline."""
     lines = ["this run minus the baseline, task by task:"]
-    rows: list[tuple[str, ...]] = [("", "difference", "95% interval", "p", "better", "worse", "tied", "tasks")]
+    heading = ("", "difference", "95% interval", "p", "detectable", "better", "worse", "tied", "tasks")
+    rows: list[tuple[str, ...]] = [heading]
     for name, figures in compare.items():
         interval = figures["ci95"]
         rows.append(
@@ -37,6 +38,7 @@ def compare_table(compare: dict[str, Any]) -> list[str]:
                 _signed(figures["difference"]),
                 "-" if interval is None else f"{_signed(interval[0])} to {_signed(interval[1])}",
                 "-" if figures["p_value"] is None else f"{figures['p_value']:g} ({figures['test']})",
+                "-" if figures.get("detectable") is None else f"{figures['detectable']:g}",
                 *(str(figures[key]) for key in ("improved", "worsened", "tied", "tasks")),
             )
         )

@@ -48,6 +48,7 @@ class CommandConfig:
     progress: bool | None = None  # --progress/--no-progress; None: on when stderr is a terminal
     verbose: bool = False  # -v: a line on stderr for each row's events
     dry_run: bool = False  # --dry-run: print what would be sent, send nothing
+    argv: tuple[str, ...] = ()  # the words given: an interrupted run says them again, to resume it
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))

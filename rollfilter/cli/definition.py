@@ -248,7 +248,7 @@ OPTIONS = (
            help="With --reverify: re-score at resources servers whose /reverify_mode is not stateless too."),
     option("--compare", metavar="BASELINE", many=True,
            help="With --summarize: compare the results with BASELINE's (result files of another run), task by task;"
-           " repeatable."),
+           " repeatable; a quoted pattern ('A-*.jsonl') takes a run in shards, each shard checked."),
     option("--max-line-bytes", metavar="N", kind=int, default=DEFAULT_MAX_LINE_BYTES, whole=1, panel=PANEL_FAULTS,
            sets="CommandConfig.max_line_bytes",
            help="Refuse input lines longer than N bytes (each counts as a failed row)."),

@@ -245,6 +245,7 @@ def command_of(ctx: typer.Context, given: dict[str, Any]) -> "CommandConfig":
         max_attempts=parsers.max_attempts(given["max_attempts"], environment.variables),
         shard_auto=given["shard"] == parsers.SHARD_AUTO,
         compare_files=tuple(given["compare"] or ()),
+        argv=tuple(ctx.obj.get("argv", ())) if isinstance(ctx.obj, dict) else (),
         **parsers.prometheus(given["prometheus"], given["prometheus_file"]),
     )
 

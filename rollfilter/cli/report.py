@@ -8,11 +8,13 @@ before it sent anything reports the summary of a run that sent nothing, as every
 from __future__ import annotations
 
 import ssl
+from typing import Any
 
 import msgspec
 import trio
 
 from rollfilter.cli.chart import chart_lines
+from rollfilter.cli.compact import compact_summary
 from rollfilter.cli.environment import Environment
 from rollfilter.cli.files.outputs import OpenedOutputs, replace_content
 from rollfilter.cli.messages import option_of, say, write_summary
@@ -36,10 +38,13 @@ def report_end(
     failures: list[OutputFailed],
     inputs_lost: bool,
     quiet: bool,
+    resumed_by: str | None = None,
 ) -> RunEnd:
     """Report the ended `run` (see the module docstring), whose outputs `files` are, on the
     standard error of `environment`: `failures` are the outputs that could not be written (those
-    written here are added), and `inputs_lost` whether an input could not be read whole."""
+    written here are added), and `inputs_lost` whether an input could not be read whole. A run
+    interrupted at a terminal, whose -o keeps a run record, ends with `resumed_by`: the line that
+    resumes it."""
     summary_object, statistics, report = run.summary(), run.statistics(), run.report
     summary = _encode(summary_object) + b"\n"
     try:
@@ -59,9 +64,12 @@ def report_end(
         say(warning_message(warning), stderr)
     summary_lost = False
     if not quiet:
-        drawn = chart_lines(summary_object, can_draw=environment.stderr_can_draw)
-        chart = b"".join(line.encode() + b"\n" for line in drawn)
-        summary_lost = not write_summary(stderr, chart + summary_for(summary, environment.stderr_is_terminal))
+        metrics = files.whole.get("metrics_file")
+        shown = _shown_summary(summary_object, summary, environment, whole_at=metrics.path if metrics else None)
+        summary_lost = not write_summary(stderr, shown)
+    interrupted = control.cause is StopCause.INTERRUPTED and environment.stderr_is_terminal
+    if interrupted and files.record is not None and resumed_by is not None:
+        say(resumed_by, stderr)
     # Rows lost, or an input, as cat says; an aggregate without some agent's answer or some results.
     lost = statistics.failed or statistics.not_persisted or inputs_lost or (report is not None and not report.whole)
     return RunEnd(control.cause, bool(lost), output_failed=bool(failures), summary_lost=summary_lost)
@@ -90,7 +98,18 @@ def report_refused(refused: RollfilterError, run: Run, environment: Environment,
 
 def _summary_of_nothing_sent(run: Run, environment: Environment, *, quiet: bool) -> None:
     if not quiet:
-        write_summary(environment.stderr, summary_for(_encode(run.summary()) + b"\n", environment.stderr_is_terminal))
+        summary = run.summary()
+        write_summary(environment.stderr, _shown_summary(summary, _encode(summary) + b"\n", environment, whole_at=None))
+
+
+def _shown_summary(summary: dict[str, Any], line: bytes, environment: Environment, *, whole_at: str | None) -> bytes:
+    """The summary as standard error shows it: for a person at a terminal, the pass histogram's
+    chart and the compact summary (`whole_at`: the file with the whole one); elsewhere (a pipe, a
+    file) the one JSON `line`, for jq and `tail -n 1`."""
+    if not environment.stderr_is_terminal:
+        return line
+    drawn = [*chart_lines(summary, can_draw=environment.stderr_can_draw), *compact_summary(summary, whole_at=whole_at)]
+    return b"".join(text.encode() + b"\n" for text in drawn)
 
 
 def warning_message(warning: ConfigWarning) -> str:

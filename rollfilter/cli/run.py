@@ -33,11 +33,12 @@ from rollfilter.cli.files.outputs import (
 from rollfilter.cli.folding import FailureFolder
 from rollfilter.cli.messages import message_line, repeats_missing, say, write_summary
 from rollfilter.cli.report import report_end, report_refused, report_unsent
+from rollfilter.cli.resume_line import resume_line
 from rollfilter.cli.signals import StopSignals, is_pipe, status_block, watch_reader_gone
 from rollfilter.cli.statuses import RunEnd
 from rollfilter.cli.views import RunViews
 from rollfilter.errors import ServiceError, UsageError
-from rollfilter.formats.source import LineReader, check_inputs
+from rollfilter.formats.source import STDIN, LineReader, check_inputs
 from rollfilter.formats.writers import LineWriter, OutputClosed, OutputFailed
 from rollfilter.run.connect import tls_context_for
 from rollfilter.run.earlier import Earlier
@@ -228,8 +229,15 @@ class _CommandLineRun:
         self.views.finish(self.run.statistics())
         failures, quiet = self.write_failures, self.command.quiet
         inputs_lost = bool(self.reader.problems)
+        resumed_by = resume_line(self.command.argv, from_stdin=STDIN in self.command.inputs)
         return report_end(
-            self.run, self.environment, self.files, failures=failures, inputs_lost=inputs_lost, quiet=quiet
+            self.run,
+            self.environment,
+            self.files,
+            failures=failures,
+            inputs_lost=inputs_lost,
+            quiet=quiet,
+            resumed_by=resumed_by,
         )
 
     def leave_now(self) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import glob
+import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -106,6 +108,7 @@ async def summarize(command: CommandConfig, *, environment: Environment) -> RunE
     lost = [*unusable.problems(), *reader.problems, *baseline.problems]
     aggregated = [f"--aggregate: {problem}" for problem in (report.problems if report is not None else ())]
     unmatched = [f"--summarize: {problem}" for problem in (shards.problems if shards is not None else ())]
+    unmatched += baseline.shard_problems
     for problem in [*lost, *aggregated, *unmatched]:
         say(problem, environment.stderr)
     unchecked = [STDIN_UNCHECKED] if STDIN in command.inputs else []  # a check not made is said, not passed over
@@ -172,15 +175,19 @@ class _Baseline:
     @classmethod
     def of(cls, command: CommandConfig, *, stdin_fd: int) -> _Baseline:
         """`command`'s baseline; UsageError for a file that cannot be read, or a second standard input."""
-        check_inputs(command.compare_files)
-        if "-" in command.compare_files and "-" in command.inputs:
+        paths = baseline_files(command.compare_files)
+        check_inputs(paths)
+        if STDIN in paths and STDIN in command.inputs:
             raise UsageError("--compare - and the results cannot both be read from standard input")
-        return cls(command.compare_files, max_line_bytes=command.max_line_bytes, stdin_fd=stdin_fd)
+        return cls(paths, max_line_bytes=command.max_line_bytes, stdin_fd=stdin_fd)
 
     def __init__(self, paths: tuple[str, ...], *, max_line_bytes: int, stdin_fd: int) -> None:
         self.comparison = RunComparison() if paths else None
         self._reader = LineReader(paths, max_line_bytes=max_line_bytes, stdin_fd=stdin_fd) if paths else None
         self.problems: list[str] = []
+        # A baseline in shards is checked as --summarize checks its own: a shard missing is named.
+        coverage = identity.shard_coverage(paths) if paths else None
+        self.shard_problems = [f"--compare: {problem}" for problem in (coverage.problems if coverage else ())]
 
     async def read(self) -> None:
         if self._reader is None or self.comparison is None:
@@ -213,6 +220,22 @@ class _Baseline:
     def close(self) -> None:
         if self._reader is not None:
             self._reader.close()
+
+
+def baseline_files(patterns: Sequence[str]) -> tuple[str, ...]:
+    """--compare's files: each pattern with a wildcard (`*`, `?`, `[`) that names no file itself is
+    expanded as the shell would (sorted; run records left out), so that a baseline in shards can
+    be given quoted as one: `--compare 'A-*.jsonl'`. UsageError for a pattern that matches no file."""
+    paths: list[str] = []
+    for pattern in patterns:
+        if pattern == STDIN or not any(character in pattern for character in "*?[") or os.path.lexists(pattern):
+            paths.append(pattern)
+            continue
+        matches = sorted(path for path in glob.glob(pattern) if not identity.is_record_name(path))
+        if not matches:
+            raise UsageError(f"--compare {printable(pattern)}: no file matches it")
+        paths += matches
+    return tuple(paths)
 
 
 class _Unclustered:

@@ -24,7 +24,16 @@ from typing import Any
 import msgspec
 
 from rollfilter.figures.passk import TaskStats
-from rollfilter.figures.stats import Difference, PairedDifferences, error_bars, shown_bound, shown_mean, significant
+from rollfilter.figures.stats import (
+    ERROR_DIGITS,
+    Difference,
+    PairedDifferences,
+    detectable,
+    error_bars,
+    shown_bound,
+    shown_mean,
+    significant,
+)
 from rollfilter.outcomes import failure_of
 from rollfilter.rows import TASK_INDEX, is_masked
 
@@ -45,7 +54,8 @@ class Comparison:
 
     def figures(self) -> dict[str, Any]:
         """The summary's `compare`: for each mean, the difference (this run minus the baseline),
-        stderr, ci95, p_value, the test it came from, improved, worsened, tied, and tasks."""
+        stderr, ci95, p_value, the test it came from, the smallest difference this many tasks
+        detect (`detectable`: 80% power at 5%), improved, worsened, tied, and tasks."""
         return {key: _difference_figures(difference) for key, difference in self.differences.items()}
 
     def tasks(self) -> dict[str, int]:
@@ -62,12 +72,14 @@ def _difference_figures(difference: Difference) -> dict[str, Any]:
     estimate = difference.difference
     stderr, interval = error_bars(estimate)
     known = estimate.tasks > 0
+    smallest = detectable(estimate)
     return {
         "difference": _shown_difference(estimate.mean, stderr) if known else None,
         "stderr": stderr,
         "ci95": interval,
         "p_value": significant(difference.p_value, P_VALUE_DIGITS) if math.isfinite(difference.p_value) else None,
         "test": difference.test,
+        "detectable": None if smallest is None else significant(smallest, ERROR_DIGITS),
         "improved": difference.improved,
         "worsened": difference.worsened,
         "tied": difference.tied,

@@ -113,7 +113,8 @@ class Means:
             "exact",
             "failed",
         ),
-        *("masked", "shifts", "squares", "succeeded", "sums", "usage_counts", "usage_exact", "usage_sums"),
+        *("masked", "outside_unit", "shifts", "squares", "succeeded", "sums"),
+        *("usage_counts", "usage_exact", "usage_sums"),
     )
 
     def __init__(self) -> None:
@@ -132,6 +133,9 @@ class Means:
         self.compensations: dict[str, float] = {}  # what each float sum's rounding lost
         self.shifts: dict[str, float] = {}  # each field's first value, and the squares of the values less it,
         self.squares: dict[str, float] = {}  # for its standard error with a rollout a task (no repeats)
+        # The fields (and reward_components.NAME) with a value outside [0, 1]: the others' intervals
+        # are Wilson's, which stay inside it (stats.within_unit).
+        self.outside_unit: set[str] = set()
         self.costs = RolloutCosts()
         self.usage_sums: dict[str, float] = {}
         self.usage_counts: dict[str, int] = {}
@@ -152,7 +156,7 @@ class Means:
             self.masked += 1
             return
         sums, counts, compensations = self.sums, self.counts, self.compensations
-        shifts, squares = self.shifts, self.squares
+        shifts, squares, outside = self.shifts, self.squares, self.outside_unit
         for key, value in result.items():
             kind = type(value)
             if kind is float:
@@ -169,6 +173,8 @@ class Means:
                 continue
             if key.startswith("_ng_"):
                 continue
+            if not 0.0 <= value <= 1.0:
+                outside.add(key)
             try:  # a subscript, not a get(): no call for a field seen before
                 total = sums[key]
             except KeyError:
@@ -195,6 +201,8 @@ class Means:
             if number is None:
                 continue
             counts[name] = counts.get(name, 0) + 1
+            if not 0.0 <= number <= 1.0:
+                self.outside_unit.add(component_key(name))
             if -EXACT_FROM < number < EXACT_FROM:
                 sums[name] = sums.get(name, 0.0) + number
                 squares[name] = squares.get(name, 0.0) + number * number
@@ -206,6 +214,7 @@ class Means:
     def _add_huge(self, key: str, value: float) -> None:
         if key.startswith("_ng_"):
             return
+        self.outside_unit.add(key)
         if key not in self.sums:
             self.sums[key], self.counts[key] = 0.0, 0
             self.compensations[key], self.shifts[key], self.squares[key] = 0.0, 0.0, 0.0
@@ -251,6 +260,7 @@ class Means:
         ):
             for key, count in more.items():
                 tallies[key] = tallies.get(key, 0) + count
+        self.outside_unit |= other.outside_unit
         self.costs.merge(other.costs)
 
     def mean(self, key: str) -> float:
@@ -291,6 +301,13 @@ class Means:
             count = self.component_counts[name]
             found[component_key(name)] = estimate_of_moments(count, mean, 0.0, self.component_squares[name])
         return found
+
+    def within_unit(self, key: str) -> bool:
+        """Whether every value of the field `key` (or reward_components.NAME) counted lies in [0, 1]."""
+        if key in self.outside_unit:
+            return False
+        component = key.removeprefix(f"{REWARD_COMPONENTS}.")
+        return component in self.component_counts if component != key else key in self.counts
 
     def usage(self) -> dict[str, float]:
         exact, counts = self.usage_exact, self.usage_counts

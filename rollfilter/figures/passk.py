@@ -58,8 +58,17 @@ class TaskStats:
     case, is one group; the later groups of a task met again are counted apart, in a dict.
     """
 
-    def __init__(self, repeats: int, threshold: float, on_task: Callable[[dict[str, Any]], None] | None = None) -> None:
+    def __init__(
+        self,
+        repeats: int,
+        threshold: float,
+        on_task: Callable[[dict[str, Any]], None] | None = None,
+        *,
+        clusters_only: bool = False,
+    ) -> None:
         self.repeats = repeats
+        # Only the tasks for the error bars: no mean@K, pass@k or histogram (no K was given).
+        self.clusters_only = clusters_only
         self.threshold = threshold
         self.ks = ks_for(repeats)
         self._on_task = on_task
@@ -338,12 +347,16 @@ class TaskStats:
         0, 1, ..., K rollouts at or over the threshold: K+1 bins, whichever groups ended."""
         self.finish()
         assert self._finished is not None
-        return dict(self._finished["fields"])
+        return {} if self.clusters_only else dict(self._finished["fields"])
 
     def figures(self) -> dict[str, Any]:
+        """The tasks counted (and the pass threshold, unless `clusters_only`)."""
         self.finish()
         assert self._finished is not None
-        return dict(self._finished["figures"])
+        figures = dict(self._finished["figures"])
+        if self.clusters_only:
+            del figures["pass_threshold"]
+        return figures
 
 
 def _over_tasks(clustered: ClusteredMean, rollouts: int, fallback: float) -> Estimate | None:

@@ -12,6 +12,14 @@ standard error here is clustered by task instead, as in "Adding Error Bars to Ev
 for G tasks and N rollouts. With one rollout a task it is the usual s**2 / N. The 95% interval
 is mean +- t * stderr, t the 97.5% point of Student's t with G - 1 degrees of freedom.
 
+A field whose every value lies in [0, 1] (a 0/1 reward, a pass rate, a score) cannot have a mean
+outside it, yet mean +- t * stderr can reach past 0 or 1 when the mean is near either end. Its
+interval is Wilson's for a proportion instead (`within_unit`), clustered by task as the standard
+error is: with the effective number of draws n = p * (1 - p) / stderr**2 (the rollouts over the
+design effect), and t in place of the normal's 1.96. Wilson's interval always lies in [0, 1], and
+holds its coverage near the ends where the t interval loses it. A mean of exactly 0 or 1 has no
+spread to see; its interval is Wilson's with a draw a task, as if each task's rollouts agreed.
+
 Only sums are kept (`ClusteredMean`), never the values, so memory does not grow with the rollouts.
 Student's t is computed here from the regularized incomplete beta function (a continued fraction,
 to about 1e-14), so that no statistics package is needed.
@@ -25,6 +33,7 @@ import math
 from collections.abc import Iterable
 
 CONFIDENCE = 0.95
+POWER = 0.80  # the chance a difference as large as `detectable` gives p < 0.05, as sample sizes are usually chosen
 ERROR_DIGITS = 2  # significant digits a standard error is shown with: its own error is larger than the third
 MEAN_DIGITS = 15  # what a figure made from rounded ones holds: the 16th digit is their rounding
 _BETA_ITERATIONS = 100_000  # the continued fraction needs about sqrt(a + b) terms
@@ -113,6 +122,29 @@ class ClusteredMean:
         return Estimate(mean, stderr, mean - half, mean + half, tasks, rollouts)
 
 
+def within_unit(estimate: Estimate) -> Estimate:
+    """`estimate` with Wilson's interval clustered by task (see the module's docstring), for a
+    field whose every value lies in [0, 1]; as it is when it has no interval, or no spread within
+    (0, 1) to weigh (every task's mean the same)."""
+    mean, stderr = estimate.mean, estimate.stderr
+    if stderr is None or not 0.0 <= mean <= 1.0:
+        return estimate
+    spread = mean * (1.0 - mean)
+    if spread > 0.0 and stderr > 0.0:
+        draws = spread / (stderr * stderr)
+    elif spread == 0.0:
+        draws = float(estimate.tasks)
+    else:
+        return estimate
+    t = t_quantile(estimate.tasks - 1)
+    scale = t * t / draws
+    center = (mean + scale / 2) / (1 + scale)
+    half = t / (1 + scale) * math.sqrt(spread / draws + scale / (4 * draws))
+    # Wilson's interval holds the mean; the bounds keep rounding from moving an end past it.
+    low, high = max(min(center - half, mean), 0.0), min(max(center + half, mean), 1.0)
+    return dataclasses.replace(estimate, low=low, high=high)
+
+
 def estimate_of_moments(count: int, mean: float, shift: float, squares: float) -> Estimate:
     """The estimate for `count` independent values (a task each) of mean `mean`, given the sum of
     their squared distances from `shift` (a value near them: the first, say)."""
@@ -180,9 +212,9 @@ def t_two_sided(t: float, df: float) -> float:
 
 
 @functools.lru_cache(maxsize=256)
-def t_quantile(df: float) -> float:
-    """The t that P(|T| >= t) = 1 - CONFIDENCE for Student's t with `df` degrees of freedom (by bisection)."""
-    alpha = 1.0 - CONFIDENCE
+def t_quantile(df: float, confidence: float = CONFIDENCE) -> float:
+    """The t that P(|T| >= t) = 1 - `confidence` for Student's t with `df` degrees of freedom (by bisection)."""
+    alpha = 1.0 - confidence
     low, high = 0.0, 2.0
     while t_two_sided(high, df) > alpha:
         low, high = high, high * 2
@@ -193,6 +225,17 @@ def t_quantile(df: float) -> float:
         else:
             high = middle
     return (low + high) / 2
+
+
+def detectable(estimate: Estimate) -> float | None:
+    """The smallest true difference that a paired comparison of this size finds (p < 0.05, two-sided)
+    with 80% power: (t of 0.975 + t of 0.80) * stderr, about 2.8 standard errors. None when the
+    standard error is unknown. It scales as 1 / sqrt(tasks): four times the tasks halve it."""
+    if estimate.stderr is None:
+        return None
+    df = estimate.tasks - 1
+    # A one-sided 80% point is the two-sided point of confidence 2 * 0.80 - 1.
+    return (t_quantile(df) + t_quantile(df, 2 * POWER - 1)) * estimate.stderr
 
 
 def sign_test(improved: int, worsened: int) -> float:
@@ -295,5 +338,8 @@ def error_bars(estimate: Estimate) -> tuple[float | None, list[float] | None]:
     if estimate.stderr is None or estimate.low is None or estimate.high is None:
         return None, None
     stderr = estimate.stderr
-    interval = [shown_bound(estimate.low, stderr), shown_bound(estimate.high, stderr)]
+    # Wilson's interval at a mean of 0 or 1 has a width with no spread seen: its ends are shown to
+    # the place a standard error of about a quarter of that width would be.
+    scale = stderr or (estimate.high - estimate.low) / 4
+    interval = [shown_bound(estimate.low, scale), shown_bound(estimate.high, scale)]
     return significant(stderr, ERROR_DIGITS), interval

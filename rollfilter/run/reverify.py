@@ -50,6 +50,10 @@ MODE_UNKNOWN = None  # the mode of a server without /reverify_mode: refused, as 
 RESOURCES_SERVER_TYPE = "resources_servers"
 _AGENT_SERVER_TYPE = "responses_api_agents"
 SKILLS_REF = "skills_ref"
+RESPONSES_CREATE_PARAMS = "responses_create_params"
+# The fields a rollout line may carry of the input it ran: when they differ from the materialized
+# input's, the line was made from other inputs, and re-scoring it against these would go unseen.
+_INPUT_FIELDS = (RESPONSES_CREATE_PARAMS, AGENT_REF)
 _INDEX_CHUNK = 1 << 20  # bytes read at a time while indexing
 MODE_TIMEOUT = 30.0  # seconds for a resources server's /reverify_mode, connecting included, as for a head server
 
@@ -269,8 +273,49 @@ class ReverifyPlanner:
         body = self._index.body(task, index)
         if body is None:
             return None, f"the materialized inputs have no line for task {task} rollout {index}"
+        for field in _INPUT_FIELDS:
+            try:
+                where = (
+                    first_difference(rollout[field], body[field], field) if field in rollout and field in body else None
+                )
+            except RecursionError:  # nested past what can be compared: no input the materialized file holds
+                where = field
+            if where is not None:
+                return None, (
+                    f"the rollout's {where} differs from its materialized input's (task {task} rollout {index}):"
+                    " the rollouts were made from other inputs"
+                )
         body["response"] = rollout["response"]
         return body, None
+
+
+def first_difference(given: Any, materialized: Any, path: str) -> str | None:
+    """Where a rollout's copy of an input field first differs from the materialized one, as a path
+    (`responses_create_params.input[1].content`); None when they agree. Keys only one side has are
+    no difference, nor is a null on one side: an agent answers the params normalised (nulls and
+    defaults filled in, `type` added to input items), and a line may carry a shorter `agent_ref`."""
+    if isinstance(given, dict) and isinstance(materialized, dict):
+        for key, value in materialized.items():
+            if value is not None and given.get(key) is not None:
+                where = first_difference(given[key], value, f"{path}.{printable(str(key))}")
+                if where is not None:
+                    return where
+        return None
+    if isinstance(given, list) and isinstance(materialized, list):
+        if len(given) != len(materialized):
+            return path
+        for position, (item, value) in enumerate(zip(given, materialized, strict=True)):
+            where = first_difference(item, value, f"{path}[{position}]")
+            if where is not None:
+                return where
+        return None
+    if given == materialized and (type(given) is type(materialized) or (_number(given) and _number(materialized))):
+        return None
+    return path
+
+
+def _number(value: Any) -> bool:
+    return type(value) is int or type(value) is float  # not bool: true is no 1 here
 
 
 def verifiers_from_config(config: Any, where: str = "the head server") -> tuple[dict[str, str], str | None]:

@@ -139,7 +139,11 @@ class Run:
         if config.cost.prices:
             self.metrics.spending = Spending(config.cost.prices)
         largest = config.repeats.largest
-        self.tasks = TaskStats(largest, config.pass_threshold, on_task) if largest > 1 else None
+        self.tasks: TaskStats | None = None
+        if largest > 1:
+            self.tasks = TaskStats(largest, config.pass_threshold, on_task)
+        elif config.reverify is not None:  # each line re-scored names its task: the error bars are clustered by it
+            self.tasks = TaskStats(1, config.pass_threshold, clusters_only=True)
         self.spool = ResultSpool() if config.aggregate and client is None else None
         answered = self.tasks if client is None else None  # a dry run's rollouts are planned, never answered
         self.tally = Tally(

@@ -11,7 +11,7 @@ from typing import Any
 
 from rollfilter.errors import ErrorKind
 from rollfilter.figures.means import Means
-from rollfilter.figures.stats import Estimate, error_bars
+from rollfilter.figures.stats import Estimate, error_bars, within_unit
 from rollfilter.rows import REWARD_COMPONENTS, component_key
 from rollfilter.run.statistics import RunStatistics, label, merged
 
@@ -29,7 +29,7 @@ def summary_of(statistics: RunStatistics) -> dict[str, Any]:
         summary.update(tasks.fields)
     if overall.component_sums:
         summary[REWARD_COMPONENTS] = overall.components()
-    summary |= error_blocks(summary, overall.estimates() if tasks is None else dict(tasks.estimates))
+    summary |= error_blocks(summary, overall.estimates() if tasks is None else dict(tasks.estimates), overall)
     summary["usage"] = overall.usage()
     costs = overall.costs.figures()
     if costs is not None:
@@ -128,10 +128,11 @@ def _said(statistics: RunStatistics) -> dict[str, Any]:
     return said
 
 
-def error_blocks(figures: dict[str, Any], estimates: dict[str, Estimate]) -> dict[str, Any]:
+def error_blocks(figures: dict[str, Any], estimates: dict[str, Estimate], means: Means) -> dict[str, Any]:
     """The summary's error bars beside its means, a block each, keyed as the means are:
     `stderr`, `ci95` ([low, high]) and `sample_size` ({"tasks", "rollouts"}); a mean whose
-    spread cannot be seen (one task) has null bars, and a summary with no mean no blocks."""
+    spread cannot be seen (one task) has null bars, and a summary with no mean no blocks.
+    A mean whose values (as `means` counted them) all lie in [0, 1] has Wilson's interval."""
     stderr: dict[str, Any] = {}
     ci95: dict[str, Any] = {}
     sample_size: dict[str, Any] = {}
@@ -139,7 +140,7 @@ def error_blocks(figures: dict[str, Any], estimates: dict[str, Estimate]) -> dic
         estimate = estimates.get(key)
         if value is None or estimate is None:
             continue
-        stderr[key], ci95[key] = error_bars(estimate)
+        stderr[key], ci95[key] = error_bars(_bounded(key, estimate, means))
         sample_size[key] = {"tasks": estimate.tasks, "rollouts": estimate.rollouts}
     components = figures.get(REWARD_COMPONENTS)
     if components:  # each entry's bars nested as its mean is: stderr.reward_components.NAME
@@ -148,12 +149,20 @@ def error_blocks(figures: dict[str, Any], estimates: dict[str, Estimate]) -> dic
         for name in components:
             estimate = estimates.get(component_key(name))
             if estimate is not None:
-                bars = error_bars(estimate)
+                bars = error_bars(_bounded(component_key(name), estimate, means))
                 stderr[REWARD_COMPONENTS][name], ci95[REWARD_COMPONENTS][name] = bars
                 sample_size[REWARD_COMPONENTS][name] = {"tasks": estimate.tasks, "rollouts": estimate.rollouts}
     if not sample_size:  # no mean: no blocks, as an agent whose rollouts all failed has none
         return {}
     return {"stderr": stderr, "ci95": ci95, "sample_size": sample_size}
+
+
+def _bounded(key: str, estimate: Estimate, means: Means) -> Estimate:
+    """`estimate` with Wilson's interval where the figure lies in [0, 1]: pass@k always, mean@K
+    where the rewards do, a field where each of its values did."""
+    if key.startswith("pass@") or means.within_unit("reward" if key.startswith("mean@") else key):
+        return within_unit(estimate)
+    return estimate
 
 
 def _agent_figures(means: Means, estimates: dict[str, Estimate]) -> dict[str, Any]:
@@ -162,7 +171,7 @@ def _agent_figures(means: Means, estimates: dict[str, Estimate]) -> dict[str, An
     figures |= means.means()
     if means.component_sums:
         figures[REWARD_COMPONENTS] = means.components()
-    figures |= error_blocks(figures, estimates)
+    figures |= error_blocks(figures, estimates, means)
     figures["usage"] = means.usage()
     costs = means.costs.figures()
     if costs is not None:

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -662,3 +663,33 @@ def test_a_run_is_paused_drained_and_steered_from_its_own_library(lib: Library, 
     versions = [outcome.result["_rf_policy_version"]["sent"] for outcome in outcomes if isinstance(outcome, Rollout)]
     assert versions.count(1) == sent
     assert versions.count(2) == 8 - sent
+
+
+def test_the_documented_rl_loop_steps_the_trainer_off_the_loop_and_ends_at_the_target(demo_server: DemoServer):
+    from rollfilter import Groups
+
+    rows = [{"responses_create_params": {"input": f"task {i}"}} for i in range(20)]
+    config = Config(url=demo_server.url, repeats=2, groups=Groups(target=3, max_staleness=0, batch=1), policy_version=0)
+    stepped = threading.Event()
+
+    def step(batch: list[Any]) -> bool:
+        # A trainer's step blocks its thread; the loop goes on meanwhile, and is what lets it end.
+        return stepped.wait(timeout=WAIT)
+
+    async def scenario() -> tuple[int, list[bool], str | None]:
+        steps: list[bool] = []
+        async with open_rollouts(rows, config) as run:
+            version, groups = 0, 0
+            async for group in run.groups():  # ends once the target's groups are out
+                groups += 1
+                stepped.clear()
+                asyncio.get_running_loop().call_soon(stepped.set)  # runs only while the loop is free
+                steps.append(await asyncio.to_thread(step, [group]))
+                version += 1
+                run.set_policy_version(version)
+            return groups, steps, run.statistics().stopped
+
+    groups, steps, stopped = asyncio.run(scenario())
+    assert (groups, steps) == (3, [True, True, True])
+    assert stopped is not None
+    assert "target" in stopped

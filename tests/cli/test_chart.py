@@ -17,6 +17,7 @@ def test_the_comparison_as_a_short_table():
             "ci95": [0.005, 0.069],
             "p_value": 0.022,
             "test": "t",
+            "detectable": 0.045,
             "improved": 95,
             "worsened": 70,
             "tied": 130,
@@ -28,6 +29,7 @@ def test_the_comparison_as_a_short_table():
             "ci95": None,
             "p_value": None,
             "test": "t",
+            "detectable": None,
             "improved": 0,
             "worsened": 0,
             "tied": 0,
@@ -36,9 +38,9 @@ def test_the_comparison_as_a_short_table():
     }
     assert compare_table(compare) == [
         "this run minus the baseline, task by task:",
-        "          difference  95% interval      p          better  worse  tied  tasks",
-        "  reward  +0.037      +0.005 to +0.069  0.022 (t)  95      70     130   295",
-        "  turns   -           -                 -          0       0      0     0",
+        "          difference  95% interval      p          detectable  better  worse  tied  tasks",
+        "  reward  +0.037      +0.005 to +0.069  0.022 (t)  0.045       95      70     130   295",
+        "  turns   -           -                 -          -           0       0      0     0",
     ]
 
 

@@ -369,10 +369,11 @@ def test_the_held_file_of_an_earlier_fresh_run_is_not_taken_back(tmp_path: Path,
 def test_the_chart_is_drawn_at_a_terminal(tmp_path: Path, demo_server: DemoServer):
     import pty
 
+    metrics = tmp_path / "metrics.json"
     controller, terminal = pty.openpty()
     try:
         proc = subprocess.run(
-            [*run_command(), "-u", demo_server.url, "-r", str(K), "--no-progress"],
+            [*run_command(), "-u", demo_server.url, "-r", str(K), "--no-progress", "--metrics", str(metrics)],
             input=rows_jsonl(group_rows(12)).encode(),
             stdout=subprocess.PIPE,
             stderr=terminal,
@@ -388,9 +389,9 @@ def test_the_chart_is_drawn_at_a_terminal(tmp_path: Path, demo_server: DemoServe
         os.close(controller)
     assert proc.returncode == 0
     assert "pass_histogram):" in shown
-    summary = shown[shown.index("\n{") + 1 :]  # the chart, then the summary: indented at a terminal
-    assert summary.startswith('{\n  "')
-    histogram = json.loads(summary)["pass_histogram"]
+    # The chart, then the summary for a person, which says where the whole one is.
+    assert shown.endswith(f"the whole summary (one JSON line): {metrics}\n")
+    histogram = json.loads(metrics.read_text())["pass_histogram"]
     for correct, tasks in enumerate(histogram):
         assert f"  {correct} {tasks:>{len(str(max(histogram)))}}" in shown
 

@@ -166,6 +166,48 @@ def test_a_rollout_that_cannot_be_re_scored_fails_as_bad_input_and_nothing_is_lo
     assert summary_of(proc.stderr)["rollfilter"]["failed_by_kind"] == {"bad_input": 4}
 
 
+def test_a_rollout_made_from_other_inputs_is_bad_input_naming_the_field_that_differs(
+    tmp_path: Path, verifier: ResourcesServer
+):
+    materialized, _ = files(tmp_path)
+    other_dataset = rollout_line(0, 0, responses_create_params={"input": "question from elsewhere"})
+    other_agent = rollout_line(1, 0, agent="another agent")
+    normalised = rollout_line(
+        2,
+        0,
+        responses_create_params={"input": "question 2", "temperature": None, "tool_choice": "auto"},
+        agent_ref={"type": "responses_api_agents", "name": "agent", "extra": 1},
+    )
+    messages = rollout_line(3, 0, responses_create_params={"input": [{"role": "user", "content": "question 3"}]})
+    lines = [other_dataset, other_agent, normalised, messages]
+    errors = tmp_path / "errors.jsonl"
+    proc = run(
+        ["--reverify", str(materialized), "-u", verifier.url, "--errors", str(errors)],
+        input="".join(json.dumps(line) + "\n" for line in lines),
+    )
+    assert proc.returncode == 1
+    assert [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in result_lines(proc.stdout)] == [(2, 0)]
+    records = sorted(read_jsonl(errors), key=lambda record: record["line"])
+    assert [record["error"]["kind"] for record in records] == ["bad_input"] * 3
+    first, second, third = (record["error"]["message"] for record in records)
+    assert "responses_create_params.input differs from its materialized input's (task 0 rollout 0)" in first
+    assert "agent_ref.name differs" in second
+    assert "responses_create_params.input differs" in third  # a list where a string was sent
+    assert len(verifier.bodies) == 1
+
+
+def test_without_r_the_error_bars_are_clustered_by_the_lines_own_tasks(tmp_path: Path, verifier: ResourcesServer):
+    materialized, rollouts = files(tmp_path)
+    proc = run(["--reverify", str(materialized), "-u", verifier.url, str(rollouts)])
+    assert proc.returncode == 0, proc.stderr
+    summary = summary_of(proc.stderr)
+    assert summary["sample_size"]["reward"] == {"tasks": TASKS, "rollouts": TASKS * K}
+    assert summary["rollfilter"]["tasks"] == TASKS
+    assert not [key for key in summary if key.startswith(("mean@", "pass@", "pass_histogram"))]  # no K was given
+    with_k = summary_of(run(["--reverify", str(materialized), "-u", verifier.url, "-r", str(K), str(rollouts)]).stderr)
+    assert summary["stderr"]["reward"] == with_k["stderr"]["reward"]
+
+
 def test_judge_failed_only_re_sends_only_the_judge_failures(tmp_path: Path, verifier: ResourcesServer):
     materialized, _ = files(tmp_path)
     lines = [
@@ -483,4 +525,16 @@ def test_a_materialized_file_that_is_an_output_is_refused_and_left_as_it_is(
     (line,) = proc.stderr.decode().splitlines()
     assert line.endswith(f"is also the input --reverify {materialized}: input file is output file")
     assert materialized.read_bytes() == before
+    assert verifier.bodies == []
+
+
+@pytest.mark.parametrize("answer", [b"stateless", b'{"mode": "stateless"}'])
+def test_a_reverify_mode_that_is_no_json_string_exits_3_as_documented(
+    tmp_path: Path, verifier: ResourcesServer, answer: bytes
+):
+    verifier.mode_body = answer
+    materialized, rollouts = files(tmp_path)
+    proc = run(["--reverify", str(materialized), "-u", verifier.url, str(rollouts)])
+    assert proc.returncode == 3
+    assert proc.stderr.decode().splitlines()[0].endswith("/reverify_mode answered no mode (a JSON string)")
     assert verifier.bodies == []

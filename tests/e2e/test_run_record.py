@@ -399,3 +399,26 @@ def test_summarize_leaves_files_without_a_record_out_of_the_coverage(
     assert (status, stderr) == (ExitStatus.OK, "")
     assert summary["rollfilter"]["failed"] == 1
     assert summary["rollfilter"]["shards"] == {"of": 1, "present": [0], "missing": []}
+
+
+def test_compare_takes_a_baseline_in_shards_as_a_quoted_glob_and_names_a_shard_missing(
+    tmp_path: Path, agent: RecordingAgent, data: Path, rollfilter: Command
+):
+    for i in range(3):
+        shard = ["-u", agent.run_url, "--shard", f"{i}/3", "-o", str(tmp_path / f"A-{i}.jsonl"), str(data)]
+        assert rollfilter(shard)[0] == ExitStatus.OK
+    assert rollfilter(["-u", agent.run_url, "-o", str(tmp_path / "b.jsonl"), str(data)])[0] == ExitStatus.OK
+    results = str(tmp_path / "b.jsonl")
+    pattern = str(tmp_path / "A-*")  # the run records beside the shards match too, and are left out
+    proc = invoke(["--summarize", "--compare", pattern, results])
+    assert proc.returncode == ExitStatus.OK, proc.stderr
+    assert proc.stderr == b""
+    assert json.loads(proc.stdout)["rollfilter"]["compared_tasks"]["paired"] == 6
+    (tmp_path / "A-1.jsonl").unlink()
+    proc = invoke(["--summarize", "--compare", pattern, results])
+    assert proc.returncode == ExitStatus.ROWS_FAILED
+    assert "rollfilter: --compare: shard 1 of 3 is missing (present: 0, 2)\n" in proc.stderr.decode()
+    assert json.loads(proc.stdout)["rollfilter"]["compared_tasks"]["only_in_this_run"] == 2
+    nothing = invoke(["--summarize", "--compare", str(tmp_path / "C-*.jsonl"), results])
+    assert nothing.returncode == ExitStatus.USAGE
+    assert nothing.stderr.decode() == f"rollfilter: --compare {tmp_path / 'C-*.jsonl'}: no file matches it\n"

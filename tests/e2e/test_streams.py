@@ -9,6 +9,8 @@ import random
 import select
 import signal
 import subprocess
+import time
+from pathlib import Path
 
 from tests.conftest import (
     SUBPROCESS_TIMEOUT,
@@ -23,6 +25,7 @@ from tests.conftest import (
     start,
     stderr_at_a_terminal,
     summary_of,
+    wait_for,
 )
 
 
@@ -301,12 +304,78 @@ async def test_a_run_reads_and_writes_the_descriptors_it_is_given(tmp_path, demo
     assert summary_of((tmp_path / "err").read_bytes())["rollfilter"]["succeeded"] == 3
 
 
-def test_at_a_terminal_the_summary_is_indented_and_in_a_pipe_one_line(demo_server):
-    rows = rows_jsonl(simple_rows(3))
-    code, shown = stderr_at_a_terminal(["-u", demo_server.url, "--no-progress"], input=rows)
+def test_at_a_terminal_the_summary_is_a_few_lines_for_a_person_and_in_a_pipe_one_json_line(demo_server):
+    rows = rows_jsonl(simple_rows(10))
+    code, shown = stderr_at_a_terminal(["-u", demo_server.url, "--no-progress", "-r", "16"], input=rows)
     assert code == 0
-    assert shown.startswith('{\n  "reward": ')
-    assert json.loads(shown)["rollfilter"]["succeeded"] == 3
-    proc = run(["-u", demo_server.url], input=rows)
-    [line] = proc.stderr.decode().splitlines()
-    assert json.loads(line)["rollfilter"]["succeeded"] == 3
+    summary = shown[shown.index("160 of 160 rollouts") :].splitlines()  # under the pass histogram's chart
+    assert len(summary) <= 25
+    assert summary[0] == "160 of 160 rollouts: 160 succeeded, 0 failed"
+    assert [line.split()[0] for line in summary[2:8]] == ["reward", "mean@16", "pass@1", "pass@2", "pass@4", "pass@8"]
+    assert "{" not in shown
+    assert summary[-1] == "the whole summary: --metrics FILE, or standard error to a file or a pipe (one JSON line)"
+    proc = run(["-u", demo_server.url, "-r", "16"], input=rows)
+    [line] = proc.stderr.decode().splitlines()  # where standard error is no terminal: as it was
+    assert json.loads(line)["rollfilter"]["succeeded"] == 160
+
+
+def interrupted(args: list[str], out: Path, stderr: int) -> int:
+    """The command started with `stderr`, interrupted once -o `out` holds the quick rows' five lines."""
+    proc = subprocess.Popen(
+        [*rollfilter_command(), *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        env=clean_env(TERM="xterm"),
+    )
+    wait_for(lambda: out.exists() and out.read_bytes().count(b"\n") == 5)
+    proc.send_signal(signal.SIGINT)
+    return proc.wait(timeout=SUBPROCESS_TIMEOUT)
+
+
+def test_ctrl_c_at_a_terminal_with_an_output_ends_with_the_line_that_resumes_it(tmp_path, demo_server: DemoServer):
+    rows = [
+        {"id": i, "responses_create_params": {"input": "x"}, "demo": {"latency": 0.01 if i < 5 else 30}}
+        for i in range(10)
+    ]
+    inputs, out = tmp_path / "rows.jsonl", tmp_path / "out.jsonl"
+    inputs.write_text(rows_jsonl(rows))
+    args = ["-u", demo_server.url, "-H", "Authorization: Bearer s3cret", "-j", "10", "-o", str(out), str(inputs)]
+    controller, terminal = pty.openpty()
+    try:
+        status = interrupted([*args, "--no-progress"], out, terminal)
+        os.close(terminal)
+        terminal = -1
+        shown = _read_terminal(controller)
+    finally:
+        if terminal >= 0:
+            os.close(terminal)
+        os.close(controller)
+    assert status == 130
+    resumed = f"rollfilter -u {demo_server.url} -H 'Authorization: ...' -j 10 -o {out} {inputs} --no-progress --resume"
+    assert shown.splitlines()[-1] == (
+        f"rollfilter: to go on where it stopped: {resumed}"
+        " (give again the header values and the URL credentials or queries cut here)"
+    )
+    assert "s3cret" not in shown
+    out.unlink()
+    Path(f"{out}.run.json").unlink()
+    errors = tmp_path / "stderr"
+    with errors.open("wb") as file:  # where standard error is no terminal: no such line, the summary last
+        assert interrupted(args, out, file.fileno()) == 130
+    assert json.loads(errors.read_bytes().splitlines()[-1])["rollfilter"]["succeeded"] == 5
+
+
+def _read_terminal(fd: int) -> str:
+    """What the terminal shows until its other end closes (CRLF made LF)."""
+    data = b""
+    deadline = time.monotonic() + SUBPROCESS_TIMEOUT
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # the terminal's other end closed: the process is gone
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace").replace("\r\n", "\n")

@@ -232,7 +232,11 @@ def test_compare_pairs_two_runs_by_task_and_says_what_it_left_out(tmp_path):
     assert list(summary)[-2:] == ["compare", "rollfilter"]
     assert list(summary["compare"]) == ["reward", "turns"]
     reward = summary["compare"]["reward"]
-    assert set(reward) == {"difference", "stderr", "ci95", "p_value", "test", "improved", "worsened", "tied", "tasks"}
+    assert set(reward) == {
+        *("difference", "stderr", "ci95", "p_value", "test", "detectable"),
+        *("improved", "worsened", "tied", "tasks"),
+    }
+    assert reward["detectable"] == pytest.approx(2.8 * reward["stderr"], rel=0.05)
     assert reward["tasks"] == 197
     assert reward["improved"] + reward["worsened"] + reward["tied"] == 197
     assert reward["test"] == "t"  # two rollouts a task: a task's figure is 0, 0.5 or 1
@@ -250,7 +254,7 @@ def test_compare_pairs_two_runs_by_task_and_says_what_it_left_out(tmp_path):
     )  # in a pipe: no table
 
 
-NO_PAIR = {"difference": None, "stderr": None, "ci95": None, "p_value": None, "test": None, "tasks": 0}
+NO_PAIR = dict.fromkeys(("difference", "stderr", "ci95", "p_value", "test", "detectable")) | {"tasks": 0}
 
 
 def test_compare_with_no_task_in_common_tests_nothing(tmp_path):

@@ -198,14 +198,15 @@ def test_what_each_rollout_took_by_agent():
 def test_the_summary_gives_each_mean_its_error_bars_by_agent_too():
     metrics = Metrics()
     for reward, agent in ((1.0, "a"), (0.0, "a"), (1.0, "a"), (0.5, "b")):
-        metrics.add_result({"reward": reward, "note": "x"}, 0.1, agent)
+        metrics.add_result({"reward": reward, "score": 2 * reward, "note": "x"}, 0.1, agent)
     summary = summary_alone(metrics)
-    assert summary["stderr"] == {"reward": 0.24}
-    assert summary["sample_size"] == {"reward": {"tasks": 4, "rollouts": 4}}
-    assert summary["agents"]["a"]["stderr"] == {"reward": 0.33}
-    assert summary["agents"]["a"]["ci95"] == {"reward": [-0.77, 2.1]}
-    assert summary["agents"]["b"]["stderr"] == {"reward": None}  # one rollout: no spread to see
-    assert summary["agents"]["b"]["sample_size"] == {"reward": {"tasks": 1, "rollouts": 1}}
+    assert summary["stderr"] == {"reward": 0.24, "score": 0.48}
+    assert summary["sample_size"]["reward"] == {"tasks": 4, "rollouts": 4}
+    assert summary["agents"]["a"]["stderr"] == {"reward": 0.33, "score": 0.67}
+    # Rewards all in [0, 1]: Wilson's interval, inside it; scores up to 2: Student's t, as they are.
+    assert summary["agents"]["a"]["ci95"] == {"reward": [0.04, 0.99], "score": [-1.54, 4.2]}
+    assert summary["agents"]["b"]["stderr"] == {"reward": None, "score": None}  # one rollout: no spread to see
+    assert summary["agents"]["b"]["sample_size"]["reward"] == {"tasks": 1, "rollouts": 1}
 
 
 def test_no_mean_no_error_blocks():
@@ -220,3 +221,17 @@ def test_token_counts_past_any_real_count_are_left_out_of_the_distributions():
         metrics.add_result({"reward": 1.0, "response": {"usage": {"output_tokens": tokens}}}, 0.1)
     figures = summary_alone(metrics)["per_rollout"]["output_tokens"]
     assert figures == {"p50": 12, "p90": 12, "max": 12, "mean": 12.0}
+
+
+def test_with_repeats_every_mean_of_zero_one_rewards_has_an_interval_inside_zero_to_one():
+    tasks, metrics = TaskStats(4, 1.0), Metrics()
+    for task in range(10):
+        for rollout in range(4):
+            result = {"reward": float(task == 0 and rollout == 0), "tokens": 100}
+            tasks.rollout_ended(task, result["reward"], result=result)
+            metrics.add_result(result, 0.1)
+    summary = summary_alone(metrics, tasks=tasks)
+    for key in ("reward", "mean@4", "pass@1", "pass@4"):
+        low, high = summary["ci95"][key]
+        assert 0.0 <= low <= summary[key] <= high <= 1.0, key
+    assert summary["ci95"]["tokens"] == [100.0, 100.0]

@@ -13,12 +13,14 @@ from rollfilter.figures.passk import TaskStats
 from rollfilter.figures.stats import (
     ClusteredMean,
     PairedDifferences,
+    detectable,
     error_bars,
     estimate_of,
     incomplete_beta,
     sign_test,
     t_quantile,
     t_two_sided,
+    within_unit,
 )
 
 # Synthetic runs with known truth: a task's difficulty moves all of its rollouts together.
@@ -63,6 +65,45 @@ def test_clustered_errors_match_the_spread_of_means_across_runs_and_cover_the_tr
     design_effect = 1 + (ROLLOUTS - 1) * correlation
     assert statistics.fmean(unclustered) == pytest.approx(spread / math.sqrt(design_effect), rel=0.15)
     assert statistics.fmean(unclustered) < spread * 0.7
+
+
+def test_a_rate_near_zero_has_an_interval_inside_zero_to_one_that_covers_the_truth():
+    # Known truth: one task in ten can be solved, half the time; the rest never: a rate of 0.05.
+    # Student's t interval reaches below 0 in most runs and covers the truth too rarely there.
+    rng = random.Random(9)
+    runs, tasks, rollouts, truth = 400, 40, 4, 0.05
+    wilson_covered = t_covered = t_below_zero = 0
+    for _ in range(runs):
+        clustered = ClusteredMean()
+        for _ in range(tasks):
+            chance = 0.5 if rng.random() < 0.1 else 0.0
+            clustered.add(sum(rng.random() < chance for _ in range(rollouts)) / rollouts, rollouts)
+        plain, bounded = clustered.estimate(), within_unit(clustered.estimate())
+        assert bounded.low is not None
+        assert bounded.high is not None
+        assert plain.low is not None
+        assert plain.high is not None
+        assert 0.0 <= bounded.low <= bounded.mean <= bounded.high <= 1.0
+        assert (bounded.mean, bounded.stderr) == (plain.mean, plain.stderr)
+        wilson_covered += bounded.low <= truth <= bounded.high
+        t_covered += plain.low <= truth <= plain.high
+        t_below_zero += plain.low < 0.0
+    assert 0.93 <= wilson_covered / runs <= 0.98
+    assert t_covered / runs < 0.9
+    assert t_below_zero > runs / 2
+
+
+def test_a_rate_of_zero_or_one_has_a_one_sided_interval_and_no_spread_elsewhere_none():
+    none_solved = within_unit(estimate_of([0.0] * 20))
+    assert none_solved.low == 0.0
+    assert none_solved.high == pytest.approx(t_quantile(19) ** 2 / (20 + t_quantile(19) ** 2))
+    all_solved = within_unit(estimate_of([1.0] * 20))
+    assert (all_solved.low, all_solved.high) == pytest.approx((1.0 - none_solved.high, 1.0))
+    every_task_half = within_unit(estimate_of([0.5] * 20))
+    assert (every_task_half.low, every_task_half.high) == (0.5, 0.5)
+    assert error_bars(none_solved) == (0.0, [0.0, 0.18])  # to the place of its width, not 15 digits
+    one_task = estimate_of([0.0])
+    assert within_unit(one_task) == one_task  # no spread seen: no interval either way
 
 
 def test_with_a_rollout_a_task_the_clustered_error_is_the_usual_one():
@@ -129,3 +170,23 @@ def test_paired_differences_count_the_tasks_and_choose_the_test():
     unpaired = PairedDifferences().result()  # no task: no test, not one that found nothing
     assert (unpaired.test, unpaired.difference.tasks, math.isnan(unpaired.p_value)) == (None, 0, True)
     assert graded.result().difference.mean == pytest.approx(1 / 6)
+
+
+def test_a_true_difference_as_large_as_detectable_is_found_four_times_in_five():
+    # Known truth: 60 tasks, each moved by the same true difference plus noise of spread 0.2. The
+    # difference set to what one such comparison calls detectable is found (p < 0.05) in ~80% of them.
+    rng = random.Random(5)
+    tasks, spread, runs = 60, 0.2, 400
+
+    def compared(shift: float) -> tuple[float | None, float]:
+        pairs = PairedDifferences()
+        for _ in range(tasks):
+            pairs.add(0.0, rng.gauss(shift, spread))
+        result = pairs.result()
+        return detectable(result.difference), result.p_value
+
+    smallest = statistics.fmean(d for d, _ in (compared(0.0) for _ in range(50)) if d is not None)
+    assert smallest == pytest.approx(2.8 * spread / math.sqrt(tasks), rel=0.1)
+    found = sum(compared(smallest)[1] < 0.05 for _ in range(runs))
+    assert 0.74 <= found / runs <= 0.86
+    assert detectable(estimate_of([0.5])) is None  # one task: no standard error, nothing to say

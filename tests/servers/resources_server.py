@@ -5,8 +5,9 @@
 1.0 when the response's output text holds the body's `expected`, else 0.0. A body whose `expected`
 is listed in `failing` is answered 500; one in `judge_failing` is answered 200 with
 `_ng_failure_class: judge_failed`. Each answer waits `latency` s. `GET /reverify_mode` answers
-`mode` as a JSON string, or with `mode_status` that status (404: a server older than the endpoint).
-Under `prefix` (`/prefix`), both are there and nothing is at the root. Every /verify body is recorded.
+`mode` as a JSON string (or `mode_body`, as it is), or with `mode_status` that status (404: a server
+older than the endpoint). Under `prefix` (`/prefix`), both are there and nothing is at the root.
+Every /verify body is recorded.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class ResourcesServer(ThreadedHTTPServer):
         self.prefix = prefix
         self.bodies: list[dict[str, Any]] = []
         self.mode_asked = 0
+        self.mode_body: bytes | None = None  # /reverify_mode's answer as given, in place of `mode` as JSON
         self.failing: set[str] = set()
         self.judge_failing: set[str] = set()
         self.latency = 0.0
@@ -52,7 +54,7 @@ class ResourcesServer(ThreadedHTTPServer):
                     if server.mode_status != 200:
                         self.send_json(server.mode_status, b'{"detail": "no mode here"}')
                         return
-                    self.send_json(200, json.dumps(server.mode).encode())
+                    self.send_json(200, server.mode_body or json.dumps(server.mode).encode())
                 else:
                     self.send_json(404, b'{"detail": "Not Found"}')
 
