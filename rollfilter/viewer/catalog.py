@@ -161,7 +161,8 @@ class Catalog:
         self.config = dataclasses.replace(config, aggregate=False)
         self.baseline = baseline
         self._max_line_bytes = max_line_bytes
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()
+        self.problems: list[str] = []  # the lines the count could not use, as --summarize says them
         self._columns = _Columns()
         self._ends = [0] * len(paths)  # how far each file is indexed
         self._identities: list[tuple[int, int] | None] = [None] * len(paths)
@@ -174,7 +175,7 @@ class Catalog:
     def refresh(self) -> None:
         """Index what the files gained since the last refresh (all of them, the first time, or once
         one shrank or was replaced), and count the figures again if anything changed."""
-        with self._lock:
+        with self.lock:
             if self.baseline is not None:
                 self.baseline.refresh()
             changes = [self._change(number, path) for number, path in enumerate(self.paths)]
@@ -210,11 +211,11 @@ class Catalog:
                             columns.add(number, offset, length, record)
                         ends[number] = offset + length
 
-        self.summary = summary_of_files(self.config, each_line, self.baseline)
+        self.summary, self.problems = summary_of_files(self.config, each_line, self.baseline)
         self._counted = True
 
     def entries(self) -> Iterator[Entry]:
-        with self._lock:
+        with self.lock:
             columns = self._columns
             count = len(columns)
         for position in range(count):
@@ -272,11 +273,11 @@ class Catalog:
 
 def summary_of_files(
     config: Config, each_line: Callable[[ResultCounter], None], baseline: Catalog | None = None
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], list[str]]:
     """The summary --summarize makes under `config` of the lines `each_line` gives its counter
-    (with `baseline`'s lines, its comparison)."""
+    (with `baseline`'s lines, its comparison), and what it says of the lines it could not use."""
 
-    async def count() -> dict[str, Any]:
+    async def count() -> tuple[dict[str, Any], list[str]]:
         comparison = None
         if baseline is not None:
             from rollfilter.figures.compare import RunComparison
@@ -294,6 +295,6 @@ def summary_of_files(
             raise
         counter.finish()
         await run.finish()
-        return run.summary()
+        return run.summary(), counter.unusable.problems()
 
     return trio.run(count)

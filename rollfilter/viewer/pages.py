@@ -86,6 +86,7 @@ def index_page(catalog: Catalog, query: Query, *, compare: bool) -> str:
     parts = [
         f"<h1>rollfilter: {len(catalog)} rollouts</h1><p class=note>{text(files)}</p>",
         headline(summary),
+        "".join(f"<p class=failed>{text(problem)}</p>" for problem in catalog.problems),
         '<p><a href="/compare">compared with the baseline</a></p>' if compare else "",
         pictures(catalog, summary),
         _filters(query, catalog),

@@ -98,7 +98,16 @@ class Viewer:
         catalog = self.catalog
         if path == "/style.css":
             return Response(HTTPStatus.OK, STYLE.encode(), "text/css; charset=utf-8")
-        catalog.refresh()
+        # One request reads the index at a time: a refresh may replace it or add to its columns.
+        with catalog.lock:
+            try:
+                catalog.refresh()
+                return self._indexed_page(path, params)
+            except OSError as exc:
+                return _error(HTTPStatus.INTERNAL_SERVER_ERROR, f"cannot read the files: {exc.strerror or exc}")
+
+    def _indexed_page(self, path: str, params: dict[str, list[str]]) -> Response:
+        catalog = self.catalog
         if path == "/":
             try:
                 query = Query.of(params)
@@ -164,6 +173,10 @@ class _Handler(BaseHTTPRequestHandler):
 
 class ViewerServer(ThreadingHTTPServer):
     daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection that failed (the browser went away) is dropped: stderr has the one line the
+        command printed."""
 
 
 def listening(catalog: Catalog, host: str, port: int) -> tuple[ViewerServer, Viewer]:

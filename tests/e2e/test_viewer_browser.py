@@ -17,8 +17,9 @@ from tests.viewer.conftest import catalog_of, result, results, serving, with_too
 
 pytestmark = pytest.mark.browser
 webdriver = pytest.importorskip("selenium.webdriver")
-from selenium.common.exceptions import NoAlertPresentException  # noqa: E402
+from selenium.common.exceptions import NoAlertPresentException, StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.wait import WebDriverWait  # noqa: E402
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 FOREIGN = "rebound.example"  # a name the browser resolves to 127.0.0.1, as a DNS rebinding attack would
@@ -92,8 +93,9 @@ def test_a_filter_from_the_form_is_kept_in_the_url(browser: webdriver.Chrome, vi
     browser.get(viewer.url)
     browser.find_element(By.NAME, "task").send_keys("1")
     browser.find_element(By.CSS_SELECTOR, "form.filters button").click()
-    assert "task=1" in browser.current_url
-    assert rows(browser) == ["1/0", "1/1"]
+    # The click starts the navigation; the new page is waited for (a bounded wait, not a sleep).
+    wait = WebDriverWait(browser, 20, ignored_exceptions=(StaleElementReferenceException,))
+    wait.until(lambda driver: "task=1" in driver.current_url and rows(driver) == ["1/0", "1/1"])
     browser.refresh()
     assert rows(browser) == ["1/0", "1/1"]
 
@@ -101,12 +103,14 @@ def test_a_filter_from_the_form_is_kept_in_the_url(browser: webdriver.Chrome, vi
 def test_a_transcript_with_a_tool_call(browser: webdriver.Chrome, viewer: Viewer):
     browser.get(viewer.url)
     browser.find_element(By.LINK_TEXT, "0/0").click()
+    WebDriverWait(browser, 20).until(lambda driver: "/rollout/0/0" in driver.current_url)
     call = browser.find_element(By.CSS_SELECTOR, ".item.function_call")
     assert "get_weather" in call.text
     assert '"city": "Paris"' in call.text
     assert "sunny, 21 degrees" in browser.find_element(By.CSS_SELECTOR, ".item.function_call_output").text
     screenshot(browser, "transcript")
     browser.find_element(By.LINK_TEXT, "beside").click()
+    WebDriverWait(browser, 20).until(lambda driver: "beside=" in driver.current_url)
     assert len(browser.find_elements(By.CSS_SELECTOR, ".side .transcript")) == 2
 
 

@@ -121,3 +121,18 @@ def test_the_comparison_pairs_the_tasks(tmp_path: Path, results_file: Path):
         _, _, task = get(viewer, "/compare/0")
         assert "baseline" in task
         assert task.count('class="transcript"') == 4
+
+
+def test_lines_that_are_not_results_are_said(tmp_path: Path):
+    path = tmp_path / "mixed.jsonl"
+    path.write_text('not json\n{"reward": 1.0}\n')
+    for viewer in serving(catalog_of(path)):
+        _, _, page = get(viewer, "/")
+        assert "1 line is not a result, counted as failed (bad_input); the first: " in page
+
+
+def test_a_file_gone_is_an_error_page(viewer: Viewer, results_file: Path):
+    results_file.unlink()
+    status, _, page = get(viewer, "/")
+    assert status == 500
+    assert "cannot read the files: No such file or directory" in page
