@@ -7,8 +7,8 @@ from __future__ import annotations
 import random
 
 from rollfilter.viewer.catalog import Catalog, Entry
-from rollfilter.viewer.page import document, text
-from rollfilter.viewer.pages import headline, pictures, rollout_table, summary_table
+from rollfilter.viewer.page import document, figure_table, text
+from rollfilter.viewer.pages import headline, moved_most, pictures, rollout_table, summary_table
 from rollfilter.viewer.transcript import transcript
 
 SAMPLE_SEED = 0  # the same files give the same sample, and the same page
@@ -25,6 +25,21 @@ def _anchor(entry: Entry) -> str:
     return f"#line-{entry.position}"
 
 
+def _compared(catalog: Catalog) -> str:
+    """With a baseline: the comparison as the summary gives it, and the tasks that moved most."""
+    if catalog.baseline is None:
+        return ""
+    moved = "".join(
+        f"<tr><td>{task}</td><td>{base:.4g}</td><td>{now:.4g}</td><td>{now - base:+.4g}</td></tr>"
+        for task, base, now in moved_most(catalog, catalog.baseline)
+    )
+    return (
+        f"<h2>Compared with the baseline</h2>{figure_table(catalog.summary.get('compare', {}))}"
+        f"<h3>The tasks that moved most (mean reward)</h3><table><tr><th>task</th><th>baseline</th>"
+        f"<th>this run</th><th>change</th></tr>{moved}</table>"
+    )
+
+
 def static_page(catalog: Catalog, *, max_rollouts: int) -> str:
     """The page of `catalog` (refreshed by the caller), with at most `max_rollouts` transcripts."""
     positions = sampled(len(catalog), max_rollouts)
@@ -38,6 +53,7 @@ def static_page(catalog: Catalog, *, max_rollouts: int) -> str:
         f"<h1>rollfilter: {len(catalog)} rollouts</h1><p class=note>{text(', '.join(catalog.paths))}</p>",
         headline(catalog.summary),
         pictures(catalog, catalog.summary),
+        _compared(catalog),
         f"<details><summary>The whole summary</summary>{summary_table(catalog.summary)}</details>",
         "<h2>Rollouts</h2>",
         kept,

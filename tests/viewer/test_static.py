@@ -2,7 +2,7 @@ import re
 from pathlib import Path
 
 from rollfilter.viewer.static import sampled, static_page
-from tests.viewer.conftest import catalog_of
+from tests.viewer.conftest import catalog_of, result, write_lines
 
 
 def test_the_page_is_whole_and_runs_nothing(results_file: Path):
@@ -32,3 +32,11 @@ def test_the_sample_is_uniform_and_the_same_each_time():
     assert drawn == sorted(set(drawn))
     assert len(drawn) == 1000
     assert 40_000 < sum(drawn) / len(drawn) < 60_000
+
+
+def test_with_a_baseline_the_page_compares(results_file: Path, tmp_path: Path):
+    baseline_file = tmp_path / "baseline.jsonl"
+    write_lines(baseline_file, [result(0, 0, 0.0), result(0, 1, 0.0), result(1, 0, 1.0), result(1, 1, 1.0)])
+    page = static_page(catalog_of(results_file, baseline=catalog_of(baseline_file)), max_rollouts=100)
+    assert "Compared with the baseline" in page
+    assert "<td>0</td><td>0</td><td>0.5</td><td>+0.5</td>" in page
