@@ -163,6 +163,8 @@ class Catalog:
         self._max_line_bytes = max_line_bytes
         self.lock = threading.RLock()
         self.problems: list[str] = []  # the lines the count could not use, as --summarize says them
+        self.generation = 0  # counted again: what was drawn from the index is drawn again
+        self.drawn: dict[str, tuple[int, str]] = {}  # what pages drew, by name, with its generation
         self._columns = _Columns()
         self._ends = [0] * len(paths)  # how far each file is indexed
         self._identities: list[tuple[int, int] | None] = [None] * len(paths)
@@ -213,6 +215,14 @@ class Catalog:
 
         self.summary, self.problems = summary_of_files(self.config, each_line, self.baseline)
         self._counted = True
+        self.generation += 1
+
+    def drawing(self, name: str, draw: Callable[[], str]) -> str:
+        """`draw()`, made once a count: a chart over every rollout is drawn again only when the files changed."""
+        kept = self.drawn.get(name)
+        if kept is None or kept[0] != self.generation:
+            kept = self.drawn[name] = (self.generation, draw())
+        return kept[1]
 
     def entries(self) -> Iterator[Entry]:
         with self.lock:

@@ -88,7 +88,7 @@ def index_page(catalog: Catalog, query: Query, *, compare: bool) -> str:
         headline(summary),
         "".join(f"<p class=failed>{text(problem)}</p>" for problem in catalog.problems),
         '<p><a href="/compare">compared with the baseline</a></p>' if compare else "",
-        pictures(catalog, summary),
+        catalog.drawing("pictures", lambda: pictures(catalog, summary)),
         _filters(query, catalog),
         f"<p>{len(positions)} rollouts kept; {start + 1 if shown else 0} to {start + len(shown)} shown.</p>",
         rollout_table(catalog, shown),

@@ -5,6 +5,7 @@ unhealthy=1, sort (reward, -reward, tokens, -tokens, task) and page."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from urllib.parse import urlencode
@@ -12,6 +13,7 @@ from urllib.parse import urlencode
 from rollfilter.viewer.catalog import FAILED, UNHEALTHY, Catalog
 
 PAGE_SIZE = 50
+ESCAPED = frozenset('"\\/\b\f\n\r\t')  # what JSON writes with a backslash, besides \\u escapes
 SORTS = {"reward": "reward", "-reward": "reward", "tokens": "tokens", "-tokens": "tokens", "task": "task"}
 
 
@@ -103,18 +105,32 @@ class Query:
 
 
 def _holds(line: bytes, q: str) -> bool:
-    """Whether `line` holds `q` (case aside), as written or once its JSON escapes are read."""
+    """Whether `line` holds `q` (case aside), as written or once its JSON escapes are read. Only
+    \\u escapes hide letters; the others stand for characters in ESCAPED, so the line is decoded
+    only when it has \\u escapes, or `q` holds one of those or a letter past ASCII (whose case
+    bytes cannot fold)."""
     needle = q.casefold()
     if needle.encode() in line.lower():
         return True
-    if b"\\" not in line:
+    if b"\\u" not in line and needle.isascii() and not any(character in ESCAPED for character in needle):
         return False
-    import json
-
     try:
-        return needle in json.dumps(json.loads(line), ensure_ascii=False).casefold()
+        return any(needle in text.casefold() for text in _texts(json.loads(line)))
     except ValueError:
         return False
+
+
+def _texts(value: object) -> Iterator[str]:
+    """The strings of a JSON value, keys too, and its numbers as written."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            yield from _texts(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _texts(item)
+    else:
+        yield value if isinstance(value, str) else json.dumps(value)
 
 
 def _whole(given: Mapping[str, str], name: str) -> int | None:

@@ -42,3 +42,20 @@ def test_a_truncated_file_is_read_again(results_file: Path):
     catalog.refresh()
     assert [(e.task, e.reward) for e in catalog.entries()] == [(9, 0.25)]
     assert catalog.summary["rollfilter"]["succeeded"] == 1
+
+
+def test_a_drawing_is_made_again_only_when_the_files_changed(results_file: Path):
+    catalog = catalog_of(results_file)
+    drawn: list[int] = []
+
+    def draw() -> str:
+        drawn.append(len(catalog))
+        return f"{len(catalog)} rollouts"
+
+    assert [catalog.drawing("count", draw) for _ in range(2)] == ["6 rollouts"] * 2
+    catalog.refresh()
+    assert drawn == [6]
+    write_lines(results_file, [result(3, 0, 1.0)], mode="a")
+    catalog.refresh()
+    assert catalog.drawing("count", draw) == "7 rollouts"
+    assert drawn == [6, 7]

@@ -1,6 +1,7 @@
 import http.client
 import re
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 
@@ -136,3 +137,21 @@ def test_a_file_gone_is_an_error_page(viewer: Viewer, results_file: Path):
     status, _, page = get(viewer, "/")
     assert status == 500
     assert "cannot read the files: No such file or directory" in page
+
+
+@pytest.mark.parametrize(
+    ("text", "found"),
+    [
+        ("café au lait", ["0/0"]),  # written as \u00e9 by json.dumps
+        ("CAFÉ", ["0/0"]),
+        ('said "hi"', ["0/1"]),  # written with \\" escapes
+        ("two\nlines", ["0/1"]),
+        ("nowhere", []),
+    ],
+)
+def test_a_search_reads_what_the_escapes_stand_for(tmp_path: Path, text: str, found: list[str]):
+    path = tmp_path / "escaped.jsonl"
+    write_lines(path, [result(0, 0, 1.0, "a café au lait"), result(0, 1, 1.0, 'he said "hi"\\ntwo\nlines')])
+    for viewer in serving(catalog_of(path)):
+        _, _, page = get(viewer, "/?" + urlencode({"q": text}))
+        assert rollouts_listed(page) == found
