@@ -125,13 +125,18 @@ class _Columns:
         if number is None:
             number = self.agent_numbers[agent] = len(self.agents)
             self.agents.append(agent)
+        # One append a column, spelled out: this runs once a line of the files.
+        self.file.append(file)
+        self.offset.append(offset)
+        self.length.append(length)
+        self.task.append(task)
+        self.rollout.append(rollout)
         self.reward.append(reward)
-        for column, value in (
-            (self.file, file), (self.offset, offset), (self.length, length), (self.task, task),
-            (self.rollout, rollout), (self.tokens, tokens), (self.tool_calls, calls),
-            (self.agent, number), (self.flags, flags), (self.version, version),
-        ):  # fmt: skip
-            column.append(value)
+        self.tokens.append(tokens)
+        self.tool_calls.append(calls)
+        self.agent.append(number)
+        self.flags.append(flags)
+        self.version.append(version)
 
     def entry(self, position: int) -> Entry:
         return Entry(

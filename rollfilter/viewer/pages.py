@@ -63,6 +63,8 @@ def pictures(catalog: Catalog, summary: dict[str, Any]) -> str:
 
 def _by_version(catalog: Catalog) -> str:
     versions, rewards = catalog.column("version"), catalog.column("reward")
+    if max(versions, default=NO_INDEX) == NO_INDEX:  # no policy version at all: said at C speed
+        return ""
     sums: dict[int, list[float]] = {}
     for version, reward in zip(versions, rewards, strict=True):
         if version != NO_INDEX and not math.isnan(reward):
