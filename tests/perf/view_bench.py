@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import tempfile
@@ -44,18 +45,25 @@ def peak_kib(pid: int) -> int:
     return int(re.search(r"VmHWM:\s+(\d+)", status).group(1))  # type: ignore[union-attr]
 
 
-def summarize(command: str, path: Path) -> tuple[float, float]:
+def cpu_seconds(pid: int) -> float:
+    """The user and system time of process `pid` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def summarize(command: str, path: Path) -> tuple[float, float, float]:
     started = time.perf_counter()
     process = subprocess.Popen(
-        ["/usr/bin/time", "-f", "%M", command, "--summarize", "-r", "4", str(path)],
+        ["/usr/bin/time", "-f", "%U %S %M", command, "--summarize", "-r", "4", str(path)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
     _, stderr = process.communicate()
-    return time.perf_counter() - started, int(stderr.split()[-1]) / 1024
+    user, system, peak = stderr.split()[-3:]
+    return time.perf_counter() - started, float(user) + float(system), int(peak) / 1024
 
 
-def view(command: str, path: Path) -> tuple[float, float]:
+def view(command: str, path: Path) -> tuple[float, float, float]:
     started = time.perf_counter()
     process = subprocess.Popen([command, "--view", "-r", "4", str(path)], stderr=subprocess.PIPE)
     try:
@@ -63,10 +71,10 @@ def view(command: str, path: Path) -> tuple[float, float]:
         found = LINE.search(process.stderr.readline())
         assert found is not None
         urllib.request.urlopen(found.group(1).decode(), timeout=600).read()
-        elapsed = time.perf_counter() - started
+        elapsed, cpu = time.perf_counter() - started, cpu_seconds(process.pid)
         urllib.request.urlopen(found.group(1).decode() + "?sort=-reward&page=3", timeout=600).read()
         urllib.request.urlopen(found.group(1).decode() + "?q=city%20123", timeout=600).read()
-        return elapsed, peak_kib(process.pid) / 1024
+        return elapsed, cpu, peak_kib(process.pid) / 1024
     finally:
         process.terminate()
         process.wait()
@@ -81,12 +89,15 @@ def main() -> None:
         path = Path(folder) / "results.jsonl"
         write_results(path, options.rollouts)
         size = path.stat().st_size / 1e6
-        summarized, summarize_mib = summarize(options.rollfilter, path)
-        viewed, view_mib = view(options.rollfilter, path)
+        summarized, summarize_cpu, summarize_mib = summarize(options.rollfilter, path)
+        viewed, view_cpu, view_mib = view(options.rollfilter, path)
     print(f"{options.rollouts} rollouts, {size:.0f} MB")
-    print(f"--summarize: {summarized:.2f} s, peak {summarize_mib:.0f} MiB")
-    ratio = viewed / summarized
-    print(f"--view, first page: {viewed:.2f} s ({ratio:.2f}x), peak {view_mib:.0f} MiB (after a sort and a search)")
+    print(f"--summarize: {summarized:.2f} s, {summarize_cpu:.2f} s of CPU, peak {summarize_mib:.0f} MiB")
+    ratio, cpu_ratio = viewed / summarized, view_cpu / summarize_cpu
+    print(
+        f"--view, first page: {viewed:.2f} s ({ratio:.2f}x), {view_cpu:.2f} s of CPU ({cpu_ratio:.2f}x),"
+        f" peak {view_mib:.0f} MiB (after a sort and a search)"
+    )
 
 
 if __name__ == "__main__":
