@@ -149,6 +149,21 @@ def test_the_page_written_as_one_file(browser: webdriver.Chrome, results_file: P
     screenshot(browser, "static")
 
 
+def test_the_comparison_with_a_baseline(browser: webdriver.Chrome, results_file: Path, tmp_path: Path):
+    baseline_file = tmp_path / "baseline.jsonl"
+    write_lines(baseline_file, [result(task, rollout, 0.0) for task in (0, 1, 3) for rollout in range(2)])
+    for viewer in serving(catalog_of(results_file, baseline=catalog_of(baseline_file))):
+        browser.get(viewer.url)
+        browser.find_element(By.LINK_TEXT, "compared with the baseline").click()
+        WebDriverWait(browser, 20).until(lambda driver: driver.current_url.endswith("/compare"))
+        assert "improved" in browser.find_element(By.CSS_SELECTOR, "table.figures").text
+        screenshot(browser, "compare")
+        browser.find_element(By.LINK_TEXT, "1").click()
+        WebDriverWait(browser, 20).until(lambda driver: driver.current_url.endswith("/compare/1"))
+        columns = browser.find_elements(By.CSS_SELECTOR, ".side > div")
+        assert [column.find_element(By.TAG_NAME, "h2").text for column in columns] == ["baseline", "this run"]
+
+
 def test_json_of_the_raw_line(browser: webdriver.Chrome, viewer: Viewer):
     browser.get(viewer.url.rstrip("/") + "/raw/0")
     assert json.loads(browser.find_element(By.TAG_NAME, "body").text)["_ng_task_index"] == 0
