@@ -175,6 +175,7 @@ class Catalog:
         self._identities: list[tuple[int, int] | None] = [None] * len(paths)
         self.summary: dict[str, Any] = {}
         self._counted = False
+        self._baseline_counted = 0  # the baseline's generation the figures were counted with
 
     def __len__(self) -> int:
         return len(self._columns)
@@ -185,6 +186,9 @@ class Catalog:
         with self.lock:
             if self.baseline is not None:
                 self.baseline.refresh()
+                if self.baseline.generation != self._baseline_counted:  # the comparison changes with it
+                    self._baseline_counted = self.baseline.generation
+                    self._counted = False
             changes = [self._change(number, path) for number, path in enumerate(self.paths)]
             if "replaced" in changes:
                 self._columns = _Columns()
@@ -238,9 +242,6 @@ class Catalog:
 
     def entry(self, position: int) -> Entry:
         return self._columns.entry(position)
-
-    def rewards(self) -> array[float]:
-        return self._columns.reward
 
     def column(self, name: str) -> array[Any]:
         found: array[Any] = getattr(self._columns, name)
@@ -298,8 +299,10 @@ def summary_of_files(
             from rollfilter.figures.compare import RunComparison
 
             comparison = RunComparison()
-            for entry in baseline.entries():
-                comparison.add_baseline(baseline.record(entry))
+            for _, line in baseline.lines(list(range(len(baseline)))):
+                record = parse_row(line.rstrip(b"\n"), exact=True)
+                if isinstance(record, dict):
+                    comparison.add_baseline(record)
         run = Run(config, baseline=comparison)
         await run.connect(send=False)
         counter = ResultCounter(run)

@@ -59,3 +59,13 @@ def test_a_drawing_is_made_again_only_when_the_files_changed(results_file: Path)
     catalog.refresh()
     assert catalog.drawing("count", draw) == "7 rollouts"
     assert drawn == [6, 7]
+
+
+def test_a_baseline_that_grew_changes_the_comparison(results_file: Path, tmp_path: Path):
+    baseline_file = tmp_path / "baseline.jsonl"
+    write_lines(baseline_file, [result(0, 0, 0.0), result(0, 1, 0.0)])
+    catalog = catalog_of(results_file, baseline=catalog_of(baseline_file))
+    assert catalog.summary["compare"]["reward"]["tasks"] == 1
+    write_lines(baseline_file, [result(1, 0, 0.0), result(1, 1, 0.0)], mode="a")
+    catalog.refresh()
+    assert catalog.summary["compare"]["reward"]["tasks"] == 2
