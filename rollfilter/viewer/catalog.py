@@ -78,6 +78,16 @@ def numbered_lines(path: str, start: int, max_line_bytes: int) -> Iterator[tuple
                 offset += size
 
 
+def _line_ends_at(path: str, end: int) -> bool:
+    """Whether a line of `path` ends at byte `end` (the index's end), as when it was indexed: a file
+    emptied and written again past it most likely has another byte there."""
+    if end == 0:
+        return True
+    with open(path, "rb") as file:
+        file.seek(end - 1)
+        return file.read(1) == b"\n"
+
+
 def _number(value: Any) -> float:
     return float(value) if isinstance(value, int | float) and math.isfinite(value) else math.nan
 
@@ -204,9 +214,10 @@ class Catalog:
         identity = (status.st_dev, status.st_ino)
         before = self._identities[number]
         self._identities[number] = identity
-        if before is not None and (before != identity or status.st_size < self._ends[number]):
+        end = self._ends[number]
+        if before is not None and (before != identity or status.st_size < end or not _line_ends_at(path, end)):
             return "replaced"
-        return "grew" if status.st_size > self._ends[number] else ""
+        return "grew" if status.st_size > end else ""
 
     def _count(self) -> None:
         """One pass over every file: each line counted into a fresh run; the lines past the index's

@@ -69,3 +69,13 @@ def test_a_baseline_that_grew_changes_the_comparison(results_file: Path, tmp_pat
     write_lines(baseline_file, [result(1, 0, 0.0), result(1, 1, 0.0)], mode="a")
     catalog.refresh()
     assert catalog.summary["compare"]["reward"]["tasks"] == 2
+
+
+def test_a_file_written_again_past_its_old_end_is_read_again(results_file: Path):
+    catalog = catalog_of(results_file)
+    size = results_file.stat().st_size
+    with results_file.open("r+") as file:  # emptied and written again in place, longer than before
+        file.truncate(0)
+        file.write(json.dumps(result(8, 0, 0.75, "x" * size)) + "\n")
+    catalog.refresh()
+    assert [(e.task, e.reward) for e in catalog.entries()] == [(8, 0.75)]
