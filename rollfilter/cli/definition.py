@@ -247,8 +247,18 @@ OPTIONS = (
     option("--force", panel=PANEL_GYM,
            help="With --reverify: re-score at resources servers whose /reverify_mode is not stateless too."),
     option("--compare", metavar="BASELINE", many=True,
-           help="With --summarize: compare the results with BASELINE's (result files of another run), task by task;"
-           " repeatable; a quoted pattern ('A-*.jsonl') takes a run in shards, each shard checked."),
+           help="With --summarize or --view: compare the results with BASELINE's (result files of another run), task"
+           " by task; repeatable."),
+    option("--view", panel=PANEL_OUTPUTS,
+           help="Send nothing: serve the rollouts of FILEs (and --errors FILE) in a browser on 127.0.0.1, until"
+           " Ctrl-C; with --compare BASELINE, the comparison too. Not standard input."),
+    option("--listen", metavar="HOST:PORT", panel=PANEL_OUTPUTS,
+           help="With --view: serve on HOST:PORT [default: 127.0.0.1 at a free port]; beyond loopback, every request"
+           " must give the token of the printed URL."),
+    option("--html", metavar="REPORT.html", panel=PANEL_OUTPUTS,
+           help="With --view: write the page to REPORT.html (one file, no script, nothing fetched) and exit."),
+    option("--html-rollouts", metavar="N", kind=int, default=2000, whole=1, panel=PANEL_OUTPUTS,
+           help="With --html: keep the transcripts of at most N rollouts, a uniform sample (said on the page)."),
     option("--max-line-bytes", metavar="N", kind=int, default=DEFAULT_MAX_LINE_BYTES, whole=1, panel=PANEL_FAULTS,
            sets="CommandConfig.max_line_bytes",
            help="Refuse input lines longer than N bytes (each counts as a failed row)."),

@@ -197,6 +197,9 @@ SIGNATURE = inspect.Signature(
 def parse(ctx: typer.Context, **given: Any) -> Execute:
     """The run the command line asks for, ready to start; a RollfilterError if it cannot be.
     `given` holds every option's value, as typer gives it, by its name (`SIGNATURE`)."""
+    if given["view"]:
+        return viewing(ctx, command_of(ctx, given), given)
+    check_view_alone(ctx)
     return chosen(ctx, command_of(ctx, given), demo=given["demo"], summarize=given["summarize"])
 
 
@@ -348,6 +351,40 @@ def running(config: "CommandConfig", environment: Environment, *, demo: bool) ->
 
         config = dataclasses.replace(config, demo=DemoOptions())
     return lambda stops: run(config, stops=stops, environment=environment)
+
+
+# The options of --view, and those it cannot take (it sends nothing and writes no rollout).
+VIEW_OPTIONS = ("listen", "html", "html_rollouts")
+NOT_VIEWED = ("summarize", "demo", "output", "dry_run", "resume", "metrics", "aggregate", "per_task")
+
+
+def given_options(ctx: typer.Context, names: tuple[str, ...]) -> list[str]:
+    """The options of `names` that the command line (or the environment) gave, as spelled."""
+    return [
+        param.opts[-1]
+        for param in ctx.command.params
+        if param.name in names
+        and (source := ctx.get_parameter_source(param.name or "")) is not None
+        and source.name != "DEFAULT"
+    ]
+
+
+def check_view_alone(ctx: typer.Context) -> None:
+    given = given_options(ctx, VIEW_OPTIONS)
+    if given:
+        raise UsageError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for --view")
+
+
+def viewing(ctx: typer.Context, config: "CommandConfig", given: dict[str, Any]) -> Execute:
+    """--view of `config`'s files (`cli/view.py`), with the view's own options of `given`."""
+    from rollfilter.cli.view import ViewOptions, listen_address, view
+
+    refused = given_options(ctx, NOT_VIEWED)
+    if refused:
+        raise UsageError(f"--view sends nothing and writes no rollout: {', '.join(refused)} is not for it")
+    options = ViewOptions(listen_address(given["listen"]), given["html"], given["html_rollouts"])
+    environment = environment_of(ctx.obj)
+    return lambda stops: view(config, options, environment=environment)
 
 
 def summarizing(config: "CommandConfig", environment: Environment) -> Execute:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -18,15 +18,14 @@ from rollfilter.cli.files.outputs import NamedOutputs, OutputFiles, replace_cont
 from rollfilter.cli.messages import say, write_stderr
 from rollfilter.cli.report import summary_for
 from rollfilter.cli.statuses import RunEnd
-from rollfilter.errors import ErrorKind, UsageError
+from rollfilter.errors import UsageError
 from rollfilter.figures.compare import Comparison, RunComparison
-from rollfilter.formats.resume import StandingFailures
-from rollfilter.formats.source import STDIN, InputLine, LineReader, check_inputs
+from rollfilter.formats.source import STDIN, LineReader, check_inputs
 from rollfilter.formats.writers import OutputFailed, WholeFile, write_all
-from rollfilter.outcomes import AttemptFailure, failure_of
 from rollfilter.redact import printable
-from rollfilter.rows import ROLLOUT_INDEX, TASK_INDEX, parse_row
+from rollfilter.rows import ROLLOUT_INDEX, parse_row
 from rollfilter.run.connect import tls_context_for
+from rollfilter.run.recount import ResultCounter
 from rollfilter.run.run import Run
 from rollfilter.stops import StopCause
 
@@ -54,7 +53,6 @@ async def summarize(command: CommandConfig, *, environment: Environment) -> RunE
     NamedOutputs(command, environment, summarize=True).check()
     shards = identity.shard_coverage(command.inputs)
     reader = LineReader(command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=environment.stdin)
-    unusable = _UnusableLines()
     counted_failed: OutputFailed | None = None
     # Made before the files are opened, so that a CA file that cannot serve is refused with none left.
     # It talks only to the agents' /aggregate_metrics, with --aggregate.
@@ -63,6 +61,7 @@ async def summarize(command: CommandConfig, *, environment: Environment) -> RunE
     coverage = shards.summary() if shards is not None else None
     run = Run(config, tls=tls, on_task=per_task.write, baseline=baseline.comparison, shards=coverage)
     unclustered = _Unclustered(run.tasks is None)
+    counter = ResultCounter(run, unclustered.result)
     with OutputFiles() as files:
         metrics_file = files.whole(command.metrics_file, "--metrics")
         aggregate_file = files.whole(command.aggregate_file, "--aggregate")
@@ -71,7 +70,7 @@ async def summarize(command: CommandConfig, *, environment: Environment) -> RunE
             await run.connect(send=False)
             try:
                 await baseline.read()
-                await _count(reader, run, unusable, unclustered.result)
+                await _count(reader, counter)
             except OutputFailed as failure:  # its temporary file: the summary says how far it got
                 counted_failed = failure
                 run.control.stop(StopCause.OUTPUT_FAILED, str(failure))  # no aggregate of a part
@@ -105,7 +104,7 @@ async def summarize(command: CommandConfig, *, environment: Environment) -> RunE
                     write_stderr(environment.stderr, summary)  # the figures are not lost with their output
     for line in chart_lines(figures, can_draw=environment.stderr_can_draw):
         write_stderr(environment.stderr, line.encode() + b"\n")
-    lost = [*unusable.problems(), *reader.problems, *baseline.problems]
+    lost = [*counter.unusable.problems(), *reader.problems, *baseline.problems]
     aggregated = [f"--aggregate: {problem}" for problem in (report.problems if report is not None else ())]
     unmatched = [f"--summarize: {problem}" for problem in (shards.problems if shards is not None else ())]
     unmatched += baseline.shard_problems
@@ -117,53 +116,16 @@ async def summarize(command: CommandConfig, *, environment: Environment) -> RunE
     return RunEnd(incomplete=bool(lost or unmatched), output_failed=bool(failures))
 
 
-async def _count(
-    reader: LineReader, run: Run, unusable: _UnusableLines, on_result: Callable[[dict[str, Any]], None]
-) -> None:
-    """Count each line read into `run`'s figures: a result (given to `on_result` too), a failed
-    attempt (once per pair, unless a result has the pair), or a line that cannot be used.
+async def _count(reader: LineReader, counter: ResultCounter) -> None:
+    """Count each line read into the counter's run, then the failed attempts that no result has.
     OutputFailed when the failures cannot be held."""
-    failures = StandingFailures()
     try:
         while (line := await reader.next_line()) is not None:
-            _count_line(line, run, unusable, failures, on_result)
+            counter.line(line)
     except BaseException:
-        failures.close()
+        counter.close()
         raise
-    for record in failures.standing():
-        failure = failure_of(record)
-        assert failure is not None
-        run.count_failure(failure, record)
-
-
-def _count_line(
-    line: InputLine,
-    run: Run,
-    unusable: _UnusableLines,
-    failures: StandingFailures,
-    on_result: Callable[[dict[str, Any]], None],
-) -> None:
-    if line.data is None:  # over --max-line-bytes
-        unusable.add(line, line.problem or "too long", run)
-        return
-    if not line.data.strip():
-        return
-    record = parse_row(line.data, exact=True)  # a result rollfilter wrote, numbers of every size kept
-    if isinstance(record, str):
-        unusable.add(line, record, run)
-        return
-    failure = failure_of(record)
-    if failure is not None and TASK_INDEX not in record:  # no pair to count it once for
-        run.count_failure(failure, record)
-        return
-    if failure is not None:
-        failures.failure(line.data)  # counted once every result is known
-        return
-    if not failures.result(record) and TASK_INDEX in record and ROLLOUT_INDEX in record:
-        unusable.repeated(line)  # a pair counted already: the same file twice, or runs mixed
-        return
-    run.count_result(record)
-    on_result(record)
+    counter.finish()
 
 
 class _Baseline:
@@ -276,39 +238,3 @@ class _PerTask:
             write_all(self.fd, _encode(record) + b"\n", self.name)
         except OutputFailed as failure:
             self.failure = failure
-
-
-class _UnusableLines:
-    """The lines --summarize cannot use (not JSON objects): each counts as a failed row of kind
-    bad_input, as a bad input line does in a run; and results of a (task, rollout) pair counted
-    already, which count once. Either makes the exit status 1."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._first = ""
-        self.repeats = 0
-        self._first_repeat = ""
-
-    def repeated(self, line: InputLine) -> None:
-        if not self.repeats:
-            self._first_repeat = printable(f"{line.source}:{line.number}")
-        self.repeats += 1
-
-    def problems(self) -> list[str]:
-        found = [str(self)] if self.count else []
-        if self.repeats:
-            lines = "1 result repeats" if self.repeats == 1 else f"{self.repeats} results repeat"
-            found.append(
-                f"{lines} a (task, rollout) pair counted already, counted once; the first: {self._first_repeat}"
-            )
-        return found
-
-    def add(self, line: InputLine, reason: str, run: Run) -> None:
-        run.count_failure(AttemptFailure(ErrorKind.BAD_INPUT, reason))
-        if not self.count:
-            self._first = printable(f"{line.source}:{line.number}: {reason}")
-        self.count += 1
-
-    def __str__(self) -> str:
-        lines = "1 line is not a result" if self.count == 1 else f"{self.count} lines are not results"
-        return f"{lines}, counted as failed (bad_input); the first: {self._first}"

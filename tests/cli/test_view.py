@@ -1,0 +1,67 @@
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import invoke, start
+from tests.viewer.conftest import results, write_lines
+
+LINE = re.compile(rb"rollfilter: viewing 6 rollouts at http://127\.0\.0\.1:(\d+)/ \(Ctrl-C to stop\)\n")
+
+
+@pytest.fixture
+def results_file(tmp_path: Path) -> Path:
+    path = tmp_path / "out.jsonl"
+    write_lines(path, results())
+    return path
+
+
+def test_standard_input_is_refused():
+    done = invoke(["--view"], input=b"{}\n")
+    assert done.returncode == 2
+    assert done.stderr == (
+        b"rollfilter: --view reads its files again as they grow: give the result files, not standard input\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--listen", "127.0.0.1:0"], b"rollfilter: --listen is for --view\n"),
+        (["--view", "--listen", "nowhere"], b"rollfilter: --listen takes HOST:PORT, such as 127.0.0.1:8000, not"),
+        (["--view", "--summarize"], b"rollfilter: --view sends nothing and writes no rollout: --summarize is not"),
+    ],
+)
+def test_options_of_the_view_are_checked(results_file: Path, args: list[str], said: bytes):
+    done = invoke([*args, str(results_file)])
+    assert done.returncode == 2
+    assert done.stderr.startswith(said)
+
+
+def test_html_writes_one_page_and_exits(results_file: Path, tmp_path: Path):
+    report = tmp_path / "report.html"
+    done = invoke(["--view", "-r", "2", str(results_file), "--html", str(report), "--html-rollouts", "2"])
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
+    page = report.read_text()
+    assert "A uniform sample of 2 of the 6 rollouts" in page
+    assert "<script" not in page
+
+
+def test_it_serves_until_ctrl_c_then_exits_130_saying_nothing_more(results_file: Path):
+    process = start(["--view", "--errors", os.devnull, str(results_file)], stderr=subprocess.PIPE)
+    assert process.stderr is not None
+    line = process.stderr.readline()
+    assert LINE.fullmatch(line), line
+    port = int(LINE.fullmatch(line).group(1))  # type: ignore[union-attr]
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection.request("GET", "/")
+    assert connection.getresponse().status == 200
+    connection.close()
+    process.send_signal(signal.SIGINT)
+    _, rest = process.communicate(timeout=10)
+    assert (process.returncode, rest) == (130, b"")

@@ -1,0 +1,157 @@
+import http.client
+import re
+from pathlib import Path
+from urllib.parse import urlencode
+
+import pytest
+
+from rollfilter.viewer.server import Viewer
+from tests.viewer.conftest import catalog_of, result, serving, write_lines
+
+
+def get(viewer: Viewer, target: str, *, host: str | None = None, method: str = "GET", **headers: str):
+    connection = http.client.HTTPConnection("127.0.0.1", viewer.port, timeout=10)
+    try:
+        given = {"Host": host if host is not None else f"127.0.0.1:{viewer.port}", **headers}
+        connection.request(method, target, headers=given)
+        response = connection.getresponse()
+        return response.status, dict(response.getheaders()), response.read().decode()
+    finally:
+        connection.close()
+
+
+def rollouts_listed(page: str) -> list[str]:
+    return re.findall(r'href="/rollout/(\d+/\d+)"', page)
+
+
+def test_the_index_shows_the_figures_and_the_rollouts(viewer: Viewer):
+    status, headers, page = get(viewer, "/")
+    assert status == 200
+    assert "script-src" not in headers["Content-Security-Policy"]  # default-src 'none': no script at all
+    assert "default-src 'none'" in headers["Content-Security-Policy"]
+    assert "mean@2" in page
+    assert "pass@2" in page
+    assert "<svg" in page
+    assert rollouts_listed(page) == ["0/0", "0/1", "1/0", "1/1", "2/0", "2/1"]
+
+
+@pytest.mark.parametrize(
+    ("query", "listed"),
+    [
+        ("task=1", ["1/0", "1/1"]),
+        ("min_reward=0.5&max_reward=0.9", ["2/1"]),
+        ("failed=1", ["2/0"]),
+        ("unhealthy=1", ["1/0"]),
+        ("q=PARIS", ["0/0"]),
+        ("q=onerror", ["0/1"]),
+        ("sort=-reward&max_reward=0.7", ["2/1", "0/1"]),
+    ],
+)
+def test_filters_in_the_url_keep_their_rollouts(viewer: Viewer, query: str, listed: list[str]):
+    status, _, page = get(viewer, f"/?{query}")
+    assert status == 200
+    assert rollouts_listed(page) == listed
+
+
+def test_a_filter_that_cannot_be_read_is_a_bad_request(viewer: Viewer):
+    status, _, page = get(viewer, "/?min_reward=high")
+    assert status == 400
+    assert "min_reward is a number, not &#x27;high&#x27;" in page
+
+
+def test_markup_in_model_output_is_shown_as_text(viewer: Viewer):
+    status, _, page = get(viewer, "/rollout/0/1")
+    assert status == 200
+    assert "<script>" not in page
+    assert "<img" not in page
+    assert "&lt;script&gt;document.title=&quot;pwned&quot;&lt;/script&gt;&lt;img src=x onerror=" in page
+
+
+def test_a_transcript_shows_the_tool_call_and_the_verdicts(viewer: Viewer):
+    _, _, page = get(viewer, "/rollout/0/0?beside=1")
+    assert "get_weather" in page
+    assert "&quot;city&quot;: &quot;Paris&quot;" in page
+    assert "sunny, 21 degrees" in page
+    assert "I should look it up" in page
+    assert "output_tokens" in page
+    assert page.count('class="transcript"') == 2  # rollout 1 beside it
+    _, _, unhealthy = get(viewer, "/rollout/1/0")
+    assert "_rf_health" in unhealthy
+    assert "empty_output" in unhealthy
+
+
+@pytest.mark.parametrize("host", ["evil.example:80", "127.0.0.1", "", "127.0.0.1:1"])
+def test_a_request_for_another_host_is_refused(viewer: Viewer, host: str):
+    status, _, _ = get(viewer, "/", host=host)
+    assert status == 403
+
+
+def test_the_names_of_loopback_are_answered(viewer: Viewer):
+    assert get(viewer, "/", host=f"localhost:{viewer.port}")[0] == 200
+
+
+def test_it_only_reads(viewer: Viewer, results_file: Path):
+    before = results_file.read_bytes()
+    for method in ("POST", "PUT", "DELETE"):
+        assert get(viewer, "/", method=method)[0] == 405
+    assert get(viewer, "/../../etc/passwd")[0] == 404
+    assert get(viewer, "/raw/0")[2] == before.decode().splitlines()[0]
+    assert results_file.read_bytes() == before
+
+
+def test_beyond_loopback_every_request_gives_the_token(results_file: Path):
+    for viewer in serving(catalog_of(results_file), host="0.0.0.0"):
+        assert viewer.token is not None
+        assert viewer.url.endswith(f"/?token={viewer.token}")
+        assert get(viewer, "/", host="anything:1")[0] == 403
+        assert get(viewer, "/?token=wrong")[0] == 403
+        status, headers, _ = get(viewer, f"/?token={viewer.token}")
+        assert status == 200
+        cookie = headers["Set-Cookie"].split(";")[0]
+        assert get(viewer, "/rollout/0/0", Cookie=cookie)[0] == 200
+
+
+def test_the_comparison_pairs_the_tasks(tmp_path: Path, results_file: Path):
+    baseline_file = tmp_path / "baseline.jsonl"
+    write_lines(baseline_file, [result(0, 0, 0.0), result(0, 1, 0.0), result(1, 0, 1.0), result(1, 1, 1.0)])
+    catalog = catalog_of(results_file, baseline=catalog_of(baseline_file))
+    for viewer in serving(catalog):
+        _, _, page = get(viewer, "/compare")
+        assert "improved" in page
+        assert 'href="/compare/0"' in page
+        _, _, task = get(viewer, "/compare/0")
+        assert "baseline" in task
+        assert task.count('class="transcript"') == 4
+
+
+def test_lines_that_are_not_results_are_said(tmp_path: Path):
+    path = tmp_path / "mixed.jsonl"
+    path.write_text('not json\n{"reward": 1.0}\n')
+    for viewer in serving(catalog_of(path)):
+        _, _, page = get(viewer, "/")
+        assert "1 line is not a result, counted as failed (bad_input); the first: " in page
+
+
+def test_a_file_gone_is_an_error_page(viewer: Viewer, results_file: Path):
+    results_file.unlink()
+    status, _, page = get(viewer, "/")
+    assert status == 500
+    assert "cannot read the files: No such file or directory" in page
+
+
+@pytest.mark.parametrize(
+    ("text", "found"),
+    [
+        ("café au lait", ["0/0"]),  # written as \u00e9 by json.dumps
+        ("CAFÉ", ["0/0"]),
+        ('said "hi"', ["0/1"]),  # written with \\" escapes
+        ("two\nlines", ["0/1"]),
+        ("nowhere", []),
+    ],
+)
+def test_a_search_reads_what_the_escapes_stand_for(tmp_path: Path, text: str, found: list[str]):
+    path = tmp_path / "escaped.jsonl"
+    write_lines(path, [result(0, 0, 1.0, "a café au lait"), result(0, 1, 1.0, 'he said "hi"\\ntwo\nlines')])
+    for viewer in serving(catalog_of(path)):
+        _, _, page = get(viewer, "/?" + urlencode({"q": text}))
+        assert rollouts_listed(page) == found
