@@ -12,6 +12,7 @@ from rollfilter.cli.environment import Environment
 from rollfilter.cli.files.outputs import OutputFiles, replace_content
 from rollfilter.cli.messages import say
 from rollfilter.cli.statuses import RunEnd
+from rollfilter.cli.summarize import baseline_files
 from rollfilter.errors import UsageError
 from rollfilter.formats.source import STDIN, check_inputs
 
@@ -57,6 +58,8 @@ async def view(command: CommandConfig, options: ViewOptions, *, environment: Env
     write the page (--html) and end, or serve it until a stop signal cancels the serving."""
     from rollfilter.viewer.catalog import Catalog
 
+    # A baseline in shards, given quoted as one pattern, is read as --summarize reads it.
+    command = dataclasses.replace(command, compare_files=baseline_files(command.compare_files))
     check_view(command)
     paths = command.inputs + ((command.errors_file,) if command.errors_file is not None else ())
     limit = command.max_line_bytes

@@ -65,3 +65,15 @@ def test_it_serves_until_ctrl_c_then_exits_130_saying_nothing_more(results_file:
     process.send_signal(signal.SIGINT)
     _, rest = process.communicate(timeout=10)
     assert (process.returncode, rest) == (130, b"")
+
+
+def test_a_baseline_in_shards_is_given_as_one_quoted_pattern(results_file: Path, tmp_path: Path):
+    records = results()
+    write_lines(tmp_path / "a-0.jsonl", records[:3])
+    write_lines(tmp_path / "a-1.jsonl", records[3:])
+    report = tmp_path / "report.html"
+    pattern = str(tmp_path / "a-*.jsonl")
+    done = invoke(["--view", "-r", "2", str(results_file), "--compare", pattern, "--html", str(report)])
+    assert (done.returncode, done.stderr) == (0, b"")
+    compared = report.read_text().split("Compared with the baseline")[1]
+    assert "<th>tied</th><td>3</td></tr><tr><th>tasks</th><td>3</td>" in compared  # both shards' tasks paired
