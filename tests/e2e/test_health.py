@@ -226,3 +226,18 @@ def test_fail_leaves_a_group_with_an_unhealthy_member_incomplete(health_agent: H
     figures = summary_of(proc.stderr)["rollfilter"]
     assert (figures["groups"]["kept"], figures["groups"]["incomplete"]) == (1, 1)
     assert len(proc.stdout.splitlines()) == 2  # the kept group's two rollouts
+
+
+def test_a_verdict_the_agent_echoes_back_is_replaced_by_the_run_s_own(health_agent: HealthAgent):
+    """An agent echoes the row's fields (NeMo Gym's do): a row taken from an earlier run's output
+    brings that run's `_rf_health` back with a healthy answer, which is neither marked nor counted."""
+    rows = rows_of([None, None, "truncated"], answer={"_rf_health": ["empty_output"]})
+    proc = run(["-u", health_agent.run_url, "-k", "--unhealthy", "mask"], input=rows)
+    assert proc.returncode == 0, proc.stderr
+    assert [json.loads(line).get("_rf_health") for line in proc.stdout.splitlines()] == [None, None, ["truncated"]]
+    figures = summary_of(proc.stderr)["rollfilter"]
+    assert (figures["health"]["unhealthy"], figures["health"]["by_check"], figures["masked"]) == (
+        1,
+        {"truncated": 1},
+        1,
+    )
