@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from rollfilter import Config, Health, RecentLimit, rollouts
+from rollfilter import Config, Health, RecentLimit, Retries, rollouts
 from rollfilter.figures.health import CHECKS
 from tests.conftest import assert_counts_add_up, read_jsonl, rows_jsonl, run, summary_of
 from tests.servers.health_agent import OUTAGE_CHECKS, RESPONSES, HealthAgent
@@ -241,3 +241,12 @@ def test_a_verdict_the_agent_echoes_back_is_replaced_by_the_run_s_own(health_age
         {"truncated": 1},
         1,
     )
+
+
+def test_every_outcome_says_its_verdict_a_failure_of_kind_unhealthy_too(health_agent: HealthAgent):
+    rows = [json.loads(line) for line in rows_of([None, "outage", "truncated"]).splitlines()]
+    rows.append({"id": 3, "responses_create_params": {"input": "x"}, "answer": {"_ng_failure_class": "model_down"}})
+    config = Config(url=health_agent.run_url, health=Health(unhealthy="fail"), retries=Retries(count=0))
+    with rollouts(rows, config) as run_:
+        verdicts = sorted((outcome.ok, outcome.health) for outcome in run_)
+    assert verdicts == sorted([(False, ()), (False, ("truncated",)), (False, tuple(OUTAGE_CHECKS)), (True, ())])
