@@ -217,8 +217,10 @@ class Engine:
             answer = await self.client.send(job, agent, flight)
             if self.steering.version is not None and not isinstance(answer, AttemptFailure):
                 self.steering.stamp(answer, flight.sent_version)
-            if self.tally.metrics.spending is not None and not isinstance(answer, AttemptFailure):
-                self._spend(job, answer)
+            if self.tally.metrics.spending is not None:
+                spent = answer.answer if isinstance(answer, AttemptFailure) else answer  # an unhealthy one's too
+                if spent is not None:
+                    self._spend(job, spent)
             outcome = judge(job, answer, flight.attempt)
         except Exception as exc:  # a bug met by one row costs that row, never the run
             outcome = self._internal_failure(job, exc, flight.attempt)

@@ -250,3 +250,15 @@ def test_every_outcome_says_its_verdict_a_failure_of_kind_unhealthy_too(health_a
     with rollouts(rows, config) as run_:
         verdicts = sorted((outcome.ok, outcome.health) for outcome in run_)
     assert verdicts == sorted([(False, ()), (False, ("truncated",)), (False, tuple(OUTAGE_CHECKS)), (True, ())])
+
+
+def test_fail_counts_what_each_unhealthy_answer_cost(health_agent: HealthAgent, quick_backoff: None):
+    """A truncated answer spent its tokens (a runaway generation, many of them) whether it is kept
+    or failed and sent again: every answer's usage is in the cost, as --max-cost must see it."""
+    rows = rows_of(["truncated"] * 2)
+    price = ["--price", "1000000,1000000"]  # a dollar a token: each answer's 4 in, 2 out cost $6
+    kept = run(["-u", health_agent.run_url, *price], input=rows)
+    assert summary_of(kept.stderr)["rollfilter"]["cost_usd"] == 12.0
+    failed = run(["-u", health_agent.run_url, *price, "--unhealthy", "fail", "--retries", "1"], input=rows)
+    figures = summary_of(failed.stderr)["rollfilter"]
+    assert (figures["failed"], figures["retries"], figures["cost_usd"]) == (2, 2, 24.0)
