@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from rollfilter import Config, Health, RecentLimit, Retries, rollouts
+from rollfilter import Config, Health, RecentLimit, Repeats, Retries, rollouts
 from rollfilter.figures.health import CHECKS
 from tests.conftest import assert_counts_add_up, read_jsonl, rows_jsonl, run, summary_of
 from tests.servers.health_agent import OUTAGE_CHECKS, RESPONSES, HealthAgent
@@ -262,3 +262,14 @@ def test_fail_counts_what_each_unhealthy_answer_cost(health_agent: HealthAgent, 
     failed = run(["-u", health_agent.run_url, *price, "--unhealthy", "fail", "--retries", "1"], input=rows)
     figures = summary_of(failed.stderr)["rollfilter"]
     assert (figures["failed"], figures["retries"], figures["cost_usd"]) == (2, 2, 24.0)
+
+
+def test_the_tasks_all_unhealthy_are_counted_as_tasks_while_the_run_goes(health_agent: HealthAgent):
+    rows = [json.loads(line) for line in rows_of(["outage", None]).splitlines()]
+    config = Config(url=health_agent.run_url, repeats=Repeats(count=2), concurrency=1)
+    seen = []
+    with rollouts(rows, config) as run_:
+        for outcome in run_:
+            statistics = run_.statistics()
+            seen.append((outcome.task_index, statistics.unhealthy, statistics.tasks_all_unhealthy))
+    assert seen == [(0, 1, 1), (0, 2, 1), (1, 2, 1), (1, 2, 1)]
