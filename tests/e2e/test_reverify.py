@@ -484,3 +484,22 @@ def test_a_materialized_file_that_is_an_output_is_refused_and_left_as_it_is(
     assert line.endswith(f"is also the input --reverify {materialized}: input file is output file")
     assert materialized.read_bytes() == before
     assert verifier.bodies == []
+
+
+def test_an_unhealthy_saved_response_fails_for_good_with_unhealthy_fail(tmp_path: Path, verifier: ResourcesServer):
+    """Re-scoring sends the saved response again, whose verdict no retry can change: with
+    --unhealthy fail it is a terminal failure, verified once and not sent again by --resume."""
+    materialized = write_jsonl(tmp_path / "materialized.jsonl", [materialized_row(0, 0), materialized_row(1, 0)])
+    empty = rollout_line(0, 0) | {"response": {"output": []}}
+    rollouts = write_jsonl(tmp_path / "out.jsonl", [empty, rollout_line(1, 0)])
+    errors = tmp_path / "errors.jsonl"
+    args = ["--reverify", str(materialized), "-u", verifier.url, "--unhealthy", "fail", "--retries", "3"]
+    args += ["--retry-budget", "off", "-o", str(tmp_path / "rescored.jsonl"), "--errors", str(errors)]
+    first = run([*args, str(rollouts)])
+    assert first.returncode == 1, first.stderr
+    assert summary_of(first.stderr)["rollfilter"]["failed_by_kind"] == {"unhealthy": 1}
+    (record,) = read_jsonl(errors)
+    assert (record["_rf_health"], record["_ng_failure_terminal"]) == (["empty_output"], True)
+    assert len(verifier.bodies) == 2
+    resumed = run([*args, "--resume", str(rollouts)])
+    assert len(verifier.bodies) == 2, resumed.stderr
