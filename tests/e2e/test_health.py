@@ -273,3 +273,15 @@ def test_the_tasks_all_unhealthy_are_counted_as_tasks_while_the_run_goes(health_
             statistics = run_.statistics()
             seen.append((outcome.task_index, statistics.unhealthy, statistics.tasks_all_unhealthy))
     assert seen == [(0, 1, 1), (0, 2, 1), (1, 2, 1), (1, 2, 1)]
+
+
+def test_an_unhealthy_failure_s_record_carries_the_policy_version_as_an_agent_failure_s(
+    tmp_path: Path, health_agent: HealthAgent
+):
+    errors = tmp_path / "errors.jsonl"
+    rows = rows_of(["outage"]) + rows_jsonl([{"id": 1, "answer": {"_ng_failure_class": "model_down"}}])
+    args = ["-u", health_agent.run_url, "--policy-version", "3", "--unhealthy", "fail", "--retries", "0"]
+    proc = run([*args, "--errors", str(errors)], input=rows)
+    assert proc.returncode == 1, proc.stderr
+    versions = {record["_ng_failure_class"]: record.get("_rf_policy_version") for record in read_jsonl(errors)}
+    assert versions == {"unhealthy": {"sent": 3, "ended": 3}, "model_down": {"sent": 3, "ended": 3}}
