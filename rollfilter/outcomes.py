@@ -107,6 +107,14 @@ class Failure:
     attempt_index: Any = None  # _ng_attempt_index as sent
     budget_spent: bool = False  # a retry withheld by the agent's retry budget: the message counts the attempts
 
+    @property
+    def health(self) -> tuple[str, ...]:
+        """The health checks its answer failed, for a failure of kind `unhealthy` (with
+        `Config.health`'s "fail"), as its record's `_rf_health` holds them; else empty, so that
+        every outcome says its verdict as a `Rollout` does."""
+        checks = self.answer.get(HEALTH) if self.answer is not None and self.kind is ErrorKind.UNHEALTHY else None
+        return tuple(checks) if type(checks) is list else ()
+
     def record(self) -> dict[str, Any]:
         """One line of the errors record, which is also NeMo Gym's failures sidecar.
 

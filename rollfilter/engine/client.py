@@ -153,6 +153,8 @@ class AgentClient:
         self._cross_origin_redirects = config.wire.cross_origin_redirects
         self._affinity_header = config.routing.affinity_header
         self._fail_unhealthy = config.health.unhealthy == "fail"
+        # Re-scoring sends a saved response again: no retry or resumed run can change its verdict.
+        self._unhealthy_retry = Retry.NEVER if config.reverify is not None else Retry.NOW
         self._rng = rng or random.Random()
         self._tally = tally
         self._on_event = on_event
@@ -236,18 +238,20 @@ class AgentClient:
 
     def _judge_health(self, answer: dict[str, Any]) -> dict[str, Any] | AttemptFailure:
         """`answer` marked with the health checks it fails (`_rf_health`), if any; with "fail", an
-        unhealthy answer is a failure sent again as an HTTP 5xx is. An answer that reports the
-        agent's own failure, or asks to be kept nowhere, is judged by that instead."""
+        unhealthy answer is a failure sent again as an HTTP 5xx is (when re-scoring, a terminal
+        one). An answer that reports the agent's own failure, or asks to be kept nowhere, is
+        judged by that instead."""
         if "_ng_failure_class" in answer or "_ng_no_persist" in answer:
             return answer
         checks = failed_checks(answer)
         if checks is None:
+            answer.pop(HEALTH, None)  # an earlier run's verdict, echoed with the row's fields
             return answer
         answer[HEALTH] = checks
         if not self._fail_unhealthy:
             return answer
         message = f"the result failed the health checks {', '.join(checks)}"
-        return AttemptFailure(ErrorKind.UNHEALTHY, message, retry=Retry.NOW, answer=answer)
+        return AttemptFailure(ErrorKind.UNHEALTHY, message, retry=self._unhealthy_retry, answer=answer)
 
     def _pause_before_retry(
         self, failure: AttemptFailure, agent: Agent, retry_after: float | None

@@ -215,10 +215,12 @@ class Engine:
             self.on_event(f"{describe(job)}: sent to agent {agent.name or shown(agent.replicas[0].url)}")
         try:
             answer = await self.client.send(job, agent, flight)
-            if self.steering.version is not None and not isinstance(answer, AttemptFailure):
-                self.steering.stamp(answer, flight.sent_version)
-            if self.tally.metrics.spending is not None and not isinstance(answer, AttemptFailure):
-                self._spend(job, answer)
+            answered = answer.answer if isinstance(answer, AttemptFailure) else answer  # an unhealthy one's too
+            if answered is not None:
+                if self.steering.version is not None:
+                    self.steering.stamp(answered, flight.sent_version)
+                if self.tally.metrics.spending is not None:
+                    self._spend(job, answered)
             outcome = judge(job, answer, flight.attempt)
         except Exception as exc:  # a bug met by one row costs that row, never the run
             outcome = self._internal_failure(job, exc, flight.attempt)

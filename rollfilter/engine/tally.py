@@ -97,8 +97,11 @@ class Tally:
             self.tasks.rollout_ended(job.task_index, None, job.rollout_index, None, job.agent_name)
 
     def retry(self, job: Job, failure: AttemptFailure) -> None:
-        """An attempt at `job` failed with `failure`, and is sent again."""
+        """An attempt at `job` failed with `failure`, and is sent again: an unhealthy answer's
+        cost is counted here, as no later step sees it."""
         self.metrics.add_retry(failure, job.agent_name)
+        if failure.answer is not None and self.metrics.spending is not None:
+            self.metrics.spending.add(job.agent_name, failure.answer)
 
     def earlier(self, result: dict[str, Any]) -> None:
         """A result an earlier run finished (a resumed run's summary and aggregate cover the whole

@@ -90,7 +90,7 @@ class TaskStats:
         # slot -> group past the first -> [ended, correct, failed, masked]
         self._later_groups: dict[int, dict[int, list[int]]] = {}
         self._finished: dict[str, Any] | None = None
-        self.all_unhealthy = 0  # tasks all of whose rollouts were unhealthy, once finished
+        self.all_unhealthy = 0  # tasks all of whose rollouts ended so far were unhealthy
 
     def _slot(self, task: Any) -> int:
         if type(task) is int and 0 <= task < self._numbered:
@@ -149,9 +149,13 @@ class TaskStats:
         sums and the error bars leave it out. An `unhealthy` one failed a health check."""
         slot = self._slot(task)
         counts = self._counts
-        counts["ended"][slot] += 1
+        ended = counts["ended"][slot]
+        counts["ended"][slot] = ended + 1
         if unhealthy:
             counts["unhealthy"][slot] += 1
+            self.all_unhealthy += not ended  # its first rollout: all of it unhealthy, so far
+        elif ended and counts["unhealthy"][slot] == ended:  # a healthy one in a task all unhealthy till now
+            self.all_unhealthy -= 1
         correct = not masked and reward is not None and reward >= self.threshold
         if type(rollout) is int and rollout >= (size := counts["size"][slot] or self.repeats):
             group = self._later_groups.setdefault(slot, {}).setdefault(rollout // size, [0, 0, 0, 0])
@@ -251,7 +255,6 @@ class TaskStats:
                 continue
             tasks += 1
             failed, rewarded, masked = counts["failed"][slot], counts["rewarded"][slot], counts["masked"][slot]
-            self.all_unhealthy += ended > 0 and counts["unhealthy"][slot] == ended
             with_failures += failed > 0
             unfinished += ended < planned
             measured = ended - masked  # the n of pass@k: masked rollouts are no trial either way

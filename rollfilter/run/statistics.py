@@ -352,7 +352,7 @@ def _health(metrics: Metrics, tasks: TaskStats | None) -> dict[str, Any]:
     return {
         "unhealthy": metrics.unhealthy,
         "unhealthy_by_check": {check: by_check[check] for check in CHECKS if check in by_check},
-        "tasks_all_unhealthy": tasks.all_unhealthy if tasks is not None and tasks.finished else metrics.unhealthy,
+        "tasks_all_unhealthy": tasks.all_unhealthy if tasks is not None else metrics.unhealthy,
     }
 
 

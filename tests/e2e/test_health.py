@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from rollfilter import Config, Health, RecentLimit, rollouts
+from rollfilter import Config, Health, RecentLimit, Repeats, Retries, rollouts
 from rollfilter.figures.health import CHECKS
 from tests.conftest import assert_counts_add_up, read_jsonl, rows_jsonl, run, summary_of
 from tests.servers.health_agent import OUTAGE_CHECKS, RESPONSES, HealthAgent
@@ -226,3 +226,62 @@ def test_fail_leaves_a_group_with_an_unhealthy_member_incomplete(health_agent: H
     figures = summary_of(proc.stderr)["rollfilter"]
     assert (figures["groups"]["kept"], figures["groups"]["incomplete"]) == (1, 1)
     assert len(proc.stdout.splitlines()) == 2  # the kept group's two rollouts
+
+
+def test_a_verdict_the_agent_echoes_back_is_replaced_by_the_run_s_own(health_agent: HealthAgent):
+    """An agent echoes the row's fields (NeMo Gym's do): a row taken from an earlier run's output
+    brings that run's `_rf_health` back with a healthy answer, which is neither marked nor counted."""
+    rows = rows_of([None, None, "truncated"], answer={"_rf_health": ["empty_output"]})
+    proc = run(["-u", health_agent.run_url, "-k", "--unhealthy", "mask"], input=rows)
+    assert proc.returncode == 0, proc.stderr
+    assert [json.loads(line).get("_rf_health") for line in proc.stdout.splitlines()] == [None, None, ["truncated"]]
+    figures = summary_of(proc.stderr)["rollfilter"]
+    assert (figures["health"]["unhealthy"], figures["health"]["by_check"], figures["masked"]) == (
+        1,
+        {"truncated": 1},
+        1,
+    )
+
+
+def test_every_outcome_says_its_verdict_a_failure_of_kind_unhealthy_too(health_agent: HealthAgent):
+    rows = [json.loads(line) for line in rows_of([None, "outage", "truncated"]).splitlines()]
+    rows.append({"id": 3, "responses_create_params": {"input": "x"}, "answer": {"_ng_failure_class": "model_down"}})
+    config = Config(url=health_agent.run_url, health=Health(unhealthy="fail"), retries=Retries(count=0))
+    with rollouts(rows, config) as run_:
+        verdicts = sorted((outcome.ok, outcome.health) for outcome in run_)
+    assert verdicts == sorted([(False, ()), (False, ("truncated",)), (False, tuple(OUTAGE_CHECKS)), (True, ())])
+
+
+def test_fail_counts_what_each_unhealthy_answer_cost(health_agent: HealthAgent, quick_backoff: None):
+    """A truncated answer spent its tokens (a runaway generation, many of them) whether it is kept
+    or failed and sent again: every answer's usage is in the cost, as --max-cost must see it."""
+    rows = rows_of(["truncated"] * 2)
+    price = ["--price", "1000000,1000000"]  # a dollar a token: each answer's 4 in, 2 out cost $6
+    kept = run(["-u", health_agent.run_url, *price], input=rows)
+    assert summary_of(kept.stderr)["rollfilter"]["cost_usd"] == 12.0
+    failed = run(["-u", health_agent.run_url, *price, "--unhealthy", "fail", "--retries", "1"], input=rows)
+    figures = summary_of(failed.stderr)["rollfilter"]
+    assert (figures["failed"], figures["retries"], figures["cost_usd"]) == (2, 2, 24.0)
+
+
+def test_the_tasks_all_unhealthy_are_counted_as_tasks_while_the_run_goes(health_agent: HealthAgent):
+    rows = [json.loads(line) for line in rows_of(["outage", None]).splitlines()]
+    config = Config(url=health_agent.run_url, repeats=Repeats(count=2), concurrency=1)
+    seen = []
+    with rollouts(rows, config) as run_:
+        for outcome in run_:
+            statistics = run_.statistics()
+            seen.append((outcome.task_index, statistics.unhealthy, statistics.tasks_all_unhealthy))
+    assert seen == [(0, 1, 1), (0, 2, 1), (1, 2, 1), (1, 2, 1)]
+
+
+def test_an_unhealthy_failure_s_record_carries_the_policy_version_as_an_agent_failure_s(
+    tmp_path: Path, health_agent: HealthAgent
+):
+    errors = tmp_path / "errors.jsonl"
+    rows = rows_of(["outage"]) + rows_jsonl([{"id": 1, "answer": {"_ng_failure_class": "model_down"}}])
+    args = ["-u", health_agent.run_url, "--policy-version", "3", "--unhealthy", "fail", "--retries", "0"]
+    proc = run([*args, "--errors", str(errors)], input=rows)
+    assert proc.returncode == 1, proc.stderr
+    versions = {record["_ng_failure_class"]: record.get("_rf_policy_version") for record in read_jsonl(errors)}
+    assert versions == {"unhealthy": {"sent": 3, "ended": 3}, "model_down": {"sent": 3, "ended": 3}}

@@ -538,3 +538,22 @@ def test_a_reverify_mode_that_is_no_json_string_exits_3_as_documented(
     assert proc.returncode == 3
     assert proc.stderr.decode().splitlines()[0].endswith("/reverify_mode answered no mode (a JSON string)")
     assert verifier.bodies == []
+
+
+def test_an_unhealthy_saved_response_fails_for_good_with_unhealthy_fail(tmp_path: Path, verifier: ResourcesServer):
+    """Re-scoring sends the saved response again, whose verdict no retry can change: with
+    --unhealthy fail it is a terminal failure, verified once and not sent again by --resume."""
+    materialized = write_jsonl(tmp_path / "materialized.jsonl", [materialized_row(0, 0), materialized_row(1, 0)])
+    empty = rollout_line(0, 0) | {"response": {"output": []}}
+    rollouts = write_jsonl(tmp_path / "out.jsonl", [empty, rollout_line(1, 0)])
+    errors = tmp_path / "errors.jsonl"
+    args = ["--reverify", str(materialized), "-u", verifier.url, "--unhealthy", "fail", "--retries", "3"]
+    args += ["--retry-budget", "off", "-o", str(tmp_path / "rescored.jsonl"), "--errors", str(errors)]
+    first = run([*args, str(rollouts)])
+    assert first.returncode == 1, first.stderr
+    assert summary_of(first.stderr)["rollfilter"]["failed_by_kind"] == {"unhealthy": 1}
+    (record,) = read_jsonl(errors)
+    assert (record["_rf_health"], record["_ng_failure_terminal"]) == (["empty_output"], True)
+    assert len(verifier.bodies) == 2
+    resumed = run([*args, "--resume", str(rollouts)])
+    assert len(verifier.bodies) == 2, resumed.stderr
