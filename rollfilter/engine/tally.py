@@ -17,7 +17,7 @@ from typing import Any
 from rollfilter.engine.metrics import Metrics
 from rollfilter.engine.plan import Job
 from rollfilter.errors import ErrorKind
-from rollfilter.figures.health import RecentShare, failed_checks
+from rollfilter.figures.health import RecentShare, failed_checks, verdict_of_line
 from rollfilter.figures.means import reward_of
 from rollfilter.figures.passk import TaskStats
 from rollfilter.formats.spool import ResultSpool
@@ -107,7 +107,7 @@ class Tally:
         """A result an earlier run finished (a resumed run's summary and aggregate cover the whole
         output): into the means, the tasks and the spool, not into this run's counters."""
         agent = agent_name(result)
-        checks = failed_checks(result)
+        checks = verdict_of_line(result)
         masked = is_masked(result) or (self.mask_unhealthy and checks is not None)
         self.metrics.add_earlier_result(result, agent, masked=masked)
         self._task_and_spool(result, agent, masked=masked, checks=checks, read_back=False)
@@ -116,7 +116,7 @@ class Tally:
         """A result line of a results file, counted as the run that wrote it counted it."""
         agent = agent_name(record)
         self.metrics.taken += 1
-        checks = failed_checks(record)
+        checks = verdict_of_line(record)
         masked = is_masked(record) or (self.mask_unhealthy and checks is not None)
         self.metrics.add_result(record, None, agent, masked=masked, checks=checks)
         self._task_and_spool(record, agent, masked=masked, checks=checks, read_back=True)

@@ -10,7 +10,8 @@ those it failed under `_rf_health`, see `rollfilter.rows.HEALTH`):
 - `empty_output`: `response.output` has no item;
 - `no_output_tokens`: `response.usage.output_tokens` is 0;
 - `truncated`: `response.status` is `incomplete` (a generation cut at its token bound);
-- `response_error`: `response.status` is `failed`, or `response.error` is set;
+- `response_error`: `response.status` is `failed`, or `response.error` is set (not null, false or
+  empty);
 - `unanswered_tool_call`: a `function_call` item with no `function_call_output` of its `call_id`
   after it;
 - `token_ids_mismatch`: an output item carries some but not all of `prompt_token_ids`,
@@ -25,6 +26,8 @@ from __future__ import annotations
 
 import collections
 from typing import Any
+
+from rollfilter.rows import HEALTH
 
 EMPTY_OUTPUT = "empty_output"
 NO_OUTPUT_TOKENS = "no_output_tokens"
@@ -64,7 +67,7 @@ def failed_checks(result: dict[str, Any]) -> list[str] | None:
     status = response.get("status")
     if status == "incomplete":
         failed = _with(failed, TRUNCATED)
-    if status == "failed" or response.get("error") is not None:
+    if status == "failed" or response.get("error"):  # null, false or "": no error
         failed = _with(failed, RESPONSE_ERROR)
     if type(output) is list and output:
         unanswered, mismatch = _judge_items(output)
@@ -73,6 +76,17 @@ def failed_checks(result: dict[str, Any]) -> list[str] | None:
         if mismatch:
             failed = _with(failed, TOKEN_IDS_MISMATCH)
     return failed
+
+
+def verdict_of_line(line: dict[str, Any]) -> list[str] | None:
+    """The checks a result line read back fails: judged again from its `response`, or, when the
+    line has none (cut by a jq filter, say), the `_rf_health` the run that wrote it gave it."""
+    if type(line.get("response")) is dict:
+        return failed_checks(line)
+    written = line.get(HEALTH)
+    if type(written) is not list:
+        return None
+    return [check for check in CHECKS if check in written] or None
 
 
 def _with(failed: list[str] | None, check: str) -> list[str]:

@@ -192,6 +192,16 @@ def test_summarize_judges_files_of_any_run(tmp_path: Path):
     assert summary_of(masked.stdout)["rollfilter"]["masked"] == 3
 
 
+def test_summarize_keeps_the_verdict_of_lines_whose_response_was_cut(tmp_path: Path):
+    """`jq 'del(.response)'` keeps a line's _rf_health: the run's verdict stands."""
+    results = tmp_path / "rollouts.jsonl"
+    lines = [{"_ng_task_index": 0, "_ng_rollout_index": 0, "reward": 0.0, "_rf_health": ["empty_output"]}]
+    lines.append({"_ng_task_index": 1, "_ng_rollout_index": 0, "reward": 1.0})
+    results.write_text(rows_jsonl(lines))
+    proc = run(["--summarize", str(results)])
+    assert health_of(proc.stdout) == {"unhealthy": 1, "by_check": {"empty_output": 1}, "tasks_all_unhealthy": 1}
+
+
 def test_the_python_api_says_each_rollout_s_verdict_and_counts_them(health_agent: HealthAgent):
     rows = [json.loads(line) for line in rows_of(MIX).splitlines()]
     config = Config(url=health_agent.run_url, health=Health(unhealthy="mask", max_unhealthy=RecentLimit(count=100)))

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from rollfilter.figures.health import CHECKS, WINDOW, WINDOW_MINIMUM, RecentShare, failed_checks
+from rollfilter.figures.health import CHECKS, WINDOW, WINDOW_MINIMUM, RecentShare, failed_checks, verdict_of_line
 from tests.servers.health_agent import MESSAGE, OUTAGE_CHECKS, RESPONSES, USAGE
 
 
@@ -27,6 +27,8 @@ def test_an_outage_fails_three_checks_in_the_order_of_checks():
         {"response": "text"},
         {"response": {"output": [MESSAGE]}},  # no usage: not judged by its tokens
         {"response": {"output": [MESSAGE], "usage": {"output_tokens": False}}},
+        {"response": {"output": [MESSAGE], "error": False}},  # no error, however it is spelled
+        {"response": {"output": [MESSAGE], "error": ""}},
     ],
 )
 def test_a_healthy_result_or_one_without_a_response_fails_none(result: dict):
@@ -62,3 +64,12 @@ def test_the_window_judges_nothing_before_its_minimum_then_the_last_rollouts_onl
     for _ in range(30):
         recent.add(True)
     assert recent.share() == 0.3
+
+
+def test_a_line_read_back_is_judged_by_its_response_else_by_the_verdict_written_on_it():
+    outage = {"response": RESPONSES["outage"]}
+    assert verdict_of_line(outage) == OUTAGE_CHECKS
+    assert verdict_of_line({"response": RESPONSES["healthy"], "_rf_health": ["truncated"]}) is None  # judged again
+    assert verdict_of_line({"reward": 0.0, "_rf_health": ["truncated", "not_a_check"]}) == ["truncated"]  # cut by jq
+    assert verdict_of_line({"reward": 0.0, "_rf_health": "truncated"}) is None
+    assert verdict_of_line({"reward": 0.0}) is None
