@@ -230,8 +230,10 @@ def t_quantile(df: float, confidence: float = CONFIDENCE) -> float:
 def detectable(estimate: Estimate) -> float | None:
     """The smallest true difference that a paired comparison of this size finds (p < 0.05, two-sided)
     with 80% power: (t of 0.975 + t of 0.80) * stderr, about 2.8 standard errors. None when the
-    standard error is unknown. It scales as 1 / sqrt(tasks): four times the tasks halve it."""
-    if estimate.stderr is None:
+    standard error is unknown, or 0: every task moved by the same amount (all tied, say) shows no
+    spread to plan with, not a design that finds any difference. It scales as 1 / sqrt(tasks):
+    four times the tasks halve it."""
+    if not estimate.stderr:
         return None
     df = estimate.tasks - 1
     # A one-sided 80% point is the two-sided point of confidence 2 * 0.80 - 1.

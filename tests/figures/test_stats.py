@@ -202,3 +202,11 @@ def test_a_difference_of_figures_within_zero_and_one_has_an_interval_within_minu
     for baseline, value in ((0.0, 2.0), (1.0, -1.0), (0.5, 0.5)):  # outside [0, 1]: no bound to keep
         graded.add(baseline, value)
     assert graded.result().difference.high > 1.0
+
+
+def test_no_spread_between_the_tasks_detects_nothing_it_can_say():
+    tied = PairedDifferences()
+    for _ in range(30):
+        tied.add(1.0, 1.0)
+    assert tied.result().difference.stderr == 0.0
+    assert detectable(tied.result().difference) is None  # was 0: "any difference is found"
