@@ -1,6 +1,6 @@
 """The line an interrupted run leaves at a terminal: the command that goes on where it stopped.
 
-It is the command as it was given, word for word (quoted for a POSIX shell), with `--resume`
+It is the command as it was given, word for word (quoted for a shell), with `--resume`
 added and `--overwrite` left out (a resumed run keeps what the first wrote). A header's value and
 a URL's credentials, query and fragment are never printed: they are cut, and the line says to
 give them again.
@@ -28,13 +28,22 @@ def resume_line(argv: Sequence[str], *, from_stdin: bool) -> str:
     """The line that resumes the run given `argv` (the words after the program's name); with
     `from_stdin`, it says that the same rows go on standard input again."""
     words, cut = _resumed_words(argv)
-    line = f"to go on where it stopped: {' '.join(shlex.quote(printable(word)) for word in [PROGRAM, *words])}"
+    line = f"to go on where it stopped: {' '.join(_quoted(word) for word in [PROGRAM, *words])}"
     notes = []
     if cut:
         notes.append("give again the header values and the URL credentials or queries cut here")
     if from_stdin:
         notes.append("with the same rows on standard input")
     return line + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _quoted(word: str) -> str:
+    """`word` quoted for a shell; one with a control or other unprintable character as $'...',
+    its escapes (`\\n`, `\\x1b`, `\\u202e`) read back by bash and zsh as the character, which is
+    never printed itself."""
+    if word.isprintable():
+        return shlex.quote(word)
+    return "$'" + printable(word.replace("\\", "\\\\").replace("'", "\\'")) + "'"
 
 
 def _resumed_words(argv: Sequence[str]) -> tuple[list[str], bool]:

@@ -39,3 +39,11 @@ def test_a_header_in_a_word_of_short_options_and_credentials_without_a_scheme_ar
         " -o o@1.jsonl -e a=http://h1:1,http://h2:2 --verifier=v=h3:3 -uh4:4/run --resume"
         " (give again the header values and the URL credentials or queries cut here)"
     )
+
+
+def test_a_word_with_a_control_character_is_quoted_so_that_bash_reads_it_back_whole():
+    line = resume_line(["-o", "a\nb\\c'd.jsonl", "\u202eevil", "\x1b[31m.jsonl"], from_stdin=False)
+    # Escaped, never printed raw; in single quotes the escapes would name another file.
+    assert line == (
+        "to go on where it stopped: rollfilter -o $'a\\nb\\\\c\\'d.jsonl' $'\\u202eevil' $'\\x1b[31m.jsonl' --resume"
+    )
