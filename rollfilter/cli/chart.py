@@ -7,6 +7,8 @@ import locale
 from collections.abc import Sequence
 from typing import Any
 
+from rollfilter.redact import printable
+
 BAR_WIDTH = 40
 # Bars of the pass histogram: -r 16 is drawn bar by bar; past it the counts between the two ends
 # are drawn in ranges, so that the chart above the summary stays shorter than a screen.
@@ -56,7 +58,7 @@ def compare_table(compare: dict[str, Any]) -> list[str]:
         interval = figures["ci95"]
         rows.append(
             (
-                name,
+                printable(name),  # a result's field, named by the agent: no control character reaches the terminal
                 _signed(figures["difference"]),
                 "-" if interval is None else f"{_signed(interval[0])} to {_signed(interval[1])}",
                 "-" if figures["p_value"] is None else f"{figures['p_value']:g} ({figures['test']})",
