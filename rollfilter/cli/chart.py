@@ -39,8 +39,8 @@ def _bars(histogram: Sequence[int]) -> list[tuple[str, int]]:
     if len(histogram) <= MOST_BARS:
         return [(str(correct), tasks) for correct, tasks in enumerate(histogram)]
     last = len(histogram) - 1
-    ranges = MOST_BARS - 2
-    edges = [1 + (last - 1) * part // ranges for part in range(ranges + 1)]
+    width = -(-(last - 1) // (MOST_BARS - 2))  # ranges of one width, so that their bars compare; the last may be short
+    edges = [*range(1, last, width), last]
     between = [(_range(low, high - 1), sum(histogram[low:high])) for low, high in itertools.pairwise(edges)]
     return [("0", histogram[0]), *between, (str(last), histogram[last])]
 

@@ -77,7 +77,10 @@ def test_a_histogram_of_many_rollouts_a_task_and_a_comparison_of_many_fields_sta
     assert len(chart) == 1 + MOST_BARS
     assert [line.split()[:2] for line in (chart[1], chart[-1])] == [["0", "2"], ["1024", "3"]]
     assert sum(int(line.split()[1]) for line in chart[1:]) == 6  # every group in some bar
-    assert [line.split()[0] for line in chart[2:4]] == ["1-68", "69-136"]
+    assert [line.split()[0] for line in chart[2:4]] == ["1-69", "70-138"]  # ranges of one width
+    assert chart[-2].split()[0] == "967-1023"
+    widths = [len(line) for line in chart_lines({"pass_histogram": [1] * 21}, can_draw=True)[2:-2]]
+    assert len(set(widths)) == 1  # -r 20: each range two bins wide, its bar as long as the others
     figures = {"difference": 0.0, "stderr": 0.0, "ci95": [0.0, 0.0], "p_value": 1.0, "test": "t"}
     figures |= {"detectable": 0.0, "improved": 0, "worsened": 0, "tied": 20, "tasks": 20}
     table = compare_table({f"f{number}": figures for number in range(30)})
