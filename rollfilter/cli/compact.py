@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rollfilter.redact import printable
+
 MOST_LINES = 25
 _MOST_PASS_ROWS = 6  # pass@k rows kept: the first ones and K; the whole summary has every k
 _MOST_FIELD_ROWS = 4  # other result fields' rows, after the reward's figures
@@ -79,7 +81,7 @@ def _means_table(summary: Mapping[str, Any]) -> list[str]:
         value, interval, size = summary.get(key), ci95.get(key), sizes.get(key) or {}
         rows.append(
             (
-                key,
+                printable(key),  # a result's field, named by the agent: no control character reaches the terminal
                 "-" if value is None else f"{value:.{_FIGURE_DIGITS}g}",
                 "-" if not isinstance(interval, list) else f"{interval[0]:g} to {interval[1]:g}",
                 _count(size.get("tasks")),
@@ -109,7 +111,7 @@ def _named_line(title: str, named: Any) -> list[str]:
     """`title: a 0.5, b 1` for a mapping of names to figures, cut to a line; none for no mapping."""
     if not isinstance(named, Mapping) or not named:
         return []
-    line = f"{title}: " + ", ".join(f"{name} {_figure(value)}" for name, value in named.items())
+    line = f"{title}: " + ", ".join(f"{printable(str(name))} {_figure(value)}" for name, value in named.items())
     return [line if len(line) <= _WIDEST else line[: _WIDEST - 3] + "..."]
 
 

@@ -230,8 +230,10 @@ def t_quantile(df: float, confidence: float = CONFIDENCE) -> float:
 def detectable(estimate: Estimate) -> float | None:
     """The smallest true difference that a paired comparison of this size finds (p < 0.05, two-sided)
     with 80% power: (t of 0.975 + t of 0.80) * stderr, about 2.8 standard errors. None when the
-    standard error is unknown. It scales as 1 / sqrt(tasks): four times the tasks halve it."""
-    if estimate.stderr is None:
+    standard error is unknown, or 0: every task moved by the same amount (all tied, say) shows no
+    spread to plan with, not a design that finds any difference. It scales as 1 / sqrt(tasks):
+    four times the tasks halve it."""
+    if not estimate.stderr:
         return None
     df = estimate.tasks - 1
     # A one-sided 80% point is the two-sided point of confidence 2 * 0.80 - 1.
@@ -258,7 +260,8 @@ class Difference:
 
     `test` says how `p_value` was found: "t", a paired t-test of the tasks' differences; "sign",
     the exact sign test (McNemar's), used when every task's figure is 0 or 1 in both runs; None,
-    with no task paired: no test, and `p_value` is nan."""
+    with no task paired: no test, and `p_value` is nan. When every task's figure lies in [0, 1] in
+    both runs, the difference cannot leave [-1, 1], and neither does its interval (clipped)."""
 
     difference: Estimate
     p_value: float
@@ -271,17 +274,20 @@ class Difference:
 class PairedDifferences:
     """The per-task differences of one mean between two runs, fed a task at a time: sums only."""
 
-    __slots__ = ("_binary", "_differences", "improved", "tied", "worsened")
+    __slots__ = ("_binary", "_differences", "_within_unit", "improved", "tied", "worsened")
 
     def __init__(self) -> None:
         self._differences = ClusteredMean()
         self._binary = True
+        self._within_unit = True
         self.improved = self.worsened = self.tied = 0
 
     def add(self, baseline: float, value: float) -> None:
         """A task's figure in the baseline and in this run (its rollouts' mean in each)."""
         if self._binary and not (baseline in (0.0, 1.0) and value in (0.0, 1.0)):
             self._binary = False
+        if self._within_unit and not (0.0 <= baseline <= 1.0 and 0.0 <= value <= 1.0):
+            self._within_unit = False
         if value > baseline:
             self.improved += 1
         elif value < baseline:
@@ -292,6 +298,8 @@ class PairedDifferences:
 
     def result(self) -> Difference:
         estimate = self._differences.estimate()
+        if self._within_unit and estimate.low is not None and estimate.high is not None:
+            estimate = dataclasses.replace(estimate, low=max(estimate.low, -1.0), high=min(estimate.high, 1.0))
         if not estimate.tasks:  # no pair: nothing to test, not a test that found nothing
             return Difference(estimate, math.nan, None, *self._split())
         if self._binary:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import os
 import stat
 from collections.abc import Callable, Iterable, Mapping
@@ -293,7 +294,10 @@ def first_difference(given: Any, materialized: Any, path: str) -> str | None:
     """Where a rollout's copy of an input field first differs from the materialized one, as a path
     (`responses_create_params.input[1].content`); None when they agree. Keys only one side has are
     no difference, nor is a null on one side: an agent answers the params normalised (nulls and
-    defaults filled in, `type` added to input items), and a line may carry a shorter `agent_ref`."""
+    defaults filled in, `type` added to input items), and a line may carry a shorter `agent_ref`.
+    Nor are two numbers within a float's single precision (an agent may keep 0.7 as 0.699999988)."""
+    if given is None or materialized is None:
+        return None
     if isinstance(given, dict) and isinstance(materialized, dict):
         for key, value in materialized.items():
             if value is not None and given.get(key) is not None:
@@ -309,9 +313,14 @@ def first_difference(given: Any, materialized: Any, path: str) -> str | None:
             if where is not None:
                 return where
         return None
-    if given == materialized and (type(given) is type(materialized) or (_number(given) and _number(materialized))):
+    if given == materialized and type(given) is type(materialized):
+        return None
+    if _number(given) and _number(materialized) and math.isclose(given, materialized, rel_tol=_SINGLE_PRECISION):
         return None
     return path
+
+
+_SINGLE_PRECISION = 1e-6  # a float32 holds about 7 significant digits: numbers closer than this are one number
 
 
 def _number(value: Any) -> bool:

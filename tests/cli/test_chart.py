@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import pty
 
-from rollfilter.cli.chart import chart_lines, compare_table
+from rollfilter.cli.chart import MOST_BARS, MOST_COMPARED, chart_lines, compare_table
 from rollfilter.cli.environment import Environment
 
 
@@ -68,3 +68,21 @@ def test_the_table_is_drawn_for_a_terminal_only():
 def test_a_histogram_of_no_group_is_not_drawn():
     assert chart_lines({"pass_histogram": [0, 0, 0, 0, 0]}, can_draw=True) == []
     assert chart_lines({"pass_histogram": [0, 1, 0]}, can_draw=True)[0].endswith("(pass_histogram):")
+
+
+def test_a_histogram_of_many_rollouts_a_task_and_a_comparison_of_many_fields_stay_short():
+    histogram = [0] * 1025
+    histogram[0], histogram[500], histogram[1024] = 2, 1, 3
+    chart = chart_lines({"pass_histogram": histogram}, can_draw=True)
+    assert len(chart) == 1 + MOST_BARS
+    assert [line.split()[:2] for line in (chart[1], chart[-1])] == [["0", "2"], ["1024", "3"]]
+    assert sum(int(line.split()[1]) for line in chart[1:]) == 6  # every group in some bar
+    assert [line.split()[0] for line in chart[2:4]] == ["1-69", "70-138"]  # ranges of one width
+    assert chart[-2].split()[0] == "967-1023"
+    widths = [len(line) for line in chart_lines({"pass_histogram": [1] * 21}, can_draw=True)[2:-2]]
+    assert len(set(widths)) == 1  # -r 20: each range two bins wide, its bar as long as the others
+    figures = {"difference": 0.0, "stderr": 0.0, "ci95": [0.0, 0.0], "p_value": 1.0, "test": "t"}
+    figures |= {"detectable": 0.0, "improved": 0, "worsened": 0, "tied": 20, "tasks": 20}
+    table = compare_table({f"f{number}": figures for number in range(30)})
+    assert len(table) == 2 + MOST_COMPARED + 1
+    assert table[-1] == f"  ({30 - MOST_COMPARED} more in the whole summary)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rollfilter.cli.chart import compare_table
 from rollfilter.cli.compact import MOST_LINES, compact_summary
 from rollfilter.engine.metrics import Metrics
 from rollfilter.figures.passk import TaskStats, ks_for
@@ -63,3 +64,17 @@ def test_what_the_summary_lacks_is_no_line():
         "          mean  95% interval  tasks  rollouts",
         "  reward  -     -             -      -",
     ]
+
+
+def test_names_an_agent_gave_reach_the_terminal_without_their_control_characters():
+    field, component = "\x1b[31mred", "\x1b[2Jclear"
+    summary = {"reward": 0.5, field: 1.0, "reward_components": {component: 0.5}, "rollfilter": {"succeeded": 4}}
+    summary |= {"ci95": {"reward": [0.1, 0.9], field: [1.0, 1.0]}}
+    summary |= {"sample_size": {key: {"tasks": 4, "rollouts": 4} for key in ("reward", field)}}
+    shown = "\n".join(compact_summary(summary, whole_at=None))
+    assert "\x1b" not in shown
+    assert "\\x1b[31mred" in shown
+    assert "\\x1b[2Jclear" in shown
+    figures = {"difference": 0.0, "stderr": 0.0, "ci95": [0.0, 0.0], "p_value": 1.0, "test": "t"}
+    figures |= {"detectable": None, "improved": 0, "worsened": 0, "tied": 4, "tasks": 4}
+    assert "\x1b" not in "\n".join(compare_table({field: figures}))

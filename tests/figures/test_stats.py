@@ -190,3 +190,23 @@ def test_a_true_difference_as_large_as_detectable_is_found_four_times_in_five():
     found = sum(compared(smallest)[1] < 0.05 for _ in range(runs))
     assert 0.74 <= found / runs <= 0.86
     assert detectable(estimate_of([0.5])) is None  # one task: no standard error, nothing to say
+
+
+def test_a_difference_of_figures_within_zero_and_one_has_an_interval_within_minus_one_and_one():
+    few = PairedDifferences()
+    for baseline, value in ((1, 0), (0, 1), (1, 1)):
+        few.add(baseline, value)
+    difference = few.result().difference
+    assert (difference.low, difference.high) == (-1.0, 1.0)  # the t interval reached -2.48 to 2.48
+    graded = PairedDifferences()
+    for baseline, value in ((0.0, 2.0), (1.0, -1.0), (0.5, 0.5)):  # outside [0, 1]: no bound to keep
+        graded.add(baseline, value)
+    assert graded.result().difference.high > 1.0
+
+
+def test_no_spread_between_the_tasks_detects_nothing_it_can_say():
+    tied = PairedDifferences()
+    for _ in range(30):
+        tied.add(1.0, 1.0)
+    assert tied.result().difference.stderr == 0.0
+    assert detectable(tied.result().difference) is None  # was 0: "any difference is found"

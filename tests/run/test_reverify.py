@@ -18,6 +18,7 @@ from rollfilter.run.reverify import (
     MODE_TIMEOUT,
     MODE_UNKNOWN,
     MaterializedIndex,
+    first_difference,
     refusal,
     reverify_modes,
     verifiers_from_config,
@@ -132,3 +133,13 @@ def test_a_materialized_file_that_is_not_a_regular_file_is_a_usage_error(tmp_pat
     assert said in str(refused.value)
     if kind != "missing":
         assert "must be a regular file" in str(refused.value)
+
+
+def test_an_input_normalised_by_the_agent_is_the_same_input():
+    materialized = {"input": "q", "temperature": 0.7, "top_p": 1, "metadata": {"k": "v"}}
+    echoed = {"input": "q", "temperature": 0.699999988079071, "top_p": 1.0, "metadata": None, "tools": []}
+    assert first_difference(echoed, materialized, "responses_create_params") is None
+    assert first_difference(None, materialized, "responses_create_params") is None  # a null: not carried
+    other = {"input": "q", "temperature": 0.75}
+    assert first_difference(other, materialized, "responses_create_params") == "responses_create_params.temperature"
+    assert first_difference({"n": True}, {"n": 1}, "p") == "p.n"  # true is no 1 here
