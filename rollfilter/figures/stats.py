@@ -17,8 +17,8 @@ outside it, yet mean +- t * stderr can reach past 0 or 1 when the mean is near e
 interval is Wilson's for a proportion instead (`within_unit`), clustered by task as the standard
 error is: with the effective number of draws n = p * (1 - p) / stderr**2 (the rollouts over the
 design effect), and t in place of the normal's 1.96. Wilson's interval always lies in [0, 1], and
-holds its coverage near the ends where the t interval loses it. A mean of exactly 0 or 1 has no
-spread to see; its interval is Wilson's with a draw a task, as if each task's rollouts agreed.
+holds its coverage near the ends where the t interval loses it. Where the tasks show no spread (a
+mean of exactly 0 or 1, or every task's mean the same), the interval is Wilson's with a draw a task.
 
 Only sums are kept (`ClusteredMean`), never the values, so memory does not grow with the rollouts.
 Student's t is computed here from the regularized incomplete beta function (a continued fraction,
@@ -124,18 +124,14 @@ class ClusteredMean:
 
 def within_unit(estimate: Estimate) -> Estimate:
     """`estimate` with Wilson's interval clustered by task (see the module's docstring), for a
-    field whose every value lies in [0, 1]; as it is when it has no interval, or no spread within
-    (0, 1) to weigh (every task's mean the same)."""
+    field whose every value lies in [0, 1]; as it is when it has no interval. When every task's
+    mean is the same (no spread between tasks to weigh), each task counts as one draw: an interval
+    of no width would claim more than a few tasks can show."""
     mean, stderr = estimate.mean, estimate.stderr
     if stderr is None or not 0.0 <= mean <= 1.0:
         return estimate
     spread = mean * (1.0 - mean)
-    if spread > 0.0 and stderr > 0.0:
-        draws = spread / (stderr * stderr)
-    elif spread == 0.0:
-        draws = float(estimate.tasks)
-    else:
-        return estimate
+    draws = spread / (stderr * stderr) if spread > 0.0 and stderr > 0.0 else float(estimate.tasks)
     t = t_quantile(estimate.tasks - 1)
     scale = t * t / draws
     center = (mean + scale / 2) / (1 + scale)
