@@ -180,12 +180,14 @@ class ReverifyPlanner:
         tasks: TaskStats | None = None,
         limit: int | None = None,
         shard: tuple[int, int] | None = None,
+        repeats_for: Callable[[str | None], int | None] | None = None,
     ) -> None:
         self._reader = reader
         self._index = index
         self._judge_failed_only = settings.judge_failed_only
         self._resume = resume
         self._tasks = tasks
+        self._repeats_for = repeats_for  # each agent's -r: a task's rollouts are its groups of that size
         self._limit = limit
         self._shard = shard  # (I, N): the rollouts of the tasks whose index mod N is I, as a run's shard
         self._pending: collections.deque[Job] = collections.deque()
@@ -243,7 +245,13 @@ class ReverifyPlanner:
         if name is not None:
             self.agents_seen.add(name)
         if self._tasks is not None and task is not None:
-            self._tasks.planned(task, 1)
+            # A line is one rollout of its task's group of -r K (as --summarize -r K counts it);
+            # without -r, a task has as many as its lines.
+            size = self._repeats_for(name) if self._repeats_for is not None else None
+            if size is not None and size > 1:
+                self._tasks.reached(task, index, size)
+            else:
+                self._tasks.planned(task, 1)
         raw = line.data.strip() if line.data is not None else b""
         # What a result is stamped with from its row: gym eval reverify stamps agent_ref and
         # skills_ref (besides the pair), not a rollout id, which /verify's answer does not carry.

@@ -259,7 +259,14 @@ class Run:
 
             assert self.index is not None, "indexed when connected"
             planner = ReverifyPlanner(
-                source, self.index, config.reverify, resume, self.tasks, config.limit, config.shard
+                source,
+                self.index,
+                config.reverify,
+                resume,
+                self.tasks,
+                config.limit,
+                config.shard,
+                repeats_for=config.repeats.for_agent,
             )
         return Engine(
             planner=planner,

@@ -84,6 +84,19 @@ def files(tmp_path: Path, agent: str = "agent") -> tuple[Path, Path]:
     return materialized, rollouts
 
 
+def test_with_r_the_groups_are_the_tasks_as_summarize_counts_them(tmp_path: Path, verifier: ResourcesServer):
+    """-r K: each task's K lines are one group of its pass histogram, not K groups of one."""
+    materialized, rollouts = files(tmp_path)
+    proc = run(["--reverify", str(materialized), "-u", verifier.url, "-r", str(K), str(rollouts)])
+    assert proc.returncode == 0, proc.stderr
+    summary = summary_of(proc.stderr)
+    assert sum(summary["pass_histogram"]) == TASKS
+    (tmp_path / "rescored.jsonl").write_bytes(proc.stdout)
+    summarized = summary_of(run(["--summarize", "-r", str(K), str(tmp_path / "rescored.jsonl")]).stdout)
+    assert summary["pass_histogram"] == summarized["pass_histogram"]
+    assert summary[f"pass@{K}"] == summarized[f"pass@{K}"]
+
+
 def test_each_rollout_is_re_scored_at_verify_and_written_as_gym_writes_it(tmp_path: Path, verifier: ResourcesServer):
     materialized, rollouts = files(tmp_path)
     proc = run(["--reverify", str(materialized), "-u", verifier.url, "-j", "8", "-r", str(K), str(rollouts)])
