@@ -30,9 +30,9 @@ def test_the_command_holds_a_queueing_agent_near_its_slots(start_demo):
     from tests.conftest import result_lines, rows_jsonl, run, simple_rows, summary_of
 
     agent = start_demo("--slots", "10", "--thrash", "0.2", "--latency", "0.05")
-    proc = run(["-u", agent.url, "-j", "200", "--adaptive"], input=rows_jsonl(simple_rows(1000)), timeout=120)
+    proc = run(["-u", agent.url, "-j", "200", "--adaptive"], input=rows_jsonl(simple_rows(500)), timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert len(result_lines(proc.stdout)) == 1000
+    assert len(result_lines(proc.stdout)) == 500
     window = summary_of(proc.stderr)["rollfilter"]["windows"]["(no name)"]
     assert window["max"] <= 60  # never near -j 200 (how far under 60 depends on the machine's load)
     assert window["final"] <= 30

@@ -10,9 +10,9 @@ import pytest
 from rollfilter.figures.compare import compare_runs
 from rollfilter.figures.stats import estimate_of, t_two_sided
 
-TASKS = 500
+TASKS = 250
 REPETITIONS = 200
-SHIFT = 0.03
+SHIFT = 0.04
 TASK_SPREAD = 0.25  # how far tasks' difficulties differ: both runs share it
 RUN_SPREAD = 0.1  # how far a run's figure on a task strays from the task's difficulty
 
