@@ -16,7 +16,20 @@ if TYPE_CHECKING:
 
     from rollfilter.api.in_trio import RolloutRun
     from rollfilter.api.rollouts import Rollouts, open_rollouts, rollouts
-    from rollfilter.config import Config, Cost, Groups, Rates, Repeats, Retries, Reverify, Routing, Timeouts, Tls, Wire
+    from rollfilter.config import (
+        Config,
+        Cost,
+        Groups,
+        Rates,
+        Repeats,
+        Retries,
+        Reverify,
+        Routing,
+        Timeouts,
+        Tls,
+        Trackers,
+        Wire,
+    )
     from rollfilter.errors import ErrorKind, RollfilterError, ServiceError, SteeringError, UsageError
     from rollfilter.figures.compare import compare_runs
     from rollfilter.outcomes import Failure, Group, Rollout
@@ -33,6 +46,7 @@ _EXPORTS = {
     "Routing": "rollfilter.config",
     "Timeouts": "rollfilter.config",
     "Tls": "rollfilter.config",
+    "Trackers": "rollfilter.config",
     "Wire": "rollfilter.config",
     "ErrorKind": "rollfilter.errors",
     "RollfilterError": "rollfilter.errors",
@@ -70,6 +84,7 @@ __all__ = [
     "SteeringStatistics",
     "Timeouts",
     "Tls",
+    "Trackers",
     "UsageError",
     "Wire",
     "__version__",

@@ -27,6 +27,7 @@ from rollfilter.config import (
     Routing,
     Timeouts,
     Tls,
+    Trackers,
     Wire,
     agent_url,
 )
@@ -138,6 +139,7 @@ PARTS: dict[str, type] = {
     "rates": Rates,
     "cost": Cost,
     "max_failures": FailureLimit,
+    "trackers": Trackers,
 }
 
 
@@ -272,6 +274,7 @@ WRONG_TYPES: dict[str, list[Any]] = {
     "head_server": [3, b"http://h"],
     "aggregate": ["yes", 0],
     "reverify": ["m.jsonl", 5, True],
+    "trackers": ["http://127.0.0.1:5000", 5, True],
 }
 # For every field of the parts a plain value does not stand for, values of a type it does not take.
 PART_WRONG_TYPES: dict[str, list[Any]] = {
@@ -295,12 +298,18 @@ PART_WRONG_TYPES: dict[str, list[Any]] = {
     "rates.tpm_by_agent": [{"a": -1}, {"a": None}],
     "cost.prices": ["x", 5, [("a", 1.0)], [(5, Price(1, 2))], [("a", Price(1, 2), None)]],
     "cost.max_usd": ["5", True],
+    "trackers.mlflow": [5, b"http://h", ""],
+    "trackers.experiment": [5, None, ""],
+    "trackers.wandb": [5, ""],
+    "trackers.run_name": [5, ""],
+    "trackers.rollouts": [-1, 1.5, True, "100"],
+    "trackers.ids_file": [5, ""],
 }
 
 
 def test_every_config_field_has_wrong_types_to_refuse():
     assert set(WRONG_TYPES) == {field.name for field in dataclasses.fields(Config)}
-    new_parts = ("repeats", "groups", "wire", "routing", "rates", "cost")
+    new_parts = ("repeats", "groups", "wire", "routing", "rates", "cost", "trackers")
     fields = {f"{name}.{field.name}" for name in new_parts for field in dataclasses.fields(PARTS[name])}
     assert set(PART_WRONG_TYPES) == fields
 
@@ -333,7 +342,8 @@ def with_field(path: str, value: Any) -> Config:
     if not field:
         return Config(**{name: value})
     others: dict[str, Any] = {} if name == "repeats" else {"repeats": 2}
-    return Config(**others, **{name: PARTS[name](**{field: value})})
+    named = {"mlflow": "http://127.0.0.1:5000"} if name == "trackers" and field != "mlflow" else {}
+    return Config(**others, **{name: PARTS[name](**{**named, field: value})})
 
 
 ANY_VALUE = st.recursive(
@@ -458,3 +468,11 @@ def test_an_affinity_header_the_headers_set_already_is_refused_without_suggestin
     assert refused.value.field == "routing.affinity_header"
     assert "leave it out of them" in str(refused.value)
     assert "such as X-Session-ID" not in str(refused.value)
+
+
+def test_trackers_name_a_tracker():
+    with pytest.raises(ConfigError, match=r"^Config.trackers: names no tracker"):
+        Trackers()
+    trackers = Trackers(wandb="project", ids_file=pathlib.Path("out.jsonl.trackers.json"))
+    assert (trackers.experiment, trackers.rollouts, trackers.ids_file) == ("rollfilter", 100, "out.jsonl.trackers.json")
+    assert Config(trackers=trackers).trackers is trackers

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import msgspec
 
 from rollfilter.config import (
+    DEFAULT_TRACKED_ROLLOUTS,
     MAX_POLICY_VERSION,
     MAX_REPEATS,
     MIN_RATE,
@@ -30,6 +31,7 @@ from rollfilter.config import (
     FailureLimit,
     Groups,
     Reverify,
+    Trackers,
     agent_url,
     checked_url,
     is_decimal,
@@ -539,3 +541,47 @@ def listen_address(text: str) -> tuple[str, int]:
     if not is_decimal(port) or not 1 <= int(port) <= 65535:
         raise UsageError(f"--prometheus {text}: the port must be a number from 1 to 65535")
     return host, int(port)
+
+
+# The pip command that installs each tracker's client, by the option that needs it.
+TRACKER_EXTRAS = {"--mlflow": ("mlflow", "mlflow"), "--wandb": ("wandb", "wandb")}
+
+
+def trackers(
+    *,
+    mlflow: str | None,
+    experiment: str | None,
+    wandb: str | None,
+    run_name: str | None,
+    rollouts: int | None,
+    output: str | None,
+) -> Trackers | None:
+    """--mlflow, --wandb and what goes with them, as Config.trackers (None: no tracker). The run
+    name is --run-name, else the -o file's stem. UsageError when a tracker's client is not
+    installed (with the pip command), or an option that goes with one is given alone."""
+    if mlflow is None and wandb is None:
+        alone = [name for name, value in (("--experiment", experiment), ("--run-name", run_name)) if value is not None]
+        alone += ["--track-rollouts"] if rollouts is not None else []
+        if alone:
+            raise UsageError(f"{alone[0]} goes with --mlflow or --wandb: give one of them")
+        return None
+    if experiment is not None and mlflow is None:
+        raise UsageError("--experiment names an MLflow experiment: give it with --mlflow")
+    import importlib.util
+
+    for option, value in (("--mlflow", mlflow), ("--wandb", wandb)):
+        module, extra = TRACKER_EXTRAS[option]
+        if value is not None and importlib.util.find_spec(module) is None:
+            raise UsageError(f"{option} needs its client, not installed here: pip install 'rollfilter[{extra}]'")
+    for option, value in (("--mlflow", mlflow), ("--wandb", wandb), ("--experiment", experiment)):
+        if value is not None and not value.strip():
+            raise UsageError(f"{option} wants a name, not an empty text")
+    if run_name is None and output is not None:
+        run_name = pathlib.Path(output).stem or None
+    return Trackers(
+        mlflow=mlflow,
+        experiment=experiment or "rollfilter",
+        wandb=wandb,
+        run_name=run_name or None,
+        rollouts=DEFAULT_TRACKED_ROLLOUTS if rollouts is None else rollouts,
+    )

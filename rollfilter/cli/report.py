@@ -16,7 +16,7 @@ from rollfilter.cli.chart import chart_lines
 from rollfilter.cli.environment import Environment
 from rollfilter.cli.files.outputs import OpenedOutputs, replace_content
 from rollfilter.cli.messages import option_of, say, write_summary
-from rollfilter.cli.statuses import RunEnd
+from rollfilter.cli.statuses import RunEnd, tracker_status
 from rollfilter.config import Config
 from rollfilter.errors import RollfilterError
 from rollfilter.formats.writers import OutputFailed
@@ -57,6 +57,8 @@ def report_end(
         say(message, stderr)
     for warning in run.warnings():
         say(warning_message(warning), stderr)
+    # The trackers' warnings come before the summary, which is stderr's last line.
+    run.end_tracking(tracker_status(control.cause, failed=bool(failures)), on_warning=lambda text: say(text, stderr))
     summary_lost = False
     if not quiet:
         drawn = chart_lines(summary_object, can_draw=environment.stderr_can_draw)
@@ -84,6 +86,7 @@ async def report_unsent(
 def report_refused(refused: RollfilterError, run: Run, environment: Environment, *, quiet: bool) -> RunEnd:
     """A run that a service it needs before sending refused: its line, then its summary, of nothing sent."""
     say(str(refused), environment.stderr)
+    run.end_tracking(tracker_status(None, failed=True), on_warning=lambda text: say(text, environment.stderr))
     _summary_of_nothing_sent(run, environment, quiet=quiet)
     return RunEnd(refused=refused)
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import os
 import ssl
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import trio
@@ -36,6 +37,7 @@ from rollfilter.cli.report import report_end, report_refused, report_unsent
 from rollfilter.cli.signals import StopSignals, is_pipe, status_block, watch_reader_gone
 from rollfilter.cli.statuses import RunEnd
 from rollfilter.cli.views import RunViews
+from rollfilter.config import Config
 from rollfilter.errors import ServiceError, UsageError
 from rollfilter.formats.source import LineReader, check_inputs
 from rollfilter.formats.writers import LineWriter, OutputClosed, OutputFailed
@@ -50,6 +52,8 @@ if TYPE_CHECKING:  # --control's socket and the demo agent are loaded by the run
     from rollfilter.demo import DemoOptions
 
 _encode = msgspec.json.Encoder().encode
+# Beside -o OUT.jsonl: the ids of the tracker runs that a --resume of it continues.
+TRACKER_IDS_SUFFIX = ".trackers.json"
 
 
 async def run(
@@ -137,6 +141,21 @@ def fit_open_files(command: CommandConfig, *, files_per_connection: int, stderr:
     return dataclasses.replace(command, config=dataclasses.replace(command.config, concurrency=fitted))
 
 
+def tracked_config(command: CommandConfig, files: OpenedOutputs) -> tuple[Config, dict[str, Any] | None]:
+    """The run's config with its trackers' ids kept beside -o's run record (`OUT.jsonl.trackers.json`),
+    and the record, which they log as params. Without --resume, ids an earlier run left there are
+    forgotten: the run is a new one."""
+    config = command.config
+    if config.trackers is None or files.record is None or files.output is None:
+        return config, None
+    ids_file = os.path.realpath(files.output) + TRACKER_IDS_SUFFIX
+    if not command.resume:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(ids_file)
+    trackers = dataclasses.replace(config.trackers, ids_file=ids_file)
+    return dataclasses.replace(config, trackers=trackers), msgspec.to_builtins(files.record)
+
+
 def _control_socket(path: str | None) -> contextlib.AbstractContextManager[ControlSocket | None]:
     """--control's socket at `path` (None: none) while the block runs; removed after it."""
     if path is None:
@@ -179,8 +198,9 @@ class _CommandLineRun:
             command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=environment.stdin, on_problem=self.say
         )
         outputs = self.writers.run_outputs(command, log=self.log, fold=self.folder.admit)
+        config, tracked = tracked_config(command, files)
         self.run = writing_run(
-            command.config,
+            config,
             outputs,
             source=self.reader,
             earlier=earlier,
@@ -189,6 +209,7 @@ class _CommandLineRun:
             tls=tls,
             on_event=self.say if command.verbose else None,
             on_warning=self.say,
+            tracked=tracked,
         )
         self.control_socket: ControlSocket | None = None
         for line in resume_cuts(command, earlier):

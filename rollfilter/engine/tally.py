@@ -32,7 +32,7 @@ class Tally:
     The engine's calls (`started`, `result`, `failure`, `not_persisted`) are on the path of
     every row: each is one call, and adds to the figures directly."""
 
-    __slots__ = ("_repeats_for", "metrics", "spool", "tasks")
+    __slots__ = ("_repeats_for", "metrics", "sample", "spool", "tasks")
 
     def __init__(
         self,
@@ -46,6 +46,7 @@ class Tally:
         self.tasks = tasks
         self.spool = spool
         self._repeats_for = repeats_for
+        self.sample: Callable[[dict[str, Any]], None] | None = None  # each result, for a tracker's sample
 
     def started(self) -> None:
         """A rollout is taken from the input: it ends in one of the calls below, or is cancelled."""
@@ -61,6 +62,8 @@ class Tally:
             )
         if self.spool is not None:  # by the result's agent, as an earlier run's results are spooled
             self.spool.add(agent_name(result), result)
+        if self.sample is not None:
+            self.sample(result)
 
     def failure(self, job: Job, failure: AttemptFailure) -> None:
         """`job` failed for good (after its retries, or before it could be sent)."""
@@ -110,6 +113,8 @@ class Tally:
             self.tasks.rollout_ended(result[TASK_INDEX], reward_of(result), rollout, result, agent, masked=masked)
         if self.spool is not None:
             self.spool.add(agent, result)
+        if self.sample is not None:
+            self.sample(result)
 
     def _reached(self, record: dict[str, Any], agent: str | None) -> None:
         """A task of a file has the rollouts its agent's group size gives it, or the groups of them

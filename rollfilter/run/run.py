@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from rollfilter.figures.compare import Comparison, RunComparison
     from rollfilter.run.aggregate import AggregateReport
     from rollfilter.run.reverify import MaterializedIndex
+    from rollfilter.run.tracking import RunTracking
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -132,6 +133,8 @@ class Run:
         stop_when_unreachable: bool = False,
         baseline: RunComparison | None = None,
         shards: Mapping[str, Any] | None = None,
+        tracked: Mapping[str, Any] | None = None,
+        tracking_key: str = "",
     ) -> None:
         self.config = config
         self.control = control if control is not None else StopControl()
@@ -168,6 +171,21 @@ class Run:
         self._baseline, self._shards = baseline, shards
         self._comparison: Comparison | None = None  # with a baseline, once finished
         self._timed = True  # a run counted from result files has no timings
+        self.tracking = self._tracking(config, tracked, tracking_key) if client is None else None
+
+    def _tracking(self, config: Config, tracked: Mapping[str, Any] | None, key: str) -> RunTracking | None:
+        """The run's trackers (`Config.trackers`), logging `tracked` (its record) as params, and
+        fed every result for their sample. A run that sends nothing to agents counts its
+        results the same way, and is tracked the same way."""
+        if config.trackers is None:
+            return None
+        from rollfilter.run.tracking import RunTracking, identity_of  # a run that tracks loads it
+
+        record = tracked if tracked is not None else identity_of(config)
+        tracking = RunTracking(config.trackers, record, key=key, on_warning=self._on_warning)
+        if tracking.reservoir is not None:
+            self.tally.sample = tracking.reservoir.add
+        return tracking
 
     async def connect(self, *, send: bool = True) -> None:
         """Find the agents (a head server asked once), build the router, and with `send` the engine;
@@ -178,6 +196,8 @@ class Run:
         self._timed = send
         if send and not config.names_an_agent:
             raise ConfigError("url", "is not given, nor Config.endpoints or Config.head_server: no agent for the rows")
+        if self.tracking is not None:
+            self.tracking.start()
         if self.transport is None:
             return
         if config.reverify is not None:
@@ -280,7 +300,7 @@ class Run:
             await trio.to_thread.run_sync(self._earlier.count, self.tally)
         try:
             if self.control.cause is None:
-                await self.engine.send_all()
+                await self._send_tracked(self.engine)
         finally:
             if self.groups is not None:
                 self.groups.cancel_open()
@@ -288,6 +308,23 @@ class Run:
             self.groups.cancel_earlier(self._earlier.left_open(self.config.repeats.for_agent))
         if self.control.stopped_early and isinstance(self._sink, LineSink):
             self._sink.flush_backlog()  # what --ordered holds behind rows that never finished
+
+    async def _send_tracked(self, engine: Engine) -> None:
+        """The engine's run, with the trackers' live points taken beside it."""
+        if self.tracking is None:
+            await engine.send_all()
+            return
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.tracking.watch, self.statistics)
+            await engine.send_all()
+            nursery.cancel_scope.cancel()
+
+    def end_tracking(self, status: str, *, on_warning: Callable[[str], None] | None = None) -> None:
+        """The trackers' final figures, their runs ended with `status` (FINISHED, KILLED or
+        FAILED: see `rollfilter.run.tracking`), once; it waits a few seconds at most. What went
+        wrong with them is said before it returns, by `on_warning` (None: the run's)."""
+        if self.tracking is not None:
+            self.tracking.end(self.summary(), self.statistics(), status, on_warning=on_warning)
 
     async def finish(self) -> None:
         """After `send`: the rows counted (the summary's `expected` and `not_started`: see
@@ -427,11 +464,13 @@ def writing_run(
     tls: ssl.SSLContext | None,
     on_event: Callable[[str], None] | None,
     on_warning: Callable[[str], None],
+    tracked: Mapping[str, Any] | None = None,
 ) -> Run:
     """The run of `config` whose outcomes go to `outputs` (the command line's writers, over the
     files it opened): its sink made of them, a task's line and a held rollout written there, and
     an agent that never answers stopping it. With `dry_run`, nothing is sent: each route is said
-    on `outputs.log` and each body written where results go (no -v events: a dry run has none)."""
+    on `outputs.log` and each body written where results go (no -v events: a dry run has none).
+    `tracked` is the run's record, its trackers' params."""
     sink, client = outputs.dry_run(config) if dry_run else (outputs.sink(config), None)
     return Run(
         config,
@@ -446,4 +485,5 @@ def writing_run(
         client=client,
         hold=outputs.held.write if outputs.held is not None else None,
         stop_when_unreachable=True,
+        tracked=tracked,
     )
