@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rollfilter.cost import Spending
-from rollfilter.figures.means import Means
+from rollfilter.figures.means import Means, RewardByVersion
 from rollfilter.figures.sketches import LatencyHistogram
 from rollfilter.outcomes import OVERLOAD_STATUSES, AttemptFailure
 
@@ -41,6 +41,7 @@ class Metrics:
         self.latency = LatencyHistogram()
         self.by_agent: dict[str | None, Means] = {}
         self.earlier_by_agent: dict[str | None, Means] = {}  # earlier runs' results (--resume): figures only
+        self.by_version: RewardByVersion | None = None  # with a policy version: each version's reward mean
 
     @property
     def ended(self) -> int:
@@ -63,6 +64,8 @@ class Metrics:
             self.latency.add(latency)
         means = self.by_agent.get(agent)
         (means if means is not None else self._agent(agent)).add(result)
+        if self.by_version is not None:
+            self.by_version.add(result)
 
     def add_earlier_result(self, result: dict[str, Any], agent: str | None = None) -> None:
         """An earlier run's result: in the means and usage (the summary covers the whole output),
@@ -71,6 +74,8 @@ class Metrics:
         if means is None:
             means = self.earlier_by_agent[agent] = Means()
         means.add(result)
+        if self.by_version is not None:
+            self.by_version.add(result)
 
     def figures_by_agent(self) -> dict[str | None, Means]:
         if not self.earlier_by_agent:

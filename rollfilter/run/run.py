@@ -37,9 +37,10 @@ from rollfilter.engine.plan import JobSource, LineSource, Planner
 from rollfilter.engine.rate_limits import SendSlots
 from rollfilter.engine.routing import KEEP as KEEP
 from rollfilter.engine.routing import Router, adaptive_windows, check_rates
-from rollfilter.engine.steering import StalenessGate, Steering
+from rollfilter.engine.steering import POLICY_VERSION, StalenessGate, Steering
 from rollfilter.engine.tally import Tally
 from rollfilter.errors import SteeringError
+from rollfilter.figures.means import RewardByVersion
 from rollfilter.figures.passk import TaskStats
 from rollfilter.formats.source import LineReader
 from rollfilter.formats.spool import ResultSpool
@@ -158,6 +159,8 @@ class Run:
         self.concurrency = self._fitted(config.concurrency)  # as set_concurrency last set it
         self.send_slots = SendSlots(self.concurrency) if config.rates.limited and client is None else None
         self.steering = Steering(config.policy_version)
+        if config.policy_version is not None:
+            self.metrics.by_version = RewardByVersion(POLICY_VERSION)
         self.staleness = StalenessGate.for_config(self.steering, config)
         self.index: MaterializedIndex | None = None  # with config.reverify: the materialized inputs, indexed
         self.unsafe = False  # re-scored at a resources server that does not say it is stateless (forced)

@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # loaded by the runs that compare (--summarize --compare)
     from rollfilter.figures.compare import Comparison
 
 _NONE: Mapping[str, Any] = types.MappingProxyType({})
+_NO_VERSIONS: Mapping[int, float] = types.MappingProxyType({})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -153,7 +154,8 @@ class RunStatistics:
     + not_started.
     `finished` is what the progress file counts: the ended, the given up, and what earlier runs
     finished. `steering` is what is in force (the pause, the concurrency, the version, and the
-    rows the staleness bound holds back).
+    rows the staleness bound holds back). With a policy version, `reward_by_version` is the reward
+    mean of each version's results (earlier runs' included), by the version they were sent under.
 
     What the run says of itself, beside its counts: why it `stopped` (None: it was not), the
     tasks' figures once finished (`tasks`), whether it re-scored where that is not known to be
@@ -211,6 +213,9 @@ class RunStatistics:
     shards: Mapping[str, Any] | None = None
     comparison: Comparison | None = None
     timed: bool = True
+    reward_by_version: Mapping[int, float] = dataclasses.field(
+        default_factory=lambda: _NO_VERSIONS
+    )  # with a policy version: each version's reward mean
 
     @classmethod
     def empty(cls) -> RunStatistics:
@@ -335,6 +340,7 @@ def statistics_of(
         shards=shards,
         comparison=comparison,
         timed=timed,
+        reward_by_version=metrics.by_version.means() if metrics.by_version is not None else _NO_VERSIONS,
     )
 
 

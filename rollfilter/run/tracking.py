@@ -117,6 +117,7 @@ class RunTracking:
         self.reservoir = Reservoir(trackers.rollouts) if trackers.rollouts else None
         self._say = on_warning if on_warning is not None else _logger.warning
         self._started = self._ended = False
+        self._versions_logged: dict[int, float] = {}
 
     def _keep(self, ids: dict[str, str]) -> None:
         if self._ids_file is not None:
@@ -145,7 +146,13 @@ class RunTracking:
             "live/rows_per_s": statistics.rows_per_s,
             "live/reward_mean": statistics.reward_mean,
         }
-        self._log.point(metrics, statistics.finished)
+        changed = {
+            version: mean
+            for version, mean in statistics.reward_by_version.items()
+            if self._versions_logged.get(version) != mean
+        }
+        if self._log.point(metrics, statistics.finished, changed):
+            self._versions_logged.update(changed)
 
     def say_warnings(self, on_warning: Callable[[str], None] | None = None) -> None:
         for text in self._log.warnings():
@@ -173,6 +180,7 @@ class RunTracking:
             summary=_encode(summary),
             rollouts=tuple(_encode(result) + b"\n" for result in sample),
             status=status,
+            versions=statistics.reward_by_version,
         )
         self._log.end(final, wait_s=END_WAIT_S)
         self.say_warnings(on_warning)

@@ -18,6 +18,8 @@ from typing import Protocol
 
 from rollfilter.redact import printable
 
+# Each policy version's reward mean, at step = the version.
+VERSION_METRIC = "policy/reward_mean"
 # Live points waiting for the thread: a few, since each carries the whole of the counts so far.
 QUEUED_POINTS = 8
 
@@ -33,6 +35,10 @@ class Tracker(Protocol):
 
     def log(self, metrics: Mapping[str, float], step: int) -> None: ...
 
+    def log_versions(self, means: Mapping[int, float]) -> None:
+        """Each policy version's reward mean, at step = the version."""
+        ...
+
     def end(self, final: Final) -> None: ...
 
 
@@ -40,19 +46,22 @@ class Tracker(Protocol):
 class Final:
     """What a tracker run gets at the end: every figure of the summary (`metrics`, at `step`), the
     summary itself (`summary`, JSON), the sampled result lines (`rollouts`, JSON lines), and how
-    the run ended (`status`: FINISHED, KILLED or FAILED)."""
+    the run ended (`status`: FINISHED, KILLED or FAILED), and each policy version's reward mean
+    (`versions`)."""
 
     metrics: Mapping[str, float]
     step: int
     summary: bytes
     rollouts: tuple[bytes, ...]
     status: str
+    versions: Mapping[int, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Point:
     metrics: Mapping[str, float]
     step: int
+    versions: Mapping[int, float]
 
 
 class TrackerLog:
@@ -82,12 +91,15 @@ class TrackerLog:
     def start(self) -> None:
         self._thread.start()
 
-    def point(self, metrics: Mapping[str, float], step: int) -> None:
-        """Queue live metrics at `step`; dropped when the thread is behind."""
+    def point(self, metrics: Mapping[str, float], step: int, versions: Mapping[int, float] | None = None) -> bool:
+        """Queue live metrics at `step`, with policy versions' reward means (`versions`); dropped
+        when the thread is behind. Whether it was queued."""
         try:
-            self._queue.put_nowait(_Point(metrics, step))
+            self._queue.put_nowait(_Point(metrics, step, versions or {}))
         except queue.Full:
             self.dropped += 1
+            return False
+        return True
 
     def end(self, final: Final, *, wait_s: float) -> None:
         """Give the thread `final` and wait for it to log it, `wait_s` seconds at most; a tracker
@@ -138,6 +150,8 @@ class TrackerLog:
                         tracker.end(item)
                     else:
                         tracker.log(item.metrics, item.step)
+                        if item.versions:
+                            tracker.log_versions(item.versions)
                 except Exception as exc:
                     self._failed(tracker.name, "log", exc)
                     del trackers[key]

@@ -7,7 +7,7 @@ import os
 import time
 from collections.abc import Mapping
 
-from rollfilter.trackers.log import Final
+from rollfilter.trackers.log import VERSION_METRIC, Final
 
 # MLflow's client retries an unreachable server for minutes by default; a run's tracker is given
 # seconds. What the user set in the environment stays.
@@ -63,8 +63,18 @@ class MlflowTracker:
         for start in range(0, len(items), _BATCH):
             self._client.log_batch(self._run_id, metrics=items[start : start + _BATCH])
 
+    def log_versions(self, means: Mapping[int, float]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(VERSION_METRIC, mean, now, version) for version, mean in means.items()]
+        for start in range(0, len(items), _BATCH):
+            self._client.log_batch(self._run_id, metrics=items[start : start + _BATCH])
+
     def end(self, final: Final) -> None:
         self.log(final.metrics, final.step)
+        if final.versions:
+            self.log_versions(final.versions)
         client = self._client
         client.log_text(self._run_id, final.summary.decode(), "summary.json")
         if final.rollouts:

@@ -9,7 +9,10 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from rollfilter.trackers.log import Final
+from rollfilter.trackers.log import VERSION_METRIC, Final
+
+VERSION_STEP = "policy/version"
+FINISHED_STEP = "rollouts_finished"
 
 # How a run ended, as W&B's `finish` takes it: an exit code (0 is finished, others failed).
 _EXIT_CODES = {"FINISHED": 0, "KILLED": 130, "FAILED": 1}
@@ -41,19 +44,30 @@ class WandbTracker:
             settings=settings,
             reinit="create_new",
         )
+        # W&B's own step counts the rows logged, and must only grow: the live figures are charted
+        # against the rollouts finished, and a version's reward mean against the version, instead.
+        for step, charted in ((FINISHED_STEP, "live/*"), (VERSION_STEP, VERSION_METRIC)):
+            self._run.define_metric(step)
+            self._run.define_metric(charted, step_metric=step)
         return str(self._run.id)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
-        self._run.log(dict(metrics), step=step)
+        self._run.log({**metrics, FINISHED_STEP: step})
+
+    def log_versions(self, means: Mapping[int, float]) -> None:
+        for version, mean in sorted(means.items()):
+            self._run.log({VERSION_STEP: version, VERSION_METRIC: mean})
 
     def end(self, final: Final) -> None:
         run = self._run
-        run.log(dict(final.metrics), step=final.step)
+        if final.versions:
+            self.log_versions(final.versions)
+        run.log({**final.metrics, FINISHED_STEP: final.step})
         run.summary.update(dict(final.metrics))
         run.summary["rollfilter/status"] = final.status
         if final.rollouts:
             rows = [[line.decode().rstrip("\n")] for line in final.rollouts]
-            run.log({"rollouts": self._wandb.Table(columns=["result"], data=rows)}, step=final.step)
+            run.log({"rollouts": self._wandb.Table(columns=["result"], data=rows)})
         with tempfile.TemporaryDirectory() as folder:
             path = os.path.join(folder, "summary.json")
             with open(path, "w", encoding="utf-8") as file:

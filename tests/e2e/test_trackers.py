@@ -101,7 +101,9 @@ def test_a_run_is_logged_live_and_whole_and_without_secrets(
     monkeypatch.setattr(tracking, "LIVE_EVERY_S", 0.01)  # a point as often as the run lets one be taken
     out = tmp_path / "out.jsonl"
     args = ["--demo", "-r", "2", "-o", str(out), "--mlflow", mlflow_server, "--experiment", "whole", EXAMPLE]
-    proc = run([*args, "--track-rollouts", "3", "-H", "X-Secret: hunter2", "-p", "temperature=0.5"])
+    proc = run(
+        [*args, "--track-rollouts", "3", "-H", "X-Secret: hunter2", "-p", "temperature=0.5", "--policy-version", "7"]
+    )
     assert proc.returncode == 0, proc.stderr
     summary = summary_of(proc.stderr)
     (logged,) = runs_of(mlflow_server, "whole")
@@ -119,6 +121,9 @@ def test_a_run_is_logged_live_and_whole_and_without_secrets(
     assert metrics["per_rollout/output_tokens/p90"] == summary["per_rollout"]["output_tokens"]["p90"]
     history = MlflowClient(tracking_uri=mlflow_server).get_metric_history(ids["mlflow"], "rollfilter/succeeded")
     assert [point.step for point in history] == [10]  # the end's step: the rollouts finished
+    curve = MlflowClient(tracking_uri=mlflow_server).get_metric_history(ids["mlflow"], "policy/reward_mean")
+    assert {point.step for point in curve} == {7}
+    assert curve[-1].value == pytest.approx(summary["reward"])
     assert json.loads(artifact(mlflow_server, ids["mlflow"], "summary.json", tmp_path))["rollfilter"]["succeeded"] == 10
     sample = artifact(mlflow_server, ids["mlflow"], "rollouts.jsonl", tmp_path).splitlines()
     results = set(out.read_text().splitlines())
@@ -200,7 +205,8 @@ def test_a_run_is_logged_to_wandb_offline(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_SILENT", "true")
     out = tmp_path / "out.jsonl"
-    proc = run(["--demo", "-r", "2", "-o", str(out), "--wandb", "proj", "--track-rollouts", "4", EXAMPLE])
+    args = ["--demo", "-r", "2", "-o", str(out), "--wandb", "proj", "--track-rollouts", "4", "--policy-version", "3"]
+    proc = run([*args, EXAMPLE])
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stderr.decode().splitlines()) == 1  # the summary alone
     run_id = json.loads((tmp_path / "out.jsonl.trackers.json").read_text())["ids"]["wandb"]
@@ -222,6 +228,8 @@ def test_a_run_is_logged_to_wandb_offline(tmp_path: Path, monkeypatch: pytest.Mo
     assert json.loads(config["repeats"]) == "2"
     assert json.loads(history["rollfilter/succeeded"]) == 10
     assert json.loads(history["mean_at_2"]) == summary_of(proc.stderr)["mean@2"]
+    assert json.loads(history["policy/version"]) == 3
+    assert json.loads(history["policy/reward_mean"]) == summary_of(proc.stderr)["reward"]
     (table,) = (folder / "files" / "media" / "table").glob("rollouts_*.table.json")
     assert len(json.loads(table.read_text())["data"]) == 4
 

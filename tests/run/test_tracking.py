@@ -65,7 +65,7 @@ async def test_a_python_run_logs_its_points_and_every_figure_at_the_end(monkeypa
     agent = DemoAgent()
     async with trio.open_nursery() as nursery:
         port = await nursery.start(lambda task_status: serve(agent, task_status=task_status))
-        config = Config(url=f"http://127.0.0.1:{port}", repeats=2, trackers=trackers)
+        config = Config(url=f"http://127.0.0.1:{port}", repeats=2, trackers=trackers, policy_version=7)
         async with open_rollouts(weather_rows(), config) as run_:
             outcomes = [outcome async for outcome in run_]
         nursery.cancel_scope.cancel()
@@ -83,5 +83,6 @@ async def test_a_python_run_logs_its_points_and_every_figure_at_the_end(monkeypa
     assert final.metrics["mean_at_2"] == run_.summary["mean@2"]
     logged = json.loads(final.summary)
     assert (logged["mean@2"], logged["rollfilter"]["succeeded"]) == (run_.summary["mean@2"], 10)
+    assert final.versions == {7: run_.summary["reward"]}  # every rollout was sent under version 7
     assert len(final.rollouts) == 3
     assert all(json.loads(line)["_ng_task_index"] in range(5) for line in final.rollouts)

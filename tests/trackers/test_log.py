@@ -20,6 +20,7 @@ class Recording:
         self.started_with: tuple[Mapping[str, str], str | None] | None = None
         self.points: list[tuple[dict[str, float], int]] = []
         self.ended: Final | None = None
+        self.versions: dict[int, float] = {}
         self.logging = threading.Event()
 
     def start(self, params: Mapping[str, str], run_id: str | None) -> str:
@@ -36,6 +37,9 @@ class Recording:
             raise RuntimeError("the server went away\nwith a second line")
         self.points.append((dict(metrics), step))
 
+    def log_versions(self, means: Mapping[int, float]) -> None:
+        self.versions.update(means)
+
     def end(self, final: Final) -> None:
         self.ended = final
 
@@ -45,12 +49,13 @@ def test_each_tracker_is_started_fed_and_ended_and_the_ids_are_kept():
     kept: list[dict[str, str]] = []
     log = TrackerLog({"a": lambda: first, "b": lambda: second}, {"repeats": "4"}, {"b": "old-id"}, kept.append)
     log.start()
-    log.point({"live/finished": 1.0}, 1)
+    log.point({"live/finished": 1.0}, 1, {3: 0.5})
     log.end(FINAL, wait_s=30)
     assert first.started_with == ({"repeats": "4"}, None)
     assert second.started_with == ({"repeats": "4"}, "old-id")  # continued
     assert kept == [{"a": "new-id", "b": "old-id"}]
     assert first.points == second.points == [({"live/finished": 1.0}, 1)]
+    assert first.versions == second.versions == {3: 0.5}
     assert first.ended is second.ended is FINAL
     assert log.warnings() == []
 
