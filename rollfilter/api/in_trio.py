@@ -31,8 +31,8 @@ from rollfilter.run.statistics import RunStatistics, RunStatus
 
 Rows = Iterable[Any] | AsyncIterable[Any]
 _encode = msgspec.json.Encoder().encode
-# How a run left by an exception ends its tracker runs: KILLED when cancelled or interrupted.
-_TRACKER_STATUS = {trio.Cancelled: "KILLED", KeyboardInterrupt: "KILLED"}
+# How a run left by an exception ends its tracker runs: KILLED when cancelled, interrupted or closed.
+_TRACKER_STATUS = {trio.Cancelled: "KILLED", KeyboardInterrupt: "KILLED", GeneratorExit: "KILLED"}
 
 
 class FinalReport:

@@ -36,6 +36,8 @@ LIVE_EVERY_S = 5.0
 END_WAIT_S = 10.0
 # How a run ended, as a tracker run's status.
 FINISHED, KILLED, FAILED = "FINISHED", "KILLED", "FAILED"
+# Each tracker as a person reads its name.
+NAMES = {"mlflow": "MLflow", "wandb": "W&B"}
 # The pip command that installs each tracker's client.
 EXTRAS = {"mlflow": "pip install 'rollfilter[mlflow]'", "wandb": "pip install 'rollfilter[wandb]'"}
 _encode = msgspec.json.Encoder().encode
@@ -112,7 +114,8 @@ class RunTracking:
             project = trackers.wandb
             openers["wandb"] = lambda: _wandb(project, run_name)
         ids_file, self._key = trackers.ids_file, key
-        self._log = TrackerLog(openers, params_of(record), read_ids(ids_file, key), self._keep, hidden=hidden)
+        ids = read_ids(ids_file, key)
+        self._log = TrackerLog(openers, params_of(record), ids, self._keep, hidden=hidden, names=NAMES)
         self._ids_file = ids_file
         self.reservoir = Reservoir(trackers.rollouts) if trackers.rollouts else None
         self._say = on_warning if on_warning is not None else _logger.warning

@@ -68,7 +68,8 @@ class TrackerLog:
     """The trackers `openers` make (each imports its client, in the thread), fed from a run.
 
     `start` starts the thread, which starts each tracker's run with `params` (continuing the one
-    `ids` names for it) and hands the ids to `on_ids`. `point` queues live metrics, `end` the
+    `ids` names for it) and hands the ids to `on_ids`; `names` name the trackers whose client
+    could not even be made, by their keys. `point` queues live metrics, `end` the
     final figures. What went wrong is kept for `warnings`, to be said by the run's own thread."""
 
     def __init__(
@@ -79,9 +80,11 @@ class TrackerLog:
         on_ids: Callable[[dict[str, str]], None],
         *,
         hidden: tuple[str, ...] = (),
+        names: Mapping[str, str] | None = None,
     ) -> None:
         self._openers, self._params, self._ids, self._on_ids = openers, params, dict(ids), on_ids
         self._hidden = hidden  # text never said in a warning (a URL's credentials)
+        self._names = names or {}  # a tracker's name by its key, for one that failed before it was made
         self._queue: queue.Queue[_Point | Final] = queue.Queue(QUEUED_POINTS)
         self._thread = threading.Thread(target=self._serve, name="rollfilter-trackers", daemon=True)
         self._said: list[str] = []
@@ -136,7 +139,8 @@ class TrackerLog:
                 self._ids[key] = tracker.start(self._params, self._ids.get(key))
                 trackers[key] = tracker
             except Exception as exc:  # a tracker never costs a result
-                self._failed(tracker.name if tracker is not None else key, "start its run", exc)
+                name = tracker.name if tracker is not None else self._names.get(key, key)
+                self._failed(name, "start its run", exc)
         if trackers:
             try:
                 self._on_ids({key: self._ids[key] for key in trackers})

@@ -82,11 +82,11 @@ def test_a_client_that_is_missing_or_breaks_when_made_is_named_by_its_key():
     def broken() -> Recording:
         raise ImportError("No module named 'mlflow'")
 
-    log = TrackerLog({"mlflow": broken}, {}, {}, lambda ids: None)
+    log = TrackerLog({"mlflow": broken}, {}, {}, lambda ids: None, names={"mlflow": "MLflow"})
     log.start()
     log.end(FINAL, wait_s=30)
     assert log.warnings() == [
-        "mlflow: cannot start its run (ImportError: No module named 'mlflow'); the run goes on without it"
+        "MLflow: cannot start its run (ImportError: No module named 'mlflow'); the run goes on without it"
     ]
 
 
