@@ -200,7 +200,7 @@ class Run:
         if send and not config.names_an_agent:
             raise ConfigError("url", "is not given, nor Config.endpoints or Config.head_server: no agent for the rows")
         if self.tracking is not None:
-            self.tracking.start()
+            await self.tracking.start()
         if self.transport is None:
             return
         if config.reverify is not None:

@@ -126,10 +126,13 @@ class RunTracking:
         if self._ids_file is not None:
             keep_ids(self._ids_file, ids, self._key)
 
-    def start(self) -> None:
-        """Start the trackers' thread (once): it starts or continues each tracker run."""
+    async def start(self) -> None:
+        """Make the trackers' clients, importing them in a thread while the run waits (once the run
+        sends, an import beside it would cost its rows CPU), then start the trackers' thread
+        (once): it starts or continues each tracker run."""
         if not self._started:
             self._started = True
+            await trio.to_thread.run_sync(self._log.make)
             self._log.start()
 
     async def watch(self, statistics: Callable[[], RunStatistics]) -> None:

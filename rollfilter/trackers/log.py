@@ -2,8 +2,9 @@
 
 A run hands its points to `TrackerLog.point`, which never waits: the queue is bounded, and a point
 that finds it full is dropped (the next one carries the same counts, a few seconds on). Each
-tracker's client is imported and started in the thread; one that fails, at the start or later, is
-said once and left alone, and the run goes on. `end` gives the thread the final figures and waits
+tracker's client is made (imported) by `make`, which a run calls before it sends, or else in the
+thread, where each tracker run is started; one that fails, at the start or later, is said once
+and left alone, and the run goes on. `end` gives the thread the final figures and waits
 a bounded time for it: a tracker that hangs costs the run that time, no more.
 """
 
@@ -90,6 +91,7 @@ class TrackerLog:
         self._said: list[str] = []
         self._lock = threading.Lock()
         self.dropped = 0
+        self._made: dict[str, Tracker] | None = None  # the clients, once made
 
     def start(self) -> None:
         self._thread.start()
@@ -130,17 +132,29 @@ class TrackerLog:
         text = f"{type(exc).__name__}: {printable(detail)}" if detail else type(exc).__name__
         self._warn(f"{name}: cannot {doing} ({text}); the run goes on without it")
 
-    def _serve(self) -> None:
-        trackers: dict[str, Tracker] = {}
+    def make(self) -> None:
+        """Make each tracker's client (importing it), once: blocking, so that a caller may do it
+        before its run is busy (a thread contending with the run for the interpreter costs both).
+        `start` does it in the thread otherwise. A client that cannot be made is said, and left out."""
+        if self._made is not None:
+            return
+        self._made = {}
         for key, opener in self._openers.items():
-            tracker: Tracker | None = None
             try:
-                tracker = opener()
+                self._made[key] = opener()
+            except Exception as exc:  # a tracker never costs a result
+                self._failed(self._names.get(key, key), "start its run", exc)
+
+    def _serve(self) -> None:
+        self.make()
+        assert self._made is not None
+        trackers: dict[str, Tracker] = {}
+        for key, tracker in self._made.items():
+            try:
                 self._ids[key] = tracker.start(self._params, self._ids.get(key))
                 trackers[key] = tracker
             except Exception as exc:  # a tracker never costs a result
-                name = tracker.name if tracker is not None else self._names.get(key, key)
-                self._failed(name, "start its run", exc)
+                self._failed(tracker.name, "start its run", exc)
         if trackers:
             try:
                 self._on_ids({key: self._ids[key] for key in trackers})

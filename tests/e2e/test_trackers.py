@@ -4,6 +4,7 @@ artifacts) and W&B offline, each read back with its own library. Opt-in: -m trac
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -65,13 +66,18 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             time.sleep(0.5)
         yield url
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=SUBPROCESS_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(timeout=SUBPROCESS_TIMEOUT)
+        stop_group(server)
         log.close()
+
+
+def stop_group(server: subprocess.Popen[bytes]) -> None:
+    """The server and what it started (its job runner's consumers outlive a SIGTERM): gone."""
+    os.killpg(server.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        server.wait(timeout=SUBPROCESS_TIMEOUT)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGKILL)
+    server.wait(timeout=SUBPROCESS_TIMEOUT)
 
 
 def _answers(url: str) -> bool:
