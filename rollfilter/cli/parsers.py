@@ -12,6 +12,7 @@ environment for `auto`.
 from __future__ import annotations
 
 import math
+import os
 import pathlib
 import re
 import sys
@@ -543,7 +544,9 @@ def listen_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-# The pip command that installs each tracker's client, by the option that needs it.
+# Beside -o OUT.jsonl: the ids of the tracker runs that a --resume of it continues.
+TRACKER_IDS_SUFFIX = ".trackers.json"
+# The module of each tracker's client, and its extra, by the option that needs it.
 TRACKER_EXTRAS = {"--mlflow": ("mlflow", "mlflow"), "--wandb": ("wandb", "wandb")}
 
 
@@ -557,7 +560,8 @@ def trackers(
     output: str | None,
 ) -> Trackers | None:
     """--mlflow, --wandb and what goes with them, as Config.trackers (None: no tracker). The run
-    name is --run-name, else the -o file's stem. UsageError when a tracker's client is not
+    name is --run-name, else the -o file's stem; the ids are kept beside -o (`OUT.jsonl.trackers.json`:
+    the run drops that when -o keeps no run record). UsageError when a tracker's client is not
     installed (with the pip command), or an option that goes with one is given alone."""
     if mlflow is None and wandb is None:
         alone = [name for name, value in (("--experiment", experiment), ("--run-name", run_name)) if value is not None]
@@ -584,4 +588,5 @@ def trackers(
         wandb=wandb,
         run_name=run_name or None,
         rollouts=DEFAULT_TRACKED_ROLLOUTS if rollouts is None else rollouts,
+        ids_file=os.path.realpath(output) + TRACKER_IDS_SUFFIX if output else None,
     )

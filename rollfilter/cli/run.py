@@ -52,8 +52,6 @@ if TYPE_CHECKING:  # --control's socket and the demo agent are loaded by the run
     from rollfilter.demo import DemoOptions
 
 _encode = msgspec.json.Encoder().encode
-# Beside -o OUT.jsonl: the ids of the tracker runs that a --resume of it continues.
-TRACKER_IDS_SUFFIX = ".trackers.json"
 
 
 async def run(
@@ -142,18 +140,18 @@ def fit_open_files(command: CommandConfig, *, files_per_connection: int, stderr:
 
 
 def tracked_config(command: CommandConfig, files: OpenedOutputs) -> tuple[Config, dict[str, Any] | None]:
-    """The run's config with its trackers' ids kept beside -o's run record (`OUT.jsonl.trackers.json`),
-    and the record, which they log as params. Without --resume, ids an earlier run left there are
-    forgotten: the run is a new one."""
-    config = command.config
-    if config.trackers is None or files.record is None or files.output is None:
+    """The run's config, its trackers' ids kept beside -o's run record (`OUT.jsonl.trackers.json`)
+    when -o keeps one, and the record, which they log as params. Without --resume, ids an earlier
+    run left there are forgotten: the run is a new one."""
+    config, trackers = command.config, command.config.trackers
+    if trackers is None or trackers.ids_file is None:
         return config, None
-    ids_file = os.path.realpath(files.output) + TRACKER_IDS_SUFFIX
+    if files.record is None:  # -o keeps no record (--append, /dev/null): nor ids
+        return dataclasses.replace(config, trackers=dataclasses.replace(trackers, ids_file=None)), None
     if not command.resume:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(ids_file)
-    trackers = dataclasses.replace(config.trackers, ids_file=ids_file)
-    return dataclasses.replace(config, trackers=trackers), msgspec.to_builtins(files.record)
+            os.unlink(trackers.ids_file)
+    return config, msgspec.to_builtins(files.record)
 
 
 def _control_socket(path: str | None) -> contextlib.AbstractContextManager[ControlSocket | None]:

@@ -8,6 +8,7 @@ they make. The command line and the Python API reach the engine through it, and 
     await run.finish()      # the rows counted, the tasks' figures, /aggregate_metrics
     run.warnings()          # what the run found wrong in its config, for its caller to say
     run.statistics()        # the snapshot every view renders; run.summary() renders the summary
+    run.end_tracking(status)  # with Config.trackers: the final figures, and how the run ended
     await run.aclose()
 
 The Python API (`api/in_trio.py`) gives it its rows and a channel (`ChannelSink`); the command
@@ -110,7 +111,10 @@ class Run:
     client: a dry run's (`DryRunClient`), which sends nothing, one job at a time, keeps no spool,
     send slots or adaptive windows, counts no task figures, and counts what it would send. With
     `stop_when_unreachable`, an agent that refused every connection since the start, for the
-    connect timeout and a few times, stops the run. A run that sends fits its concurrency to the
+    connect timeout and a few times, stops the run. With `config.trackers`, `tracking` logs the
+    run (`tracked`, its record, as params; `tracking_key`, what its ids are kept for): started
+    by `connect`, fed live by `send`, ended by `end_tracking`, which its caller calls with how
+    the run ended. A run that sends fits its concurrency to the
     open-file limit, and says so in `warnings`. `baseline` and `shards` are --summarize's: a
     comparison with another run's results, and the shards its files cover. `aclose` closes what
     the run owns: its transport, spool and index.

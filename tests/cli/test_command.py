@@ -26,6 +26,7 @@ from rollfilter.config import (
     Routing,
     Timeouts,
     Tls,
+    Trackers,
     Wire,
 )
 from rollfilter.cost import Price
@@ -208,6 +209,12 @@ USE_OF_FIELD: dict[str, list[str]] = {
     "progress": ["--no-progress"],
     "verbose": ["-v"],
     "dry_run": ["--dry-run"],
+    "trackers.mlflow": ["--mlflow", "http://127.0.0.1:5000"],
+    "trackers.experiment": ["--mlflow", "http://127.0.0.1:5000", "--experiment", "e"],
+    "trackers.wandb": ["--wandb", "p"],
+    "trackers.run_name": ["--wandb", "p", "--run-name", "r"],
+    "trackers.rollouts": ["--wandb", "p", "--track-rollouts", "5"],
+    "trackers.ids_file": ["--wandb", "p", "-o", "out.jsonl"],
 }
 
 
@@ -224,6 +231,7 @@ PARTS: dict[str, type] = {
     "cost": Cost,
     "max_failures": FailureLimit,
     "reverify": Reverify,
+    "trackers": Trackers,
 }
 
 
