@@ -175,6 +175,34 @@ def test_a_run_killed_and_resumed_is_one_tracker_run_with_the_whole_files_figure
     assert [point.step for point in history] == [10]  # steps go on from the earlier run's results
 
 
+def test_a_run_stopped_by_a_signal_ends_its_tracker_run_killed(
+    mlflow_server: str, tmp_path: Path, agent: RecordingAgent
+):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(rows_jsonl([{"id": i} for i in range(6)]))
+    out = tmp_path / "out.jsonl"
+    agent.hold_after(2, drop=True)
+    args = ["-u", agent.run_url, "-j", "2", "-o", str(out), "--mlflow", mlflow_server, "--experiment", "killed"]
+    proc = start([*args, str(rows)], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + SERVER_START_S
+        while not ((tmp_path / "out.jsonl.trackers.json").exists() and agent.answered.is_set()):
+            assert proc.poll() is None
+            assert time.monotonic() < deadline, "the run did not start its tracker run"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=SUBPROCESS_TIMEOUT)
+    finally:
+        proc.kill()
+        proc.wait(timeout=SUBPROCESS_TIMEOUT)
+        agent.release.set()
+    assert proc.returncode == 143
+    assert summary_of(stderr)["rollfilter"]["succeeded"] == 2  # the summary is still the last line
+    (logged,) = runs_of(mlflow_server, "killed")
+    assert logged.info.status == "KILLED"
+    assert logged.data.metrics["rollfilter/succeeded"] == 2
+
+
 def test_summarizing_the_same_files_again_updates_their_tracker_run(mlflow_server: str, tmp_path: Path):
     out = tmp_path / "out.jsonl"
     assert run(["--demo", "-r", "2", "-o", str(out), EXAMPLE]).returncode == 0
