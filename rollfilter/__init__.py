@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         Routing,
         Timeouts,
         Tls,
+        Trackers,
         Wire,
     )
     from rollfilter.errors import ErrorKind, RollfilterError, ServiceError, SteeringError, UsageError
@@ -49,6 +50,7 @@ _EXPORTS = {
     "Routing": "rollfilter.config",
     "Timeouts": "rollfilter.config",
     "Tls": "rollfilter.config",
+    "Trackers": "rollfilter.config",
     "Wire": "rollfilter.config",
     "ErrorKind": "rollfilter.errors",
     "RollfilterError": "rollfilter.errors",
@@ -88,6 +90,7 @@ __all__ = [
     "SteeringStatistics",
     "Timeouts",
     "Tls",
+    "Trackers",
     "UsageError",
     "Wire",
     "__version__",

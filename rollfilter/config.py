@@ -1,6 +1,6 @@
 """What one run is told: `Config`, all the Python API takes, and its parts, frozen values checked
 when built: `Repeats`, `Groups`, `Retries`, `Timeouts`, `Tls`, `Wire`, `Routing`, `Rates`, `Cost`,
-`FailureLimit`, `Reverify`.
+`FailureLimit`, `Reverify`, `Trackers`.
 
 Each field's type and bounds are its annotation, checked by msgspec in strict mode (True is no
 int, "3" no number). A part checks what spans its own fields (a staleness bound's two figures,
@@ -246,13 +246,15 @@ class Tls:
 class Repeats:
     """Rollouts per row: `count` for the rows of agents that `by_agent` does not name (None: 1,
     unless `by_agent` is given; then, as in NeMo Gym, a row of an agent it does not name fails),
-    and with `seeds`, each rollout carries "seed": its rollout index, in metadata.extra_body.
+    and with `seeds`, each rollout carries "seed": its rollout index, in metadata.extra_body. A
+    rollout passes, for pass@k and the pass histogram, when its reward is at least `pass_threshold`.
 
     It is `Config.repeats`; a whole number (or None) there is taken as `Repeats(count=...)`."""
 
     count: RepeatCount | None = None
     by_agent: Mapping[str, RepeatCount] = dataclasses.field(default_factory=dict)
     seeds: bool = False
+    pass_threshold: Finite = 1.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "by_agent", _given(self.by_agent))
@@ -396,6 +398,35 @@ class Cost:
             raise ConfigError("cost.max_usd", "needs Config.cost.prices: without them nothing is spent")
 
 
+# A tracker run's sample of result lines, by default: enough to read a few, small beside any upload.
+DEFAULT_TRACKED_ROLLOUTS = 100
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Trackers:
+    """Where a run logs its figures while it goes and when it ends: `mlflow`, an MLflow tracking
+    URI (its run in the experiment named `experiment`), `wandb`, a Weights & Biases project (the
+    rest from W&B's own environment: WANDB_MODE, WANDB_API_KEY, WANDB_ENTITY, WANDB_DIR), or both.
+    `run_name` names the tracker runs (None: a time). `rollouts` is the most result lines kept, a
+    uniform sample, for the tracker runs' rollouts (0: none). `ids_file`, when given, is where the
+    tracker runs' ids are kept: a run given a file that holds them continues those tracker runs.
+
+    It is `Config.trackers`. A tracker never costs a result: one that cannot be reached or fails
+    is said once, and the run goes on."""
+
+    mlflow: Annotated[str, msgspec.Meta(min_length=1)] | None = None
+    experiment: Annotated[str, msgspec.Meta(min_length=1)] = "rollfilter"
+    wandb: Annotated[str, msgspec.Meta(min_length=1)] | None = None
+    run_name: Annotated[str, msgspec.Meta(min_length=1)] | None = None
+    rollouts: Count = DEFAULT_TRACKED_ROLLOUTS
+    ids_file: Annotated[str, msgspec.Meta(min_length=1)] | None = None  # a path (os.PathLike too)
+
+    def __post_init__(self) -> None:
+        _checked(self, "trackers.")
+        if self.mlflow is None and self.wandb is None:
+            raise ConfigError("trackers", "names no tracker: give Config.trackers.mlflow or Config.trackers.wandb")
+
+
 # The parts a plain value stands for, as httpx's `Client(timeout=5.0)`: the field of the part it sets.
 _SHORTHANDS: tuple[tuple[str, type, str], ...] = (
     ("repeats", Repeats, "count"),
@@ -413,8 +444,8 @@ class Config:
     its files around it. Settings that belong together are frozen parts, checked when built:
     `repeats` (`Repeats`), `groups` (`Groups`), `retries` (`Retries`), `timeout` (`Timeouts`),
     `tls` (`Tls`), `wire` (`Wire`), `routing` (`Routing`), `rates` (`Rates`), `cost` (`Cost`),
-    `max_failures` (`FailureLimit`), `health` (`Health`), `reverify` (`Reverify`). Errors name the fields, as
-    `ConfigError` (`Config.limit`, `Config.retries.budget`).
+    `max_failures` (`FailureLimit`), `health` (`Health`), `reverify` (`Reverify`), `trackers`
+    (`Trackers`). Errors name the fields, as `ConfigError` (`Config.limit`, `Config.retries.budget`).
     """
 
     url: str | None = None
@@ -442,12 +473,12 @@ class Config:
     # Their values are secrets (tokens, keys): kept out of repr, as out of every message.
     headers: tuple[tuple[str, str], ...] = dataclasses.field(default=(), repr=False)
     shard: tuple[Count, AtLeastOne] | None = None  # (I, N): keep the tasks whose index mod N is I
-    pass_threshold: Finite = 1.0
     head_server: str | None = None
     aggregate: bool = False  # ask each agent for its /aggregate_metrics when the run ends
     # Re-score saved rollouts at resources servers' /verify instead of running rows at agents' /run:
     # url and endpoints (by the rollouts' agent names) are then resources servers, /verify their default path.
     reverify: Reverify | None = None
+    trackers: Trackers | None = None  # MLflow, Weights & Biases: where the run's figures are logged
 
     def __post_init__(self) -> None:
         for name, part, field in _SHORTHANDS:

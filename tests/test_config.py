@@ -28,6 +28,7 @@ from rollfilter.config import (
     Routing,
     Timeouts,
     Tls,
+    Trackers,
     Wire,
     agent_url,
 )
@@ -126,6 +127,7 @@ RENAMED = {
     "tpm_by_agent": "rates.tpm_by_agent",
     "prices": "cost.prices",
     "max_cost": "cost.max_usd",
+    "pass_threshold": "repeats.pass_threshold",
 }
 # The parts of a Config, by the field that holds each.
 PARTS: dict[str, type] = {
@@ -140,6 +142,7 @@ PARTS: dict[str, type] = {
     "cost": Cost,
     "max_failures": FailureLimit,
     "health": Health,
+    "trackers": Trackers,
 }
 
 
@@ -270,17 +273,18 @@ WRONG_TYPES: dict[str, list[Any]] = {
     "max_failures": ["5%", 2.5, True],
     "headers": [5, ["ab"]],
     "shard": [(1,), (0, 2, 4), "0/2", (0, "2"), (0.0, 2), (False, True)],
-    "pass_threshold": ["1", None, True],
     "head_server": [3, b"http://h"],
     "aggregate": ["yes", 0],
     "reverify": ["m.jsonl", 5, True],
     "health": ["mask", 1, True],
+    "trackers": ["http://127.0.0.1:5000", 5, True],
 }
 # For every field of the parts a plain value does not stand for, values of a type it does not take.
 PART_WRONG_TYPES: dict[str, list[Any]] = {
     "repeats.count": [0, 1.5, True, "2"],
     "repeats.by_agent": [5, {"a": "2"}, {"a": 2.0}, {5: 2}, [("a", 2)]],
     "repeats.seeds": ["yes", 1, None],
+    "repeats.pass_threshold": ["1", None, True],
     "groups.keep_incomplete": ["yes", 1],
     "groups.drop_uniform": ["yes", 1],
     "groups.field": [5, None, b"reward"],
@@ -301,12 +305,18 @@ PART_WRONG_TYPES: dict[str, list[Any]] = {
     "health.unhealthy": ["drop", 1, None],
     "health.max_unhealthy": [5, "5%", True],
     "health.max_masked": [0.5, "x"],
+    "trackers.mlflow": [5, b"http://h", ""],
+    "trackers.experiment": [5, None, ""],
+    "trackers.wandb": [5, ""],
+    "trackers.run_name": [5, ""],
+    "trackers.rollouts": [-1, 1.5, True, "100"],
+    "trackers.ids_file": [5, ""],
 }
 
 
 def test_every_config_field_has_wrong_types_to_refuse():
     assert set(WRONG_TYPES) == {field.name for field in dataclasses.fields(Config)}
-    new_parts = ("repeats", "groups", "wire", "routing", "rates", "cost", "health")
+    new_parts = ("repeats", "groups", "wire", "routing", "rates", "cost", "health", "trackers")
     fields = {f"{name}.{field.name}" for name in new_parts for field in dataclasses.fields(PARTS[name])}
     assert set(PART_WRONG_TYPES) == fields
 
@@ -339,7 +349,8 @@ def with_field(path: str, value: Any) -> Config:
     if not field:
         return Config(**{name: value})
     others: dict[str, Any] = {} if name == "repeats" else {"repeats": 2}
-    return Config(**others, **{name: PARTS[name](**{field: value})})
+    named = {"mlflow": "http://127.0.0.1:5000"} if name == "trackers" and field != "mlflow" else {}
+    return Config(**others, **{name: PARTS[name](**{**named, field: value})})
 
 
 ANY_VALUE = st.recursive(
@@ -371,12 +382,11 @@ def test_values_of_the_types_a_field_takes_are_kept_as_what_they_mean():
         agent="a",
         concurrency=4,
         limit=0,
-        repeats=Repeats(2, by_agent=types.MappingProxyType({"a": 3}), seeds=True),  # any mapping
+        repeats=Repeats(2, by_agent=types.MappingProxyType({"a": 3}), seeds=True, pass_threshold=0),  # any mapping
         groups=Groups(keep_incomplete=True, field="reward_components.accuracy", max_staleness=0, batch=1),
         params=[("temperature", 0.7), ["metadata.x", None]],
         cost=Cost(prices=[(None, price), ["a", price]], max_usd=1),  # type: ignore[arg-type]
         shard=[1, 3],
-        pass_threshold=0,
         head_server="http://127.0.0.1:5",
         wire=Wire(proxy="socks5://127.0.0.1:6", cross_origin_redirects=True, max_reply_bytes=1),
         routing=Routing(policy="task", affinity_header="X-Session-ID"),
@@ -392,7 +402,7 @@ def test_values_of_the_types_a_field_takes_are_kept_as_what_they_mean():
     assert config.params == (("temperature", 0.7), ("metadata.x", None))
     assert config.cost.prices == ((None, price), ("a", price))
     assert config.shard == (1, 3)
-    assert (config.cost.max_usd, config.pass_threshold, config.wire.max_reply_bytes) == (1, 0, 1)
+    assert (config.cost.max_usd, config.repeats.pass_threshold, config.wire.max_reply_bytes) == (1, 0, 1)
     assert (config.repeats.by_agent, config.rates.tpm_by_agent, config.policy_version) == ({"a": 3}, {"a": 1000}, 0)
 
 
@@ -464,3 +474,11 @@ def test_an_affinity_header_the_headers_set_already_is_refused_without_suggestin
     assert refused.value.field == "routing.affinity_header"
     assert "leave it out of them" in str(refused.value)
     assert "such as X-Session-ID" not in str(refused.value)
+
+
+def test_trackers_name_a_tracker():
+    with pytest.raises(ConfigError, match=r"^Config.trackers: names no tracker"):
+        Trackers()
+    trackers = Trackers(wandb="project", ids_file=pathlib.Path("out.jsonl.trackers.json"))
+    assert (trackers.experiment, trackers.rollouts, trackers.ids_file) == ("rollfilter", 100, "out.jsonl.trackers.json")
+    assert Config(trackers=trackers).trackers is trackers

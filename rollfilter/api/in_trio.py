@@ -31,6 +31,8 @@ from rollfilter.run.statistics import RunStatistics, RunStatus
 
 Rows = Iterable[Any] | AsyncIterable[Any]
 _encode = msgspec.json.Encoder().encode
+# How a run left by an exception ends its tracker runs: KILLED when cancelled, interrupted or closed.
+_TRACKER_STATUS = {trio.Cancelled: "KILLED", KeyboardInterrupt: "KILLED", GeneratorExit: "KILLED"}
 
 
 class FinalReport:
@@ -265,10 +267,14 @@ async def open_rollouts_in_trio(
         results._run = run
         results.figures = figures = LiveFigures(run, trio.lowlevel.current_trio_token(), threading.get_ident())
 
+        ended = "KILLED"  # the tracker runs' status, unless the run ends on its own
+
         async def drive() -> None:
+            nonlocal ended
             try:
                 await run.send()
                 await run.finish()
+                ended = "FINISHED"
             finally:
                 results._take_ended_run(run)
                 figures.ended = True
@@ -280,6 +286,11 @@ async def open_rollouts_in_trio(
                 yield results
             finally:
                 run.control.cancel()
+    except BaseException as exc:
+        run.end_tracking(_TRACKER_STATUS.get(type(exc), "FAILED"))
+        raise
+    else:
+        run.end_tracking(ended)
     finally:
         with trio.CancelScope(shield=True):
             await run.aclose()

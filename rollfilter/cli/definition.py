@@ -151,6 +151,18 @@ OPTIONS = (
            help="Listen on the Unix socket SOCKET (mode 0600) for commands that steer the run while it goes: pause,"
            " resume, drain [SECONDS], concurrency N, rpm [AGENT=]N|off, tpm [AGENT=]N|off, version V, status; one"
            " JSON line answers each."),
+    option("--mlflow", metavar="TRACKING_URI", panel=PANEL_OBSERVE,
+           help="Log the run to MLflow at TRACKING_URI while it goes: params, live metrics, the summary's figures,"
+           " summary.json and a sample of results at the end (pip install 'rollfilter[mlflow]')."),
+    option("--experiment", metavar="NAME", show_default=False, panel=PANEL_OBSERVE,
+           help="With --mlflow: the experiment the run is logged in [default: rollfilter]."),
+    option("--wandb", metavar="PROJECT", panel=PANEL_OBSERVE,
+           help="Log the run to Weights & Biases project PROJECT as --mlflow does (WANDB_MODE, WANDB_API_KEY,"
+           " WANDB_ENTITY and WANDB_DIR are W&B's own; pip install 'rollfilter[wandb]')."),
+    option("--run-name", metavar="NAME", show_default=False, panel=PANEL_OBSERVE,
+           help="The tracker runs' name [default: the -o file's stem, else a time]."),
+    option("--track-rollouts", metavar="N", kind=int | None, whole=0, show_default=False, panel=PANEL_OBSERVE,
+           help="The most result lines the tracker runs get, a uniform sample [default: 100]."),
     option("--policy-version", metavar="V", kind=int | None, panel=PANEL_REPEATS,
            help="Stamp each result with _rf_policy_version: the policy version (from V, changed by --control's"
            " version) when its /run was sent and when it ended."),
@@ -231,7 +243,7 @@ OPTIONS = (
            help="Keep only the tasks whose index mod N is I (repeats stay together); auto: this Slurm array task's"
            " I/N. With --resume, the shard -o was made with."),
     option("--pass-threshold", metavar="R", kind=float, default=1.0, parser=("finite", "--pass-threshold"),
-           panel=PANEL_REPEATS, sets="Config.pass_threshold",
+           panel=PANEL_REPEATS, sets="Config.repeats.pass_threshold",
            help="A rollout counts as correct for pass@k when reward >= R."),
     option("--per-task", metavar="FILE", panel=PANEL_REPEATS, sets="CommandConfig.per_task_file",
            help="With -r K > 1: append one JSON line per finished task to FILE."),

@@ -74,13 +74,19 @@ OPTION_OF_FIELD = {
     "health.max_masked": "--max-masked",
     "headers": "-H/--header",
     "shard": "--shard",
-    "pass_threshold": "--pass-threshold",
+    "repeats.pass_threshold": "--pass-threshold",
     "head_server": "--head-server",
     "aggregate": "--aggregate",
     "reverify": "--reverify",
     "reverify.materialized": "--reverify",
     "reverify.judge_failed_only": "--judge-failed-only",
     "reverify.force": "--force",
+    "trackers.mlflow": "--mlflow",
+    "trackers.experiment": "--experiment",
+    "trackers.wandb": "--wandb",
+    "trackers.run_name": "--run-name",
+    "trackers.rollouts": "--track-rollouts",
+    "trackers.ids_file": "-o/--output",
 }
 # A field's path as a ConfigError gives it: the field, then where in it (`headers[0][0]`, `repeats_by_agent['a']`).
 _FIELD_PATH = re.compile(r"(?P<field>[a-z_]+(?:\.[a-z_]+)?)(?:\[(?P<key>'[^']*'|[0-9]+)\])?")

@@ -285,6 +285,14 @@ def config_of(ctx: typer.Context, given: dict[str, Any], fields: dict[str, Any],
         aggregate=aggregate,
         groups=groups_of(ctx, given),
         policy_version=parsers.policy_version(given["policy_version"]),
+        trackers=parsers.trackers(
+            mlflow=given["mlflow"],
+            experiment=given["experiment"],
+            wandb=given["wandb"],
+            run_name=given["run_name"],
+            rollouts=given["track_rollouts"],
+            output=given["output"],
+        ),
     )
     parts = {"repeats": Repeats, "retries": Retries, "timeout": Timeouts, "tls": Tls, "wire": Wire, "cost": Cost}
     parts |= {"routing": Routing, "rates": Rates, "health": Health}

@@ -12,6 +12,7 @@ environment for `auto`.
 from __future__ import annotations
 
 import math
+import os
 import pathlib
 import re
 import sys
@@ -21,6 +22,7 @@ from typing import Any, Literal
 import msgspec
 
 from rollfilter.config import (
+    DEFAULT_TRACKED_ROLLOUTS,
     MAX_POLICY_VERSION,
     MAX_REPEATS,
     MIN_RATE,
@@ -32,6 +34,7 @@ from rollfilter.config import (
     Groups,
     RecentLimit,
     Reverify,
+    Trackers,
     agent_url,
     checked_url,
     is_decimal,
@@ -574,3 +577,51 @@ def listen_address(text: str) -> tuple[str, int]:
     if not is_decimal(port) or not 1 <= int(port) <= 65535:
         raise UsageError(f"--prometheus {text}: the port must be a number from 1 to 65535")
     return host, int(port)
+
+
+# Beside -o OUT.jsonl: the ids of the tracker runs that a --resume of it continues.
+TRACKER_IDS_SUFFIX = ".trackers.json"
+# The module of each tracker's client, and its extra, by the option that needs it.
+TRACKER_EXTRAS = {"--mlflow": ("mlflow", "mlflow"), "--wandb": ("wandb", "wandb")}
+
+
+def trackers(
+    *,
+    mlflow: str | None,
+    experiment: str | None,
+    wandb: str | None,
+    run_name: str | None,
+    rollouts: int | None,
+    output: str | None,
+) -> Trackers | None:
+    """--mlflow, --wandb and what goes with them, as Config.trackers (None: no tracker). The run
+    name is --run-name, else the -o file's stem; the ids are kept beside -o (`OUT.jsonl.trackers.json`:
+    the run drops that when -o keeps no run record). UsageError when a tracker's client is not
+    installed (with the pip command), or an option that goes with one is given alone."""
+    if mlflow is None and wandb is None:
+        alone = [name for name, value in (("--experiment", experiment), ("--run-name", run_name)) if value is not None]
+        alone += ["--track-rollouts"] if rollouts is not None else []
+        if alone:
+            raise UsageError(f"{alone[0]} goes with --mlflow or --wandb: give one of them")
+        return None
+    if experiment is not None and mlflow is None:
+        raise UsageError("--experiment names an MLflow experiment: give it with --mlflow")
+    for option, value in (("--mlflow", mlflow), ("--wandb", wandb), ("--experiment", experiment)):
+        if value is not None and not value.strip():
+            raise UsageError(f"{option} wants a name, not an empty text")
+    import importlib.util
+
+    for option, value in (("--mlflow", mlflow), ("--wandb", wandb)):
+        module, extra = TRACKER_EXTRAS[option]
+        if value is not None and importlib.util.find_spec(module) is None:
+            raise UsageError(f"{option} needs its client, not installed here: pip install 'rollfilter[{extra}]'")
+    if run_name is None and output is not None:
+        run_name = pathlib.Path(output).stem or None
+    return Trackers(
+        mlflow=mlflow,
+        experiment=experiment or "rollfilter",
+        wandb=wandb,
+        run_name=run_name or None,
+        rollouts=DEFAULT_TRACKED_ROLLOUTS if rollouts is None else rollouts,
+        ids_file=os.path.realpath(output) + TRACKER_IDS_SUFFIX if output else None,
+    )

@@ -18,7 +18,7 @@ from rollfilter.cli.compact import compact_summary
 from rollfilter.cli.environment import Environment
 from rollfilter.cli.files.outputs import OpenedOutputs, replace_content
 from rollfilter.cli.messages import option_of, say, write_summary
-from rollfilter.cli.statuses import RunEnd
+from rollfilter.cli.statuses import RunEnd, tracker_status
 from rollfilter.config import Config
 from rollfilter.errors import RollfilterError
 from rollfilter.formats.writers import OutputFailed
@@ -62,6 +62,8 @@ def report_end(
         say(message, stderr)
     for warning in run.warnings():
         say(warning_message(warning), stderr)
+    # The trackers' warnings come before the summary, which is stderr's last line.
+    run.end_tracking(tracker_status(control.cause, failed=bool(failures)), on_warning=lambda text: say(text, stderr))
     summary_lost = False
     if not quiet:
         metrics = files.whole.get("metrics_file")
@@ -92,6 +94,7 @@ async def report_unsent(
 def report_refused(refused: RollfilterError, run: Run, environment: Environment, *, quiet: bool) -> RunEnd:
     """A run that a service it needs before sending refused: its line, then its summary, of nothing sent."""
     say(str(refused), environment.stderr)
+    run.end_tracking(tracker_status(None, failed=True), on_warning=lambda text: say(text, environment.stderr))
     _summary_of_nothing_sent(run, environment, quiet=quiet)
     return RunEnd(refused=refused)
 

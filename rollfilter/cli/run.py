@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import os
 import ssl
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import trio
@@ -37,6 +38,7 @@ from rollfilter.cli.resume_line import resume_line
 from rollfilter.cli.signals import StopSignals, is_pipe, status_block, watch_reader_gone
 from rollfilter.cli.statuses import RunEnd
 from rollfilter.cli.views import RunViews
+from rollfilter.config import Config
 from rollfilter.errors import ServiceError, UsageError
 from rollfilter.formats.source import STDIN, LineReader, check_inputs
 from rollfilter.formats.writers import LineWriter, OutputClosed, OutputFailed
@@ -138,6 +140,21 @@ def fit_open_files(command: CommandConfig, *, files_per_connection: int, stderr:
     return dataclasses.replace(command, config=dataclasses.replace(command.config, concurrency=fitted))
 
 
+def tracked_config(command: CommandConfig, files: OpenedOutputs) -> tuple[Config, dict[str, Any] | None]:
+    """The run's config, its trackers' ids kept beside -o's run record (`OUT.jsonl.trackers.json`)
+    when -o keeps one, and the record, which they log as params. Without --resume, ids an earlier
+    run left there are forgotten: the run is a new one."""
+    config, trackers = command.config, command.config.trackers
+    if trackers is None or trackers.ids_file is None:
+        return config, None
+    if files.record is None:  # -o keeps no record (--append, /dev/null): nor ids
+        return dataclasses.replace(config, trackers=dataclasses.replace(trackers, ids_file=None)), None
+    if not command.resume:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(trackers.ids_file)
+    return config, msgspec.to_builtins(files.record)
+
+
 def _control_socket(path: str | None) -> contextlib.AbstractContextManager[ControlSocket | None]:
     """--control's socket at `path` (None: none) while the block runs; removed after it."""
     if path is None:
@@ -180,8 +197,9 @@ class _CommandLineRun:
             command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=environment.stdin, on_problem=self.say
         )
         outputs = self.writers.run_outputs(command, log=self.log, fold=self.folder.admit)
+        config, tracked = tracked_config(command, files)
         self.run = writing_run(
-            command.config,
+            config,
             outputs,
             source=self.reader,
             earlier=earlier,
@@ -190,6 +208,7 @@ class _CommandLineRun:
             tls=tls,
             on_event=self.say if command.verbose else None,
             on_warning=self.say,
+            tracked=tracked,
         )
         self.control_socket: ControlSocket | None = None
         for line in resume_cuts(command, earlier):

@@ -48,3 +48,18 @@ def exit_status(end: RunEnd) -> ExitStatus:
         # written, part of what the run reports is missing, so the run failed to write an output.
         return ExitStatus.OUTPUT_FAILED
     return ExitStatus.ROWS_FAILED if end.incomplete else ExitStatus.OK
+
+
+# The stops that end a tracker run KILLED (a signal, or the reader of the results gone); others
+# that are faults end it FAILED, as the exit statuses 2, 3 and 74 do.
+KILLED_BY = frozenset({StopCause.INTERRUPTED, StopCause.TERMINATED, StopCause.HUNG_UP, StopCause.READER_GONE})
+FAILED_BY = frozenset({StopCause.OUTPUT_FAILED, StopCause.AGENT_UNREACHABLE})
+
+
+def tracker_status(stopped: StopCause | None, *, failed: bool = False) -> str:
+    """How a tracker run ends for a run `stopped` so (None: not stopped), or one that `failed`
+    (an output, a service): FINISHED for the exit statuses 0 and 1, KILLED for a signal, FAILED
+    for 2, 3 and 74."""
+    if failed or stopped in FAILED_BY:
+        return "FAILED"
+    return "KILLED" if stopped in KILLED_BY else "FINISHED"

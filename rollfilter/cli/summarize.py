@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -17,7 +18,8 @@ from rollfilter.cli.files import identity
 from rollfilter.cli.files.outputs import NamedOutputs, OutputFiles, replace_content
 from rollfilter.cli.messages import say, write_stderr
 from rollfilter.cli.report import summary_for
-from rollfilter.cli.statuses import RunEnd
+from rollfilter.cli.statuses import RunEnd, tracker_status
+from rollfilter.config import Config
 from rollfilter.errors import UsageError
 from rollfilter.figures.compare import Comparison, RunComparison
 from rollfilter.formats.source import STDIN, LineReader, check_inputs
@@ -30,6 +32,8 @@ from rollfilter.run.run import Run
 from rollfilter.stops import StopCause
 
 _encode = msgspec.json.Encoder().encode
+# Beside the first file --summarize reads: the ids of the tracker runs that logged those files.
+SUMMARIZED_IDS_SUFFIX = ".summarized.trackers.json"
 STDIN_UNCHECKED = (
     "--summarize: shards cannot be checked from standard input (no run record beside its lines):"
     " give the result files themselves, as in rollfilter --summarize shard-*.jsonl"
@@ -59,7 +63,8 @@ async def summarize(command: CommandConfig, *, environment: Environment) -> RunE
     per_task = _PerTask(command.per_task_file)
     tls = tls_context_for(config) if config.aggregate else None
     coverage = shards.summary() if shards is not None else None
-    run = Run(config, tls=tls, on_task=per_task.write, baseline=baseline.comparison, shards=coverage)
+    config, tracking = _tracked(command, environment.stderr)
+    run = Run(config, tls=tls, on_task=per_task.write, baseline=baseline.comparison, shards=coverage, **tracking)
     unclustered = _Unclustered(run.tasks is None)
     counter = ResultCounter(run, unclustered.result)
     with OutputFiles() as files:
@@ -75,6 +80,7 @@ async def summarize(command: CommandConfig, *, environment: Environment) -> RunE
                 counted_failed = failure
                 run.control.stop(StopCause.OUTPUT_FAILED, str(failure))  # no aggregate of a part
             await run.finish()  # --per-task's lines, and the aggregate
+            run.end_tracking(tracker_status(run.control.cause, failed=counted_failed is not None))
         finally:
             reader.close()
             baseline.close()
@@ -114,6 +120,26 @@ async def summarize(command: CommandConfig, *, environment: Environment) -> RunE
     for note in [*unchecked, *baseline.notes(run.statistics().comparison), *unclustered.notes()]:
         say(note, environment.stderr)
     return RunEnd(incomplete=bool(lost or unmatched), output_failed=bool(failures))
+
+
+def _tracked(command: CommandConfig, stderr: int) -> tuple[Config, dict[str, Any]]:
+    """The config of a --summarize that logs to trackers, with their ids kept beside its first
+    file (`FILE.summarized.trackers.json`) for the same files summarized again, and what its Run
+    takes for them: the params (the first file's run record, if it has one), the files the ids
+    are kept for, and where warnings go."""
+    config = command.config
+    if config.trackers is None or STDIN in command.inputs:
+        return config, {}
+    paths = [os.path.realpath(path) for path in command.inputs]
+    trackers = dataclasses.replace(config.trackers, ids_file=paths[0] + SUMMARIZED_IDS_SUFFIX)
+    try:
+        record = identity.read_record(identity.record_path(command.inputs[0]))
+    except UsageError:  # a record that cannot be read: the files' summary says enough
+        record = None
+    tracked = msgspec.to_builtins(record) if record is not None else {"inputs": [os.path.basename(p) for p in paths]}
+    on_warning: Callable[[str], None] = lambda text: say(text, stderr)  # noqa: E731
+    tracking = {"tracked": tracked, "tracking_key": "\n".join(sorted(paths)), "on_warning": on_warning}
+    return dataclasses.replace(config, trackers=trackers), tracking
 
 
 async def _count(reader: LineReader, counter: ResultCounter) -> None:

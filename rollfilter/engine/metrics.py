@@ -12,7 +12,7 @@ from typing import Any
 
 from rollfilter.cost import Spending
 from rollfilter.figures.health import RecentShare
-from rollfilter.figures.means import Means
+from rollfilter.figures.means import Means, RewardByVersion
 from rollfilter.figures.sketches import LatencyHistogram
 from rollfilter.outcomes import OVERLOAD_STATUSES, AttemptFailure
 
@@ -49,6 +49,7 @@ class Metrics:
         # With a limit on a rate of them, the last ended rollouts (from the first answered one on).
         self.recent_unhealthy: RecentShare | None = None
         self.recent_masked: RecentShare | None = None
+        self.by_version: RewardByVersion | None = None  # with a policy version: each version's reward mean
 
     @property
     def ended(self) -> int:
@@ -87,6 +88,8 @@ class Metrics:
             self.recent_unhealthy.add(checks is not None)
         if self.recent_masked is not None:
             self.recent_masked.add(masked or result.get("mask_sample") is True)
+        if self.by_version is not None and not masked:
+            self.by_version.add(result)
 
     def add_unhealthy(self, checks: list[str]) -> None:
         self.unhealthy += 1
@@ -99,6 +102,8 @@ class Metrics:
         if means is None:
             means = self.earlier_by_agent[agent] = Means()
         means.add(result, masked=masked)
+        if self.by_version is not None and not masked:
+            self.by_version.add(result)
 
     def figures_by_agent(self) -> dict[str | None, Means]:
         if not self.earlier_by_agent:

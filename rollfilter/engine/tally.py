@@ -39,7 +39,7 @@ class Tally:
     The engine's calls (`started`, `result`, `failure`, `not_persisted`) are on the path of
     every row: each is one call, and adds to the figures directly."""
 
-    __slots__ = ("_repeats_for", "mask_unhealthy", "metrics", "spool", "tasks")
+    __slots__ = ("_repeats_for", "mask_unhealthy", "metrics", "sample", "spool", "tasks")
 
     def __init__(
         self,
@@ -58,6 +58,7 @@ class Tally:
         self.mask_unhealthy = mask_unhealthy
         if watch:
             metrics.recent_unhealthy, metrics.recent_masked = RecentShare(), RecentShare()
+        self.sample: Callable[[dict[str, Any]], None] | None = None  # each result, for a tracker's sample
 
     def started(self) -> None:
         """A rollout is taken from the input: it ends in one of the calls below, or is cancelled."""
@@ -81,6 +82,8 @@ class Tally:
             )
         if self.spool is not None:  # by the result's agent, as an earlier run's results are spooled
             self.spool.add(agent_name(result), result)
+        if self.sample is not None:
+            self.sample(result)
 
     def failure(self, job: Job, failure: AttemptFailure) -> None:
         """`job` failed for good (after its retries, or before it could be sent)."""
@@ -145,6 +148,8 @@ class Tally:
             )
         if self.spool is not None:
             self.spool.add(agent, result)
+        if self.sample is not None:
+            self.sample(result)
 
     def _reached(self, record: dict[str, Any], agent: str | None) -> None:
         """A task of a file has the rollouts its agent's group size gives it, or the groups of them

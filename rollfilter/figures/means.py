@@ -379,3 +379,27 @@ def reward_of(result: dict[str, Any]) -> float:
         return reward if math.isfinite(reward) else 0.0
     number = as_float(reward)
     return 0.0 if number is None else number
+
+
+class RewardByVersion:
+    """The reward mean of the results of each policy version: the version stamped under `key`
+    (`{"sent": V, "ended": W}`) when their /run was sent, the curve a trainer's dashboard reads.
+    Results without a stamp, and masked ones, are left out."""
+
+    __slots__ = ("counts", "key", "sums")
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.sums: dict[int, float] = {}
+        self.counts: dict[int, int] = {}
+
+    def add(self, result: dict[str, Any]) -> None:
+        stamp = result.get(self.key)
+        version = stamp.get("sent") if type(stamp) is dict else None
+        if type(version) is not int or result.get("mask_sample") is True:
+            return
+        self.sums[version] = self.sums.get(version, 0.0) + reward_of(result)
+        self.counts[version] = self.counts.get(version, 0) + 1
+
+    def means(self) -> dict[int, float]:
+        return {version: self.sums[version] / count for version, count in self.counts.items()}

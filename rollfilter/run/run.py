@@ -8,6 +8,7 @@ they make. The command line and the Python API reach the engine through it, and 
     await run.finish()      # the rows counted, the tasks' figures, /aggregate_metrics
     run.warnings()          # what the run found wrong in its config, for its caller to say
     run.statistics()        # the snapshot every view renders; run.summary() renders the summary
+    run.end_tracking(status)  # with Config.trackers: the final figures, and how the run ended
     await run.aclose()
 
 The Python API (`api/in_trio.py`) gives it its rows and a channel (`ChannelSink`); the command
@@ -37,9 +38,10 @@ from rollfilter.engine.plan import JobSource, LineSource, Planner
 from rollfilter.engine.rate_limits import SendSlots
 from rollfilter.engine.routing import KEEP as KEEP
 from rollfilter.engine.routing import Router, adaptive_windows, check_rates
-from rollfilter.engine.steering import StalenessGate, Steering
+from rollfilter.engine.steering import POLICY_VERSION, StalenessGate, Steering
 from rollfilter.engine.tally import Tally
 from rollfilter.errors import SteeringError
+from rollfilter.figures.means import RewardByVersion
 from rollfilter.figures.passk import TaskStats
 from rollfilter.formats.source import LineReader
 from rollfilter.formats.spool import ResultSpool
@@ -60,6 +62,7 @@ if TYPE_CHECKING:
     from rollfilter.figures.compare import Comparison, RunComparison
     from rollfilter.run.aggregate import AggregateReport
     from rollfilter.run.reverify import MaterializedIndex
+    from rollfilter.run.tracking import RunTracking
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -108,7 +111,10 @@ class Run:
     client: a dry run's (`DryRunClient`), which sends nothing, one job at a time, keeps no spool,
     send slots or adaptive windows, counts no task figures, and counts what it would send. With
     `stop_when_unreachable`, an agent that refused every connection since the start, for the
-    connect timeout and a few times, stops the run. A run that sends fits its concurrency to the
+    connect timeout and a few times, stops the run. With `config.trackers`, `tracking` logs the
+    run (`tracked`, its record, as params; `tracking_key`, what its ids are kept for): started
+    by `connect`, fed live by `send`, ended by `end_tracking`, which its caller calls with how
+    the run ended. A run that sends fits its concurrency to the
     open-file limit, and says so in `warnings`. `baseline` and `shards` are --summarize's: a
     comparison with another run's results, and the shards its files cover. `aclose` closes what
     the run owns: its transport, spool and index.
@@ -132,6 +138,8 @@ class Run:
         stop_when_unreachable: bool = False,
         baseline: RunComparison | None = None,
         shards: Mapping[str, Any] | None = None,
+        tracked: Mapping[str, Any] | None = None,
+        tracking_key: str = "",
     ) -> None:
         self.config = config
         self.control = control if control is not None else StopControl()
@@ -141,9 +149,9 @@ class Run:
         largest = config.repeats.largest
         self.tasks: TaskStats | None = None
         if largest > 1:
-            self.tasks = TaskStats(largest, config.pass_threshold, on_task)
+            self.tasks = TaskStats(largest, config.repeats.pass_threshold, on_task)
         elif config.reverify is not None:  # each line re-scored names its task: the error bars are clustered by it
-            self.tasks = TaskStats(1, config.pass_threshold, clusters_only=True)
+            self.tasks = TaskStats(1, config.repeats.pass_threshold, clusters_only=True)
         self.spool = ResultSpool() if config.aggregate and client is None else None
         answered = self.tasks if client is None else None  # a dry run's rollouts are planned, never answered
         self.tally = Tally(
@@ -166,6 +174,8 @@ class Run:
         self.concurrency = self._fitted(config.concurrency)  # as set_concurrency last set it
         self.send_slots = SendSlots(self.concurrency) if config.rates.limited and client is None else None
         self.steering = Steering(config.policy_version)
+        if config.policy_version is not None:
+            self.metrics.by_version = RewardByVersion(POLICY_VERSION)
         self.staleness = StalenessGate.for_config(self.steering, config)
         self.index: MaterializedIndex | None = None  # with config.reverify: the materialized inputs, indexed
         self.unsafe = False  # re-scored at a resources server that does not say it is stateless (forced)
@@ -179,6 +189,21 @@ class Run:
         self._baseline, self._shards = baseline, shards
         self._comparison: Comparison | None = None  # with a baseline, once finished
         self._timed = True  # a run counted from result files has no timings
+        self.tracking = self._tracking(config, tracked, tracking_key) if client is None else None
+
+    def _tracking(self, config: Config, tracked: Mapping[str, Any] | None, key: str) -> RunTracking | None:
+        """The run's trackers (`Config.trackers`), logging `tracked` (its record) as params, and
+        fed every result for their sample. A run that sends nothing to agents counts its
+        results the same way, and is tracked the same way."""
+        if config.trackers is None:
+            return None
+        from rollfilter.run.tracking import RunTracking, identity_of  # a run that tracks loads it
+
+        record = tracked if tracked is not None else identity_of(config)
+        tracking = RunTracking(config.trackers, record, key=key, on_warning=self._on_warning)
+        if tracking.reservoir is not None:
+            self.tally.sample = tracking.reservoir.add
+        return tracking
 
     async def connect(self, *, send: bool = True) -> None:
         """Find the agents (a head server asked once), build the router, and with `send` the engine;
@@ -189,6 +214,8 @@ class Run:
         self._timed = send
         if send and not config.names_an_agent:
             raise ConfigError("url", "is not given, nor Config.endpoints or Config.head_server: no agent for the rows")
+        if self.tracking is not None:
+            await self.tracking.start()
         if self.transport is None:
             return
         if config.reverify is not None:
@@ -299,7 +326,7 @@ class Run:
             await trio.to_thread.run_sync(self._earlier.count, self.tally)
         try:
             if self.control.cause is None:
-                await self.engine.send_all()
+                await self._send_tracked(self.engine)
         finally:
             if self.groups is not None:
                 self.groups.cancel_open()
@@ -307,6 +334,23 @@ class Run:
             self.groups.cancel_earlier(self._earlier.left_open(self.config.repeats.for_agent))
         if self.control.stopped_early and isinstance(self._sink, LineSink):
             self._sink.flush_backlog()  # what --ordered holds behind rows that never finished
+
+    async def _send_tracked(self, engine: Engine) -> None:
+        """The engine's run, with the trackers' live points taken beside it."""
+        if self.tracking is None:
+            await engine.send_all()
+            return
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.tracking.watch, self.statistics)
+            await engine.send_all()
+            nursery.cancel_scope.cancel()
+
+    def end_tracking(self, status: str, *, on_warning: Callable[[str], None] | None = None) -> None:
+        """The trackers' final figures, their runs ended with `status` (FINISHED, KILLED or
+        FAILED: see `rollfilter.run.tracking`), once; it waits a few seconds at most. What went
+        wrong with them is said before it returns, by `on_warning` (None: the run's)."""
+        if self.tracking is not None:
+            self.tracking.end(self.summary(), self.statistics(), status, on_warning=on_warning)
 
     async def finish(self) -> None:
         """After `send`: the rows counted (the summary's `expected` and `not_started`: see
@@ -446,11 +490,13 @@ def writing_run(
     tls: ssl.SSLContext | None,
     on_event: Callable[[str], None] | None,
     on_warning: Callable[[str], None],
+    tracked: Mapping[str, Any] | None = None,
 ) -> Run:
     """The run of `config` whose outcomes go to `outputs` (the command line's writers, over the
     files it opened): its sink made of them, a task's line and a held rollout written there, and
     an agent that never answers stopping it. With `dry_run`, nothing is sent: each route is said
-    on `outputs.log` and each body written where results go (no -v events: a dry run has none)."""
+    on `outputs.log` and each body written where results go (no -v events: a dry run has none).
+    `tracked` is the run's record, its trackers' params."""
     sink, client = outputs.dry_run(config) if dry_run else (outputs.sink(config), None)
     return Run(
         config,
@@ -465,4 +511,5 @@ def writing_run(
         client=client,
         hold=outputs.held.write if outputs.held is not None else None,
         stop_when_unreachable=True,
+        tracked=tracked,
     )

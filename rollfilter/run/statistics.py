@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # loaded by the runs that compare (--summarize --compare)
     from rollfilter.figures.compare import Comparison
 
 _NONE: Mapping[str, Any] = types.MappingProxyType({})
+_NO_VERSIONS: Mapping[int, float] = types.MappingProxyType({})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -154,7 +155,8 @@ class RunStatistics:
     + not_started.
     `finished` is what the progress file counts: the ended, the given up, and what earlier runs
     finished. `steering` is what is in force (the pause, the concurrency, the version, and the
-    rows the staleness bound holds back).
+    rows the staleness bound holds back). With a policy version, `reward_by_version` is the reward
+    mean of each version's results (earlier runs' included), by the version they were sent under.
 
     What the run says of itself, beside its counts: why it `stopped` (None: it was not), the
     tasks' figures once finished (`tasks`), whether it re-scored where that is not known to be
@@ -218,6 +220,9 @@ class RunStatistics:
     unhealthy: int = 0
     unhealthy_by_check: Mapping[str, int] = dataclasses.field(default_factory=dict)
     tasks_all_unhealthy: int = 0
+    reward_by_version: Mapping[int, float] = dataclasses.field(
+        default_factory=lambda: _NO_VERSIONS
+    )  # with a policy version: each version's reward mean
 
     @classmethod
     def empty(cls) -> RunStatistics:
@@ -343,6 +348,7 @@ def statistics_of(
         comparison=comparison,
         timed=timed,
         **_health(metrics, tasks),
+        reward_by_version=metrics.by_version.means() if metrics.by_version is not None else _NO_VERSIONS,
     )
 
 

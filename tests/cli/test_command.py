@@ -27,6 +27,7 @@ from rollfilter.config import (
     Routing,
     Timeouts,
     Tls,
+    Trackers,
     Wire,
 )
 from rollfilter.cost import Price
@@ -65,12 +66,11 @@ def test_the_command_line_builds_a_config_from_every_option_that_sets_a_field():
         concurrency=4,
         adaptive=True,
         limit=5,
-        repeats=Repeats(count=2, by_agent={"a": 3}, seeds=True),
+        repeats=Repeats(count=2, by_agent={"a": 3}, seeds=True, pass_threshold=0.5),
         params=(("temperature", 0.7), ("model", "m")),
         cost=Cost(prices=((None, Price(1, 2)),), max_usd=3),
         headers=(("X-Token", "t"),),
         shard=(1, 3),
-        pass_threshold=0.5,
         head_server="http://127.0.0.1:5",
         wire=Wire(proxy="http://127.0.0.1:6", cross_origin_redirects=True, max_reply_bytes=1024),
         aggregate=True,
@@ -176,7 +176,7 @@ USE_OF_FIELD: dict[str, list[str]] = {
     "cost.max_usd": ["--max-cost", "5", "--prices", "prices.json"],
     "headers": ["-H", "X-Test: 1"],
     "shard": ["--shard", "1/2"],
-    "pass_threshold": ["--pass-threshold", "0.5"],
+    "repeats.pass_threshold": ["--pass-threshold", "0.5"],
     "head_server": ["--head-server", "http://127.0.0.1:4"],
     "wire.proxy": ["--proxy", "http://127.0.0.1:5"],
     "adaptive": ["--adaptive"],
@@ -212,6 +212,12 @@ USE_OF_FIELD: dict[str, list[str]] = {
     "progress": ["--no-progress"],
     "verbose": ["-v"],
     "dry_run": ["--dry-run"],
+    "trackers.mlflow": ["--mlflow", "http://127.0.0.1:5000"],
+    "trackers.experiment": ["--mlflow", "http://127.0.0.1:5000", "--experiment", "e"],
+    "trackers.wandb": ["--wandb", "p"],
+    "trackers.run_name": ["--wandb", "p", "--run-name", "r"],
+    "trackers.rollouts": ["--wandb", "p", "--track-rollouts", "5"],
+    "trackers.ids_file": ["--wandb", "p", "-o", "out.jsonl"],
 }
 
 
@@ -229,6 +235,7 @@ PARTS: dict[str, type] = {
     "max_failures": FailureLimit,
     "health": Health,
     "reverify": Reverify,
+    "trackers": Trackers,
 }
 
 
@@ -266,6 +273,7 @@ def test_demo_gives_the_run_the_demo_agents_default_options(monkeypatch: pytest.
     assert [command.handle_signals for command in given] == [True, True]  # the command handles its signals
 
 
+@pytest.mark.usefixtures("tracker_clients")
 def test_every_field_is_set_by_its_option(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """Each field of Config (and of its parts) and each file of CommandConfig is set by the option
     that USE_OF_FIELD gives for it: parsing that option changes the field."""

@@ -236,3 +236,42 @@ def test_what_groups_check_they_check_before_groups_are_asked_for():
     with pytest.raises(ConfigError) as refused:
         groups(False, max_staleness=1)
     assert refused.value.field == "groups.max_staleness"
+
+
+@pytest.mark.usefixtures("tracker_clients")
+def test_trackers_take_their_run_name_from_the_outputs_stem_and_their_defaults():
+    trackers = parsers.trackers(
+        mlflow="http://127.0.0.1:5000", experiment=None, wandb="proj", run_name=None, rollouts=None, output="d/o.jsonl"
+    )
+    assert trackers is not None
+    assert (trackers.experiment, trackers.run_name, trackers.rollouts) == ("rollfilter", "o", 100)
+    none = {"mlflow": None, "experiment": None, "wandb": None, "run_name": None, "rollouts": None, "output": "o"}
+    assert parsers.trackers(**none) is None
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"experiment": "e"}, "--experiment goes with --mlflow or --wandb: give one of them"),
+        ({"run_name": "r"}, "--run-name goes with --mlflow or --wandb: give one of them"),
+        ({"rollouts": 5}, "--track-rollouts goes with --mlflow or --wandb: give one of them"),
+        ({"wandb": "p", "experiment": "e"}, "--experiment names an MLflow experiment: give it with --mlflow"),
+        ({"wandb": " "}, "--wandb wants a name, not an empty text"),
+    ],
+)
+def test_options_of_trackers_that_cannot_be_used_are_refused(given: dict[str, Any], message: str):
+    options = {"mlflow": None, "experiment": None, "wandb": None, "run_name": None, "rollouts": None, "output": None}
+    with pytest.raises(UsageError, match=f"^{re.escape(message)}$"):
+        parsers.trackers(**{**options, **given})
+
+
+@pytest.mark.parametrize(("option", "extra"), [("--mlflow", "mlflow"), ("--wandb", "wandb")])
+def test_a_tracker_without_its_client_exits_2_with_the_pip_command(
+    monkeypatch: pytest.MonkeyPatch, option: str, extra: str
+):
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    proc = run(["-u", "http://127.0.0.1:9/run", option, "x"])
+    assert proc.returncode == ExitStatus.USAGE
+    assert proc.stderr.decode().splitlines() == [
+        f"rollfilter: {option} needs its client, not installed here: pip install 'rollfilter[{extra}]'"
+    ]

@@ -42,8 +42,13 @@ def test_a_run_imports_neither_httpxs_command_line_nor_yaml(tmp_path):
 
 
 # Loaded by the runs that use them, and by no other: re-scoring, the --materialized file,
-# --aggregate, the --control socket, --summarize and --compare, an adaptive window's median.
+# --aggregate, the --control socket, --summarize and --compare, an adaptive window's median, the
+# trackers and their clients.
 LOADED_WHEN_USED = {
+    "rollfilter.run.tracking",
+    "rollfilter.trackers.log",
+    "mlflow",
+    "wandb",
     "rollfilter.run.reverify",
     "rollfilter.run.materialize",
     "rollfilter.run.aggregate",

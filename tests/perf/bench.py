@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import contextlib
 import datetime
 import importlib.util
 import json
@@ -25,6 +26,7 @@ import os
 import platform
 import select
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -61,6 +63,7 @@ SCENARIOS = (
     "startup",
     "prometheus",
     "reverify",
+    "trackers",
 )
 
 
@@ -214,6 +217,14 @@ class Measure:
     cpu_s: float
     peak_rss_mb: float
     rows: int
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
 
 
 def high_water_rss_kb(pid: int) -> int:
@@ -485,6 +496,62 @@ class Bench:
         self.rows.append(
             Row(scenario, "rows/s", rate_on, rate_off, ">= 0.95x without", rate_on >= rate_off * 0.95, rates)
         )
+
+    def trackers(self) -> None:
+        """CPU a row with and without --mlflow, logging to an `mlflow server` started here (the
+        `test-trackers` extra): the CPU of a long run less that of a short one, over the rows
+        between, so that what a run costs once (the client's import, the tracker run's start and
+        end) is no row's."""
+        mlflow = shutil.which("mlflow", path=os.path.dirname(sys.executable))
+        if mlflow is None:
+            print("trackers: no mlflow server here (pip install -e '.[test-trackers]'): left out", file=sys.stderr)
+            return
+        n, short = (20_000 if self.quick else 100_000), 1_000
+        data = make_rows(self.workdir / f"rows-{n}.jsonl", n)
+        few = make_rows(self.workdir / f"rows-{short}.jsonl", short)
+        store, port = self.workdir / "mlflow", free_port()
+        server = subprocess.Popen(
+            [
+                *(mlflow, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"),
+                *("--backend-store-uri", f"sqlite:///{store}.db", "--artifacts-destination", str(store)),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        agent = Agent(latency=0.0)
+        tracked = ["--mlflow", f"http://127.0.0.1:{port}", "--experiment", "bench"]
+        try:
+            deadline = time.monotonic() + 300
+            while not _answers(f"http://127.0.0.1:{port}/health"):
+                assert server.poll() is None, "mlflow server ended"
+                assert time.monotonic() < deadline, "mlflow server did not start"
+                time.sleep(0.5)
+            print(f"trackers: instant agent, {n} rows less {short}, -j 64", file=sys.stderr)
+            clients = {
+                "rollfilter": lambda: self.rf(agent, 64, data),
+                "rollfilter (short)": lambda: self.rf(agent, 64, few),
+                "rollfilter --mlflow": lambda: self.rf(agent, 64, data, tracked),
+                "rollfilter --mlflow (short)": lambda: self.rf(agent, 64, few, tracked),
+            }
+            results = self.alternate(clients, self.runs)
+        finally:
+            agent.stop()
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=60)
+            with contextlib.suppress(ProcessLookupError):  # its job runner's consumers outlive a SIGTERM
+                os.killpg(server.pid, signal.SIGKILL)
+        per_row = {
+            label: [
+                (whole.cpu_s - part.cpu_s) * 1e6 / (n - short)
+                for whole, part in zip(runs, results[f"{label} (short)"], strict=True)
+            ]
+            for label, runs in results.items()
+            if not label.endswith("(short)")
+        }
+        off, on = median(per_row["rollfilter"]), median(per_row["rollfilter --mlflow"])
+        scenario = "trackers (--mlflow, a long run less a short one)"
+        self.rows.append(Row(scenario, "CPU us a row", on, off, "<= 1.05x without", on <= off * 1.05, per_row))
 
     def scale(self) -> None:
         latency, concurrency = 2.0, 2000

@@ -1,0 +1,39 @@
+"""The file that keeps a run's tracker run ids (beside the command's run record), so that a run that
+resumes continues the same tracker runs rather than starting others."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from typing import Any
+
+
+def read_ids(path: str | None, key: str = "") -> dict[str, str]:
+    """The tracker run ids kept in `path` by tracker name ("mlflow", "wandb"), when it holds
+    them for `key` (what they were kept for, as --summarize's files); none when it is missing,
+    unreadable, for another key, or not ours."""
+    if path is None:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as file:
+            kept: Any = json.load(file)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(kept, dict) or kept.get("key", "") != key or not isinstance(kept.get("ids"), dict):
+        return {}
+    return {name: value for name, value in kept["ids"].items() if isinstance(value, str)}
+
+
+def keep_ids(path: str, ids: dict[str, str], key: str = "") -> None:
+    """Keep `ids` in `path`, replaced at once (a run killed while writing leaves the old or the new).
+    OSError when it cannot be written."""
+    temporary = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(temporary, "w", encoding="utf-8") as file:
+            json.dump({"key": key, "ids": ids}, file)
+        os.replace(temporary, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise

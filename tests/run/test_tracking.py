@@ -1,0 +1,89 @@
+"""run/tracking.py: the run's snapshot and summary rendered for its trackers, from Python too."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+
+from rollfilter import Config, Trackers, open_rollouts
+from rollfilter.config import ConfigError
+from rollfilter.demo import DemoAgent, serve
+from rollfilter.run import tracking
+from rollfilter.run.run import Run
+from rollfilter.run.tracking import identity_of, params_of
+from tests.api.test_rollouts import weather_rows
+from tests.trackers.test_log import Recording
+
+
+def test_params_are_the_record_by_path_with_the_version():
+    record = {"inputs": [{"name": "in.jsonl", "sha256": "ab"}], "repeats": 4, "repeats_by_agent": {"math": 8}}
+    params = params_of({**record, "agent": None, "groups": False, "shard": [0, 2]})
+    assert params == {
+        "rollfilter_version": params["rollfilter_version"],
+        "inputs": '[{"name": "in.jsonl", "sha256": "ab"}]',
+        "repeats": "4",
+        "repeats_by_agent.math": "8",
+        "agent": "null",
+        "groups": "false",
+        "shard": "[0, 2]",
+    }
+
+
+def test_a_runs_identity_from_python_carries_no_credential_query_or_header():
+    config = Config(
+        url="http://user:pw@127.0.0.1:8000/run?key=k1",
+        endpoints={"math": "https://u:p2@math.example/run?token=t2"},
+        head_server="http://h:p3@127.0.0.1:11000/?sig=s3",
+        headers=(("Authorization", "Bearer h4"),),
+        params=(("temperature", 0.5),),
+        repeats=2,
+    )
+    text = json.dumps(params_of(identity_of(config)))
+    assert "127.0.0.1:8000/run" in text
+    assert "math.example/run" in text
+    assert '"params": "[[\\"temperature\\", 0.5]]"' in text
+    for secret in ("user", "pw", "k1", "p2", "t2", "p3", "s3", "Bearer", "h4", "key=", "token", "sig"):
+        assert secret not in text, secret
+
+
+def test_a_tracker_whose_client_is_missing_is_refused_with_the_pip_command(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    with pytest.raises(
+        ConfigError, match=r"^Config.trackers.mlflow: needs its client: pip install 'rollfilter\[mlflow\]'$"
+    ):
+        Run(Config(trackers=Trackers(mlflow="http://127.0.0.1:5000")))
+
+
+@pytest.mark.usefixtures("tracker_clients")
+async def test_a_python_run_logs_its_points_and_every_figure_at_the_end(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    recording = Recording()
+    monkeypatch.setattr(tracking, "_wandb", lambda project, run_name: recording)
+    monkeypatch.setattr(tracking, "LIVE_EVERY_S", 0.001)
+    ids_file = str(tmp_path / "ids.json")
+    trackers = Trackers(wandb="project", rollouts=3, ids_file=ids_file)
+    agent = DemoAgent()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(lambda task_status: serve(agent, task_status=task_status))
+        config = Config(url=f"http://127.0.0.1:{port}", repeats=2, trackers=trackers, policy_version=7)
+        async with open_rollouts(weather_rows(), config) as run_:
+            outcomes = [outcome async for outcome in run_]
+        nursery.cancel_scope.cancel()
+    assert len(outcomes) == 10
+    assert recording.started_with is not None
+    params, run_id = recording.started_with
+    assert (params["url"], params["repeats"], run_id) == (f"http://127.0.0.1:{port}/run", "2", None)
+    assert json.loads((tmp_path / "ids.json").read_text())["ids"] == {"wandb": "new-id"}
+    steps = [step for _, step in recording.points]
+    assert steps == sorted(steps)  # stepped by the rollouts finished
+    final = recording.ended
+    assert final is not None
+    assert (final.status, final.step) == ("FINISHED", 10)
+    assert final.metrics["rollfilter/succeeded"] == 10
+    assert final.metrics["mean_at_2"] == run_.summary["mean@2"]
+    logged = json.loads(final.summary)
+    assert (logged["mean@2"], logged["rollfilter"]["succeeded"]) == (run_.summary["mean@2"], 10)
+    assert final.versions == {7: run_.summary["reward"]}  # every rollout was sent under version 7
+    assert len(final.rollouts) == 3
+    assert all(json.loads(line)["_ng_task_index"] in range(5) for line in final.rollouts)
