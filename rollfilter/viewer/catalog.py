@@ -88,6 +88,12 @@ def _line_ends_at(path: str, end: int) -> bool:
         return file.read(1) == b"\n"
 
 
+def _whole(value: Any, absent: int) -> int:
+    """`value` if it is a whole number a column can hold (64 bits), else `absent`: a line may hold
+    any integer, and one past the columns' range must not stop the indexing of every line."""
+    return value if type(value) is int and -(1 << 63) <= value < 1 << 63 else absent
+
+
 def _number(value: Any) -> float:
     return float(value) if isinstance(value, int | float) and math.isfinite(value) else math.nan
 
@@ -107,14 +113,14 @@ def fields_of(record: dict[str, Any]) -> tuple[int, int, float, int, int, str, i
     version = record.get(POLICY_VERSION)
     sent = version.get("sent") if isinstance(version, dict) else None
     return (
-        task if type(task) is int else NO_INDEX,
-        rollout if type(rollout) is int else NO_INDEX,
+        _whole(task, NO_INDEX),
+        _whole(rollout, NO_INDEX),
         _number(record.get("reward")),
-        tokens if type(tokens) is int else 0,
+        _whole(tokens, 0),
         calls if isinstance(output, list) else 0,
         name if isinstance(name, str) else "",
         flags,
-        sent if type(sent) is int else NO_INDEX,
+        _whole(sent, NO_INDEX),
     )
 
 

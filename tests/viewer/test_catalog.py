@@ -79,3 +79,13 @@ def test_a_file_written_again_past_its_old_end_is_read_again(results_file: Path)
         file.write(json.dumps(result(8, 0, 0.75, "x" * size)) + "\n")
     catalog.refresh()
     assert [(e.task, e.reward) for e in catalog.entries()] == [(8, 0.75)]
+
+
+def test_integers_past_64_bits_are_indexed_as_absent(tmp_path: Path):
+    path = tmp_path / "huge.jsonl"
+    huge = 1 << 70
+    record = result(huge, huge, 1.0, _rf_policy_version={"sent": huge})
+    record["response"]["usage"]["output_tokens"] = -huge
+    write_lines(path, [result(0, 0, 1.0), record])
+    entries = list(catalog_of(path).entries())
+    assert [(e.task, e.rollout, e.tokens, e.version) for e in entries[1:]] == [(-1, -1, 0, -1)]
