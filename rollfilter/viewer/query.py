@@ -70,11 +70,9 @@ class Query:
             kept = [position for position, line in catalog.lines(kept) if _holds(line, self.q)]
         if self.sort:
             column = catalog.column(SORTS[self.sort])
-            descending = self.sort.startswith("-")
-            # NaN (no reward) last either way
-            kept.sort(key=lambda p: (math.isnan(column[p]) if SORTS[self.sort] == "reward" else False, column[p]))
-            if descending:
-                kept.reverse()
+            sign = -1 if self.sort.startswith("-") else 1
+            # NaN (no reward) last either way; equal values stay in file order (a stable sort, not reversed)
+            kept.sort(key=lambda p: (math.isnan(column[p]), sign * column[p]))
         return kept
 
     def _kept(self, catalog: Catalog) -> Iterator[int]:

@@ -45,6 +45,8 @@ def test_the_index_shows_the_figures_and_the_rollouts(viewer: Viewer):
         ("q=PARIS", ["0/0"]),
         ("q=onerror", ["0/1"]),
         ("sort=-reward&max_reward=0.7", ["2/1", "0/1"]),
+        ("sort=-reward", ["0/0", "1/0", "1/1", "2/1", "0/1", "2/0"]),  # no reward last, ties in file order
+        ("sort=reward", ["0/1", "2/1", "0/0", "1/0", "1/1", "2/0"]),
     ],
 )
 def test_filters_in_the_url_keep_their_rollouts(viewer: Viewer, query: str, listed: list[str]):
