@@ -33,6 +33,9 @@ SECURITY_HEADERS = (
     ("Cache-Control", "no-store"),
 )
 HTML = "text/html; charset=utf-8"
+# A number in a path or a parameter: ASCII digits (str.isdigit takes others int() refuses), and few
+# enough of them for int() and the index's 64-bit columns; a longer one makes the path no page's.
+NUMBER = "-?[0-9]{1,18}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -90,7 +93,9 @@ class Viewer:
             return None
         given = parse_qs(urlsplit(target).query).get("token", [""])[-1]
         cookies = dict(pair.strip().partition("=")[::2] for pair in headers.get("Cookie", "").split(";") if "=" in pair)
-        if any(hmac.compare_digest(value, self.token) for value in (given, cookies.get(TOKEN_COOKIE, "")) if value):
+        # Compared as bytes: compare_digest refuses strings past ASCII, and a request may give any.
+        token = self.token.encode()
+        if any(hmac.compare_digest(value.encode(), token) for value in (given, cookies.get(TOKEN_COOKIE, "")) if value):
             return None
         return _error(HTTPStatus.FORBIDDEN, "Give the token of the URL the viewer printed.")
 
@@ -116,8 +121,8 @@ class Viewer:
             return _page(index_page(catalog, query, compare=catalog.baseline is not None))
         if path == "/compare" and catalog.baseline is not None:
             return _page(compare_page(catalog))
-        numbers = [int(part) for part in re.findall(r"/(-?\d+)", path)]
-        shape = re.sub(r"/-?\d+", "/N", path)
+        numbers = [int(part) for part in re.findall(f"/({NUMBER})", path)]
+        shape = re.sub(f"/{NUMBER}", "/N", path)
         if shape == "/compare/N" and catalog.baseline is not None:
             return _page(compare_task_page(catalog, numbers[0]))
         if shape == "/rollout/N/N":
@@ -134,7 +139,7 @@ class Viewer:
         if entry is None:
             return _error(HTTPStatus.NOT_FOUND, f"No rollout {rollout} of task {task}.")
         beside = params.get("beside", [""])[-1]
-        other = self.catalog.find(task, int(beside)) if beside.lstrip("-").isdigit() else None
+        other = self.catalog.find(task, int(beside)) if re.fullmatch(NUMBER, beside) else None
         return _page(rollout_page(self.catalog, entry, other))
 
 

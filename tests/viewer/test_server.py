@@ -157,3 +157,21 @@ def test_a_search_reads_what_the_escapes_stand_for(tmp_path: Path, text: str, fo
     for viewer in serving(catalog_of(path)):
         _, _, page = get(viewer, "/?" + urlencode({"q": text}))
         assert rollouts_listed(page) == found
+
+
+@pytest.mark.parametrize("beside", ["%C2%B2", "--1", "1" * 5000])  # ² passes str.isdigit, not int()
+def test_a_beside_that_is_no_rollout_shows_the_rollout_alone(viewer: Viewer, beside: str):
+    status, _, page = get(viewer, f"/rollout/0/0?beside={beside}")
+    assert status == 200
+    assert page.count('class="transcript"') == 1
+
+
+@pytest.mark.parametrize("path", ["/rollout/" + "9" * 5000 + "/0", "/raw/" + "9" * 5000, "/rollout/0/1" + "0" * 30])
+def test_a_number_too_long_for_the_index_is_no_page(viewer: Viewer, path: str):
+    assert get(viewer, path)[0] == 404
+
+
+@pytest.mark.parametrize(("target", "cookie"), [("/?token=%C3%A9", ""), ("/", "rollfilter_token=\xe9")])
+def test_a_token_past_ascii_is_refused(results_file: Path, target: str, cookie: str):
+    viewer = Viewer(catalog_of(results_file), host="192.0.2.1", port=8000, token="abc")
+    assert viewer.respond("GET", target, {"Cookie": cookie}).status == 403
