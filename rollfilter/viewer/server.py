@@ -164,13 +164,20 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(response.status)
         self.send_header("Content-Type", response.content_type)
         self.send_header("Content-Length", str(len(response.body)))
-        for name, value in (*SECURITY_HEADERS, *response.headers):
+        for name, value in response.headers:
             self.send_header(name, value)
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(response.body)
 
     do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _answer
+
+    def end_headers(self) -> None:
+        """The security headers on every answer, http.server's own errors (a method it has no
+        do_ for, a request line too long, one that is not HTTP) too."""
+        for name, value in SECURITY_HEADERS:
+            self.send_header(name, value)
+        super().end_headers()
 
     def log_message(self, format: str, *args: Any) -> None:
         """Requests are not logged: stderr has the one line the command prints."""

@@ -1,5 +1,6 @@
 import http.client
 import re
+import socket
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -175,3 +176,29 @@ def test_a_number_too_long_for_the_index_is_no_page(viewer: Viewer, path: str):
 def test_a_token_past_ascii_is_refused(results_file: Path, target: str, cookie: str):
     viewer = Viewer(catalog_of(results_file), host="192.0.2.1", port=8000, token="abc")
     assert viewer.respond("GET", target, {"Cookie": cookie}).status == 403
+
+
+@pytest.mark.parametrize(
+    ("request_line", "status"),
+    [
+        (b"FOO / HTTP/1.0", 501),
+        (b"GET /" + b"a" * 70000 + b" HTTP/1.0", 414),
+        (b"GET / HTTP/1.0\r\nX: " + b"a" * 70000, 431),
+    ],
+)
+def test_http_servers_own_errors_carry_the_policy(viewer: Viewer, request_line: bytes, status: int):
+    with socket.create_connection(("127.0.0.1", viewer.port), timeout=10) as connection:
+        connection.sendall(request_line + f"\r\nHost: 127.0.0.1:{viewer.port}\r\n\r\n".encode())
+        response = http.client.HTTPResponse(connection)
+        response.begin()
+        response.close()
+    assert response.status == status
+    assert response.headers["Content-Security-Policy"].startswith("default-src 'none'")
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
+
+
+def test_a_page_carries_the_policy_once(viewer: Viewer):
+    connection = http.client.HTTPConnection("127.0.0.1", viewer.port, timeout=10)
+    connection.request("GET", "/", headers={"Host": f"127.0.0.1:{viewer.port}"})
+    assert len(connection.getresponse().headers.get_all("Content-Security-Policy")) == 1
+    connection.close()
