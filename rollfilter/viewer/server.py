@@ -67,6 +67,12 @@ class Viewer:
         self._hosts = {f"{name}:{port}" for name in names} | ({"localhost"} if port == 80 else set())
 
     @property
+    def _cookie(self) -> str:
+        """The token's cookie, named with the port: a browser sends a host's cookies to each of its
+        ports, and two viewers on one host must not replace each other's token."""
+        return f"{TOKEN_COOKIE}_{self.port}"
+
+    @property
     def url(self) -> str:
         shown = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{shown}:{self.port}/" + (f"?token={self.token}" if self.token else "")
@@ -82,7 +88,7 @@ class Viewer:
         params = parse_qs(parts.query)
         response = self._page(parts.path, params)
         if self.token is not None and params.get("token") == [self.token]:
-            cookie = f"{TOKEN_COOKIE}={self.token}; HttpOnly; SameSite=Strict; Path=/"
+            cookie = f"{self._cookie}={self.token}; HttpOnly; SameSite=Strict; Path=/"
             response = dataclasses.replace(response, headers=(*response.headers, ("Set-Cookie", cookie)))
         return response
 
@@ -95,7 +101,7 @@ class Viewer:
         cookies = dict(pair.strip().partition("=")[::2] for pair in headers.get("Cookie", "").split(";") if "=" in pair)
         # Compared as bytes: compare_digest refuses strings past ASCII, and a request may give any.
         token = self.token.encode()
-        if any(hmac.compare_digest(value.encode(), token) for value in (given, cookies.get(TOKEN_COOKIE, "")) if value):
+        if any(hmac.compare_digest(value.encode(), token) for value in (given, cookies.get(self._cookie, "")) if value):
             return None
         return _error(HTTPStatus.FORBIDDEN, "Give the token of the URL the viewer printed.")
 

@@ -172,7 +172,7 @@ def test_a_number_too_long_for_the_index_is_no_page(viewer: Viewer, path: str):
     assert get(viewer, path)[0] == 404
 
 
-@pytest.mark.parametrize(("target", "cookie"), [("/?token=%C3%A9", ""), ("/", "rollfilter_token=\xe9")])
+@pytest.mark.parametrize(("target", "cookie"), [("/?token=%C3%A9", ""), ("/", "rollfilter_token_8000=\xe9")])
 def test_a_token_past_ascii_is_refused(results_file: Path, target: str, cookie: str):
     viewer = Viewer(catalog_of(results_file), host="192.0.2.1", port=8000, token="abc")
     assert viewer.respond("GET", target, {"Cookie": cookie}).status == 403
@@ -202,3 +202,15 @@ def test_a_page_carries_the_policy_once(viewer: Viewer):
     connection.request("GET", "/", headers={"Host": f"127.0.0.1:{viewer.port}"})
     assert len(connection.getresponse().headers.get_all("Content-Security-Policy")) == 1
     connection.close()
+
+
+def test_two_viewers_on_one_host_keep_their_own_cookie(results_file: Path):
+    catalog = catalog_of(results_file)
+    first, second = (Viewer(catalog, host="192.0.2.1", port=port, token=f"t{port}") for port in (8000, 8001))
+    cookies = [
+        viewer.respond("GET", f"/?token={viewer.token}", {}).headers[0][1].split(";")[0] for viewer in (first, second)
+    ]
+    assert cookies[0] != cookies[1]
+    both = "; ".join(cookies)  # the browser sends both to either port
+    assert first.respond("GET", "/", {"Cookie": both}).status == 200
+    assert second.respond("GET", "/", {"Cookie": both}).status == 200
