@@ -61,21 +61,25 @@ class Entry:
 
 def numbered_lines(path: str, start: int, max_line_bytes: int) -> Iterator[tuple[int, int, InputLine]]:
     """The whole lines of `path` from byte `start` on, each with its offset and length in bytes
-    (a last line without its newline is not whole yet: the file is being written)."""
+    (a last line without its newline is not whole yet: the file is being written). A line is
+    kept in its chunks' pieces, each chunk searched once, and dropped once past `max_line_bytes`:
+    a long line costs neither time nor memory past its length."""
     number = 0
     with open(path, "rb") as file:
         file.seek(start)
-        offset, pending = start, b""
+        offset, size = start, 0
+        pieces: list[bytes] = []
         while chunk := file.read(CHUNK_BYTES):
-            pending += chunk
-            lines = pending.split(b"\n")
-            pending = lines.pop()
-            for data in lines:
+            *ended, rest = chunk.split(b"\n")
+            for piece in ended:
+                size += len(piece)
+                data = b"".join((*pieces, piece)) if size <= max_line_bytes else None
                 number += 1
-                size = len(data) + 1
-                line = InputLine(path, number, data if len(data) <= max_line_bytes else None, problem="too long")
-                yield offset, size, line
-                offset += size
+                yield offset, size + 1, InputLine(path, number, data, problem="too long")
+                offset += size + 1
+                pieces, size = [], 0
+            size += len(rest)
+            pieces = [*pieces, rest] if size <= max_line_bytes else []
 
 
 def _line_ends_at(path: str, end: int) -> bool:

@@ -1,6 +1,8 @@
 import json
+import tracemalloc
 from pathlib import Path
 
+from rollfilter.viewer.catalog import numbered_lines
 from tests.conftest import invoke
 from tests.viewer.conftest import catalog_of, result, write_lines
 
@@ -89,3 +91,17 @@ def test_integers_past_64_bits_are_indexed_as_absent(tmp_path: Path):
     write_lines(path, [result(0, 0, 1.0), record])
     entries = list(catalog_of(path).entries())
     assert [(e.task, e.rollout, e.tokens, e.version) for e in entries[1:]] == [(-1, -1, 0, -1)]
+
+
+def test_a_line_past_the_limit_is_not_held(tmp_path: Path):
+    path = tmp_path / "long.jsonl"
+    path.write_bytes(json.dumps(result(0, 0, 1.0)).encode() + b"\n" + b"x" * (12 << 20) + b"\n{}\n")
+    tracemalloc.start()
+    try:
+        lines = [(offset, length, line.data is None) for offset, length, line in numbered_lines(str(path), 0, 1000)]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    first = lines[0][1]
+    assert lines == [(0, first, False), (first, (12 << 20) + 1, True), (first + (12 << 20) + 1, 3, False)]
+    assert peak < 6 << 20  # a few chunks, not the line
