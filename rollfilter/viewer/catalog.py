@@ -4,7 +4,8 @@ memory a rollout takes is a few dozen bytes whatever its transcript holds. The f
 summary --summarize makes of the same files (`run.recount`), counted in the pass that indexes them.
 
 Files that grow (the -o of a running collection) are indexed on from where the index stopped;
-a file that shrank or was replaced is indexed again from its start. The figures are counted
+a file that shrank, was replaced, or was written again in place (the count checks a CRC of the
+lines the index holds) is indexed again from its start. The figures are counted
 again whenever a file changed: a pair that failed may have a result by now."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import dataclasses
 import math
 import os
 import threading
+import zlib
 from array import array
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -96,6 +98,15 @@ def _whole(value: Any, absent: int) -> int:
     """`value` if it is a whole number a column can hold (64 bits), else `absent`: a line may hold
     any integer, and one past the columns' range must not stop the indexing of every line."""
     return value if type(value) is int and -(1 << 63) <= value < 1 << 63 else absent
+
+
+class _Rewritten(Exception):
+    """A file's lines up to the index's end are not those indexed: it was written again in place."""
+
+
+def _digest(line: InputLine, length: int, digest: int) -> int:
+    """`digest` (a CRC) carried over `line`: what the index's end of a file is checked with."""
+    return zlib.crc32(line.data if line.data is not None else length.to_bytes(8, "little"), digest)
 
 
 def _number(value: Any) -> float:
@@ -193,6 +204,8 @@ class Catalog:
         self._columns = _Columns()
         self._ends = [0] * len(paths)  # how far each file is indexed
         self._identities: list[tuple[int, int] | None] = [None] * len(paths)
+        self._stamps: list[tuple[int, int] | None] = [None] * len(paths)  # size and time of change
+        self._digests = [0] * len(paths)  # a CRC of each file's lines up to its end
         self.summary: dict[str, Any] = {}
         self._counted = False
         self._baseline_counted = 0  # the baseline's generation the figures were counted with
@@ -227,25 +240,44 @@ class Catalog:
         end = self._ends[number]
         if before is not None and (before != identity or status.st_size < end or not _line_ends_at(path, end)):
             return "replaced"
-        return "grew" if status.st_size > end else ""
+        # Written again in place to the same size or more: counted again, and the count checks the index.
+        stamp, self._stamps[number] = self._stamps[number], (status.st_size, status.st_mtime_ns)
+        return "grew" if status.st_size > end or stamp != self._stamps[number] else ""
 
     def _count(self) -> None:
+        """The figures counted again, and the index extended; made again from the files' starts
+        when one of them was written again in place (its lines up to the index's end changed)."""
+        try:
+            self._count_pass()
+        except _Rewritten:
+            self._columns, self._ends, self._digests = _Columns(), [0] * len(self.paths), [0] * len(self.paths)
+            self._count_pass()
+        self._counted = True
+        self.generation += 1
+
+    def _count_pass(self) -> None:
         """One pass over every file: each line counted into a fresh run; the lines past the index's
-        end indexed as they are read."""
-        columns, ends = self._columns, self._ends
+        end indexed as they are read, and those before it checked against the index's CRC."""
+        columns, ends, digests = self._columns, self._ends, self._digests
 
         def each_line(counter: ResultCounter) -> None:
             for number, path in enumerate(self.paths):
+                end, digest, reached, checked = ends[number], 0, 0, ends[number] == 0
                 for offset, length, line in numbered_lines(path, 0, self._max_line_bytes):
                     record = counter.line(line)
-                    if offset >= ends[number]:
+                    if not checked and offset + length > end:  # the first line past the index's end
+                        _check_prefix(offset == end and digest == digests[number])
+                        checked = True
+                    digest, reached = _digest(line, length, digest), offset + length
+                    if offset >= end:
                         if record is not None:
                             columns.add(number, offset, length, record)
-                        ends[number] = offset + length
+                        ends[number] = reached
+                if not checked:
+                    _check_prefix(reached == end and digest == digests[number])
+                digests[number] = digest
 
         self.summary, self.problems = summary_of_files(self.config, each_line, self.baseline)
-        self._counted = True
-        self.generation += 1
 
     def drawing(self, name: str, draw: Callable[[], str]) -> str:
         """`draw()`, made once a count: a chart over every rollout is drawn again only when the files changed."""
@@ -306,6 +338,11 @@ class Catalog:
 
     def agent_number(self, name: str) -> int | None:
         return self._columns.agent_numbers.get(name)
+
+
+def _check_prefix(same: bool) -> None:
+    if not same:
+        raise _Rewritten
 
 
 def summary_of_files(

@@ -1,6 +1,9 @@
 import json
+import os
 import tracemalloc
 from pathlib import Path
+
+import pytest
 
 from rollfilter.viewer.catalog import numbered_lines
 from tests.conftest import invoke
@@ -105,3 +108,19 @@ def test_a_line_past_the_limit_is_not_held(tmp_path: Path):
     first = lines[0][1]
     assert lines == [(0, first, False), (first, (12 << 20) + 1, True), (first + (12 << 20) + 1, 3, False)]
     assert peak < 6 << 20  # a few chunks, not the line
+
+
+@pytest.mark.parametrize("more", [0, 1])  # as long as before (a line had the same length), or longer
+def test_a_file_written_again_in_place_is_indexed_again(tmp_path: Path, more: int):
+    path = tmp_path / "out.jsonl"
+    write_lines(path, [result(task, 0, 1.0) for task in range(3)])
+    catalog = catalog_of(path)
+    with path.open("r+") as file:  # truncated and written again, as `>` does: the same file
+        file.truncate(0)
+        file.writelines(json.dumps(result(task, 0, 0.0)) + "\n" for task in range(5, 8 + more))
+    written = path.stat().st_mtime_ns + 10_000_000  # a later write, past the clock's tick in a fast test
+    os.utime(path, ns=(written, written))
+    catalog.refresh()
+    assert [(e.task, e.reward) for e in catalog.entries()] == [(task, 0.0) for task in range(5, 8 + more)]
+    assert catalog.find(0, 0) is None
+    assert catalog.summary["reward"] == 0.0
