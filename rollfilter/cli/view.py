@@ -67,11 +67,12 @@ async def view(command: CommandConfig, options: ViewOptions, *, environment: Env
     catalog = Catalog(paths, command.config, max_line_bytes=limit, baseline=baseline)
     await trio.to_thread.run_sync(catalog.refresh, abandon_on_cancel=True)
     if options.html_file is not None:
+        from rollfilter.viewer.page import encoded
         from rollfilter.viewer.static import static_page
 
         with OutputFiles() as files:
             page = static_page(catalog, max_rollouts=options.html_rollouts)
-            replace_content(files.whole(options.html_file, "--html"), page.encode())
+            replace_content(files.whole(options.html_file, "--html"), encoded(page))
         return RunEnd()
     await _serve(catalog, options, environment)
     return RunEnd()

@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from rollfilter.viewer.catalog import Catalog
-from rollfilter.viewer.page import CONTENT_SECURITY_POLICY, STYLE, document, text
+from rollfilter.viewer.page import CONTENT_SECURITY_POLICY, STYLE, document, encoded, text
 from rollfilter.viewer.pages import compare_page, compare_task_page, index_page, rollout_page
 from rollfilter.viewer.query import Query, QueryError
 
@@ -150,14 +150,14 @@ class Viewer:
 
 
 def _page(html: str) -> Response:
-    return Response(HTTPStatus.OK, html.encode())
+    return Response(HTTPStatus.OK, encoded(html))
 
 
 def _error(status: HTTPStatus, message: str) -> Response:
     body = document(
         f"{status.value} {status.phrase}", f"<h1>{status.value} {text(status.phrase)}</h1><p>{text(message)}</p>"
     )
-    return Response(status, body.encode())
+    return Response(status, encoded(body))
 
 
 class _Handler(BaseHTTPRequestHandler):

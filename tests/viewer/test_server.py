@@ -1,4 +1,5 @@
 import http.client
+import os
 import re
 import socket
 from pathlib import Path
@@ -214,3 +215,12 @@ def test_two_viewers_on_one_host_keep_their_own_cookie(results_file: Path):
     both = "; ".join(cookies)  # the browser sends both to either port
     assert first.respond("GET", "/", {"Cookie": both}).status == 200
     assert second.respond("GET", "/", {"Cookie": both}).status == 200
+
+
+def test_a_file_name_that_is_not_utf8_is_served_escaped(results_file: Path, tmp_path: Path):
+    named = tmp_path / os.fsdecode(b"run-\xff.jsonl")
+    named.write_bytes(results_file.read_bytes() + b"not json\n")  # the problem line names the file too
+    for viewer in serving(catalog_of(named)):
+        status, _, page = get(viewer, "/")
+        assert status == 200
+        assert page.count("run-\\udcff.jsonl") == 2
