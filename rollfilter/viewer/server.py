@@ -33,6 +33,7 @@ SECURITY_HEADERS = (
     ("Cache-Control", "no-store"),
 )
 HTML = "text/html; charset=utf-8"
+CLIENT_SECONDS = 30.0  # how long a connection waits on its client, for a request or to take the answer
 # A number in a path or a parameter: ASCII digits (str.isdigit takes others int() refuses), and few
 # enough of them for int() and the index's 64-bit columns; a longer one makes the path no page's.
 NUMBER = "-?[0-9]{1,18}"
@@ -162,6 +163,9 @@ def _error(status: HTTPStatus, message: str) -> Response:
 
 class _Handler(BaseHTTPRequestHandler):
     viewer: Viewer
+    # A client that stops sending its request or reading the answer lets go of its thread: many idle
+    # connections (slowloris) would otherwise hold a thread each for as long as they like.
+    timeout = CLIENT_SECONDS
     server_version = "rollfilter"
     sys_version = ""
 

@@ -7,7 +7,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from rollfilter.viewer.server import Viewer
+from rollfilter.viewer.server import Viewer, _Handler
 from tests.viewer.conftest import catalog_of, result, serving, write_lines
 
 
@@ -224,3 +224,13 @@ def test_a_file_name_that_is_not_utf8_is_served_escaped(results_file: Path, tmp_
         status, _, page = get(viewer, "/")
         assert status == 200
         assert page.count("run-\\udcff.jsonl") == 2
+
+
+def test_a_client_that_sends_nothing_is_let_go(results_file: Path, monkeypatch: pytest.MonkeyPatch):
+    assert _Handler.timeout is not None  # without one, an idle connection holds its thread for good
+    monkeypatch.setattr(_Handler, "timeout", 0.1)  # what it does, seen quickly
+    for viewer in serving(catalog_of(results_file)):
+        with socket.create_connection(("127.0.0.1", viewer.port), timeout=10) as idle:
+            idle.sendall(b"GET / HTTP/1.1\r\n")  # and no more
+            assert idle.recv(100) == b""  # closed by the viewer, not by the 10 s bound
+        assert get(viewer, "/")[0] == 200
