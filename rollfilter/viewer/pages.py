@@ -32,8 +32,8 @@ def headline(summary: dict[str, Any]) -> str:
             shown = _figure(value) + (f" [{_figure(interval[0])}, {_figure(interval[1])}]" if interval else "")
             cards.append((name, shown))
     cards += [("masked", own["masked"])] if own.get("masked") else []
-    health = summary.get("health")
-    if isinstance(health, dict) and "unhealthy" in health:
+    health = own.get("health")
+    if isinstance(health, dict) and health.get("unhealthy"):
         cards.append(("unhealthy", health["unhealthy"]))
     cards += [(f"failed: {kind}", count) for kind, count in own.get("failed_by_kind", {}).items()]
     return (

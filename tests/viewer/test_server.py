@@ -234,3 +234,14 @@ def test_a_client_that_sends_nothing_is_let_go(results_file: Path, monkeypatch: 
             idle.sendall(b"GET / HTTP/1.1\r\n")  # and no more
             assert idle.recv(100) == b""  # closed by the viewer, not by the 10 s bound
         assert get(viewer, "/")[0] == 200
+
+
+def test_the_unhealthy_count_is_a_figure_of_the_index(tmp_path: Path):
+    path = tmp_path / "empty.jsonl"
+    empty = result(0, 1, 0.0)
+    empty["response"]["output"] = []  # judged unhealthy (empty_output) as the summary reads it back
+    write_lines(path, [result(0, 0, 1.0), empty])
+    catalog = catalog_of(path)
+    assert catalog.summary["rollfilter"]["health"]["unhealthy"] == 1
+    for viewer in serving(catalog):
+        assert '<div class="card"><b>1</b>unhealthy</div>' in get(viewer, "/")[2]
