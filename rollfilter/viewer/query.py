@@ -59,7 +59,7 @@ class Query:
         pairs = [
             (field.name, _shown(getattr(changed, field.name)))
             for field in dataclasses.fields(changed)
-            if getattr(changed, field.name) not in (None, "", False, 0)
+            if getattr(changed, field.name) != field.default  # task=0 and max_reward=0 are filters too
         ]
         return "/?" + urlencode(pairs) if pairs else "/"
 
@@ -155,4 +155,4 @@ def _real(given: Mapping[str, str], name: str) -> float | None:
 def _shown(value: object) -> str:
     if value is True:
         return "1"
-    return f"{value:g}" if isinstance(value, float) else str(value)
+    return repr(value) if isinstance(value, float) else str(value)  # repr: the float given, whole

@@ -1,12 +1,15 @@
+import dataclasses
+import html
 import http.client
 import os
 import re
 import socket
 from pathlib import Path
-from urllib.parse import urlencode
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pytest
 
+from rollfilter.viewer.query import Query
 from rollfilter.viewer.server import Viewer, _Handler
 from tests.viewer.conftest import catalog_of, result, serving, write_lines
 
@@ -245,3 +248,15 @@ def test_the_unhealthy_count_is_a_figure_of_the_index(tmp_path: Path):
     assert catalog.summary["rollfilter"]["health"]["unhealthy"] == 1
     for viewer in serving(catalog):
         assert '<div class="card"><b>1</b>unhealthy</div>' in get(viewer, "/")[2]
+
+
+@pytest.mark.parametrize("given", ["task=0", "max_reward=0", "min_reward=0.1234567"])
+def test_the_next_page_keeps_the_filters(tmp_path: Path, given: str):
+    path = tmp_path / "many.jsonl"
+    write_lines(path, [result(0, rollout, rollout % 2 * 0.2) for rollout in range(120)])
+    for viewer in serving(catalog_of(path)):
+        _, _, first = get(viewer, f"/?{given}&sort=-tokens")
+        following = re.search(r'rel="next" href="([^"]*)"', first)
+        assert following is not None
+        shown = Query.of(parse_qs(urlsplit(html.unescape(following.group(1))).query))
+        assert shown == dataclasses.replace(Query.of(parse_qs(f"{given}&sort=-tokens")), page=1)
