@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
 from typing import TYPE_CHECKING
 
 import trio
@@ -44,13 +46,16 @@ def listen_address(text: str | None) -> tuple[str, int]:
 
 
 def check_view(command: CommandConfig) -> None:
-    """UsageError for standard input (read once, it cannot be read again) or a file that cannot be read."""
+    """UsageError for standard input or another pipe (read once, it cannot be read again) or a file
+    that cannot be read."""
     if STDIN in command.inputs or STDIN in command.compare_files:
         raise UsageError(STDIN_REFUSED)
-    check_inputs(command.inputs)
-    check_inputs(command.compare_files)
-    if command.errors_file is not None:
-        check_inputs((command.errors_file,))
+    paths = (*command.inputs, *command.compare_files, *((command.errors_file,) if command.errors_file else ()))
+    check_inputs(paths)
+    for path in paths:
+        mode = os.stat(path).st_mode
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):  # a pipe, such as <(...), or a socket
+            raise UsageError(f"--view reads its files again as they grow: {path} is a pipe, read once")
 
 
 async def view(command: CommandConfig, options: ViewOptions, *, environment: Environment) -> RunEnd:
