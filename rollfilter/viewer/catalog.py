@@ -304,6 +304,17 @@ class Catalog:
         tasks = self._columns.task
         return [position for position in range(len(tasks)) if tasks[position] == task]
 
+    def first_of_pairs(self, positions: list[int]) -> set[int]:
+        """Those of `positions` whose task and rollout no earlier line has: what `find` finds (a pair
+        may have several lines: a failed attempt in --errors, its result in the results)."""
+        columns = self._columns
+        tasks = {columns.task[position] for position in positions}
+        first: dict[tuple[int, int], int] = {}
+        for position, task in enumerate(columns.task):
+            if task in tasks:
+                first.setdefault((task, columns.rollout[position]), position)
+        return {p for p in positions if first[columns.task[p], columns.rollout[p]] == p}
+
     def find(self, task: int, rollout: int) -> Entry | None:
         columns = self._columns
         for position in self.positions_of_task(task):

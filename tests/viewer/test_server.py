@@ -260,3 +260,16 @@ def test_the_next_page_keeps_the_filters(tmp_path: Path, given: str):
         assert following is not None
         shown = Query.of(parse_qs(urlsplit(html.unescape(following.group(1))).query))
         assert shown == dataclasses.replace(Query.of(parse_qs(f"{given}&sort=-tokens")), page=1)
+
+
+def test_a_pair_with_two_lines_links_each(tmp_path: Path):
+    results_path, errors_path = tmp_path / "out.jsonl", tmp_path / "failed.jsonl"
+    write_lines(results_path, [result(0, 0, 1.0), result(0, 1, 1.0)])
+    write_lines(errors_path, [{"_ng_task_index": 0, "_ng_rollout_index": 1, "error": {"kind": "timeout"}}])
+    for viewer in serving(catalog_of(results_path, errors_path)):
+        _, _, page = get(viewer, "/")
+        assert re.findall(r'href="(/(?:rollout|line)/[\d/]+)"', page) == ["/rollout/0/0", "/rollout/0/1", "/line/2"]
+        assert "timeout" in get(viewer, "/line/2")[2]
+        _, _, first = get(viewer, "/rollout/0/0")
+        assert 'href="/rollout/0/1"' in first
+        assert 'href="/line/2"' in first
