@@ -65,7 +65,8 @@ class Viewer:
         self.catalog = catalog
         self.host, self.port, self.token = host, port, token
         names = {host, "localhost", "127.0.0.1", "[::1]"} if is_loopback(host) else {host}
-        self._hosts = {f"{name}:{port}" for name in names} | ({"localhost"} if port == 80 else set())
+        # A browser leaves port 80 out of the Host header it sends.
+        self._hosts = {f"{name}:{port}" for name in names} | (names if port == 80 else set())
 
     @property
     def _cookie(self) -> str:

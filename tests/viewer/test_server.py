@@ -273,3 +273,10 @@ def test_a_pair_with_two_lines_links_each(tmp_path: Path):
         _, _, first = get(viewer, "/rollout/0/0")
         assert 'href="/rollout/0/1"' in first
         assert 'href="/line/2"' in first
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::1]", "127.0.0.1:80"])
+def test_on_port_80_the_host_may_leave_out_the_port(results_file: Path, host: str):
+    viewer = Viewer(catalog_of(results_file), host="127.0.0.1", port=80, token=None)
+    assert viewer.respond("GET", "/", {"Host": host}).status == 200
+    assert viewer.respond("GET", "/", {"Host": "evil.example"}).status == 403
