@@ -11,7 +11,7 @@ import trio
 
 from rollfilter.cli.command import CommandConfig
 from rollfilter.cli.environment import Environment
-from rollfilter.cli.files.outputs import OutputFiles, replace_content
+from rollfilter.cli.files.outputs import OutputFiles, refuse_inputs, replace_content
 from rollfilter.cli.messages import say
 from rollfilter.cli.statuses import RunEnd
 from rollfilter.cli.summarize import baseline_files
@@ -67,6 +67,9 @@ async def view(command: CommandConfig, options: ViewOptions, *, environment: Env
     command = dataclasses.replace(command, compare_files=baseline_files(command.compare_files))
     check_view(command)
     paths = command.inputs + ((command.errors_file,) if command.errors_file is not None else ())
+    if options.html_file is not None:  # the page must not be written over a file it shows
+        viewed = [(path, path) for path in (*paths, *command.compare_files)]
+        refuse_inputs(viewed, [(f"--html {options.html_file}", options.html_file)])
     limit = command.max_line_bytes
     baseline = Catalog(command.compare_files, command.config, max_line_bytes=limit) if command.compare_files else None
     catalog = Catalog(paths, command.config, max_line_bytes=limit, baseline=baseline)

@@ -86,3 +86,15 @@ def test_a_pipe_given_as_a_file_is_refused(tmp_path: Path):
     assert done.returncode == 2
     said = f"rollfilter: --view reads its files again as they grow: {fifo} is a pipe, read once\n"
     assert done.stderr == said.encode()
+
+
+@pytest.mark.parametrize("given", ["results", "errors", "baseline"])
+def test_html_is_not_written_over_a_file_it_shows(results_file: Path, tmp_path: Path, given: str):
+    other = tmp_path / "other.jsonl"
+    write_lines(other, results()[:2])
+    before = other.read_bytes()
+    args = {"results": [str(other)], "errors": ["--errors", str(other)], "baseline": ["--compare", str(other)]}[given]
+    done = invoke(["--view", str(results_file), *args, "--html", str(other)])
+    assert done.returncode == 2
+    assert done.stderr == f"rollfilter: --html {other} is also the input {other}: input file is output file\n".encode()
+    assert other.read_bytes() == before
