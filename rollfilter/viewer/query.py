@@ -110,7 +110,8 @@ def _holds(line: bytes, q: str) -> bool:
     needle = q.casefold()
     if needle.encode() in line.lower():
         return True
-    if b"\\u" not in line and needle.isascii() and not any(character in ESCAPED for character in needle):
+    # q's own letters, not their folds: "ß" folds to "ss", which the bytes of "ß" do not hold.
+    if b"\\u" not in line and q.isascii() and not any(character in ESCAPED for character in needle):
         return False
     try:
         return any(needle in text.casefold() for text in _texts(json.loads(line)))

@@ -1,6 +1,7 @@
 import dataclasses
 import html
 import http.client
+import json
 import os
 import re
 import socket
@@ -280,3 +281,13 @@ def test_on_port_80_the_host_may_leave_out_the_port(results_file: Path, host: st
     viewer = Viewer(catalog_of(results_file), host="127.0.0.1", port=80, token=None)
     assert viewer.respond("GET", "/", {"Host": host}).status == 200
     assert viewer.respond("GET", "/", {"Host": "evil.example"}).status == 403
+
+
+@pytest.mark.parametrize("text", ["Straße", "STRASSE", "straße"])
+def test_a_search_for_letters_that_fold_past_ascii_finds_them_as_written(tmp_path: Path, text: str):
+    path = tmp_path / "utf8.jsonl"
+    record = json.dumps(result(0, 0, 1.0, "Hauptstraße 5"), ensure_ascii=False)  # as rollfilter writes it
+    path.write_text(record + "\n" + json.dumps(result(0, 1, 1.0)) + "\n", encoding="utf-8")
+    for viewer in serving(catalog_of(path)):
+        _, _, page = get(viewer, "/?" + urlencode({"q": text}))
+        assert rollouts_listed(page) == (["0/0"] if text != "STRASSE" else [])  # ASCII q: bytes, as grep -i
