@@ -121,7 +121,8 @@ def fields_of(record: dict[str, Any]) -> tuple[int, int, float, int, int, str, i
     usage = response.get("usage")
     tokens = usage.get("output_tokens") if isinstance(usage, dict) else None
     output = response.get("output")
-    calls = sum(isinstance(item, dict) and item.get("type") == "function_call" for item in output or ())
+    items = output if isinstance(output, list) else ()  # a line's output may be any JSON value
+    calls = sum(isinstance(item, dict) and item.get("type") == "function_call" for item in items)
     agent = record.get(AGENT_REF)
     name = agent.get("name") if isinstance(agent, dict) else None
     flags = (FAILED if failure_of(record) is not None else 0) | (UNHEALTHY if record.get(HEALTH) else 0)

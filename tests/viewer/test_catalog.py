@@ -124,3 +124,12 @@ def test_a_file_written_again_in_place_is_indexed_again(tmp_path: Path, more: in
     assert [(e.task, e.reward) for e in catalog.entries()] == [(task, 0.0) for task in range(5, 8 + more)]
     assert catalog.find(0, 0) is None
     assert catalog.summary["reward"] == 0.0
+
+
+@pytest.mark.parametrize("output", [True, 3, "text", {"type": "function_call"}])
+def test_an_output_that_is_not_a_list_is_indexed_with_no_tool_call(tmp_path: Path, output: object):
+    path = tmp_path / "odd.jsonl"
+    record = result(0, 0, 1.0)
+    record["response"]["output"] = output
+    write_lines(path, [record])
+    assert [e.tool_calls for e in catalog_of(path).entries()] == [0]
