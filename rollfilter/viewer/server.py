@@ -118,6 +118,8 @@ class Viewer:
                 return self._indexed_page(path, params)
             except OSError as exc:
                 return _error(HTTPStatus.INTERNAL_SERVER_ERROR, f"cannot read the files: {exc.strerror or exc}")
+            except Exception as exc:  # a line no page foresaw: said on the page, not a dropped connection
+                return _error(HTTPStatus.INTERNAL_SERVER_ERROR, f"cannot show this page: {type(exc).__name__}: {exc}")
 
     def _indexed_page(self, path: str, params: dict[str, list[str]]) -> Response:
         catalog = self.catalog

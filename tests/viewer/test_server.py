@@ -291,3 +291,15 @@ def test_a_search_for_letters_that_fold_past_ascii_finds_them_as_written(tmp_pat
     for viewer in serving(catalog_of(path)):
         _, _, page = get(viewer, "/?" + urlencode({"q": text}))
         assert rollouts_listed(page) == (["0/0"] if text != "STRASSE" else [])  # ASCII q: bytes, as grep -i
+
+
+def test_a_page_that_fails_says_so(viewer: Viewer, monkeypatch: pytest.MonkeyPatch):
+    def failing(*_: object, **__: object) -> str:
+        raise TypeError("<b>an odd line</b>")
+
+    monkeypatch.setattr("rollfilter.viewer.server.rollout_page", failing)
+    status, headers, page = get(viewer, "/rollout/0/0")
+    assert status == 500
+    assert "default-src 'none'" in headers["Content-Security-Policy"]
+    assert "cannot show this page: TypeError: &lt;b&gt;an odd line&lt;/b&gt;" in page
+    assert get(viewer, "/")[0] == 200
