@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
 from typing import TYPE_CHECKING
 
 import trio
 
 from rollfilter.cli.command import CommandConfig
 from rollfilter.cli.environment import Environment
-from rollfilter.cli.files.outputs import OutputFiles, replace_content
+from rollfilter.cli.files.outputs import OutputFiles, refuse_inputs, replace_content
 from rollfilter.cli.messages import say
 from rollfilter.cli.statuses import RunEnd
 from rollfilter.cli.summarize import baseline_files
@@ -44,13 +46,16 @@ def listen_address(text: str | None) -> tuple[str, int]:
 
 
 def check_view(command: CommandConfig) -> None:
-    """UsageError for standard input (read once, it cannot be read again) or a file that cannot be read."""
+    """UsageError for standard input or another pipe (read once, it cannot be read again) or a file
+    that cannot be read."""
     if STDIN in command.inputs or STDIN in command.compare_files:
         raise UsageError(STDIN_REFUSED)
-    check_inputs(command.inputs)
-    check_inputs(command.compare_files)
-    if command.errors_file is not None:
-        check_inputs((command.errors_file,))
+    paths = (*command.inputs, *command.compare_files, *((command.errors_file,) if command.errors_file else ()))
+    check_inputs(paths)
+    for path in paths:
+        mode = os.stat(path).st_mode
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):  # a pipe, such as <(...), or a socket
+            raise UsageError(f"--view reads its files again as they grow: {path} is a pipe, read once")
 
 
 async def view(command: CommandConfig, options: ViewOptions, *, environment: Environment) -> RunEnd:
@@ -62,16 +67,20 @@ async def view(command: CommandConfig, options: ViewOptions, *, environment: Env
     command = dataclasses.replace(command, compare_files=baseline_files(command.compare_files))
     check_view(command)
     paths = command.inputs + ((command.errors_file,) if command.errors_file is not None else ())
+    if options.html_file is not None:  # the page must not be written over a file it shows
+        viewed = [(path, path) for path in (*paths, *command.compare_files)]
+        refuse_inputs(viewed, [(f"--html {options.html_file}", options.html_file)])
     limit = command.max_line_bytes
     baseline = Catalog(command.compare_files, command.config, max_line_bytes=limit) if command.compare_files else None
     catalog = Catalog(paths, command.config, max_line_bytes=limit, baseline=baseline)
     await trio.to_thread.run_sync(catalog.refresh, abandon_on_cancel=True)
     if options.html_file is not None:
+        from rollfilter.viewer.page import encoded
         from rollfilter.viewer.static import static_page
 
         with OutputFiles() as files:
             page = static_page(catalog, max_rollouts=options.html_rollouts)
-            replace_content(files.whole(options.html_file, "--html"), page.encode())
+            replace_content(files.whole(options.html_file, "--html"), encoded(page))
         return RunEnd()
     await _serve(catalog, options, environment)
     return RunEnd()

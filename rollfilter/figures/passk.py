@@ -41,6 +41,7 @@ _COUNTS = ("planned", "ended", "failed", "masked", "correct", "rewarded", "size"
 # A histogram of K+1 bins is a line of the summary: past this K (a run of thousands of rollouts a
 # task, or -r given as a bound no task reaches), it ends at the most correct rollouts a group had.
 HISTOGRAM_MAX_K = 1024
+_MOST_PLANNED = (1 << 32) - 1  # what a count's array ("I") holds
 _DENSE_GAP = 1 << 16  # a numbered task at most this far past the last one extends the arrays
 
 
@@ -130,7 +131,8 @@ class TaskStats:
             counts["size"][slot] = size
         size = counts["size"][slot]
         groups = rollout // size + 1 if type(rollout) is int and rollout >= 0 else 1
-        counts["planned"][slot] = max(counts["planned"][slot], groups * size)
+        # A rollout index past any plan still makes the task unfinished, within what the array holds.
+        counts["planned"][slot] = min(max(counts["planned"][slot], groups * size), _MOST_PLANNED)
 
     def rollout_ended(
         self,

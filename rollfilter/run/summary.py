@@ -143,7 +143,9 @@ def error_blocks(figures: dict[str, Any], estimates: dict[str, Estimate], means:
         stderr[key], ci95[key] = error_bars(_bounded(key, estimate, means))
         sample_size[key] = {"tasks": estimate.tasks, "rollouts": estimate.rollouts}
     components = figures.get(REWARD_COMPONENTS)
-    if components:  # each entry's bars nested as its mean is: stderr.reward_components.NAME
+    # Each entry's bars nested as its mean is (stderr.reward_components.NAME); a line's
+    # reward_components that is a number is a numeric field like any other, its bars above.
+    if isinstance(components, dict) and components:
         for block in (stderr, ci95, sample_size):
             block[REWARD_COMPONENTS] = {}
         for name in components:

@@ -4,7 +4,8 @@ memory a rollout takes is a few dozen bytes whatever its transcript holds. The f
 summary --summarize makes of the same files (`run.recount`), counted in the pass that indexes them.
 
 Files that grow (the -o of a running collection) are indexed on from where the index stopped;
-a file that shrank or was replaced is indexed again from its start. The figures are counted
+a file that shrank, was replaced, or was written again in place (the count checks a CRC of the
+lines the index holds) is indexed again from its start. The figures are counted
 again whenever a file changed: a pair that failed may have a result by now."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import dataclasses
 import math
 import os
 import threading
+import zlib
 from array import array
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -61,21 +63,25 @@ class Entry:
 
 def numbered_lines(path: str, start: int, max_line_bytes: int) -> Iterator[tuple[int, int, InputLine]]:
     """The whole lines of `path` from byte `start` on, each with its offset and length in bytes
-    (a last line without its newline is not whole yet: the file is being written)."""
+    (a last line without its newline is not whole yet: the file is being written). A line is
+    kept in its chunks' pieces, each chunk searched once, and dropped once past `max_line_bytes`:
+    a long line costs neither time nor memory past its length."""
     number = 0
     with open(path, "rb") as file:
         file.seek(start)
-        offset, pending = start, b""
+        offset, size = start, 0
+        pieces: list[bytes] = []
         while chunk := file.read(CHUNK_BYTES):
-            pending += chunk
-            lines = pending.split(b"\n")
-            pending = lines.pop()
-            for data in lines:
+            *ended, rest = chunk.split(b"\n")
+            for piece in ended:
+                size += len(piece)
+                data = b"".join((*pieces, piece)) if size <= max_line_bytes else None
                 number += 1
-                size = len(data) + 1
-                line = InputLine(path, number, data if len(data) <= max_line_bytes else None, problem="too long")
-                yield offset, size, line
-                offset += size
+                yield offset, size + 1, InputLine(path, number, data, problem="too long")
+                offset += size + 1
+                pieces, size = [], 0
+            size += len(rest)
+            pieces = [*pieces, rest] if size <= max_line_bytes else []
 
 
 def _line_ends_at(path: str, end: int) -> bool:
@@ -86,6 +92,21 @@ def _line_ends_at(path: str, end: int) -> bool:
     with open(path, "rb") as file:
         file.seek(end - 1)
         return file.read(1) == b"\n"
+
+
+def _whole(value: Any, absent: int) -> int:
+    """`value` if it is a whole number a column can hold (64 bits), else `absent`: a line may hold
+    any integer, and one past the columns' range must not stop the indexing of every line."""
+    return value if type(value) is int and -(1 << 63) <= value < 1 << 63 else absent
+
+
+class _Rewritten(Exception):
+    """A file's lines up to the index's end are not those indexed: it was written again in place."""
+
+
+def _digest(line: InputLine, length: int, digest: int) -> int:
+    """`digest` (a CRC) carried over `line`: what the index's end of a file is checked with."""
+    return zlib.crc32(line.data if line.data is not None else length.to_bytes(8, "little"), digest)
 
 
 def _number(value: Any) -> float:
@@ -100,21 +121,22 @@ def fields_of(record: dict[str, Any]) -> tuple[int, int, float, int, int, str, i
     usage = response.get("usage")
     tokens = usage.get("output_tokens") if isinstance(usage, dict) else None
     output = response.get("output")
-    calls = sum(isinstance(item, dict) and item.get("type") == "function_call" for item in output or ())
+    items = output if isinstance(output, list) else ()  # a line's output may be any JSON value
+    calls = sum(isinstance(item, dict) and item.get("type") == "function_call" for item in items)
     agent = record.get(AGENT_REF)
     name = agent.get("name") if isinstance(agent, dict) else None
     flags = (FAILED if failure_of(record) is not None else 0) | (UNHEALTHY if record.get(HEALTH) else 0)
     version = record.get(POLICY_VERSION)
     sent = version.get("sent") if isinstance(version, dict) else None
     return (
-        task if type(task) is int else NO_INDEX,
-        rollout if type(rollout) is int else NO_INDEX,
+        _whole(task, NO_INDEX),
+        _whole(rollout, NO_INDEX),
         _number(record.get("reward")),
-        tokens if type(tokens) is int else 0,
+        _whole(tokens, 0),
         calls if isinstance(output, list) else 0,
         name if isinstance(name, str) else "",
         flags,
-        sent if type(sent) is int else NO_INDEX,
+        _whole(sent, NO_INDEX),
     )
 
 
@@ -183,6 +205,8 @@ class Catalog:
         self._columns = _Columns()
         self._ends = [0] * len(paths)  # how far each file is indexed
         self._identities: list[tuple[int, int] | None] = [None] * len(paths)
+        self._stamps: list[tuple[int, int] | None] = [None] * len(paths)  # size and time of change
+        self._digests = [0] * len(paths)  # a CRC of each file's lines up to its end
         self.summary: dict[str, Any] = {}
         self._counted = False
         self._baseline_counted = 0  # the baseline's generation the figures were counted with
@@ -217,25 +241,44 @@ class Catalog:
         end = self._ends[number]
         if before is not None and (before != identity or status.st_size < end or not _line_ends_at(path, end)):
             return "replaced"
-        return "grew" if status.st_size > end else ""
+        # Written again in place to the same size or more: counted again, and the count checks the index.
+        stamp, self._stamps[number] = self._stamps[number], (status.st_size, status.st_mtime_ns)
+        return "grew" if status.st_size > end or stamp != self._stamps[number] else ""
 
     def _count(self) -> None:
+        """The figures counted again, and the index extended; made again from the files' starts
+        when one of them was written again in place (its lines up to the index's end changed)."""
+        try:
+            self._count_pass()
+        except _Rewritten:
+            self._columns, self._ends, self._digests = _Columns(), [0] * len(self.paths), [0] * len(self.paths)
+            self._count_pass()
+        self._counted = True
+        self.generation += 1
+
+    def _count_pass(self) -> None:
         """One pass over every file: each line counted into a fresh run; the lines past the index's
-        end indexed as they are read."""
-        columns, ends = self._columns, self._ends
+        end indexed as they are read, and those before it checked against the index's CRC."""
+        columns, ends, digests = self._columns, self._ends, self._digests
 
         def each_line(counter: ResultCounter) -> None:
             for number, path in enumerate(self.paths):
+                end, digest, reached, checked = ends[number], 0, 0, ends[number] == 0
                 for offset, length, line in numbered_lines(path, 0, self._max_line_bytes):
                     record = counter.line(line)
-                    if offset >= ends[number]:
+                    if not checked and offset + length > end:  # the first line past the index's end
+                        _check_prefix(offset == end and digest == digests[number])
+                        checked = True
+                    digest, reached = _digest(line, length, digest), offset + length
+                    if offset >= end:
                         if record is not None:
                             columns.add(number, offset, length, record)
-                        ends[number] = offset + length
+                        ends[number] = reached
+                if not checked:
+                    _check_prefix(reached == end and digest == digests[number])
+                digests[number] = digest
 
         self.summary, self.problems = summary_of_files(self.config, each_line, self.baseline)
-        self._counted = True
-        self.generation += 1
 
     def drawing(self, name: str, draw: Callable[[], str]) -> str:
         """`draw()`, made once a count: a chart over every rollout is drawn again only when the files changed."""
@@ -261,6 +304,17 @@ class Catalog:
     def positions_of_task(self, task: int) -> list[int]:
         tasks = self._columns.task
         return [position for position in range(len(tasks)) if tasks[position] == task]
+
+    def first_of_pairs(self, positions: list[int]) -> set[int]:
+        """Those of `positions` whose task and rollout no earlier line has: what `find` finds (a pair
+        may have several lines: a failed attempt in --errors, its result in the results)."""
+        columns = self._columns
+        tasks = {columns.task[position] for position in positions}
+        first: dict[tuple[int, int], int] = {}
+        for position, task in enumerate(columns.task):
+            if task in tasks:
+                first.setdefault((task, columns.rollout[position]), position)
+        return {p for p in positions if first[columns.task[p], columns.rollout[p]] == p}
 
     def find(self, task: int, rollout: int) -> Entry | None:
         columns = self._columns
@@ -296,6 +350,11 @@ class Catalog:
 
     def agent_number(self, name: str) -> int | None:
         return self._columns.agent_numbers.get(name)
+
+
+def _check_prefix(same: bool) -> None:
+    if not same:
+        raise _Rewritten
 
 
 def summary_of_files(

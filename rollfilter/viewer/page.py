@@ -50,6 +50,12 @@ def pretty(value: Any) -> str:
     return text(json.dumps(value, indent=2, ensure_ascii=False, default=str))
 
 
+def encoded(page: str) -> bytes:
+    """A page as UTF-8; a file name that is not (a byte Python read as a lone surrogate) shown
+    as its escape."""
+    return page.encode("utf-8", "backslashreplace")
+
+
 def document(title: str, body: str, *, inline_style: bool = False) -> str:
     """A whole page: served pages link the style sheet (/style.css); a page written as one file
     holds it inline, allowed by its hash alone, and no script at all."""

@@ -32,8 +32,8 @@ def headline(summary: dict[str, Any]) -> str:
             shown = _figure(value) + (f" [{_figure(interval[0])}, {_figure(interval[1])}]" if interval else "")
             cards.append((name, shown))
     cards += [("masked", own["masked"])] if own.get("masked") else []
-    health = summary.get("health")
-    if isinstance(health, dict) and "unhealthy" in health:
+    health = own.get("health")
+    if isinstance(health, dict) and health.get("unhealthy"):
         cards.append(("unhealthy", health["unhealthy"]))
     cards += [(f"failed: {kind}", count) for kind, count in own.get("failed_by_kind", {}).items()]
     return (
@@ -141,14 +141,23 @@ def _pages(query: Query, count: int) -> str:
     return f"<p>page {query.page + 1} of {last + 1} {' '.join(links)}</p>"
 
 
-def rollout_link(entry: Entry) -> str:
-    if entry.task != NO_INDEX and entry.rollout != NO_INDEX:
+def rollout_link(entry: Entry, *, first: bool = True) -> str:
+    """/rollout/TASK/ROLLOUT, or /line/POSITION for a line without them or one whose pair an
+    earlier line has (`first` False): that URL shows the earlier one."""
+    if entry.task != NO_INDEX and entry.rollout != NO_INDEX and first:
         return f"/rollout/{entry.task}/{entry.rollout}"
     return f"/line/{entry.position}"
 
 
-def rollout_table(catalog: Catalog, positions: list[int], *, link: Any = rollout_link) -> str:
+def _links(catalog: Catalog, positions: list[int]) -> Any:
+    """The link of each line at `positions`: `rollout_link`, told which lines are their pair's first."""
+    firsts = catalog.first_of_pairs(positions)
+    return lambda entry: rollout_link(entry, first=entry.position in firsts)
+
+
+def rollout_table(catalog: Catalog, positions: list[int], *, link: Any = None) -> str:
     """A row a rollout: task, rollout, agent, reward, output tokens, tool calls, verdicts, linked."""
+    link = link or _links(catalog, positions)
     rows = []
     for position in positions:
         entry = catalog.entry(position)
@@ -172,8 +181,9 @@ def rollout_page(catalog: Catalog, entry: Entry, beside: Entry | None = None) ->
     raw = f"/raw/{entry.position}"
     parts = [f'<p><a href="/">all rollouts</a></p><h1>{text(title)}</h1>', _entry_line(entry)]
     if others:
+        link = _links(catalog, others[:100])
         links = " ".join(
-            f'<a href="{text(rollout_link(catalog.entry(p)))}">{catalog.entry(p).rollout}</a>'
+            f'<a href="{text(link(catalog.entry(p)))}">{catalog.entry(p).rollout}</a>'
             f' (<a href="{text(rollout_link(entry))}?beside={catalog.entry(p).rollout}">beside</a>)'
             for p in others[:100]
         )

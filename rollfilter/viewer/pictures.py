@@ -50,12 +50,19 @@ def histogram(title: str, values: Iterable[float], *, whole: bool = False) -> st
         return ""
     low, high = min(value for value, _ in counted), max(value for value, _ in counted)
     bins = int(high - low) + 1 if whole and high - low < BINS else BINS
-    span = (high - low) or 1.0
     counts = [0] * bins
     for value, count in counted:
-        counts[min(int((value - low) / span * bins), bins - 1)] += count
+        counts[min(int(_fraction(value, low, high) * bins), bins - 1)] += count
     if whole and bins == int(high - low) + 1:
         labels = [f"{low + number:g}" for number in range(bins)]
-    else:
-        labels = [f"{low + number * span / bins:.3g}" for number in range(bins)]
+    else:  # between low and high, weighed: a span past the float range (-1e308 to 1e308) stays finite
+        labels = [f"{low * (1 - number / bins) + high * (number / bins):.3g}" for number in range(bins)]
     return bars(title, labels, counts)
+
+
+def _fraction(value: float, low: float, high: float) -> float:
+    """How far `value` is from `low` to `high`, 0 to 1; halved first when the span is past the float range."""
+    span = high - low
+    if math.isinf(span):
+        return (value / 2 - low / 2) / (high / 2 - low / 2)
+    return (value - low) / span if span else 0.0

@@ -59,7 +59,7 @@ class Query:
         pairs = [
             (field.name, _shown(getattr(changed, field.name)))
             for field in dataclasses.fields(changed)
-            if getattr(changed, field.name) not in (None, "", False, 0)
+            if getattr(changed, field.name) != field.default  # task=0 and max_reward=0 are filters too
         ]
         return "/?" + urlencode(pairs) if pairs else "/"
 
@@ -70,11 +70,9 @@ class Query:
             kept = [position for position, line in catalog.lines(kept) if _holds(line, self.q)]
         if self.sort:
             column = catalog.column(SORTS[self.sort])
-            descending = self.sort.startswith("-")
-            # NaN (no reward) last either way
-            kept.sort(key=lambda p: (math.isnan(column[p]) if SORTS[self.sort] == "reward" else False, column[p]))
-            if descending:
-                kept.reverse()
+            sign = -1 if self.sort.startswith("-") else 1
+            # NaN (no reward) last either way; equal values stay in file order (a stable sort, not reversed)
+            kept.sort(key=lambda p: (math.isnan(column[p]), sign * column[p]))
         return kept
 
     def _kept(self, catalog: Catalog) -> Iterator[int]:
@@ -112,7 +110,8 @@ def _holds(line: bytes, q: str) -> bool:
     needle = q.casefold()
     if needle.encode() in line.lower():
         return True
-    if b"\\u" not in line and needle.isascii() and not any(character in ESCAPED for character in needle):
+    # q's own letters, not their folds: "ß" folds to "ss", which the bytes of "ß" do not hold.
+    if b"\\u" not in line and q.isascii() and not any(character in ESCAPED for character in needle):
         return False
     try:
         return any(needle in text.casefold() for text in _texts(json.loads(line)))
@@ -157,4 +156,4 @@ def _real(given: Mapping[str, str], name: str) -> float | None:
 def _shown(value: object) -> str:
     if value is True:
         return "1"
-    return f"{value:g}" if isinstance(value, float) else str(value)
+    return repr(value) if isinstance(value, float) else str(value)  # repr: the float given, whole

@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from rollfilter.viewer.catalog import Catalog
-from rollfilter.viewer.page import CONTENT_SECURITY_POLICY, STYLE, document, text
+from rollfilter.viewer.page import CONTENT_SECURITY_POLICY, STYLE, document, encoded, text
 from rollfilter.viewer.pages import compare_page, compare_task_page, index_page, rollout_page
 from rollfilter.viewer.query import Query, QueryError
 
@@ -33,6 +33,10 @@ SECURITY_HEADERS = (
     ("Cache-Control", "no-store"),
 )
 HTML = "text/html; charset=utf-8"
+CLIENT_SECONDS = 30.0  # how long a connection waits on its client, for a request or to take the answer
+# A number in a path or a parameter: ASCII digits (str.isdigit takes others int() refuses), and few
+# enough of them for int() and the index's 64-bit columns; a longer one makes the path no page's.
+NUMBER = "-?[0-9]{1,18}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -61,7 +65,14 @@ class Viewer:
         self.catalog = catalog
         self.host, self.port, self.token = host, port, token
         names = {host, "localhost", "127.0.0.1", "[::1]"} if is_loopback(host) else {host}
-        self._hosts = {f"{name}:{port}" for name in names} | ({"localhost"} if port == 80 else set())
+        # A browser leaves port 80 out of the Host header it sends.
+        self._hosts = {f"{name}:{port}" for name in names} | (names if port == 80 else set())
+
+    @property
+    def _cookie(self) -> str:
+        """The token's cookie, named with the port: a browser sends a host's cookies to each of its
+        ports, and two viewers on one host must not replace each other's token."""
+        return f"{TOKEN_COOKIE}_{self.port}"
 
     @property
     def url(self) -> str:
@@ -79,7 +90,7 @@ class Viewer:
         params = parse_qs(parts.query)
         response = self._page(parts.path, params)
         if self.token is not None and params.get("token") == [self.token]:
-            cookie = f"{TOKEN_COOKIE}={self.token}; HttpOnly; SameSite=Strict; Path=/"
+            cookie = f"{self._cookie}={self.token}; HttpOnly; SameSite=Strict; Path=/"
             response = dataclasses.replace(response, headers=(*response.headers, ("Set-Cookie", cookie)))
         return response
 
@@ -90,7 +101,9 @@ class Viewer:
             return None
         given = parse_qs(urlsplit(target).query).get("token", [""])[-1]
         cookies = dict(pair.strip().partition("=")[::2] for pair in headers.get("Cookie", "").split(";") if "=" in pair)
-        if any(hmac.compare_digest(value, self.token) for value in (given, cookies.get(TOKEN_COOKIE, "")) if value):
+        # Compared as bytes: compare_digest refuses strings past ASCII, and a request may give any.
+        token = self.token.encode()
+        if any(hmac.compare_digest(value.encode(), token) for value in (given, cookies.get(self._cookie, "")) if value):
             return None
         return _error(HTTPStatus.FORBIDDEN, "Give the token of the URL the viewer printed.")
 
@@ -105,6 +118,8 @@ class Viewer:
                 return self._indexed_page(path, params)
             except OSError as exc:
                 return _error(HTTPStatus.INTERNAL_SERVER_ERROR, f"cannot read the files: {exc.strerror or exc}")
+            except Exception as exc:  # a line no page foresaw: said on the page, not a dropped connection
+                return _error(HTTPStatus.INTERNAL_SERVER_ERROR, f"cannot show this page: {type(exc).__name__}: {exc}")
 
     def _indexed_page(self, path: str, params: dict[str, list[str]]) -> Response:
         catalog = self.catalog
@@ -116,8 +131,8 @@ class Viewer:
             return _page(index_page(catalog, query, compare=catalog.baseline is not None))
         if path == "/compare" and catalog.baseline is not None:
             return _page(compare_page(catalog))
-        numbers = [int(part) for part in re.findall(r"/(-?\d+)", path)]
-        shape = re.sub(r"/-?\d+", "/N", path)
+        numbers = [int(part) for part in re.findall(f"/({NUMBER})", path)]
+        shape = re.sub(f"/{NUMBER}", "/N", path)
         if shape == "/compare/N" and catalog.baseline is not None:
             return _page(compare_task_page(catalog, numbers[0]))
         if shape == "/rollout/N/N":
@@ -134,23 +149,26 @@ class Viewer:
         if entry is None:
             return _error(HTTPStatus.NOT_FOUND, f"No rollout {rollout} of task {task}.")
         beside = params.get("beside", [""])[-1]
-        other = self.catalog.find(task, int(beside)) if beside.lstrip("-").isdigit() else None
+        other = self.catalog.find(task, int(beside)) if re.fullmatch(NUMBER, beside) else None
         return _page(rollout_page(self.catalog, entry, other))
 
 
 def _page(html: str) -> Response:
-    return Response(HTTPStatus.OK, html.encode())
+    return Response(HTTPStatus.OK, encoded(html))
 
 
 def _error(status: HTTPStatus, message: str) -> Response:
     body = document(
         f"{status.value} {status.phrase}", f"<h1>{status.value} {text(status.phrase)}</h1><p>{text(message)}</p>"
     )
-    return Response(status, body.encode())
+    return Response(status, encoded(body))
 
 
 class _Handler(BaseHTTPRequestHandler):
     viewer: Viewer
+    # A client that stops sending its request or reading the answer lets go of its thread: many idle
+    # connections (slowloris) would otherwise hold a thread each for as long as they like.
+    timeout = CLIENT_SECONDS
     server_version = "rollfilter"
     sys_version = ""
 
@@ -159,13 +177,20 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(response.status)
         self.send_header("Content-Type", response.content_type)
         self.send_header("Content-Length", str(len(response.body)))
-        for name, value in (*SECURITY_HEADERS, *response.headers):
+        for name, value in response.headers:
             self.send_header(name, value)
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(response.body)
 
     do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _answer
+
+    def end_headers(self) -> None:
+        """The security headers on every answer, http.server's own errors (a method it has no
+        do_ for, a request line too long, one that is not HTTP) too."""
+        for name, value in SECURITY_HEADERS:
+            self.send_header(name, value)
+        super().end_headers()
 
     def log_message(self, format: str, *args: Any) -> None:
         """Requests are not logged: stderr has the one line the command prints."""

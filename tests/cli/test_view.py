@@ -77,3 +77,24 @@ def test_a_baseline_in_shards_is_given_as_one_quoted_pattern(results_file: Path,
     assert (done.returncode, done.stderr) == (0, b"")
     compared = report.read_text().split("Compared with the baseline")[1]
     assert "<th>tied</th><td>3</td></tr><tr><th>tasks</th><td>3</td>" in compared  # both shards' tasks paired
+
+
+def test_a_pipe_given_as_a_file_is_refused(tmp_path: Path):
+    fifo = tmp_path / "results.fifo"  # as <(...) gives: read once, it cannot be read again
+    os.mkfifo(fifo)
+    done = invoke(["--view", str(fifo)])
+    assert done.returncode == 2
+    said = f"rollfilter: --view reads its files again as they grow: {fifo} is a pipe, read once\n"
+    assert done.stderr == said.encode()
+
+
+@pytest.mark.parametrize("given", ["results", "errors", "baseline"])
+def test_html_is_not_written_over_a_file_it_shows(results_file: Path, tmp_path: Path, given: str):
+    other = tmp_path / "other.jsonl"
+    write_lines(other, results()[:2])
+    before = other.read_bytes()
+    args = {"results": [str(other)], "errors": ["--errors", str(other)], "baseline": ["--compare", str(other)]}[given]
+    done = invoke(["--view", str(results_file), *args, "--html", str(other)])
+    assert done.returncode == 2
+    assert done.stderr == f"rollfilter: --html {other} is also the input {other}: input file is output file\n".encode()
+    assert other.read_bytes() == before

@@ -119,6 +119,14 @@ def test_a_reward_component_of_any_finite_size_has_its_mean_as_the_reward_has():
     assert summary["sample_size"]["reward_components"]["c"] == {"tasks": 3, "rollouts": 3}
 
 
+def test_reward_components_that_is_a_number_is_a_field_like_any_other():
+    metrics = Metrics()
+    metrics.add_result({"reward": 1.0, "reward_components": 2}, 0.1)
+    summary = summary_alone(metrics)
+    assert summary["reward_components"] == 2.0
+    assert summary["sample_size"]["reward_components"] == {"tasks": 1, "rollouts": 1}
+
+
 def test_a_token_rate_past_the_float_range_is_null_not_infinite():
     ticks = iter([0.0, *[1e-12] * 10])
     metrics = Metrics(clock=lambda: next(ticks))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
+from tests.conftest import invoke
 from tests.engine.test_metrics import summary_alone
 
 
@@ -182,3 +184,12 @@ def test_means_are_compensated_sums_whatever_the_order():
         means.add({"reward": value})
         clustered.add_value(value)
     assert means.mean("reward") == clustered.mean() == 1 / 3
+
+
+@pytest.mark.parametrize("rollout", [1 << 40, 1 << 70])
+def test_a_rollout_index_past_32_bits_leaves_its_task_unfinished(tmp_path, rollout: int):
+    path = tmp_path / "results.jsonl"
+    path.write_text(json.dumps({"reward": 1.0, "_ng_task_index": 0, "_ng_rollout_index": rollout}) + "\n")
+    summarized = invoke(["--summarize", "-r", "2", str(path)])
+    assert summarized.returncode == 0, summarized.stderr
+    assert json.loads(summarized.stdout)["rollfilter"]["tasks_unfinished"] == 1

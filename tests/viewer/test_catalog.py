@@ -1,6 +1,11 @@
 import json
+import os
+import tracemalloc
 from pathlib import Path
 
+import pytest
+
+from rollfilter.viewer.catalog import numbered_lines
 from tests.conftest import invoke
 from tests.viewer.conftest import catalog_of, result, write_lines
 
@@ -79,3 +84,52 @@ def test_a_file_written_again_past_its_old_end_is_read_again(results_file: Path)
         file.write(json.dumps(result(8, 0, 0.75, "x" * size)) + "\n")
     catalog.refresh()
     assert [(e.task, e.reward) for e in catalog.entries()] == [(8, 0.75)]
+
+
+def test_integers_past_64_bits_are_indexed_as_absent(tmp_path: Path):
+    path = tmp_path / "huge.jsonl"
+    huge = 1 << 70
+    record = result(huge, huge, 1.0, _rf_policy_version={"sent": huge})
+    record["response"]["usage"]["output_tokens"] = -huge
+    write_lines(path, [result(0, 0, 1.0), record])
+    entries = list(catalog_of(path).entries())
+    assert [(e.task, e.rollout, e.tokens, e.version) for e in entries[1:]] == [(-1, -1, 0, -1)]
+
+
+def test_a_line_past_the_limit_is_not_held(tmp_path: Path):
+    path = tmp_path / "long.jsonl"
+    path.write_bytes(json.dumps(result(0, 0, 1.0)).encode() + b"\n" + b"x" * (12 << 20) + b"\n{}\n")
+    tracemalloc.start()
+    try:
+        lines = [(offset, length, line.data is None) for offset, length, line in numbered_lines(str(path), 0, 1000)]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    first = lines[0][1]
+    assert lines == [(0, first, False), (first, (12 << 20) + 1, True), (first + (12 << 20) + 1, 3, False)]
+    assert peak < 6 << 20  # a few chunks, not the line
+
+
+@pytest.mark.parametrize("more", [0, 1])  # as long as before (a line had the same length), or longer
+def test_a_file_written_again_in_place_is_indexed_again(tmp_path: Path, more: int):
+    path = tmp_path / "out.jsonl"
+    write_lines(path, [result(task, 0, 1.0) for task in range(3)])
+    catalog = catalog_of(path)
+    with path.open("r+") as file:  # truncated and written again, as `>` does: the same file
+        file.truncate(0)
+        file.writelines(json.dumps(result(task, 0, 0.0)) + "\n" for task in range(5, 8 + more))
+    written = path.stat().st_mtime_ns + 10_000_000  # a later write, past the clock's tick in a fast test
+    os.utime(path, ns=(written, written))
+    catalog.refresh()
+    assert [(e.task, e.reward) for e in catalog.entries()] == [(task, 0.0) for task in range(5, 8 + more)]
+    assert catalog.find(0, 0) is None
+    assert catalog.summary["reward"] == 0.0
+
+
+@pytest.mark.parametrize("output", [True, 3, "text", {"type": "function_call"}])
+def test_an_output_that_is_not_a_list_is_indexed_with_no_tool_call(tmp_path: Path, output: object):
+    path = tmp_path / "odd.jsonl"
+    record = result(0, 0, 1.0)
+    record["response"]["output"] = output
+    write_lines(path, [record])
+    assert [e.tool_calls for e in catalog_of(path).entries()] == [0]

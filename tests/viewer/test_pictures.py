@@ -28,3 +28,9 @@ def test_labels_are_text():
     assert "<b>" not in svg
     assert "<i>" not in svg
     assert "&lt;i&gt;: 1 rollouts" in svg
+
+
+def test_rewards_at_both_float_limits_are_binned():
+    titles = bar_titles(histogram("reward", [-1e308, 0.0, 1e308, 1e308]))
+    assert len(titles) == 20
+    assert (titles[0], titles[10], titles[-1]) == ("-1e+308: 1 rollouts", "0: 1 rollouts", "9e+307: 2 rollouts")

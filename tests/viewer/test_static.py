@@ -1,7 +1,9 @@
+import os
 import re
 from pathlib import Path
 
 from rollfilter.viewer.static import sampled, static_page
+from tests.conftest import invoke
 from tests.viewer.conftest import catalog_of, result, write_lines
 
 
@@ -40,3 +42,12 @@ def test_with_a_baseline_the_page_compares(results_file: Path, tmp_path: Path):
     page = static_page(catalog_of(results_file, baseline=catalog_of(baseline_file)), max_rollouts=100)
     assert "Compared with the baseline" in page
     assert "<td>0</td><td>0</td><td>0.5</td><td>+0.5</td>" in page
+
+
+def test_a_file_name_that_is_not_utf8_is_shown_escaped(results_file: Path, tmp_path: Path):
+    named = tmp_path / os.fsdecode(b"run-\xff.jsonl")
+    named.write_bytes(results_file.read_bytes())
+    report = tmp_path / "report.html"
+    done = invoke(["--view", "-r", "2", str(named), "--html", str(report)])
+    assert done.returncode == 0, done.stderr
+    assert "run-\\udcff.jsonl" in report.read_text()
