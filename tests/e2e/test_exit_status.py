@@ -444,8 +444,17 @@ main()
 STOPPED_BY = {"SIGINT": (130, "interrupted"), "SIGTERM": (143, "terminated"), "SIGHUP": (129, "hung up")}
 
 
-@pytest.mark.parametrize("signals", ["SIGINT", "SIGINT,SIGINT", "SIGTERM,SIGTERM", "SIGHUP"])
-@pytest.mark.parametrize("moment", [0.03, 0.1, 0.17, 0.24, 0.35, 0.8])
+MOMENTS = [0.03, 0.1, 0.17, 0.24, 0.35, 0.8]  # in the imports, at start-up's steps, and well into the run
+OTHER_STOPS = ["SIGINT,SIGINT", "SIGTERM,SIGTERM", "SIGHUP"]
+
+
+# Ctrl-C at every moment, and each other stop at two of them: the moment decides which part of
+# start-up the signal meets, and each stop takes the one path from there.
+@pytest.mark.parametrize(
+    ("moment", "signals"),
+    [(moment, "SIGINT") for moment in MOMENTS]
+    + [(moment, OTHER_STOPS[number % len(OTHER_STOPS)]) for number, moment in enumerate(MOMENTS)],
+)
 def test_stop_signals_at_any_moment_once_or_twice_end_with_the_summary(moment: float, signals: str):
     # stdin stays open: the run never ends by itself, whatever the moment of the signal.
     with subprocess.Popen(
