@@ -33,7 +33,7 @@ import httpx
 import msgspec
 import trio
 
-from rollfilter.config import Config, Reverify, verify_url
+from rollfilter.config import Config, verify_url
 from rollfilter.engine.plan import Job, LineSource, shard_of
 from rollfilter.errors import ErrorKind, ServiceError, UsageError
 from rollfilter.figures.passk import TaskStats
@@ -175,21 +175,19 @@ class ReverifyPlanner:
         self,
         reader: LineSource,
         index: MaterializedIndex,
-        settings: Reverify,
+        config: Config,
         resume: ResumeState | None = None,
         tasks: TaskStats | None = None,
-        limit: int | None = None,
-        shard: tuple[int, int] | None = None,
-        repeats_for: Callable[[str | None], int | None] | None = None,
     ) -> None:
+        assert config.reverify is not None, "a run that re-scores"
         self._reader = reader
         self._index = index
-        self._judge_failed_only = settings.judge_failed_only
+        self._judge_failed_only = config.reverify.judge_failed_only
         self._resume = resume
         self._tasks = tasks
-        self._repeats_for = repeats_for  # each agent's -r: a task's rollouts are its groups of that size
-        self._limit = limit
-        self._shard = shard  # (I, N): the rollouts of the tasks whose index mod N is I, as a run's shard
+        self._repeats_for = config.repeats.for_agent  # a task's rollouts are its groups of its agent's -r
+        self._limit = config.limit
+        self._shard = config.shard  # (I, N): the rollouts of the tasks whose index mod N is I, as a run's shard
         self._pending: collections.deque[Job] = collections.deque()
         self._rows = 0
         self._seq = 0
@@ -247,7 +245,7 @@ class ReverifyPlanner:
         if self._tasks is not None and task is not None:
             # A line is one rollout of its task's group of -r K (as --summarize -r K counts it);
             # without -r, a task has as many as its lines.
-            size = self._repeats_for(name) if self._repeats_for is not None else None
+            size = self._repeats_for(name)
             if size is not None and size > 1:
                 self._tasks.reached(task, index, size)
             else:

@@ -189,21 +189,11 @@ class Run:
         self._baseline, self._shards = baseline, shards
         self._comparison: Comparison | None = None  # with a baseline, once finished
         self._timed = True  # a run counted from result files has no timings
-        self.tracking = self._tracking(config, tracked, tracking_key) if client is None else None
+        self.tracking: RunTracking | None = None  # a dry run is not tracked; --summarize's count is
+        if config.trackers is not None and client is None:
+            from rollfilter.run.tracking import RunTracking  # a run that tracks loads it
 
-    def _tracking(self, config: Config, tracked: Mapping[str, Any] | None, key: str) -> RunTracking | None:
-        """The run's trackers (`Config.trackers`), logging `tracked` (its record) as params, and
-        fed every result for their sample. A run that sends nothing to agents counts its
-        results the same way, and is tracked the same way."""
-        if config.trackers is None:
-            return None
-        from rollfilter.run.tracking import RunTracking, identity_of  # a run that tracks loads it
-
-        record = tracked if tracked is not None else identity_of(config)
-        tracking = RunTracking(config.trackers, record, key=key, on_warning=self._on_warning)
-        if tracking.reservoir is not None:
-            self.tally.sample = tracking.reservoir.add
-        return tracking
+            self.tracking = RunTracking.of_run(config, self.tally, tracked, tracking_key, on_warning)
 
     async def connect(self, *, send: bool = True) -> None:
         """Find the agents (a head server asked once), build the router, and with `send` the engine;
@@ -285,16 +275,7 @@ class Run:
             from rollfilter.run.reverify import ReverifyPlanner
 
             assert self.index is not None, "indexed when connected"
-            planner = ReverifyPlanner(
-                source,
-                self.index,
-                config.reverify,
-                resume,
-                self.tasks,
-                config.limit,
-                config.shard,
-                repeats_for=config.repeats.for_agent,
-            )
+            planner = ReverifyPlanner(source, self.index, config, resume, self.tasks)
         return Engine(
             planner=planner,
             router=router,
@@ -326,7 +307,10 @@ class Run:
             await trio.to_thread.run_sync(self._earlier.count, self.tally)
         try:
             if self.control.cause is None:
-                await self._send_tracked(self.engine)
+                if self.tracking is not None:
+                    await self.tracking.beside(self.engine.send_all, self.statistics)
+                else:
+                    await self.engine.send_all()
         finally:
             if self.groups is not None:
                 self.groups.cancel_open()
@@ -334,16 +318,6 @@ class Run:
             self.groups.cancel_earlier(self._earlier.left_open(self.config.repeats.for_agent))
         if self.control.stopped_early and isinstance(self._sink, LineSink):
             self._sink.flush_backlog()  # what --ordered holds behind rows that never finished
-
-    async def _send_tracked(self, engine: Engine) -> None:
-        """The engine's run, with the trackers' live points taken beside it."""
-        if self.tracking is None:
-            await engine.send_all()
-            return
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self.tracking.watch, self.statistics)
-            await engine.send_all()
-            nursery.cancel_scope.cancel()
 
     def end_tracking(self, status: str, *, on_warning: Callable[[str], None] | None = None) -> None:
         """The trackers' final figures, their runs ended with `status` (FINISHED, KILLED or

@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import trio
@@ -29,6 +29,9 @@ from rollfilter.trackers.flatten import flattened
 from rollfilter.trackers.ids import keep_ids, read_ids
 from rollfilter.trackers.log import Final, Tracker, TrackerLog
 from rollfilter.trackers.reservoir import Reservoir
+
+if TYPE_CHECKING:
+    from rollfilter.engine.tally import Tally
 
 # How often a live point is taken: a tracker's chart wants a few a minute, not one a row.
 LIVE_EVERY_S = 5.0
@@ -134,6 +137,33 @@ class RunTracking:
             self._started = True
             await trio.to_thread.run_sync(self._log.make)
             self._log.start()
+
+    @classmethod
+    def of_run(
+        cls,
+        config: Config,
+        tally: Tally,
+        tracked: Mapping[str, Any] | None,
+        key: str,
+        on_warning: Callable[[str], None] | None,
+    ) -> RunTracking | None:
+        """The trackers of a run of `config` (None without `Config.trackers`), logging `tracked`
+        (the run's record; None: what `config` says of it) as params, fed each result `tally`
+        counts for their sample."""
+        if config.trackers is None:
+            return None
+        record = tracked if tracked is not None else identity_of(config)
+        tracking = cls(config.trackers, record, key=key, on_warning=on_warning)
+        if tracking.reservoir is not None:
+            tally.sample = tracking.reservoir.add
+        return tracking
+
+    async def beside(self, send_all: Callable[[], Awaitable[None]], statistics: Callable[[], RunStatistics]) -> None:
+        """`send_all` (the engine's run), with the live points taken beside it."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.watch, statistics)
+            await send_all()
+            nursery.cancel_scope.cancel()
 
     async def watch(self, statistics: Callable[[], RunStatistics]) -> None:
         """Every few seconds, until cancelled: a point of the run's snapshot to the trackers, and
