@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from rollfilter.config import Config
 from rollfilter.engine.metrics import Metrics
 from rollfilter.engine.plan import Job
 from rollfilter.errors import ErrorKind
@@ -59,6 +60,19 @@ class Tally:
         if watch:
             metrics.recent_unhealthy, metrics.recent_masked = RecentShare(), RecentShare()
         self.sample: Callable[[dict[str, Any]], None] | None = None  # each result, for a tracker's sample
+
+    @classmethod
+    def for_config(cls, config: Config, metrics: Metrics, tasks: TaskStats | None, spool: ResultSpool | None) -> Tally:
+        """The tally of a run of `config`: each agent's repeats, and its health settings."""
+        health = config.health
+        return cls(
+            metrics,
+            tasks,
+            spool,
+            repeats_for=config.repeats.for_agent,
+            mask_unhealthy=health.unhealthy == "mask",
+            watch=health.watched,
+        )
 
     def started(self) -> None:
         """A rollout is taken from the input: it ends in one of the calls below, or is cancelled."""

@@ -97,6 +97,25 @@ def fit_to_open_files(
     return fitted, problem
 
 
+def task_figures(config: Config, on_task: Callable[[dict[str, Any]], None] | None) -> TaskStats | None:
+    """mean@K and pass@k over tasks, with repeats; with none, a re-scoring run's error bars
+    clustered by the task each line names; else None."""
+    largest, threshold = config.repeats.largest, config.repeats.pass_threshold
+    if largest > 1:
+        return TaskStats(largest, threshold, on_task)
+    return TaskStats(1, threshold, clusters_only=True) if config.reverify is not None else None
+
+
+def _tracking(
+    config: Config, tally: Tally, tracked: Mapping[str, Any] | None, key: str, on_warning: Callable[[str], None] | None
+) -> RunTracking | None:
+    if config.trackers is None:
+        return None
+    from rollfilter.run.tracking import RunTracking  # a run that tracks loads it
+
+    return RunTracking.of_run(config, tally, tracked, key, on_warning)
+
+
 class Run:
     """One run of `config`: its parts, and the summary they make.
 
@@ -111,11 +130,9 @@ class Run:
     client: a dry run's (`DryRunClient`), which sends nothing, one job at a time, keeps no spool,
     send slots or adaptive windows, counts no task figures, and counts what it would send. With
     `stop_when_unreachable`, an agent that refused every connection since the start, for the
-    connect timeout and a few times, stops the run. With `config.trackers`, `tracking` logs the
-    run (`tracked`, its record, as params; `tracking_key`, what its ids are kept for): started
-    by `connect`, fed live by `send`, ended by `end_tracking`, which its caller calls with how
-    the run ended. A run that sends fits its concurrency to the
-    open-file limit, and says so in `warnings`. `baseline` and `shards` are --summarize's: a
+    connect timeout and a few times, stops the run. `tracking` (`config.trackers`) logs `tracked`
+    (the run's record) under `tracking_key`, until `end_tracking`. A run that sends fits its
+    concurrency to the open-file limit, and says so in `warnings`. `baseline` and `shards` are --summarize's: a
     comparison with another run's results, and the shards its files cover. `aclose` closes what
     the run owns: its transport, spool and index.
     """
@@ -146,22 +163,10 @@ class Run:
         self.metrics = Metrics()
         if config.cost.prices:
             self.metrics.spending = Spending(config.cost.prices)
-        largest = config.repeats.largest
-        self.tasks: TaskStats | None = None
-        if largest > 1:
-            self.tasks = TaskStats(largest, config.repeats.pass_threshold, on_task)
-        elif config.reverify is not None:  # each line re-scored names its task: the error bars are clustered by it
-            self.tasks = TaskStats(1, config.repeats.pass_threshold, clusters_only=True)
+        self.tasks = task_figures(config, on_task)
         self.spool = ResultSpool() if config.aggregate and client is None else None
         answered = self.tasks if client is None else None  # a dry run's rollouts are planned, never answered
-        self.tally = Tally(
-            self.metrics,
-            answered,
-            self.spool,
-            repeats_for=config.repeats.for_agent,
-            mask_unhealthy=config.health.unhealthy == "mask",
-            watch=config.health.watched,
-        )
+        self.tally = Tally.for_config(config, self.metrics, answered, self.spool)
         if transport is None and (source is not None or self.spool is not None):
             transport = transport_for(config, tls=tls, on_warning=on_warning)
         self.transport: AgentTransport | None = transport
@@ -189,11 +194,8 @@ class Run:
         self._baseline, self._shards = baseline, shards
         self._comparison: Comparison | None = None  # with a baseline, once finished
         self._timed = True  # a run counted from result files has no timings
-        self.tracking: RunTracking | None = None  # a dry run is not tracked; --summarize's count is
-        if config.trackers is not None and client is None:
-            from rollfilter.run.tracking import RunTracking  # a run that tracks loads it
-
-            self.tracking = RunTracking.of_run(config, self.tally, tracked, tracking_key, on_warning)
+        # A dry run is not tracked; --summarize's count is.
+        self.tracking = _tracking(config, self.tally, tracked, tracking_key, on_warning) if client is None else None
 
     async def connect(self, *, send: bool = True) -> None:
         """Find the agents (a head server asked once), build the router, and with `send` the engine;
