@@ -376,19 +376,26 @@ def failure_limit(spec: str | FailureLimit | None) -> FailureLimit:
         return FailureLimit()
     if isinstance(spec, FailureLimit):  # the default
         return spec
-    text = spec.strip()
     try:
-        if text.endswith("%"):
-            percent = float(text[:-1])
-            if not (math.isfinite(percent) and 0 < percent <= 100):
-                raise ValueError
-            return FailureLimit(fraction=percent / 100)
-        count = int(text)
-        if count < 1:
-            raise ValueError
-        return FailureLimit(count=count)
+        count, fraction = _count_or_rate(spec)
     except ValueError:
         raise UsageError(f"--max-failures wants a count like 10 or a rate like 5%, got {spec!r}") from None
+    return FailureLimit(count=count, fraction=fraction)
+
+
+def _count_or_rate(text: str) -> tuple[int | None, float | None]:
+    """`N` (a whole number, at least 1) or `P%` (over 0, at most 100) as (count, fraction);
+    ValueError for anything else."""
+    text = text.strip()
+    if text.endswith("%"):
+        percent = float(text[:-1])
+        if not (math.isfinite(percent) and 0 < percent <= 100):
+            raise ValueError
+        return None, percent / 100
+    count = int(text)
+    if count < 1:
+        raise ValueError
+    return count, None
 
 
 def unhealthy(text: str) -> str:
@@ -405,21 +412,13 @@ def recent_limit(option: str) -> Any:
     def parse(spec: str | RecentLimit | None) -> RecentLimit | None:
         if spec is None or isinstance(spec, RecentLimit):
             return spec
-        text = spec.strip()
         try:
-            if text.endswith("%"):
-                percent = float(text[:-1])
-                if not (math.isfinite(percent) and 0 < percent <= 100):
-                    raise ValueError
-                return RecentLimit(fraction=percent / 100)
-            count = int(text)
-            if count < 1:
-                raise ValueError
-            return RecentLimit(count=count)
+            count, fraction = _count_or_rate(spec)
         except ValueError:
             raise UsageError(
                 f"{option} wants a count like 10 or a rate like 30% (over 0, at most 100), got {spec!r}"
             ) from None
+        return RecentLimit(count=count, fraction=fraction)
 
     return parse
 
