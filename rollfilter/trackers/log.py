@@ -84,7 +84,7 @@ class TrackerLog:
         names: Mapping[str, str] | None = None,
     ) -> None:
         self._openers, self._params, self._ids, self._on_ids = openers, params, dict(ids), on_ids
-        self._hidden = hidden  # text never said in a warning (a URL's credentials)
+        self._hidden = hidden  # text never said in a warning (a URL's credentials), longest first
         self._names = names or {}  # a tracker's name by its key, for one that failed before it was made
         self._queue: queue.Queue[_Point | Final] = queue.Queue(QUEUED_POINTS)
         self._thread = threading.Thread(target=self._serve, name="rollfilter-trackers", daemon=True)
@@ -126,9 +126,10 @@ class TrackerLog:
             self._said.append(text)
 
     def _failed(self, name: str, doing: str, exc: BaseException) -> None:
-        detail = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-        for secret in self._hidden:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        for secret in self._hidden:  # before the cut, which could leave a secret's start
             detail = detail.replace(secret, "...")
+        detail = detail[:300]
         text = f"{type(exc).__name__}: {printable(detail)}" if detail else type(exc).__name__
         self._warn(f"{name}: cannot {doing} ({text}); the run goes on without it")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 import pytest
 import trio
@@ -14,6 +15,7 @@ from rollfilter.run import tracking
 from rollfilter.run.run import Run
 from rollfilter.run.tracking import identity_of, params_of
 from tests.api.test_rollouts import weather_rows
+from tests.conftest import invoke, rows_jsonl, simple_rows
 from tests.trackers.test_log import Recording
 
 
@@ -87,3 +89,22 @@ async def test_a_python_run_logs_its_points_and_every_figure_at_the_end(monkeypa
     assert final.versions == {7: run_.summary["reward"]}  # every rollout was sent under version 7
     assert len(final.rollouts) == 3
     assert all(json.loads(line)["_ng_task_index"] in range(5) for line in final.rollouts)
+
+
+class Quoting(Recording):
+    """A tracker whose client quotes the query of its URI, away from the rest, as MLflow's does."""
+
+    def start(self, params: Mapping[str, str], run_id: str | None) -> str:
+        raise ConnectionError("Max retries exceeded with url: /?token=t0k3n/api/2.0/mlflow/runs (refused)")
+
+
+@pytest.mark.usefixtures("tracker_clients")
+def test_a_warning_never_quotes_a_secret_of_the_trackers_uri(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(tracking, "_mlflow", lambda uri, experiment, run_name: Quoting())
+    uri = "http://me:pa55w0rd@127.0.0.1:5000/?token=t0k3n"
+    result = invoke(["--demo", "--mlflow", uri], input=rows_jsonl(simple_rows(2)))
+    assert result.returncode == 0, result.stderr
+    warning, _summary = result.stderr.decode().splitlines()  # the summary last
+    assert warning.startswith("rollfilter: Recording: cannot start its run (ConnectionError: ")
+    for secret in ("me:", "pa55w0rd", "token", "t0k3n"):
+        assert secret not in warning, secret

@@ -127,3 +127,15 @@ def test_the_end_waits_for_a_stuck_tracker_a_bounded_time_and_says_so():
     log.end(FINAL, wait_s=0.01)
     assert log.warnings() == ["trackers: not done logging after 0.01 s; left as they are"]
     hold.set()
+
+
+def test_a_secret_the_warning_is_cut_through_is_hidden_whole():
+    class Quoting(Recording):
+        def start(self, params: Mapping[str, str], run_id: str | None) -> str:
+            raise ConnectionError("x" * 288 + "/?token=t0k3nt0k3n/api/2.0/mlflow")  # cut at 300 in the token
+
+    log = TrackerLog({"a": Quoting}, {}, {}, lambda ids: None, hidden=("token=t0k3nt0k3n", "t0k3nt0k3n"))
+    log.start()
+    log.end(FINAL, wait_s=30)
+    (warning,) = log.warnings()
+    assert "t0k" not in warning
