@@ -15,7 +15,7 @@ from rollfilter.run import tracking
 from rollfilter.run.run import Run
 from rollfilter.run.tracking import identity_of, params_of
 from tests.api.test_rollouts import weather_rows
-from tests.conftest import invoke, rows_jsonl, simple_rows
+from tests.conftest import HeadServer, invoke, rows_jsonl, serving, simple_rows
 from tests.trackers.test_log import Recording
 
 
@@ -108,3 +108,16 @@ def test_a_warning_never_quotes_a_secret_of_the_trackers_uri(monkeypatch: pytest
     assert warning.startswith("rollfilter: Recording: cannot start its run (ConnectionError: ")
     for secret in ("me:", "pa55w0rd", "token", "t0k3n"):
         assert secret not in warning, secret
+
+
+@pytest.mark.usefixtures("tracker_clients")
+def test_a_run_refused_after_its_trackers_started_ends_their_runs_failed(monkeypatch: pytest.MonkeyPatch):
+    recording = Recording()
+    monkeypatch.setattr(tracking, "_mlflow", lambda uri, experiment, run_name: recording)
+    with serving(HeadServer(port=9)) as head:
+        args = ["--head-server", head.url, "-a", "nosuch", "--mlflow", "http://127.0.0.1:5000"]
+        result = invoke(args, input=rows_jsonl(simple_rows(2)))
+    assert result.returncode == 2
+    assert b"not known to the head server" in result.stderr
+    assert recording.ended is not None
+    assert recording.ended.status == "FAILED"
