@@ -121,3 +121,19 @@ def test_a_run_refused_after_its_trackers_started_ends_their_runs_failed(monkeyp
     assert b"not known to the head server" in result.stderr
     assert recording.ended is not None
     assert recording.ended.status == "FAILED"
+
+
+@pytest.mark.usefixtures("tracker_clients")
+async def test_a_python_run_left_before_its_end_ends_its_tracker_run_killed(monkeypatch: pytest.MonkeyPatch):
+    recording = Recording()
+    monkeypatch.setattr(tracking, "_wandb", lambda project, run_name: recording)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(lambda task_status: serve(DemoAgent(), task_status=task_status))
+        config = Config(url=f"http://127.0.0.1:{port}", repeats=2, concurrency=1, trackers=Trackers(wandb="p"))
+        async with open_rollouts(weather_rows(), config) as run_:
+            async for _ in run_:
+                break  # one of ten: the run has not ended
+        nursery.cancel_scope.cancel()
+    assert recording.ended is not None
+    assert recording.ended.status == "KILLED"
+    assert recording.ended.step < 10
