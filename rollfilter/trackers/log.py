@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
@@ -109,9 +110,10 @@ class TrackerLog:
     def end(self, final: Final, *, wait_s: float) -> None:
         """Give the thread `final` and wait for it to log it, `wait_s` seconds at most; a tracker
         still busy then is said to have been left."""
+        deadline = time.monotonic() + wait_s  # for the two waits together
         with contextlib.suppress(queue.Full):  # the thread is stuck: the join below says so
             self._queue.put(final, timeout=wait_s)
-        self._thread.join(wait_s)
+        self._thread.join(max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive():
             self._warn(f"trackers: not done logging after {wait_s:g} s; left as they are")
 

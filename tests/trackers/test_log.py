@@ -139,3 +139,19 @@ def test_a_secret_the_warning_is_cut_through_is_hidden_whole():
     log.end(FINAL, wait_s=30)
     (warning,) = log.warnings()
     assert "t0k" not in warning
+
+
+def test_the_end_waits_its_time_once_when_the_queue_is_full_too():
+    hold = threading.Event()
+    stuck = Recording(hold=hold)
+    log = TrackerLog({"a": lambda: stuck}, {}, {}, lambda ids: None)
+    log.start()
+    log.point({"x": 0.0}, 0)
+    assert stuck.logging.wait(30)
+    for step in range(1, QUEUED_POINTS + 1):
+        assert log.point({"x": float(step)}, step)  # the queue is full: the end's put waits its time
+    joined: list[float] = []
+    log._thread.join = joined.append  # type: ignore[method-assign]
+    log.end(FINAL, wait_s=0.05)
+    assert joined[0] < 0.05  # what is left of the time the put took, not the time again
+    hold.set()
