@@ -53,7 +53,7 @@ def test_each_tracker_is_started_fed_and_ended_and_the_ids_are_kept():
     log.end(FINAL, wait_s=30)
     assert first.started_with == ({"repeats": "4"}, None)
     assert second.started_with == ({"repeats": "4"}, "old-id")  # continued
-    assert kept == [{"a": "new-id", "b": "old-id"}]
+    assert kept[-1] == {"a": "new-id", "b": "old-id"}  # each tracker's thread keeps those started
     assert first.points == second.points == [({"live/finished": 1.0}, 1)]
     assert first.versions == second.versions == {3: 0.5}
     assert first.ended is second.ended is FINAL
@@ -151,7 +151,26 @@ def test_the_end_waits_its_time_once_when_the_queue_is_full_too():
     for step in range(1, QUEUED_POINTS + 1):
         assert log.point({"x": float(step)}, step)  # the queue is full: the end's put waits its time
     joined: list[float] = []
-    log._thread.join = joined.append  # type: ignore[method-assign]
+    (thread,) = log._threads
+    thread.join = joined.append  # type: ignore[method-assign]
     log.end(FINAL, wait_s=0.05)
     assert joined[0] < 0.05  # what is left of the time the put took, not the time again
     hold.set()
+
+
+def test_a_tracker_that_hangs_costs_the_others_nothing():
+    hold = threading.Event()
+
+    class Releasing(Recording):
+        def end(self, final: Final) -> None:
+            super().end(final)
+            hold.set()  # the other is held until this one has ended
+
+    stuck, working = Recording(hold=hold), Releasing()
+    log = TrackerLog({"a": lambda: stuck, "b": lambda: working}, {}, {}, lambda ids: None)
+    log.start()
+    log.point({"x": 0.0}, 0)
+    log.end(FINAL, wait_s=30)
+    assert working.points == [({"x": 0.0}, 0)]
+    assert working.ended is stuck.ended is FINAL
+    assert log.warnings() == []
