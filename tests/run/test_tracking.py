@@ -137,3 +137,21 @@ async def test_a_python_run_left_before_its_end_ends_its_tracker_run_killed(monk
     assert recording.ended is not None
     assert recording.ended.status == "KILLED"
     assert recording.ended.step < 10
+
+
+@pytest.mark.usefixtures("tracker_clients")
+def test_the_same_files_summarized_in_another_order_update_the_same_tracker_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+):
+    first, again = Recording(), Recording()
+    made = iter([first, again])
+    monkeypatch.setattr(tracking, "_mlflow", lambda uri, experiment, run_name: next(made))
+    files = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    for index, file in enumerate(files):
+        file.write_text(json.dumps({"reward": 1.0, "_ng_task_index": index, "_ng_rollout_index": 0}) + "\n")
+    args = ["--summarize", "--mlflow", "http://127.0.0.1:5000"]
+    assert invoke([*args, *map(str, files)]).returncode == 0
+    assert invoke([*args, *map(str, reversed(files))]).returncode == 0
+    assert first.started_with is not None
+    assert again.started_with is not None
+    assert (first.started_with[1], again.started_with[1]) == (None, "new-id")  # continued
