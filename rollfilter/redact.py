@@ -51,6 +51,23 @@ def _without_secrets(text: str) -> str:
     return scheme + sep + authority.rpartition("@")[2] + slash + path
 
 
+def secrets_in(text: str) -> tuple[str, ...]:
+    """What of a URL's `text` may be a secret, as a message quoting the URL in part may hold it:
+    the whole, its user information, query and fragment, and each user, password and query value
+    alone, as typed and decoded; longest first, so that each is cut whole."""
+    from urllib.parse import unquote
+
+    before_fragment, _, fragment = text.partition("#")
+    query = before_fragment.partition("?")[2]
+    authority = before_fragment.partition("?")[0].partition("://")[2].partition("/")[0]
+    user_information = authority.rpartition("@")[0]
+    values = [pair.partition("=")[2] for pair in query.split("&")]
+    parts = {text, user_information, *user_information.split(":", 1), query, *values, fragment}
+    parts |= {unquote(part) for part in parts}
+    parts.discard(shown_as_typed(text))
+    return tuple(sorted(filter(None, parts), key=len, reverse=True))
+
+
 def origin(url: httpx.URL | str) -> str:
     """A URL's origin for messages (scheme://host, and the port unless it is the scheme's
     default): never the path, query or credentials of a URL."""

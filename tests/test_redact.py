@@ -7,7 +7,7 @@ import pytest
 
 from rollfilter.config import Config
 from rollfilter.errors import UsageError
-from rollfilter.redact import origin, printable, shown
+from rollfilter.redact import origin, printable, secrets_in, shown
 
 
 def test_printable_escapes_only_what_is_not_printable():
@@ -60,3 +60,11 @@ def test_a_url_that_is_refused_is_quoted_without_its_secrets(url: str, message: 
     with pytest.raises(UsageError) as refused:
         Config(url=url)
     assert str(refused.value) == message
+
+
+def test_the_secrets_in_a_url_are_each_part_that_may_be_quoted_alone():
+    found = secrets_in("http://me:p%40ss@host:5000/mlflow?token=t0k3n&x=1#frag")
+    for part in ("me:p%40ss", "p%40ss", "p@ss", "me", "token=t0k3n&x=1", "t0k3n", "frag"):
+        assert part in found, part
+    assert list(found) == sorted(found, key=len, reverse=True)  # a part is cut before what it holds
+    assert secrets_in("http://host:5000/mlflow") == ()

@@ -268,13 +268,14 @@ async def open_rollouts_in_trio(
         results.figures = figures = LiveFigures(run, trio.lowlevel.current_trio_token(), threading.get_ident())
 
         ended = "KILLED"  # the tracker runs' status, unless the run ends on its own
+        left = False  # whether the caller left before the run ended (its end is then a cancel's)
 
         async def drive() -> None:
             nonlocal ended
             try:
                 await run.send()
                 await run.finish()
-                ended = "FINISHED"
+                ended = "KILLED" if left else "FINISHED"
             finally:
                 results._take_ended_run(run)
                 figures.ended = True
@@ -285,6 +286,7 @@ async def open_rollouts_in_trio(
             try:
                 yield results
             finally:
+                left = True
                 run.control.cancel()
     except BaseException as exc:
         run.end_tracking(_TRACKER_STATUS.get(type(exc), "FAILED"))

@@ -36,7 +36,7 @@ from rollfilter.cli.messages import message_line, repeats_missing, say, write_su
 from rollfilter.cli.report import report_end, report_refused, report_unsent
 from rollfilter.cli.resume_line import resume_line
 from rollfilter.cli.signals import StopSignals, is_pipe, status_block, watch_reader_gone
-from rollfilter.cli.statuses import RunEnd
+from rollfilter.cli.statuses import RunEnd, tracker_status
 from rollfilter.cli.views import RunViews
 from rollfilter.config import Config
 from rollfilter.errors import ServiceError, UsageError
@@ -239,6 +239,12 @@ class _CommandLineRun:
             async with trio.open_nursery() as services:
                 await self._serve(services)
                 services.cancel_scope.cancel()
+        except BaseException:
+            # Refused once its trackers started (an agent the head server does not know): their
+            # runs end FAILED rather than stay running.
+            stderr = self.environment.stderr
+            self.run.end_tracking(tracker_status(None, failed=True), on_warning=lambda text: say(text, stderr))
+            raise
         finally:
             self.reader.close()
             with trio.CancelScope(shield=True):

@@ -124,14 +124,15 @@ async def summarize(command: CommandConfig, *, environment: Environment) -> RunE
 
 def _tracked(command: CommandConfig, stderr: int) -> tuple[Config, dict[str, Any]]:
     """The config of a --summarize that logs to trackers, with their ids kept beside its first
-    file (`FILE.summarized.trackers.json`) for the same files summarized again, and what its Run
+    file by name (`FILE.summarized.trackers.json`) for the same files summarized again, and what its Run
     takes for them: the params (the first file's run record, if it has one), the files the ids
     are kept for, and where warnings go."""
     config = command.config
     if config.trackers is None or STDIN in command.inputs:
         return config, {}
     paths = [os.path.realpath(path) for path in command.inputs]
-    trackers = dataclasses.replace(config.trackers, ids_file=paths[0] + SUMMARIZED_IDS_SUFFIX)
+    # Beside the first by name: the same files given in another order find the same tracker runs.
+    trackers = dataclasses.replace(config.trackers, ids_file=min(paths) + SUMMARIZED_IDS_SUFFIX)
     try:
         record = identity.read_record(identity.record_path(command.inputs[0]))
     except UsageError:  # a record that cannot be read: the files' summary says enough

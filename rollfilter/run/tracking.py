@@ -23,7 +23,7 @@ import trio
 
 from rollfilter._version import __version__
 from rollfilter.config import Config, ConfigError, Trackers
-from rollfilter.redact import shown
+from rollfilter.redact import secrets_in, shown
 from rollfilter.run.statistics import RunStatistics
 from rollfilter.trackers.flatten import flattened
 from rollfilter.trackers.ids import keep_ids, read_ids
@@ -111,7 +111,7 @@ class RunTracking:
         hidden: tuple[str, ...] = ()
         if trackers.mlflow is not None:
             uri, experiment = trackers.mlflow, trackers.experiment
-            hidden = (uri,) if shown(uri) != uri else ()
+            hidden = secrets_in(uri)
             openers["mlflow"] = lambda: _mlflow(uri, experiment, run_name)
         if trackers.wandb is not None:
             project = trackers.wandb

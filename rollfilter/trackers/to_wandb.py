@@ -24,6 +24,9 @@ class WandbTracker:
     name = "W&B"
 
     def __init__(self, project: str, run_name: str | None) -> None:
+        # W&B's notices (a WANDB_DIR not made yet, where it writes) come on stderr before its
+        # settings' `silent` applies: what went wrong is said by the run, once. What the user set stays.
+        os.environ.setdefault("WANDB_SILENT", "true")
         import wandb
 
         self._wandb = wandb

@@ -236,15 +236,15 @@ def test_a_run_is_logged_to_wandb_offline(tmp_path: Path, monkeypatch: pytest.Mo
     from wandb.proto import wandb_internal_pb2
 
     monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "runs"))  # not made yet: W&B says so, unless silenced
+    monkeypatch.delenv("WANDB_SILENT", raising=False)
     out = tmp_path / "out.jsonl"
     args = ["--demo", "-r", "2", "-o", str(out), "--wandb", "proj", "--track-rollouts", "4", "--policy-version", "3"]
-    proc = run([*args, EXAMPLE])
+    proc = run([*args, EXAMPLE], start_new_session=True)  # a process of its own: W&B writes to its stderr
     assert proc.returncode == 0, proc.stderr
-    assert len(proc.stderr.decode().splitlines()) == 1  # the summary alone
+    assert len(proc.stderr.decode().splitlines()) == 1, proc.stderr  # the summary alone
     run_id = json.loads((tmp_path / "out.jsonl.trackers.json").read_text())["ids"]["wandb"]
-    (folder,) = (tmp_path / "wandb").glob(f"offline-run-*-{run_id}")
+    (folder,) = (tmp_path / "runs" / "wandb").glob(f"offline-run-*-{run_id}")
     history: dict[str, Any] = {}
     config: dict[str, Any] = {}
     exit_code = None

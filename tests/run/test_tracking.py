@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 import pytest
 import trio
@@ -14,6 +15,7 @@ from rollfilter.run import tracking
 from rollfilter.run.run import Run
 from rollfilter.run.tracking import identity_of, params_of
 from tests.api.test_rollouts import weather_rows
+from tests.conftest import HeadServer, invoke, rows_jsonl, serving, simple_rows
 from tests.trackers.test_log import Recording
 
 
@@ -87,3 +89,69 @@ async def test_a_python_run_logs_its_points_and_every_figure_at_the_end(monkeypa
     assert final.versions == {7: run_.summary["reward"]}  # every rollout was sent under version 7
     assert len(final.rollouts) == 3
     assert all(json.loads(line)["_ng_task_index"] in range(5) for line in final.rollouts)
+
+
+class Quoting(Recording):
+    """A tracker whose client quotes the query of its URI, away from the rest, as MLflow's does."""
+
+    def start(self, params: Mapping[str, str], run_id: str | None) -> str:
+        raise ConnectionError("Max retries exceeded with url: /?token=t0k3n/api/2.0/mlflow/runs (refused)")
+
+
+@pytest.mark.usefixtures("tracker_clients")
+def test_a_warning_never_quotes_a_secret_of_the_trackers_uri(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(tracking, "_mlflow", lambda uri, experiment, run_name: Quoting())
+    uri = "http://me:pa55w0rd@127.0.0.1:5000/?token=t0k3n"
+    result = invoke(["--demo", "--mlflow", uri], input=rows_jsonl(simple_rows(2)))
+    assert result.returncode == 0, result.stderr
+    warning, _summary = result.stderr.decode().splitlines()  # the summary last
+    assert warning.startswith("rollfilter: Recording: cannot start its run (ConnectionError: ")
+    for secret in ("me:", "pa55w0rd", "token", "t0k3n"):
+        assert secret not in warning, secret
+
+
+@pytest.mark.usefixtures("tracker_clients")
+def test_a_run_refused_after_its_trackers_started_ends_their_runs_failed(monkeypatch: pytest.MonkeyPatch):
+    recording = Recording()
+    monkeypatch.setattr(tracking, "_mlflow", lambda uri, experiment, run_name: recording)
+    with serving(HeadServer(port=9)) as head:
+        args = ["--head-server", head.url, "-a", "nosuch", "--mlflow", "http://127.0.0.1:5000"]
+        result = invoke(args, input=rows_jsonl(simple_rows(2)))
+    assert result.returncode == 2
+    assert b"not known to the head server" in result.stderr
+    assert recording.ended is not None
+    assert recording.ended.status == "FAILED"
+
+
+@pytest.mark.usefixtures("tracker_clients")
+async def test_a_python_run_left_before_its_end_ends_its_tracker_run_killed(monkeypatch: pytest.MonkeyPatch):
+    recording = Recording()
+    monkeypatch.setattr(tracking, "_wandb", lambda project, run_name: recording)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(lambda task_status: serve(DemoAgent(), task_status=task_status))
+        config = Config(url=f"http://127.0.0.1:{port}", repeats=2, concurrency=1, trackers=Trackers(wandb="p"))
+        async with open_rollouts(weather_rows(), config) as run_:
+            async for _ in run_:
+                break  # one of ten: the run has not ended
+        nursery.cancel_scope.cancel()
+    assert recording.ended is not None
+    assert recording.ended.status == "KILLED"
+    assert recording.ended.step < 10
+
+
+@pytest.mark.usefixtures("tracker_clients")
+def test_the_same_files_summarized_in_another_order_update_the_same_tracker_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+):
+    first, again = Recording(), Recording()
+    made = iter([first, again])
+    monkeypatch.setattr(tracking, "_mlflow", lambda uri, experiment, run_name: next(made))
+    files = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    for index, file in enumerate(files):
+        file.write_text(json.dumps({"reward": 1.0, "_ng_task_index": index, "_ng_rollout_index": 0}) + "\n")
+    args = ["--summarize", "--mlflow", "http://127.0.0.1:5000"]
+    assert invoke([*args, *map(str, files)]).returncode == 0
+    assert invoke([*args, *map(str, reversed(files))]).returncode == 0
+    assert first.started_with is not None
+    assert again.started_with is not None
+    assert (first.started_with[1], again.started_with[1]) == (None, "new-id")  # continued

@@ -53,7 +53,7 @@ def test_each_tracker_is_started_fed_and_ended_and_the_ids_are_kept():
     log.end(FINAL, wait_s=30)
     assert first.started_with == ({"repeats": "4"}, None)
     assert second.started_with == ({"repeats": "4"}, "old-id")  # continued
-    assert kept == [{"a": "new-id", "b": "old-id"}]
+    assert kept[-1] == {"a": "new-id", "b": "old-id"}  # each tracker's thread keeps those started
     assert first.points == second.points == [({"live/finished": 1.0}, 1)]
     assert first.versions == second.versions == {3: 0.5}
     assert first.ended is second.ended is FINAL
@@ -127,3 +127,50 @@ def test_the_end_waits_for_a_stuck_tracker_a_bounded_time_and_says_so():
     log.end(FINAL, wait_s=0.01)
     assert log.warnings() == ["trackers: not done logging after 0.01 s; left as they are"]
     hold.set()
+
+
+def test_a_secret_the_warning_is_cut_through_is_hidden_whole():
+    class Quoting(Recording):
+        def start(self, params: Mapping[str, str], run_id: str | None) -> str:
+            raise ConnectionError("x" * 288 + "/?token=t0k3nt0k3n/api/2.0/mlflow")  # cut at 300 in the token
+
+    log = TrackerLog({"a": Quoting}, {}, {}, lambda ids: None, hidden=("token=t0k3nt0k3n", "t0k3nt0k3n"))
+    log.start()
+    log.end(FINAL, wait_s=30)
+    (warning,) = log.warnings()
+    assert "t0k" not in warning
+
+
+def test_the_end_waits_its_time_once_when_the_queue_is_full_too():
+    hold = threading.Event()
+    stuck = Recording(hold=hold)
+    log = TrackerLog({"a": lambda: stuck}, {}, {}, lambda ids: None)
+    log.start()
+    log.point({"x": 0.0}, 0)
+    assert stuck.logging.wait(30)
+    for step in range(1, QUEUED_POINTS + 1):
+        assert log.point({"x": float(step)}, step)  # the queue is full: the end's put waits its time
+    joined: list[float] = []
+    (thread,) = log._threads
+    thread.join = joined.append  # type: ignore[method-assign]
+    log.end(FINAL, wait_s=0.05)
+    assert joined[0] < 0.05  # what is left of the time the put took, not the time again
+    hold.set()
+
+
+def test_a_tracker_that_hangs_costs_the_others_nothing():
+    hold = threading.Event()
+
+    class Releasing(Recording):
+        def end(self, final: Final) -> None:
+            super().end(final)
+            hold.set()  # the other is held until this one has ended
+
+    stuck, working = Recording(hold=hold), Releasing()
+    log = TrackerLog({"a": lambda: stuck, "b": lambda: working}, {}, {}, lambda ids: None)
+    log.start()
+    log.point({"x": 0.0}, 0)
+    log.end(FINAL, wait_s=30)
+    assert working.points == [({"x": 0.0}, 0)]
+    assert working.ended is stuck.ended is FINAL
+    assert log.warnings() == []
