@@ -13,9 +13,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import os
 import ssl
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 import trio
@@ -38,13 +37,13 @@ from rollfilter.cli.resume_line import resume_line
 from rollfilter.cli.signals import StopSignals, is_pipe, status_block, watch_reader_gone
 from rollfilter.cli.statuses import RunEnd, tracker_status
 from rollfilter.cli.views import RunViews
-from rollfilter.config import Config
 from rollfilter.errors import ServiceError, UsageError
 from rollfilter.formats.source import STDIN, LineReader, check_inputs
 from rollfilter.formats.writers import LineWriter, OutputClosed, OutputFailed
 from rollfilter.run.connect import tls_context_for
 from rollfilter.run.earlier import Earlier
 from rollfilter.run.first_pass import RepeatsMissing
+from rollfilter.run.outputs import tracked_config
 from rollfilter.run.run import fit_to_open_files, writing_run
 from rollfilter.stops import StopCause, StopControl
 
@@ -140,21 +139,6 @@ def fit_open_files(command: CommandConfig, *, files_per_connection: int, stderr:
     return dataclasses.replace(command, config=dataclasses.replace(command.config, concurrency=fitted))
 
 
-def tracked_config(command: CommandConfig, files: OpenedOutputs) -> tuple[Config, dict[str, Any] | None]:
-    """The run's config, its trackers' ids kept beside -o's run record (`OUT.jsonl.trackers.json`)
-    when -o keeps one, and the record, which they log as params. Without --resume, ids an earlier
-    run left there are forgotten: the run is a new one."""
-    config, trackers = command.config, command.config.trackers
-    if trackers is None or trackers.ids_file is None:
-        return config, None
-    if files.record is None:  # -o keeps no record (--append, /dev/null): nor ids
-        return dataclasses.replace(config, trackers=dataclasses.replace(trackers, ids_file=None)), None
-    if not command.resume:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(trackers.ids_file)
-    return config, msgspec.to_builtins(files.record)
-
-
 def _control_socket(path: str | None) -> contextlib.AbstractContextManager[ControlSocket | None]:
     """--control's socket at `path` (None: none) while the block runs; removed after it."""
     if path is None:
@@ -197,7 +181,7 @@ class _CommandLineRun:
             command.inputs, max_line_bytes=command.max_line_bytes, stdin_fd=environment.stdin, on_problem=self.say
         )
         outputs = self.writers.run_outputs(command, log=self.log, fold=self.folder.admit)
-        config, tracked = tracked_config(command, files)
+        config, tracked = tracked_config(command.config, files.record, resume=command.resume)
         self.run = writing_run(
             config,
             outputs,
@@ -240,8 +224,7 @@ class _CommandLineRun:
                 await self._serve(services)
                 services.cancel_scope.cancel()
         except BaseException:
-            # Refused once its trackers started (an agent the head server does not know): their
-            # runs end FAILED rather than stay running.
+            # Refused after its trackers started (an agent no head server knows): their runs end FAILED.
             stderr = self.environment.stderr
             self.run.end_tracking(tracker_status(None, failed=True), on_warning=lambda text: say(text, stderr))
             raise
@@ -254,16 +237,10 @@ class _CommandLineRun:
         self.views.finish(self.run.statistics())
         failures, quiet = self.write_failures, self.command.quiet
         inputs_lost = bool(self.reader.problems)
-        resumed_by = resume_line(self.command.argv, from_stdin=STDIN in self.command.inputs)
         return report_end(
-            self.run,
-            self.environment,
-            self.files,
-            failures=failures,
-            inputs_lost=inputs_lost,
-            quiet=quiet,
-            resumed_by=resumed_by,
-        )
+            self.run, self.environment, self.files, failures=failures, inputs_lost=inputs_lost, quiet=quiet,
+            resumed_by=resume_line(self.command.argv, from_stdin=STDIN in self.command.inputs),
+        )  # fmt: skip
 
     def leave_now(self) -> None:
         """A stop signal during the wind-down, as when finished results wait on an output nobody

@@ -7,15 +7,18 @@ slot. That is what bounds memory by the concurrency, however slow the output.
 The command line opens its files and makes a writer over each; it hands them over as one
 `RunOutputs`, of which the sink is made here (`LineSink`, or for a dry run `BodySink` and the
 `DryRunClient` that sends nothing and says each route instead). The Python API's outcomes go
-to a channel (`ChannelSink`).
+to a channel (`ChannelSink`). Beside -o's run record go its trackers' ids (`tracked_config`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import msgspec
 import trio
 
 from rollfilter.config import Config
@@ -336,3 +339,18 @@ class ChannelSink:
         failures = tuple(job.as_failure(failure) for job, failure in closed.failures)
         ok = trained_on(closed.fate, keep_incomplete=self._keep_incomplete)
         self._send.send_nowait((Group(closed.task_index, closed.fate.value, rollouts, failures, ok), release))
+
+
+def tracked_config(config: Config, record: Any | None, *, resume: bool) -> tuple[Config, dict[str, Any] | None]:
+    """`config`, its trackers' ids kept beside -o's run record `record` (`OUT.jsonl.trackers.json`)
+    when -o keeps one, and the record as its trackers log it (params). Without `resume`, ids an
+    earlier run left there are forgotten: the run is a new one."""
+    trackers = config.trackers
+    if trackers is None or trackers.ids_file is None:
+        return config, None
+    if record is None:  # -o keeps no record (--append, /dev/null): nor ids
+        return dataclasses.replace(config, trackers=dataclasses.replace(trackers, ids_file=None)), None
+    if not resume:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(trackers.ids_file)
+    return config, msgspec.to_builtins(record)
