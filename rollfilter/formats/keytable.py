@@ -31,8 +31,13 @@ class KeyTable:
     """
 
     def __init__(self, fields: Sequence[str] = ()) -> None:
-        self._digests = [bytearray() for _ in range(BUCKETS)]
-        self._values = [[array(code) for _ in range(BUCKETS)] for code in fields]
+        # A bucket gets arrays of its own with its first key: most tables (a run's resume state,
+        # a small run's numbering) hold few keys, and making an empty array for every bucket
+        # was most of the cost of starting a run's planner. Until then every bucket shares one
+        # empty digest string and one empty array a field, which nothing appends to.
+        self._digests: list[bytes | bytearray] = [b""] * BUCKETS
+        self._codes = tuple(fields)
+        self._values = [[array(code)] * BUCKETS for code in fields]
         self.count = 0
 
     def find(self, key: bytes) -> int:
@@ -77,6 +82,10 @@ class KeyTable:
     def _insert(self, bucket: int, digest: bytes, first: int) -> int:
         """Append a new key's digest to its bucket, its first field `first` and the others 0; its position."""
         digests = self._digests[bucket]
+        if not digests:  # the bucket's first key
+            self._digests[bucket] = digests = bytearray()
+            for values, code in zip(self._values, self._codes, strict=True):
+                values[bucket] = array(code)
         position = len(digests) // DIGEST_BYTES
         digests += digest
         for field, values in enumerate(self._values):

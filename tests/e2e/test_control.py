@@ -93,7 +93,7 @@ def finished(process: subprocess.Popen[bytes]) -> tuple[int, bytes, bytes]:
 
 def test_after_pause_is_acknowledged_no_request_arrives(agent: ArrivalsAgent, short_dir: Path):
     control = short_dir / "run.sock"
-    rows = rows_file(short_dir, 12, latency=0.2)
+    rows = rows_file(short_dir, 12, latency=0.1)
     agent.gate.clear()  # the first four wait at the agent until the run is paused
     process = start(["-u", agent.run_url, "-j", "4", "--control", str(control), str(rows)])
     errors = lines_of(process.stderr)
@@ -105,7 +105,7 @@ def test_after_pause_is_acknowledged_no_request_arrives(agent: ArrivalsAgent, sh
     assert answer["paused"]
     agent.gate.set()
     wait_for(lambda: ended_at_rollfilter(control, 4))  # what was out finishes
-    time.sleep(0.5)  # a row held back would have been sent as soon as a slot freed up
+    time.sleep(0.25)  # a row held back would have been sent as soon as a slot freed up
     assert agent.arrived_after(acknowledged) == []
     process.send_signal(signal.SIGUSR1)
     while not (line := errors.get(timeout=SUBPROCESS_TIMEOUT)).startswith(b"rollfilter: status:"):
@@ -124,7 +124,7 @@ def test_after_pause_is_acknowledged_no_request_arrives(agent: ArrivalsAgent, sh
 
 def test_after_concurrency_4_at_most_4_are_in_flight(agent: ArrivalsAgent, short_dir: Path):
     control = short_dir / "run.sock"
-    rows = rows_file(short_dir, 48, latency=0.1)
+    rows = rows_file(short_dir, 24, latency=0.1)  # 16 sent after the change: enough to see its bound
     agent.gate.clear()  # no slot frees up before the change is acknowledged
     process = start(["-u", agent.run_url, "-j", "8", "--control", str(control), str(rows)])
     wait_for(lambda: agent.in_flight == 8)
@@ -135,10 +135,10 @@ def test_after_concurrency_4_at_most_4_are_in_flight(agent: ArrivalsAgent, short
     agent.gate.set()
     returncode, stdout, _ = finished(process)
     assert returncode == 0
-    assert len(stdout.splitlines()) == 48
+    assert len(stdout.splitlines()) == 24
     after = agent.arrived_after(acknowledged)
     assert after
-    assert len(agent.arrivals) == 48
+    assert len(agent.arrivals) == 24
     assert max(arrival.in_flight for arrival in after) <= 4
 
 

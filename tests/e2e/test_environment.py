@@ -108,10 +108,10 @@ def test_rollfilter_timeout_bounds_an_attempt(tmp_path, demo_server: DemoServer)
 @pytest.mark.usefixtures("quick_backoff")
 def test_rollfilter_connect_timeout_bounds_connecting(tmp_path):
     errors = tmp_path / "errors.jsonl"
-    env = clean_env(ROLLFILTER_CONNECT_TIMEOUT="0.3", ROLLFILTER_RETRIES="0")
+    env = clean_env(ROLLFILTER_CONNECT_TIMEOUT="0.1", ROLLFILTER_RETRIES="0")
     with unanswered_connects() as url:
         proc = run(["-u", url, "--errors", str(errors)], input=rows_jsonl(simple_rows(1)), env=env)
     assert proc.returncode == 3  # no connection to it ever worked: the run stops as a service failure
     [record] = read_jsonl(errors)
     assert record["error"]["kind"] == "connect"
-    assert "connecting took over 0.3 s" in record["error"]["message"]
+    assert "connecting took over 0.1 s" in record["error"]["message"]

@@ -24,7 +24,7 @@ from tests.conftest import (
 )
 
 
-def later_rows_first(n: int, step: float = 0.05) -> list[dict[str, Any]]:
+def later_rows_first(n: int, step: float = 0.025) -> list[dict[str, Any]]:
     """Rows whose answers come in reverse: row i takes (n - i) * step seconds."""
     return [{**row, "demo": {"latency": round((n - i) * step, 3)}} for i, row in enumerate(simple_rows(n))]
 

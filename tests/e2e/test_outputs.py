@@ -310,7 +310,7 @@ def test_a_second_run_on_an_output_in_use_exits_at_once_and_writes_nothing(
 
 
 def test_two_resumes_started_together_finish_every_pair_once(tmp_path: Path, data: Path):
-    slow = DemoProcess("--latency", "0.1")
+    slow = DemoProcess("--latency", "0.05")
     try:
         out = tmp_path / "out.jsonl"
         args = ["-u", slow.url, "-q", "-j", "4", "-r", "5", "-o", str(out), str(data)]
@@ -489,8 +489,9 @@ def nameless_file(folder: Path, nameless: str) -> IO[bytes]:
     return file
 
 
-@pytest.mark.parametrize("spelling", ["/dev/stdout", "/proc/self/fd/1"])
-@pytest.mark.parametrize("nameless", ["anonymous", "deleted"])
+# Each spelling once and each nameless file once: both spellings are stat()ed to the one file, so
+# their product would run the same lines twice over.
+@pytest.mark.parametrize(("nameless", "spelling"), [("anonymous", "/dev/stdout"), ("deleted", "/proc/self/fd/1")])
 def test_an_output_with_no_name_of_its_own_gets_no_file_beside_it(tmp_path: Path, nameless: str, spelling: str):
     # Its real path is "#N (deleted)" or "out.jsonl (deleted)": a file made beside it would take
     # a name no later run finds (or another's, once the inode number is reused).

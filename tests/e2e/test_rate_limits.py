@@ -48,23 +48,23 @@ def test_one_agents_limit_paces_it_alone():
     limited, free = ArrivalLog(), ArrivalLog()
     try:
         endpoints = ["-e", f"a={limited.url}/run", "-e", f"b={free.url}/run", "-j", "32"]
-        proc = run([*endpoints, "--rpm", "a=600"], input=rows(16, "a") + rows(16, "b"))
+        proc = run([*endpoints, "--rpm", "a=1200"], input=rows(16, "a") + rows(16, "b"))
     finally:
         limited.close()
         free.close()
     assert proc.returncode == 0, proc.stderr
     assert len(limited.arrivals) == len(free.arrivals) == 16
-    assert most_in_a_window(limited.arrivals, 1.0) <= 12  # 10 a second and a burst of 2
+    assert most_in_a_window(limited.arrivals, 0.5) <= 14  # 20 a second: 10 in half a second and a burst of 4
     limits = summary_of(proc.stderr)["rollfilter"]["limits"]
     assert set(limits) == {"a"}  # b has no limit: nothing waits for it
-    assert limits["a"]["rpm"] == 600
+    assert limits["a"]["rpm"] == 1200
     assert limits["a"]["waited_s"] > 0
 
 
 def test_a_token_limit_paces_by_the_replies_usage():
     log = ArrivalLog()
     try:
-        proc = run(["-u", log.url + "/run", "-j", "32", "--tpm", "240000"], input=rows(8))  # 4 rows a second
+        proc = run(["-u", log.url + "/run", "-j", "32", "--tpm", "240000"], input=rows(6))  # 4 rows a second
     finally:
         log.close()
     assert proc.returncode == 0, proc.stderr
@@ -102,7 +102,7 @@ async def test_the_status_says_rows_are_held_by_a_limit_and_the_api_takes_the_li
 
     log = ArrivalLog()
     try:
-        config = Config(url=log.url + "/run", concurrency=8, rates=Rates(rpm=240))  # 4 a second: the rest wait
+        config = Config(url=log.url + "/run", concurrency=8, rates=Rates(rpm=480))  # 8 a second: the rest wait
         async with open_rollouts([{"responses_create_params": {"input": str(i)}} for i in range(5)], config) as run_:
             await run_.__anext__()
             status = run_.status()
@@ -115,7 +115,7 @@ async def test_the_status_says_rows_are_held_by_a_limit_and_the_api_takes_the_li
     assert any(line.endswith(" (not sent yet: --rpm/--tpm)") for line in status_lines(status)[1:])
     assert len(rest) == 4
     assert run_.summary is not None
-    assert run_.summary["rollfilter"]["limits"]["(no name)"]["rpm"] == 240
+    assert run_.summary["rollfilter"]["limits"]["(no name)"]["rpm"] == 480
 
 
 def test_rows_waiting_on_one_agents_limit_do_not_hold_up_another_agents():
@@ -123,7 +123,7 @@ def test_rows_waiting_on_one_agents_limit_do_not_hold_up_another_agents():
     try:
         mixed = "".join(rows(1, "a") + rows(1, "b") for _ in range(8))  # a b a b ...: -j 2 holds two of a
         endpoints = ["-e", f"a={limited.url}/run", "-e", f"b={free.url}/run", "-j", "2"]
-        proc = run([*endpoints, "--rpm", "a=240"], input=mixed)  # four a second
+        proc = run([*endpoints, "--rpm", "a=480"], input=mixed)  # eight a second
     finally:
         limited.close()
         free.close()
@@ -134,14 +134,14 @@ def test_rows_waiting_on_one_agents_limit_do_not_hold_up_another_agents():
 
 def test_rows_waiting_on_a_limit_never_put_more_than_j_in_flight():
     # The waiting rows lend their slots to the run; each takes one back before it is sent.
-    log = ArrivalLog(0.4)
+    log = ArrivalLog(0.2)
     try:
-        proc = run(["-u", log.url + "/run", "-j", "4", "--rpm", "900"], input=rows(16))  # 15 a second, 3 at once
+        proc = run(["-u", log.url + "/run", "-j", "4", "--rpm", "1800"], input=rows(16))  # 30 a second, 6 at once
     finally:
         log.close()
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stdout.splitlines()) == 16
-    assert log.most == 4  # the limit would let 6 episodes of 0.4 s be out: -j holds them to 4
+    assert log.most == 4  # the limit would let 6 episodes of 0.2 s be out: -j holds them to 4
 
 
 async def test_the_wait_on_a_limit_is_no_part_of_a_rollouts_latency():
@@ -149,7 +149,7 @@ async def test_the_wait_on_a_limit_is_no_part_of_a_rollouts_latency():
 
     log = ArrivalLog()
     try:
-        config = Config(url=log.url + "/run", concurrency=8, rates=Rates(rpm=60))  # one a second: the third waits 2 s
+        config = Config(url=log.url + "/run", concurrency=8, rates=Rates(rpm=120))  # two a second: the third waits 1 s
         async with open_rollouts([{"responses_create_params": {"input": str(i)}} for i in range(3)], config) as run_:
             outcomes = [outcome async for outcome in run_]
     finally:
@@ -157,5 +157,5 @@ async def test_the_wait_on_a_limit_is_no_part_of_a_rollouts_latency():
     assert len(outcomes) == 3
     assert run_.summary is not None
     figures = run_.summary["rollfilter"]
-    assert figures["limits"]["(no name)"]["waited_s"] >= 2.5  # 1 s and 2 s, less the burst's share
-    assert figures["latency_s"]["max"] < 0.75  # an instant agent: the waits are not the agent's
+    assert figures["limits"]["(no name)"]["waited_s"] >= 1.25  # 0.5 s and 1 s, less the burst's share
+    assert figures["latency_s"]["max"] < 0.5  # an instant agent: the waits are not the agent's

@@ -24,8 +24,8 @@ def test_header_values_never_appear_in_output(tmp_path, start_demo):
     for args in (
         ["-u", server.url, "--retries", "0"],
         ["-u", server.url, "--retries", "0", "--errors", str(errors)],
-        ["-u", dead, "--retries", "0", "--connect-timeout", "0.5"],  # stopped once refused for that long
-        ["-u", dead, "--retries", "0", "--connect-timeout", "0.5", "--errors", str(errors), "--append"],
+        ["-u", dead, "--retries", "0", "--connect-timeout", "0.2"],  # stopped once refused for that long
+        ["-u", dead, "--retries", "0", "--connect-timeout", "0.2", "--errors", str(errors), "--append"],
         ["-u", server.url, "-H", "Authorization"],  # malformed: value-less
     ):
         proc = run(["-H", f"Authorization: Bearer {secret}", *args], input=rows_jsonl(simple_rows(2)))

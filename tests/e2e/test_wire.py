@@ -262,7 +262,7 @@ CASES = {
     ),
     "non-ASCII Retry-After": Case(retry_after_not_ascii, "http_status", 2, ("--retries", "1"), "HTTP 503"),
     "Retry-After of a day, with --timeout": Case(
-        retry_after_a_day, "http_status", 2, ("--retries", "1", "--timeout", "0.5"), "HTTP 429"
+        retry_after_a_day, "http_status", 2, ("--retries", "1", "--timeout", "0.2"), "HTTP 429"
     ),
     "307 followed with the same body": Case(temporary_redirect, "ok", 2),
     "308 followed with the same body": Case(permanent_redirect, "ok", 2),
