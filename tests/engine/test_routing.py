@@ -242,3 +242,17 @@ async def test_a_replica_that_blips_is_back_within_a_few_seconds_and_tried_not_f
     end = trio.current_time()
     later = [at for at in sent_to_down if at >= first_back + 1.0]
     assert len(later) >= 0.25 * 32 / 0.1 * (end - first_back - 1.0)  # its share (a third) again
+
+
+def test_an_agent_is_judged_down_only_once_every_replica_refused():
+    """One replica refusing for long enough is a replica down, not the agent: the other may only be slow."""
+    from rollfilter.engine.routing import UNREACHABLE_AFTER_FAILURES, Agent, Replica
+
+    down, slow = Replica(httpx.URL("http://127.0.0.1:1/run")), Replica(httpx.URL("http://127.0.0.1:2/run"))
+    agent = Agent("a", [down, slow])
+    for second in range(UNREACHABLE_AFTER_FAILURES):
+        agent.connection_failed(down, float(second), float(second))
+    later = UNREACHABLE_AFTER_FAILURES + 20.0
+    assert not agent.unreachable(later, after=10.0)
+    agent.connection_failed(slow, later, later)
+    assert agent.unreachable(later, after=10.0)
