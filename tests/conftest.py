@@ -765,22 +765,28 @@ def stderr_at_a_terminal(args: Sequence[str], *, input: bytes | str = b"") -> tu
         assert proc.stdin is not None
         proc.stdin.write(input.encode() if isinstance(input, str) else input)
         proc.stdin.close()
-        shown = b""
-        deadline = time.monotonic() + SUBPROCESS_TIMEOUT
-        while time.monotonic() < deadline:
-            try:
-                chunk = os.read(controller, 65536)
-            except OSError:  # the terminal's other end closed: the process is gone
-                break
-            if not chunk:
-                break
-            shown += chunk
+        shown = read_terminal(controller)
         code = proc.wait(timeout=SUBPROCESS_TIMEOUT)
     finally:
         if terminal >= 0:
             os.close(terminal)
         os.close(controller)
-    return code, shown.decode(errors="replace").replace("\r\n", "\n")
+    return code, shown
+
+
+def read_terminal(fd: int) -> str:
+    """What the terminal of controller `fd` shows until its other end closes (CRLF made LF)."""
+    shown = b""
+    deadline = time.monotonic() + SUBPROCESS_TIMEOUT
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # the terminal's other end closed: the process is gone
+            break
+        if not chunk:
+            break
+        shown += chunk
+    return shown.decode(errors="replace").replace("\r\n", "\n")
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import random
 import select
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 from tests.conftest import (
@@ -17,6 +16,7 @@ from tests.conftest import (
     DemoServer,
     clean_env,
     expected_reward,
+    read_terminal,
     result_lines,
     rollfilter_command,
     rows_jsonl,
@@ -346,7 +346,7 @@ def test_ctrl_c_at_a_terminal_with_an_output_ends_with_the_line_that_resumes_it(
         status = interrupted([*args, "--no-progress"], out, terminal)
         os.close(terminal)
         terminal = -1
-        shown = _read_terminal(controller)
+        shown = read_terminal(controller)
     finally:
         if terminal >= 0:
             os.close(terminal)
@@ -364,18 +364,3 @@ def test_ctrl_c_at_a_terminal_with_an_output_ends_with_the_line_that_resumes_it(
     with errors.open("wb") as file:  # where standard error is no terminal: no such line, the summary last
         assert interrupted(args, out, file.fileno()) == 130
     assert json.loads(errors.read_bytes().splitlines()[-1])["rollfilter"]["succeeded"] == 5
-
-
-def _read_terminal(fd: int) -> str:
-    """What the terminal shows until its other end closes (CRLF made LF)."""
-    data = b""
-    deadline = time.monotonic() + SUBPROCESS_TIMEOUT
-    while time.monotonic() < deadline:
-        try:
-            chunk = os.read(fd, 65536)
-        except OSError:  # the terminal's other end closed: the process is gone
-            break
-        if not chunk:
-            break
-        data += chunk
-    return data.decode(errors="replace").replace("\r\n", "\n")
