@@ -282,7 +282,10 @@ def test_the_tasks_all_unhealthy_are_counted_as_tasks_while_the_run_goes(health_
         for outcome in run_:
             statistics = run_.statistics()
             seen.append((outcome.task_index, statistics.unhealthy, statistics.tasks_all_unhealthy))
-    assert seen == [(0, 1, 1), (0, 2, 1), (1, 2, 1), (1, 2, 1)]
+    # The engine may run ahead of the reader, so the first look may already see both of task 0's rollouts.
+    assert [task_index for task_index, _, _ in seen] == [0, 0, 1, 1]
+    assert seen[0][1] >= 1
+    assert [figures for _, *figures in seen[1:]] == [[2, 1], [2, 1], [2, 1]]
 
 
 def test_an_unhealthy_failure_s_record_carries_the_policy_version_as_an_agent_failure_s(
