@@ -22,6 +22,7 @@ _ROLLOUT_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 AGENT_REF = "agent_ref"
 MASK_SAMPLE = "mask_sample"  # true: the rollout ran, but is no valid measurement (left out of the figures)
 HEALTH = "_rf_health"  # the health checks a result failed (rollfilter.figures.health); absent when healthy
+POLICY_VERSION = "_rf_policy_version"  # the policy version when a result's /run was sent, and when it ended
 REWARD_COMPONENTS = "reward_components"  # named objectives beside the reward (a multi-reward verifier)
 
 

@@ -8,7 +8,7 @@ before it sent anything reports the summary of a run that sent nothing, as every
 from __future__ import annotations
 
 import ssl
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import trio
@@ -20,10 +20,13 @@ from rollfilter.cli.files.outputs import OpenedOutputs, replace_content
 from rollfilter.cli.messages import option_of, say, write_summary
 from rollfilter.cli.statuses import RunEnd, tracker_status
 from rollfilter.config import Config
-from rollfilter.errors import RollfilterError
+from rollfilter.errors import ServiceError
 from rollfilter.formats.writers import OutputFailed
 from rollfilter.run.run import ConfigWarning, Run
 from rollfilter.stops import StopCause, StopControl
+
+if TYPE_CHECKING:
+    from rollfilter.run.aggregate import AggregateReport
 
 _encode = msgspec.json.Encoder().encode
 # The stops whose reason is a fault, said on stderr wherever it goes; other reasons are notices.
@@ -91,12 +94,30 @@ async def report_unsent(
     return RunEnd(control.cause)
 
 
-def report_refused(refused: RollfilterError, run: Run, environment: Environment, *, quiet: bool) -> RunEnd:
-    """A run that a service it needs before sending refused: its line, then its summary, of nothing sent."""
+def report_refused(
+    refusals: BaseExceptionGroup[ServiceError], run: Run, environment: Environment, *, quiet: bool
+) -> RunEnd:
+    """A run that a service it needs before sending refused: the line of the first refusal (of
+    `refusals`, however deep it is nested), then the summary, of nothing sent."""
+    refused: BaseException = refusals
+    while isinstance(refused, BaseExceptionGroup):
+        refused = refused.exceptions[0]
+    assert isinstance(refused, ServiceError)
     say(str(refused), environment.stderr)
     run.end_tracking(tracker_status(None, failed=True), on_warning=lambda text: say(text, environment.stderr))
     _summary_of_nothing_sent(run, environment, quiet=quiet)
     return RunEnd(refused=refused)
+
+
+def aggregate_lines(report: AggregateReport | None) -> list[str]:
+    """What --aggregate could not do (`report`: None when the run stopped before it), to say
+    before the summary."""
+    if report is None:
+        return []
+    lines = [f"--aggregate: {problem}" for problem in report.problems]
+    if report.unnamed:
+        lines.append("--aggregate: to name the rows' agent, give -a NAME beside -u (or -e NAME=URL -a NAME)")
+    return lines
 
 
 def _summary_of_nothing_sent(run: Run, environment: Environment, *, quiet: bool) -> None:

@@ -32,7 +32,7 @@ from rollfilter.cli.files.outputs import (
 )
 from rollfilter.cli.folding import FailureFolder
 from rollfilter.cli.messages import message_line, repeats_missing, say, write_summary
-from rollfilter.cli.report import report_end, report_refused, report_unsent
+from rollfilter.cli.report import aggregate_lines, report_end, report_refused, report_unsent
 from rollfilter.cli.resume_line import resume_line
 from rollfilter.cli.signals import StopSignals, is_pipe, status_block, watch_reader_gone
 from rollfilter.cli.statuses import RunEnd, tracker_status
@@ -108,18 +108,9 @@ async def _run_with_files(
                     made = _CommandLineRun(command, environment, opened_files, earlier, tls, stop_control)
                     return await made.execute(stops, control)
         except* ServiceError as group:
-            refused = _first_error(group)
+            refusals = group
     assert made is not None, "a service is asked once the run is made"
-    return report_refused(refused, made.run, environment, quiet=command.quiet)
-
-
-def _first_error(group: BaseExceptionGroup[ServiceError]) -> ServiceError:
-    """The first of the errors in `group`, however deep it is nested."""
-    found: BaseException = group
-    while isinstance(found, BaseExceptionGroup):
-        found = found.exceptions[0]
-    assert isinstance(found, ServiceError)
-    return found
+    return report_refused(refusals, made.run, environment, quiet=command.quiet)
 
 
 def fitted_concurrency(wanted: int, *, files_per_connection: int) -> int:
@@ -279,11 +270,8 @@ class _CommandLineRun:
         self.views.show(services, run.statistics, planned, self.say)
         await run.send()  # nothing is sent after a stop in the first pass
         await run.finish()  # --per-task's lines are written then, while its writer runs
-        report = run.report if not control.stopped_early else None
-        for problem in report.problems if report is not None else ():
-            self.say(f"--aggregate: {problem}")
-        if report is not None and report.unnamed:
-            self.say("--aggregate: to name the rows' agent, give -a NAME beside -u (or -e NAME=URL -a NAME)")
+        for line in aggregate_lines(run.report if not control.stopped_early else None):
+            self.say(line)
         unsaid = self.folder.unsaid()
         if unsaid:
             self.log.write(unsaid)

@@ -298,6 +298,12 @@ class Router:
             raise LookupError(name)
         return [self.agents[name]]
 
+    def set_ceiling(self, concurrency: int) -> None:
+        """Each agent's adaptive window (with `Config.adaptive`) opens to `concurrency` at most."""
+        for agent in self.agents_named(None):
+            if agent.window is not None:
+                agent.window.set_ceiling(concurrency)
+
     def set_rates(self, name: str | None, *, rpm: float | None = KEEP, tpm: float | None = KEEP) -> None:
         """Change the requests (`rpm`) or tokens (`tpm`) a minute rows of agent `name` may use
         (None: every agent), for the requests waiting too; None removes a limit, and one not given

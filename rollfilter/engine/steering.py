@@ -36,8 +36,7 @@ from rollfilter.config import MAX_POLICY_VERSION, Config
 from rollfilter.engine.groups import ClosedGroup, group_key, trained_on
 from rollfilter.engine.plan import Job
 from rollfilter.errors import SteeringError
-
-POLICY_VERSION = "_rf_policy_version"  # a result's key: the version when its /run was sent, and when it ended
+from rollfilter.rows import POLICY_VERSION
 
 
 class Steering:

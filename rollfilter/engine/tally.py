@@ -15,15 +15,16 @@ from collections.abc import Callable
 from typing import Any
 
 from rollfilter.config import Config
+from rollfilter.cost import Spending
 from rollfilter.engine.metrics import Metrics
 from rollfilter.engine.plan import Job
 from rollfilter.errors import ErrorKind
 from rollfilter.figures.health import RecentShare, failed_checks, verdict_of_line
-from rollfilter.figures.means import reward_of
+from rollfilter.figures.means import RewardByVersion, reward_of
 from rollfilter.figures.passk import TaskStats
 from rollfilter.formats.spool import ResultSpool
 from rollfilter.outcomes import AttemptFailure
-from rollfilter.rows import HEALTH, ROLLOUT_INDEX, TASK_INDEX, agent_name, is_masked
+from rollfilter.rows import HEALTH, POLICY_VERSION, ROLLOUT_INDEX, TASK_INDEX, agent_name, is_masked
 
 
 class Tally:
@@ -62,9 +63,15 @@ class Tally:
         self.sample: Callable[[dict[str, Any]], None] | None = None  # each result, for a tracker's sample
 
     @classmethod
-    def for_config(cls, config: Config, metrics: Metrics, tasks: TaskStats | None, spool: ResultSpool | None) -> Tally:
-        """The tally of a run of `config`: each agent's repeats, and its health settings."""
-        health = config.health
+    def for_config(cls, config: Config, tasks: TaskStats | None, spool: ResultSpool | None) -> Tally:
+        """The tally of a run of `config`: each agent's repeats, its health settings, and the
+        metrics it counts into, with what the run spends (given prices) and each policy version's
+        reward mean (given a version)."""
+        metrics, health = Metrics(), config.health
+        if config.cost.prices:
+            metrics.spending = Spending(config.cost.prices)
+        if config.policy_version is not None:
+            metrics.by_version = RewardByVersion(POLICY_VERSION)
         return cls(
             metrics,
             tasks,

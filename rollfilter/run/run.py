@@ -29,20 +29,18 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from rollfilter.config import Config, ConfigError
-from rollfilter.cost import Spending
 from rollfilter.engine.client import AgentClient, JobClient
 from rollfilter.engine.groups import GroupStage
-from rollfilter.engine.metrics import Metrics
 from rollfilter.engine.nursery import Engine, RowSink
-from rollfilter.engine.plan import JobSource, LineSource, Planner
+from rollfilter.engine.plan import GroupPlan, JobSource, LineSource, Planner
 from rollfilter.engine.rate_limits import SendSlots
 from rollfilter.engine.routing import KEEP as KEEP
 from rollfilter.engine.routing import Router, adaptive_windows, check_rates
-from rollfilter.engine.steering import POLICY_VERSION, StalenessGate, Steering
+from rollfilter.engine.steering import StalenessGate, Steering
 from rollfilter.engine.tally import Tally
 from rollfilter.errors import SteeringError
-from rollfilter.figures.means import RewardByVersion
 from rollfilter.figures.passk import TaskStats
+from rollfilter.formats.resume import ResumeState
 from rollfilter.formats.source import LineReader
 from rollfilter.formats.spool import ResultSpool
 from rollfilter.formats.writers import Release
@@ -97,6 +95,24 @@ def fit_to_open_files(
     return fitted, problem
 
 
+class _OpenFileFit:
+    """A run's concurrency, or as many requests at once as fit under the open-file limit, as the
+    command fits -j (more would only wait in the transport for a descriptor); the first cut is
+    kept as a `warning`. A run that connects to no agent (`fits` false) is not fitted."""
+
+    def __init__(self, fits: bool) -> None:
+        self.fits = fits
+        self.warning: ConfigWarning | None = None
+
+    def __call__(self, concurrency: int) -> int:
+        if not self.fits:
+            return concurrency
+        fitted, problem = fit_to_open_files(concurrency)
+        if problem is not None and self.warning is None:
+            self.warning = ConfigWarning("concurrency", None, problem)
+        return fitted
+
+
 def task_figures(config: Config, on_task: Callable[[dict[str, Any]], None] | None) -> TaskStats | None:
     """mean@K and pass@k over tasks, with repeats; with none, a re-scoring run's error bars
     clustered by the task each line names; else None."""
@@ -104,6 +120,24 @@ def task_figures(config: Config, on_task: Callable[[dict[str, Any]], None] | Non
     if largest > 1:
         return TaskStats(largest, threshold, on_task)
     return TaskStats(1, threshold, clusters_only=True) if config.reverify is not None else None
+
+
+def _planner(
+    config: Config,
+    source: LineSource,
+    resume: ResumeState | None,
+    tasks: TaskStats | None,
+    on_group: Callable[[GroupPlan], None] | None,
+    index: MaterializedIndex | None,
+) -> JobSource:
+    """What turns the run's rows into jobs: a re-scoring run's lines, each with its materialized
+    body (`index`), or the rows, each into its rollouts."""
+    if config.reverify is None:
+        return Planner(source, config, resume, tasks, on_group)
+    from rollfilter.run.reverify import ReverifyPlanner
+
+    assert index is not None, "indexed when connected"
+    return ReverifyPlanner(source, index, config, resume, tasks)
 
 
 def _tracking(
@@ -160,13 +194,11 @@ class Run:
     ) -> None:
         self.config = config
         self.control = control if control is not None else StopControl()
-        self.metrics = Metrics()
-        if config.cost.prices:
-            self.metrics.spending = Spending(config.cost.prices)
         self.tasks = task_figures(config, on_task)
         self.spool = ResultSpool() if config.aggregate and client is None else None
         answered = self.tasks if client is None else None  # a dry run's rollouts are planned, never answered
-        self.tally = Tally.for_config(config, self.metrics, answered, self.spool)
+        self.tally = Tally.for_config(config, answered, self.spool)
+        self.metrics = self.tally.metrics
         if transport is None and (source is not None or self.spool is not None):
             transport = transport_for(config, tls=tls, on_warning=on_warning)
         self.transport: AgentTransport | None = transport
@@ -174,13 +206,10 @@ class Run:
         self.engine: Engine | None = None
         self.report: AggregateReport | None = None
         self.groups: GroupStage | None = None
-        self._fits_open_files = source is not None and client is None  # a run that connects
-        self._open_files_warning: ConfigWarning | None = None
-        self.concurrency = self._fitted(config.concurrency)  # as set_concurrency last set it
+        self._fit = _OpenFileFit(source is not None and client is None)  # a run that connects
+        self.concurrency = self._fit(config.concurrency)  # as set_concurrency last set it
         self.send_slots = SendSlots(self.concurrency) if config.rates.limited and client is None else None
         self.steering = Steering(config.policy_version)
-        if config.policy_version is not None:
-            self.metrics.by_version = RewardByVersion(POLICY_VERSION)
         self.staleness = StalenessGate.for_config(self.steering, config)
         self.index: MaterializedIndex | None = None  # with config.reverify: the materialized inputs, indexed
         self.unsafe = False  # re-scored at a resources server that does not say it is stateless (forced)
@@ -272,14 +301,8 @@ class Run:
             if self.groups.target_reached and resume is not None:  # no row is read: it skips them all
                 self._skipped_unread = resume.finished_pairs
         on_group = self.groups.planned if self.groups is not None else None
-        planner: JobSource = Planner(source, config, resume, self.tasks, on_group)
-        if config.reverify is not None:
-            from rollfilter.run.reverify import ReverifyPlanner
-
-            assert self.index is not None, "indexed when connected"
-            planner = ReverifyPlanner(source, self.index, config, resume, self.tasks)
         return Engine(
-            planner=planner,
+            planner=_planner(config, source, resume, self.tasks, on_group, self.index),
             router=router,
             client=client,
             sink=sink,
@@ -356,22 +379,11 @@ class Run:
         limit lets it have (said once, however often it was asked for). And what the rows showed
         to be of no use, once the run has ended: each agent given a repeat count that no row named
         (none when the run was stopped before its end)."""
-        said = [self._open_files_warning] if self._open_files_warning is not None else []
+        said = [self._fit.warning] if self._fit.warning is not None else []
         if self.engine is None or self.control.stopped_early:
             return said
         unnamed = sorted(set(self.config.repeats.by_agent) - self.engine.planner.agents_seen)
         return [*said, *(ConfigWarning("repeats.by_agent", name, f"no row named agent {name!r}") for name in unnamed)]
-
-    def _fitted(self, concurrency: int) -> int:
-        """`concurrency`, or as many requests at once as fit under the open-file limit, as the
-        command fits -j (more would only wait in the transport for a descriptor). The first cut
-        is a warning."""
-        if not self._fits_open_files:
-            return concurrency
-        fitted, problem = fit_to_open_files(concurrency)
-        if problem is not None and self._open_files_warning is None:
-            self._open_files_warning = ConfigWarning("concurrency", None, problem)
-        return fitted
 
     def set_concurrency(self, concurrency: int) -> None:
         """Bound the requests out at once by `concurrency` from now on (with adaptive windows,
@@ -380,14 +392,13 @@ class Run:
         run is under the new bound. SteeringError for less than 1."""
         if type(concurrency) is not int or concurrency < 1:
             raise SteeringError(f"the concurrency is a whole number of at least 1, not {concurrency!r}")
-        concurrency = self.concurrency = self._fitted(concurrency)
+        concurrency = self.concurrency = self._fit(concurrency)
         if self.send_slots is not None:
             self.send_slots.slots.total_tokens = concurrency
         if self.engine is not None:
             self.engine.set_concurrency(concurrency)
-        for agent in self.router.agents_named(None) if self.router is not None else ():
-            if agent.window is not None:
-                agent.window.set_ceiling(concurrency)
+        if self.router is not None:
+            self.router.set_ceiling(concurrency)
 
     def set_rate(self, agent: str | None = None, *, rpm: float | None = KEEP, tpm: float | None = KEEP) -> None:
         """Change the requests (`rpm`) or tokens (`tpm`) a minute rows of `agent` may use (None:

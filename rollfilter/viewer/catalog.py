@@ -24,7 +24,7 @@ import trio
 from rollfilter.config import Config
 from rollfilter.formats.source import InputLine
 from rollfilter.outcomes import failure_of
-from rollfilter.rows import AGENT_REF, ROLLOUT_INDEX, TASK_INDEX, parse_row
+from rollfilter.rows import AGENT_REF, POLICY_VERSION, ROLLOUT_INDEX, TASK_INDEX, parse_row
 from rollfilter.run.recount import ResultCounter
 from rollfilter.run.run import Run
 
@@ -32,7 +32,6 @@ CHUNK_BYTES = 1 << 20  # read a file a chunk at a time, never whole
 NO_INDEX = -1  # a line without a task or rollout index
 FAILED, UNHEALTHY = 1, 2  # flags of a line: an errors record; a result with `_rf_health` verdicts
 HEALTH = "_rf_health"
-POLICY_VERSION = "_rf_policy_version"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

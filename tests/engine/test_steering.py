@@ -21,10 +21,10 @@ from rollfilter import Config, Failure, Group, Rollout, SteeringError
 from rollfilter.api.in_trio import RolloutRun, _RowFeed, open_rollouts_in_trio
 from rollfilter.config import ConfigError, Groups, Rates
 from rollfilter.engine.adaptive import AdaptiveWindow
-from rollfilter.engine.steering import POLICY_VERSION
 from rollfilter.http import Reply
 from rollfilter.http.testing import ScriptedRequest, ScriptedTransport, scripted_reply
 from rollfilter.outcomes import Outcome
+from rollfilter.rows import POLICY_VERSION
 from rollfilter.run.outputs import ChannelSink
 from rollfilter.run.run import Run
 from tests.conftest import URL
