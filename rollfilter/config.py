@@ -565,17 +565,21 @@ def _checked_url(
 
 
 def agent_url(text: str) -> str:
-    """An agent's URL checked (`checked_url`), with `/run` when it has no path."""
+    """An agent's URL checked (`checked_url`), with `run` appended when its path is none or ends in
+    `/` (a base URL: the server's root, or a prefix it is served under); its query is kept."""
     url = checked_url(text)
-    return str(url.copy_with(path="/run")) if url.path in ("", "/") else str(url)
+    return str(url.copy_with(path=url.path + "run")) if url.path.endswith("/") else str(url)
 
 
 def verify_url(text: str) -> str:
-    """A resources server's URL checked (`checked_url`), with `/verify` when it has no path. A path
-    of `/run` is an agent's default, given before the URL was known to be a resources server's: it
-    becomes `/verify` too."""
+    """A resources server's URL checked (`checked_url`), with `verify` appended when its path is
+    none or ends in `/`, as `agent_url` appends `run`. A last segment `run` is an agent's
+    default, appended before the URL was known to be a resources server's: it becomes `verify`."""
     url = checked_url(text)
-    return str(url.copy_with(path="/verify")) if url.path in ("", "/", "/run") else str(url)
+    path = url.path
+    if path.endswith("/run"):
+        path = path.removesuffix("run")
+    return str(url.copy_with(path=path + "verify")) if path.endswith("/") else str(url)
 
 
 def checked_url(text: str, schemes: tuple[str, ...] = ("http", "https")) -> httpx.URL:
