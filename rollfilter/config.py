@@ -138,15 +138,19 @@ UNHEALTHY_MODES = ("keep", "mask", "fail")  # Health.unhealthy's
 @dataclasses.dataclass(frozen=True, slots=True)
 class RecentLimit:
     """Stop once `count` rollouts were of a kind (unhealthy, masked), or once `fraction` of the
-    last 100 ended were (a window: see `rollfilter.figures.health.RecentShare`); neither: never."""
+    last 100 ended were (a window: see `rollfilter.figures.health.RecentShare`); neither: never.
+
+    It is checked as `Health` takes it, so that an error names the field it is given as
+    (`Config.health.max_unhealthy.fraction`)."""
 
     count: AtLeastOne | None = None
     fraction: Fraction | None = None
 
-    def __post_init__(self) -> None:
-        _checked(self, "health.")
+    def checked(self, field: str) -> None:
+        """Convert the fields in place, or raise ConfigError naming them under `field`."""
+        _checked(self, f"{field}.")
         if self.count is not None and self.fraction is not None:
-            raise ConfigError("health", "a limit takes a count or a fraction, not both")
+            raise ConfigError(field, "a limit takes a count or a fraction, not both")
 
     def describe(self) -> str:
         """The limit as a message quotes it: `10`, or `5%`."""
@@ -171,6 +175,10 @@ class Health:
 
     def __post_init__(self) -> None:
         _checked(self, "health.")
+        for name in ("max_unhealthy", "max_masked"):
+            limit = getattr(self, name)
+            if limit is not None:
+                limit.checked(f"health.{name}")
 
     @property
     def watched(self) -> bool:

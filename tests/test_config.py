@@ -23,6 +23,7 @@ from rollfilter.config import (
     Groups,
     Health,
     Rates,
+    RecentLimit,
     Repeats,
     Retries,
     Routing,
@@ -431,6 +432,16 @@ def test_a_path_that_ends_in_a_slash_is_a_base_the_endpoint_is_appended_to(given
     assert agent_url(given) == run
     assert verify_url(given) == verify
     assert verify_url(agent_url(given)) == verify
+
+
+@pytest.mark.parametrize("field", ["max_unhealthy", "max_masked"])
+def test_a_recent_limit_that_cannot_be_used_is_refused_by_the_field_it_is_given_as(field: str):
+    with pytest.raises(ConfigError, match=rf"^Config\.health\.{field}\.fraction: expected `float` <= 1"):
+        Health(**{field: RecentLimit(fraction=2.0)})
+    with pytest.raises(ConfigError, match=rf"^Config\.health\.{field}\.count: expected `int` >= 1"):
+        Health(**{field: RecentLimit(count=0)})
+    with pytest.raises(ConfigError, match=rf"^Config\.health\.{field}: a limit takes a count or a fraction, not"):
+        Health(**{field: RecentLimit(count=1, fraction=0.5)})
 
 
 @pytest.mark.parametrize("field", ["url", "endpoints", "head_server", "wire.proxy"])
