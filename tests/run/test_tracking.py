@@ -155,3 +155,24 @@ def test_the_same_files_summarized_in_another_order_update_the_same_tracker_run(
     assert first.started_with is not None
     assert again.started_with is not None
     assert (first.started_with[1], again.started_with[1]) == (None, "new-id")  # continued
+
+
+@pytest.mark.usefixtures("tracker_clients")
+def test_summarized_shards_log_as_params_what_their_records_share(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    """Each shard's record names its shard: the files together are no one shard, so the params
+    are the fields every record holds alike."""
+    recording = Recording()
+    monkeypatch.setattr(tracking, "_mlflow", lambda uri, experiment, run_name: recording)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(rows_jsonl(simple_rows(4)))
+    outputs = [tmp_path / f"out-{index}.jsonl" for index in range(2)]
+    for index, output in enumerate(outputs):
+        made = invoke(["--demo", "-r", "2", "--shard", f"{index}/2", "-o", str(output), str(rows)])
+        assert made.returncode == 0, made.stderr
+    summarized = invoke(["--summarize", "-r", "2", "--mlflow", "http://127.0.0.1:5000", *map(str, outputs)])
+    assert summarized.returncode == 0, summarized.stderr
+    assert recording.started_with is not None
+    params, _ = recording.started_with
+    assert params["repeats"] == "2"
+    assert "rows.jsonl" in params["inputs"]  # the input the shards were cut from, theirs alike
+    assert "shard" not in params
