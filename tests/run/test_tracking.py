@@ -176,3 +176,28 @@ def test_summarized_shards_log_as_params_what_their_records_share(monkeypatch: p
     assert params["repeats"] == "2"
     assert "rows.jsonl" in params["inputs"]  # the input the shards were cut from, theirs alike
     assert "shard" not in params
+
+
+@pytest.mark.usefixtures("tracker_clients")
+def test_a_resumed_run_given_another_experiment_is_refused_naming_the_one_it_would_go_on_in(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+):
+    """--resume continues the earlier run's tracker run, which stays in its experiment: a resume
+    that names another is refused (exit 2) before anything is logged, rather than going on elsewhere."""
+    first, resumed = Recording(), Recording()
+    made = iter([first, resumed])
+    monkeypatch.setattr(tracking, "_mlflow", lambda uri, experiment, run_name: next(made))
+    rows, output = tmp_path / "rows.jsonl", tmp_path / "out.jsonl"
+    rows.write_text(rows_jsonl(simple_rows(2)))
+    args = ["--demo", "-o", str(output), "--mlflow", "http://127.0.0.1:5000", str(rows)]
+    assert invoke([*args, "--experiment", "a"]).returncode == 0
+    refused = invoke([*args, "--experiment", "b", "--resume"])
+    assert refused.returncode == 2
+    assert refused.stderr.decode().splitlines() == [
+        f"rollfilter: --experiment 'b' is not the experiment of the MLflow run this run continues ('a', as"
+        f" {output}.trackers.json keeps it): give 'a', or remove that file to start another"
+    ]
+    assert resumed.started_with is None
+    assert invoke([*args, "--experiment", "a", "--resume"]).returncode == 0
+    assert resumed.started_with is not None
+    assert resumed.started_with[1] == "new-id"  # continued
