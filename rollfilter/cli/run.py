@@ -110,7 +110,7 @@ async def _run_with_files(
         except* ServiceError as group:
             refused = _first_error(group)
     assert made is not None, "a service is asked once the run is made"
-    return report_refused(refused, made.run, environment, quiet=command.quiet)
+    return await report_refused(refused, made.run, environment, quiet=command.quiet)
 
 
 def _first_error(group: BaseExceptionGroup[ServiceError]) -> ServiceError:
@@ -195,6 +195,7 @@ class _CommandLineRun:
             tracked=tracked,
         )
         self.control_socket: ControlSocket | None = None
+        self.dropped = "results not yet written are dropped (--resume runs them again)"  # by a second stop
         for line in resume_cuts(command, earlier):
             self.say(line)
 
@@ -226,21 +227,27 @@ class _CommandLineRun:
         except BaseException:
             # Refused after its trackers started (an agent no head server knows): their runs end FAILED.
             stderr = self.environment.stderr
-            self.run.end_tracking(tracker_status(None, failed=True), on_warning=lambda text: say(text, stderr))
+            with trio.CancelScope(shield=True):
+                await self.run.end_tracking(
+                    tracker_status(None, failed=True), on_warning=lambda text: say(text, stderr)
+                )
             raise
         finally:
             self.reader.close()
             with trio.CancelScope(shield=True):
                 await self.run.aclose()
-        if stops is not None:
-            stops.leave = None  # the summary is written next, once
+        self.dropped = "the trackers are left as they are"  # all is written: only their wait is left
         self.views.finish(self.run.statistics())
         failures, quiet = self.write_failures, self.command.quiet
         inputs_lost = bool(self.reader.problems)
-        return report_end(
-            self.run, self.environment, self.files, failures=failures, inputs_lost=inputs_lost, quiet=quiet,
-            resumed_by=resume_line(self.command.argv, from_stdin=STDIN in self.command.inputs),
-        )  # fmt: skip
+        try:
+            return await report_end(
+                self.run, self.environment, self.files, failures=failures, inputs_lost=inputs_lost, quiet=quiet,
+                resumed_by=resume_line(self.command.argv, from_stdin=STDIN in self.command.inputs),
+            )  # fmt: skip
+        finally:
+            if stops is not None:
+                stops.leave = None  # the summary is written, once
 
     def leave_now(self) -> None:
         """A stop signal during the wind-down, as when finished results wait on an output nobody
@@ -249,7 +256,7 @@ class _CommandLineRun:
         removed first: no exit leaves it behind."""
         if self.control_socket is not None:
             self.control_socket.remove()
-        say("stopped again: results not yet written are dropped (--resume runs them again)", self.environment.stderr)
+        say(f"stopped again: {self.dropped}", self.environment.stderr)
         if not self.command.quiet:
             write_summary(self.environment.stderr, _encode(self.run.summary()) + b"\n")
 

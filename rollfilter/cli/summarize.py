@@ -80,7 +80,7 @@ async def summarize(command: CommandConfig, *, environment: Environment) -> RunE
                 counted_failed = failure
                 run.control.stop(StopCause.OUTPUT_FAILED, str(failure))  # no aggregate of a part
             await run.finish()  # --per-task's lines, and the aggregate
-            run.end_tracking(tracker_status(run.control.cause, failed=counted_failed is not None))
+            await run.end_tracking(tracker_status(run.control.cause, failed=counted_failed is not None))
         finally:
             reader.close()
             baseline.close()

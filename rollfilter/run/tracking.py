@@ -12,6 +12,7 @@ may carry of secrets cut (`redact.shown`) and never a header.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -198,7 +199,7 @@ class RunTracking:
         for text in self._log.warnings():
             (on_warning or self._say)(text)
 
-    def end(
+    async def end(
         self,
         summary: Mapping[str, Any],
         statistics: RunStatistics,
@@ -207,7 +208,9 @@ class RunTracking:
         on_warning: Callable[[str], None] | None = None,
     ) -> None:
         """The final figures to the trackers (once), their run ended with `status`; it waits for
-        them a few seconds at most, then says what went wrong (to `on_warning`, None: the run's)."""
+        them a few seconds at most, in a thread (so that a signal is taken meanwhile: a cancel
+        cuts the wait short, and the trackers are left as they are), then says what went wrong
+        (to `on_warning`, None: the run's)."""
         if self._ended or not self._started:
             return
         self._ended = True
@@ -222,8 +225,14 @@ class RunTracking:
             status=status,
             versions=statistics.reward_by_version,
         )
-        self._log.end(final, wait_s=END_WAIT_S)
-        self.say_warnings(on_warning)
+        try:
+            wait = functools.partial(self._log.end, final, wait_s=END_WAIT_S)
+            await trio.to_thread.run_sync(wait, abandon_on_cancel=True)
+        except trio.Cancelled:
+            (on_warning or self._say)("trackers: stopped before done logging; left as they are")
+            raise
+        finally:
+            self.say_warnings(on_warning)
 
 
 def _refuse_another_place(

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 import trio
@@ -15,7 +19,8 @@ from rollfilter.run import tracking
 from rollfilter.run.run import Run
 from rollfilter.run.tracking import identity_of, params_of
 from tests.api.test_rollouts import weather_rows
-from tests.conftest import HeadServer, invoke, rows_jsonl, serving, simple_rows
+from tests.conftest import SUBPROCESS_TIMEOUT, HeadServer, clean_env, invoke, lines_of, rows_jsonl, serving, simple_rows
+from tests.trackers.hanging import WAITING
 from tests.trackers.test_log import Recording
 
 
@@ -201,3 +206,46 @@ def test_a_resumed_run_given_another_experiment_is_refused_naming_the_one_it_wou
     assert invoke([*args, "--experiment", "a", "--resume"]).returncode == 0
     assert resumed.started_with is not None
     assert resumed.started_with[1] == "new-id"  # continued
+
+
+@pytest.mark.parametrize("stopped", [False, True])
+def test_a_signal_while_the_end_waits_for_a_hanging_tracker_is_taken(stopped: bool):
+    """The end waits a few seconds for the trackers' final figures: a stop signal meanwhile is
+    taken. A run that had finished leaves its trackers at the first, and says so; one that a
+    first signal stopped leaves at the second, as a second stop does. The summary comes last."""
+    command = [sys.executable, "-m", "tests.trackers.hanging", "--demo", "--mlflow", "http://127.0.0.1:9"]
+    root = Path(__file__).parent.parent.parent
+    pipes = dict.fromkeys(("stdin", "stdout", "stderr"), subprocess.PIPE)
+    proc = subprocess.Popen(command, cwd=root, env=clean_env(), **pipes)  # type: ignore[call-overload]
+    assert proc.stdin is not None
+    stdout, stderr = lines_of(proc.stdout), lines_of(proc.stderr)
+    try:
+        proc.stdin.write(rows_jsonl(simple_rows(2)).encode())
+        proc.stdin.flush()
+        if stopped:  # stopped while it reads: the rows given are answered, more may come
+            assert [stdout.get(timeout=SUBPROCESS_TIMEOUT) != b"" for _ in range(2)] == [True, True]
+            proc.send_signal(signal.SIGINT)
+        else:
+            proc.stdin.close()
+        said = []
+        while (line := stderr.get(timeout=SUBPROCESS_TIMEOUT)) != WAITING:
+            assert line, b"".join(said)
+            said.append(line)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=SUBPROCESS_TIMEOUT) == 130
+    finally:
+        proc.kill()
+        proc.wait(timeout=SUBPROCESS_TIMEOUT)
+        while stdout.get(timeout=SUBPROCESS_TIMEOUT):  # to the end, where its reader stops
+            pass
+    while line := stderr.get(timeout=SUBPROCESS_TIMEOUT):
+        said.append(line)
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        pipe.close()
+    left = (
+        b"stopped again: the trackers are left as they are"
+        if stopped
+        else b"trackers: stopped before done logging; left as they are"
+    )
+    assert [line for line in said if b"tracker" in line] == [b"rollfilter: " + left + b"\n"]
+    assert json.loads(said[-1])["rollfilter"]["succeeded"] == 2  # the summary, last
