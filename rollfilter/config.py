@@ -138,15 +138,19 @@ UNHEALTHY_MODES = ("keep", "mask", "fail")  # Health.unhealthy's
 @dataclasses.dataclass(frozen=True, slots=True)
 class RecentLimit:
     """Stop once `count` rollouts were of a kind (unhealthy, masked), or once `fraction` of the
-    last 100 ended were (a window: see `rollfilter.figures.health.RecentShare`); neither: never."""
+    last 100 ended were (a window: see `rollfilter.figures.health.RecentShare`); neither: never.
+
+    It is checked as `Health` takes it, so that an error names the field it is given as
+    (`Config.health.max_unhealthy.fraction`)."""
 
     count: AtLeastOne | None = None
     fraction: Fraction | None = None
 
-    def __post_init__(self) -> None:
-        _checked(self, "health.")
+    def checked(self, field: str) -> None:
+        """Convert the fields in place, or raise ConfigError naming them under `field`."""
+        _checked(self, f"{field}.")
         if self.count is not None and self.fraction is not None:
-            raise ConfigError("health", "a limit takes a count or a fraction, not both")
+            raise ConfigError(field, "a limit takes a count or a fraction, not both")
 
     def describe(self) -> str:
         """The limit as a message quotes it: `10`, or `5%`."""
@@ -171,6 +175,10 @@ class Health:
 
     def __post_init__(self) -> None:
         _checked(self, "health.")
+        for name in ("max_unhealthy", "max_masked"):
+            limit = getattr(self, name)
+            if limit is not None:
+                limit.checked(f"health.{name}")
 
     @property
     def watched(self) -> bool:
@@ -565,17 +573,21 @@ def _checked_url(
 
 
 def agent_url(text: str) -> str:
-    """An agent's URL checked (`checked_url`), with `/run` when it has no path."""
+    """An agent's URL checked (`checked_url`), with `run` appended when its path is none or ends in
+    `/` (a base URL: the server's root, or a prefix it is served under); its query is kept."""
     url = checked_url(text)
-    return str(url.copy_with(path="/run")) if url.path in ("", "/") else str(url)
+    return str(url.copy_with(path=url.path + "run")) if url.path.endswith("/") else str(url)
 
 
 def verify_url(text: str) -> str:
-    """A resources server's URL checked (`checked_url`), with `/verify` when it has no path. A path
-    of `/run` is an agent's default, given before the URL was known to be a resources server's: it
-    becomes `/verify` too."""
+    """A resources server's URL checked (`checked_url`), with `verify` appended when its path is
+    none or ends in `/`, as `agent_url` appends `run`. A last segment `run` is an agent's
+    default, appended before the URL was known to be a resources server's: it becomes `verify`."""
     url = checked_url(text)
-    return str(url.copy_with(path="/verify")) if url.path in ("", "/", "/run") else str(url)
+    path = url.path
+    if path.endswith("/run"):
+        path = path.removesuffix("run")
+    return str(url.copy_with(path=path + "verify")) if path.endswith("/") else str(url)
 
 
 def checked_url(text: str, schemes: tuple[str, ...] = ("http", "https")) -> httpx.URL:

@@ -23,6 +23,7 @@ from rollfilter.config import (
     Groups,
     Health,
     Rates,
+    RecentLimit,
     Repeats,
     Retries,
     Routing,
@@ -31,6 +32,7 @@ from rollfilter.config import (
     Trackers,
     Wire,
     agent_url,
+    verify_url,
 )
 from rollfilter.cost import Price
 from rollfilter.defaults import DEFAULT_RATIO
@@ -410,9 +412,36 @@ def test_agent_url_appends_run_only_without_a_path():
     assert agent_url("http://127.0.0.1:8000") == "http://127.0.0.1:8000/run"
     assert agent_url("http://127.0.0.1:8000/") == "http://127.0.0.1:8000/run"
     assert agent_url("https://h/agents/x/run") == "https://h/agents/x/run"
+    assert agent_url("http://h/prefix") == "http://h/prefix"  # a path without a slash is the endpoint
     for bad in ("127.0.0.1:8000", "ftp://h/", "http://h:99999/"):
         with pytest.raises(UsageError):
             agent_url(bad)
+
+
+@pytest.mark.parametrize(("given", "run", "verify"), [
+    ("http://h/prefix/", "http://h/prefix/run", "http://h/prefix/verify"),
+    ("http://h/prefix/?key=v", "http://h/prefix/run?key=v", "http://h/prefix/verify?key=v"),
+    ("http://h/?key=v", "http://h/run?key=v", "http://h/verify?key=v"),
+    ("http://h/prefix/run", "http://h/prefix/run", "http://h/prefix/verify"),
+    ("http://h/prefix", "http://h/prefix", "http://h/prefix"),
+])  # fmt: skip
+def test_a_path_that_ends_in_a_slash_is_a_base_the_endpoint_is_appended_to(given: str, run: str, verify: str):
+    """A URL whose path ends in '/' (a server under a prefix) is a base URL, as the root is: /run or
+    /verify is appended to it, the query kept. -u is parsed as an agent's before --reverify is known,
+    so an agent's `run` under a base becomes `verify` there."""
+    assert agent_url(given) == run
+    assert verify_url(given) == verify
+    assert verify_url(agent_url(given)) == verify
+
+
+@pytest.mark.parametrize("field", ["max_unhealthy", "max_masked"])
+def test_a_recent_limit_that_cannot_be_used_is_refused_by_the_field_it_is_given_as(field: str):
+    with pytest.raises(ConfigError, match=rf"^Config\.health\.{field}\.fraction: expected `float` <= 1"):
+        Health(**{field: RecentLimit(fraction=2.0)})
+    with pytest.raises(ConfigError, match=rf"^Config\.health\.{field}\.count: expected `int` >= 1"):
+        Health(**{field: RecentLimit(count=0)})
+    with pytest.raises(ConfigError, match=rf"^Config\.health\.{field}: a limit takes a count or a fraction, not"):
+        Health(**{field: RecentLimit(count=1, fraction=0.5)})
 
 
 @pytest.mark.parametrize("field", ["url", "endpoints", "head_server", "wire.proxy"])

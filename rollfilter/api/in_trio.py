@@ -289,10 +289,11 @@ async def open_rollouts_in_trio(
                 left = True
                 run.control.cancel()
     except BaseException as exc:
-        run.end_tracking(_TRACKER_STATUS.get(type(exc), "FAILED"))
+        with trio.CancelScope(shield=True):
+            await run.end_tracking(_TRACKER_STATUS.get(type(exc), "FAILED"))
         raise
     else:
-        run.end_tracking(ended)
+        await run.end_tracking(ended)
     finally:
         with trio.CancelScope(shield=True):
             await run.aclose()

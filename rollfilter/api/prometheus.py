@@ -101,7 +101,8 @@ def families(statistics: RunStatistics) -> list[Metric]:
     # Every agent a rollout has ended or is in flight for: each with all its outcomes and its
     # rollouts in flight, at 0 when there are none (a series that vanishes is not a 0).
     seen = {label: figures for label, figures in agents.items() if figures.seen}
-    cancelled = statistics.cancelled - statistics.in_flight - statistics.waiting  # those out or held may yet end
+    # Those out, waiting to be sent or held in an open group may yet end: not cancelled yet.
+    cancelled = statistics.cancelled - statistics.in_flight - statistics.waiting - statistics.in_open_groups
     found = [
         _outcomes(seen),
         CounterMetricFamily(

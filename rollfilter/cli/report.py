@@ -33,7 +33,7 @@ _encode = msgspec.json.Encoder().encode
 FAULT_STOPS = frozenset({StopCause.OUTPUT_FAILED, StopCause.AGENT_UNREACHABLE, StopCause.UNHEALTHY})
 
 
-def report_end(
+async def report_end(
     run: Run,
     environment: Environment,
     files: OpenedOutputs,
@@ -66,7 +66,9 @@ def report_end(
     for warning in run.warnings():
         say(warning_message(warning), stderr)
     # The trackers' warnings come before the summary, which is stderr's last line.
-    run.end_tracking(tracker_status(control.cause, failed=bool(failures)), on_warning=lambda text: say(text, stderr))
+    await run.end_tracking(
+        tracker_status(control.cause, failed=bool(failures)), on_warning=lambda text: say(text, stderr)
+    )
     summary_lost = False
     if not quiet:
         metrics = files.whole.get("metrics_file")
@@ -94,7 +96,7 @@ async def report_unsent(
     return RunEnd(control.cause)
 
 
-def report_refused(
+async def report_refused(
     refusals: BaseExceptionGroup[ServiceError], run: Run, environment: Environment, *, quiet: bool
 ) -> RunEnd:
     """A run that a service it needs before sending refused: the line of the first refusal (of
@@ -104,7 +106,7 @@ def report_refused(
         refused = refused.exceptions[0]
     assert isinstance(refused, ServiceError)
     say(str(refused), environment.stderr)
-    run.end_tracking(tracker_status(None, failed=True), on_warning=lambda text: say(text, environment.stderr))
+    await run.end_tracking(tracker_status(None, failed=True), on_warning=lambda text: say(text, environment.stderr))
     _summary_of_nothing_sent(run, environment, quiet=quiet)
     return RunEnd(refused=refused)
 

@@ -22,6 +22,7 @@ import trio
 from rollfilter.cli.command import CommandConfig
 from rollfilter.cli.environment import Environment
 from rollfilter.cli.files import identity
+from rollfilter.cli.files.open_files import files_per_connection, fit_open_files, fitted_concurrency
 from rollfilter.cli.files.outputs import (
     NamedOutputs,
     OpenedOutputs,
@@ -44,7 +45,7 @@ from rollfilter.run.connect import tls_context_for
 from rollfilter.run.earlier import Earlier
 from rollfilter.run.first_pass import RepeatsMissing
 from rollfilter.run.outputs import tracked_config
-from rollfilter.run.run import fit_to_open_files, writing_run
+from rollfilter.run.run import writing_run
 from rollfilter.stops import StopCause, StopControl
 
 if TYPE_CHECKING:  # --control's socket and the demo agent are loaded by the runs that use them
@@ -79,7 +80,7 @@ async def run(
     named(command, environment).check()
     tls = tls_context_for(command.config)  # read once, and refused before any file is touched
     if not command.dry_run:
-        command = fit_open_files(command, files_per_connection=2 if command.demo else 1, stderr=environment.stderr)
+        command = fit_open_files(command, stderr=environment.stderr)
     return await _run_with_files(command, environment, stop_control, stops, tls)
 
 
@@ -110,24 +111,7 @@ async def _run_with_files(
         except* ServiceError as group:
             refusals = group
     assert made is not None, "a service is asked once the run is made"
-    return report_refused(refusals, made.run, environment, quiet=command.quiet)
-
-
-def fitted_concurrency(wanted: int, *, files_per_connection: int) -> int:
-    """How many of `wanted` requests at once fit under the open-file limit (raised as far as it goes)."""
-    return fit_to_open_files(wanted, files_per_connection=files_per_connection)[0]
-
-
-def fit_open_files(command: CommandConfig, *, files_per_connection: int, stderr: int) -> CommandConfig:
-    """Raise the open-file limit as far as it goes; if -j still does not fit under it, say so
-    once, before anything is sent, and run fewer rows at a time (the run fits it no further)."""
-    fitted, problem = fit_to_open_files(
-        command.config.concurrency, files_per_connection=files_per_connection, limit_name="ulimit -n"
-    )
-    if problem is None:
-        return command
-    say(f"-j {problem}", stderr)
-    return dataclasses.replace(command, config=dataclasses.replace(command.config, concurrency=fitted))
+    return await report_refused(refusals, made.run, environment, quiet=command.quiet)
 
 
 def _control_socket(path: str | None) -> contextlib.AbstractContextManager[ControlSocket | None]:
@@ -186,6 +170,7 @@ class _CommandLineRun:
             tracked=tracked,
         )
         self.control_socket: ControlSocket | None = None
+        self.dropped = "results not yet written are dropped (--resume runs them again)"  # by a second stop
         for line in resume_cuts(command, earlier):
             self.say(line)
 
@@ -217,21 +202,27 @@ class _CommandLineRun:
         except BaseException:
             # Refused after its trackers started (an agent no head server knows): their runs end FAILED.
             stderr = self.environment.stderr
-            self.run.end_tracking(tracker_status(None, failed=True), on_warning=lambda text: say(text, stderr))
+            with trio.CancelScope(shield=True):
+                await self.run.end_tracking(
+                    tracker_status(None, failed=True), on_warning=lambda text: say(text, stderr)
+                )
             raise
         finally:
             self.reader.close()
             with trio.CancelScope(shield=True):
                 await self.run.aclose()
-        if stops is not None:
-            stops.leave = None  # the summary is written next, once
+        self.dropped = "the trackers are left as they are"  # all is written: only their wait is left
         self.views.finish(self.run.statistics())
         failures, quiet = self.write_failures, self.command.quiet
         inputs_lost = bool(self.reader.problems)
-        return report_end(
-            self.run, self.environment, self.files, failures=failures, inputs_lost=inputs_lost, quiet=quiet,
-            resumed_by=resume_line(self.command.argv, from_stdin=STDIN in self.command.inputs),
-        )  # fmt: skip
+        try:
+            return await report_end(
+                self.run, self.environment, self.files, failures=failures, inputs_lost=inputs_lost, quiet=quiet,
+                resumed_by=resume_line(self.command.argv, from_stdin=STDIN in self.command.inputs),
+            )  # fmt: skip
+        finally:
+            if stops is not None:
+                stops.leave = None  # the summary is written, once
 
     def leave_now(self) -> None:
         """A stop signal during the wind-down, as when finished results wait on an output nobody
@@ -240,7 +231,7 @@ class _CommandLineRun:
         removed first: no exit leaves it behind."""
         if self.control_socket is not None:
             self.control_socket.remove()
-        say("stopped again: results not yet written are dropped (--resume runs them again)", self.environment.stderr)
+        say(f"stopped again: {self.dropped}", self.environment.stderr)
         if not self.command.quiet:
             write_summary(self.environment.stderr, _encode(self.run.summary()) + b"\n")
 
@@ -259,7 +250,7 @@ class _CommandLineRun:
             from rollfilter.cli.control import ControlServer
 
             on_command = self.say if command.verbose else None
-            fit = functools.partial(fitted_concurrency, files_per_connection=2 if command.demo else 1)
+            fit = functools.partial(fitted_concurrency, files_per_connection=files_per_connection(command))
             services.start_soon(ControlServer(self.control_socket, run, on_command, fit).serve)
         try:
             await run.connect()  # a ConfigError, as for an agent the head server did not name, is said by its option

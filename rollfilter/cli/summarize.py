@@ -80,7 +80,7 @@ async def summarize(command: CommandConfig, *, environment: Environment) -> RunE
                 counted_failed = failure
                 run.control.stop(StopCause.OUTPUT_FAILED, str(failure))  # no aggregate of a part
             await run.finish()  # --per-task's lines, and the aggregate
-            run.end_tracking(tracker_status(run.control.cause, failed=counted_failed is not None))
+            await run.end_tracking(tracker_status(run.control.cause, failed=counted_failed is not None))
         finally:
             reader.close()
             baseline.close()
@@ -125,22 +125,35 @@ async def summarize(command: CommandConfig, *, environment: Environment) -> RunE
 def _tracked(command: CommandConfig, stderr: int) -> tuple[Config, dict[str, Any]]:
     """The config of a --summarize that logs to trackers, with their ids kept beside its first
     file by name (`FILE.summarized.trackers.json`) for the same files summarized again, and what its Run
-    takes for them: the params (the first file's run record, if it has one), the files the ids
-    are kept for, and where warnings go."""
+    takes for them: the params (what the files' run records agree on, when each has one), the
+    files the ids are kept for, and where warnings go."""
     config = command.config
     if config.trackers is None or STDIN in command.inputs:
         return config, {}
     paths = [os.path.realpath(path) for path in command.inputs]
     # Beside the first by name: the same files given in another order find the same tracker runs.
     trackers = dataclasses.replace(config.trackers, ids_file=min(paths) + SUMMARIZED_IDS_SUFFIX)
-    try:
-        record = identity.read_record(identity.record_path(command.inputs[0]))
-    except UsageError:  # a record that cannot be read: the files' summary says enough
-        record = None
-    tracked = msgspec.to_builtins(record) if record is not None else {"inputs": [os.path.basename(p) for p in paths]}
+    shared = _shared_record(paths)
+    tracked = shared if shared is not None else {"inputs": [os.path.basename(p) for p in paths]}
     on_warning: Callable[[str], None] = lambda text: say(text, stderr)  # noqa: E731
     tracking = {"tracked": tracked, "tracking_key": "\n".join(sorted(paths)), "on_warning": on_warning}
     return dataclasses.replace(config, trackers=trackers), tracking
+
+
+def _shared_record(paths: Sequence[str]) -> dict[str, Any] | None:
+    """The fields the run records beside `paths` hold alike (shards' `shard` differs, and is left
+    out), as what is true of the files together; None when a file has no record that can be read."""
+    records: list[dict[str, Any]] = []
+    for path in paths:
+        try:
+            record = identity.read_record(identity.record_path(path))
+        except UsageError:  # a record that cannot be read: the files' summary says enough
+            record = None
+        if record is None:
+            return None
+        records.append(msgspec.to_builtins(record))
+    first, *others = records
+    return {field: value for field, value in first.items() if all(other.get(field) == value for other in others)}
 
 
 async def _count(reader: LineReader, counter: ResultCounter) -> None:

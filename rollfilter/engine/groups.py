@@ -157,6 +157,7 @@ class GroupStage:
         self._planned = 0  # groups numbered so far
         self._next_out = 0  # with in_order, the number of the next group to hand out
         self._ready: dict[int, tuple[ClosedGroup, Release]] = {}  # closed, waiting for their turn
+        self.results_open = 0  # this run's results in groups still open: not counted yet
 
     @classmethod
     def for_run(
@@ -217,6 +218,7 @@ class GroupStage:
         """A member finished with `result`."""
         group = self._open[group_key(job.task_index, job.group)]
         group.members[job.rollout_index] = Member(job, result, latency)
+        self.results_open += 1
         if self._hold is not None:
             on_disk, release = _after_both(release)
             self._hold(encode_json(result) + b"\n", on_disk)
@@ -248,6 +250,7 @@ class GroupStage:
                 tally.earlier(member.result)
             else:
                 tally.result(member.job, member.result, member.latency)
+                self.results_open -= 1
         if self._hold is not None:
             self._hold_marker(group, fate, members)
         closed = ClosedGroup(group.task_index, fate, members, tuple(group.failures), group.first)
@@ -309,6 +312,7 @@ class GroupStage:
             closed = ClosedGroup(group.task_index, Fate.CANCELLED, members, tuple(group.failures), group.first)
             self._sink.group(closed, _nothing)
         self._open.clear()
+        self.results_open = 0
 
     def cancel_earlier(self, groups: Iterable[tuple[Any, int, list[dict[str, Any]]]]) -> None:
         """Groups earlier runs left open, that this run stopped before it read (each its task, its

@@ -8,7 +8,7 @@ they make. The command line and the Python API reach the engine through it, and 
     await run.finish()      # the rows counted, the tasks' figures, /aggregate_metrics
     run.warnings()          # what the run found wrong in its config, for its caller to say
     run.statistics()        # the snapshot every view renders; run.summary() renders the summary
-    run.end_tracking(status)  # with Config.trackers: the final figures, and how the run ended
+    await run.end_tracking(status)  # with Config.trackers: the final figures, and how the run ended
     await run.aclose()
 
 The Python API (`api/in_trio.py`) gives it its rows and a channel (`ChannelSink`); the command
@@ -344,12 +344,15 @@ class Run:
         if self.control.stopped_early and isinstance(self._sink, LineSink):
             self._sink.flush_backlog()  # what --ordered holds behind rows that never finished
 
-    def end_tracking(self, status: str, *, on_warning: Callable[[str], None] | None = None) -> None:
+    async def end_tracking(self, status: str, *, on_warning: Callable[[str], None] | None = None) -> None:
         """The trackers' final figures, their runs ended with `status` (FINISHED, KILLED or
-        FAILED: see `rollfilter.run.tracking`), once; it waits a few seconds at most. What went
-        wrong with them is said before it returns, by `on_warning` (None: the run's)."""
+        FAILED: see `rollfilter.run.tracking`), once; it waits a few seconds at most, which a stop
+        of a run not stopped before cuts short. What went wrong with them is said before it
+        returns, by `on_warning` (None: the run's)."""
         if self.tracking is not None:
-            self.tracking.end(self.summary(), self.statistics(), status, on_warning=on_warning)
+            control = self.control
+            with trio.CancelScope() if control.stopped_early else control.stoppable():
+                await self.tracking.end(self.summary(), self.statistics(), status, on_warning=on_warning)
 
     async def finish(self) -> None:
         """After `send`: the rows counted (the summary's `expected` and `not_started`: see

@@ -144,8 +144,9 @@ class RunStatistics:
 
     The rollouts: `started` (taken from the input), of which `succeeded`, `failed` and
     `not_persisted` have `ended` and the rest are `cancelled` (while the run goes, those not ended
-    yet, `in_flight` and `waiting` among them; once it is over, those a stop cut). `in_flight` are
-    sent and not ended (a retry's wait included); `waiting` are taken and not sent: on the pause, a
+    yet, `in_flight`, `waiting` and `in_open_groups` among them; once it is over, those a stop cut).
+    `in_flight` are sent and not ended (a retry's wait included); `in_open_groups` have come back
+    and wait in a group still open, counted once it closes; `waiting` are taken and not sent: on the pause, a
     rate limit or a place among the requests out under one, an adaptive window, or the staleness
     bound (`waiting_on_` counts some of them by what they wait on). `skipped` and `not_retried` are
     pairs an earlier run finished or gave up (--resume). `rows_read` is the started, the skipped and
@@ -205,6 +206,7 @@ class RunStatistics:
     staleness_bound: bool  # a staleness bound holds groups back (see `steering`)
     steering: SteeringStatistics
     oldest: tuple[InFlight, ...]  # the rollouts in flight longest, oldest first
+    in_open_groups: int = 0
     stopped: str | None = None
     tasks: TaskFigures | None = None
     unsafe: bool = False
@@ -335,6 +337,7 @@ def statistics_of(
         windows={name: dataclasses.asdict(window.stats()) for name, window in sorted(windows.items())},
         limits={name: limits.figures() for name, limits in sorted(limits.items())},
         groups=groups.figures() if groups is not None else None,
+        in_open_groups=groups.results_open if groups is not None else 0,
         staleness_bound=staleness is not None,
         steering=in_force,
         oldest=engine.oldest_in_flight() if engine is not None else (),

@@ -12,6 +12,7 @@ may carry of secrets cut (`redact.shown`) and never a header.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -26,7 +27,7 @@ from rollfilter.config import Config, ConfigError, Trackers
 from rollfilter.redact import secrets_in, shown
 from rollfilter.run.statistics import RunStatistics
 from rollfilter.trackers.flatten import flattened
-from rollfilter.trackers.ids import keep_ids, read_ids
+from rollfilter.trackers.ids import keep_ids, read_ids, read_places
 from rollfilter.trackers.log import Final, Tracker, TrackerLog
 from rollfilter.trackers.reservoir import Reservoir
 
@@ -109,15 +110,19 @@ class RunTracking:
         run_name = trackers.run_name or time.strftime("rollfilter-%Y%m%d-%H%M%S")
         openers: dict[str, Callable[[], Tracker]] = {}
         hidden: tuple[str, ...] = ()
+        self._places: dict[str, str] = {}  # where each tracker run goes: an MLflow experiment, a W&B project
         if trackers.mlflow is not None:
             uri, experiment = trackers.mlflow, trackers.experiment
             hidden = secrets_in(uri)
             openers["mlflow"] = lambda: _mlflow(uri, experiment, run_name)
+            self._places["mlflow"] = experiment
         if trackers.wandb is not None:
             project = trackers.wandb
             openers["wandb"] = lambda: _wandb(project, run_name)
+            self._places["wandb"] = project
         ids_file, self._key = trackers.ids_file, key
         ids = read_ids(ids_file, key)
+        _refuse_another_place(ids, read_places(ids_file, key), self._places, ids_file)
         self._log = TrackerLog(openers, params_of(record), ids, self._keep, hidden=hidden, names=NAMES)
         self._ids_file = ids_file
         self.reservoir = Reservoir(trackers.rollouts) if trackers.rollouts else None
@@ -127,7 +132,7 @@ class RunTracking:
 
     def _keep(self, ids: dict[str, str]) -> None:
         if self._ids_file is not None:
-            keep_ids(self._ids_file, ids, self._key)
+            keep_ids(self._ids_file, ids, self._key, {name: self._places[name] for name in ids})
 
     async def start(self) -> None:
         """Make the trackers' clients, importing them in a thread while the run waits (once the run
@@ -194,7 +199,7 @@ class RunTracking:
         for text in self._log.warnings():
             (on_warning or self._say)(text)
 
-    def end(
+    async def end(
         self,
         summary: Mapping[str, Any],
         statistics: RunStatistics,
@@ -203,7 +208,9 @@ class RunTracking:
         on_warning: Callable[[str], None] | None = None,
     ) -> None:
         """The final figures to the trackers (once), their run ended with `status`; it waits for
-        them a few seconds at most, then says what went wrong (to `on_warning`, None: the run's)."""
+        them a few seconds at most, in a thread (so that a signal is taken meanwhile: a cancel
+        cuts the wait short, and the trackers are left as they are), then says what went wrong
+        (to `on_warning`, None: the run's)."""
         if self._ended or not self._started:
             return
         self._ended = True
@@ -218,8 +225,30 @@ class RunTracking:
             status=status,
             versions=statistics.reward_by_version,
         )
-        self._log.end(final, wait_s=END_WAIT_S)
-        self.say_warnings(on_warning)
+        try:
+            wait = functools.partial(self._log.end, final, wait_s=END_WAIT_S)
+            await trio.to_thread.run_sync(wait, abandon_on_cancel=True)
+        except trio.Cancelled:
+            (on_warning or self._say)("trackers: stopped before done logging; left as they are")
+            raise
+        finally:
+            self.say_warnings(on_warning)
+
+
+def _refuse_another_place(
+    ids: Mapping[str, str], kept: Mapping[str, str], given: Mapping[str, str], ids_file: str | None
+) -> None:
+    """ConfigError when a tracker run this run would continue (`ids`) is kept elsewhere (`kept`)
+    than this run names (`given`): continued, it would go on there, not where the user asked."""
+    for name, place in given.items():
+        earlier = kept.get(name)
+        if name in ids and earlier is not None and earlier != place:
+            field, what = ("trackers.experiment", "experiment") if name == "mlflow" else ("trackers.wandb", "project")
+            raise ConfigError(
+                field,
+                f"{place!r} is not the {what} of the {NAMES[name]} run this run continues ({earlier!r}, as"
+                f" {ids_file} keeps it): give {earlier!r}, or remove that file to start another",
+            )
 
 
 def _mlflow(uri: str, experiment: str, run_name: str) -> Tracker:

@@ -13,6 +13,16 @@ def read_ids(path: str | None, key: str = "") -> dict[str, str]:
     """The tracker run ids kept in `path` by tracker name ("mlflow", "wandb"), when it holds
     them for `key` (what they were kept for, as --summarize's files); none when it is missing,
     unreadable, for another key, or not ours."""
+    return _read(path, key, "ids")
+
+
+def read_places(path: str | None, key: str = "") -> dict[str, str]:
+    """Where each tracker run kept in `path` for `key` is, by tracker name: its MLflow experiment,
+    its W&B project (none for a file kept before they were)."""
+    return _read(path, key, "places")
+
+
+def _read(path: str | None, key: str, part: str) -> dict[str, str]:
     if path is None:
         return {}
     try:
@@ -22,16 +32,17 @@ def read_ids(path: str | None, key: str = "") -> dict[str, str]:
         return {}
     if not isinstance(kept, dict) or kept.get("key", "") != key or not isinstance(kept.get("ids"), dict):
         return {}
-    return {name: value for name, value in kept["ids"].items() if isinstance(value, str)}
+    found = kept.get(part)
+    return {name: value for name, value in found.items() if isinstance(value, str)} if isinstance(found, dict) else {}
 
 
-def keep_ids(path: str, ids: dict[str, str], key: str = "") -> None:
-    """Keep `ids` in `path`, replaced at once (a run killed while writing leaves the old or the new).
-    OSError when it cannot be written."""
+def keep_ids(path: str, ids: dict[str, str], key: str = "", places: dict[str, str] | None = None) -> None:
+    """Keep `ids` in `path`, with where each run is (`places`), replaced at once (a run killed
+    while writing leaves the old or the new). OSError when it cannot be written."""
     temporary = f"{path}.{os.getpid()}.tmp"
     try:
         with open(temporary, "w", encoding="utf-8") as file:
-            json.dump({"key": key, "ids": ids}, file)
+            json.dump({"key": key, "ids": ids, "places": places or {}}, file)
         os.replace(temporary, path)
     except OSError:
         with contextlib.suppress(OSError):

@@ -149,6 +149,20 @@ def test_max_unhealthy_stops_an_outage_naming_the_checks_seen_most(health_agent:
     assert (summary["rollfilter"]["succeeded"], summary["rollfilter"]["health"]["unhealthy"]) == (3, 3)
 
 
+def test_with_groups_a_count_limit_counts_a_group_s_unhealthy_rollouts_when_it_closes(health_agent: HealthAgent):
+    """With --groups, results are counted when their group closes, by the limit too: the group
+    that brings the count to N or past it stops the run, so -r 4 --max-unhealthy 5 stops after 8."""
+    args = ["-u", health_agent.run_url, "-r", "4", "--groups", "-j", "1", "--max-unhealthy", "5"]
+    proc = run(args, input=rows_of(["outage"] * 5))
+    assert proc.returncode == 1, proc.stderr
+    stopped = [line for line in proc.stderr.decode().splitlines() if line.startswith("rollfilter: stopped")]
+    assert [line.partition(";")[0] for line in stopped] == [
+        "rollfilter: stopped after 8 unhealthy rollouts (the limit: 5)"
+    ]
+    figures = summary_of(proc.stderr)["rollfilter"]
+    assert (figures["health"]["unhealthy"], figures["groups"]["kept"]) == (8, 2)
+
+
 def test_max_unhealthy_as_a_rate_looks_at_the_last_hundred_rollouts(health_agent: HealthAgent):
     kinds: list[str | None] = [None] * 60 + ["empty_output"] * 60
     proc = run(["-u", health_agent.run_url, "-j", "1", "--max-unhealthy", "30%"], input=rows_of(kinds))

@@ -86,6 +86,32 @@ def test_scraped_mid_run_the_counts_agree_with_the_results_written(tmp_path: Pat
         scrape(port)
 
 
+def test_with_groups_finished_members_of_an_open_group_are_not_counted_cancelled(tmp_path: Path, agent: RecordingAgent):
+    """A group's finished members wait for its last one: scraped meanwhile, they are neither ended
+    nor cancelled, so that the cancelled counter never goes down when the group closes."""
+    data = tmp_path / "in.jsonl"
+    data.write_text(json.dumps({"responses_create_params": {"input": "q"}}) + "\n")
+    agent.hold_after(2, waiting=2)  # two members answered, the other two wait in flight
+    port = free_port()
+    args = ["-u", agent.run_url, "-a", "agent", "-r", "4", "--groups", "--prometheus", f"127.0.0.1:{port}"]
+    proc = start([*args, str(data)])
+    try:
+        assert agent.answered.wait(SUBPROCESS_TIMEOUT)
+        figures = {}
+        for _ in range(200):  # the two answers are held a moment after the agent sent them
+            figures = samples(scrape(port))
+            if figures.get(("rollfilter_rollouts_in_flight", (("agent", "agent"),))) == 2:
+                break
+    finally:
+        agent.release.set()
+    _, stderr = proc.communicate(timeout=SUBPROCESS_TIMEOUT)
+    assert proc.returncode == 0, stderr
+    assert figures["rollfilter_rollouts_in_flight", (("agent", "agent"),)] == 2
+    assert figures["rollfilter_rollouts_started_total", ()] == 4
+    assert figures["rollfilter_rollouts_cancelled_total", ()] == 0
+    assert summary_of(stderr)["rollfilter"]["cancelled"] == 0
+
+
 def demo_rows() -> str:
     def row(demo: dict[str, Any]) -> str:
         return json.dumps({"responses_create_params": {"input": "q"}, "demo": {"latency": 0.01, **demo}}) + "\n"

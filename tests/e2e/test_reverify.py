@@ -21,6 +21,7 @@ from tests.conftest import (
     SUBPROCESS_TIMEOUT,
     HeadServer,
     closed_port_url,
+    invoke,
     read_jsonl,
     result_lines,
     run,
@@ -457,6 +458,17 @@ def test_resuming_with_another_materialized_file_or_as_a_run_is_refused(tmp_path
         assert "--reverify" in proc.stderr.decode() or "--judge-failed-only" in proc.stderr.decode()
         assert verifier.bodies == []
     assert run(["--reverify", str(materialized), *args, "--resume"]).returncode == 0
+
+
+def test_a_url_under_a_prefix_with_a_slash_is_verified_at_its_verify(tmp_path: Path):
+    """-u http://host/prefix/ is the base of a resources server under a prefix: /reverify_mode is
+    asked there and every rollout is POSTed to /prefix/verify, none to /prefix/ itself."""
+    materialized, rollouts = files(tmp_path)
+    with serving(ResourcesServer(prefix="/prefix")) as server:
+        proc = invoke(["--reverify", str(materialized), "-u", f"{server.url}/prefix/", str(rollouts)])
+        assert proc.returncode == 0, proc.stderr
+        assert server.mode_asked == 1
+        assert len(result_lines(proc.stdout)) == len(server.bodies) == TASKS * K
 
 
 @pytest.mark.parametrize("prefix", ["", "/prefix"])

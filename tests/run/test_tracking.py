@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 import trio
@@ -15,7 +19,8 @@ from rollfilter.run import tracking
 from rollfilter.run.run import Run
 from rollfilter.run.tracking import identity_of, params_of
 from tests.api.test_rollouts import weather_rows
-from tests.conftest import HeadServer, invoke, rows_jsonl, serving, simple_rows
+from tests.conftest import SUBPROCESS_TIMEOUT, HeadServer, clean_env, invoke, lines_of, rows_jsonl, serving, simple_rows
+from tests.trackers.hanging import WAITING
 from tests.trackers.test_log import Recording
 
 
@@ -155,3 +160,92 @@ def test_the_same_files_summarized_in_another_order_update_the_same_tracker_run(
     assert first.started_with is not None
     assert again.started_with is not None
     assert (first.started_with[1], again.started_with[1]) == (None, "new-id")  # continued
+
+
+@pytest.mark.usefixtures("tracker_clients")
+def test_summarized_shards_log_as_params_what_their_records_share(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    """Each shard's record names its shard: the files together are no one shard, so the params
+    are the fields every record holds alike."""
+    recording = Recording()
+    monkeypatch.setattr(tracking, "_mlflow", lambda uri, experiment, run_name: recording)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(rows_jsonl(simple_rows(4)))
+    outputs = [tmp_path / f"out-{index}.jsonl" for index in range(2)]
+    for index, output in enumerate(outputs):
+        made = invoke(["--demo", "-r", "2", "--shard", f"{index}/2", "-o", str(output), str(rows)])
+        assert made.returncode == 0, made.stderr
+    summarized = invoke(["--summarize", "-r", "2", "--mlflow", "http://127.0.0.1:5000", *map(str, outputs)])
+    assert summarized.returncode == 0, summarized.stderr
+    assert recording.started_with is not None
+    params, _ = recording.started_with
+    assert params["repeats"] == "2"
+    assert "rows.jsonl" in params["inputs"]  # the input the shards were cut from, theirs alike
+    assert "shard" not in params
+
+
+@pytest.mark.usefixtures("tracker_clients")
+def test_a_resumed_run_given_another_experiment_is_refused_naming_the_one_it_would_go_on_in(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+):
+    """--resume continues the earlier run's tracker run, which stays in its experiment: a resume
+    that names another is refused (exit 2) before anything is logged, rather than going on elsewhere."""
+    first, resumed = Recording(), Recording()
+    made = iter([first, resumed])
+    monkeypatch.setattr(tracking, "_mlflow", lambda uri, experiment, run_name: next(made))
+    rows, output = tmp_path / "rows.jsonl", tmp_path / "out.jsonl"
+    rows.write_text(rows_jsonl(simple_rows(2)))
+    args = ["--demo", "-o", str(output), "--mlflow", "http://127.0.0.1:5000", str(rows)]
+    assert invoke([*args, "--experiment", "a"]).returncode == 0
+    refused = invoke([*args, "--experiment", "b", "--resume"])
+    assert refused.returncode == 2
+    assert refused.stderr.decode().splitlines() == [
+        f"rollfilter: --experiment 'b' is not the experiment of the MLflow run this run continues ('a', as"
+        f" {output}.trackers.json keeps it): give 'a', or remove that file to start another"
+    ]
+    assert resumed.started_with is None
+    assert invoke([*args, "--experiment", "a", "--resume"]).returncode == 0
+    assert resumed.started_with is not None
+    assert resumed.started_with[1] == "new-id"  # continued
+
+
+@pytest.mark.parametrize("stopped", [False, True])
+def test_a_signal_while_the_end_waits_for_a_hanging_tracker_is_taken(stopped: bool):
+    """The end waits a few seconds for the trackers' final figures: a stop signal meanwhile is
+    taken. A run that had finished leaves its trackers at the first, and says so; one that a
+    first signal stopped leaves at the second, as a second stop does. The summary comes last."""
+    command = [sys.executable, "-m", "tests.trackers.hanging", "--demo", "--mlflow", "http://127.0.0.1:9"]
+    root = Path(__file__).parent.parent.parent
+    pipes = dict.fromkeys(("stdin", "stdout", "stderr"), subprocess.PIPE)
+    proc = subprocess.Popen(command, cwd=root, env=clean_env(), **pipes)  # type: ignore[call-overload]
+    assert proc.stdin is not None
+    stdout, stderr = lines_of(proc.stdout), lines_of(proc.stderr)
+    try:
+        proc.stdin.write(rows_jsonl(simple_rows(2)).encode())
+        proc.stdin.flush()
+        if stopped:  # stopped while it reads: the rows given are answered, more may come
+            assert [stdout.get(timeout=SUBPROCESS_TIMEOUT) != b"" for _ in range(2)] == [True, True]
+            proc.send_signal(signal.SIGINT)
+        else:
+            proc.stdin.close()
+        said = []
+        while (line := stderr.get(timeout=SUBPROCESS_TIMEOUT)) != WAITING:
+            assert line, b"".join(said)
+            said.append(line)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=SUBPROCESS_TIMEOUT) == 130
+    finally:
+        proc.kill()
+        proc.wait(timeout=SUBPROCESS_TIMEOUT)
+        while stdout.get(timeout=SUBPROCESS_TIMEOUT):  # to the end, where its reader stops
+            pass
+    while line := stderr.get(timeout=SUBPROCESS_TIMEOUT):
+        said.append(line)
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        pipe.close()
+    left = (
+        b"stopped again: the trackers are left as they are"
+        if stopped
+        else b"trackers: stopped before done logging; left as they are"
+    )
+    assert [line for line in said if b"tracker" in line] == [b"rollfilter: " + left + b"\n"]
+    assert json.loads(said[-1])["rollfilter"]["succeeded"] == 2  # the summary, last
