@@ -37,6 +37,12 @@ WEATHER = ROOT / "rollfilter" / "examples" / "weather.jsonl"
 SUBPROCESS_TIMEOUT = 60  # seconds: every subprocess wait is bounded
 
 
+# PYTHONDONTWRITEBYTECODE as the suite was started with it: withheld from the workers while
+# they start, given back to them and to the processes the suite starts.
+BYTECODE_VARIABLE = "PYTHONDONTWRITEBYTECODE"
+WITHHELD = pytest.StashKey[str | None]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Compile rollfilter's bytecode once, before any worker starts, for the processes the suite
     starts: under PYTHONDONTWRITEBYTECODE (set on the project's machines) an editable install is
@@ -45,11 +51,34 @@ def pytest_configure(config: pytest.Config) -> None:
 
     And let pytest keep the test modules it rewrites (their asserts made to explain themselves)
     in their __pycache__, as it does unless bytecode writing is off: otherwise each worker of
-    each run rewrites every test module again before it runs a test. The processes the suite
-    starts keep PYTHONDONTWRITEBYTECODE."""
+    each run rewrites every test module again before it runs a test. pytest rewrites its
+    plugins' modules too (xdist, hypothesis, pytest-trio), imported before this hook runs: the
+    workers start without PYTHONDONTWRITEBYTECODE so that they keep those as well, and every
+    later pytest reads them instead of rewriting them. The processes the suite starts keep
+    PYTHONDONTWRITEBYTECODE."""
     sys.dont_write_bytecode = False
-    if not hasattr(config, "workerinput"):  # the controller (or a run without workers)
-        compileall.compile_dir(ROOT / "rollfilter", quiet=1)
+    if hasattr(config, "workerinput"):
+        withheld = config.workerinput.get("withheld_bytecode_variable")
+        if withheld is not None:
+            os.environ[BYTECODE_VARIABLE] = withheld
+        return
+    compileall.compile_dir(ROOT / "rollfilter", quiet=1)
+    config.stash[WITHHELD] = os.environ.pop(BYTECODE_VARIABLE, None)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist's hook, before a worker is set up: what it is to give back."""
+    node.workerinput["withheld_bytecode_variable"] = node.config.stash[WITHHELD]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session: pytest.Session) -> Any:
+    """The workers have started (xdist starts them as the session starts): give the variable back."""
+    withheld = session.config.stash.get(WITHHELD, None)
+    if withheld is not None:
+        os.environ[BYTECODE_VARIABLE] = withheld
+    return (yield)
 
 
 def rollfilter_command() -> list[str]:

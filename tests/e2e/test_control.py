@@ -93,7 +93,7 @@ def finished(process: subprocess.Popen[bytes]) -> tuple[int, bytes, bytes]:
 
 def test_after_pause_is_acknowledged_no_request_arrives(agent: ArrivalsAgent, short_dir: Path):
     control = short_dir / "run.sock"
-    rows = rows_file(short_dir, 12, latency=0.1)
+    rows = rows_file(short_dir, 12, latency=0.05)
     agent.gate.clear()  # the first four wait at the agent until the run is paused
     process = start(["-u", agent.run_url, "-j", "4", "--control", str(control), str(rows)])
     errors = lines_of(process.stderr)
@@ -124,7 +124,7 @@ def test_after_pause_is_acknowledged_no_request_arrives(agent: ArrivalsAgent, sh
 
 def test_after_concurrency_4_at_most_4_are_in_flight(agent: ArrivalsAgent, short_dir: Path):
     control = short_dir / "run.sock"
-    rows = rows_file(short_dir, 24, latency=0.1)  # 16 sent after the change: enough to see its bound
+    rows = rows_file(short_dir, 24, latency=0.05)  # 16 sent after the change: enough to see its bound
     agent.gate.clear()  # no slot frees up before the change is acknowledged
     process = start(["-u", agent.run_url, "-j", "8", "--control", str(control), str(rows)])
     wait_for(lambda: agent.in_flight == 8)
@@ -145,7 +145,7 @@ def test_after_concurrency_4_at_most_4_are_in_flight(agent: ArrivalsAgent, short
 def test_ctrl_c_while_paused_stops_with_the_summary_and_resume_finishes(agent: ArrivalsAgent, short_dir: Path):
     control = short_dir / "run.sock"
     output = short_dir / "out.jsonl"
-    rows = rows_file(short_dir, 12, latency=0.1)
+    rows = rows_file(short_dir, 12, latency=0.05)
     args = ["-u", agent.run_url, "-j", "4", "-o", str(output), "--control", str(control), str(rows)]
     agent.gate.clear()  # the first four wait at the agent until the run is paused
     process = start(args)

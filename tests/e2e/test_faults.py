@@ -57,7 +57,7 @@ def test_chaos_run_loses_and_duplicates_nothing(tmp_path, start_demo):
     retries = 2
     n = 3000
     proc = run(
-        ["-u", server.url, "-j", "128", "--timeout", "0.5", "--retries", str(retries), "--errors", str(errors)],
+        ["-u", server.url, "-j", "128", "--timeout", "0.25", "--retries", str(retries), "--errors", str(errors)],
         input=rows_jsonl(simple_rows(n)),
         timeout=120,
     )

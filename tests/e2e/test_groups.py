@@ -76,7 +76,7 @@ def groups_in(lines: list[dict[str, Any]]) -> list[tuple[int, list[int]]]:
 
 def test_groups_are_written_whole_adjacent_and_in_rollout_order(demo_server: DemoServer):
     # Rollouts of a task finish out of order (latency falls with the rollout index), and tasks interleave.
-    rows = group_rows(30, latency=lambda task, rollout: 0.02 * (K - rollout) + 0.01 * (task % 3))
+    rows = group_rows(30, latency=lambda task, rollout: 0.01 * (K - rollout) + 0.005 * (task % 3))
     proc = run(["-u", demo_server.url, "-r", str(K), "--groups", "-j", "16"], input=rows_jsonl(rows))
     assert proc.returncode == 0, proc.stderr
     written = groups_in(result_lines(proc.stdout))
@@ -306,7 +306,7 @@ def test_a_resumed_run_finishes_a_killed_one_with_every_group_whole_and_once(tmp
     n, jobs = 60, 12
     demo = DemoServer()
     try:
-        rows = group_rows(n, latency=lambda task, rollout: 0.01 + 0.02 * ((task * 5 + rollout * 3) % 7))
+        rows = group_rows(n, latency=lambda task, rollout: 0.005 + 0.01 * ((task * 5 + rollout * 3) % 7))
         (tmp_path / "rows.jsonl").write_text(rows_jsonl(rows))
         out = tmp_path / "out.jsonl"
         args = ["-u", demo.url, "-r", str(K), "--groups", "-j", str(jobs), str(tmp_path / "rows.jsonl")]

@@ -24,7 +24,7 @@ from tests.conftest import (
 )
 
 
-def later_rows_first(n: int, step: float = 0.025) -> list[dict[str, Any]]:
+def later_rows_first(n: int, step: float = 0.0125) -> list[dict[str, Any]]:
     """Rows whose answers come in reverse: row i takes (n - i) * step seconds."""
     return [{**row, "demo": {"latency": round((n - i) * step, 3)}} for i, row in enumerate(simple_rows(n))]
 
@@ -77,7 +77,7 @@ def test_ordered_interrupt_writes_what_finished_in_input_order(demo_server: Demo
     rows = simple_rows(13)
     rows[3]["demo"] = {"latency": 600}
     for i in range(4, 13):
-        rows[i]["demo"] = {"latency": round((13 - i) * 0.05, 3)}
+        rows[i]["demo"] = {"latency": round((13 - i) * 0.025, 3)}
     proc = start(["-u", demo_server.url, "-k", "-j", "13", "-v"], stdin=subprocess.PIPE)
     assert proc.stdin
     assert proc.stdout

@@ -20,9 +20,12 @@ from tests.e2e.test_control import ask as ask_control
 ESC = b"\x1b["
 
 
-def rows_file(tmp_path: Path) -> Path:
+def rows_file(tmp_path: Path, rows: int = 200) -> Path:
+    """Rows of a hundredth of a second: at -j 4, 200 make a run long enough to see the display
+    refreshed. A display draws its first frame as it starts, so a few rows are enough to see it
+    missing."""
     path = tmp_path / "rows.jsonl"
-    path.write_text(rows_jsonl([{"responses_create_params": {"input": "x"}, "demo": {"latency": 0.01}}] * 200))
+    path.write_text(rows_jsonl([{"responses_create_params": {"input": "x"}, "demo": {"latency": 0.01}}] * rows))
     return path
 
 
@@ -69,7 +72,7 @@ def test_progress_shows_on_a_terminal_and_never_on_stdout(tmp_path):
 
 
 def test_no_color_removes_colour_codes(tmp_path):
-    status, _, screen = run_on_pty(["--demo", "-j", "4", str(rows_file(tmp_path))], tmp_path, NO_COLOR="1")
+    status, _, screen = run_on_pty(["--demo", "-j", "4", str(rows_file(tmp_path, 8))], tmp_path, NO_COLOR="1")
     assert status == 0
     assert b" done" in screen
     assert b"\x1b[38;" not in screen
@@ -78,13 +81,13 @@ def test_no_color_removes_colour_codes(tmp_path):
 
 def test_no_progress_and_dumb_terminals(tmp_path):
     for args, env in ((["--no-progress"], {}), ([], {"TERM": "dumb"}), (["-q"], {})):
-        status, _, screen = run_on_pty(["--demo", *args, str(rows_file(tmp_path))], tmp_path, **env)
+        status, _, screen = run_on_pty(["--demo", *args, str(rows_file(tmp_path, 8))], tmp_path, **env)
         assert status == 0
         assert b" done" not in screen, (args, env)
 
 
 def test_no_progress_when_stderr_is_a_pipe(tmp_path):
-    proc = run(["--demo", str(rows_file(tmp_path))])
+    proc = run(["--demo", str(rows_file(tmp_path, 8))])
     assert proc.returncode == 0
     assert ESC not in proc.stderr
     assert b" done" not in proc.stderr

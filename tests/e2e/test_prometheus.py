@@ -124,9 +124,11 @@ def demo_rows() -> str:
     return "".join(rows)
 
 
-def test_the_file_at_the_end_agrees_exactly_with_the_summary(tmp_path: Path):
+def test_the_file_at_the_end_agrees_exactly_with_the_summary(tmp_path: Path, start_demo, quick_backoff):
     prom = tmp_path / "textfile" / "rollfilter.prom"
-    result = run(["--demo", "--retries", "1", "-a", "weather", "--prometheus-file", str(prom)], input=demo_rows())
+    agent = start_demo("--retry-after", "0.01")  # the figures count the retries, not their waits
+    args = ["-u", agent.url, "--retries", "1", "-a", "weather", "--prometheus-file", str(prom)]
+    result = run(args, input=demo_rows())
     assert result.returncode == 1
     figures = samples(prom.read_text())
     summary = summary_of(result.stderr)["rollfilter"]

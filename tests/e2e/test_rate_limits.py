@@ -134,14 +134,14 @@ def test_rows_waiting_on_one_agents_limit_do_not_hold_up_another_agents():
 
 def test_rows_waiting_on_a_limit_never_put_more_than_j_in_flight():
     # The waiting rows lend their slots to the run; each takes one back before it is sent.
-    log = ArrivalLog(0.2)
+    log = ArrivalLog(0.1)
     try:
-        proc = run(["-u", log.url + "/run", "-j", "4", "--rpm", "1800"], input=rows(16))  # 30 a second, 6 at once
+        proc = run(["-u", log.url + "/run", "-j", "4", "--rpm", "3600"], input=rows(16))  # 60 a second, 6 at once
     finally:
         log.close()
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stdout.splitlines()) == 16
-    assert log.most == 4  # the limit would let 6 episodes of 0.2 s be out: -j holds them to 4
+    assert log.most == 4  # the limit would let 6 episodes of 0.1 s be out: -j holds them to 4
 
 
 async def test_the_wait_on_a_limit_is_no_part_of_a_rollouts_latency():

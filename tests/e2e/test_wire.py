@@ -399,7 +399,7 @@ def test_closing_after_every_reply_costs_no_rows_even_without_retries(tmp_path):
 
 def test_uvicorn_closing_after_every_reply_costs_no_rows(uvicorn_server, tmp_path):
     server = uvicorn_server("--timeout-keep-alive", "0")
-    n = 2000
+    n = 1000  # enough that requests race uvicorn's close many times in every run
     outcome = rollfilter(server.url, n, tmp_path, "-j", "32", "--retries", "0")
     assert outcome.failures == {}, outcome.stderr
     assert n <= server.requests() <= 2 * n

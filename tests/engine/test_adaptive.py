@@ -127,7 +127,9 @@ def virtual_scenario(scenario: Callable[[], object]) -> None:
 
 def test_a_queueing_thrashing_server_is_held_near_its_capacity():
     """-j 320 against 40 slots: a fixed -j 320 thrashes; the window holds what the slots serve."""
-    rows = 4000
+    # Long enough that start-up is a small share of the run and the window has settled for most of
+    # it; a window that never drains or never learns a lower no-load latency still fails here.
+    rows = 2000
     best = best_fixed(queueing, rows, (20, 40, 80, 160, 320))
     fixed_320 = virtual(Run(queueing(), rows, 320, None)).rate
     assert fixed_320 < 0.6 * best  # the scenario is a real test: the ceiling thrashes

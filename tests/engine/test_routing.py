@@ -70,7 +70,8 @@ def test_a_replica_over_the_bound_passes_new_tasks_on_but_keeps_its_own_rollouts
     assert placement.pick(key, 0.0) is home  # a placed task follows its replica, over the bound or not
     new = [task for task in range(1000) if task != 7]
     others = {task for task in new if placement.pick(task_key(task), 0.0) is not home}
-    homed = {task for task in new if TaskPlacement(replicas()).pick(task_key(task), 0.0).url == home.url}
+    unloaded = TaskPlacement(replicas())  # where each task goes with nothing outstanding: its home
+    homed = {task for task in new if unloaded.pick(task_key(task), 0.0).url == home.url}
     assert homed
     assert homed <= others  # every new task homed there went elsewhere
     assert placement.moved_for_load[placement.replicas.index(home)] == len(homed)
