@@ -424,6 +424,10 @@ def test_agent_url_appends_run_only_without_a_path():
     ("http://h/?key=v", "http://h/run?key=v", "http://h/verify?key=v"),
     ("http://h/prefix/run", "http://h/prefix/run", "http://h/prefix/verify"),
     ("http://h/prefix", "http://h/prefix", "http://h/prefix"),
+    ("http://h/a%2Fb/", "http://h/a%2Fb/run", "http://h/a%2Fb/verify"),  # one segment, as curl sends it
+    ("http://h/a%3Fb/?k=v", "http://h/a%3Fb/run?k=v", "http://h/a%3Fb/verify?k=v"),
+    ("http://h/%72un", "http://h/%72un", "http://h/%72un"),  # taken as given: not decoded to /run
+    ("http://h/p/#part", "http://h/p/run#part", "http://h/p/verify#part"),
 ])  # fmt: skip
 def test_a_path_that_ends_in_a_slash_is_a_base_the_endpoint_is_appended_to(given: str, run: str, verify: str):
     """A URL whose path ends in '/' (a server under a prefix) is a base URL, as the root is: /run or
