@@ -32,6 +32,7 @@ from rollfilter.config import (
     Trackers,
     Wire,
     agent_url,
+    endpoint_beside,
     verify_url,
 )
 from rollfilter.cost import Price
@@ -436,6 +437,16 @@ def test_a_path_that_ends_in_a_slash_is_a_base_the_endpoint_is_appended_to(given
     assert agent_url(given) == run
     assert verify_url(given) == verify
     assert verify_url(agent_url(given)) == verify
+
+
+@pytest.mark.parametrize(("url", "aggregate"), [
+    ("http://h/run", "http://h/aggregate_metrics"),
+    ("http://h/p/verify?key=v#part", "http://h/p/aggregate_metrics?key=v"),
+    ("http://h/p/score", "http://h/p/score/aggregate_metrics"),
+    ("http://h/a%3Fb/run", "http://h/a%3Fb/aggregate_metrics"),
+])  # fmt: skip
+def test_an_endpoint_beside_run_or_verify_is_on_the_path_as_sent_with_the_query(url: str, aggregate: str):
+    assert endpoint_beside(url, "/aggregate_metrics") == aggregate
 
 
 @pytest.mark.parametrize("field", ["max_unhealthy", "max_masked"])
