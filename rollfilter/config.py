@@ -591,14 +591,14 @@ def verify_url(text: str) -> str:
     return _with_path(url, path + b"verify", query) if path.endswith(b"/") else str(url)
 
 
-def endpoint_beside(url: str, endpoint: str) -> str:
+def endpoint_beside(url: str, endpoint: str, *, replacing: tuple[str, ...] = ("/run", "/verify")) -> str:
     """The URL of the same server's `endpoint` (`/aggregate_metrics`, say) beside the one `url`
-    names: in place of a last segment `run` or `verify`, else under its path. The path is the one
-    sent (percent-encoded), and the query is kept, as it is for /run: a token there is the
-    server's to ask for every request."""
+    names: in place of its last segment if it is one of `replacing`, else under its path. The
+    path is the one sent (percent-encoded), and the query is kept, as it is for /run: a token
+    there is the server's to ask for every request."""
     parsed = httpx.URL(url)
     path, query = _path_and_query(parsed)
-    end = next((end for end in (b"/run", b"/verify") if path.endswith(end)), None)
+    end = next((end for end in map(str.encode, replacing) if path.endswith(end)), None)
     base = path.removesuffix(end) if end is not None else path.rstrip(b"/")
     return str(parsed.copy_with(raw_path=base + endpoint.encode() + query, fragment=None))
 
