@@ -303,3 +303,35 @@ def test_a_finished_run_interrupted_while_it_waits_for_a_tracker_offers_no_resum
     assert "rollfilter: trackers: stopped before done logging; left as they are\n" in said
     assert "2 of 2 rollouts: 2 succeeded, 0 failed" in said
     assert "--resume" not in said
+
+
+def test_summarize_interrupted_while_it_waits_for_a_tracker_has_written_its_summary(tmp_path: Path):
+    """--summarize's output is its summary: a signal during the trackers' wait ends the wait and
+    the command (exit 130), the summary on standard output already."""
+    rows, output = tmp_path / "rows.jsonl", tmp_path / "out.jsonl"
+    rows.write_text(rows_jsonl(simple_rows(2)))
+    assert invoke(["--demo", "-o", str(output), str(rows)]).returncode == 0
+    command = [sys.executable, "-m", "tests.trackers.hanging", "--summarize", "--mlflow", "http://127.0.0.1:9"]
+    root = Path(__file__).parent.parent.parent
+    pipes = dict.fromkeys(("stdout", "stderr"), subprocess.PIPE)
+    proc = subprocess.Popen([*command, str(output)], cwd=root, env=clean_env(), stdin=subprocess.DEVNULL, **pipes)  # type: ignore[call-overload]
+    stdout, stderr = lines_of(proc.stdout), lines_of(proc.stderr)
+    try:
+        said = []
+        while (line := stderr.get(timeout=SUBPROCESS_TIMEOUT)) != WAITING:
+            assert line, b"".join(said)
+            said.append(line)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=SUBPROCESS_TIMEOUT) == 130
+    finally:
+        proc.kill()
+        proc.wait(timeout=SUBPROCESS_TIMEOUT)
+    written = []
+    while line := stdout.get(timeout=SUBPROCESS_TIMEOUT):
+        written.append(line)
+    while line := stderr.get(timeout=SUBPROCESS_TIMEOUT):
+        said.append(line)
+    for pipe in (proc.stdout, proc.stderr):
+        pipe.close()
+    assert [json.loads(line)["rollfilter"]["succeeded"] for line in written] == [2]
+    assert b"rollfilter: trackers: stopped before done logging; left as they are\n" in said
