@@ -387,15 +387,14 @@ def _count_or_rate(text: str) -> tuple[int | None, float | None]:
     """`N` (a whole number, at least 1) or `P%` (over 0, at most 100) as (count, fraction);
     ValueError for anything else."""
     text = text.strip()
-    if text.endswith("%"):
+    if text.endswith("%") and DECIMAL.fullmatch(text[:-1]):  # float() alone takes 1_0, +5, other scripts' digits
         percent = float(text[:-1])
         if not (math.isfinite(percent) and 0 < percent <= 100):
             raise ValueError
         return None, percent / 100
-    count = int(text)
-    if count < 1:
+    if not is_decimal(text) or int(text) < 1:
         raise ValueError
-    return count, None
+    return int(text), None
 
 
 def unhealthy(text: str) -> str:

@@ -117,6 +117,23 @@ def test_statuses_and_failure_limits():
     assert not rate.is_reached(failed=1, ended=20)
 
 
+@pytest.mark.parametrize("bad", ["1_000", "+3", "\u0663", "\u00b2", "1_0%", "\u0663\u0660%", "0x10", " 5 %"])
+def test_a_count_or_rate_limit_is_ascii_digits_as_every_number_from_outside(bad: str):
+    """int() and float() take what no user means as a count (`1_000`, an Arabic-Indic digit, a
+    sign): each limit refuses it in one line naming the option."""
+    for option, parse in [
+        ("--max-failures", parsers.failure_limit),
+        ("--max-unhealthy", parsers.recent_limit("--max-unhealthy")),
+        ("--max-masked", parsers.recent_limit("--max-masked")),
+    ]:
+        with pytest.raises(UsageError, match=rf"^{option} wants a count like 10"):
+            parse(bad)
+    assert parsers.failure_limit(" 7 ") == FailureLimit(count=7)  # space around, as a shell may leave it
+    assert parsers.failure_limit("2.5%") == FailureLimit(fraction=0.025)
+    assert parsers.failure_limit("100%") == FailureLimit(fraction=1.0)
+    assert parsers.failure_limit("1e1%") == FailureLimit(fraction=0.1)  # as --price and --rpm take numbers
+
+
 def test_numbers_of_seconds_and_usd_are_positive_and_finite():
     timeout = parsers.positive("--timeout", "seconds")
     assert timeout("2.5") == 2.5
