@@ -108,9 +108,10 @@ def status_lines(status: RunStatus | None) -> list[str]:
     held = held_rows(status)
     waiting = f" ({', '.join(held)})" if held else ""
     paused = "paused, " if status.paused else ""
+    grouped = f", {status.in_open_groups:,} back in open groups" if status.in_open_groups else ""
     lines = [
-        f"status: {paused}{status.done:,} done, {status.failed:,} failed, {status.in_flight:,} in flight{waiting},"
-        f" {status.rows_per_s:,.1f} rows/s, {status.elapsed_s:,.1f} s"
+        f"status: {paused}{status.done:,} done, {status.failed:,} failed, {status.in_flight:,} in flight{waiting}"
+        f"{grouped}, {status.rows_per_s:,.1f} rows/s, {status.elapsed_s:,.1f} s"
     ]
     for rollout in status.oldest:
         agent = rollout.agent if rollout.agent is not None else "(no name)"
