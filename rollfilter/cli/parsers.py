@@ -53,7 +53,7 @@ DECIMAL = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re
 
 
 def url(text: str) -> str:
-    """-u: an agent URL, with /run when it has no path."""
+    """-u: an agent URL, with /run appended when its path is empty or ends in / (see `agent_url`)."""
     return as_typed(agent_url, text)
 
 
