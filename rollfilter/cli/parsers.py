@@ -154,13 +154,25 @@ def endpoints(specs: Iterable[str]) -> dict[str, tuple[str, ...]]:
         name, sep, urls = spec.partition("=")
         if not sep or not name or not urls:
             raise UsageError(f"-e/--endpoint wants NAME=URL, got {spec!r}")
-        replicas = tuple(as_typed(agent_url, url.strip()) for url in urls.split(",") if url.strip())
+        replicas = tuple(as_typed(agent_url, url.strip()) for url in _replicas(urls) if url.strip())
         for url in replicas:
             if url in found.get(name, ()):
                 raise UsageError(
                     f"-e/--endpoint {name}: {shown(url)} is given twice: each replica is one URL, given once"
                 )
             found[name] = (*found.get(name, ()), url)
+    return found
+
+
+def _replicas(urls: str) -> list[str]:
+    """-e's `URL,URL...` split into its URLs. A comma in a URL's query or fragment (`?tags=a,b`)
+    stays in it, unless what follows it names a scheme: that is the next replica."""
+    found: list[str] = []
+    for piece in urls.split(","):
+        if found and ("?" in found[-1] or "#" in found[-1]) and "://" not in piece:
+            found[-1] += "," + piece
+        else:
+            found.append(piece)
     return found
 
 

@@ -92,6 +92,16 @@ def test_endpoints_collect_replicas():
         parsers.endpoints(["nourl"])
 
 
+def test_a_comma_in_a_replica_s_query_stays_in_it():
+    """A query may hold commas (`?tags=a,b`): what follows one there is the query's, unless it
+    names a scheme, as the next replica's URL does."""
+    assert parsers.endpoints(["a=http://h:1/?tags=x,y"]) == {"a": ("http://h:1/run?tags=x,y",)}
+    assert parsers.endpoints(["a=http://h:1/p#x,y,z"]) == {"a": ("http://h:1/p#x,y,z",)}
+    both = parsers.endpoints(["a=http://h:1/?k=v,http://h:2/?k=v"])
+    assert both == {"a": ("http://h:1/run?k=v", "http://h:2/run?k=v")}
+    assert parsers.endpoints(["a=h:1,h:2"]) == {"a": ("http://h:1/run", "http://h:2/run")}
+
+
 @pytest.mark.parametrize("given", [["a=http://h:1,http://h:1/run"], ["a=http://h:1", "a=http://h:2,http://h:1"]])
 def test_a_replica_given_twice_is_refused_by_its_url_without_its_secrets(given: list[str]):
     with pytest.raises(UsageError, match=r"^-e/--endpoint a: http://h:1/run is given twice"):
