@@ -576,7 +576,8 @@ def agent_url(text: str) -> str:
     """An agent's URL checked (`checked_url`), with `run` appended when its path is none or ends in
     `/` (a base URL: the server's root, or a prefix it is served under); its query is kept."""
     url = checked_url(text)
-    return str(url.copy_with(path=url.path + "run")) if url.path.endswith("/") else str(url)
+    path, query = _path_and_query(url)
+    return _with_path(url, path + b"run", query) if path.endswith(b"/") else str(url)
 
 
 def verify_url(text: str) -> str:
@@ -584,10 +585,33 @@ def verify_url(text: str) -> str:
     none or ends in `/`, as `agent_url` appends `run`. A last segment `run` is an agent's
     default, appended before the URL was known to be a resources server's: it becomes `verify`."""
     url = checked_url(text)
-    path = url.path
-    if path.endswith("/run"):
-        path = path.removesuffix("run")
-    return str(url.copy_with(path=path + "verify")) if path.endswith("/") else str(url)
+    path, query = _path_and_query(url)
+    if path.endswith(b"/run"):
+        path = path.removesuffix(b"run")
+    return _with_path(url, path + b"verify", query) if path.endswith(b"/") else str(url)
+
+
+def endpoint_beside(url: str, endpoint: str, *, replacing: tuple[str, ...] = ("/run", "/verify")) -> str:
+    """The URL of the same server's `endpoint` (`/aggregate_metrics`, say) beside the one `url`
+    names: in place of its last segment if it is one of `replacing`, else under its path. The
+    path is the one sent (percent-encoded), and the query is kept, as it is for /run: a token
+    there is the server's to ask for every request."""
+    parsed = httpx.URL(url)
+    path, query = _path_and_query(parsed)
+    end = next((end for end in map(str.encode, replacing) if path.endswith(end)), None)
+    base = path.removesuffix(end) if end is not None else path.rstrip(b"/")
+    return str(parsed.copy_with(raw_path=base + endpoint.encode() + query, fragment=None))
+
+
+def _path_and_query(url: httpx.URL) -> tuple[bytes, bytes]:
+    """`url`'s path as it is sent, percent-encoded (`url.path` decodes it: `%2F` would become a
+    `/` and `%3F` a `?`), and its query with its `?` (empty without one)."""
+    path, mark, query = url.raw_path.partition(b"?")
+    return path, mark + query
+
+
+def _with_path(url: httpx.URL, path: bytes, query: bytes) -> str:
+    return str(url.copy_with(raw_path=path + query))
 
 
 def checked_url(text: str, schemes: tuple[str, ...] = ("http", "https")) -> httpx.URL:

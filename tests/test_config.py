@@ -32,6 +32,7 @@ from rollfilter.config import (
     Trackers,
     Wire,
     agent_url,
+    endpoint_beside,
     verify_url,
 )
 from rollfilter.cost import Price
@@ -424,6 +425,10 @@ def test_agent_url_appends_run_only_without_a_path():
     ("http://h/?key=v", "http://h/run?key=v", "http://h/verify?key=v"),
     ("http://h/prefix/run", "http://h/prefix/run", "http://h/prefix/verify"),
     ("http://h/prefix", "http://h/prefix", "http://h/prefix"),
+    ("http://h/a%2Fb/", "http://h/a%2Fb/run", "http://h/a%2Fb/verify"),  # one segment, as curl sends it
+    ("http://h/a%3Fb/?k=v", "http://h/a%3Fb/run?k=v", "http://h/a%3Fb/verify?k=v"),
+    ("http://h/%72un", "http://h/%72un", "http://h/%72un"),  # taken as given: not decoded to /run
+    ("http://h/p/#part", "http://h/p/run#part", "http://h/p/verify#part"),
 ])  # fmt: skip
 def test_a_path_that_ends_in_a_slash_is_a_base_the_endpoint_is_appended_to(given: str, run: str, verify: str):
     """A URL whose path ends in '/' (a server under a prefix) is a base URL, as the root is: /run or
@@ -432,6 +437,16 @@ def test_a_path_that_ends_in_a_slash_is_a_base_the_endpoint_is_appended_to(given
     assert agent_url(given) == run
     assert verify_url(given) == verify
     assert verify_url(agent_url(given)) == verify
+
+
+@pytest.mark.parametrize(("url", "aggregate"), [
+    ("http://h/run", "http://h/aggregate_metrics"),
+    ("http://h/p/verify?key=v#part", "http://h/p/aggregate_metrics?key=v"),
+    ("http://h/p/score", "http://h/p/score/aggregate_metrics"),
+    ("http://h/a%3Fb/run", "http://h/a%3Fb/aggregate_metrics"),
+])  # fmt: skip
+def test_an_endpoint_beside_run_or_verify_is_on_the_path_as_sent_with_the_query(url: str, aggregate: str):
+    assert endpoint_beside(url, "/aggregate_metrics") == aggregate
 
 
 @pytest.mark.parametrize("field", ["max_unhealthy", "max_masked"])

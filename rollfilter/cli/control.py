@@ -271,6 +271,7 @@ class ControlServer:
                 rows_held_by_pause=statistics.waiting_on_pause,
                 rows_held_by_rate_limit=statistics.waiting_on_rate_limits,
                 rows_held_by_window=statistics.waiting_on_window,
+                in_open_groups=statistics.in_open_groups,  # back, counted done once their group closes
             )
         figures["control_clients"] = self.clients  # the one asking included
         return figures

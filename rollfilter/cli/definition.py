@@ -96,7 +96,7 @@ _RETRY_STATUSES = ",".join(map(str, sorted(DEFAULT_RETRY_STATUSES)))  # --retry-
 # fmt: off
 OPTIONS = (
     option("-u", "--url", metavar="URL", envvar="ROLLFILTER_URL", panel=PANEL_AGENTS,
-           help="Send every row to this agent URL (/run is appended when it has no path)."),
+           help="Send every row to this agent URL (/run is appended when its path is empty or ends in /)."),
     option("-e", "--endpoint", metavar="NAME=URL", many=True, show_default=False, panel=PANEL_AGENTS,
            help="Where the agent NAME lives; repeat, or give URL,URL, for replicas."),
     option("-a", "--agent", metavar="NAME", panel=PANEL_AGENTS, sets="Config.agent",

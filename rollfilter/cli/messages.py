@@ -164,6 +164,12 @@ def held_rows(status: RunStatus, *, paused: bool = False) -> list[str]:
     return words + [f"{count:,} {why}" for count, why in counts if count]
 
 
+def back_in_open_groups(status: RunStatus) -> list[str]:
+    """With groups, the rollouts that have ended and wait for their group to close (counted done
+    then), in words, as every view of a run's status says them; none when there are none."""
+    return [f"{status.in_open_groups:,} back in open groups"] if status.in_open_groups else []
+
+
 def repeats_missing(agents: Iterable[str | None], given: Mapping[str, int]) -> str:
     """Why a materialized file's first pass stopped: rows of `agents` have no repeat count, in
     what -r gives (`given`, by agent)."""

@@ -53,7 +53,7 @@ DECIMAL = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re
 
 
 def url(text: str) -> str:
-    """-u: an agent URL, with /run when it has no path."""
+    """-u: an agent URL, with /run appended when its path is empty or ends in / (see `agent_url`)."""
     return as_typed(agent_url, text)
 
 
@@ -154,13 +154,25 @@ def endpoints(specs: Iterable[str]) -> dict[str, tuple[str, ...]]:
         name, sep, urls = spec.partition("=")
         if not sep or not name or not urls:
             raise UsageError(f"-e/--endpoint wants NAME=URL, got {spec!r}")
-        replicas = tuple(as_typed(agent_url, url.strip()) for url in urls.split(",") if url.strip())
+        replicas = tuple(as_typed(agent_url, url.strip()) for url in _replicas(urls) if url.strip())
         for url in replicas:
             if url in found.get(name, ()):
                 raise UsageError(
                     f"-e/--endpoint {name}: {shown(url)} is given twice: each replica is one URL, given once"
                 )
             found[name] = (*found.get(name, ()), url)
+    return found
+
+
+def _replicas(urls: str) -> list[str]:
+    """-e's `URL,URL...` split into its URLs. A comma in a URL's query or fragment (`?tags=a,b`)
+    stays in it, unless what follows it names a scheme: that is the next replica."""
+    found: list[str] = []
+    for piece in urls.split(","):
+        if found and ("?" in found[-1] or "#" in found[-1]) and "://" not in piece:
+            found[-1] += "," + piece
+        else:
+            found.append(piece)
     return found
 
 
@@ -387,15 +399,14 @@ def _count_or_rate(text: str) -> tuple[int | None, float | None]:
     """`N` (a whole number, at least 1) or `P%` (over 0, at most 100) as (count, fraction);
     ValueError for anything else."""
     text = text.strip()
-    if text.endswith("%"):
+    if text.endswith("%") and DECIMAL.fullmatch(text[:-1]):  # float() alone takes 1_0, +5, other scripts' digits
         percent = float(text[:-1])
         if not (math.isfinite(percent) and 0 < percent <= 100):
             raise ValueError
         return None, percent / 100
-    count = int(text)
-    if count < 1:
+    if not is_decimal(text) or int(text) < 1:
         raise ValueError
-    return count, None
+    return int(text), None
 
 
 def unhealthy(text: str) -> str:

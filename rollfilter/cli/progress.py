@@ -19,7 +19,7 @@ import trio
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
-from rollfilter.cli.messages import held_rows
+from rollfilter.cli.messages import back_in_open_groups, held_rows
 from rollfilter.formats.writers import LineWriter, OutputClosed, OutputFailed, write_all
 from rollfilter.run.statistics import RunStatistics
 
@@ -63,6 +63,7 @@ class ProgressDisplay:
         priced: bool = False,
         limited: bool = False,
         steered: bool = False,
+        grouped: bool = False,
         fallback: LineWriter | None = None,
     ) -> None:
         self._statistics: Callable[[], RunStatistics] | None = None  # the run's, from run() on
@@ -76,8 +77,8 @@ class ProgressDisplay:
         window = (TextColumn("window {task.fields[window]:>5,}"),) if adaptive else ()
         cost = (TextColumn("${task.fields[cost]:,.4f}"),) if priced else ()
         # Rows held (not sent) by the pause, --rpm/--tpm, the window or the staleness bound rather
-        # than out at the agent: said while rows wait so.
-        waiting = (TextColumn("{task.fields[waiting]}"),) if limited or steered or adaptive else ()
+        # than out at the agent, and with groups those back in groups still open: said while rows wait so.
+        waiting = (TextColumn("{task.fields[waiting]}"),) if limited or steered or adaptive or grouped else ()
         self._progress = Progress(
             TextColumn("{task.completed:>8,.0f} done"),
             TextColumn("{task.fields[failed]:>6,} failed"),
@@ -136,6 +137,7 @@ class ProgressDisplay:
     def _refresh(self) -> None:
         assert self._statistics is not None, "refreshed from run() only"
         s = self._statistics()
+        status = s.status()
         self._progress.update(
             self._task,
             completed=s.ended,
@@ -147,7 +149,7 @@ class ProgressDisplay:
             tokens=s.tokens_per_s or 0.0,
             reward=s.reward_mean,
             cost=s.cost_usd or 0.0,
-            waiting=", ".join(held_rows(s.status(), paused=True)),
+            waiting=", ".join([*held_rows(status, paused=True), *back_in_open_groups(status)]),
         )
         self._progress.refresh()
 

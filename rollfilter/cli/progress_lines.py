@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import trio
 
-from rollfilter.cli.messages import held_rows, message_line
+from rollfilter.cli.messages import back_in_open_groups, held_rows, message_line
 from rollfilter.formats.writers import OutputClosed, OutputFailed, write_all
 from rollfilter.run.statistics import RunStatistics
 
@@ -43,7 +43,8 @@ class ProgressLines:
         hours, rest = divmod(elapsed, 3600)
         clock = f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
         rate, failed = statistics.rows_per_s, statistics.failed
-        held = "".join(f", {part}" for part in held_rows(statistics.status(), paused=True))
+        status = statistics.status()
+        held = "".join(f", {part}" for part in [*held_rows(status, paused=True), *back_in_open_groups(status)])
         unhealthy = f", {statistics.unhealthy:,} unhealthy" if statistics.unhealthy else ""
         return message_line(f"{done}, {rate:,.1f} rollouts/s, {failed:,} failed{unhealthy}, {clock} elapsed{held}")
 

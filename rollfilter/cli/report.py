@@ -65,7 +65,10 @@ async def report_end(
         say(message, stderr)
     for warning in run.warnings():
         say(warning_message(warning), stderr)
-    # The trackers' warnings come before the summary, which is stderr's last line.
+    # The trackers' warnings come before the summary, which is stderr's last line. A signal
+    # during their wait stops no row (the summary, made before it, says none): --resume has
+    # nothing to go on with then.
+    stopped = control.cause
     await run.end_tracking(
         tracker_status(control.cause, failed=bool(failures)), on_warning=lambda text: say(text, stderr)
     )
@@ -74,7 +77,7 @@ async def report_end(
         metrics = files.whole.get("metrics_file")
         shown = _shown_summary(summary_object, summary, environment, whole_at=metrics.path if metrics else None)
         summary_lost = not write_summary(stderr, shown)
-    interrupted = control.cause is StopCause.INTERRUPTED and environment.stderr_is_terminal
+    interrupted = stopped is StopCause.INTERRUPTED and environment.stderr_is_terminal
     if interrupted and files.record is not None and resumed_by is not None:
         say(resumed_by, stderr)
     # Rows lost, or an input, as cat says; an aggregate without some agent's answer or some results.

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import trio
 
 from rollfilter.cli import early_signals
-from rollfilter.cli.messages import held_rows
+from rollfilter.cli.messages import back_in_open_groups, held_rows
 from rollfilter.cli.statuses import EXIT_STATUS_OF_STOP
 from rollfilter.redact import printable
 from rollfilter.run.statistics import RunStatistics, RunStatus
@@ -108,9 +108,10 @@ def status_lines(status: RunStatus | None) -> list[str]:
     held = held_rows(status)
     waiting = f" ({', '.join(held)})" if held else ""
     paused = "paused, " if status.paused else ""
+    grouped = "".join(f", {words}" for words in back_in_open_groups(status))
     lines = [
-        f"status: {paused}{status.done:,} done, {status.failed:,} failed, {status.in_flight:,} in flight{waiting},"
-        f" {status.rows_per_s:,.1f} rows/s, {status.elapsed_s:,.1f} s"
+        f"status: {paused}{status.done:,} done, {status.failed:,} failed, {status.in_flight:,} in flight{waiting}"
+        f"{grouped}, {status.rows_per_s:,.1f} rows/s, {status.elapsed_s:,.1f} s"
     ]
     for rollout in status.oldest:
         agent = rollout.agent if rollout.agent is not None else "(no name)"

@@ -80,7 +80,6 @@ async def summarize(command: CommandConfig, *, environment: Environment) -> RunE
                 counted_failed = failure
                 run.control.stop(StopCause.OUTPUT_FAILED, str(failure))  # no aggregate of a part
             await run.finish()  # --per-task's lines, and the aggregate
-            await run.end_tracking(tracker_status(run.control.cause, failed=counted_failed is not None))
         finally:
             reader.close()
             baseline.close()
@@ -108,6 +107,8 @@ async def summarize(command: CommandConfig, *, environment: Environment) -> RunE
                 say(str(failure), environment.stderr)
                 if isinstance(target, int):
                     write_stderr(environment.stderr, summary)  # the figures are not lost with their output
+        # After the summary is out: a signal that cuts the trackers' wait short loses nothing else.
+        await run.end_tracking(tracker_status(run.control.cause, failed=counted_failed is not None))
     for line in chart_lines(figures, can_draw=environment.stderr_can_draw):
         write_stderr(environment.stderr, line.encode() + b"\n")
     lost = [*counter.unusable.problems(), *reader.problems, *baseline.problems]

@@ -113,6 +113,7 @@ def _display(command: CommandConfig, environment: Environment, fallback: LineWri
         priced=bool(config.cost.prices),
         limited=config.rates.limited,
         steered=command.control_socket is not None,
+        grouped=config.groups is not None,
         fallback=fallback,
     )
 

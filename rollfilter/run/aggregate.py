@@ -18,7 +18,7 @@ import httpx
 import msgspec
 import trio
 
-from rollfilter.config import Config
+from rollfilter.config import Config, endpoint_beside
 from rollfilter.engine.client import transport_failure
 from rollfilter.engine.routing import Router
 from rollfilter.formats.spool import ResultSpool
@@ -61,12 +61,8 @@ class AggregateReport:
 
 def aggregate_url(run_url: str) -> str:
     """An agent's /aggregate_metrics beside its /run URL, or a resources server's beside its /verify
-    (the query, if any, kept)."""
-    url = httpx.URL(run_url)
-    path = url.path
-    suffix = next((end for end in ("/run", "/verify") if path.endswith(end)), None)
-    base = path[: -len(suffix)] if suffix is not None else path.rstrip("/")
-    return str(url.copy_with(path=base + AGGREGATE_PATH))
+    (see `endpoint_beside`)."""
+    return endpoint_beside(run_url, AGGREGATE_PATH)
 
 
 async def request_aggregates(

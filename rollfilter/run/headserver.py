@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import trio
 
-from rollfilter.config import Config
+from rollfilter.config import Config, endpoint_beside
 from rollfilter.errors import ServiceError, UsageError
 from rollfilter.formats.headserver import HeadServerAgents, agents_from_config, config_from_answer
 from rollfilter.http import AgentTransport
@@ -28,9 +28,9 @@ async def fetch_agents(base_url: str, transport: AgentTransport) -> HeadServerAg
 async def fetch_config(base_url: str, transport: AgentTransport) -> dict[str, Any]:
     """The head server's whole config (never to be printed: it may hold secrets); ServiceError
     when it cannot be had. The caller bounds the wait (a trio cancel scope)."""
-    url = base_url.rstrip("/") + "/global_config_dict_yaml"
     where = f"the head server at {origin(base_url)}"
     try:
+        url = endpoint_beside(base_url, "/global_config_dict_yaml", replacing=())  # the query kept
         reply = await transport.request(b"GET", httpx.URL(url), to_agent=False)
     except httpx.RemoteProtocolError as exc:
         raise ServiceError(f"{where} answered badly: {printable(str(exc))}") from None

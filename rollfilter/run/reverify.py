@@ -33,7 +33,7 @@ import httpx
 import msgspec
 import trio
 
-from rollfilter.config import Config, verify_url
+from rollfilter.config import Config, endpoint_beside, verify_url
 from rollfilter.engine.plan import Job, LineSource, shard_of
 from rollfilter.errors import ErrorKind, ServiceError, UsageError
 from rollfilter.figures.passk import TaskStats
@@ -377,11 +377,8 @@ class ReverifyRefused(UsageError):
 
 
 def reverify_mode_url(verify: str) -> str:
-    """A resources server's `/reverify_mode` beside its `/verify` URL."""
-    url = httpx.URL(verify)
-    path = url.path
-    base = path[: -len("/verify")] if path.endswith("/verify") else path.rstrip("/")
-    return str(url.copy_with(path=base + "/reverify_mode", query=None))
+    """A resources server's `/reverify_mode` beside its `/verify` URL (see `endpoint_beside`)."""
+    return endpoint_beside(verify, "/reverify_mode")
 
 
 async def reverify_modes(verify_urls: Iterable[str], transport: AgentTransport) -> dict[str, str | None]:

@@ -112,6 +112,7 @@ class RunStatus:
     waiting_on_pause: int = 0  # rows taken and not sent because the run is paused
     waiting_on_window: int = 0  # rows waiting for room in their agent's adaptive window
     waiting_on_policy_version: int = 0  # rows whose group the staleness bound does not admit yet
+    in_open_groups: int = 0  # with groups: ended, and counted once their group closes
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -256,6 +257,7 @@ class RunStatistics:
             waiting_on_pause=self.waiting_on_pause,
             waiting_on_window=self.waiting_on_window,
             waiting_on_policy_version=self.steering.rows_held_by_staleness,
+            in_open_groups=self.in_open_groups,
         )
 
 

@@ -318,3 +318,21 @@ def test_a_path_taken_while_the_socket_was_made_is_refused_not_replaced(monkeypa
         assert sorted(os.listdir(folder)) == ["run.sock"]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+async def test_with_groups_status_says_the_rollouts_back_in_open_groups(
+    autojump_clock: trio.testing.MockClock, control: ControlSocket
+):
+    """A group's rollout that has ended is counted done when its group closes: `status` says how
+    many wait so, as SIGUSR1's status block does (the same snapshot)."""
+    agent = StandIn(lambda row: 1.0 if row["_ng_rollout_index"] == 0 else 10.0)
+    config = Config(url=URL, concurrency=4, repeats=2, groups=True)
+    async with open_rollouts_in_trio(rows(2), config, transport=agent) as run:
+        assert run._run is not None
+        server = ControlServer(control, run._run)
+        taken: list[Outcome] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(collect, run, taken)
+            await trio.sleep(5)  # each task's first rollout back, its second out
+            status = await answer(server, b"status")
+    assert (status["done"], status["in_flight"], status["in_open_groups"]) == (0, 2, 2)

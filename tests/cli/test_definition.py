@@ -60,3 +60,10 @@ def test_an_option_is_a_flag_a_text_or_texts_by_what_it_is_declared_with():
         "progress",
         "ordered",
     )
+
+
+def test_the_url_s_help_says_when_run_is_appended_as_agent_url_appends_it():
+    """-u's --help line is the short form of the man page's: a base URL, its path empty or
+    ending in /, gets /run; any other path is the endpoint."""
+    url = next(spec for spec in OPTIONS if "--url" in spec.flags)
+    assert "ends in /" in url.help

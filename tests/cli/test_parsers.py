@@ -92,6 +92,16 @@ def test_endpoints_collect_replicas():
         parsers.endpoints(["nourl"])
 
 
+def test_a_comma_in_a_replica_s_query_stays_in_it():
+    """A query may hold commas (`?tags=a,b`): what follows one there is the query's, unless it
+    names a scheme, as the next replica's URL does."""
+    assert parsers.endpoints(["a=http://h:1/?tags=x,y"]) == {"a": ("http://h:1/run?tags=x,y",)}
+    assert parsers.endpoints(["a=http://h:1/p#x,y,z"]) == {"a": ("http://h:1/p#x,y,z",)}
+    both = parsers.endpoints(["a=http://h:1/?k=v,http://h:2/?k=v"])
+    assert both == {"a": ("http://h:1/run?k=v", "http://h:2/run?k=v")}
+    assert parsers.endpoints(["a=h:1,h:2"]) == {"a": ("http://h:1/run", "http://h:2/run")}
+
+
 @pytest.mark.parametrize("given", [["a=http://h:1,http://h:1/run"], ["a=http://h:1", "a=http://h:2,http://h:1"]])
 def test_a_replica_given_twice_is_refused_by_its_url_without_its_secrets(given: list[str]):
     with pytest.raises(UsageError, match=r"^-e/--endpoint a: http://h:1/run is given twice"):
@@ -115,6 +125,23 @@ def test_statuses_and_failure_limits():
     assert not rate.is_reached(failed=5, ended=10)  # too few ended rows to judge a rate
     assert rate.is_reached(failed=3, ended=20)
     assert not rate.is_reached(failed=1, ended=20)
+
+
+@pytest.mark.parametrize("bad", ["1_000", "+3", "\u0663", "\u00b2", "1_0%", "\u0663\u0660%", "0x10", " 5 %"])
+def test_a_count_or_rate_limit_is_ascii_digits_as_every_number_from_outside(bad: str):
+    """int() and float() take what no user means as a count (`1_000`, an Arabic-Indic digit, a
+    sign): each limit refuses it in one line naming the option."""
+    for option, parse in [
+        ("--max-failures", parsers.failure_limit),
+        ("--max-unhealthy", parsers.recent_limit("--max-unhealthy")),
+        ("--max-masked", parsers.recent_limit("--max-masked")),
+    ]:
+        with pytest.raises(UsageError, match=rf"^{option} wants a count like 10"):
+            parse(bad)
+    assert parsers.failure_limit(" 7 ") == FailureLimit(count=7)  # space around, as a shell may leave it
+    assert parsers.failure_limit("2.5%") == FailureLimit(fraction=0.025)
+    assert parsers.failure_limit("100%") == FailureLimit(fraction=1.0)
+    assert parsers.failure_limit("1e1%") == FailureLimit(fraction=0.1)  # as --price and --rpm take numbers
 
 
 def test_numbers_of_seconds_and_usd_are_positive_and_finite():

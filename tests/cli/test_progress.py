@@ -93,3 +93,21 @@ async def test_the_line_says_the_rows_held_apart_from_those_in_flight(held: dict
         os.close(read)
         os.close(write)
     assert re.search(said, screen), screen
+
+
+async def test_with_groups_the_line_says_the_rollouts_back_in_open_groups():
+    taken = Run(Config(url="http://127.0.0.1:9/run")).statistics()
+    shown = dataclasses.replace(taken, started=10, succeeded=4, in_flight=0, in_open_groups=6)
+    read, write = os.pipe()
+    try:
+        display = ProgressDisplay(fd=write, variables={"COLUMNS": "250"}, force_terminal=True, grouped=True)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(display.run, lambda: shown, None)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+        os.set_blocking(read, False)
+        screen = os.read(read, 1 << 16)
+    finally:
+        os.close(read)
+        os.close(write)
+    assert re.search(b"0 in flight .* 6 back in open groups", screen), screen

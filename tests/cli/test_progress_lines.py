@@ -134,3 +134,13 @@ def test_the_line_says_the_unhealthy_rollouts_once_there_are_any():
     shown = dataclasses.replace(RunStatistics.empty(), finished=40, failed=1, unhealthy=1234)
     line = ProgressLines(fd=-1).line(shown, None).decode()
     assert line == "rollfilter: 40 rollouts finished, 0.0 rollouts/s, 1 failed, 1,234 unhealthy, 0:00:00 elapsed\n"
+
+
+def test_the_line_says_the_rollouts_back_in_open_groups():
+    """With --groups they are not finished until their group closes: said apart, as SIGUSR1 says them."""
+    shown = dataclasses.replace(RunStatistics.empty(), finished=4, in_open_groups=6)
+    line = ProgressLines(fd=-1).line(shown, 40).decode()
+    assert line == (
+        "rollfilter: 4 of 40 rollouts finished (10%), 0.0 rollouts/s, 0 failed, 0:00:00 elapsed,"
+        " 6 back in open groups\n"
+    )

@@ -56,3 +56,13 @@ def test_the_rows_held_are_said_apart_from_those_in_flight_by_what_holds_them():
 
 def test_a_run_not_connected_yet_has_sent_nothing():
     assert status_block(RunStatistics.empty()) == ["status: starting, nothing sent yet"]
+
+
+def test_with_groups_the_rollouts_back_in_open_groups_are_said_too():
+    """With --groups a finished rollout is counted when its group closes: until then it is neither
+    done nor in flight, and the status says how many wait so, or its counts would not add up."""
+    shown = dataclasses.replace(
+        RunStatistics.empty(), connected=True, started=10, succeeded=4, in_flight=2, in_open_groups=4
+    )
+    assert shown.status().in_open_groups == 4
+    assert status_block(shown) == ["status: 4 done, 0 failed, 2 in flight, 4 back in open groups, 0.0 rows/s, 0.0 s"]

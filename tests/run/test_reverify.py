@@ -20,6 +20,7 @@ from rollfilter.run.reverify import (
     MaterializedIndex,
     first_difference,
     refusal,
+    reverify_mode_url,
     reverify_modes,
     verifiers_from_config,
 )
@@ -110,13 +111,14 @@ async def test_a_server_without_reverify_mode_is_of_unknown_mode_named_by_the_ur
     verify = "http://user:secret@127.0.0.1:1/prefix/verify?key=k"
     modes = await reverify_modes([verify], transport)
     assert [str(request.url) for request in transport.requests] == [
-        "http://user:secret@127.0.0.1:1/prefix/reverify_mode"
+        "http://user:secret@127.0.0.1:1/prefix/reverify_mode?key=k"
     ]
     assert modes == {verify: MODE_UNKNOWN}
     why = refusal(modes)
     assert why is not None
     assert why.startswith("resources server http://127.0.0.1:1/prefix/reverify_mode (HTTP 404: mode unknown) ")
     assert "secret" not in why
+    assert "key=k" not in why
 
 
 @pytest.mark.parametrize("kind", ["directory", "pipe", "missing"])
@@ -143,3 +145,15 @@ def test_an_input_normalised_by_the_agent_is_the_same_input():
     other = {"input": "q", "temperature": 0.75}
     assert first_difference(other, materialized, "responses_create_params") == "responses_create_params.temperature"
     assert first_difference({"n": True}, {"n": 1}, "p") == "p.n"  # true is no 1 here
+
+
+@pytest.mark.parametrize(("verify", "mode"), [
+    ("http://h/verify", "http://h/reverify_mode"),
+    ("http://h/p/verify?key=v", "http://h/p/reverify_mode?key=v"),
+    ("http://h/a%2Fb/verify", "http://h/a%2Fb/reverify_mode"),
+    ("http://h/a%3Fb/verify#part", "http://h/a%3Fb/reverify_mode"),
+])  # fmt: skip
+def test_reverify_mode_is_asked_beside_verify_with_its_query(verify: str, mode: str):
+    """The same server as /verify, under the same path as it is sent (percent-encoded), with its
+    query: a token there lets the server answer /verify and /reverify_mode alike."""
+    assert reverify_mode_url(verify) == mode

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -19,7 +21,17 @@ from rollfilter.run import tracking
 from rollfilter.run.run import Run
 from rollfilter.run.tracking import identity_of, params_of
 from tests.api.test_rollouts import weather_rows
-from tests.conftest import SUBPROCESS_TIMEOUT, HeadServer, clean_env, invoke, lines_of, rows_jsonl, serving, simple_rows
+from tests.conftest import (
+    SUBPROCESS_TIMEOUT,
+    HeadServer,
+    clean_env,
+    invoke,
+    lines_of,
+    read_terminal,
+    rows_jsonl,
+    serving,
+    simple_rows,
+)
 from tests.trackers.hanging import WAITING
 from tests.trackers.test_log import Recording
 
@@ -249,3 +261,77 @@ def test_a_signal_while_the_end_waits_for_a_hanging_tracker_is_taken(stopped: bo
     )
     assert [line for line in said if b"tracker" in line] == [b"rollfilter: " + left + b"\n"]
     assert json.loads(said[-1])["rollfilter"]["succeeded"] == 2  # the summary, last
+
+
+def test_a_finished_run_interrupted_while_it_waits_for_a_tracker_offers_no_resume():
+    """Every row had ended when the signal came during the trackers' wait: the summary is the
+    finished run's, and at a terminal no line offers to go on with --resume (nothing is left to
+    run); the exit status is the signal's, as for any interrupted command."""
+    import pty
+
+    with tempfile.TemporaryDirectory() as folder:
+        rows, output = Path(folder, "rows.jsonl"), Path(folder, "out.jsonl")
+        rows.write_text(rows_jsonl(simple_rows(2)))
+        args = ["--demo", "--mlflow", "http://127.0.0.1:9", "-o", str(output), str(rows)]
+        controller, terminal = pty.openpty()
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.trackers.hanging", *args],
+                cwd=Path(__file__).parent.parent.parent,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=terminal,
+                env=clean_env(TERM="xterm", COLUMNS="120"),
+            )
+            os.close(terminal)
+            terminal = -1
+            shown = b""
+            while WAITING.rstrip() not in shown:
+                chunk = os.read(controller, 65536)
+                assert chunk, shown
+                shown += chunk
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=SUBPROCESS_TIMEOUT) == 130
+            said = (shown.decode() + read_terminal(controller)).replace("\r\n", "\n")
+        finally:
+            if terminal >= 0:
+                os.close(terminal)
+            os.close(controller)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=SUBPROCESS_TIMEOUT)
+    assert "rollfilter: trackers: stopped before done logging; left as they are\n" in said
+    assert "2 of 2 rollouts: 2 succeeded, 0 failed" in said
+    assert "--resume" not in said
+
+
+def test_summarize_interrupted_while_it_waits_for_a_tracker_has_written_its_summary(tmp_path: Path):
+    """--summarize's output is its summary: a signal during the trackers' wait ends the wait and
+    the command (exit 130), the summary on standard output already."""
+    rows, output = tmp_path / "rows.jsonl", tmp_path / "out.jsonl"
+    rows.write_text(rows_jsonl(simple_rows(2)))
+    assert invoke(["--demo", "-o", str(output), str(rows)]).returncode == 0
+    command = [sys.executable, "-m", "tests.trackers.hanging", "--summarize", "--mlflow", "http://127.0.0.1:9"]
+    root = Path(__file__).parent.parent.parent
+    pipes = dict.fromkeys(("stdout", "stderr"), subprocess.PIPE)
+    proc = subprocess.Popen([*command, str(output)], cwd=root, env=clean_env(), stdin=subprocess.DEVNULL, **pipes)  # type: ignore[call-overload]
+    stdout, stderr = lines_of(proc.stdout), lines_of(proc.stderr)
+    try:
+        said = []
+        while (line := stderr.get(timeout=SUBPROCESS_TIMEOUT)) != WAITING:
+            assert line, b"".join(said)
+            said.append(line)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=SUBPROCESS_TIMEOUT) == 130
+    finally:
+        proc.kill()
+        proc.wait(timeout=SUBPROCESS_TIMEOUT)
+    written = []
+    while line := stdout.get(timeout=SUBPROCESS_TIMEOUT):
+        written.append(line)
+    while line := stderr.get(timeout=SUBPROCESS_TIMEOUT):
+        said.append(line)
+    for pipe in (proc.stdout, proc.stderr):
+        pipe.close()
+    assert [json.loads(line)["rollfilter"]["succeeded"] for line in written] == [2]
+    assert b"rollfilter: trackers: stopped before done logging; left as they are\n" in said
