@@ -59,8 +59,9 @@ class RolloutCosts:
                 if type(item) is dict and item.get("type") == "function_call":
                     calls += 1
             self.tool_calls.add(calls)
-        if response.get("status") == "incomplete" or response.get("incomplete_details"):
-            self.incomplete += 1
+        status = response.get("status")
+        if (status is not None and status == "incomplete") or response.get("incomplete_details"):
+            self.incomplete += 1  # (None is told apart first: comparing it with a string costs more)
 
     def merge(self, other: RolloutCosts) -> None:
         self.rollouts += other.rollouts
