@@ -210,11 +210,12 @@ class AgentClient:
                 if got_past_connecting(outcome):
                     agent.answered = True
                 if not isinstance(outcome, AttemptFailure):
-                    outcome = self._judge_health(outcome)
-                if not isinstance(outcome, AttemptFailure):
-                    if replica.cooldown:
-                        replica.connection_worked()
-                    return outcome
+                    unhealthy = self._judge_health(outcome)
+                    if unhealthy is None:
+                        if replica.cooldown:
+                            replica.connection_worked()
+                        return outcome
+                    outcome = unhealthy
                 replica.failures += 1
                 if outcome.kind is ErrorKind.CONNECT:
                     agent.connection_failed(replica, trio.current_time(), sent=started)
@@ -236,20 +237,20 @@ class AgentClient:
             message = f"unexpected {type(exc).__name__} while sending the row or reading its reply"
             return AttemptFailure(ErrorKind.INTERNAL, message, attempts=flight.attempt)
 
-    def _judge_health(self, answer: dict[str, Any]) -> dict[str, Any] | AttemptFailure:
-        """`answer` marked with the health checks it fails (`_rf_health`), if any; with "fail", an
-        unhealthy answer is a failure sent again as an HTTP 5xx is (when re-scoring, a terminal
-        one). An answer that reports the agent's own failure, or asks to be kept nowhere, is
-        judged by that instead."""
+    def _judge_health(self, answer: dict[str, Any]) -> AttemptFailure | None:
+        """Mark `answer` with the health checks it fails (`_rf_health`), if any; with "fail", an
+        unhealthy answer is a failure, returned, sent again as an HTTP 5xx is (when re-scoring, a
+        terminal one). An answer that reports the agent's own failure, or asks to be kept nowhere,
+        is judged by that instead."""
         if "_ng_failure_class" in answer or "_ng_no_persist" in answer:
-            return answer
+            return None
         checks = failed_checks(answer)
         if checks is None:
             answer.pop(HEALTH, None)  # an earlier run's verdict, echoed with the row's fields
-            return answer
+            return None
         answer[HEALTH] = checks
         if not self._fail_unhealthy:
-            return answer
+            return None
         message = f"the result failed the health checks {', '.join(checks)}"
         return AttemptFailure(ErrorKind.UNHEALTHY, message, retry=self._unhealthy_retry, answer=answer)
 

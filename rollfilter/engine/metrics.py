@@ -81,7 +81,12 @@ class Metrics:
         if latency is not None:
             self.latency.add(latency)
         means = self.by_agent.get(agent)
-        (means if means is not None else self._agent(agent)).add(result, masked=masked)
+        if means is None:
+            means = self._agent(agent)
+        if masked:
+            means.add(result, masked=True)
+        else:  # the common call, without a keyword
+            means.add(result)
         if checks is not None:
             self.add_unhealthy(checks)
         if self.recent_unhealthy is not None:

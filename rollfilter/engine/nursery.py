@@ -215,12 +215,8 @@ class Engine:
             self.on_event(f"{describe(job)}: sent to agent {agent.name or shown(agent.replicas[0].url)}")
         try:
             answer = await self.client.send(job, agent, flight)
-            answered = answer.answer if isinstance(answer, AttemptFailure) else answer  # an unhealthy one's too
-            if answered is not None:
-                if self.steering.version is not None:
-                    self.steering.stamp(answered, flight.sent_version)
-                if self.tally.metrics.spending is not None:
-                    self._spend(job, answered)
+            if self.steering.version is not None or self.tally.metrics.spending is not None:
+                self._stamp_and_spend(job, answer, flight)
             outcome = judge(job, answer, flight.attempt)
         except Exception as exc:  # a bug met by one row costs that row, never the run
             outcome = self._internal_failure(job, exc, flight.attempt)
@@ -263,6 +259,17 @@ class Engine:
                 self.sink.result(job, outcome, release)
         if self.tally.metrics.recent_unhealthy is not None:  # a limit on unhealthy or masked rollouts
             self._check_health_limits()
+
+    def _stamp_and_spend(self, job: Job, answer: dict[str, Any] | AttemptFailure, flight: Flight) -> None:
+        """With steering, stamp an answer (an unhealthy one's too) with the versions; with a
+        budget, count what it cost."""
+        answered = answer.answer if isinstance(answer, AttemptFailure) else answer
+        if answered is None:
+            return
+        if self.steering.version is not None:
+            self.steering.stamp(answered, flight.sent_version)
+        if self.tally.metrics.spending is not None:
+            self._spend(job, answered)
 
     def _spend(self, job: Job, answer: dict[str, Any]) -> None:
         """Count what an agent's answer cost (an agent-reported failure's too); stop at the budget."""

@@ -88,8 +88,12 @@ class Tally:
     def result(self, job: Job, result: dict[str, Any], latency: float | None) -> None:
         """`job` ended with `result`, `latency` seconds after it was sent."""
         checks = result.get(HEALTH)
-        masked = checks is not None and self.mask_unhealthy  # the means read mask_sample themselves
-        self.metrics.add_result(result, latency, job.agent_name, masked=masked, checks=checks)
+        if checks is None:  # healthy: no keywords, whose calls cost more than the rest
+            masked = False
+            self.metrics.add_result(result, latency, job.agent_name)
+        else:
+            masked = self.mask_unhealthy  # the means read mask_sample themselves
+            self.metrics.add_result(result, latency, job.agent_name, masked=masked, checks=checks)
         if self.tasks is not None:  # without repeats, no reward to read
             masked = masked or is_masked(result)
             self.tasks.rollout_ended(

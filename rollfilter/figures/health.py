@@ -52,6 +52,7 @@ WINDOW_MINIMUM = 50
 def failed_checks(result: dict[str, Any]) -> list[str] | None:
     """The checks `result` fails, in the order of CHECKS; None when it is healthy (or has no
     `response` to judge)."""
+    # On the path of every result: the output items are scanned here, not in a helper.
     response = result.get("response")
     if type(response) is not dict:
         return None
@@ -60,21 +61,38 @@ def failed_checks(result: dict[str, Any]) -> list[str] | None:
     if not output:
         failed = [EMPTY_OUTPUT]
     usage = response.get("usage")
-    if type(usage) is dict:
-        tokens = usage.get("output_tokens")
+    if type(usage) is dict and "output_tokens" in usage:
+        tokens = usage["output_tokens"]
         if tokens == 0 and tokens is not False:
             failed = _with(failed, NO_OUTPUT_TOKENS)
     status = response.get("status")
-    if status == "incomplete":
-        failed = _with(failed, TRUNCATED)
-    if status == "failed" or response.get("error"):  # null, false or "": no error
+    status_failed = False
+    if status is not None:  # a comparison of None with a string costs more than this test
+        if status == "incomplete":
+            failed = _with(failed, TRUNCATED)
+        status_failed = status == "failed"
+    if status_failed or response.get("error"):  # null, false or "": no error
         failed = _with(failed, RESPONSE_ERROR)
-    if type(output) is list and output:
-        unanswered, mismatch = _judge_items(output)
-        if unanswered:
-            failed = _with(failed, UNANSWERED_TOOL_CALL)
-        if mismatch:
-            failed = _with(failed, TOKEN_IDS_MISMATCH)
+    if type(output) is not list:
+        return failed
+    calls: set[Any] | None = None
+    mismatch = False
+    for item in output:
+        if type(item) is not dict:
+            continue
+        kind = item.get("type")
+        if kind == "function_call":
+            if calls is None:
+                calls = set()
+            calls.add(_hashable(item.get("call_id")))
+        elif calls and kind == "function_call_output":
+            calls.discard(_hashable(item.get("call_id")))
+        if not mismatch and (PROMPT_TOKEN_IDS in item or GENERATION_TOKEN_IDS in item or GENERATION_LOG_PROBS in item):
+            mismatch = _token_ids_mismatch(item)
+    if calls:
+        failed = _with(failed, UNANSWERED_TOOL_CALL)
+    if mismatch:
+        failed = _with(failed, TOKEN_IDS_MISMATCH)
     return failed
 
 
@@ -94,26 +112,6 @@ def _with(failed: list[str] | None, check: str) -> list[str]:
         return [check]
     failed.append(check)
     return failed
-
-
-def _judge_items(output: list[Any]) -> tuple[bool, bool]:
-    """One pass over the output items: whether a function call is left unanswered, and whether an
-    item's token metadata is partial."""
-    calls: set[Any] | None = None
-    mismatch = False
-    for item in output:
-        if type(item) is not dict:
-            continue
-        kind = item.get("type")
-        if kind == "function_call":
-            if calls is None:
-                calls = set()
-            calls.add(_hashable(item.get("call_id")))
-        elif kind == "function_call_output" and calls:
-            calls.discard(_hashable(item.get("call_id")))
-        if not mismatch and (PROMPT_TOKEN_IDS in item or GENERATION_TOKEN_IDS in item or GENERATION_LOG_PROBS in item):
-            mismatch = _token_ids_mismatch(item)
-    return bool(calls), mismatch
 
 
 def _hashable(value: Any) -> Any:

@@ -82,10 +82,12 @@ class KeyTable:
     def _insert(self, bucket: int, digest: bytes, first: int) -> int:
         """Append a new key's digest to its bucket, its first field `first` and the others 0; its position."""
         digests = self._digests[bucket]
-        if not digests:  # the bucket's first key
-            self._digests[bucket] = digests = bytearray()
-            for values, code in zip(self._values, self._codes, strict=True):
-                values[bucket] = array(code)
+        if not digests:  # the bucket's first key: its arrays are made holding it
+            self._digests[bucket] = bytearray(digest)
+            for field, code in enumerate(self._codes):
+                self._values[field][bucket] = array(code, (first if field == 0 else 0,))
+            self.count += 1
+            return 0
         position = len(digests) // DIGEST_BYTES
         digests += digest
         for field, values in enumerate(self._values):
