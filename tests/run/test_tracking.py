@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -220,6 +221,18 @@ def test_a_resumed_run_given_another_experiment_is_refused_naming_the_one_it_wou
     assert resumed.started_with[1] == "new-id"  # continued
 
 
+def interrupt_once_waiting(proc: subprocess.Popen[bytes], stderr: queue.Queue[bytes]) -> list[bytes]:
+    """Ctrl-C once the hanging tracker says the end waits for it: the command exits 130. The
+    lines it said before."""
+    said = []
+    while (line := stderr.get(timeout=SUBPROCESS_TIMEOUT)) != WAITING:
+        assert line, b"".join(said)
+        said.append(line)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=SUBPROCESS_TIMEOUT) == 130
+    return said
+
+
 @pytest.mark.parametrize("stopped", [False, True])
 def test_a_signal_while_the_end_waits_for_a_hanging_tracker_is_taken(stopped: bool):
     """The end waits a few seconds for the trackers' final figures: a stop signal meanwhile is
@@ -239,12 +252,7 @@ def test_a_signal_while_the_end_waits_for_a_hanging_tracker_is_taken(stopped: bo
             proc.send_signal(signal.SIGINT)
         else:
             proc.stdin.close()
-        said = []
-        while (line := stderr.get(timeout=SUBPROCESS_TIMEOUT)) != WAITING:
-            assert line, b"".join(said)
-            said.append(line)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=SUBPROCESS_TIMEOUT) == 130
+        said = interrupt_once_waiting(proc, stderr)
     finally:
         proc.kill()
         proc.wait(timeout=SUBPROCESS_TIMEOUT)
@@ -317,12 +325,7 @@ def test_summarize_interrupted_while_it_waits_for_a_tracker_has_written_its_summ
     proc = subprocess.Popen([*command, str(output)], cwd=root, env=clean_env(), stdin=subprocess.DEVNULL, **pipes)  # type: ignore[call-overload]
     stdout, stderr = lines_of(proc.stdout), lines_of(proc.stderr)
     try:
-        said = []
-        while (line := stderr.get(timeout=SUBPROCESS_TIMEOUT)) != WAITING:
-            assert line, b"".join(said)
-            said.append(line)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=SUBPROCESS_TIMEOUT) == 130
+        said = interrupt_once_waiting(proc, stderr)
     finally:
         proc.kill()
         proc.wait(timeout=SUBPROCESS_TIMEOUT)
