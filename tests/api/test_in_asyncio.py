@@ -433,7 +433,8 @@ def test_misconfiguration_raises_on_entry_before_anything_is_sent(lib: Library):
 
 def test_an_outcome_awaited_past_a_timeout_is_not_lost(lib: Library, demo_server: DemoServer):
     async def scenario() -> tuple[bool, list[Any]]:
-        rows = [row(i, latency=0.15) for i in range(6)]
+        # The two sent first outlast the 0.05 s wait; the rest are quick.
+        rows = [row(i, latency=0.15 if i < 2 else 0.01) for i in range(6)]
         async with open_rollouts(rows, Config(url=demo_server.url, concurrency=2)) as run:
             first = await lib.within(0.05, lambda: anext(run))
 
@@ -619,7 +620,9 @@ def test_ctrl_c_in_an_asyncio_program_stops_the_run(demo_server: DemoServer, tmp
 
 
 def test_a_drain_waiting_ends_not_drained_when_the_run_is_resumed(lib: Library, demo_server: DemoServer):
-    rows = [{"responses_create_params": {"input": "hi"}, "demo": {"latency": 0.3}} for _ in range(4)]
+    # The two sent first are still out when the resume ends the drain; the two after are quick.
+    latencies = (0.3, 0.3, 0.01, 0.01)
+    rows = [{"responses_create_params": {"input": "hi"}, "demo": {"latency": latency}} for latency in latencies]
 
     async def scenario() -> tuple[list[Any], int]:
         async with open_rollouts(rows, Config(url=demo_server.url, concurrency=2)) as run:

@@ -415,7 +415,9 @@ def test_group_settings_that_cannot_work_are_refused(settings: dict[str, Any], f
 
 
 def test_a_run_in_threads_is_steered_from_the_iterating_thread(demo_server: DemoServer):
-    rows = [{"responses_create_params": {"input": "hi"}, "demo": {"latency": 0.1}} for _ in range(6)]
+    # The two sent first are out when the first outcome comes back; the rest are quick.
+    latencies = (0.1, 0.1, 0.01, 0.01, 0.01, 0.01)
+    rows = [{"responses_create_params": {"input": "hi"}, "demo": {"latency": latency}} for latency in latencies]
     run = rollouts(rows, Config(url=demo_server.url, concurrency=2, policy_version=7))
     with pytest.raises(RuntimeError, match="not started"):
         run.pause()

@@ -180,7 +180,7 @@ def flood(path: Path) -> dict[str, Any]:
 
 def test_silent_and_flooding_clients_hold_nothing_up(agent: ArrivalsAgent, short_dir: Path):
     control = short_dir / "run.sock"
-    rows = rows_file(short_dir, 20, latency=0.05)
+    rows = rows_file(short_dir, 20, latency=0.01)
     agent.gate.clear()  # the run cannot end while the clients come and go
     process = start(["-u", agent.run_url, "-j", "2", "--control", str(control), str(rows)])
     wait_for(lambda: agent.in_flight == 2)  # sent: the socket listens (its file is there a moment before)

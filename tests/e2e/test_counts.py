@@ -159,7 +159,7 @@ def stopped_for_an_agent_that_never_answered(tmp_path: Path, demo_server: DemoSe
     data = tmp_path / "rows.jsonl"
     data.write_text(rows_jsonl(mixed_rows(3000)))
     out, errors, files = outputs(tmp_path)
-    proc = run(["-u", closed_port_url(), "--connect-timeout", "0.5", *files, str(data)])
+    proc = run(["-u", closed_port_url(), "--connect-timeout", "0.2", *files, str(data)])
     assert proc.returncode == 3, proc.stderr
     summary = summary_of(proc.stderr)
     figures = summary["rollfilter"]

@@ -81,7 +81,7 @@ def test_rollfilter_head_server_resolves_agent_names(demo_server: DemoServer):
 
 def test_rollfilter_concurrency_bounds_the_rows_in_flight():
     with serving(CountingAgent(delay=0.1)) as agent:
-        proc = run(["-u", agent.url], input=rows_jsonl(simple_rows(12)), env=clean_env(ROLLFILTER_CONCURRENCY="3"))
+        proc = run(["-u", agent.url], input=rows_jsonl(simple_rows(6)), env=clean_env(ROLLFILTER_CONCURRENCY="3"))
     assert proc.returncode == 0, proc.stderr
     assert agent.most_in_flight == 3
 
@@ -97,12 +97,12 @@ def test_rollfilter_retries_sets_the_retries(demo_server: DemoServer):
 def test_rollfilter_timeout_bounds_an_attempt(tmp_path, demo_server: DemoServer):
     errors = tmp_path / "errors.jsonl"
     rows = [{**row, "demo": {"latency": 600}} for row in simple_rows(2)]
-    env = clean_env(ROLLFILTER_TIMEOUT="0.3", ROLLFILTER_RETRIES="0")
+    env = clean_env(ROLLFILTER_TIMEOUT="0.1", ROLLFILTER_RETRIES="0")
     proc = run(["-u", demo_server.url, "--errors", str(errors)], input=rows_jsonl(rows), env=env)
     assert proc.returncode == 1
     records = read_jsonl(errors)
     assert [record["error"]["kind"] for record in records] == ["timeout", "timeout"]  # the file was written
-    assert {record["error"]["message"] for record in records} == {"no answer within 0.3 s"}
+    assert {record["error"]["message"] for record in records} == {"no answer within 0.1 s"}
 
 
 @pytest.mark.usefixtures("quick_backoff")

@@ -180,7 +180,7 @@ def test_ordered_holdings_are_written_when_another_output_fails(demo_server: Dem
     # then, in input order, as for an interrupt.
     rows = simple_rows(12)
     rows[0]["demo"] = NEVER_ANSWERED
-    rows[5]["demo"] = {"latency": 0.5, "fault": "422"}
+    rows[5]["demo"] = {"latency": 0.25, "fault": "422"}
     proc = run(["-u", demo_server.url, "-k", "-j", "12", "--errors", "/dev/full"], input=rows_jsonl(rows))
     assert proc.returncode == 74
     assert [r["_ng_task_index"] for r in result_lines(proc.stdout)] == [1, 2, 3, 4, 6, 7, 8, 9, 10, 11]

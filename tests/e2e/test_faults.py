@@ -93,7 +93,7 @@ def test_chaos_run_loses_and_duplicates_nothing(tmp_path, start_demo):
 
 def test_sigkill_then_resume_completes_without_duplicates(tmp_path, demo_server: DemoServer):
     rows = [
-        {"id": i, "responses_create_params": {"input": "x" * (i % 3)}, "demo": {"latency": 0.01}} for i in range(400)
+        {"id": i, "responses_create_params": {"input": "x" * (i % 3)}, "demo": {"latency": 0.005}} for i in range(400)
     ]
     data = tmp_path / "rows.jsonl"
     data.write_text(rows_jsonl(rows))
@@ -344,7 +344,7 @@ def test_an_agent_that_answered_then_drops_connections_fails_rows_and_the_run_go
 @pytest.mark.parametrize("agent_of", [_DropsAll], indirect=True)
 def test_an_agent_that_drops_every_connection_from_the_start_stops_the_run(agent_of: str, tmp_path):
     errors = tmp_path / "errors.jsonl"
-    args = ["-u", agent_of, "-j", "1", "--retries", "2", "--connect-timeout", "0.5", "--errors", str(errors)]
+    args = ["-u", agent_of, "-j", "1", "--retries", "2", "--connect-timeout", "0.2", "--errors", str(errors)]
     proc = run(args, input=rows_jsonl(simple_rows(6)))
     assert proc.returncode == 3, proc.stderr
     [record] = read_jsonl(errors)
@@ -358,7 +358,7 @@ def test_an_agent_that_drops_every_connection_from_the_start_stops_the_run(agent
 def test_a_refused_replica_does_not_stop_a_run_whose_other_replica_is_up(start_demo, tmp_path):
     # The first row goes to the closed port (the first of two replicas, none outstanding) and
     # fails at once; the other replica is up, its first episode still running: the agent answers.
-    server = start_demo("--latency", "0.3")
+    server = start_demo("--latency", "0.15")
     replicas = f"a={closed_port_url()},{server.url}"
     errors = tmp_path / "errors.jsonl"
     args = ["-e", replicas, "-a", "a", "-j", "2", "--retries", "0", "--errors", str(errors)]

@@ -532,7 +532,7 @@ def test_after_kills_and_a_resume_the_dropped_file_holds_each_uniform_rollout_on
     n, jobs, kills = 120, 16, 4
     demo = DemoServer()
     try:
-        rows = group_rows(n, latency=lambda task, rollout: 0.01 + 0.015 * ((task * 5 + rollout * 3) % 4))
+        rows = group_rows(n, latency=lambda task, rollout: 0.005 + 0.0075 * ((task * 5 + rollout * 3) % 4))
         (tmp_path / "rows.jsonl").write_text(rows_jsonl(rows))
         out, dropped = tmp_path / "out.jsonl", tmp_path / "dropped.jsonl"
         held = Path(str(out) + ".held")

@@ -310,7 +310,7 @@ def test_a_second_run_on_an_output_in_use_exits_at_once_and_writes_nothing(
 
 
 def test_two_resumes_started_together_finish_every_pair_once(tmp_path: Path, data: Path):
-    slow = DemoServer("--latency", "0.05")
+    slow = DemoServer("--latency", "0.03")
     try:
         out = tmp_path / "out.jsonl"
         args = ["-u", slow.url, "-q", "-j", "4", "-r", "5", "-o", str(out), str(data)]

@@ -206,7 +206,7 @@ def test_a_flood_of_connections_that_send_nothing_leaves_the_run_its_descriptors
 
     def connect() -> None:
         sock = socket.socket()
-        sock.settimeout(0.5)  # past the backlog, a connect waits this long to be given up
+        sock.settimeout(0.1)  # past the backlog, a connect waits this long to be given up
         try:
             sock.connect(("127.0.0.1", port))
         except OSError:  # past the exporter's cap and the listen backlog: not taken

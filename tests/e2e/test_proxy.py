@@ -90,7 +90,7 @@ def test_a_socks5_proxy_is_usable(tmp_path):
     proxy, agent = closed_port_urls(2)
     # --connect-timeout: the stop comes once connections have failed for that long.
     args = ["--proxy", proxy.replace("http://", "socks5://"), "-u", agent, "--retries", "0", "-j", "1"]
-    proc = run([*args, "--connect-timeout", "0.5"], input=rows_jsonl(simple_rows(2)))
+    proc = run([*args, "--connect-timeout", "0.2"], input=rows_jsonl(simple_rows(2)))
     assert proc.returncode == 3
     assert b"Traceback" not in proc.stderr
     assert summary_of(proc.stderr)["rollfilter"]["failed_by_kind"] == {"connect": 1}

@@ -118,6 +118,7 @@ def test_status_not_in_retry_set_is_not_retried(demo_server: DemoServer):
     assert demo_server.stats()["by_id"]["2"] == 2
 
 
+@pytest.mark.usefixtures("quick_backoff")
 def test_an_agent_that_never_answered_stops_the_run_once_refused_for_the_connect_timeout(
     tmp_path, demo_server: DemoServer
 ):
@@ -128,7 +129,7 @@ def test_an_agent_that_never_answered_stops_the_run_once_refused_for_the_connect
     errors, output, rows = tmp_path / "errors.jsonl", tmp_path / "out.jsonl", tmp_path / "rows.jsonl"
     rows.write_text(rows_jsonl(simple_rows(50)))
     url = closed_port_url()
-    args = ["-u", url, "-j", "1", "--retries", "1", "--connect-timeout", "0.5"]
+    args = ["-u", url, "-j", "1", "--retries", "1", "--connect-timeout", "0.2"]
     proc = run([*args, "--errors", str(errors), "-o", str(output), str(rows)])
     assert proc.returncode == 3
     [record] = read_jsonl(errors)

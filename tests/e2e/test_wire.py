@@ -698,7 +698,7 @@ def test_ipv6_origins_are_printed_in_brackets(tmp_path):
         probe.bind(("::1", 0))
         port = probe.getsockname()[1]
     # Nothing listens there now: each row fails to connect, and its message names the origin.
-    outcome = rollfilter(f"http://[::1]:{port}/run", 1, tmp_path, "--retries", "0", "--connect-timeout", "0.5")
+    outcome = rollfilter(f"http://[::1]:{port}/run", 1, tmp_path, "--retries", "0", "--connect-timeout", "0.2")
     assert outcome.kinds(1) == ["connect"]
     assert outcome.failures[0]["error"]["message"].startswith(f"cannot connect to http://[::1]:{port}: ")
     assert redact.origin(f"http://[::1]:{port}/run?key=s3cret") == f"http://[::1]:{port}"
