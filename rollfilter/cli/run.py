@@ -240,7 +240,7 @@ class _CommandLineRun:
         for writer in self.writers.every:
             services.start_soon(writer.run)
         try:
-            identity.keep(files.record, files.output)
+            identity.keep(files.record, files.beside)
         except OutputFailed as failure:  # nothing is sent: the summary says so, and the exit status
             self._output_failed(failure)
         if files.results == self.environment.stdout and is_pipe(files.results):

@@ -78,13 +78,22 @@ def is_record_name(path: str) -> bool:
     )
 
 
-def record_target(command: CommandConfig) -> str | None:
-    """The record the run `command` describes keeps beside its -o, or None: no -o, --append (which
-    mixes runs on purpose), or an -o that is no regular file (/dev/null, a pipe)."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class Beside:
+    """The files a run keeps beside its -o, as `beside` reads them off -o once: its run record and
+    its held file, made with `mode`, never more readable or writable than -o."""
+
+    record: str | None = None  # None: no -o, --append (which mixes runs on purpose), or -o /dev/null, a pipe
+    held: str | None = None  # `CommandConfig.held_file`, where -o may have files beside it
+    mode: int = 0o666
+
+
+def beside(command: CommandConfig) -> Beside:
+    """What the run `command` describes keeps beside its -o (`Beside`)."""
     output = command.output
-    if output is None or command.append or not may_hold_a_record(output):
-        return None
-    return record_path(output)
+    if output is None or not may_hold_a_record(output):
+        return Beside()
+    return Beside(None if command.append else record_path(output), command.held_file, beside_mode(output))
 
 
 def file_digest(path: str) -> str:
@@ -169,7 +178,7 @@ def command_as_recorded(command: CommandConfig) -> tuple[CommandConfig, RunRecor
     shards of the same run recorded beside -o (see `check_sibling_shards`). --append mixes runs
     on purpose: no record.
     """
-    path = record_target(command)
+    path = beside(command).record
     if path is None:
         return command, None
     recorded = read_record(path) if command.resume else None
@@ -221,10 +230,10 @@ def check_sibling_shards(record: RunRecord, path: str) -> None:
             raise UsageError(f"{made}, which {other_output} holds already; {first}")
 
 
-def keep(record: RunRecord | None, output: str | None) -> None:
-    """Write the record beside `output`, once the outputs are open and before anything is sent."""
-    if record is not None and output is not None:
-        write_record(record_path(output), record, mode=beside_mode(output))
+def keep(record: RunRecord | None, files: Beside) -> None:
+    """Write the record beside -o (`files.record`), once the outputs are open and before anything is sent."""
+    if record is not None and files.record is not None:
+        write_record(files.record, record, mode=files.mode)
 
 
 def may_hold_a_record(output: str) -> bool:

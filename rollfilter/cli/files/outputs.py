@@ -104,11 +104,11 @@ OUTPUTS = (
 )
 
 
-def output_paths(command: CommandConfig) -> list[tuple[Output, str]]:
-    """The outputs `command` names, with their paths, in `OUTPUTS`' order."""
+def output_paths(command: CommandConfig, beside: identity.Beside) -> list[tuple[Output, str]]:
+    """The outputs `command` names, and those kept `beside` its -o, with their paths, in `OUTPUTS`' order."""
     given = []
     for output in OUTPUTS:
-        path = held_target(command) if output.beside_output else getattr(command, output.key)
+        path = beside.held if output.beside_output else getattr(command, output.key)
         if path is not None:
             given.append((output, path))
     return given
@@ -124,10 +124,9 @@ class NamedOutputs:
 
     def __init__(self, command: CommandConfig, streams: Environment, *, summarize: bool = False) -> None:
         self.inputs = named_inputs(command, streams.stdin)
-        self.files = [
-            (output, path) for output, path in output_paths(command) if not (summarize and output.beside_output)
-        ]
-        self.record = None if summarize else identity.record_target(command)  # --summarize keeps no record
+        beside = identity.Beside() if summarize else identity.beside(command)  # --summarize keeps nothing beside
+        self.files = output_paths(command, beside)
+        self.record = beside.record
         carries_stdout = summarize or command.output is None
         self.streams = [("standard output", streams.stdout)] * carries_stdout + [("standard error", streams.stderr)]
 
@@ -156,13 +155,6 @@ class NamedOutputs:
         named: list[tuple[str, str | int]] = [*self.streams, *self.named_files()]
         refuse_inputs(self.inputs, named)
         refuse_shared(self.streams, self.named_files())
-
-
-def held_target(command: CommandConfig) -> str | None:
-    """The held file of `command`'s run (`CommandConfig.held_file`), if -o may have one beside it:
-    a regular file, or one not made yet."""
-    held = command.held_file
-    return held if held is not None and identity.may_hold_a_record(command.output or "") else None
 
 
 def named_inputs(command: CommandConfig, stdin_fd: int) -> list[tuple[str, str | int]]:
@@ -406,7 +398,7 @@ class OpenedOutputs:
     materialized: str | None = None  # written by the first pass, when it is done
     keep_locked: Callable[[int], None] | None = None  # what locks the materialized file made, until the end
     record: identity.RunRecord | None = None  # written beside -o before anything is sent
-    output: str | None = None  # -o, beside which the record is written
+    beside: identity.Beside = dataclasses.field(default_factory=identity.Beside)  # where the record goes, its mode
 
     @classmethod
     def standard_streams(cls, streams: Environment) -> OpenedOutputs:
@@ -478,7 +470,11 @@ LOCK_POLL_SECONDS = 0.2  # how often --wait-lock tries an output another run hol
 
 
 async def open_appended(
-    command: CommandConfig, files: OutputFiles, stderr: int, say: Callable[[str, int], None]
+    command: CommandConfig,
+    beside: identity.Beside,
+    files: OutputFiles,
+    stderr: int,
+    say: Callable[[str, int], None],
 ) -> dict[OutputKey, int]:
     """The locked outputs (`Output.locked`) of `command`, opened to append (or, written whole,
     held: --materialized), locked: shared with --append (runs that only add lines may share a
@@ -489,7 +485,7 @@ async def open_appended(
     must be empty, once locked."""
     fresh_only = not (command.resume or command.append or command.overwrite)
     lock: Lock = "shared" if command.append and not command.resume else "exclusive"
-    wanted = [(output, path) for output, path in output_paths(command) if output.locked]
+    wanted = [(output, path) for output, path in output_paths(command, beside) if output.locked]
     appended: dict[OutputKey, int] = {}
     for output, path in sorted(wanted, key=lambda given: os.path.realpath(given[1])):
         said = False
@@ -499,7 +495,7 @@ async def open_appended(
                     files.lock_replaced(path, output.option)
                 else:
                     # A file beside -o copies the results: it is never more readable than -o.
-                    mode = identity.beside_mode(command.output or "") if output.beside_output else 0o666
+                    mode = beside.mode if output.beside_output else 0o666
                     must_be_empty = output.must_be_empty and fresh_only
                     opened = files.open(path, output.option, must_be_empty=must_be_empty, lock=lock, mode=mode)
                     assert opened is not None, "a path is given"
@@ -514,7 +510,7 @@ async def open_appended(
                 await trio.sleep(LOCK_POLL_SECONDS)
     for output, path in wanted:
         if output.beside_output and output.key in appended:
-            narrow_mode(appended[output.key], identity.beside_mode(command.output or ""), path)
+            narrow_mode(appended[output.key], beside.mode, path)
     for output, path in wanted if not command.resume else ():
         emptied = output.beside_output or (command.overwrite and output.must_be_empty)
         fd = appended.get(output.key)
@@ -534,27 +530,28 @@ async def open_outputs(
     lock: its run record, and what earlier runs left in them (`Earlier`); with the command as
     recorded. None when a stop came while --wait-lock waited. A dry run opens nothing and changes
     no file: it reads what resume skips, and writes on the standard streams."""
+    beside = identity.beside(command)  # -o read once, before this run makes it
     if command.dry_run:
         command, _ = identity.command_as_recorded(command)
-        return command, OpenedOutputs.standard_streams(environment), _earlier(command, Earlier.skipped)
+        return command, OpenedOutputs.standard_streams(environment), _earlier(command, beside, Earlier.skipped)
     appended: dict[OutputKey, int] = {}
     with control.stoppable():  # a stop while --wait-lock waits: the summary of nothing sent
-        appended = await open_appended(command, files, environment.stderr, say)
+        appended = await open_appended(command, beside, files, environment.stderr, say)
     if control.cause is not None and "output" not in appended:
         return None
     for caveat in files.caveats:
         say(caveat, environment.stderr)
     command, record = identity.command_as_recorded(command)
-    earlier = _earlier(command, Earlier.read)  # it cuts torn last lines, and may cut a group off -o
-    return command, run_files(command, files, environment, appended, record), earlier
+    earlier = _earlier(command, beside, Earlier.read)  # it cuts torn last lines, and may cut a group off -o
+    return command, run_files(command, beside, files, environment, appended, record), earlier
 
 
-def _earlier(command: CommandConfig, read: Callable[..., Earlier]) -> Earlier | None:
+def _earlier(command: CommandConfig, beside: identity.Beside, read: Callable[..., Earlier]) -> Earlier | None:
     """What earlier runs left in the outputs of a resumed run, as `read` reads them."""
     if not (command.resume and command.output):
         return None
     paths = (command.output, command.errors_file, command.materialized_file, command.dropped_file)
-    files = EarlierFiles(*paths, held=held_target(command))
+    files = EarlierFiles(*paths, held=beside.held)
     groups = command.config.groups
     target = groups.target if groups is not None else None
     return read(files, max_attempts=command.max_attempts, target_groups=target)
@@ -589,6 +586,7 @@ def narrow_mode(fd: int, mode: int, path: str | None) -> None:
 
 def run_files(
     command: CommandConfig,
+    beside: identity.Beside,
     files: OutputFiles,
     streams: Environment,
     appended: Mapping[OutputKey, int],
@@ -597,9 +595,10 @@ def run_files(
     """The files of `command`'s run, those written whole checked and opened now (`appended`: the
     descriptors `open_appended` opened)."""
     fresh_only = not (command.resume or command.append or command.overwrite)
+    named = output_paths(command, beside)
     whole: dict[OutputKey, WholeFile] = {}
     # The one locked (--materialized) first: a file another run left is refused before anything is made.
-    for output, path in sorted(output_paths(command), key=lambda given: not given[0].locked):
+    for output, path in sorted(named, key=lambda given: not given[0].locked):
         if output.appended:
             continue
         if output.must_be_empty and fresh_only:
@@ -608,20 +607,20 @@ def run_files(
         assert opened is not None, "a path is given"
         if output.key != "materialized_file":  # the first pass writes that one by its path
             whole[output.key] = opened
-    if record is not None and command.output is not None:
-        files.remove_if_refused(identity.record_path(command.output))
+    if record is not None and beside.record is not None:
+        files.remove_if_refused(beside.record)
     out = appended.get("output")
     return OpenedOutputs(
         results=streams.stdout if out is None else out,
         results_name="standard output" if out is None else f"-o {command.output}",
         appended=dict(appended),
         whole=whole,
-        names={output.key: f"{output.option} {path}" for output, path in output_paths(command)},
+        names={output.key: f"{output.option} {path}" for output, path in named},
         listening=listening(command, files),
         materialized=command.materialized_file,
         keep_locked=files.keep_locked,
         record=record,
-        output=command.output,
+        beside=beside,
     )
 
 

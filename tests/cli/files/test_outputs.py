@@ -14,6 +14,7 @@ import pytest
 
 from rollfilter.cli.command import CommandConfig
 from rollfilter.cli.environment import Environment
+from rollfilter.cli.files import identity
 from rollfilter.cli.files.outputs import (
     OUTPUTS,
     NamedOutputs,
@@ -57,8 +58,9 @@ def make_empty(command: CommandConfig, outputs: Iterable[Output]) -> None:
 
 async def opened(command: CommandConfig, files: OutputFiles) -> OpenedOutputs:
     said: list[str] = []
-    appended = await open_appended(command, files, STREAMS.stderr, lambda text, fd: said.append(text))
-    return run_files(command, files, STREAMS, appended, None)
+    beside = identity.beside(command)
+    appended = await open_appended(command, beside, files, STREAMS.stderr, lambda text, fd: said.append(text))
+    return run_files(command, beside, files, STREAMS, appended, None)
 
 
 def test_every_file_a_command_config_names_is_in_the_table():
