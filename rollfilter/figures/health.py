@@ -10,8 +10,8 @@ those it failed under `_rf_health`, see `rollfilter.rows.HEALTH`):
 - `empty_output`: `response.output` has no item;
 - `no_output_tokens`: `response.usage.output_tokens` is 0;
 - `truncated`: `response.status` is `incomplete` (a generation cut at its token bound);
-- `response_error`: `response.status` is `failed`, or `response.error` is set (not null, false or
-  empty);
+- `response_error`: `response.status` is `failed` or `cancelled`, or `response.error` is set (not
+  null, false or empty);
 - `unanswered_tool_call`: a `function_call` item with no `function_call_output` of its `call_id`
   after it;
 - `token_ids_mismatch`: an output item carries some but not all of `prompt_token_ids`,
@@ -70,7 +70,7 @@ def failed_checks(result: dict[str, Any]) -> list[str] | None:
     if status is not None:  # a comparison of None with a string costs more than this test
         if status == "incomplete":
             failed = _with(failed, TRUNCATED)
-        status_failed = status == "failed"
+        status_failed = status == "failed" or status == "cancelled"  # a generation the server gave up
     if status_failed or response.get("error"):  # null, false or "": no error
         failed = _with(failed, RESPONSE_ERROR)
     if type(output) is not list:

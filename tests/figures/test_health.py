@@ -15,6 +15,11 @@ def test_each_kind_of_answer_fails_its_own_check_alone(check: str):
     assert failed_checks({"response": copy.deepcopy(RESPONSES[check]), "reward": 0.0}) == [check]
 
 
+@pytest.mark.parametrize("status", ["failed", "cancelled"])
+def test_a_response_the_model_server_failed_or_cancelled_is_a_response_error(status: str):
+    assert failed_checks({"response": {"output": [MESSAGE], "usage": USAGE, "status": status}}) == ["response_error"]
+
+
 def test_an_outage_fails_three_checks_in_the_order_of_checks():
     assert failed_checks({"response": RESPONSES["outage"]}) == OUTAGE_CHECKS
 
