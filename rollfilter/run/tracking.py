@@ -24,10 +24,10 @@ import trio
 
 from rollfilter._version import __version__
 from rollfilter.config import Config, ConfigError, Trackers
-from rollfilter.redact import secrets_in, shown
+from rollfilter.redact import secrets_in, shown, shown_as_typed
 from rollfilter.run.statistics import RunStatistics
 from rollfilter.trackers.flatten import flattened
-from rollfilter.trackers.ids import keep_ids, read_ids, read_places
+from rollfilter.trackers.ids import keep_ids, read_ids, read_places, read_servers
 from rollfilter.trackers.log import Final, Tracker, TrackerLog
 from rollfilter.trackers.reservoir import Reservoir
 
@@ -111,17 +111,20 @@ class RunTracking:
         openers: dict[str, Callable[[], Tracker]] = {}
         hidden: tuple[str, ...] = ()
         self._places: dict[str, str] = {}  # where each tracker run goes: an MLflow experiment, a W&B project
+        self._servers: dict[str, str] = {}  # on which server: MLflow's, its secrets cut
         if trackers.mlflow is not None:
             uri, experiment = trackers.mlflow, trackers.experiment
             hidden = secrets_in(uri)
             openers["mlflow"] = lambda: _mlflow(uri, experiment, run_name)
             self._places["mlflow"] = experiment
+            self._servers["mlflow"] = shown_as_typed(uri)
         if trackers.wandb is not None:
             project = trackers.wandb
             openers["wandb"] = lambda: _wandb(project, run_name)
             self._places["wandb"] = project
         ids_file, self._key = trackers.ids_file, key
         ids = read_ids(ids_file, key)
+        _refuse_another_server(ids, read_servers(ids_file, key), self._servers, ids_file)
         _refuse_another_place(ids, read_places(ids_file, key), self._places, ids_file)
         self._log = TrackerLog(openers, params_of(record), ids, self._keep, hidden=hidden, names=NAMES)
         self._ids_file = ids_file
@@ -132,7 +135,9 @@ class RunTracking:
 
     def _keep(self, ids: dict[str, str]) -> None:
         if self._ids_file is not None:
-            keep_ids(self._ids_file, ids, self._key, {name: self._places[name] for name in ids})
+            places = {name: self._places[name] for name in ids}
+            servers = {name: self._servers[name] for name in ids if name in self._servers}
+            keep_ids(self._ids_file, ids, self._key, places, servers)
 
     async def start(self) -> None:
         """Make the trackers' clients, importing them in a thread while the run waits (once the run
@@ -247,6 +252,21 @@ def _refuse_another_place(
             raise ConfigError(
                 field,
                 f"{place!r} is not the {what} of the {NAMES[name]} run this run continues ({earlier!r}, as"
+                f" {ids_file} keeps it): give {earlier!r}, or remove that file to start another",
+            )
+
+
+def _refuse_another_server(
+    ids: Mapping[str, str], kept: Mapping[str, str], given: Mapping[str, str], ids_file: str | None
+) -> None:
+    """ConfigError when a tracker run this run would continue (`ids`) was kept on another server
+    (`kept`) than this run names (`given`): the id names no run there."""
+    for name, server in given.items():
+        earlier = kept.get(name)
+        if name in ids and earlier is not None and earlier != server:
+            raise ConfigError(
+                f"trackers.{name}",
+                f"{server!r} is not the server of the {NAMES[name]} run this run continues ({earlier!r}, as"
                 f" {ids_file} keeps it): give {earlier!r}, or remove that file to start another",
             )
 

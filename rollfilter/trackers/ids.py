@@ -22,6 +22,12 @@ def read_places(path: str | None, key: str = "") -> dict[str, str]:
     return _read(path, key, "places")
 
 
+def read_servers(path: str | None, key: str = "") -> dict[str, str]:
+    """The server of each tracker run kept in `path` for `key` that has one, by tracker name: MLflow's
+    tracking URI, without what may be a secret in it (none for a file kept before they were)."""
+    return _read(path, key, "servers")
+
+
 def _read(path: str | None, key: str, part: str) -> dict[str, str]:
     if path is None:
         return {}
@@ -36,13 +42,19 @@ def _read(path: str | None, key: str, part: str) -> dict[str, str]:
     return {name: value for name, value in found.items() if isinstance(value, str)} if isinstance(found, dict) else {}
 
 
-def keep_ids(path: str, ids: dict[str, str], key: str = "", places: dict[str, str] | None = None) -> None:
-    """Keep `ids` in `path`, with where each run is (`places`), replaced at once (a run killed
-    while writing leaves the old or the new). OSError when it cannot be written."""
+def keep_ids(
+    path: str,
+    ids: dict[str, str],
+    key: str = "",
+    places: dict[str, str] | None = None,
+    servers: dict[str, str] | None = None,
+) -> None:
+    """Keep `ids` in `path`, with where each run is (`places`, on `servers`), replaced at once (a
+    run killed while writing leaves the old or the new). OSError when it cannot be written."""
     temporary = f"{path}.{os.getpid()}.tmp"
     try:
         with open(temporary, "w", encoding="utf-8") as file:
-            json.dump({"key": key, "ids": ids, "places": places or {}}, file)
+            json.dump({"key": key, "ids": ids, "places": places or {}, "servers": servers or {}}, file)
         os.replace(temporary, path)
     except OSError:
         with contextlib.suppress(OSError):

@@ -221,6 +221,32 @@ def test_a_resumed_run_given_another_experiment_is_refused_naming_the_one_it_wou
     assert resumed.started_with[1] == "new-id"  # continued
 
 
+@pytest.mark.usefixtures("tracker_clients")
+def test_a_resumed_run_given_another_mlflow_server_is_refused_its_secrets_never_kept(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+):
+    """The MLflow run a resume continues is on the server the first run named: a resume naming
+    another is refused (exit 2), where its run id would name no run. The server is kept and
+    compared without its credentials and query: another token for the same server is no other server."""
+    made = iter([Recording(), Recording(), Recording()])
+    monkeypatch.setattr(tracking, "_mlflow", lambda uri, experiment, run_name: next(made))
+    rows, output = tmp_path / "rows.jsonl", tmp_path / "out.jsonl"
+    rows.write_text(rows_jsonl(simple_rows(2)))
+    args = ["--demo", "-o", str(output), str(rows)]
+    assert invoke([*args, "--mlflow", "http://user:pw-1@127.0.0.1:5000/?token=tk-1"]).returncode == 0
+    refused = invoke([*args, "--mlflow", "http://127.0.0.1:5001", "--resume"])
+    assert refused.returncode == 2
+    assert refused.stderr.decode().splitlines() == [
+        "rollfilter: --mlflow 'http://127.0.0.1:5001' is not the server of the MLflow run this run continues"
+        f" ('http://127.0.0.1:5000/', as {output}.trackers.json keeps it): give 'http://127.0.0.1:5000/', or"
+        " remove that file to start another"
+    ]
+    assert invoke([*args, "--mlflow", "http://127.0.0.1:5000/?token=tk-2", "--resume"]).returncode == 0
+    kept = (tmp_path / "out.jsonl.trackers.json").read_text()
+    assert "127.0.0.1:5000" in kept
+    assert not any(secret in kept for secret in ("pw-1", "tk-1", "tk-2", "user"))
+
+
 def interrupt_once_waiting(proc: subprocess.Popen[bytes], stderr: queue.Queue[bytes]) -> list[bytes]:
     """Ctrl-C once the hanging tracker says the end waits for it: the command exits 130. The
     lines it said before."""
