@@ -437,14 +437,20 @@ def verify_urls(config: Config, endpoints: Mapping[str, tuple[str, ...]], defaul
 
 
 async def verifier_routes(
-    config: Config, transport: AgentTransport, *, send: bool, on_warning: Callable[[str], None] | None = None
+    config: Config,
+    transport: AgentTransport,
+    *,
+    send: bool,
+    ask_modes: bool = True,
+    on_warning: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, tuple[str, ...]], Config, MaterializedIndex | None, bool]:
     """Re-scoring's routes: each agent's resources server (from the head server's config, under
     Config.endpoints), and the config whose url is the one for every rollout (Config.url, or a
-    config's one resources server). Then, with `send`, each server's /reverify_mode asked, and
-    the materialized inputs indexed (the index is the caller's to close); and whether re-scoring
-    is unsafe. ReverifyRefused when a server is not stateless (unless Config.reverify.force:
-    then `on_warning` says so once, and the run is unsafe)."""
+    config's one resources server). Then, with `send`, each server's /reverify_mode asked (with
+    `ask_modes`: a dry run, which sends nothing, asks nothing), and the materialized inputs
+    indexed (the index is the caller's to close); and whether re-scoring is unsafe.
+    ReverifyRefused when a server is not stateless (unless Config.reverify.force: then
+    `on_warning` says so once, and the run is unsafe)."""
     from rollfilter.run.headserver import HEAD_SERVER_TIMEOUT, fetch_config
 
     settings = config.reverify
@@ -463,7 +469,7 @@ async def verifier_routes(
         return endpoints, config, None, False
     index = MaterializedIndex(settings.materialized)  # a file that cannot be indexed is refused first
     try:
-        why = refusal(await reverify_modes(verify_urls(config, endpoints, default), transport))
+        why = refusal(await reverify_modes(verify_urls(config, endpoints, default), transport)) if ask_modes else None
         if why is not None and not settings.force:
             raise ReverifyRefused(why)
         if why is not None and on_warning is not None:

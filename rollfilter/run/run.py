@@ -243,7 +243,7 @@ class Run:
             from rollfilter.run.reverify import verifier_routes
 
             endpoints, config, self.index, self.unsafe = await verifier_routes(
-                config, self.transport, send=send, on_warning=self._on_warning
+                config, self.transport, send=send, ask_modes=self._client is None, on_warning=self._on_warning
             )
             head = None
         else:

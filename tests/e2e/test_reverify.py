@@ -432,7 +432,10 @@ def test_shards_and_a_limit_re_score_their_part(tmp_path: Path, verifier: Resour
 
 
 def test_a_dry_run_prints_each_verify_body_and_sends_nothing(tmp_path: Path, verifier: ResourcesServer):
+    """Nothing at all: not even /reverify_mode is asked (a server that would refuse re-scoring
+    does not refuse a dry run, which shows what would be sent)."""
     materialized, rollouts = files(tmp_path)
+    verifier.mode = "stateful"
     proc = run(["--reverify", str(materialized), "-u", verifier.url, "--dry-run", "-n", "3", str(rollouts)])
     assert proc.returncode == 0, proc.stderr
     bodies = result_lines(proc.stdout)
@@ -442,6 +445,7 @@ def test_a_dry_run_prints_each_verify_body_and_sends_nothing(tmp_path: Path, ver
         assert body == materialized_row(*pair) | {"response": rollout_line(*pair)["response"]}
     assert b"/verify" in proc.stderr
     assert verifier.bodies == []
+    assert verifier.mode_asked == 0
 
 
 def test_resuming_with_another_materialized_file_or_as_a_run_is_refused(tmp_path: Path, verifier: ResourcesServer):
