@@ -14,6 +14,7 @@ import trio.testing
 from rollfilter.cli.progress import ProgressDisplay
 from rollfilter.config import Config
 from rollfilter.run.run import Run
+from rollfilter.run.statistics import RunStatistics
 
 
 @pytest.mark.parametrize(("paused", "shown"), [(True, True), (False, False)])
@@ -80,34 +81,28 @@ async def test_the_line_says_the_rows_held_apart_from_those_in_flight(held: dict
     counts = {key: value for key, value in held.items() if not hasattr(taken.steering, key)}
     # 19 taken, 4 ended: the rest are held, none is in flight
     shown = dataclasses.replace(taken, started=19, succeeded=4, in_flight=0, steering=steering, **counts)
-    read, write = os.pipe()
-    try:
-        display = ProgressDisplay(fd=write, variables={"COLUMNS": "250"}, force_terminal=True, steered=True)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(display.run, lambda: shown, None)
-            await trio.testing.wait_all_tasks_blocked()
-            nursery.cancel_scope.cancel()
-        os.set_blocking(read, False)
-        screen = os.read(read, 1 << 16)
-    finally:
-        os.close(read)
-        os.close(write)
+    screen = await first_screen(shown, steered=True)
     assert re.search(said, screen), screen
 
 
 async def test_with_groups_the_line_says_the_rollouts_back_in_open_groups():
     taken = Run(Config(url="http://127.0.0.1:9/run")).statistics()
     shown = dataclasses.replace(taken, started=10, succeeded=4, in_flight=0, in_open_groups=6)
+    screen = await first_screen(shown, grouped=True)
+    assert re.search(b"0 in flight .* 6 back in open groups", screen), screen
+
+
+async def first_screen(shown: RunStatistics, **options: bool) -> bytes:
+    """What a wide terminal's progress display (`options`) first draws of the snapshot `shown`."""
     read, write = os.pipe()
     try:
-        display = ProgressDisplay(fd=write, variables={"COLUMNS": "250"}, force_terminal=True, grouped=True)
+        display = ProgressDisplay(fd=write, variables={"COLUMNS": "250"}, force_terminal=True, **options)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(display.run, lambda: shown, None)
             await trio.testing.wait_all_tasks_blocked()
             nursery.cancel_scope.cancel()
         os.set_blocking(read, False)
-        screen = os.read(read, 1 << 16)
+        return os.read(read, 1 << 16)
     finally:
         os.close(read)
         os.close(write)
-    assert re.search(b"0 in flight .* 6 back in open groups", screen), screen
