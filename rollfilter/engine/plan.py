@@ -198,10 +198,12 @@ class Planner:
         resume: ResumeState | None = None,
         tasks: TaskStats | None = None,
         on_group: Callable[[GroupPlan], None] | None = None,
+        on_standing_failure: Callable[[Any, int], None] | None = None,
     ) -> None:
         self._reader = reader
         self._on_group = on_group  # told each line's group before any of its jobs runs
-        self._tasks = tasks  # told each task's rollouts, and the failed ones resume gives up
+        self._tasks = tasks  # told each task's rollouts
+        self._on_standing_failure = on_standing_failure  # told each failed rollout resume gives up
         self._config = config
         self._resume = resume
         self._numbering = TaskNumbering()
@@ -311,8 +313,8 @@ class Planner:
                     else:
                         given_up += 1
                         self.given_up += 1
-                        if self._tasks is not None:
-                            self._tasks.rollout_ended(task, None, rollout)  # an earlier run's failure that stands
+                        if self._on_standing_failure is not None:
+                            self._on_standing_failure(task, rollout)
                     continue
             rollout_body = body
             attempt_index = None

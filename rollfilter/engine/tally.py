@@ -3,10 +3,10 @@
 A rollout is counted once, where it ends: into the run's counters (`Metrics`), its tasks'
 figures (`TaskStats`, with repeats) and the spool of results for `/aggregate_metrics`. The
 engine counts the rollouts it takes and ends, the groups count those of groups that closed (a
-cancelled group's are in no figure), a resumed run counts what earlier runs finished (in the
-figures, not in this run's counters), and `--summarize` counts the lines of result files as a
-run that wrote them would have. Each of them calls the `Tally` of its run, and nothing else
-adds to those figures.
+cancelled group's are in no figure), a resumed run counts what earlier runs finished and the
+failures of theirs it gives up on (in the figures, not in this run's counters), and
+`--summarize` counts the lines of result files as a run that wrote them would have. Each of
+them calls the `Tally` of its run, and nothing else adds to those figures.
 """
 
 from __future__ import annotations
@@ -139,6 +139,12 @@ class Tally:
         masked = is_masked(result) or (self.mask_unhealthy and checks is not None)
         self.metrics.add_earlier_result(result, agent, masked=masked)
         self._task_and_spool(result, agent, masked=masked, checks=checks, read_back=False)
+
+    def standing_failure(self, task: Any, rollout: int) -> None:
+        """A rollout an earlier run failed that this one does not send again (--resume: out of
+        attempts, or terminal): a failure in its task's figures, not in this run's counters."""
+        if self.tasks is not None:
+            self.tasks.rollout_ended(task, None, rollout)
 
     def written_result(self, record: dict[str, Any]) -> None:
         """A result line of a results file, counted as the run that wrote it counted it."""

@@ -129,11 +129,12 @@ def _planner(
     tasks: TaskStats | None,
     on_group: Callable[[GroupPlan], None] | None,
     index: MaterializedIndex | None,
+    tally: Tally,
 ) -> JobSource:
     """What turns the run's rows into jobs: a re-scoring run's lines, each with its materialized
-    body (`index`), or the rows, each into its rollouts."""
+    body (`index`), or the rows, each into its rollouts (the failures resume gives up counted by `tally`)."""
     if config.reverify is None:
-        return Planner(source, config, resume, tasks, on_group)
+        return Planner(source, config, resume, tasks, on_group, tally.standing_failure)
     from rollfilter.run.reverify import ReverifyPlanner
 
     assert index is not None, "indexed when connected"
@@ -302,7 +303,7 @@ class Run:
                 self._skipped_unread = resume.finished_pairs
         on_group = self.groups.planned if self.groups is not None else None
         return Engine(
-            planner=_planner(config, source, resume, self.tasks, on_group, self.index),
+            planner=_planner(config, source, resume, self.tasks, on_group, self.index, self.tally),
             router=router,
             client=client,
             sink=sink,

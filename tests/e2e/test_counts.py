@@ -225,3 +225,22 @@ def test_the_summary_s_counts_add_up_however_the_run_ends(
         assert ended.results == figures["succeeded"], json.dumps(figures)
     if ended.errors is not None:
         assert ended.errors == figures["failed"], json.dumps(figures)
+
+
+def test_failures_a_resume_gives_up_on_count_in_their_tasks_as_when_they_failed(
+    tmp_path: Path, demo_server: DemoServer
+):
+    """A resume that sends nothing again (--max-attempts 1) keeps the first run's failed rollouts
+    in their tasks: the same task figures (pass@k, the means, the pass histogram) as the first
+    run's, not tasks left unfinished."""
+    data = tmp_path / "rows.jsonl"
+    data.write_text(rows_jsonl(mixed_rows(12)))
+    _, _, files = outputs(tmp_path)
+    first = run(["-u", demo_server.url, "-r", "2", *files, str(data)])
+    assert first.returncode == 1, first.stderr  # rows failed
+    resumed = run(["-u", demo_server.url, "-r", "2", *files, "--resume", "--max-attempts", "1", str(data)])
+    before, after = summary_of(first.stderr), summary_of(resumed.stderr)
+    assert after["rollfilter"]["not_retried"] > 0
+    assert {key: after[key] for key in before if key != "rollfilter"} == {
+        key: value for key, value in before.items() if key != "rollfilter"
+    }
