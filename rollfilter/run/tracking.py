@@ -263,12 +263,27 @@ def _refuse_another_server(
     (`kept`) than this run names (`given`): the id names no run there."""
     for name, server in given.items():
         earlier = kept.get(name)
-        if name in ids and earlier is not None and earlier != server:
+        if name in ids and earlier is not None and _server_key(earlier) != _server_key(server):
             raise ConfigError(
                 f"trackers.{name}",
                 f"{server!r} is not the server of the {NAMES[name]} run this run continues ({earlier!r}, as"
                 f" {ids_file} keeps it): give {earlier!r}, or remove that file to start another",
             )
+
+
+def _server_key(uri: str) -> object:
+    """A tracking URI as kept (`shown_as_typed`), as two that name one server compare: an http(s)
+    URL by its origin (the host in any case, the scheme's default port written or not) and its path
+    without a trailing slash; any other (a path, `databricks`) as it is."""
+    import httpx
+
+    from rollfilter.http.origin import origin_of
+
+    try:
+        url = httpx.URL(uri)
+        return origin_of(url), url.path.rstrip("/")
+    except (httpx.InvalidURL, httpx.UnsupportedProtocol):
+        return uri
 
 
 def _mlflow(uri: str, experiment: str, run_name: str) -> Tracker:

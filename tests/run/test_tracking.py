@@ -247,6 +247,30 @@ def test_a_resumed_run_given_another_mlflow_server_is_refused_its_secrets_never_
     assert not any(secret in kept for secret in ("pw-1", "tk-1", "tk-2", "user"))
 
 
+@pytest.mark.usefixtures("tracker_clients")
+@pytest.mark.parametrize(
+    ("first", "resumed"),
+    [
+        ("http://127.0.0.1:5000", "http://127.0.0.1:5000/"),
+        ("http://localhost:5000/", "HTTP://LOCALHOST:5000"),
+        ("http://localhost", "http://localhost:80"),
+    ],
+)
+def test_a_resumed_run_given_its_mlflow_server_spelled_otherwise_goes_on(
+    monkeypatch: pytest.MonkeyPatch, tmp_path, first: str, resumed: str
+):
+    """A trailing slash, the host's case, the scheme's default port: one server, as the client
+    sees it, and the tracker run goes on there."""
+    made = iter([Recording(), Recording()])
+    monkeypatch.setattr(tracking, "_mlflow", lambda uri, experiment, run_name: next(made))
+    rows, output = tmp_path / "rows.jsonl", tmp_path / "out.jsonl"
+    rows.write_text(rows_jsonl(simple_rows(2)))
+    args = ["--demo", "-o", str(output), str(rows)]
+    assert invoke([*args, "--mlflow", first]).returncode == 0
+    again = invoke([*args, "--mlflow", resumed, "--resume"])
+    assert again.returncode == 0, again.stderr.decode()
+
+
 def interrupt_once_waiting(proc: subprocess.Popen[bytes], stderr: queue.Queue[bytes]) -> list[bytes]:
     """Ctrl-C once the hanging tracker says the end waits for it: the command exits 130. The
     lines it said before."""

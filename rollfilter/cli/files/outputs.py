@@ -475,14 +475,14 @@ async def open_appended(
     files: OutputFiles,
     stderr: int,
     say: Callable[[str, int], None],
-) -> dict[OutputKey, int]:
+) -> tuple[dict[OutputKey, int], identity.Beside]:
     """The locked outputs (`Output.locked`) of `command`, opened to append (or, written whole,
     held: --materialized), locked: shared with --append (runs that only add lines may share a
-    file), else exclusive; the descriptors of those appended to come back by key. An output
-    another run holds is refused (OutputInUse), or with --wait-lock waited for; they are locked
-    in the order of their paths, so that two waiting runs never hold one each of what the other
-    waits for. A fresh run's held file is emptied, and with --overwrite so are the outputs that
-    must be empty, once locked."""
+    file), else exclusive; the descriptors of those appended to come back by key, with `beside`
+    taking its mode from -o as it was locked. An output another run holds is refused
+    (OutputInUse), or with --wait-lock waited for; they are locked in the order of their paths,
+    so that two waiting runs never hold one each of what the other waits for. A fresh run's held
+    file is emptied, and with --overwrite so are the outputs that must be empty, once locked."""
     fresh_only = not (command.resume or command.append or command.overwrite)
     lock: Lock = "shared" if command.append and not command.resume else "exclusive"
     wanted = [(output, path) for output, path in output_paths(command, beside) if output.locked]
@@ -500,6 +500,9 @@ async def open_appended(
                     opened = files.open(path, output.option, must_be_empty=must_be_empty, lock=lock, mode=mode)
                     assert opened is not None, "a path is given"
                     appended[output.key] = opened
+                    if output.key == "output":  # -o before what is beside it: its name sorts first
+                        # Its mode as locked: -o may have changed (or been made) while --wait-lock waited.
+                        beside = dataclasses.replace(beside, mode=stat.S_IMODE(os.fstat(opened).st_mode) & 0o666)
                 break
             except OutputInUse as taken:
                 if not command.wait_lock:
@@ -520,7 +523,7 @@ async def open_appended(
             os.ftruncate(fd, 0)
         except OSError as exc:
             raise UsageError(f"cannot write {output.option} {path}: {exc.strerror}") from None
-    return appended
+    return appended, beside
 
 
 async def open_outputs(
@@ -530,13 +533,13 @@ async def open_outputs(
     lock: its run record, and what earlier runs left in them (`Earlier`); with the command as
     recorded. None when a stop came while --wait-lock waited. A dry run opens nothing and changes
     no file: it reads what resume skips, and writes on the standard streams."""
-    beside = identity.beside(command)  # -o read once, before this run makes it
+    beside = identity.beside(command)  # -o read once, before this run makes it; its mode again once locked
     if command.dry_run:
         command, _ = identity.command_as_recorded(command)
         return command, OpenedOutputs.standard_streams(environment), _earlier(command, beside, Earlier.skipped)
     appended: dict[OutputKey, int] = {}
     with control.stoppable():  # a stop while --wait-lock waits: the summary of nothing sent
-        appended = await open_appended(command, beside, files, environment.stderr, say)
+        appended, beside = await open_appended(command, beside, files, environment.stderr, say)
     if control.cause is not None and "output" not in appended:
         return None
     for caveat in files.caveats:

@@ -59,7 +59,7 @@ def make_empty(command: CommandConfig, outputs: Iterable[Output]) -> None:
 async def opened(command: CommandConfig, files: OutputFiles) -> OpenedOutputs:
     said: list[str] = []
     beside = identity.beside(command)
-    appended = await open_appended(command, beside, files, STREAMS.stderr, lambda text, fd: said.append(text))
+    appended, beside = await open_appended(command, beside, files, STREAMS.stderr, lambda text, fd: said.append(text))
     return run_files(command, beside, files, STREAMS, appended, None)
 
 
@@ -86,6 +86,27 @@ async def test_the_opened_files_come_back_by_name(tmp_path: Path):
         assert run.results_name == f"-o {tmp_path / 'output'}"
         assert run.names["errors_file"] == f"--errors {tmp_path / 'errors_file'}"
         assert run.names["held_file"] == f"the held file {command.held_file}"
+
+
+async def test_what_is_kept_beside_o_takes_the_mode_o_has_once_locked(tmp_path: Path):
+    """-o read before the outputs open may change before it is locked (made narrower while
+    --wait-lock waits for another output): the held file and the record are made as -o is then."""
+    command = every_output(tmp_path)
+    output = command.output or ""
+    make_empty(command, OUTPUTS[:1])
+    os.chmod(output, 0o644)
+    beside = identity.beside(command)
+    os.chmod(output, 0o600)
+    umask = os.umask(0o022)
+    try:
+        with OutputFiles() as files:
+            appended, beside = await open_appended(command, beside, files, STREAMS.stderr, lambda text, fd: None)
+            run = run_files(command, beside, files, STREAMS, appended, None)
+            identity.keep(identity.RunRecord(inputs=()), run.beside)
+    finally:
+        os.umask(umask)
+    assert oct(os.stat(command.held_file or "").st_mode & 0o777) == oct(0o600)
+    assert oct(os.stat(identity.record_path(output)).st_mode & 0o777) == oct(0o600)
 
 
 def test_a_dry_run_has_standard_output_and_nothing_else():
