@@ -199,13 +199,10 @@ class _CommandLineRun:
             async with trio.open_nursery() as services:
                 await self._serve(services)
                 services.cancel_scope.cancel()
-        except BaseException:
-            # Refused after its trackers started (an agent no head server knows): their runs end FAILED.
-            stderr = self.environment.stderr
+        except BaseException:  # refused after its trackers started (an agent no head server knows): they end FAILED
+            said_now = functools.partial(say, fd=self.environment.stderr)  # not through a writer the end closed
             with trio.CancelScope(shield=True):
-                await self.run.end_tracking(
-                    tracker_status(None, failed=True), on_warning=lambda text: say(text, stderr)
-                )
+                await self.run.end_tracking(tracker_status(None, failed=True), on_warning=said_now)
             raise
         finally:
             self.reader.close()
@@ -226,9 +223,8 @@ class _CommandLineRun:
 
     def leave_now(self) -> None:
         """A stop signal during the wind-down, as when finished results wait on an output nobody
-        reads: the summary as it stands, before the command exits at once. Results not written by
-        then are lost (--resume runs them again), and a line says so. --control's socket is
-        removed first: no exit leaves it behind."""
+        reads: the summary as it stands, before the command exits at once; results not written by
+        then are lost (--resume runs them again), a line says. --control's socket goes first."""
         if self.control_socket is not None:
             self.control_socket.remove()
         say(f"stopped again: {self.dropped}", self.environment.stderr)
