@@ -157,9 +157,7 @@ def families(statistics: RunStatistics) -> list[Metric]:
     found += _windows(statistics)
     limited = {label: a for label, a in agents.items() if a.waiting_on_rate_limits is not None}
     if limited:  # --rpm, --tpm: what waits on the run's own limits, not on the agent
-        waiting = GaugeMetricFamily(
-            "rollfilter_rollouts_held_by_rate_limit", "Requests waiting on the agent's rate limits.", labels=("agent",)
-        )
+        waiting = _gauge("rollouts_waiting_on_rate_limits", "Requests waiting on the agent's rate limits.")
         waited = _counter("rate_limit_wait_seconds", "Seconds requests waited on the agent's rate limits, summed.")
         found.append(_by_agent(waiting, {label: a.waiting_on_rate_limits or 0 for label, a in limited.items()}))
         found.append(_by_agent(waited, {label: a.rate_limit_wait_s or 0.0 for label, a in limited.items()}))
@@ -186,7 +184,7 @@ def _windows(statistics: RunStatistics) -> list[Metric]:
         "rollfilter_adaptive_window", "Requests the adaptive window lets in flight.", labels=("agent",)
     )
     held = GaugeMetricFamily(
-        "rollfilter_rollouts_held_by_window",
+        "rollfilter_rollouts_waiting_on_window",
         "Rollouts taken and not sent: waiting for room in their agent's adaptive window.",
         value=statistics.waiting_on_window,
     )
@@ -207,7 +205,7 @@ def _steered(statistics: RunStatistics) -> list[Metric]:
     for label, figures in statistics.agents.items():
         if figures.concurrency_limit is not None:
             in_flight_allowed.add_metric((label,), figures.concurrency_limit)
-    held = GaugeMetricFamily("rollfilter_rollouts_held_by_pause", "Rollouts taken and not sent: the run is paused.")
+    held = GaugeMetricFamily("rollfilter_rollouts_waiting_on_pause", "Rollouts taken and not sent: the run is paused.")
     held.add_metric((), statistics.waiting_on_pause)
     found: list[Metric] = [paused, held, in_flight_allowed]
     version = steering.policy_version
@@ -216,16 +214,16 @@ def _steered(statistics: RunStatistics) -> list[Metric]:
     if statistics.staleness_bound:
         found.append(
             GaugeMetricFamily(
-                "rollfilter_rows_held_by_staleness",
+                "rollfilter_rollouts_waiting_on_policy_version",
                 "Rollouts waiting for a policy version that admits their group.",
-                value=steering.rows_held_by_staleness,
+                value=steering.waiting_on_policy_version,
             )
         )
         found.append(
             GaugeMetricFamily(
-                "rollfilter_groups_held_by_staleness",
+                "rollfilter_groups_waiting_on_policy_version",
                 "Groups waiting for a policy version that admits them.",
-                value=steering.groups_held_by_staleness,
+                value=steering.groups_waiting_on_policy_version,
             )
         )
     return found
@@ -249,6 +247,10 @@ def _outcomes(seen: Mapping[str, AgentStatistics]) -> CounterMetricFamily:
 
 def _counter(name: str, documentation: str) -> CounterMetricFamily:
     return CounterMetricFamily(f"rollfilter_{name}_total", documentation, labels=("agent",))
+
+
+def _gauge(name: str, documentation: str) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"rollfilter_{name}", documentation, labels=("agent",))
 
 
 Family = TypeVar("Family", CounterMetricFamily, GaugeMetricFamily)

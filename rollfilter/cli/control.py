@@ -265,12 +265,12 @@ class ControlServer:
         figures = statistics.steering.as_dict()
         if statistics.connected:
             figures.update(
-                done=statistics.ended,
+                ended=statistics.ended,
                 failed=statistics.failed,
                 in_flight=statistics.in_flight,  # sent: the rows taken and not sent are held, by what holds them
-                rows_held_by_pause=statistics.waiting_on_pause,
-                rows_held_by_rate_limit=statistics.waiting_on_rate_limits,
-                rows_held_by_window=statistics.waiting_on_window,
+                waiting_on_pause=statistics.waiting_on_pause,
+                waiting_on_rate_limits=statistics.waiting_on_rate_limits,
+                waiting_on_window=statistics.waiting_on_window,
                 in_open_groups=statistics.in_open_groups,  # back, counted done once their group closes
             )
         figures["control_clients"] = self.clients  # the one asking included

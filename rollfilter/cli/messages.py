@@ -155,10 +155,10 @@ def held_rows(status: RunStatus, *, paused: bool = False) -> list[str]:
     every view of a run's status says them, apart from the rows in flight; with `paused`, first
     "paused" while the run is."""
     counts = (
-        (status.waiting_on_pause, "held by the pause"),
-        (status.waiting_on_rate_limits, "held by rate limit"),
-        (status.waiting_on_window, "held by the adaptive window"),
-        (status.waiting_on_policy_version, "held for the policy version"),
+        (status.waiting_on_pause, "waiting on the pause"),
+        (status.waiting_on_rate_limits, "waiting on rate limits"),
+        (status.waiting_on_window, "waiting on the adaptive window"),
+        (status.waiting_on_policy_version, "waiting for the policy version"),
     )
     words = ["paused"] if paused and status.paused else []
     return words + [f"{count:,} {why}" for count, why in counts if count]

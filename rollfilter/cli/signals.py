@@ -110,7 +110,7 @@ def status_lines(status: RunStatus | None) -> list[str]:
     paused = "paused, " if status.paused else ""
     grouped = "".join(f", {words}" for words in back_in_open_groups(status))
     lines = [
-        f"status: {paused}{status.done:,} done, {status.failed:,} failed, {status.in_flight:,} in flight{waiting}"
+        f"status: {paused}{status.ended:,} done, {status.failed:,} failed, {status.in_flight:,} in flight{waiting}"
         f"{grouped}, {status.rows_per_s:,.1f} rows/s, {status.elapsed_s:,.1f} s"
     ]
     for rollout in status.oldest:

@@ -60,7 +60,7 @@ class Steering:
         self.paused = True
 
     def resume(self) -> None:
-        """Requests leave again (those held by the pause first); a drain waiting ends, not drained."""
+        """Requests leave again (those waiting on the pause first); a drain waiting ends, not drained."""
         if self.paused:
             self.paused = False
             unpaused, self._unpaused = self._unpaused, trio.Event()

@@ -53,7 +53,7 @@ class SteeringStatistics:
     `concurrency` is the run's bound on requests out (with adaptive windows, their ceiling), and
     `windows` each agent's adaptive window. `rates` holds each limited agent's requests and
     tokens a minute (by agent name, "(no name)" for the rows of the run's URL). `groups_admitted` and the
-    two counts held by staleness are 0 without a staleness bound.
+    two counts waiting on the policy version are 0 without a staleness bound.
     """
 
     paused: bool
@@ -63,8 +63,8 @@ class SteeringStatistics:
     rates: Mapping[str, Mapping[str, float | None]]
     policy_version: int | None
     groups_admitted: int = 0
-    groups_held_by_staleness: int = 0
-    rows_held_by_staleness: int = 0
+    groups_waiting_on_policy_version: int = 0
+    waiting_on_policy_version: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The snapshot as JSON-ready data (the control socket's `status`)."""
@@ -99,7 +99,7 @@ class RunStatus:
     the rollouts sent and not ended; those taken and not sent are counted by what they wait on
     (the `waiting_on_` figures)."""
 
-    done: int
+    ended: int
     failed: int
     in_flight: int
     rows_per_s: float
@@ -256,7 +256,7 @@ class RunStatistics:
             self.steering.paused,
             waiting_on_pause=self.waiting_on_pause,
             waiting_on_window=self.waiting_on_window,
-            waiting_on_policy_version=self.steering.rows_held_by_staleness,
+            waiting_on_policy_version=self.steering.waiting_on_policy_version,
             in_open_groups=self.in_open_groups,
         )
 
@@ -317,7 +317,7 @@ def statistics_of(
         rows_read=rows_read,
         not_started=max(0, expected - rows_read) if expected is not None else None,
         in_flight=sum(in_flight.values()),
-        waiting=sum(waiting.values()) + in_force.rows_held_by_staleness,
+        waiting=sum(waiting.values()) + in_force.waiting_on_policy_version,
         waiting_on_pause=waiting[Waiting.PAUSE],
         waiting_on_window=waiting[Waiting.WINDOW],
         finished=finished_before + not_retried + metrics.ended,
@@ -400,8 +400,8 @@ def _in_force(
         rates=rates,
         policy_version=steering.version if steering is not None else None,
         groups_admitted=staleness.groups_admitted if staleness is not None else 0,
-        groups_held_by_staleness=staleness.groups_held if staleness is not None else 0,
-        rows_held_by_staleness=staleness.rows_held if staleness is not None else 0,
+        groups_waiting_on_policy_version=staleness.groups_held if staleness is not None else 0,
+        waiting_on_policy_version=staleness.rows_held if staleness is not None else 0,
     )
 
 

@@ -441,7 +441,7 @@ def test_an_outcome_awaited_past_a_timeout_is_not_lost(lib: Library, demo_server
             def arrived_unasked() -> bool:
                 # The first outcome has ended; under asyncio the run's task has also taken it for
                 # the ask that was cancelled (it drops that ask then): where it could be lost.
-                return run.status().done >= 1 and (lib.name == "trio" or not run._asks)
+                return run.status().ended >= 1 and (lib.name == "trio" or not run._asks)
 
             await wait_until(lib, arrived_unasked)
             return first, [outcome async for outcome in run]

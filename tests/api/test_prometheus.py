@@ -151,7 +151,7 @@ def test_families_of_a_run_not_connected_yet():
     assert "rollfilter_rollouts_in_flight" in found
 
 
-async def test_requests_held_by_a_rate_limit_and_the_seconds_they_waited(autojump_clock):
+async def test_requests_waiting_on_a_rate_limit_and_the_seconds_they_waited(autojump_clock):
     run = Run(Config(url="http://127.0.0.1:9/run", endpoints={"a": ("http://127.0.0.1:9/run",)}, rates=Rates(rpm=60)))
     run.router = Router(run.config)  # the agents own their limits: a run's router makes them
     (agent,) = run.router.agents_named("a")
@@ -165,9 +165,9 @@ async def test_requests_held_by_a_rate_limit_and_the_seconds_they_waited(autojum
     async with trio.open_nursery() as nursery:
         nursery.start_soon(limits.acquire)  # the second of a minute's 60: it waits its turn
         await trio.sleep(0.1)
-        assert figures()["rollfilter_rollouts_held_by_rate_limit", (("agent", "a"),)] == 1
+        assert figures()["rollfilter_rollouts_waiting_on_rate_limits", (("agent", "a"),)] == 1
     ended = figures()
-    assert ended["rollfilter_rollouts_held_by_rate_limit", (("agent", "a"),)] == 0
+    assert ended["rollfilter_rollouts_waiting_on_rate_limits", (("agent", "a"),)] == 0
     assert ended["rollfilter_rate_limit_wait_seconds_total", (("agent", "a"),)] == limits.waited_s > 0.5
 
 
@@ -219,15 +219,15 @@ async def test_the_pause_the_concurrency_limit_the_version_and_what_staleness_ho
         assert figures["rollfilter_paused", ()] == 1
         assert figures["rollfilter_concurrency_limit", (("agent", "(no name)"),)] == 7
         assert figures["rollfilter_policy_version", ()] == 5
-        assert figures["rollfilter_rows_held_by_staleness", ()] == 4  # groups 1 and 2, two rollouts each
-        assert figures["rollfilter_groups_held_by_staleness", ()] == 2
+        assert figures["rollfilter_rollouts_waiting_on_policy_version", ()] == 4  # groups 1 and 2, two rollouts each
+        assert figures["rollfilter_groups_waiting_on_policy_version", ()] == 2
         run.resume()
         run.set_policy_version(7)
         await trio.sleep(10)
         figures = samples(exposition(registry))
         assert figures["rollfilter_paused", ()] == 0
         assert figures["rollfilter_policy_version", ()] == 7
-        assert figures["rollfilter_rows_held_by_staleness", ()] == 0
+        assert figures["rollfilter_rollouts_waiting_on_policy_version", ()] == 0
     assert len(taken) == 3
 
 
@@ -243,15 +243,15 @@ async def test_rows_held_are_neither_in_flight_nor_cancelled(autojump_clock):
         run.resume()
     assert figures["rollfilter_rollouts_started_total", ()] == 4
     assert figures["rollfilter_rollouts_in_flight", (("agent", "(no name)"),)] == 0
-    assert figures["rollfilter_rollouts_held_by_pause", ()] == 4
-    assert figures["rollfilter_rollouts_held_by_window", ()] == 0
+    assert figures["rollfilter_rollouts_waiting_on_pause", ()] == 4
+    assert figures["rollfilter_rollouts_waiting_on_window", ()] == 0
     assert figures["rollfilter_rollouts_cancelled_total", ()] == 0
 
 
 def test_a_plain_run_has_no_version_nor_staleness_figures():
     names = {family.name for family in families(Run(Config(url="http://127.0.0.1:9/run")).statistics())}
     assert {"rollfilter_paused", "rollfilter_concurrency_limit"} <= names
-    assert not names & {"rollfilter_policy_version", "rollfilter_rows_held_by_staleness"}
+    assert not names & {"rollfilter_policy_version", "rollfilter_rollouts_waiting_on_policy_version"}
 
 
 def test_output_tokens_as_a_histogram():

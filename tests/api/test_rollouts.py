@@ -278,7 +278,7 @@ async def test_the_python_api_gives_the_same_status(agent: RecordingAgent):
         assert first.ok
         assert agent.answered.wait(SUBPROCESS_TIMEOUT)
         status = run.status()
-        assert (status.done, status.in_flight) == (1, 3)
+        assert (status.ended, status.in_flight) == (1, 3)
         assert len({r.task_index for r in status.oldest} | {first.task_index}) == 4
         assert all(r.attempt == 1 and r.age_s >= 0 and r.agent == "agent" for r in status.oldest)
         agent.release.set()

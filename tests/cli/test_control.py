@@ -137,7 +137,7 @@ async def test_each_command_answers_what_is_in_force_after_it(
     assert (await answer(server, b"tpm off"))["rates"] == {}
     assert (await answer(server, b"version 2"))["policy_version"] == 2
     status = await answer(server, b" status ")
-    assert (status["paused"], status["done"], status["concurrency"]) == (True, 4, 100)
+    assert (status["paused"], status["ended"], status["concurrency"]) == (True, 4, 100)
     assert (await answer(server, b"resume"))["paused"] is False
     assert heard == [
         "--control: pause",
@@ -223,7 +223,7 @@ async def test_the_status_answers_from_the_runs_snapshot(
         status = await answer(ControlServer(control, steered), b"status")
     finally:
         del steered.statistics
-    assert (status["done"], status["failed"], status["in_flight"]) == (80, 3, 6)
+    assert (status["ended"], status["failed"], status["in_flight"]) == (80, 3, 6)
     assert status["concurrency"] == taken.steering.concurrency
 
 
@@ -243,7 +243,7 @@ async def test_an_agents_name_with_a_space_is_given_quoted(
         assert len([outcome async for outcome in run]) == 2
 
 
-async def test_after_a_drain_the_rows_taken_are_held_by_the_pause_not_in_flight(
+async def test_after_a_drain_the_rows_taken_wait_on_the_pause_not_in_flight(
     autojump_clock: trio.testing.MockClock, control: ControlSocket
 ):
     async with open_rollouts_in_trio(rows(12), Config(url=URL, concurrency=4), transport=StandIn()) as run:
@@ -259,8 +259,8 @@ async def test_after_a_drain_the_rows_taken_are_held_by_the_pause_not_in_flight(
             run.resume()
         assert len(taken) == 12
     assert (drained["drained"], drained["requests_out"]) == (True, 0)
-    assert (status["done"], status["requests_out"], status["in_flight"], status["rows_held_by_pause"]) == (4, 0, 0, 4)
-    assert (status["rows_held_by_rate_limit"], status["rows_held_by_window"], status["rows_held_by_staleness"]) == (
+    assert (status["ended"], status["requests_out"], status["in_flight"], status["waiting_on_pause"]) == (4, 0, 0, 4)
+    assert (status["waiting_on_rate_limits"], status["waiting_on_window"], status["waiting_on_policy_version"]) == (
         0,
         0,
         0,
@@ -335,4 +335,4 @@ async def test_with_groups_status_says_the_rollouts_back_in_open_groups(
             nursery.start_soon(collect, run, taken)
             await trio.sleep(5)  # each task's first rollout back, its second out
             status = await answer(server, b"status")
-    assert (status["done"], status["in_flight"], status["in_open_groups"]) == (0, 2, 2)
+    assert (status["ended"], status["in_flight"], status["in_open_groups"]) == (0, 2, 2)

@@ -67,10 +67,10 @@ async def test_the_line_shows_the_snapshot_the_run_gives(monkeypatch: pytest.Mon
 @pytest.mark.parametrize(
     ("held", "said"),
     [
-        ({"paused": True, "waiting_on_pause": 7}, b"0 in flight .* paused, 7 held by the pause"),
-        ({"rows_held_by_staleness": 12}, b"0 in flight .* 12 held for the policy version"),
-        ({"waiting_on_rate_limits": 3}, b"0 in flight .* 3 held by rate limit"),
-        ({"waiting_on_window": 2}, b"0 in flight .* 2 held by the adaptive window"),
+        ({"paused": True, "waiting_on_pause": 7}, b"0 in flight .* paused, 7 waiting on the pause"),
+        ({"waiting_on_policy_version": 12}, b"0 in flight .* 12 waiting for the policy version"),
+        ({"waiting_on_rate_limits": 3}, b"0 in flight .* 3 waiting on rate limits"),
+        ({"waiting_on_window": 2}, b"0 in flight .* 2 waiting on the adaptive window"),
     ],
 )
 async def test_the_line_says_the_rows_held_apart_from_those_in_flight(held: dict[str, Any], said: bytes):

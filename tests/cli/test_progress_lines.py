@@ -121,12 +121,12 @@ def test_the_line_says_what_the_snapshot_says():
 
 def test_the_line_says_the_rows_held_and_what_holds_them():
     taken = RunStatistics.empty()
-    steering = dataclasses.replace(taken.steering, paused=True, rows_held_by_staleness=12)
+    steering = dataclasses.replace(taken.steering, paused=True, waiting_on_policy_version=12)
     shown = dataclasses.replace(taken, finished=4, waiting_on_pause=7, steering=steering)
     line = ProgressLines(fd=-1).line(shown, 40).decode()
     assert line == (
         "rollfilter: 4 of 40 rollouts finished (10%), 0.0 rollouts/s, 0 failed, 0:00:00 elapsed,"
-        " paused, 7 held by the pause, 12 held for the policy version\n"
+        " paused, 7 waiting on the pause, 12 waiting for the policy version\n"
     )
 
 

@@ -83,7 +83,7 @@ def ask(path: Path, command: bytes) -> dict[str, Any]:
 def ended_at_rollfilter(control: Path, count: int) -> bool:
     """`count` rows ended as rollfilter counts them: the agent's count of replies is no witness,
     as a reply it has let go of may still be on its way."""
-    return ask(control, b"status").get("done") == count
+    return ask(control, b"status").get("ended") == count
 
 
 def finished(process: subprocess.Popen[bytes]) -> tuple[int, bytes, bytes]:

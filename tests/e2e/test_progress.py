@@ -177,14 +177,14 @@ def test_the_line_and_the_status_say_the_rows_held_for_the_policy_version_and_by
         proc = start(args, stdout=stdout_file, stderr=terminal, env=clean_env(TERM="xterm-256color", COLUMNS="250"))
     os.close(terminal)
     try:
-        read_until(controller, rb"0 in flight .*4 held for the policy version")
+        read_until(controller, rb"0 in flight .*4 waiting for the policy version")
         proc.send_signal(signal.SIGUSR1)
-        read_until(controller, rb"status: 2 done, 0 failed, 0 in flight \(4 held for the policy version\)")
+        read_until(controller, rb"status: 2 done, 0 failed, 0 in flight \(4 waiting for the policy version\)")
         ask(control, b"pause")
         ask(control, b"version 2")  # every group admitted: the pause holds their rows now
-        read_until(controller, rb"0 in flight .*paused, 4 held by the pause")
+        read_until(controller, rb"0 in flight .*paused, 4 waiting on the pause")
         proc.send_signal(signal.SIGUSR1)
-        read_until(controller, rb"status: paused, 2 done, 0 failed, 0 in flight \(4 held by the pause\)")
+        read_until(controller, rb"status: paused, 2 done, 0 failed, 0 in flight \(4 waiting on the pause\)")
         ask(control, b"resume")
         read_until(controller, rb"6 rollouts: 6 succeeded")  # the summary, for a person at a terminal
         assert proc.wait(timeout=SUBPROCESS_TIMEOUT) == 0

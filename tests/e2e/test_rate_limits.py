@@ -96,7 +96,7 @@ def test_limits_that_cannot_work_exit_2_in_one_line_and_send_nothing(
     assert demo_server.stats()["requests"] == 0
 
 
-async def test_the_status_says_rows_are_held_by_a_limit_and_the_api_takes_the_limits():
+async def test_the_status_says_rows_wait_on_a_limit_and_the_api_takes_the_limits():
     from rollfilter import Config, Rates, open_rollouts
     from rollfilter.cli.signals import status_lines
 
@@ -110,7 +110,7 @@ async def test_the_status_says_rows_are_held_by_a_limit_and_the_api_takes_the_li
     finally:
         log.close()
     assert status.waiting_on_rate_limits >= 1
-    assert "held by rate limit" in status_lines(status)[0]
+    assert "waiting on rate limits" in status_lines(status)[0]
     assert any(rollout.waiting for rollout in status.oldest)
     assert any(line.endswith(" (not sent yet: --rpm/--tpm)") for line in status_lines(status)[1:])
     assert len(rest) == 4

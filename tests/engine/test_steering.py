@@ -287,7 +287,8 @@ async def test_groups_past_the_staleness_bound_wait_for_the_next_version(autojum
         await trio.sleep(100)
         assert {arrival.row["id"] for arrival in agent.arrivals} == {0, 1, 2, 3}
         stats = run.statistics().steering
-        assert (stats.groups_admitted, stats.groups_held_by_staleness, stats.rows_held_by_staleness) == (4, 6, 12)
+        waiting = (stats.groups_waiting_on_policy_version, stats.waiting_on_policy_version)
+        assert (stats.groups_admitted, *waiting) == (4, 6, 12)
         assert len(outcomes) == 4  # nothing is discarded, nothing more is sent
         run.set_policy_version(1)
         await trio.sleep(100)

@@ -215,8 +215,8 @@ def held(statistics: RunStatistics) -> tuple[int, int, int, int]:
     )
 
 
-async def test_rows_taken_and_not_sent_are_held_by_what_holds_them_never_in_flight(autojump_clock):
-    # Paused before anything is sent: the four rows taken wait, held by the pause.
+async def test_rows_taken_and_not_sent_are_counted_by_what_they_wait_on_never_in_flight(autojump_clock):
+    # Paused before anything is sent: the four rows taken wait, waiting on the pause.
     paused, out = await snapshot_at(Config(url=URL, concurrency=4), 12, 1, lambda run: run.pause())
     assert (paused.ended, paused.in_flight, out, held(paused)) == (0, 0, 0, (4, 0, 0, 0))
     assert paused.waiting == 4
@@ -232,7 +232,7 @@ async def test_rows_taken_and_not_sent_are_held_by_what_holds_them_never_in_flig
     stale = Config(url=URL, concurrency=6, repeats=2, groups=Groups(max_staleness=0, batch=1), policy_version=0)
     bounded, out = await snapshot_at(stale, 3, 1)
     assert (bounded.in_flight, out, held(bounded), bounded.waiting) == (2, 2, (0, 0, 0, 4), 4)
-    assert bounded.steering.rows_held_by_staleness == 4
+    assert bounded.steering.waiting_on_policy_version == 4
     for statistics in (paused, limited, windowed, bounded):
         agent = statistics.agents["(no name)"]
         assert (agent.seen, agent.in_flight) == (True, statistics.in_flight)
