@@ -432,7 +432,7 @@ class Run:
             tasks=self.tasks,
             expected=self.expected,
             skipped_unread=self._skipped_unread,
-            finished_before=self._resume.done_pairs if self._resume is not None else 0,
+            finished_earlier=self._resume.done_pairs if self._resume is not None else 0,
             stopped=self.control.why_stopped,
             unsafe=self.unsafe,
             would_send=self.metrics.succeeded if self._client is not None else None,

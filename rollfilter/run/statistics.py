@@ -273,7 +273,7 @@ def statistics_of(
     tasks: TaskStats | None = None,
     expected: int | None = None,
     skipped_unread: int = 0,
-    finished_before: int = 0,
+    finished_earlier: int = 0,
     stopped: str | None = None,
     unsafe: bool = False,
     would_send: int | None = None,
@@ -284,7 +284,7 @@ def statistics_of(
 ) -> RunStatistics:
     """The figures of a run's parts now (see the module docstring). `concurrency` is the run's
     bound before it has an engine; `skipped_unread` counts pairs an earlier run finished that no
-    row was read for (a group target met before the start), and `finished_before` the pairs earlier
+    row was read for (a group target met before the start), and `finished_earlier` the pairs earlier
     runs finished, for `finished`; `tasks` are in the snapshot once they are finished. The rest is
     what the run says of itself (see `RunStatistics`)."""
     planner = engine.planner if engine is not None else None
@@ -320,7 +320,7 @@ def statistics_of(
         waiting=sum(waiting.values()) + in_force.waiting_on_policy_version,
         waiting_on_pause=waiting[Waiting.PAUSE],
         waiting_on_window=waiting[Waiting.WINDOW],
-        finished=finished_before + not_retried + metrics.ended,
+        finished=finished_earlier + not_retried + metrics.ended,
         retries=metrics.retries,
         retries_withheld=router.retries_withheld() if router is not None else 0,
         failed_by_kind=dict(metrics.failed_by_kind),

@@ -36,7 +36,7 @@ class Counts:
 
     def statistics(self) -> RunStatistics:
         earlier = self.finished - self.metrics.ended  # the snapshot adds the ended to those finished before
-        return statistics_of(self.metrics, expected=self.expected, finished_before=earlier)
+        return statistics_of(self.metrics, expected=self.expected, finished_earlier=earlier)
 
 
 def lines_written(fd: int) -> list[str]:

@@ -121,7 +121,7 @@ async def test_the_agents_figures_add_up_to_the_runs_and_are_keyed_by_label(auto
 def test_rows_read_and_not_started_are_derived_once_from_the_counts():
     metrics = Metrics()
     metrics.taken = 5
-    statistics = statistics_of(metrics, expected=12, skipped_unread=3, finished_before=2)
+    statistics = statistics_of(metrics, expected=12, skipped_unread=3, finished_earlier=2)
     assert (statistics.rows_read, statistics.not_started, statistics.finished) == (8, 4, 2)
     summary = summary_of(dataclasses.replace(statistics, stopped="interrupted"))["rollfilter"]
     assert (summary["rows_read"], summary["not_started"]) == (8, 4)
