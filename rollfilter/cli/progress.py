@@ -153,7 +153,9 @@ class ProgressDisplay:
         )
         self._progress.refresh()
 
-    async def run(self, statistics: Callable[[], RunStatistics], count: Callable[[], int | None] | None = None) -> None:
+    async def serve(
+        self, statistics: Callable[[], RunStatistics], count: Callable[[], int | None] | None = None
+    ) -> None:
         """Show the run's figures, a snapshot from `statistics` at each refresh, until cancelled;
         `count` (run in a thread) finds the total."""
         self._statistics = statistics

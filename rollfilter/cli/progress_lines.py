@@ -48,7 +48,9 @@ class ProgressLines:
         unhealthy = f", {statistics.unhealthy:,} unhealthy" if statistics.unhealthy else ""
         return message_line(f"{done}, {rate:,.1f} rollouts/s, {failed:,} failed{unhealthy}, {clock} elapsed{held}")
 
-    async def run(self, statistics: Callable[[], RunStatistics], count: Callable[[], int | None] | None = None) -> None:
+    async def serve(
+        self, statistics: Callable[[], RunStatistics], count: Callable[[], int | None] | None = None
+    ) -> None:
         """Write a line at each step of the total, or after QUIET_SECONDS without one, until cancelled,
         from a snapshot the run's `statistics` give at each look; `count` (run in a thread) finds the
         total, and the run's `expected` pairs replace it once known."""

@@ -234,7 +234,7 @@ class _CommandLineRun:
     async def _serve(self, services: trio.Nursery) -> None:
         files, command, control, run = self.files, self.command, self.control, self.run
         for writer in self.writers.every:
-            services.start_soon(writer.run)
+            services.start_soon(writer.serve)
         try:
             identity.keep(files.record, files.beside)
         except OutputFailed as failure:  # nothing is sent: the summary says so, and the exit status

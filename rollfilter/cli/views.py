@@ -65,7 +65,7 @@ class RunViews:
         total = self._total(planned)
         for view in (self.display, self.lines):
             if view is not None:
-                services.start_soon(view.run, statistics, total)
+                services.start_soon(view.serve, statistics, total)
         progress_file = self.files.whole.get("progress_file")
         if progress_file is not None:
             services.start_soon(publish_progress, progress_file, statistics, say)

@@ -118,7 +118,7 @@ class _FixedDelay:
         self._kick.set()
         await done.wait()
 
-    async def run(self) -> None:
+    async def serve(self) -> None:
         while True:
             if not self._queue:
                 await self._kick.wait()
@@ -263,7 +263,7 @@ class DemoAgent:
         """The timers beside `answer`, until cancelled: the end of episodes of the fixed --latency,
         and the schedule's changes."""
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._fixed_delay.run)
+            nursery.start_soon(self._fixed_delay.serve)
             await self._first_run.wait()
             started = trio.current_time()
             for after, _ in self.options.schedule:

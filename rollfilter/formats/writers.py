@@ -78,7 +78,7 @@ def _never_blocks(fd: int) -> bool:
 
 
 class BatchWriter:
-    """Writes lines to one file descriptor from a task of its own (`run`).
+    """Writes lines to one file descriptor from a task of its own (`serve`).
 
     The first write that fails (OutputClosed, OutputFailed) is handed to `on_failure`,
     and the writer writes nothing more: a later write that succeeded (space freed
@@ -121,11 +121,11 @@ class BatchWriter:
         self._wakeup.set()
 
     def close(self) -> None:
-        """Write what is queued, then let `run` return."""
+        """Write what is queued, then let `serve` return."""
         self._closing = True
         self._wakeup.set()
 
-    async def run(self) -> None:
+    async def serve(self) -> None:
         import trio
 
         try:

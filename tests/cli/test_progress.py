@@ -27,7 +27,7 @@ async def test_the_line_says_paused_while_the_run_is(paused: bool, shown: bool):
             run = Run(Config(url="http://127.0.0.1:9/run"))
             if paused:
                 run.steering.pause()
-            nursery.start_soon(display.run, run.statistics, None)
+            nursery.start_soon(display.serve, run.statistics, None)
             await trio.testing.wait_all_tasks_blocked()
             nursery.cancel_scope.cancel()
         os.set_blocking(read, False)
@@ -50,7 +50,7 @@ async def test_the_line_shows_the_snapshot_the_run_gives(monkeypatch: pytest.Mon
     try:
         display = ProgressDisplay(fd=write, variables={"COLUMNS": "200"}, force_terminal=True)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(display.run, lambda: shown, None)
+            nursery.start_soon(display.serve, lambda: shown, None)
             await trio.testing.wait_all_tasks_blocked()
             nursery.cancel_scope.cancel()
         os.set_blocking(read, False)
@@ -98,7 +98,7 @@ async def first_screen(shown: RunStatistics, **options: bool) -> bytes:
     try:
         display = ProgressDisplay(fd=write, variables={"COLUMNS": "250"}, force_terminal=True, **options)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(display.run, lambda: shown, None)
+            nursery.start_soon(display.serve, lambda: shown, None)
             await trio.testing.wait_all_tasks_blocked()
             nursery.cancel_scope.cancel()
         os.set_blocking(read, False)

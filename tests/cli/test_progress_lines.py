@@ -54,7 +54,7 @@ async def test_a_line_at_each_hundredth_of_the_total_and_after_a_quiet_minute(
     counts.expected = 1000  # known from the start (a materialized file)
     lines = ProgressLines(fd=write_end)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(lines.run, counts.statistics)
+        nursery.start_soon(lines.serve, counts.statistics)
         await trio.sleep(1)
         counts.finished = 9
         await trio.sleep(1)
@@ -87,7 +87,7 @@ async def test_without_a_total_a_line_a_minute_and_the_runs_expected_pairs_once_
     counts = Counts(5)
     lines = ProgressLines(fd=write_end)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(lines.run, counts.statistics)
+        nursery.start_soon(lines.serve, counts.statistics)
         await trio.sleep(59)
         assert lines_written(read_end) == []
         await trio.sleep(2)
@@ -106,7 +106,7 @@ async def test_a_write_that_fails_ends_the_lines_not_the_run(autojump_clock: tri
     try:
         lines = ProgressLines(fd=full)
         with trio.move_on_after(600):
-            await lines.run(Counts(1).statistics)
+            await lines.serve(Counts(1).statistics)
         assert lines.failed
     finally:
         os.close(full)

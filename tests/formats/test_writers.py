@@ -39,7 +39,7 @@ async def test_a_writer_writes_nothing_after_a_failed_write(tmp_path, file_size_
     writer = BatchWriter(fd, name=f"-o {path}", on_failure=failures.append)
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(writer.run)
+            nursery.start_soon(writer.serve)
             file_size_limit(len(lines[0]) + 10)
             for n, line in enumerate(lines):
                 if n == 2:
