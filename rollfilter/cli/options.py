@@ -352,13 +352,13 @@ def running(config: "CommandConfig", environment: Environment, *, demo: bool) ->
             "--max-staleness needs --control SOCKET: the groups past the bound wait for a new policy"
             " version, which only the control's version command gives"
         )
-    from rollfilter.cli.run import run
+    from rollfilter.cli.collect import collect
 
     if demo:
         from rollfilter.demo import DemoOptions
 
         config = dataclasses.replace(config, demo=DemoOptions())
-    return lambda stops: run(config, stops=stops, environment=environment)
+    return lambda stops: collect(config, stops=stops, environment=environment)
 
 
 # The options of --view, and those it cannot take (it sends nothing and writes no rollout).

@@ -1,6 +1,6 @@
 """How a run's end becomes the command's exit status: the one table `main` applies.
 
-A run (`cli/run.py`, `cli/summarize.py`) ends with a `RunEnd`: why it was stopped, if it was,
+A run (`cli/collect.py`, `cli/summarize.py`) ends with a `RunEnd`: why it was stopped, if it was,
 whether rows or inputs were lost, whether an output failed. `exit_status` says which of
 `errors.ExitStatus` that is, and nothing else in the package decides one.
 """

@@ -12,7 +12,7 @@ they make. The command line and the Python API reach the engine through it, and 
     await run.aclose()
 
 The Python API (`api/in_trio.py`) gives it its rows and a channel (`ChannelSink`); the command
-line (`cli/run.py`) its input files, the writers over the files it opened (`RunOutputs`, of which
+line (`cli/collect.py`) its input files, the writers over the files it opened (`RunOutputs`, of which
 `writing_run` makes the run) and what earlier runs left in them (`Earlier`); `--summarize`
 (`cli/summarize.py`) a run that sends nothing (`connect(send=False)`), whose counts it feeds from
 result files (`count_result`, `count_failure`). What a run does around the engine, and what its

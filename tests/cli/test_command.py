@@ -113,7 +113,7 @@ def typer_run_config(*options: str) -> Config:
         return ExitStatus.OK
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("rollfilter.cli.run.run", keep)
+        patch.setattr("rollfilter.cli.collect.collect", keep)
         start = typer_app(["-u", "http://127.0.0.1:1", "/dev/null", *options], standalone_mode=False)
         trio.run(start, None)
     return built[0].config
@@ -248,7 +248,7 @@ def leaf_fields() -> set[str]:
 def parsed(args: list[str], monkeypatch: pytest.MonkeyPatch) -> CommandConfig:
     """The CommandConfig the command line `args` gives its run."""
     given: list[CommandConfig] = []
-    monkeypatch.setattr("rollfilter.cli.run.run", lambda config, **_: given.append(config))
+    monkeypatch.setattr("rollfilter.cli.collect.collect", lambda config, **_: given.append(config))
     start = options.typer_app(args=["-u", URL, *args, "rows.jsonl"], prog_name="rollfilter", standalone_mode=False)
     start(None)
     return given[0]
@@ -266,7 +266,7 @@ def field_value(command: CommandConfig, name: str) -> Any:
 
 def test_demo_gives_the_run_the_demo_agents_default_options(monkeypatch: pytest.MonkeyPatch):
     given: list[CommandConfig] = []
-    monkeypatch.setattr("rollfilter.cli.run.run", lambda config, **_: given.append(config))
+    monkeypatch.setattr("rollfilter.cli.collect.collect", lambda config, **_: given.append(config))
     for args in (["--demo"], ["-u", URL]):
         options.typer_app(args=[*args, "rows.jsonl"], prog_name="rollfilter", standalone_mode=False)(None)
     assert [command.demo for command in given] == [DemoOptions(), None]

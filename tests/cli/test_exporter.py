@@ -126,7 +126,7 @@ async def test_the_file_is_replaced_whole_and_a_failure_is_said_once(tmp_path: P
 def test_the_command_imports_prometheus_client_only_for_a_run_that_exports():
     code = (
         "import sys\n"
-        "from rollfilter.cli import main, options, run\n"
+        "from rollfilter.cli import collect, main, options\n"
         "from rollfilter.cli.files import outputs\n"
         "from rollfilter.api import rollouts, in_trio, in_asyncio\n"
         "assert 'prometheus_client' not in sys.modules, 'imported'\n"

@@ -402,7 +402,7 @@ def test_a_run_with_stdin_closed_says_it_cannot_read_it(demo_server: DemoServer)
         ("msgspec", ["--demo"]),
         ("trio", ["--demo"]),
         ("typer", ["--demo"]),
-        ("rollfilter.cli.run", ["--demo"]),
+        ("rollfilter.cli.collect", ["--demo"]),
         ("resource", ["-u", CLOSED_PORT_URL]),  # imported after the options are parsed, before the run starts
         ("rollfilter.cli.progress_lines", ["--demo", "--progress", "-q"]),  # imported once the run has started
     ],
@@ -480,7 +480,7 @@ def test_stop_signals_at_any_moment_once_or_twice_end_with_the_summary(moment: f
 
 
 @pytest.mark.parametrize(
-    "module", ["rollfilter.cli.files.descriptors", "typer", "rollfilter.cli.parsers", "trio", "rollfilter.cli.run"]
+    "module", ["rollfilter.cli.files.descriptors", "typer", "rollfilter.cli.parsers", "trio", "rollfilter.cli.collect"]
 )
 def test_a_status_signal_at_any_point_of_start_up_is_not_fatal(module: str):
     proc = subprocess.run(

@@ -333,7 +333,7 @@ def test_an_agent_failure_keeps_the_agents_own_fields_beside_rollfilters(tmp_pat
     assert record["agent_fields"] == {"error": "the agent's own words", "line": 999}
 
 
-@pytest.mark.parametrize("module", ["trio", "typer", "rollfilter.cli.run"])
+@pytest.mark.parametrize("module", ["trio", "typer", "rollfilter.cli.collect"])
 def test_sigusr1_while_starting_does_not_end_the_run(agent: RecordingAgent, module: str):
     proc = subprocess.run(
         [sys.executable, "-c", SIGNALLED_AT_IMPORT, module, "SIGUSR1", "-u", agent.run_url, "-a", "agent"],

@@ -283,9 +283,9 @@ def test_a_terminal_on_stdin_gets_a_hint(demo_server: DemoServer):
 
 async def test_a_run_reads_and_writes_the_descriptors_it_is_given(tmp_path, demo_server: DemoServer):
     """The command's streams are parameters: a run in this process, on pipes and files of the test's own."""
+    from rollfilter.cli.collect import collect
     from rollfilter.cli.command import CommandConfig
     from rollfilter.cli.environment import Environment
-    from rollfilter.cli.run import run
     from rollfilter.cli.statuses import RunEnd
     from rollfilter.config import Config
 
@@ -295,7 +295,7 @@ async def test_a_run_reads_and_writes_the_descriptors_it_is_given(tmp_path, demo
     out, err = (os.open(tmp_path / name, os.O_WRONLY | os.O_CREAT) for name in ("out", "err"))
     try:
         config = CommandConfig(Config(url=demo_server.url), handle_signals=False, progress=False)
-        end = await run(config, environment=Environment.of_descriptors(read_end, out, err, variables={}))
+        end = await collect(config, environment=Environment.of_descriptors(read_end, out, err, variables={}))
     finally:
         for fd in (read_end, out, err):
             os.close(fd)

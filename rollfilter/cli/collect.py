@@ -1,7 +1,7 @@
-"""The command-line run: the command's files, writers, signals, display and demo agent around the
-`Run` that `rollfilter.run` makes of them.
+"""Collecting rollouts, the command's main job: its files, writers, signals, display and demo agent
+around the `Run` that `rollfilter.run` makes of them.
 
-`run` checks the inputs and outputs, opens and locks the outputs and reads what earlier runs left
+`collect` checks the inputs and outputs, opens and locks the outputs and reads what earlier runs left
 in them (`cli/files/outputs.py`), and hands both to `_CommandLineRun`, which makes writers over
 the files, has the run made of them (`writing_run`), and serves the writers, the signal and stdout
 watchers, the views (`cli/views.py`) and --control's socket around it; then `cli/report.py` says
@@ -55,7 +55,7 @@ if TYPE_CHECKING:  # --control's socket and the demo agent are loaded by the run
 _encode = msgspec.json.Encoder().encode
 
 
-async def run(
+async def collect(
     command: CommandConfig,
     *,
     environment: Environment,
@@ -91,7 +91,7 @@ async def _run_with_files(
     stops: StopSignals | None,
     tls: ssl.SSLContext | None,
 ) -> RunEnd:
-    """`run`, once its inputs and outputs are checked: the outputs opened, the run made and
+    """`collect`, once its inputs and outputs are checked: the outputs opened, the run made and
     executed. A run stopped before its outputs are opened, or refused by a service it needs before
     sending (a head server, a resources server's /reverify_mode: said once the files it made are
     removed, as for any refusal), gives the summary of nothing sent, last, as every run's is."""
