@@ -115,7 +115,7 @@ class RolloutRun(FinalReport, abc.ABC):
         self._steered().steering.pause()
 
     def resume(self) -> None:
-        """Undo `pause()`: the rows it held are sent."""
+        """Undo `pause()`: the rollouts waiting on it are sent."""
         self._steered().steering.resume()
 
     async def drain(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109  # an answer, not an error
@@ -143,11 +143,11 @@ class RolloutRun(FinalReport, abc.ABC):
         """The run's snapshot, as the command's summary, status and Prometheus render it (frozen):
         its counts, rates and each agent's figures, why it stopped (`stopped`), and under
         `steering` what is in force: paused, the concurrency, the windows and rates, the policy
-        version, and the groups held back by staleness."""
+        version, and the groups waiting on the policy version."""
         return self._steered().statistics()
 
     def status(self) -> RunStatus:
-        """A snapshot of the run so far: done, failed, in flight, rows/s, and its oldest rollouts
+        """A snapshot of the run so far: ended, failed, in flight, rows/s, and its oldest rollouts
         in flight (where each came from, its indices, agent, attempt and age), as `kill -USR1`
         shows the command's."""
         statistics = self._run.statistics() if self._run is not None else None

@@ -183,12 +183,12 @@ def _windows(statistics: RunStatistics) -> list[Metric]:
     window = GaugeMetricFamily(
         "rollfilter_adaptive_window", "Requests the adaptive window lets in flight.", labels=("agent",)
     )
-    held = GaugeMetricFamily(
+    waiting = GaugeMetricFamily(
         "rollfilter_rollouts_waiting_on_window",
         "Rollouts taken and not sent: waiting for room in their agent's adaptive window.",
         value=statistics.waiting_on_window,
     )
-    return [_by_agent(window, windows), held]
+    return [_by_agent(window, windows), waiting]
 
 
 def _steered(statistics: RunStatistics) -> list[Metric]:
@@ -205,9 +205,9 @@ def _steered(statistics: RunStatistics) -> list[Metric]:
     for label, figures in statistics.agents.items():
         if figures.concurrency_limit is not None:
             in_flight_allowed.add_metric((label,), figures.concurrency_limit)
-    held = GaugeMetricFamily("rollfilter_rollouts_waiting_on_pause", "Rollouts taken and not sent: the run is paused.")
-    held.add_metric((), statistics.waiting_on_pause)
-    found: list[Metric] = [paused, held, in_flight_allowed]
+    waiting = GaugeMetricFamily("rollfilter_rollouts_waiting_on_pause", "Rollouts taken, not sent: the run is paused.")
+    waiting.add_metric((), statistics.waiting_on_pause)
+    found: list[Metric] = [paused, waiting, in_flight_allowed]
     version = steering.policy_version
     if version is not None:
         found.append(GaugeMetricFamily("rollfilter_policy_version", "The policy version now.", value=version))

@@ -267,11 +267,11 @@ class ControlServer:
             figures.update(
                 ended=statistics.ended,
                 failed=statistics.failed,
-                in_flight=statistics.in_flight,  # sent: the rows taken and not sent are held, by what holds them
+                in_flight=statistics.in_flight,  # sent: those taken and not sent are counted by what they wait on
                 waiting_on_pause=statistics.waiting_on_pause,
                 waiting_on_rate_limits=statistics.waiting_on_rate_limits,
                 waiting_on_window=statistics.waiting_on_window,
-                in_open_groups=statistics.in_open_groups,  # back, counted done once their group closes
+                in_open_groups=statistics.in_open_groups,  # back, counted ended once their group closes
             )
         figures["control_clients"] = self.clients  # the one asking included
         return figures

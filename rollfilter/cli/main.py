@@ -3,7 +3,7 @@ outcome of either mapped to its documented exit status, with at most one line on
 
 Below this module everything returns an `ExitStatus` or raises; the process exits here only
 (`main`), or in `startup` before anything is imported, or on a second signal during a run's
-wind-down (`run`), where waiting is what the user asked not to do.
+wind-down (`signals.py`), where waiting is what the user asked not to do.
 """
 
 from __future__ import annotations

@@ -150,10 +150,10 @@ def failure_message(failure: Failure, *, details_hint: bool) -> str:
     return message
 
 
-def held_rows(status: RunStatus, *, paused: bool = False) -> list[str]:
-    """The rows taken and not sent, in words, by what holds them (what holds none left out), as
-    every view of a run's status says them, apart from the rows in flight; with `paused`, first
-    "paused" while the run is."""
+def waiting_words(status: RunStatus, *, paused: bool = False) -> list[str]:
+    """The rollouts taken and not sent, in words, by what they wait on (what none waits on left
+    out), as every view of a run's status says them, apart from those in flight; with `paused`,
+    first "paused" while the run is."""
     counts = (
         (status.waiting_on_pause, "waiting on the pause"),
         (status.waiting_on_rate_limits, "waiting on rate limits"),
@@ -165,7 +165,7 @@ def held_rows(status: RunStatus, *, paused: bool = False) -> list[str]:
 
 
 def back_in_open_groups(status: RunStatus) -> list[str]:
-    """With groups, the rollouts that have ended and wait for their group to close (counted done
+    """With groups, the rollouts that have ended and wait for their group to close (counted ended
     then), in words, as every view of a run's status says them; none when there are none."""
     return [f"{status.in_open_groups:,} back in open groups"] if status.in_open_groups else []
 

@@ -19,7 +19,7 @@ import trio
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
-from rollfilter.cli.messages import back_in_open_groups, held_rows
+from rollfilter.cli.messages import back_in_open_groups, waiting_words
 from rollfilter.formats.writers import LineWriter, OutputClosed, OutputFailed, write_all
 from rollfilter.run.statistics import RunStatistics
 
@@ -50,8 +50,8 @@ class _Terminal:
 
 
 class ProgressDisplay:
-    """done, failed, in flight (and the --adaptive window), rows/s, tokens/s, mean reward, the rows
-    held and what holds them (and "paused"), and done/total with an ETA when known."""
+    """done, failed, in flight (and the --adaptive window), rows/s, tokens/s, mean reward, the rollouts
+    waiting and what on (and "paused"), and done/total with an ETA when known."""
 
     def __init__(
         self,
@@ -76,8 +76,8 @@ class ProgressDisplay:
         )
         window = (TextColumn("window {task.fields[window]:>5,}"),) if adaptive else ()
         cost = (TextColumn("${task.fields[cost]:,.4f}"),) if priced else ()
-        # Rows held (not sent) by the pause, --rpm/--tpm, the window or the staleness bound rather
-        # than out at the agent, and with groups those back in groups still open: said while rows wait so.
+        # Rollouts waiting (not sent) on the pause, --rpm/--tpm, the window or the policy version rather
+        # than out at the agent, and with groups those back in groups still open: said while any wait so.
         waiting = (TextColumn("{task.fields[waiting]}"),) if limited or steered or adaptive or grouped else ()
         self._progress = Progress(
             TextColumn("{task.completed:>8,.0f} done"),
@@ -149,7 +149,7 @@ class ProgressDisplay:
             tokens=s.tokens_per_s or 0.0,
             reward=s.reward_mean,
             cost=s.cost_usd or 0.0,
-            waiting=", ".join([*held_rows(status, paused=True), *back_in_open_groups(status)]),
+            waiting=", ".join([*waiting_words(status, paused=True), *back_in_open_groups(status)]),
         )
         self._progress.refresh()
 

@@ -3,8 +3,9 @@
 On a Slurm node stderr is a file, and a live display's carriage returns and colours would fill it
 with noise. So, as NeMo Gym's collector does, the run says where it is in one whole line every 1% of
 the rollouts it expects, or after a minute without one (always, when the total is not known):
-rollouts finished of those expected, the rate, the failures so far, the time elapsed, and while rows
-are held rather than sent, how many and by what (the pause, a rate limit, the staleness bound). The lines
+rollouts finished of those expected, the rate, the failures so far, the time elapsed, and while
+rollouts taken wait rather than go, how many and on what (the pause, a rate limit, an adaptive window,
+the policy version). The lines
 are only shown: a write that fails ends them, never the run. They stop before the summary is
 written, which stays the last line.
 """
@@ -15,7 +16,7 @@ from collections.abc import Callable
 
 import trio
 
-from rollfilter.cli.messages import back_in_open_groups, held_rows, message_line
+from rollfilter.cli.messages import back_in_open_groups, message_line, waiting_words
 from rollfilter.formats.writers import OutputClosed, OutputFailed, write_all
 from rollfilter.run.statistics import RunStatistics
 
@@ -44,9 +45,10 @@ class ProgressLines:
         clock = f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
         rate, failed = statistics.rows_per_s, statistics.failed
         status = statistics.status()
-        held = "".join(f", {part}" for part in [*held_rows(status, paused=True), *back_in_open_groups(status)])
+        words = [*waiting_words(status, paused=True), *back_in_open_groups(status)]
+        waiting = "".join(f", {part}" for part in words)
         unhealthy = f", {statistics.unhealthy:,} unhealthy" if statistics.unhealthy else ""
-        return message_line(f"{done}, {rate:,.1f} rollouts/s, {failed:,} failed{unhealthy}, {clock} elapsed{held}")
+        return message_line(f"{done}, {rate:,.1f} rollouts/s, {failed:,} failed{unhealthy}, {clock} elapsed{waiting}")
 
     async def serve(
         self, statistics: Callable[[], RunStatistics], count: Callable[[], int | None] | None = None

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import trio
 
 from rollfilter.cli import early_signals
-from rollfilter.cli.messages import back_in_open_groups, held_rows
+from rollfilter.cli.messages import back_in_open_groups, waiting_words
 from rollfilter.cli.statuses import EXIT_STATUS_OF_STOP
 from rollfilter.redact import printable
 from rollfilter.run.statistics import RunStatistics, RunStatus
@@ -101,12 +101,13 @@ def status_block(statistics: RunStatistics) -> list[str]:
 
 
 def status_lines(status: RunStatus | None) -> list[str]:
-    """The status block that SIGUSR1 prints: the run's figures (the rows held, not sent, apart from
-    those in flight), then its oldest rollouts taken and not ended, each held or in flight."""
+    """The status block that SIGUSR1 prints: the run's figures (the rollouts taken and not sent,
+    apart from those in flight), then its oldest rollouts taken and not ended, each waiting or in
+    flight."""
     if status is None:
         return ["status: starting, nothing sent yet"]
-    held = held_rows(status)
-    waiting = f" ({', '.join(held)})" if held else ""
+    said = waiting_words(status)
+    waiting = f" ({', '.join(said)})" if said else ""
     paused = "paused, " if status.paused else ""
     grouped = "".join(f", {words}" for words in back_in_open_groups(status))
     lines = [
@@ -115,7 +116,7 @@ def status_lines(status: RunStatus | None) -> list[str]:
     ]
     for rollout in status.oldest:
         agent = rollout.agent if rollout.agent is not None else "(no name)"
-        state = "held" if rollout.waiting else "in flight"
+        state = "waiting" if rollout.waiting else "in flight"
         lines.append(
             printable(
                 f"  {state} {rollout.age_s:,.1f} s: {rollout.source}:{rollout.line} task {rollout.task_index}"

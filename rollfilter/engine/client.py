@@ -125,7 +125,7 @@ class AgentClient:
     """POSTs rows to agents through the transport, retrying what is worth retrying.
 
     The transport (which carries the request headers) is owned by the caller. Each attempt
-    sent again is counted in `tally`, and said to `on_event` (-v) before its pause. `run` never
+    sent again is counted in `tally`, and said to `on_event` (-v) before its pause. `send` never
     raises for a row: an unexpected exception while sending it or handling its reply ends that
     row as an `internal` failure, and is said to `on_event` (its text may quote the server, so it
     is not put in the failure's message).

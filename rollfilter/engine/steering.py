@@ -218,11 +218,11 @@ class StalenessGate:
         return min(self._groups_seen, self.groups_allowed())
 
     @property
-    def rows_held(self) -> int:
+    def waiting_on_policy_version(self) -> int:
         return sum(self._waiting.values())
 
     @property
-    def groups_held(self) -> int:
+    def groups_waiting_on_policy_version(self) -> int:
         return len(self._waiting)
 
     def _allowance_raised(self) -> None:

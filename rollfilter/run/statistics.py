@@ -391,7 +391,7 @@ def _in_force(
     rates: Mapping[str, Mapping[str, float | None]],
 ) -> SteeringStatistics:
     """What is in force now: paused, the concurrency, the windows and rates, the version, and
-    with a staleness bound the groups admitted and held back."""
+    with a staleness bound the groups admitted and those waiting on the policy version."""
     return SteeringStatistics(
         paused=steering.paused if steering is not None else False,
         requests_out=steering.requests_out() if steering is not None else 0,
@@ -400,8 +400,8 @@ def _in_force(
         rates=rates,
         policy_version=steering.version if steering is not None else None,
         groups_admitted=staleness.groups_admitted if staleness is not None else 0,
-        groups_waiting_on_policy_version=staleness.groups_held if staleness is not None else 0,
-        waiting_on_policy_version=staleness.rows_held if staleness is not None else 0,
+        groups_waiting_on_policy_version=staleness.groups_waiting_on_policy_version if staleness is not None else 0,
+        waiting_on_policy_version=staleness.waiting_on_policy_version if staleness is not None else 0,
     )
 
 

@@ -231,7 +231,7 @@ async def test_the_pause_the_concurrency_limit_the_version_and_what_staleness_ho
     assert len(taken) == 3
 
 
-async def test_rows_held_are_neither_in_flight_nor_cancelled(autojump_clock):
+async def test_rollouts_waiting_are_neither_in_flight_nor_cancelled(autojump_clock):
     config = Config(url=URL, concurrency=4, adaptive=True)
     async with open_rollouts_in_trio(rows(12), config, transport=StandIn()) as run, trio.open_nursery() as nursery:
         nursery.start_soon(collect, run, [])

@@ -73,7 +73,7 @@ async def test_the_line_shows_the_snapshot_the_run_gives(monkeypatch: pytest.Mon
         ({"waiting_on_window": 2}, b"0 in flight .* 2 waiting on the adaptive window"),
     ],
 )
-async def test_the_line_says_the_rows_held_apart_from_those_in_flight(held: dict[str, Any], said: bytes):
+async def test_the_line_says_the_rollouts_waiting_apart_from_those_in_flight(held: dict[str, Any], said: bytes):
     taken = Run(Config(url="http://127.0.0.1:9/run")).statistics()
     steering = dataclasses.replace(
         taken.steering, **{key: value for key, value in held.items() if hasattr(taken.steering, key)}

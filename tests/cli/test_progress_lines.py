@@ -119,7 +119,7 @@ def test_the_line_says_what_the_snapshot_says():
     assert line == "rollfilter: 1,234 of 2,000 rollouts finished (61%), 2.5 rollouts/s, 7 failed, 1:02:05 elapsed\n"
 
 
-def test_the_line_says_the_rows_held_and_what_holds_them():
+def test_the_line_says_the_rollouts_waiting_and_what_on():
     taken = RunStatistics.empty()
     steering = dataclasses.replace(taken.steering, paused=True, waiting_on_policy_version=12)
     shown = dataclasses.replace(taken, finished=4, waiting_on_pause=7, steering=steering)

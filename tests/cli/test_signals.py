@@ -29,11 +29,11 @@ def test_the_status_block_says_what_the_snapshot_says():
     assert status_block(shown) == [
         "status: 42 done, 2 failed, 5 in flight (3 waiting on rate limits), 1.5 rows/s, 30.0 s",
         "  in flight 13.0 s: rows.jsonl:2 task 6 rollout 0 agent a attempt 1",
-        "  held 12.5 s: rows.jsonl:3 task 7 rollout 0 agent a attempt 2 (not sent yet: --rpm/--tpm)",
+        "  waiting 12.5 s: rows.jsonl:3 task 7 rollout 0 agent a attempt 2 (not sent yet: --rpm/--tpm)",
     ]
 
 
-def test_the_rows_held_are_said_apart_from_those_in_flight_by_what_holds_them():
+def test_the_rollouts_waiting_are_said_apart_from_those_in_flight_by_what_they_wait_on():
     taken = RunStatistics.empty()
     steering = dataclasses.replace(taken.steering, paused=True, waiting_on_policy_version=12)
     oldest = (InFlight("rows.jsonl", 3, 7, 0, None, attempt=1, age_s=2.0, waiting="pause"),)
@@ -50,7 +50,7 @@ def test_the_rows_held_are_said_apart_from_those_in_flight_by_what_holds_them():
     assert status_block(shown) == [
         "status: paused, 4 done, 0 failed, 0 in flight (7 waiting on the pause, 2 waiting on the adaptive window,"
         " 12 waiting for the policy version), 0.0 rows/s, 0.0 s",
-        "  held 2.0 s: rows.jsonl:3 task 7 rollout 0 agent (no name) attempt 1 (not sent yet: paused)",
+        "  waiting 2.0 s: rows.jsonl:3 task 7 rollout 0 agent (no name) attempt 1 (not sent yet: paused)",
     ]
 
 

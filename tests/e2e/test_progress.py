@@ -163,7 +163,7 @@ def read_until(controller: int, pattern: bytes) -> bytes:
     return screen
 
 
-def test_the_line_and_the_status_say_the_rows_held_for_the_policy_version_and_by_the_pause(tmp_path):
+def test_the_line_and_the_status_say_the_rollouts_waiting_for_the_policy_version_and_on_the_pause(tmp_path):
     folder = Path(tempfile.mkdtemp(prefix="rf-", dir="/tmp"))  # a socket's path is at most 108 bytes
     control = folder / "run.sock"
     rows = tmp_path / "rows.jsonl"
