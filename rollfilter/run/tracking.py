@@ -124,8 +124,8 @@ class RunTracking:
             self._places["wandb"] = project
         ids_file, self._key = trackers.ids_file, key
         ids = read_ids(ids_file, key)
-        _refuse_another_server(ids, read_servers(ids_file, key), self._servers, ids_file)
-        _refuse_another_place(ids, read_places(ids_file, key), self._places, ids_file)
+        _refuse_elsewhere(ids, read_servers(ids_file, key), self._servers, ids_file, _server_field, key=_server_key)
+        _refuse_elsewhere(ids, read_places(ids_file, key), self._places, ids_file, _place_field)
         self._log = TrackerLog(openers, params_of(record), ids, self._keep, hidden=hidden, names=NAMES)
         self._ids_file = ids_file
         self.reservoir = Reservoir(trackers.rollouts) if trackers.rollouts else None
@@ -240,15 +240,23 @@ class RunTracking:
             self.say_warnings(on_warning)
 
 
-def _refuse_another_place(
-    ids: Mapping[str, str], kept: Mapping[str, str], given: Mapping[str, str], ids_file: str | None
+def _refuse_elsewhere(
+    ids: Mapping[str, str],
+    kept: Mapping[str, str],
+    given: Mapping[str, str],
+    ids_file: str | None,
+    field_of: Callable[[str], tuple[str, str]],
+    *,
+    key: Callable[[str], object] = str,
 ) -> None:
-    """ConfigError when a tracker run this run would continue (`ids`) is kept elsewhere (`kept`)
-    than this run names (`given`): continued, it would go on there, not where the user asked."""
+    """ConfigError when a tracker run this run would continue (`ids`) is kept elsewhere (`kept`:
+    another experiment or project, another server) than this run names (`given`), as `key`
+    compares them: continued, it would go on there, or its id would name no run. `field_of(name)`
+    is the Config field and the word for what differs."""
     for name, place in given.items():
         earlier = kept.get(name)
-        if name in ids and earlier is not None and earlier != place:
-            field, what = ("trackers.experiment", "experiment") if name == "mlflow" else ("trackers.wandb", "project")
+        if name in ids and earlier is not None and key(earlier) != key(place):
+            field, what = field_of(name)
             raise ConfigError(
                 field,
                 f"{place!r} is not the {what} of the {NAMES[name]} run this run continues ({earlier!r}, as"
@@ -256,19 +264,12 @@ def _refuse_another_place(
             )
 
 
-def _refuse_another_server(
-    ids: Mapping[str, str], kept: Mapping[str, str], given: Mapping[str, str], ids_file: str | None
-) -> None:
-    """ConfigError when a tracker run this run would continue (`ids`) was kept on another server
-    (`kept`) than this run names (`given`): the id names no run there."""
-    for name, server in given.items():
-        earlier = kept.get(name)
-        if name in ids and earlier is not None and _server_key(earlier) != _server_key(server):
-            raise ConfigError(
-                f"trackers.{name}",
-                f"{server!r} is not the server of the {NAMES[name]} run this run continues ({earlier!r}, as"
-                f" {ids_file} keeps it): give {earlier!r}, or remove that file to start another",
-            )
+def _place_field(name: str) -> tuple[str, str]:
+    return ("trackers.experiment", "experiment") if name == "mlflow" else ("trackers.wandb", "project")
+
+
+def _server_field(name: str) -> tuple[str, str]:
+    return f"trackers.{name}", "server"
 
 
 def _server_key(uri: str) -> object:

@@ -167,9 +167,9 @@ def write_record(path: str, record: RunRecord, *, mode: int = 0o666) -> None:
         file.close()
 
 
-def command_as_recorded(command: CommandConfig) -> tuple[CommandConfig, RunRecord | None]:
-    """The command as it will run, with the shard its `-o`'s record names when it names one, and
-    the record to keep beside its `-o` (None: no record).
+def command_as_recorded(command: CommandConfig, path: str | None) -> tuple[CommandConfig, RunRecord | None]:
+    """The command as it will run, with the shard its `-o`'s record (at `path`, `Beside.record`)
+    names when it names one, and the record to keep there (None: no record).
 
     On --resume, an output that has a record is finished only with the inputs and options that
     began it: anything else is a UsageError naming what differs, before anything is sent. The
@@ -178,7 +178,6 @@ def command_as_recorded(command: CommandConfig) -> tuple[CommandConfig, RunRecor
     shards of the same run recorded beside -o (see `check_sibling_shards`). --append mixes runs
     on purpose: no record.
     """
-    path = beside(command).record
     if path is None:
         return command, None
     recorded = read_record(path) if command.resume else None

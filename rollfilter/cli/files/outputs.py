@@ -535,7 +535,7 @@ async def open_outputs(
     no file: it reads what resume skips, and writes on the standard streams."""
     beside = identity.beside(command)  # -o read once, before this run makes it; its mode again once locked
     if command.dry_run:
-        command, _ = identity.command_as_recorded(command)
+        command, _ = identity.command_as_recorded(command, beside.record)
         return command, OpenedOutputs.standard_streams(environment), _earlier(command, beside, Earlier.skipped)
     appended: dict[OutputKey, int] = {}
     with control.stoppable():  # a stop while --wait-lock waits: the summary of nothing sent
@@ -544,7 +544,7 @@ async def open_outputs(
         return None
     for caveat in files.caveats:
         say(caveat, environment.stderr)
-    command, record = identity.command_as_recorded(command)
+    command, record = identity.command_as_recorded(command, beside.record)
     earlier = _earlier(command, beside, Earlier.read)  # it cuts torn last lines, and may cut a group off -o
     return command, run_files(command, beside, files, environment, appended, record), earlier
 
