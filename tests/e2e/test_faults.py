@@ -168,9 +168,11 @@ def test_second_interrupt_during_the_wind_down_prints_the_summary_and_exits_at_o
         rest = []
         while (line := stderr.get(timeout=SUBPROCESS_TIMEOUT)) != b"":
             rest.append(line)
-        # The wind-down never ended: the summary as it stood, after a line saying what is lost.
-        assert b"rollfilter: stopped again: results not yet written are dropped" in rest[-2]
-        assert summary_of(rest[-1])["rollfilter"]["stopped"] == "interrupted"
+        # The wind-down never ended: the summary as it stood, last, after a line saying what is
+        # lost. The status block's lines before them are the status's own, however they interleave.
+        said = [line for line in rest if not line.startswith(b"rollfilter:   ")]
+        assert b"rollfilter: stopped again: results not yet written are dropped" in said[-2], rest
+        assert summary_of(rest[-1])["rollfilter"]["stopped"] == "interrupted", rest
     finally:
         proc.kill()
         proc.wait(timeout=SUBPROCESS_TIMEOUT)
